@@ -1,0 +1,130 @@
+"""``python -m cupyflash``: a self-check against the float64 reference and a small benchmark.
+
+On a CUDA GPU it checks the kernels at a small size for every dtype and times one forward and backward
+against plain CuPy attention; without one it runs the NumPy path and says so. Exit status 1 when a
+self-check fails.
+"""
+
+import sys
+import time
+
+import numpy
+
+from . import _validate, reference
+from ._api import flash_attention, flash_attention_backward
+
+# Self-check tolerance: the error against float64 relative to the output's scale, per dtype (the tests
+# apply the stricter same-precision rule; this is a quick sanity check that catches broken installs).
+_TOLERANCE = {"float16": 5e-3, "bfloat16": 3e-2, "float32": 1e-5, "float64": 1e-12}
+
+
+def _gpu_status():
+    """(True, device name) when CuPy sees a CUDA GPU, else (False, reason)."""
+    try:
+        import cupy
+    except ImportError as exc:
+        return False, f"CuPy is not installed ({exc})"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # CUDARuntimeError without a driver, among others
+        return False, f"no CUDA driver/device ({type(exc).__name__}: {exc})"
+    if count == 0:
+        return False, "no CUDA device"
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+    return True, f"{props['name'].decode()} (compute capability {props['major']}.{props['minor']})"
+
+
+def _relative_error(got, ref):
+    got = numpy.asarray(got, dtype=numpy.float64)
+    return float(numpy.abs(got - ref).max() / max(numpy.abs(ref).max(), 1e-300))
+
+
+def self_check(xp):
+    """Forward and backward on a small odd-sized GQA causal problem, every dtype; True when all pass."""
+    to_host = (lambda x: x.get()) if xp is not numpy else numpy.asarray
+    rng = numpy.random.default_rng(0)
+    b, sq, sk, h, hk, d, dv = 2, 77, 101, 4, 2, 40, 24
+    base = [rng.standard_normal(s) for s in ((b, sq, h, d), (b, sk, hk, d), (b, sk, hk, dv), (b, sq, h, dv))]
+    ok = True
+    print(f"self-check (batch {b}, seqlen_q {sq}, seqlen_k {sk}, heads {h}/{hk}, headdim {d}/{dv}, causal):")
+    for name, dtype in _validate.SUPPORTED_DTYPES.items():
+        q, k, v, dout = (xp.asarray(x.astype(dtype)) for x in base)
+        out, lse = flash_attention(q, k, v, causal=True, return_lse=True)
+        grads = flash_attention_backward(dout, q, k, v, out, lse, causal=True)
+        host = [to_host(x).astype(numpy.float64) for x in (q, k, v, dout)]
+        ref_out, _ = reference.attention(*host[:3], causal=True)
+        ref_grads = reference.attention_backward(host[3], *host[:3], causal=True)
+        errors = [_relative_error(to_host(out), ref_out)]
+        errors += [_relative_error(to_host(g), r) for g, r in zip(grads, ref_grads)]
+        passed = max(errors) <= _TOLERANCE[name]
+        ok &= passed
+        print(
+            f"  {name:<9} max relative error out {errors[0]:.1e}  dq {errors[1]:.1e}  dk {errors[2]:.1e}  "
+            f"dv {errors[3]:.1e}  {'ok' if passed else 'FAILED'}"
+        )
+    return ok
+
+
+def _time_ms(fn, repeat=10):
+    import cupy
+
+    fn()
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    times = []
+    for _ in range(repeat):
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, stop))
+    return float(numpy.median(times))
+
+
+def benchmark():
+    """One forward and backward against plain CuPy attention (matmul, softmax, matmul) in float16."""
+    import cupy
+
+    b, s, h, d = 4, 2048, 16, 64
+    rng = numpy.random.default_rng(1)
+    q, k, v, dout = (cupy.asarray(rng.standard_normal((b, s, h, d)).astype(numpy.float16)) for _ in range(4))
+    scale = 1.0 / numpy.sqrt(d)
+
+    def plain_cupy():
+        qt, kt, vt = (x.transpose(0, 2, 1, 3) for x in (q, k, v))
+        scores = (qt @ kt.transpose(0, 1, 3, 2)).astype(cupy.float32) * scale
+        scores -= scores.max(axis=-1, keepdims=True)
+        p = cupy.exp(scores)
+        p /= p.sum(axis=-1, keepdims=True)
+        return p.astype(cupy.float16) @ vt
+
+    out, lse = flash_attention(q, k, v, return_lse=True)
+    flops = 4.0 * b * h * s * s * d
+    rows = [
+        ("cupyflash forward", _time_ms(lambda: flash_attention(q, k, v)), flops),
+        ("cupyflash backward", _time_ms(lambda: flash_attention_backward(dout, q, k, v, out, lse)), 2.5 * flops),
+        ("plain CuPy forward", _time_ms(plain_cupy), flops),
+    ]
+    print(f"\nbenchmark float16, batch {b}, seqlen {s}, heads {h}, headdim {d}, non-causal (median of 10):")
+    for name, ms, f in rows:
+        print(f"  {name:<20} {ms:8.3f} ms  {f / ms / 1e9:7.1f} TFLOP/s")
+
+
+def main():
+    has_gpu, detail = _gpu_status()
+    if has_gpu:
+        import cupy
+
+        print(f"cupyflash on {detail}")
+        ok = self_check(cupy)
+        benchmark()
+    else:
+        print(f"cupyflash: {detail}; running the NumPy path on the CPU (the CUDA kernels need a GPU).")
+        start = time.perf_counter()
+        ok = self_check(numpy)
+        print(f"NumPy path self-check took {time.perf_counter() - start:.2f} s")
+    print("self-check passed" if ok else "self-check FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""CUDA sources, compile options and the closed table of kernel variants.
+
+Every kernel is a template instantiated through ``name_expressions``; a :class:`Variant` names every
+compile-time parameter, and its ``key`` is used for the in-process cache, logs, errors and test ids.
+Sources are read once from ``kernels_cu/``. CuPy's disk cache hashes the source string and options but
+not the headers it ``#include``s, so a hash of every file in ``kernels_cu/`` goes into the options.
+
+Nothing here needs a GPU except :func:`get_kernel`, which compiles with ``cupy.RawModule`` for the
+current device (memoized per device) and reuses CuPy's disk cache across processes.
+"""
+
+import dataclasses
+import functools
+import hashlib
+import os
+
+#: dtype name -> the C++ storage type in the kernels.
+CTYPES = {
+    "float16": "__half",
+    "bfloat16": "__nv_bfloat16",
+    "float32": "float",
+    "float64": "double",
+}
+
+#: Short dtype names used in variant keys.
+SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}
+
+#: Kernel families: (source file, whether the template takes the causal flag).
+FAMILIES = {
+    "general_fwd": ("general_fwd.cu", True),
+    "general_bwd_delta": ("general_bwd.cu", False),
+    "general_bwd_dq": ("general_bwd.cu", True),
+    "general_bwd_dkdv": ("general_bwd.cu", True),
+}
+
+#: Threads per CTA of every general-path kernel, and its tile sizes (kernels_cu/general_tile.cuh).
+GENERAL_THREADS = 128
+GENERAL_BLOCK_M = 32  # score-tile rows: queries (forward, dQ) or keys (dK/dV) per CTA
+GENERAL_CHUNK = 64
+#: Rows of the delta preprocess handled by one CTA (one warp each).
+DELTA_ROWS_PER_CTA = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One compiled kernel: a family and every template parameter it takes."""
+
+    family: str
+    dtype: str
+    causal: bool = False
+
+    @property
+    def key(self):
+        """Name used for caches, logs, errors and test ids, e.g. ``general_fwd_bf16_causal_1``."""
+        key = f"{self.family}_{SHORT_DTYPE[self.dtype]}"
+        if FAMILIES[self.family][1]:
+            key += f"_causal_{int(self.causal)}"
+        return key
+
+    @property
+    def source_file(self):
+        return FAMILIES[self.family][0]
+
+    @property
+    def name_expression(self):
+        args = [CTYPES[self.dtype]]
+        if FAMILIES[self.family][1]:
+            args.append("true" if self.causal else "false")
+        return f"cupyflash::{self.family}<{', '.join(args)}>"
+
+
+def _all_variants():
+    out = []
+    for family, (_, takes_causal) in FAMILIES.items():
+        for dtype in CTYPES:
+            for causal in (False, True) if takes_causal else (False,):
+                out.append(Variant(family, dtype, causal))
+    return tuple(out)
+
+
+#: The closed table of variants: dispatch, the compile-everything test and error messages use it.
+VARIANTS = _all_variants()
+
+
+def kernel_dir():
+    """Directory holding the CUDA sources (inside the installed package, or beside it in a checkout)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for candidate in (os.path.join(here, "kernels_cu"), os.path.join(os.path.dirname(here), "kernels_cu")):
+        if os.path.isfile(os.path.join(candidate, "dtypes.cuh")):
+            return candidate
+    raise RuntimeError(f"cupyflash: CUDA sources (kernels_cu/) not found next to {here}; the installation is broken")
+
+
+@functools.lru_cache(maxsize=None)
+def _sources():
+    directory = kernel_dir()
+    files = {}
+    for name in sorted(os.listdir(directory)):
+        if name.endswith((".cu", ".cuh")):
+            with open(os.path.join(directory, name), encoding="utf-8") as f:
+                files[name] = f.read()
+    return files
+
+
+def source(variant):
+    """The source string of a variant's ``.cu`` file (headers come through ``-I``)."""
+    return _sources()[variant.source_file]
+
+
+@functools.lru_cache(maxsize=None)
+def source_hash():
+    """Hash of every file in ``kernels_cu/``: edits to any header change the compile options."""
+    digest = hashlib.sha256()
+    for name, text in _sources().items():
+        digest.update(name.encode())
+        digest.update(b"\0")
+        digest.update(text.encode())
+        digest.update(b"\0")
+    return digest.hexdigest()[:16]
+
+
+def compile_options():
+    """Options cupyflash passes to ``cupy.RawModule`` (CuPy appends its include paths, -ftz and -arch)."""
+    return (f"-I{kernel_dir()}", f"-DCUPYFLASH_SRC_HASH={source_hash()}")
+
+
+_kernels = {}
+
+
+def get_kernel(variant):
+    """The compiled ``cupy.RawKernel`` of ``variant`` on the current device (memoized per device).
+
+    Thread-safe: two threads asking for the same new variant may both compile it (CuPy's disk cache
+    makes the second cheap) and the first one stored wins.
+    """
+    import cupy
+
+    cache_key = (cupy.cuda.Device().id, variant)
+    kernel = _kernels.get(cache_key)
+    if kernel is None:
+        module = cupy.RawModule(
+            code=source(variant), options=compile_options(), name_expressions=(variant.name_expression,)
+        )
+        try:
+            kernel = module.get_function(variant.name_expression)
+        except cupy.cuda.compiler.CompileException as exc:
+            raise RuntimeError(f"cupyflash: compiling kernel {variant.key} failed:\n{exc}") from exc
+        kernel = _kernels.setdefault(cache_key, kernel)
+    return kernel
+
+
+def precompile(variants=VARIANTS, max_workers=8):
+    """Compile ``variants`` for the current device in parallel threads (NVRTC runs without the GIL)."""
+    import concurrent.futures
+
+    import cupy
+
+    device = cupy.cuda.Device().id
+
+    def build(variant):
+        with cupy.cuda.Device(device):
+            return get_kernel(variant)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max_workers) as pool:
+        list(pool.map(build, variants))
+
+
+def runtime_nvrtc_options(arch):
+    """The full NVRTC option list ``cupy.RawModule`` uses for ``compile_options()`` on an ``arch`` device.
+
+    Mirrors CuPy's assembly: its include paths and ``--std=c++17`` around our options, then ``-ftz=true``,
+    ``-arch=sm_<arch>`` (a cubin, so ptxas checks every instruction) and
+    ``--device-as-default-execution-space``.
+    """
+    from cupy._core import core
+
+    return core.assemble_cupy_compiler_options(compile_options()) + (
+        "-ftz=true",
+        f"-arch=sm_{arch}",
+        "--device-as-default-execution-space",
+    )
+
+
+def compile_offline(variant, arch):
+    """Compile ``variant`` to a cubin for ``sm_<arch>`` with NVRTC alone (no GPU needed).
+
+    Returns ``(cubin_bytes, ptxas_log)``; the log holds ptxas' registers, stack frame and spill bytes.
+    Raises RuntimeError with the compiler log on failure.
+    """
+    from cupy_backends.cuda.libs import nvrtc
+
+    options = runtime_nvrtc_options(arch) + ("--ptxas-options=-v",)
+    program = nvrtc.createProgram(source(variant), variant.source_file, (), ())
+    try:
+        nvrtc.addNameExpression(program, variant.name_expression)
+        try:
+            nvrtc.compileProgram(program, options)
+        except nvrtc.NVRTCError as exc:
+            raise RuntimeError(
+                f"cupyflash: {variant.key} does not compile for sm_{arch}:\n{nvrtc.getProgramLog(program)}"
+            ) from exc
+        return nvrtc.getCUBIN(program), nvrtc.getProgramLog(program)
+    finally:
+        nvrtc.destroyProgram(program)

@@ -1,0 +1,38 @@
+// Storage types and their accumulators. The only header that includes the fp16/bf16 headers.
+//
+// float16, bfloat16 and float32 accumulate in float32 (float32 in true float32: no TF32 anywhere);
+// float64 accumulates in float64. acc_t<T> is that accumulator type; to_acc/from_acc convert
+// (from_acc rounds to nearest even); lse_t<T> is the type of the saved log-sum-exp.
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+namespace cupyflash {
+
+template <typename T> struct AccOf { using type = float; };
+template <> struct AccOf<double> { using type = double; };
+template <typename T> using acc_t = typename AccOf<T>::type;
+
+// The log-sum-exp is stored in float64 for float32 (and float64) inputs: the backward pass recomputes
+// every probability as exp(s - lse), so a float32 lse would put half an ulp of |lse| (up to 4.8e-7 at
+// |lse| ~ 10) into each of them, about 3x the error of a plain float32 softmax. float16/bfloat16
+// results are dominated by their own rounding and keep a float32 lse.
+template <typename T> struct LseOf { using type = float; };
+template <> struct LseOf<float> { using type = double; };
+template <> struct LseOf<double> { using type = double; };
+template <typename T> using lse_t = typename LseOf<T>::type;
+
+__device__ __forceinline__ float to_acc(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_acc(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_acc(float x) { return x; }
+__device__ __forceinline__ double to_acc(double x) { return x; }
+
+template <typename T> __device__ __forceinline__ T from_acc(acc_t<T> x);
+template <> __device__ __forceinline__ __half from_acc<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x);
+}
+template <> __device__ __forceinline__ float from_acc<float>(float x) { return x; }
+template <> __device__ __forceinline__ double from_acc<double>(double x) { return x; }
+
+}  // namespace cupyflash

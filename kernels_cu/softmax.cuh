@@ -1,0 +1,68 @@
+// Numerics of the online softmax of the general path, in natural-log units.
+//
+// The scaled score s = softmax_scale * (q . k) is rounded once. For each row the forward pass keeps a
+// running maximum m of s and a running sum l = sum_j exp(s_j - m), and returns
+//     lse = ln(sum_j exp(s_j)) = m + ln(l),
+// exactly m when a single key carries the row (l = 1); lse is stored in lse_t (dtypes.cuh). The backward pass recomputes P_ij = exp(s_ij - lse_i)
+// from the same rounded s, so P carries only the rounding of lse. (Working in log2 units with
+// LOG2E folded into the scale saves a multiply per score but adds three roundings of the size of |s|:
+// s * (scale * LOG2E), LN2 * (m + log2 l) and LOG2E * lse. At float64 with large logits those put the
+// gradients outside the same-precision tolerance, so the accuracy-first general path does not do it.)
+#pragma once
+
+namespace cupyflash {
+
+template <typename Acc> struct Consts;
+template <> struct Consts<float> {
+    static __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+};
+template <> struct Consts<double> {
+    static __device__ __forceinline__ double neg_inf() { return __longlong_as_double(0xfff0000000000000ll); }
+};
+
+// s = softmax_scale * dot, rounded here and nowhere else: the _rn intrinsics keep the compiler from
+// contracting the product into a later subtraction (an FMA), which would give the forward and the
+// backward pass differently rounded scores.
+__device__ __forceinline__ float scale_score(float dot, float scale) { return __fmul_rn(dot, scale); }
+__device__ __forceinline__ double scale_score(double dot, double scale) { return __dmul_rn(dot, scale); }
+
+__device__ __forceinline__ float exp_acc(float x) { return expf(x); }
+__device__ __forceinline__ double exp_acc(double x) { return exp(x); }
+__device__ __forceinline__ float log_acc(float x) { return logf(x); }
+__device__ __forceinline__ double log_acc(double x) { return log(x); }
+
+// Running max and sum of one row of scaled scores.
+template <typename Acc>
+struct OnlineSoftmaxRow {
+    Acc max = Consts<Acc>::neg_inf();  // running maximum of s, -inf before any visible key
+    Acc sum = Acc(0);                  // running sum of exp(s - max)
+
+    // Folds in the maximum of a new block of scores. Returns the base b for that block's exponentials
+    // exp(s - b) and sets *rescale = exp(old_max - b), the factor for the earlier sum and output.
+    __device__ __forceinline__ Acc advance(Acc block_max, Acc* rescale) {
+        const Acc new_max = fmax(max, block_max);
+        // A row that has seen no visible key yet has new_max = -inf: use 0 as the base so that
+        // exp(-inf - -inf) is not NaN. Every exponential of such a row is exp(-inf) = 0.
+        const Acc base = new_max == Consts<Acc>::neg_inf() ? Acc(0) : new_max;
+        *rescale = exp_acc(max - base);  // exp(-inf) = 0 on the first visible block
+        max = new_max;
+        return base;
+    }
+
+    // Natural-log log-sum-exp of the row, evaluated in the lse type L (see lse_t in dtypes.cuh);
+    // -inf for a row that saw no key (sum == 0).
+    template <typename L>
+    __device__ __forceinline__ L lse() const {
+        return sum > Acc(0) ? L(max) + log_acc(L(sum)) : Consts<L>::neg_inf();
+    }
+};
+
+// Backward probability P = exp(s - lse) of a visible entry, else 0, with the difference taken in the
+// lse type L (exact for a float s and a double lse). lse = -inf marks a row with no key (or a padding
+// row); testing it first keeps such a row from computing exp(s + inf).
+template <typename Acc, typename L>
+__device__ __forceinline__ Acc recompute_prob(Acc s, L lse, bool visible) {
+    return (visible && lse != Consts<L>::neg_inf()) ? exp_acc(static_cast<Acc>(L(s) - lse)) : Acc(0);
+}
+
+}  // namespace cupyflash

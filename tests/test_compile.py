@@ -1,0 +1,77 @@
+"""NVRTC compiles every kernel variant to a cubin for sm_80 and sm_90, on any machine (no GPU needed).
+
+The options are those cupy.RawModule uses at run time (see _kernels.runtime_nvrtc_options), so ptxas
+checks every instruction the runtime would load. The report lists registers, stack frame and spill
+bytes per variant; the general path is required to be spill-free.
+"""
+
+import concurrent.futures
+import re
+
+import pytest
+
+from cupyflash import _kernels
+
+ARCHS = (80, 90)
+
+
+def _report(variant, arch):
+    _, log = _kernels.compile_offline(variant, arch)
+    registers = re.search(r"Used (\d+) registers", log)
+    spills = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", log)]
+    stack = [int(n) for n in re.findall(r"(\d+) bytes stack frame", log)]
+    assert registers, f"no ptxas report for {variant.key} on sm_{arch}:\n{log}"
+    return {"registers": int(registers.group(1)), "spill_bytes": sum(spills), "stack_bytes": max(stack, default=0)}
+
+
+@pytest.fixture(scope="module")
+def reports():
+    jobs = [(v, arch) for v in _kernels.VARIANTS for arch in ARCHS]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda job: _report(*job), jobs))
+    return {(v.key, arch): r for (v, arch), r in zip(jobs, results)}
+
+
+def test_every_variant_compiles_without_spills(reports, capsys):
+    with capsys.disabled():
+        print("\nvariant                              arch  regs  stack  spill")
+        for (key, arch), r in sorted(reports.items()):
+            print(f"{key:<36} sm_{arch}  {r['registers']:>4}  {r['stack_bytes']:>5}  {r['spill_bytes']:>5}")
+    spilled = {k: r for k, r in reports.items() if r["spill_bytes"] or r["stack_bytes"]}
+    assert not spilled, f"variants with spills or stack frames: {spilled}"
+    assert len(reports) == len(_kernels.VARIANTS) * len(ARCHS)
+
+
+def test_variant_table_is_closed_and_named():
+    keys = [v.key for v in _kernels.VARIANTS]
+    assert len(set(keys)) == len(keys)
+    for family, (_, takes_causal) in _kernels.FAMILIES.items():
+        for dtype in _kernels.CTYPES:
+            for causal in (False, True) if takes_causal else (False,):
+                assert _kernels.Variant(family, dtype, causal) in _kernels.VARIANTS
+    assert _kernels.Variant("general_fwd", "bfloat16", True).key == "general_fwd_bf16_causal_1"
+    assert _kernels.Variant("general_fwd", "float32", False).name_expression == "cupyflash::general_fwd<float, false>"
+
+
+def test_header_edit_changes_compile_options(tmp_path, monkeypatch):
+    """Regression: CuPy's disk cache does not hash #included headers, so the options must change."""
+    import shutil
+
+    copy = tmp_path / "kernels_cu"
+    shutil.copytree(_kernels.kernel_dir(), copy)
+    monkeypatch.setattr(_kernels, "kernel_dir", lambda: str(copy))
+    _kernels._sources.cache_clear()
+    _kernels.source_hash.cache_clear()
+    try:
+        before = _kernels.compile_options()
+        with open(copy / "softmax.cuh", "a", encoding="utf-8") as f:
+            f.write("\n// edited\n")
+        _kernels._sources.cache_clear()
+        _kernels.source_hash.cache_clear()
+        after = _kernels.compile_options()
+    finally:
+        monkeypatch.undo()
+        _kernels._sources.cache_clear()
+        _kernels.source_hash.cache_clear()
+    assert before != after
+    assert any(o.startswith("-DCUPYFLASH_SRC_HASH=") for o in after)

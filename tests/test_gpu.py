@@ -1,0 +1,223 @@
+"""The CUDA kernels against the float64 oracle (GPU only; skipped cleanly without a GPU).
+
+Run on a GPU machine with ``python -m pytest -m gpu tests``. Every case draws fresh random inputs and
+applies the tolerance rule of helpers.assert_within_rule to out, lse, dq, dk and dv.
+"""
+
+import numpy as np
+import pytest
+from helpers import DTYPES, GRAD_FACTOR, OUTPUT_FACTOR, assert_within_rule, oracle, plain, random_qkv, seed_from, to_host
+
+import cupyflash
+from cupyflash import _kernels
+
+
+def _gpu_available():
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # no driver, no device, or no cupy: all mean "no GPU"
+        return False
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _gpu_available(), reason="no CUDA GPU available")]
+
+if _gpu_available():
+    import cupy
+else:
+    cupy = None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compiled_kernels():
+    """Compile every variant once, in parallel, so no test pays for serial compiles."""
+    _kernels.precompile()
+
+
+def _check(batch, seqlen_q, seqlen_k, heads, heads_k, headdim, headdim_v, dtype, causal, scale=1.0, backward=True):
+    """Run forward (and backward) on the GPU and apply the tolerance rule to every result."""
+    dt = DTYPES[dtype]
+    seed = seed_from(batch, seqlen_q, seqlen_k, heads, heads_k, headdim, headdim_v, dtype, causal, scale)
+    q, k, v = random_qkv(cupy, batch, seqlen_q, seqlen_k, heads, heads_k, headdim, headdim_v, dt, seed, scale)
+    dout = cupy.asarray(np.random.default_rng(seed + 1).standard_normal((batch, seqlen_q, heads, headdim_v)).astype(dt))
+    out, lse = cupyflash.flash_attention(q, k, v, causal=causal, return_lse=True)
+    got = {"out": out, "lse": lse}
+    if backward:
+        got.update(zip(("dq", "dk", "dv"), cupyflash.flash_attention_backward(dout, q, k, v, out, lse, causal=causal)))
+    ref = oracle(q, k, v, causal, dout=dout if backward else None)
+    base = plain(q, k, v, causal, dout=dout if backward else None)
+    lse_dtype = np.float64 if dt.itemsize >= 4 else np.float32
+    for name, value in got.items():
+        assert isinstance(value, cupy.ndarray)
+        assert value.dtype == (lse_dtype if name == "lse" else dt)
+        factor = OUTPUT_FACTOR if name in ("out", "lse") else GRAD_FACTOR
+        assert_within_rule(name, value, ref[name], base[name], factor)
+    return got
+
+
+# Odd sizes from the foundation issue, spread so that every head dim, every seqlen pair, every dtype and
+# both causal settings appear, with MHA, GQA and MQA and headdim_v != headdim mixed in.
+# (batch, seqlen_q, seqlen_k, heads, heads_k, headdim, headdim_v, dtype, causal)
+SHAPE_CASES = [
+    (2, 1, 1, 2, 2, 32, 32, "bfloat16", False),
+    (1, 1, 147, 4, 2, 40, 40, "float16", True),
+    (1, 113, 203, 3, 1, 59, 59, "float32", True),
+    (2, 239, 1, 2, 2, 64, 64, "bfloat16", True),
+    (1, 3, 799, 4, 4, 80, 80, "float16", False),
+    (1, 1023, 1024, 2, 1, 96, 96, "bfloat16", True),
+    (1, 113, 203, 6, 2, 111, 111, "float16", False),
+    (1, 239, 1, 2, 1, 128, 128, "float32", False),
+    (1, 1023, 1024, 1, 1, 128, 128, "float16", False),
+    (2, 1, 147, 2, 2, 160, 160, "float32", False),
+    (1, 3, 799, 2, 2, 192, 192, "bfloat16", True),
+    (1, 113, 203, 2, 2, 224, 224, "bfloat16", False),
+    (1, 203, 113, 2, 1, 256, 256, "float16", True),
+    (1, 97, 131, 2, 2, 320, 320, "float32", True),
+    (1, 65, 64, 2, 2, 512, 512, "bfloat16", False),
+    (1, 29, 65, 3, 3, 1, 1, "float32", True),
+    (2, 113, 203, 4, 2, 64, 40, "bfloat16", True),
+    (1, 77, 77, 2, 1, 40, 200, "float16", False),
+    (1, 65, 29, 4, 1, 96, 24, "float32", True),
+    # float64: small enough for the long-double oracle on the host.
+    (1, 13, 29, 2, 1, 32, 32, "float64", True),
+    (2, 65, 64, 2, 2, 111, 64, "float64", False),
+    (1, 29, 13, 4, 2, 320, 320, "float64", True),
+]
+
+
+def _case_id(case):
+    b, sq, sk, h, hk, d, dv, dtype, causal = case
+    return f"b{b}_q{sq}_k{sk}_h{h}_hk{hk}_d{d}_dv{dv}_{dtype}_causal{int(causal)}"
+
+
+@pytest.mark.parametrize("case", SHAPE_CASES, ids=[_case_id(c) for c in SHAPE_CASES])
+def test_matches_oracle(case):
+    _check(*case)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_dtype_gqa(dtype, causal):
+    _check(2, 67, 45, 6, 2, 64, 64, dtype, causal)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_large_logits_stay_finite(dtype):
+    """Inputs scaled by 30: scores in the thousands must not overflow the exponentials."""
+    got = _check(1, 97, 131, 2, 1, 64, 64, dtype, True, scale=30.0)
+    for name, value in got.items():
+        finite = cupy.isfinite(value) | (cupy.isneginf(value) if name == "lse" else False)
+        assert bool(finite.all()), name
+
+
+def test_transposed_views_are_used_without_copy():
+    """A (batch, heads, seqlen, headdim) array passed as x.transpose(0, 2, 1, 3) is read in place."""
+    from cupyflash import _cuda
+
+    rng = np.random.default_rng(7)
+    shape_bhsd = (2, 3, 57, 48)
+    q, k, v = (cupy.asarray(rng.standard_normal(shape_bhsd).astype(np.float16)).transpose(0, 2, 1, 3) for _ in range(3))
+    assert not q.flags.c_contiguous and _cuda._operand(q) is q
+    out = cupyflash.flash_attention(q, k, v, causal=True)
+    ref = oracle(q, k, v, True)
+    assert_within_rule("out", out, ref["out"], plain(q, k, v, True)["out"], OUTPUT_FACTOR)
+
+
+def test_non_contiguous_last_axis_is_copied_and_correct():
+    rng = np.random.default_rng(8)
+    wide = cupy.asarray(rng.standard_normal((1, 41, 2, 64)).astype(np.float32))
+    q = wide[..., ::2]  # last-axis stride 2: copied once
+    k = cupy.asarray(rng.standard_normal((1, 53, 2, 32)).astype(np.float32))
+    v = cupy.asarray(rng.standard_normal((1, 53, 2, 16)).astype(np.float32))
+    out = cupyflash.flash_attention(q, k, v)
+    assert_within_rule("out", out, oracle(q, k, v)["out"], plain(q, k, v)["out"], OUTPUT_FACTOR)
+
+
+def test_rows_without_keys_give_zero_and_neg_inf():
+    """Causal with seqlen_q > seqlen_k: the first seqlen_q - seqlen_k rows see nothing."""
+    q, k, v = random_qkv(cupy, 1, 40, 7, 2, 2, 32, 32, np.float16, seed=11)
+    out, lse = cupyflash.flash_attention(q, k, v, causal=True, return_lse=True)
+    dout = cupy.ones_like(out)
+    dq, dk, dv = cupyflash.flash_attention_backward(dout, q, k, v, out, lse, causal=True)
+    empty_rows = slice(0, 40 - 7)
+    assert bool((out[:, empty_rows] == 0).all())
+    assert bool(cupy.isneginf(lse[:, :, empty_rows]).all())
+    assert bool(cupy.isfinite(lse[:, :, 40 - 7 :]).all())
+    assert bool((dq[:, empty_rows] == 0).all())
+    for g in (out, dq, dk, dv):
+        assert not bool(cupy.isnan(g).any())
+
+
+def test_empty_inputs_do_not_launch():
+    for shape_q, shape_k in [((0, 5, 2, 8), (0, 6, 2, 8)), ((1, 0, 2, 8), (1, 6, 2, 8)), ((1, 5, 2, 8), (1, 0, 2, 8))]:
+        q = cupy.ones(shape_q, cupy.float32)
+        k = cupy.ones(shape_k, cupy.float32)
+        v = cupy.ones(shape_k[:3] + (3,), cupy.float32)
+        out, lse = cupyflash.flash_attention(q, k, v, return_lse=True)
+        assert out.shape == shape_q[:3] + (3,) and lse.shape == (shape_q[0], 2, shape_q[1])
+        assert bool((out == 0).all()) and bool(cupy.isneginf(lse).all())
+        dq, dk, dv = cupyflash.flash_attention_backward(cupy.ones_like(out), q, k, v, out, lse)
+        assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+        assert not bool(dq.any()) and not bool(dk.any()) and not bool(dv.any())
+
+
+def test_backward_is_deterministic():
+    """Every gradient element is written by one CTA in a fixed order: runs are bitwise equal."""
+    q, k, v = random_qkv(cupy, 1, 300, 300, 4, 1, 64, 64, np.float32, seed=5)
+    out, lse = cupyflash.flash_attention(q, k, v, causal=True, return_lse=True)
+    dout = cupy.asarray(np.random.default_rng(6).standard_normal(out.shape).astype(np.float32))
+    first = [g.get() for g in cupyflash.flash_attention_backward(dout, q, k, v, out, lse, causal=True)]
+    for _ in range(3):
+        again = cupyflash.flash_attention_backward(dout, q, k, v, out, lse, causal=True)
+        for a, b in zip(first, again):
+            assert np.array_equal(a, b.get())
+
+
+def test_vjp_matches_explicit_backward():
+    q, k, v = random_qkv(cupy, 1, 50, 70, 2, 1, 24, 16, np.float32, seed=9)
+    out, vjp = cupyflash.flash_attention_vjp(q, k, v, causal=True)
+    dout = cupy.asarray(np.random.default_rng(10).standard_normal(out.shape).astype(np.float32))
+    out2, lse = cupyflash.flash_attention(q, k, v, causal=True, return_lse=True)
+    for a, b in zip(vjp(dout), cupyflash.flash_attention_backward(dout, q, k, v, out2, lse, causal=True)):
+        assert np.array_equal(a.get(), b.get())
+
+
+def test_runs_on_current_stream():
+    q, k, v = random_qkv(cupy, 1, 33, 33, 2, 2, 16, 16, np.float32, seed=12)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        out = cupyflash.flash_attention(q, k, v)
+    stream.synchronize()
+    assert_within_rule("out", out, oracle(q, k, v)["out"], plain(q, k, v)["out"], OUTPUT_FACTOR)
+
+
+def test_long_sequence_memory_is_linear():
+    """seqlen 65536, one head: extra device memory of forward + backward is O(seqlen), not O(seqlen^2).
+
+    The pool's total_bytes after the calls is the most it held at once (freed blocks are reused). The
+    score matrix alone would be 65536^2 * 4 bytes = 16 GiB.
+    """
+    seqlen, headdim = 65536, 64
+    q, k, v = random_qkv(cupy, 1, seqlen, seqlen, 1, 1, headdim, headdim, np.float16, seed=13)
+    dout = cupy.asarray(np.random.default_rng(14).standard_normal(q.shape).astype(np.float16))
+    cupy.cuda.Device().synchronize()
+    pool = cupy.cuda.MemoryPool()
+    with cupy.cuda.using_allocator(pool.malloc):
+        out, lse = cupyflash.flash_attention(q, k, v, causal=True, return_lse=True)
+        grads = cupyflash.flash_attention_backward(dout, q, k, v, out, lse, causal=True)
+        cupy.cuda.Device().synchronize()
+        extra = pool.total_bytes()
+    returned = out.nbytes + lse.nbytes + sum(g.nbytes for g in grads)
+    workspace = extra - returned
+    print(f"seqlen {seqlen}: returned arrays {returned} B, workspace {workspace} B")
+    assert workspace <= 16 * seqlen + (1 << 20)  # delta (4 B per row) plus allocator rounding
+    # Spot-check 16 rows of the output against the oracle computed for those rows only.
+    rows = np.sort(np.random.default_rng(15).choice(seqlen, 16, replace=False))
+    qh, kh, vh = (to_host(x).astype(np.float64) for x in (q, k, v))
+    s = np.einsum("bqhd,bkhd->bhqk", qh[:, rows], kh) / np.sqrt(headdim)
+    s = np.where(np.arange(seqlen)[None, None, None, :] <= rows[None, None, :, None], s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    ref = np.einsum("bhqk,bkhd->bqhd", p / p.sum(-1, keepdims=True), vh)
+    assert np.abs(to_host(out)[:, rows].astype(np.float64) - ref).max() < 2e-3
+    assert all(bool(cupy.isfinite(g).all()) for g in grads)

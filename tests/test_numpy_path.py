@@ -1,0 +1,312 @@
+"""CPU tests of the tiled NumPy implementation and of the reference oracle.
+
+``cupyflash._numpy_impl`` is judged against the oracle with the tolerance
+rule of :func:`helpers.assert_within_rule`, the plain baseline being
+``cupyflash.reference`` with ``compute_dtype`` set to the input dtype.  The
+oracle itself is checked independently against a direct SciPy softmax and,
+with the NumPy path, against central finite differences.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import scipy.special
+from helpers import (
+    DTYPES,
+    GRAD_FACTOR,
+    OUTPUT_FACTOR,
+    assert_within_rule,
+    oracle,
+    plain,
+    random_normal,
+    random_qkv,
+    seed_from,
+)
+
+from cupyflash import _numpy_impl, reference
+
+# Any NumPy floating-point warning (0/0, -inf - -inf, log(0)) fails a test:
+# the implementations must guard their numerics, not merely mask NaNs away.
+pytestmark = pytest.mark.filterwarnings("error")
+
+BATCH = 2
+
+#: (seqlen_q, seqlen_k) pairs: equal, q < k and q > k, single rows, one and
+#: two 64-wide tiles with a ragged edge.
+SEQLEN_PAIRS = [(1, 1), (1, 65), (3, 13), (13, 3), (29, 29), (29, 64), (64, 1), (64, 64), (65, 29), (65, 65)]
+
+#: Head layouts as (heads, heads_k, headdim, headdim_v).
+HEAD_CONFIGS = {
+    "mha": (2, 2, 32, 32),
+    "gqa": (6, 2, 24, 40),
+    "mqa": (3, 1, 40, 24),
+    "dv1": (4, 2, 16, 1),
+}
+
+#: (block_m, block_n) tilings smaller than the default, so that short
+#: sequences still span several, unequal tiles.
+SMALL_BLOCKS = [(16, 16), (16, 32), (32, 8)]
+
+#: Finite-difference step and relative tolerance for float64 gradients:
+#: truncation error ~ step**2, round-off ~ eps * |L| / step ~ 1e-9.
+FD_STEP = 1e-6
+FD_RTOL = 1e-6
+
+
+def make_problem(batch, seqlen_q, seqlen_k, heads, heads_k, headdim, headdim_v, dtype, seed):
+    """Return NumPy ``(q, k, v, dout)`` of ``dtype`` with fresh normal entries."""
+    q, k, v = random_qkv(np, batch, seqlen_q, seqlen_k, heads, heads_k, headdim, headdim_v, dtype, seed)
+    rng = np.random.default_rng(seed + 1)
+    dout = random_normal(np, (batch, seqlen_q, heads, headdim_v), dtype, rng)
+    return q, k, v, dout
+
+
+def run_numpy_path(q, k, v, dout, causal, softmax_scale, block_m=64, block_n=64):
+    """Run the tiled forward and backward; return a dict of all results."""
+    out, lse = _numpy_impl.forward(q, k, v, causal, softmax_scale, block_m, block_n)
+    dq, dk, dv = _numpy_impl.backward(dout, q, k, v, out, lse, causal, softmax_scale, block_m, block_n)
+    return {"out": out, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
+
+
+def check_numpy_path(sizes, dtype_name, causal, block_m=64, block_n=64, softmax_scale=None):
+    """Check the NumPy path on one problem against the oracle with the rule."""
+    dtype = DTYPES[dtype_name]
+    q, k, v, dout = make_problem(*sizes, dtype, seed_from(sizes, dtype_name, causal, block_m, block_n))
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(q.shape[-1])
+    got = run_numpy_path(q, k, v, dout, causal, softmax_scale, block_m, block_n)
+    expected = oracle(q, k, v, causal, softmax_scale, dout)
+    baseline = plain(q, k, v, causal, softmax_scale, dout)
+    # float64 lse for float32/float64 inputs (cupyflash._validate.lse_dtype).
+    lse_dtype = np.float64 if np.dtype(dtype).itemsize >= 4 else np.float32
+    assert got["lse"].dtype == lse_dtype
+    for name, like in (("out", dout), ("dq", q), ("dk", k), ("dv", v)):
+        assert got[name].shape == like.shape
+        assert got[name].dtype == dtype
+    for name in ("out", "lse", "dq", "dk", "dv"):
+        factor = OUTPUT_FACTOR if name in ("out", "lse") else GRAD_FACTOR
+        assert_within_rule(name, got[name], expected[name], baseline[name], factor)
+    return got
+
+
+def pair_id(pair):
+    """Test id of a (seqlen_q, seqlen_k) pair."""
+    return f"q{pair[0]}-k{pair[1]}"
+
+
+def causal_id(causal):
+    """Test id of the causal flag."""
+    return "causal" if causal else "full"
+
+
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("causal", [False, True], ids=causal_id)
+@pytest.mark.parametrize("pair_index", range(len(SEQLEN_PAIRS)), ids=[pair_id(p) for p in SEQLEN_PAIRS])
+def test_seqlens(pair_index, causal, dtype_name):
+    """Every seqlen pair, with the head layouts taken in rotation."""
+    seqlen_q, seqlen_k = SEQLEN_PAIRS[pair_index]
+    layouts = list(HEAD_CONFIGS.values())
+    heads, heads_k, headdim, headdim_v = layouts[pair_index % len(layouts)]
+    check_numpy_path((BATCH, seqlen_q, seqlen_k, heads, heads_k, headdim, headdim_v), dtype_name, causal)
+
+
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("causal", [False, True], ids=causal_id)
+@pytest.mark.parametrize("pair", [(29, 65), (65, 29)], ids=pair_id)
+@pytest.mark.parametrize("layout", list(HEAD_CONFIGS))
+def test_head_layouts(layout, pair, causal, dtype_name):
+    """MHA, GQA, MQA and headdim_v != headdim, every dtype, across two tiles."""
+    heads, heads_k, headdim, headdim_v = HEAD_CONFIGS[layout]
+    check_numpy_path((BATCH, *pair, heads, heads_k, headdim, headdim_v), dtype_name, causal)
+
+
+@pytest.mark.parametrize("dtype_name", ["bfloat16", "float64"])
+@pytest.mark.parametrize("causal", [False, True], ids=causal_id)
+@pytest.mark.parametrize("pair", [(13, 13), (29, 64), (64, 29)], ids=pair_id)
+@pytest.mark.parametrize("blocks", SMALL_BLOCKS, ids=lambda b: f"bm{b[0]}-bn{b[1]}")
+def test_small_blocks(blocks, pair, causal, dtype_name):
+    """Many tiles: the causal loop bounds and the online rescaling."""
+    check_numpy_path((BATCH, *pair, 6, 2, 24, 40), dtype_name, causal, *blocks)
+
+
+@pytest.mark.parametrize("blocks", [(2, 3), (3, 2), (4, 4)], ids=lambda b: f"bm{b[0]}-bn{b[1]}")
+def test_causal_tile_edges(blocks):
+    """Every small (seqlen_q, seqlen_k) under tiny tiles: all diagonal positions.
+
+    Sweeping both lengths moves the causal diagonal across every offset
+    relative to the tile edges, which exercises the key-loop end, the
+    query-loop start and the skipping of the mask on tiles below the
+    diagonal.  This is a structural check, so a fixed float64 tolerance is
+    used: on problems this small ``max|plain - oracle|`` can fall below an
+    ulp by chance and the tolerance rule would judge rounding, not loop
+    bounds (a wrong bound errs by O(1)).
+    """
+    for seqlen_q in range(1, 10):
+        for seqlen_k in range(1, 10):
+            q, k, v, dout = make_problem(1, seqlen_q, seqlen_k, 2, 1, 4, 3, np.float64, seed_from(seqlen_q, seqlen_k))
+            got = run_numpy_path(q, k, v, dout, True, 0.5, *blocks)
+            expected = oracle(q, k, v, True, 0.5, dout)
+            for name, x in got.items():
+                np.testing.assert_allclose(
+                    x, expected[name].astype(np.float64), rtol=1e-12, atol=1e-12,
+                    err_msg=f"{name}, seqlen_q={seqlen_q}, seqlen_k={seqlen_k}",
+                )
+
+
+def test_custom_softmax_scale():
+    """A softmax_scale other than the 1/sqrt(headdim) default."""
+    check_numpy_path((BATCH, 29, 29, 2, 1, 16, 16), "float32", True, softmax_scale=0.7)
+
+
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("blocks", [(64, 64), (16, 8)], ids=lambda b: f"bm{b[0]}-bn{b[1]}")
+@pytest.mark.parametrize("pair", [(13, 3), (65, 29), (64, 1)], ids=pair_id)
+def test_rows_without_keys(pair, blocks, dtype_name):
+    """Causal with seqlen_q > seqlen_k: unseeing rows give 0, -inf, zero dq, no NaN."""
+    seqlen_q, seqlen_k = pair
+    blind = seqlen_q - seqlen_k  # rows i < seqlen_q - seqlen_k see no key
+    got = check_numpy_path((BATCH, seqlen_q, seqlen_k, 6, 2, 24, 40), dtype_name, True, *blocks)
+    assert not any(np.isnan(x.astype(np.float64)).any() for x in got.values())
+    assert (got["out"][:, :blind].astype(np.float64) == 0).all()
+    assert (got["lse"][:, :, :blind] == -np.inf).all()
+    assert np.isfinite(got["lse"][:, :, blind:]).all()
+    assert (got["dq"][:, :blind].astype(np.float64) == 0).all()
+
+
+EMPTY_SIZES = {
+    "batch0": (0, 13, 29, 6, 2, 24, 40),
+    "seqlen_q0": (BATCH, 0, 29, 6, 2, 24, 40),
+    "seqlen_k0": (BATCH, 13, 0, 6, 2, 24, 40),
+    "heads0": (BATCH, 13, 29, 0, 0, 24, 40),
+}
+
+
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("causal", [False, True], ids=causal_id)
+@pytest.mark.parametrize("case", list(EMPTY_SIZES))
+def test_empty(case, causal, dtype_name):
+    """Empty sizes give correctly shaped results; seqlen_k = 0 gives 0 / -inf / 0."""
+    got = check_numpy_path(EMPTY_SIZES[case], dtype_name, causal)
+    batch, seqlen_q, seqlen_k, heads, heads_k, headdim, headdim_v = EMPTY_SIZES[case]
+    assert got["out"].shape == (batch, seqlen_q, heads, headdim_v)
+    assert got["lse"].shape == (batch, heads, seqlen_q)
+    if case == "seqlen_k0":
+        assert (got["out"].astype(np.float64) == 0).all()
+        assert (got["lse"] == -np.inf).all()
+        assert (got["dq"].astype(np.float64) == 0).all()
+
+
+def test_non_contiguous_views():
+    """Strided views give the same bits as their contiguous copies."""
+    rng = np.random.default_rng(seed_from("views"))
+    # Head-major storage transposed to (batch, seqlen, heads, dim), then a
+    # strided slice of the head dimension.
+    q = rng.standard_normal((BATCH, 4, 29, 32)).astype(np.float32).transpose(0, 2, 1, 3)[..., ::2]
+    k = rng.standard_normal((BATCH, 2, 40, 16)).astype(np.float32).transpose(0, 2, 1, 3)
+    v = rng.standard_normal((BATCH, 40, 2, 48)).astype(np.float32)[..., 8:32]
+    dout = rng.standard_normal((BATCH, 29, 4, 24)).astype(np.float32)[:, ::-1]
+    assert not any(x.flags.c_contiguous for x in (q, k, v, dout))
+    got = run_numpy_path(q, k, v, dout, True, 0.25, 16, 16)
+    want = run_numpy_path(*(np.ascontiguousarray(x) for x in (q, k, v, dout)), True, 0.25, 16, 16)
+    for name in got:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+def numpy_path_forward(q, k, v, causal, softmax_scale):
+    """NumPy-path forward with 4x4 tiles (several tiles even on tiny problems)."""
+    return _numpy_impl.forward(q, k, v, causal, softmax_scale, 4, 4)
+
+
+def numpy_path_backward(dout, q, k, v, causal, softmax_scale):
+    """NumPy-path backward with 4x4 tiles, from its own forward results."""
+    out, lse = _numpy_impl.forward(q, k, v, causal, softmax_scale, 4, 4)
+    return _numpy_impl.backward(dout, q, k, v, out, lse, causal, softmax_scale, 4, 4)
+
+
+def reference_backward(dout, q, k, v, causal, softmax_scale):
+    """Oracle backward with the positional signature of the FD test."""
+    return reference.attention_backward(dout, q, k, v, causal, softmax_scale)
+
+
+@pytest.mark.parametrize(
+    "forward, backward",
+    [(numpy_path_forward, numpy_path_backward), (reference.attention, reference_backward)],
+    ids=["numpy_path", "reference"],
+)
+@pytest.mark.parametrize("causal", [False, True], ids=causal_id)
+@pytest.mark.parametrize("pair", [(5, 7), (7, 5)], ids=pair_id)
+def test_finite_differences(pair, causal, forward, backward):
+    """float64 gradients of L = sum(out * W) match central differences."""
+    seqlen_q, seqlen_k = pair
+    softmax_scale = 0.6
+    q, k, v, weight = make_problem(1, seqlen_q, seqlen_k, 2, 1, 3, 4, np.float64, seed_from("fd", pair, causal))
+    inputs = {"q": q, "k": k, "v": v}
+
+    def loss():
+        out, _ = forward(inputs["q"], inputs["k"], inputs["v"], causal, softmax_scale)
+        return float(np.sum(out * weight))
+
+    grads = dict(zip(("q", "k", "v"), backward(weight, q, k, v, causal, softmax_scale)))
+    for name, x in inputs.items():
+        numeric = np.empty_like(x)
+        for index in np.ndindex(x.shape):
+            saved = x[index]
+            x[index] = saved + FD_STEP
+            plus = loss()
+            x[index] = saved - FD_STEP
+            minus = loss()
+            x[index] = saved
+            numeric[index] = (plus - minus) / (2 * FD_STEP)
+        error = np.max(np.abs(grads[name] - numeric))
+        assert error <= FD_RTOL * np.max(np.abs(numeric)), f"d{name}: max error {error:.3e}"
+
+
+def direct_attention(q, k, v, causal, softmax_scale):
+    """Per-(batch, head) softmax attention with SciPy, for checking the oracle."""
+    batch, seqlen_q, heads, _ = q.shape
+    seqlen_k, heads_k = k.shape[1:3]
+    group = heads // heads_k
+    out = np.zeros((batch, seqlen_q, heads, v.shape[-1]))
+    lse = np.full((batch, heads, seqlen_q), -np.inf)
+    for b in range(batch):
+        for h in range(heads):
+            kv = h // group
+            scores = softmax_scale * q[b, :, h] @ k[b, :, kv].T
+            for i in range(seqlen_q):
+                visible = i + seqlen_k - seqlen_q + 1 if causal else seqlen_k
+                if visible <= 0:
+                    continue
+                row = scores[i, :visible]
+                out[b, i, h] = scipy.special.softmax(row) @ v[b, :visible, kv]
+                lse[b, h, i] = scipy.special.logsumexp(row)
+    return out, lse
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=causal_id)
+@pytest.mark.parametrize("pair", [(6, 9), (9, 6)], ids=pair_id)
+def test_reference_matches_direct_softmax(pair, causal):
+    """The oracle agrees with an independent SciPy computation (GQA layout)."""
+    q, k, v = random_qkv(np, 2, *pair, 4, 2, 5, 3, np.float64, seed_from("direct", pair, causal))
+    out, lse = reference.attention(q, k, v, causal)
+    want_out, want_lse = direct_attention(q, k, v, causal, 1 / math.sqrt(5))
+    np.testing.assert_allclose(out, want_out, rtol=1e-13, atol=1e-14)
+    np.testing.assert_array_equal(np.isinf(lse), np.isinf(want_lse))
+    finite = np.isfinite(want_lse)
+    np.testing.assert_allclose(lse[finite], want_lse[finite], rtol=1e-13)
+
+
+@pytest.mark.parametrize(
+    "compute_dtype",
+    [None, np.longdouble, *DTYPES.values()],
+    ids=lambda d: "oracle" if d is None else np.dtype(d).name,
+)
+def test_reference_result_dtypes(compute_dtype):
+    """Oracle results are float64, plain results in compute_dtype (lse float32 or wider)."""
+    q, k, v, dout = make_problem(1, 3, 4, 2, 1, 8, 8, np.float32, seed_from("dtypes"))
+    out, lse = reference.attention(q, k, v, True, compute_dtype=compute_dtype)
+    grads = reference.attention_backward(dout, q, k, v, True, compute_dtype=compute_dtype)
+    store = np.dtype(np.float64 if compute_dtype is None else compute_dtype)
+    assert out.dtype == store
+    assert all(g.dtype == store for g in grads)
+    assert lse.dtype == (np.float32 if store.itemsize <= 4 else store)
