@@ -73,11 +73,50 @@ def _kernel(family, p):
     return _kernels.get_kernel(_kernels.Variant(family, _DTYPE_NAMES[p.dtype], p.causal))
 
 
+def _vec_loads(*arrays):
+    """1 when every base pointer and (batch, seqlen, head) stride is 16-byte aligned (cp.async), else 0."""
+    return numpy.int32(all(x.data.ptr % 16 == 0 and all(s % 16 == 0 for s in x.strides[:3]) for x in arrays))
+
+
+def _tc_forward_variant(p):
+    """The tensor-core forward variant for ``p``, or None when the general path must run it.
+
+    Needs float16/bfloat16, compute capability 8.0+, both head dims within a bucket (<= 256), and
+    the variant's shared memory within the device's per-block opt-in limit.
+    """
+    if p.dtype.itemsize != 2:
+        return None
+    bucket = _kernels.tc_headdim_bucket(p.headdim, p.headdim_v)
+    if bucket is None:
+        return None
+    device = cupy.cuda.Device()
+    if int(device.compute_capability) < _kernels.TC_MIN_CAPABILITY:
+        return None
+    block_n = _kernels.TC_FWD_BLOCK_N[bucket]
+    if _kernels.tc_fwd_smem_bytes(bucket, block_n) > device.attributes["MaxSharedMemoryPerBlockOptin"]:
+        return None
+    return _kernels.Variant("tc_fwd", _DTYPE_NAMES[p.dtype], p.causal, bucket, block_n)
+
+
 def forward(q, k, v, p):
-    """General-path forward of a validated, non-empty problem: (out, lse)."""
+    """Forward of a validated, non-empty problem: (out, lse).
+
+    float16/bfloat16 run the tensor-core kernel where it applies (see _tc_forward_variant); everything
+    else runs the general path.
+    """
     q, k, v = _operand(q), _operand(k), _operand(v)
     out = cupy.empty(p.out_shape, dtype=p.dtype)
     lse = cupy.empty(p.lse_shape, dtype=lse_dtype(p.dtype))
+    variant = _tc_forward_variant(p)
+    if variant is not None:
+        kernel = _kernels.get_kernel(variant)
+        smem = _kernels.tc_fwd_smem_bytes(variant.headdim, variant.block_n)
+        if kernel.max_dynamic_shared_size_bytes < smem:
+            kernel.max_dynamic_shared_size_bytes = smem
+        grid = (_cdiv(p.seqlen_q, _kernels.TC_FWD_BLOCK_M) * p.batch * p.heads, 1, 1)
+        args = _fwd_args(q, k, v, out, lse, p) + (_vec_loads(q, k, v),)
+        kernel(grid, (_kernels.TC_FWD_THREADS, 1, 1), args, shared_mem=smem)
+        return out, lse
     grid = (_cdiv(p.seqlen_q, GENERAL_BLOCK_M) * p.batch * p.heads, _cdiv(p.headdim_v, GENERAL_CHUNK), 1)
     _kernel("general_fwd", p)(grid, (GENERAL_THREADS, 1, 1), _fwd_args(q, k, v, out, lse, p))
     return out, lse

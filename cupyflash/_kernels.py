@@ -25,13 +25,29 @@ CTYPES = {
 #: Short dtype names used in variant keys.
 SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}
 
-#: Kernel families: (source file, whether the template takes the causal flag).
+#: Kernel families: (source file, whether the template takes the causal flag, whether it takes a
+#: head-dim bucket and key-block size, the dtypes it is instantiated for).
 FAMILIES = {
-    "general_fwd": ("general_fwd.cu", True),
-    "general_bwd_delta": ("general_bwd.cu", False),
-    "general_bwd_dq": ("general_bwd.cu", True),
-    "general_bwd_dkdv": ("general_bwd.cu", True),
+    "general_fwd": ("general_fwd.cu", True, False, tuple(CTYPES)),
+    "general_bwd_delta": ("general_bwd.cu", False, False, tuple(CTYPES)),
+    "general_bwd_dq": ("general_bwd.cu", True, False, tuple(CTYPES)),
+    "general_bwd_dkdv": ("general_bwd.cu", True, False, tuple(CTYPES)),
+    "tc_fwd": ("tc_fwd.cu", True, True, ("float16", "bfloat16")),
 }
+
+#: Tensor-core forward: head-dim bucket -> keys per block (kBlockN). Buckets cover headdim and
+#: headdim_v up to 256; kernels_cu/tc_tile.cuh derives the rest of the tile from these two numbers.
+TC_FWD_BLOCK_N = {32: 64, 64: 64, 96: 64, 128: 64, 160: 32, 192: 32, 224: 32, 256: 32}
+#: Query rows per CTA and threads of the tensor-core forward (TcFwdTraits::kBlockM, kThreads).
+TC_FWD_BLOCK_M = 128
+TC_FWD_THREADS = 256
+#: Compute capability from which the mma.sync kernels run.
+TC_MIN_CAPABILITY = 80
+
+
+def tc_fwd_smem_bytes(headdim_bucket, block_n, itemsize=2):
+    """Dynamic shared memory of a tensor-core forward variant (TcFwdTraits::kSmemBytes)."""
+    return (TC_FWD_BLOCK_M + 2 * 2 * block_n) * (headdim_bucket + 8) * itemsize
 
 #: Threads per CTA of every general-path kernel, and its tile sizes (kernels_cu/general_tile.cuh).
 GENERAL_THREADS = 128
@@ -48,12 +64,17 @@ class Variant:
     family: str
     dtype: str
     causal: bool = False
+    headdim: int = 0  # head-dim bucket of the tensor-core families; 0 for the general path
+    block_n: int = 0  # keys per block of the tensor-core families; 0 for the general path
 
     @property
     def key(self):
-        """Name used for caches, logs, errors and test ids, e.g. ``general_fwd_bf16_causal_1``."""
+        """Name used for caches, logs, errors and test ids, e.g. ``tc_fwd_bf16_d128_n64_causal_1``."""
+        _, takes_causal, takes_tile, _ = FAMILIES[self.family]
         key = f"{self.family}_{SHORT_DTYPE[self.dtype]}"
-        if FAMILIES[self.family][1]:
+        if takes_tile:
+            key += f"_d{self.headdim}_n{self.block_n}"
+        if takes_causal:
             key += f"_causal_{int(self.causal)}"
         return key
 
@@ -63,19 +84,30 @@ class Variant:
 
     @property
     def name_expression(self):
+        _, takes_causal, takes_tile, _ = FAMILIES[self.family]
         args = [CTYPES[self.dtype]]
-        if FAMILIES[self.family][1]:
+        if takes_tile:
+            args += [str(self.headdim), str(self.block_n)]
+        if takes_causal:
             args.append("true" if self.causal else "false")
         return f"cupyflash::{self.family}<{', '.join(args)}>"
 
 
 def _all_variants():
     out = []
-    for family, (_, takes_causal) in FAMILIES.items():
-        for dtype in CTYPES:
-            for causal in (False, True) if takes_causal else (False,):
-                out.append(Variant(family, dtype, causal))
+    for family, (_, takes_causal, takes_tile, dtypes) in FAMILIES.items():
+        tiles = TC_FWD_BLOCK_N.items() if takes_tile else [(0, 0)]
+        for dtype in dtypes:
+            for headdim, block_n in tiles:
+                for causal in (False, True) if takes_causal else (False,):
+                    out.append(Variant(family, dtype, causal, headdim, block_n))
     return tuple(out)
+
+
+def tc_headdim_bucket(headdim, headdim_v):
+    """Smallest tensor-core bucket covering both head dims, or None above 256."""
+    needed = max(headdim, headdim_v)
+    return next((bucket for bucket in sorted(TC_FWD_BLOCK_N) if bucket >= needed), None)
 
 
 #: The closed table of variants: dispatch, the compile-everything test and error messages use it.

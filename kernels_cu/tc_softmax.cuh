@@ -1,0 +1,74 @@
+// Online softmax over mma.sync accumulator fragments, in base 2 with the softmax scale folded in.
+//
+// A thread holds, for every 8-key n-tile, two rows of the warp's 16 (rows g and g + 8) and two columns of
+// each; the four lanes of a quad share a row. Scores are carried as s2 = s * softmax_scale * LOG2E so
+// each probability is one ex2 on the special-function unit. Per row the thread keeps the running
+// maximum m2 (log2 units, identical across the quad) and its own partial running sum l over its columns;
+// the quad's partial sums are added once at the end. The row's log-sum-exp in natural-log units is
+//     lse = ln(sum_j exp(softmax_scale * q . k_j)) = LN2 * (m2 + log2(l)).
+// (The general path works in natural-log units for float32/float64 accuracy; for float16/bfloat16 the
+// storage rounding dominates and the folded scale is the cheaper choice.)
+#pragma once
+#include "mma.cuh"
+#include "reduce.cuh"
+#include "softmax.cuh"
+
+namespace cupyflash {
+
+constexpr float kLog2eF = 1.4426950408889634f;
+constexpr float kLn2F = 0.6931471805599453f;
+
+template <int kNTiles>
+struct FragmentSoftmax {
+    float m2[2] = {Consts<float>::neg_inf(), Consts<float>::neg_inf()};
+    float l[2] = {0.0f, 0.0f};
+
+    // Folds a block of scaled scores s (log2 units, -inf where masked) into the running statistics,
+    // turns s into probabilities in place and rescales the output accumulator o, row by row, only for
+    // rows whose maximum moved.
+    template <int kOTiles>
+    __device__ __forceinline__ void step(float (&s)[kNTiles][4], float (&o)[kOTiles][4]) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float block_max = Consts<float>::neg_inf();
+#pragma unroll
+            for (int nt = 0; nt < kNTiles; ++nt) block_max = fmaxf(block_max, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+            const float new_max = fmaxf(m2[r], group_max<4>(block_max));
+            // A row that has seen no visible key keeps new_max = -inf: subtract 0 instead, so that
+            // ex2(-inf - -inf) is not NaN and every probability of the row is ex2(-inf) = 0.
+            const float base = new_max == Consts<float>::neg_inf() ? 0.0f : new_max;
+            if (new_max != m2[r]) {
+                const float rescale = fast_exp2(m2[r] - base);  // 0 on the row's first visible block
+                l[r] *= rescale;
+#pragma unroll
+                for (int c = 0; c < kOTiles; ++c) {
+                    o[c][2 * r] *= rescale;
+                    o[c][2 * r + 1] *= rescale;
+                }
+                m2[r] = new_max;
+            }
+            float sum = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < kNTiles; ++nt) {
+                s[nt][2 * r] = fast_exp2(s[nt][2 * r] - base);
+                s[nt][2 * r + 1] = fast_exp2(s[nt][2 * r + 1] - base);
+                sum += s[nt][2 * r] + s[nt][2 * r + 1];
+            }
+            l[r] += sum;
+        }
+    }
+
+    // Adds the quad's partial sums; returns 1 / l per row (0 for a row that saw no key, whose output
+    // must be 0 rather than 0/0) and writes the natural-log lse (-inf for such a row).
+    __device__ __forceinline__ void finish(float (&inv_l)[2], float (&lse)[2]) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const float total = group_sum<4>(l[r]);
+            const bool seen = total > 0.0f;
+            inv_l[r] = seen ? 1.0f / total : 0.0f;
+            lse[r] = seen ? kLn2F * (m2[r] + __log2f(total)) : Consts<float>::neg_inf();
+        }
+    }
+};
+
+}  // namespace cupyflash

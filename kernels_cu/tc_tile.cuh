@@ -1,0 +1,98 @@
+// Tile traits and tile movement of the tensor-core (mma.sync) kernels, float16 and bfloat16, sm_80+.
+//
+// A CTA of kWarps warps owns kBlockM = 16 * kWarps query rows: warp w computes rows 16w..16w+15 with
+// m16n8k16 tiles (fragment maps in mma.cuh). Q, K and V tiles are kHeadDim columns wide, kHeadDim being
+// the compiled bucket (a multiple of 32, at most 256) that covers both headdim and headdim_v; columns past
+// the real head dims are zero-filled on load, so they add nothing to q.k and produce output columns that
+// are never written.
+//
+// Shared-memory rows are padded by 16 bytes (kLd = kHeadDim + 8 elements): the eight 16-byte row segments
+// one ldmatrix phase reads then fall into eight different bank groups for every bucket (row stride mod 128
+// bytes is 16 or 80), and cp.async writes stay 16-byte aligned.
+#pragma once
+#include "dtypes.cuh"
+#include "mma.cuh"
+
+namespace cupyflash {
+
+template <typename T, int kHeadDim_, int kBlockN_>
+struct TcFwdTraits {
+    static constexpr int kHeadDim = kHeadDim_;
+    static constexpr int kBlockN = kBlockN_;  // keys per iteration
+    static constexpr int kWarps = 8;
+    static constexpr int kThreads = 32 * kWarps;
+    static constexpr int kBlockM = 16 * kWarps;  // 128 query rows per CTA
+    static constexpr int kLd = kHeadDim + 8;     // padded shared-memory row, in elements
+    static constexpr int kStages = 2;            // K/V tiles in flight: compute block j while block j+1 loads
+    // Q stays in registers as the A operand of every q.k product up to headdim 128 (kHeadDim / 4
+    // registers); larger buckets read it from shared memory each time to stay clear of spills.
+    static constexpr bool kQInRegs = kHeadDim <= 128;
+    // One CTA of 8 warps per SM: asking for two caps registers at 128, which spilled 16-44 bytes at
+    // headdim 64 (ptxas, sm_80/sm_90); the larger buckets use 180-251 registers.
+    static constexpr int kMinCtasPerSm = 1;
+    static constexpr int kSmemBytes = (kBlockM + 2 * kStages * kBlockN) * kLd * static_cast<int>(sizeof(T));
+    static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "head-dim buckets are multiples of 32 up to 256");
+    static_assert(kBlockN % 16 == 0, "keys are consumed 16 at a time");
+};
+
+// Stages rows [r0, r0 + kRows) of a (rows x cols) row-major slice (row stride in elements) into shared
+// memory dst[kRows][kLd], zero-filling rows >= rows and columns >= cols up to kCols. With vec (the host
+// checked 16-byte alignment of the base pointer and the row stride) each thread issues 16-byte cp.async
+// copies that complete in the caller's commit group; otherwise it falls back to element loads.
+template <int kRows, int kCols, int kLd, int kThreads, typename T>
+__device__ __forceinline__ void load_tile_async(T* dst, const T* src, long long row_stride, int r0, int rows,
+                                                int cols, bool vec) {
+    if (vec) {
+        constexpr int kChunks = kCols / 8;  // 16-byte chunks per row
+#pragma unroll 4
+        for (int idx = threadIdx.x; idx < kRows * kChunks; idx += kThreads) {
+            const int r = idx / kChunks;
+            const int c = (idx % kChunks) * 8;
+            const int row = r0 + r;
+            const int valid = row < rows ? min(8, max(0, cols - c)) : 0;
+            // A chunk with nothing to read still needs a valid, aligned source address: use the base.
+            const T* g = valid > 0 ? src + static_cast<long long>(row) * row_stride + c : src;
+            cp_async_16(smem_addr(dst + r * kLd + c), g, valid * static_cast<int>(sizeof(T)));
+        }
+    } else {
+#pragma unroll 4
+        for (int idx = threadIdx.x; idx < kRows * kCols; idx += kThreads) {
+            const int r = idx / kCols;
+            const int c = idx % kCols;
+            const int row = r0 + r;
+            dst[r * kLd + c] = (row < rows && c < cols) ? src[static_cast<long long>(row) * row_stride + c]
+                                                        : from_acc<T>(0.0f);
+        }
+    }
+}
+
+// A fragment (16 rows x 16 columns starting at (row0, col0)) of a row-major shared tile.
+template <int kLd, typename T>
+__device__ __forceinline__ void load_a_frag(unsigned (&a)[4], const T* tile, int row0, int col0) {
+    const int lane = threadIdx.x % 32;
+    const int row = row0 + lane % 8 + 8 * ((lane / 8) % 2);
+    const int col = col0 + 8 * (lane / 16);
+    ldmatrix_x4(a, smem_addr(tile + row * kLd + col));
+}
+
+// B fragments of two n-tiles for S = Q K^T: keys n0..n0+15 (rows of the K tile) and head-dim columns
+// k0..k0+15. b[0..1] serve keys n0..n0+7, b[2..3] keys n0+8..n0+15.
+template <int kLd, typename T>
+__device__ __forceinline__ void load_bt_frags(unsigned (&b)[4], const T* tile, int n0, int k0) {
+    const int lane = threadIdx.x % 32;
+    const int row = n0 + lane % 8 + 8 * (lane / 16);
+    const int col = k0 + 8 * ((lane / 8) % 2);
+    ldmatrix_x4(b, smem_addr(tile + row * kLd + col));
+}
+
+// B fragments of two n-tiles for O = P V: keys k0..k0+15 (rows of the V tile) and value columns
+// c0..c0+15, transposed on load. b[0..1] serve columns c0..c0+7, b[2..3] columns c0+8..c0+15.
+template <int kLd, typename T>
+__device__ __forceinline__ void load_b_frags_trans(unsigned (&b)[4], const T* tile, int k0, int c0) {
+    const int lane = threadIdx.x % 32;
+    const int row = k0 + lane % 8 + 8 * ((lane / 8) % 2);
+    const int col = c0 + 8 * (lane / 16);
+    ldmatrix_x4_trans(b, smem_addr(tile + row * kLd + col));
+}
+
+}  // namespace cupyflash
