@@ -81,8 +81,8 @@ def _vec_loads(*arrays):
 def _tc_forward_variant(p):
     """The tensor-core forward variant for ``p``, or None when the general path must run it.
 
-    Needs float16/bfloat16, compute capability 8.0+, both head dims within a bucket (<= 256), and
-    the variant's shared memory within the device's per-block opt-in limit.
+    Needs float16/bfloat16, compute capability 8.0+, both head dims within a bucket (<= 256), and a
+    tile of the bucket whose shared memory fits the device's per-block opt-in limit (the first that fits).
     """
     if p.dtype.itemsize != 2:
         return None
@@ -92,10 +92,12 @@ def _tc_forward_variant(p):
     device = cupy.cuda.Device()
     if int(device.compute_capability) < _kernels.TC_MIN_CAPABILITY:
         return None
-    block_n = _kernels.TC_FWD_BLOCK_N[bucket]
-    if _kernels.tc_fwd_smem_bytes(bucket, block_n) > device.attributes["MaxSharedMemoryPerBlockOptin"]:
-        return None
-    return _kernels.Variant("tc_fwd", _DTYPE_NAMES[p.dtype], p.causal, bucket, block_n)
+    limit = device.attributes["MaxSharedMemoryPerBlockOptin"]
+    for tile in _kernels.TC_FWD_TILES[bucket]:
+        variant = _kernels.Variant("tc_fwd", _DTYPE_NAMES[p.dtype], p.causal, bucket, *tile)
+        if _kernels.tc_fwd_smem_bytes(variant) <= limit:
+            return variant
+    return None
 
 
 def forward(q, k, v, p):
@@ -110,12 +112,12 @@ def forward(q, k, v, p):
     variant = _tc_forward_variant(p)
     if variant is not None:
         kernel = _kernels.get_kernel(variant)
-        smem = _kernels.tc_fwd_smem_bytes(variant.headdim, variant.block_n)
+        smem = _kernels.tc_fwd_smem_bytes(variant)
         if kernel.max_dynamic_shared_size_bytes < smem:
             kernel.max_dynamic_shared_size_bytes = smem
         grid = (_cdiv(p.seqlen_q, _kernels.TC_FWD_BLOCK_M) * p.batch * p.heads, 1, 1)
         args = _fwd_args(q, k, v, out, lse, p) + (_vec_loads(q, k, v),)
-        kernel(grid, (_kernels.TC_FWD_THREADS, 1, 1), args, shared_mem=smem)
+        kernel(grid, (_kernels.tc_fwd_threads(variant), 1, 1), args, shared_mem=smem)
         return out, lse
     grid = (_cdiv(p.seqlen_q, GENERAL_BLOCK_M) * p.batch * p.heads, _cdiv(p.headdim_v, GENERAL_CHUNK), 1)
     _kernel("general_fwd", p)(grid, (GENERAL_THREADS, 1, 1), _fwd_args(q, k, v, out, lse, p))

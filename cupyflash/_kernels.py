@@ -35,19 +35,45 @@ FAMILIES = {
     "tc_fwd": ("tc_fwd.cu", True, True, ("float16", "bfloat16")),
 }
 
-#: Tensor-core forward: head-dim bucket -> keys per block (kBlockN). Buckets cover headdim and
-#: headdim_v up to 256; kernels_cu/tc_tile.cuh derives the rest of the tile from these two numbers.
-TC_FWD_BLOCK_N = {32: 64, 64: 64, 96: 64, 128: 64, 160: 32, 192: 32, 224: 32, 256: 32}
-#: Query rows per CTA and threads of the tensor-core forward (TcFwdTraits::kBlockM, kThreads).
+#: Tensor-core forward tiles: head-dim bucket -> (keys per block kBlockN, 16-row m-tiles per warp),
+#: preferred first; dispatch takes the first whose shared memory fits the device. Buckets cover headdim
+#: and headdim_v up to 256; kernels_cu/tc_tile.cuh derives the rest of the tile. Measured on the H200
+#: (bf16, TFLOP/s at seqlen 16384, non-causal / causal, 2026-11-29): headdim 64: (64, 2) 228 / 215
+#: against (32, 2) 184 / 172; headdim 128: (32, 2) 241 / 216, (128, 1) 242 / 235, (64, 1) 213 / 209,
+#: and (32, 2) needs 87 KB where (128, 1) needs 174 KB; headdim 256: (64, 1) 234 / 239 against
+#: (32, 1) 192 / 194.
+TC_FWD_TILES = {
+    32: ((64, 2),),
+    64: ((64, 2),),
+    96: ((32, 2),),
+    128: ((32, 2),),
+    160: ((64, 1), (32, 1)),
+    192: ((64, 1), (32, 1)),
+    224: ((64, 1), (32, 1)),
+    256: ((64, 1), (32, 1)),
+}
+#: Query rows per CTA of the tensor-core forward (TcFwdTraits::kBlockM).
 TC_FWD_BLOCK_M = 128
-TC_FWD_THREADS = 256
 #: Compute capability from which the mma.sync kernels run.
 TC_MIN_CAPABILITY = 80
 
 
-def tc_fwd_smem_bytes(headdim_bucket, block_n, itemsize=2):
-    """Dynamic shared memory of a tensor-core forward variant (TcFwdTraits::kSmemBytes)."""
-    return (TC_FWD_BLOCK_M + 2 * 2 * block_n) * (headdim_bucket + 8) * itemsize
+def tc_fwd_smem_bytes(variant):
+    """Dynamic shared memory of a tensor-core forward variant (TcFwdTraits::kSmemBytes).
+
+    Q tile plus 2 or 3 stages of K and V tiles (3 where they fit in 99 KB), rows padded by 8 elements.
+    The kernel traps if launched with less than its traits require.
+    """
+    row_bytes = (variant.headdim + 8) * 2
+    q_bytes = TC_FWD_BLOCK_M * row_bytes
+    stage_bytes = 2 * variant.block_n * row_bytes
+    stages = 3 if q_bytes + 3 * stage_bytes <= 99 * 1024 else 2
+    return q_bytes + stages * stage_bytes
+
+
+def tc_fwd_threads(variant):
+    """Threads per CTA of a tensor-core forward variant (TcFwdTraits::kThreads)."""
+    return 32 * TC_FWD_BLOCK_M // (16 * variant.m_tiles)
 
 #: Threads per CTA of every general-path kernel, and its tile sizes (kernels_cu/general_tile.cuh).
 GENERAL_THREADS = 128
@@ -66,14 +92,15 @@ class Variant:
     causal: bool = False
     headdim: int = 0  # head-dim bucket of the tensor-core families; 0 for the general path
     block_n: int = 0  # keys per block of the tensor-core families; 0 for the general path
+    m_tiles: int = 0  # 16-row m-tiles per warp of the tensor-core families; 0 for the general path
 
     @property
     def key(self):
-        """Name used for caches, logs, errors and test ids, e.g. ``tc_fwd_bf16_d128_n64_causal_1``."""
+        """Name used for caches, logs, errors and test ids, e.g. ``tc_fwd_bf16_d128_n64_m2_causal_1``."""
         _, takes_causal, takes_tile, _ = FAMILIES[self.family]
         key = f"{self.family}_{SHORT_DTYPE[self.dtype]}"
         if takes_tile:
-            key += f"_d{self.headdim}_n{self.block_n}"
+            key += f"_d{self.headdim}_n{self.block_n}_m{self.m_tiles}"
         if takes_causal:
             key += f"_causal_{int(self.causal)}"
         return key
@@ -87,7 +114,7 @@ class Variant:
         _, takes_causal, takes_tile, _ = FAMILIES[self.family]
         args = [CTYPES[self.dtype]]
         if takes_tile:
-            args += [str(self.headdim), str(self.block_n)]
+            args += [str(self.headdim), str(self.block_n), str(self.m_tiles)]
         if takes_causal:
             args.append("true" if self.causal else "false")
         return f"cupyflash::{self.family}<{', '.join(args)}>"
@@ -96,18 +123,18 @@ class Variant:
 def _all_variants():
     out = []
     for family, (_, takes_causal, takes_tile, dtypes) in FAMILIES.items():
-        tiles = TC_FWD_BLOCK_N.items() if takes_tile else [(0, 0)]
+        tiles = [(d, *tile) for d, choices in TC_FWD_TILES.items() for tile in choices] if takes_tile else [(0, 0, 0)]
         for dtype in dtypes:
-            for headdim, block_n in tiles:
+            for headdim, block_n, m_tiles in tiles:
                 for causal in (False, True) if takes_causal else (False,):
-                    out.append(Variant(family, dtype, causal, headdim, block_n))
+                    out.append(Variant(family, dtype, causal, headdim, block_n, m_tiles))
     return tuple(out)
 
 
 def tc_headdim_bucket(headdim, headdim_v):
     """Smallest tensor-core bucket covering both head dims, or None above 256."""
     needed = max(headdim, headdim_v)
-    return next((bucket for bucket in sorted(TC_FWD_BLOCK_N) if bucket >= needed), None)
+    return next((bucket for bucket in sorted(TC_FWD_TILES) if bucket >= needed), None)
 
 
 #: The closed table of variants: dispatch, the compile-everything test and error messages use it.

@@ -1,7 +1,8 @@
 // Tile traits and tile movement of the tensor-core (mma.sync) kernels, float16 and bfloat16, sm_80+.
 //
-// A CTA of kWarps warps owns kBlockM = 16 * kWarps query rows: warp w computes rows 16w..16w+15 with
-// m16n8k16 tiles (fragment maps in mma.cuh). Q, K and V tiles are kHeadDim columns wide, kHeadDim being
+// A CTA owns kBlockM = 128 query rows; each of its warps computes kMTiles consecutive 16-row m-tiles with
+// m16n8k16 mma.sync (fragment maps in mma.cuh), so every K/V fragment read from shared memory feeds
+// kMTiles tensor-core instructions. Q, K and V tiles are kHeadDim columns wide, kHeadDim being
 // the compiled bucket (a multiple of 32, at most 256) that covers both headdim and headdim_v; columns past
 // the real head dims are zero-filled on load, so they add nothing to q.k and produce output columns that
 // are never written.
@@ -15,24 +16,31 @@
 
 namespace cupyflash {
 
-template <typename T, int kHeadDim_, int kBlockN_>
+template <typename T, int kHeadDim_, int kBlockN_, int kMTiles_>
 struct TcFwdTraits {
     static constexpr int kHeadDim = kHeadDim_;
-    static constexpr int kBlockN = kBlockN_;  // keys per iteration
-    static constexpr int kWarps = 8;
+    static constexpr int kBlockN = kBlockN_;    // keys per iteration
+    static constexpr int kMTiles = kMTiles_;    // 16-row m-tiles per warp: each K/V fragment feeds kMTiles mmas
+    static constexpr int kBlockM = 128;         // query rows per CTA
+    static constexpr int kWarps = kBlockM / (16 * kMTiles);
     static constexpr int kThreads = 32 * kWarps;
-    static constexpr int kBlockM = 16 * kWarps;  // 128 query rows per CTA
-    static constexpr int kLd = kHeadDim + 8;     // padded shared-memory row, in elements
-    static constexpr int kStages = 2;            // K/V tiles in flight: compute block j while block j+1 loads
-    // Q stays in registers as the A operand of every q.k product up to headdim 128 (kHeadDim / 4
-    // registers); larger buckets read it from shared memory each time to stay clear of spills.
-    static constexpr bool kQInRegs = kHeadDim <= 128;
-    // One CTA of 8 warps per SM: asking for two caps registers at 128, which spilled 16-44 bytes at
-    // headdim 64 (ptxas, sm_80/sm_90); the larger buckets use 180-251 registers.
-    static constexpr int kMinCtasPerSm = 1;
-    static constexpr int kSmemBytes = (kBlockM + 2 * kStages * kBlockN) * kLd * static_cast<int>(sizeof(T));
+    static constexpr int kLd = kHeadDim + 8;    // padded shared-memory row, in elements
+    // K/V stages: block j + 1 loads while block j is computed. Three stages, where they fit in 99 KB
+    // (the per-block limit of sm_86/sm_89), also drop the barrier at the end of each iteration: the
+    // stage being refilled was last read two iterations back, before the previous iteration's barrier,
+    // so warps drift apart and one warp's softmax overlaps another's mma.
+    static constexpr int kSmemBytesPerStageSet = 2 * kBlockN * kLd * static_cast<int>(sizeof(T));
+    static constexpr int kQSmemBytes = kBlockM * kLd * static_cast<int>(sizeof(T));
+    static constexpr int kStages = kQSmemBytes + 3 * kSmemBytesPerStageSet <= 99 * 1024 ? 3 : 2;
+    // Q stays in registers as the A operand of every q.k product while it costs at most 32 registers;
+    // otherwise each warp re-reads its rows from shared memory, which keeps the large tiles spill-free.
+    static constexpr bool kQInRegs = kHeadDim * kMTiles <= 128;
+    // Two 4-warp CTAs per SM (the 255-register cap allows both); one 8-warp CTA otherwise.
+    static constexpr int kMinCtasPerSm = kWarps <= 4 ? 2 : 1;
+    static constexpr int kSmemBytes = kQSmemBytes + kStages * kSmemBytesPerStageSet;
     static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "head-dim buckets are multiples of 32 up to 256");
     static_assert(kBlockN % 16 == 0, "keys are consumed 16 at a time");
+    static_assert(kBlockM % (16 * kMTiles) == 0, "the CTA's rows must split evenly among its warps");
 };
 
 // Stages rows [r0, r0 + kRows) of a (rows x cols) row-major slice (row stride in elements) into shared

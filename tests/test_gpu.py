@@ -111,6 +111,20 @@ def test_large_logits_stay_finite(dtype):
         assert bool(finite.all()), name
 
 
+@pytest.mark.parametrize(
+    "dtype, headdim, headdim_v, expected",
+    [("bfloat16", 128, 128, "tc_fwd_bf16_d128_n32_m2_causal_1"), ("float16", 40, 200, "tc_fwd_fp16_d224_n64_m1_causal_1"),
+     ("float16", 257, 64, None), ("float32", 64, 64, None)],
+)
+def test_forward_dispatch(dtype, headdim, headdim_v, expected):
+    """fp16/bf16 with head dims <= 256 take the tensor-core forward on sm_80+; the rest the general path."""
+    from cupyflash import _cuda, _validate
+
+    q, k, v = random_qkv(cupy, 1, 3, 3, 1, 1, headdim, headdim_v, DTYPES[dtype], seed=3)
+    variant = _cuda._tc_forward_variant(_validate.forward_problem(q, k, v, True, None))
+    assert (variant.key if variant else None) == expected
+
+
 def test_transposed_views_are_used_without_copy():
     """A (batch, heads, seqlen, headdim) array passed as x.transpose(0, 2, 1, 3) is read in place."""
     from cupyflash import _cuda

@@ -1,0 +1,57 @@
+"""First-use compile time and cached load time of kernel variants, each in a fresh process.
+
+Run from the repository root on a GPU machine: ``python bench/compile_time.py``. A new, empty CuPy
+cache directory is used, so the first process compiles with NVRTC and the second loads the cubin from
+CuPy's disk cache. Targets (issue 3): compile under 5 s, cached load under 0.1 s.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+#: Variants timed: the largest tensor-core forward tiles and a general-path kernel.
+VARIANTS = (
+    ("tc_fwd", "bfloat16", True, 128, 32, 2),
+    ("tc_fwd", "float16", False, 256, 64, 1),
+    ("general_bwd_dkdv", "float32", True, 0, 0, 0),
+)
+
+_CHILD = """
+import json, sys, time
+import cupy
+from cupyflash import _kernels
+cupy.cuda.Device().synchronize()  # context creation stays out of the timing
+times = {}
+for family, dtype, causal, headdim, block_n, m_tiles in json.loads(sys.argv[1]):
+    variant = _kernels.Variant(family, dtype, causal, headdim, block_n, m_tiles)
+    start = time.perf_counter()
+    _kernels.get_kernel(variant)
+    times[variant.key] = time.perf_counter() - start
+print(json.dumps(times))
+"""
+
+
+def time_in_new_process(cache_dir):
+    """Seconds per variant for get_kernel in a fresh Python process using ``cache_dir``."""
+    env = dict(os.environ, CUPY_CACHE_DIR=cache_dir, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    result = subprocess.run(
+        [sys.executable, "-c", _CHILD, json.dumps(VARIANTS)], env=env, check=True, capture_output=True, text=True
+    )
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main():
+    with tempfile.TemporaryDirectory() as cache_dir:
+        first = time_in_new_process(cache_dir)
+        cached = time_in_new_process(cache_dir)
+    print(f"{'variant':<36} {'first use (s)':>13} {'cached, new process (s)':>24}")
+    for key in first:
+        print(f"{key:<36} {first[key]:>13.2f} {cached[key]:>24.3f}")
+
+
+if __name__ == "__main__":
+    main()
