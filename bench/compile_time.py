@@ -15,9 +15,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: Variants timed: the largest tensor-core forward tiles and a general-path kernel.
 VARIANTS = (
-    ("tc_fwd", "bfloat16", True, 128, 32, 2),
-    ("tc_fwd", "float16", False, 256, 64, 1),
-    ("general_bwd_dkdv", "float32", True, 0, 0, 0),
+    ("tc_fwd", "bfloat16", True, (128, 32, 2)),
+    ("tc_fwd", "float16", False, (256, 64, 1)),
+    ("tc_bwd_dkdv", "bfloat16", True, (128,)),
+    ("general_bwd_dkdv", "float32", True, ()),
 )
 
 _CHILD = """
@@ -26,8 +27,8 @@ import cupy
 from cupyflash import _kernels
 cupy.cuda.Device().synchronize()  # context creation stays out of the timing
 times = {}
-for family, dtype, causal, headdim, block_n, m_tiles in json.loads(sys.argv[1]):
-    variant = _kernels.Variant(family, dtype, causal, headdim, block_n, m_tiles)
+for family, dtype, causal, tile in json.loads(sys.argv[1]):
+    variant = _kernels.Variant(family, dtype, causal, tuple(tile))
     start = time.perf_counter()
     _kernels.get_kernel(variant)
     times[variant.key] = time.perf_counter() - start

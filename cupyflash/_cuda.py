@@ -78,26 +78,52 @@ def _vec_loads(*arrays):
     return numpy.int32(all(x.data.ptr % 16 == 0 and all(s % 16 == 0 for s in x.strides[:3]) for x in arrays))
 
 
-def _tc_forward_variant(p):
-    """The tensor-core forward variant for ``p``, or None when the general path must run it.
+def _tc_bucket(p, buckets):
+    """The head-dim bucket of ``p`` when the tensor-core kernels can run it at all, else None.
 
-    Needs float16/bfloat16, compute capability 8.0+, both head dims within a bucket (<= 256), and a
-    tile of the bucket whose shared memory fits the device's per-block opt-in limit (the first that fits).
+    Needs float16/bfloat16, compute capability 8.0+ and both head dims within one of ``buckets``.
     """
     if p.dtype.itemsize != 2:
         return None
-    bucket = _kernels.tc_headdim_bucket(p.headdim, p.headdim_v)
+    if int(cupy.cuda.Device().compute_capability) < _kernels.TC_MIN_CAPABILITY:
+        return None
+    return _kernels.tc_headdim_bucket(p.headdim, p.headdim_v, buckets)
+
+
+def _smem_limit():
+    return cupy.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
+
+
+def _tc_forward_variant(p):
+    """The tensor-core forward variant for ``p``, or None when the general path must run it: the first
+    tile of the bucket whose shared memory fits the device's per-block opt-in limit."""
+    bucket = _tc_bucket(p, tuple(_kernels.TC_FWD_TILES))
     if bucket is None:
         return None
-    device = cupy.cuda.Device()
-    if int(device.compute_capability) < _kernels.TC_MIN_CAPABILITY:
-        return None
-    limit = device.attributes["MaxSharedMemoryPerBlockOptin"]
     for tile in _kernels.TC_FWD_TILES[bucket]:
-        variant = _kernels.Variant("tc_fwd", _DTYPE_NAMES[p.dtype], p.causal, bucket, *tile)
-        if _kernels.tc_fwd_smem_bytes(variant) <= limit:
+        variant = _kernels.Variant("tc_fwd", _DTYPE_NAMES[p.dtype], p.causal, (bucket, *tile))
+        if _kernels.tc_fwd_smem_bytes(variant) <= _smem_limit():
             return variant
     return None
+
+
+def _tc_backward_variants(p):
+    """The (dK/dV, dQ) tensor-core backward variants for ``p``, or None for the general path."""
+    bucket = _tc_bucket(p, _kernels.TC_BWD_HEADDIMS)
+    if bucket is None:
+        return None
+    dkdv, dq = (_kernels.Variant(f, _DTYPE_NAMES[p.dtype], p.causal, (bucket,)) for f in ("tc_bwd_dkdv", "tc_bwd_dq"))
+    if _kernels.tc_bwd_smem_bytes(dkdv) > _smem_limit():
+        return None
+    return dkdv, dq
+
+
+def _launch_dynamic_smem(variant, grid, threads, args, smem):
+    """Launches ``variant`` with ``smem`` bytes of dynamic shared memory (raising its limit if needed)."""
+    kernel = _kernels.get_kernel(variant)
+    if kernel.max_dynamic_shared_size_bytes < smem:
+        kernel.max_dynamic_shared_size_bytes = smem
+    kernel(grid, (threads, 1, 1), args, shared_mem=smem)
 
 
 def forward(q, k, v, p):
@@ -111,13 +137,9 @@ def forward(q, k, v, p):
     lse = cupy.empty(p.lse_shape, dtype=lse_dtype(p.dtype))
     variant = _tc_forward_variant(p)
     if variant is not None:
-        kernel = _kernels.get_kernel(variant)
-        smem = _kernels.tc_fwd_smem_bytes(variant)
-        if kernel.max_dynamic_shared_size_bytes < smem:
-            kernel.max_dynamic_shared_size_bytes = smem
         grid = (_cdiv(p.seqlen_q, _kernels.TC_FWD_BLOCK_M) * p.batch * p.heads, 1, 1)
         args = _fwd_args(q, k, v, out, lse, p) + (_vec_loads(q, k, v),)
-        kernel(grid, (_kernels.tc_fwd_threads(variant), 1, 1), args, shared_mem=smem)
+        _launch_dynamic_smem(variant, grid, _kernels.tc_fwd_threads(variant), args, _kernels.tc_fwd_smem_bytes(variant))
         return out, lse
     grid = (_cdiv(p.seqlen_q, GENERAL_BLOCK_M) * p.batch * p.heads, _cdiv(p.headdim_v, GENERAL_CHUNK), 1)
     _kernel("general_fwd", p)(grid, (GENERAL_THREADS, 1, 1), _fwd_args(q, k, v, out, lse, p))
@@ -125,9 +147,11 @@ def forward(q, k, v, p):
 
 
 def backward(dout, q, k, v, out, lse, p):
-    """General-path backward of a validated, non-empty problem: (dq, dk, dv).
+    """Backward of a validated, non-empty problem: (dq, dk, dv).
 
-    Extra device memory: delta, (batch, heads, seqlen_q) in the accumulator dtype, besides the gradients.
+    float16/bfloat16 with head dims up to 128 run the tensor-core kernels where they fit (see
+    _tc_backward_variants); everything else runs the general path. Both are deterministic. Extra device
+    memory: delta, (batch, heads, seqlen_q) in the accumulator dtype, besides the gradients.
     """
     dout, q, k, v, out = (_operand(x) for x in (dout, q, k, v, out))
     lse = cupy.ascontiguousarray(lse, dtype=lse_dtype(p.dtype))
@@ -139,6 +163,18 @@ def backward(dout, q, k, v, out, lse, p):
     dq = cupy.empty(q.shape, dtype=p.dtype)
     dk = cupy.empty(k.shape, dtype=p.dtype)
     dv = cupy.empty(v.shape, dtype=p.dtype)
+    variants = _tc_backward_variants(p)
+    if variants is not None:
+        dkdv, dq_variant = variants
+        smem = _kernels.tc_bwd_smem_bytes(dkdv)
+        vec = _vec_loads(q, k, v, dout)
+        grid = (_cdiv(p.seqlen_k, _kernels.TC_BWD_BLOCK) * p.batch * p.heads_k, 1, 1)
+        args = _dkdv_args(q, k, v, dout, lse, delta, dk, dv, p) + (vec,)
+        _launch_dynamic_smem(dkdv, grid, _kernels.TC_BWD_THREADS, args, smem)
+        grid = (_cdiv(p.seqlen_q, _kernels.TC_BWD_BLOCK) * p.batch * p.heads, 1, 1)
+        args = _dq_args(q, k, v, dout, lse, delta, dq, p) + (vec,)
+        _launch_dynamic_smem(dq_variant, grid, _kernels.TC_BWD_THREADS, args, smem)
+        return dq, dk, dv
     block = (GENERAL_THREADS, 1, 1)
     grid_dq = (_cdiv(p.seqlen_q, GENERAL_BLOCK_M) * p.batch * p.heads, _cdiv(p.headdim, GENERAL_CHUNK), 1)
     _kernel("general_bwd_dq", p)(grid_dq, block, _dq_args(q, k, v, dout, lse, delta, dq, p))

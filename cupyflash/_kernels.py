@@ -25,16 +25,6 @@ CTYPES = {
 #: Short dtype names used in variant keys.
 SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}
 
-#: Kernel families: (source file, whether the template takes the causal flag, whether it takes a
-#: head-dim bucket and key-block size, the dtypes it is instantiated for).
-FAMILIES = {
-    "general_fwd": ("general_fwd.cu", True, False, tuple(CTYPES)),
-    "general_bwd_delta": ("general_bwd.cu", False, False, tuple(CTYPES)),
-    "general_bwd_dq": ("general_bwd.cu", True, False, tuple(CTYPES)),
-    "general_bwd_dkdv": ("general_bwd.cu", True, False, tuple(CTYPES)),
-    "tc_fwd": ("tc_fwd.cu", True, True, ("float16", "bfloat16")),
-}
-
 #: Tensor-core forward tiles: head-dim bucket -> (keys per block kBlockN, 16-row m-tiles per warp),
 #: preferred first; dispatch takes the first whose shared memory fits the device. Buckets cover headdim
 #: and headdim_v up to 256; kernels_cu/tc_tile.cuh derives the rest of the tile. Measured on the H200
@@ -75,12 +65,64 @@ def tc_fwd_threads(variant):
     """Threads per CTA of a tensor-core forward variant (TcFwdTraits::kThreads)."""
     return 32 * TC_FWD_BLOCK_M // (16 * variant.m_tiles)
 
+
 #: Threads per CTA of every general-path kernel, and its tile sizes (kernels_cu/general_tile.cuh).
 GENERAL_THREADS = 128
 GENERAL_BLOCK_M = 32  # score-tile rows: queries (forward, dQ) or keys (dK/dV) per CTA
 GENERAL_CHUNK = 64
 #: Rows of the delta preprocess handled by one CTA (one warp each).
 DELTA_ROWS_PER_CTA = 4
+
+
+#: Head-dim buckets of the tensor-core backward (TcBwdTraits): headdim and headdim_v up to 128.
+TC_BWD_HEADDIMS = (32, 64, 96, 128)
+#: Rows a tensor-core backward CTA owns (keys for dK/dV, queries for dQ), and its threads.
+TC_BWD_BLOCK = 64
+TC_BWD_THREADS = 128
+
+
+def tc_bwd_smem_bytes(variant):
+    """Dynamic shared memory of a tensor-core backward variant (TcBwdTraits::kSmemBytes).
+
+    Two resident 64-row tiles and two double-buffered tiles of kCols rows (32 from headdim 96 up, else
+    64), rows padded by 8 elements, plus two stages of the streamed rows' lse and delta.
+    """
+    cols = 32 if variant.headdim >= 96 else 64
+    return (2 * TC_BWD_BLOCK + 4 * cols) * (variant.headdim + 8) * 2 + 2 * 2 * cols * 4
+
+
+#: Integer template parameters, as they appear in variant keys.
+_KEY_PREFIX = {"headdim": "d", "block_n": "n", "m_tiles": "m"}
+_HALF_DTYPES = ("float16", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """A kernel template: its source file, the dtypes it is built for and its template parameters.
+
+    The template takes the storage type, then the integer ``tile_params`` (each instantiation's
+    values are one entry of ``tiles``), then the causal flag when ``takes_causal``.
+    """
+
+    source_file: str
+    dtypes: tuple
+    takes_causal: bool
+    tile_params: tuple = ()
+    tiles: tuple = ((),)
+
+
+FAMILIES = {
+    "general_fwd": Family("general_fwd.cu", tuple(CTYPES), True),
+    "general_bwd_delta": Family("general_bwd.cu", tuple(CTYPES), False),
+    "general_bwd_dq": Family("general_bwd.cu", tuple(CTYPES), True),
+    "general_bwd_dkdv": Family("general_bwd.cu", tuple(CTYPES), True),
+    "tc_fwd": Family(
+        "tc_fwd.cu", _HALF_DTYPES, True, ("headdim", "block_n", "m_tiles"),
+        tuple((d, *tile) for d, choices in TC_FWD_TILES.items() for tile in choices),
+    ),
+    "tc_bwd_dkdv": Family("tc_bwd.cu", _HALF_DTYPES, True, ("headdim",), tuple((d,) for d in TC_BWD_HEADDIMS)),
+    "tc_bwd_dq": Family("tc_bwd.cu", _HALF_DTYPES, True, ("headdim",), tuple((d,) for d in TC_BWD_HEADDIMS)),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,51 +132,63 @@ class Variant:
     family: str
     dtype: str
     causal: bool = False
-    headdim: int = 0  # head-dim bucket of the tensor-core families; 0 for the general path
-    block_n: int = 0  # keys per block of the tensor-core families; 0 for the general path
-    m_tiles: int = 0  # 16-row m-tiles per warp of the tensor-core families; 0 for the general path
+    tile: tuple = ()  # values of the family's tile_params
+
+    def _param(self, name):
+        return self.tile[FAMILIES[self.family].tile_params.index(name)]
+
+    @property
+    def headdim(self):
+        """Head-dim bucket of a tensor-core variant."""
+        return self._param("headdim")
+
+    @property
+    def block_n(self):
+        """Keys per block of a tensor-core forward variant."""
+        return self._param("block_n")
+
+    @property
+    def m_tiles(self):
+        """16-row m-tiles per warp of a tensor-core forward variant."""
+        return self._param("m_tiles")
 
     @property
     def key(self):
-        """Name used for caches, logs, errors and test ids, e.g. ``tc_fwd_bf16_d128_n64_m2_causal_1``."""
-        _, takes_causal, takes_tile, _ = FAMILIES[self.family]
+        """Name used for caches, logs, errors and test ids, e.g. ``tc_fwd_bf16_d128_n32_m2_causal_1``."""
+        family = FAMILIES[self.family]
         key = f"{self.family}_{SHORT_DTYPE[self.dtype]}"
-        if takes_tile:
-            key += f"_d{self.headdim}_n{self.block_n}_m{self.m_tiles}"
-        if takes_causal:
+        key += "".join(f"_{_KEY_PREFIX[name]}{value}" for name, value in zip(family.tile_params, self.tile))
+        if family.takes_causal:
             key += f"_causal_{int(self.causal)}"
         return key
 
     @property
     def source_file(self):
-        return FAMILIES[self.family][0]
+        return FAMILIES[self.family].source_file
 
     @property
     def name_expression(self):
-        _, takes_causal, takes_tile, _ = FAMILIES[self.family]
-        args = [CTYPES[self.dtype]]
-        if takes_tile:
-            args += [str(self.headdim), str(self.block_n), str(self.m_tiles)]
-        if takes_causal:
+        family = FAMILIES[self.family]
+        args = [CTYPES[self.dtype], *(str(value) for value in self.tile)]
+        if family.takes_causal:
             args.append("true" if self.causal else "false")
         return f"cupyflash::{self.family}<{', '.join(args)}>"
 
 
 def _all_variants():
-    out = []
-    for family, (_, takes_causal, takes_tile, dtypes) in FAMILIES.items():
-        tiles = [(d, *tile) for d, choices in TC_FWD_TILES.items() for tile in choices] if takes_tile else [(0, 0, 0)]
-        for dtype in dtypes:
-            for headdim, block_n, m_tiles in tiles:
-                for causal in (False, True) if takes_causal else (False,):
-                    out.append(Variant(family, dtype, causal, headdim, block_n, m_tiles))
-    return tuple(out)
+    return tuple(
+        Variant(name, dtype, causal, tile)
+        for name, family in FAMILIES.items()
+        for dtype in family.dtypes
+        for tile in family.tiles
+        for causal in ((False, True) if family.takes_causal else (False,))
+    )
 
 
-def tc_headdim_bucket(headdim, headdim_v):
-    """Smallest tensor-core bucket covering both head dims, or None above 256."""
+def tc_headdim_bucket(headdim, headdim_v, buckets=tuple(TC_FWD_TILES)):
+    """Smallest of ``buckets`` covering both head dims, or None when both do not fit the largest."""
     needed = max(headdim, headdim_v)
-    return next((bucket for bucket in sorted(TC_FWD_TILES) if bucket >= needed), None)
+    return next((bucket for bucket in sorted(buckets) if bucket >= needed), None)
 
 
 #: The closed table of variants: dispatch, the compile-everything test and error messages use it.

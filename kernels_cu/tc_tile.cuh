@@ -104,3 +104,30 @@ __device__ __forceinline__ void load_b_frags_trans(unsigned (&b)[4], const T* ti
 }
 
 }  // namespace cupyflash
+
+namespace cupyflash {
+
+// Tensor-core backward tiles: a CTA of 4 warps owns kBlock = 64 rows (keys in the dK/dV kernel, queries
+// in the dQ kernel), each warp one 16-row m-tile, and consumes kCols rows of the other side per
+// iteration. The two owned tiles stay resident (K and V, or Q and dO); the two streamed tiles are
+// double-buffered through cp.async. kCols is 32 from headdim 96 up: with 64, the dK and dV accumulators
+// plus the 64-column S^T and dP^T tiles exceeded 255 registers (8-byte spill at headdim 128).
+template <typename T, int kHeadDim_>
+struct TcBwdTraits {
+    static constexpr int kHeadDim = kHeadDim_;
+    static constexpr int kBlock = 64;
+    static constexpr int kCols = kHeadDim >= 96 ? 32 : 64;
+    static constexpr int kWarps = kBlock / 16;
+    static constexpr int kThreads = 32 * kWarps;
+    static constexpr int kLd = kHeadDim + 8;  // padded shared-memory row (see the note at the top)
+    static constexpr int kOwnedTileElems = kBlock * kLd;
+    static constexpr int kStreamTileElems = kCols * kLd;
+    static constexpr int kStages = 2;
+    static constexpr int kSmemBytes =
+        (2 * kOwnedTileElems + 2 * kStages * kStreamTileElems) * static_cast<int>(sizeof(T)) +
+        2 * kStages * kCols * static_cast<int>(sizeof(float));
+    static constexpr int kMinCtasPerSm = 2;
+    static_assert(kHeadDim % 32 == 0 && kHeadDim <= 128, "backward buckets are multiples of 32 up to 128");
+};
+
+}  // namespace cupyflash

@@ -45,17 +45,19 @@ def test_every_variant_compiles_without_spills(reports, capsys):
 def test_variant_table_is_closed_and_named():
     keys = [v.key for v in _kernels.VARIANTS]
     assert len(set(keys)) == len(keys)
-    for family, (_, takes_causal, takes_tile, dtypes) in _kernels.FAMILIES.items():
-        tiles = [(d, *t) for d, choices in _kernels.TC_FWD_TILES.items() for t in choices] if takes_tile else [(0, 0, 0)]
-        for dtype in dtypes:
-            for headdim, block_n, m_tiles in tiles:
-                for causal in (False, True) if takes_causal else (False,):
-                    assert _kernels.Variant(family, dtype, causal, headdim, block_n, m_tiles) in _kernels.VARIANTS
+    for name, family in _kernels.FAMILIES.items():
+        for dtype in family.dtypes:
+            for tile in family.tiles:
+                for causal in (False, True) if family.takes_causal else (False,):
+                    assert _kernels.Variant(name, dtype, causal, tile) in _kernels.VARIANTS
     assert _kernels.Variant("general_fwd", "bfloat16", True).key == "general_fwd_bf16_causal_1"
     assert _kernels.Variant("general_fwd", "float32", False).name_expression == "cupyflash::general_fwd<float, false>"
-    tc = _kernels.Variant("tc_fwd", "bfloat16", True, 128, 64, 2)
-    assert tc.key == "tc_fwd_bf16_d128_n64_m2_causal_1"
-    assert tc.name_expression == "cupyflash::tc_fwd<__nv_bfloat16, 128, 64, 2, true>"
+    tc = _kernels.Variant("tc_fwd", "bfloat16", True, (128, 32, 2))
+    assert tc.key == "tc_fwd_bf16_d128_n32_m2_causal_1"
+    assert tc.name_expression == "cupyflash::tc_fwd<__nv_bfloat16, 128, 32, 2, true>"
+    bwd = _kernels.Variant("tc_bwd_dq", "float16", False, (64,))
+    assert bwd.key == "tc_bwd_dq_fp16_d64_causal_0"
+    assert bwd.name_expression == "cupyflash::tc_bwd_dq<__half, 64, false>"
 
 
 @pytest.mark.parametrize("headdim, headdim_v, bucket", [(1, 1, 32), (32, 32, 32), (33, 8, 64), (59, 111, 128), (40, 200, 224), (256, 256, 256), (257, 64, None)])

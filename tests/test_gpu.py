@@ -125,6 +125,20 @@ def test_forward_dispatch(dtype, headdim, headdim_v, expected):
     assert (variant.key if variant else None) == expected
 
 
+@pytest.mark.parametrize(
+    "dtype, headdim, headdim_v, expected",
+    [("bfloat16", 128, 128, "tc_bwd_dkdv_bf16_d128_causal_1"), ("float16", 40, 100, "tc_bwd_dkdv_fp16_d128_causal_1"),
+     ("float16", 160, 64, None), ("float64", 64, 64, None)],
+)
+def test_backward_dispatch(dtype, headdim, headdim_v, expected):
+    """fp16/bf16 with head dims <= 128 take the tensor-core backward on sm_80+; the rest the general path."""
+    from cupyflash import _cuda, _validate
+
+    q, k, v = random_qkv(cupy, 1, 3, 3, 1, 1, headdim, headdim_v, DTYPES[dtype], seed=4)
+    variants = _cuda._tc_backward_variants(_validate.forward_problem(q, k, v, True, None))
+    assert (variants[0].key if variants else None) == expected
+
+
 def test_transposed_views_are_used_without_copy():
     """A (batch, heads, seqlen, headdim) array passed as x.transpose(0, 2, 1, 3) is read in place."""
     from cupyflash import _cuda
@@ -176,11 +190,13 @@ def test_empty_inputs_do_not_launch():
         assert not bool(dq.any()) and not bool(dk.any()) and not bool(dv.any())
 
 
-def test_backward_is_deterministic():
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])  # general path, tensor-core path
+def test_backward_is_deterministic(dtype):
     """Every gradient element is written by one CTA in a fixed order: runs are bitwise equal."""
-    q, k, v = random_qkv(cupy, 1, 300, 300, 4, 1, 64, 64, np.float32, seed=5)
+    dt = DTYPES[dtype]
+    q, k, v = random_qkv(cupy, 1, 300, 300, 4, 1, 64, 64, dt, seed=5)
     out, lse = cupyflash.flash_attention(q, k, v, causal=True, return_lse=True)
-    dout = cupy.asarray(np.random.default_rng(6).standard_normal(out.shape).astype(np.float32))
+    dout = cupy.asarray(np.random.default_rng(6).standard_normal(out.shape).astype(dt))
     first = [g.get() for g in cupyflash.flash_attention_backward(dout, q, k, v, out, lse, causal=True)]
     for _ in range(3):
         again = cupyflash.flash_attention_backward(dout, q, k, v, out, lse, causal=True)
