@@ -7,6 +7,7 @@
 // seqlen_q x seqlen_k is stored), then dP = dO V^T and dS = P * (dP - delta). Each gradient element is
 // written by exactly one CTA with a fixed summation order, so the general backward is deterministic,
 // and GQA/MQA sums dK/dV over the group inside the CTA instead of materializing per-head copies.
+#include "block_info.cuh"
 #include "dtypes.cuh"
 #include "general_tile.cuh"
 #include "mask.cuh"
@@ -53,12 +54,10 @@ general_bwd_dq(const T* __restrict__ q, const T* __restrict__ k, const T* __rest
     using Acc = acc_t<T>;
     __shared__ GeneralSmem<T> sm;
 
-    const int num_m_blocks = (seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
-    const int m0 = (blockIdx.x % num_m_blocks) * Tr::kBlockM;
-    const long long bh = blockIdx.x / num_m_blocks;
-    const long long h = bh % heads;
-    const long long b = bh / heads;
-    const long long hk = h / (heads / heads_k);
+    const BlockInfo blk(seqlen_q, Tr::kBlockM, heads, false);
+    const int m0 = blk.row0;
+    const long long bh = blk.bh, h = blk.h, b = blk.b;
+    const long long hk = blk.kv_head(heads, heads_k);
     const int c0 = blockIdx.y * Tr::kChunk;
 
     const RowView<T> Q{q + b * q_sb + h * q_sh, q_ss, seqlen_q, headdim};
@@ -120,11 +119,9 @@ general_bwd_dkdv(const T* __restrict__ q, const T* __restrict__ k, const T* __re
     using Acc = acc_t<T>;
     __shared__ GeneralSmem<T> sm;
 
-    const int num_n_blocks = (seqlen_k + Tr::kBlockM - 1) / Tr::kBlockM;
-    const int n0 = (blockIdx.x % num_n_blocks) * Tr::kBlockM;
-    const long long bhk = blockIdx.x / num_n_blocks;
-    const long long hk = bhk % heads_k;
-    const long long b = bhk / heads_k;
+    const BlockInfo blk(seqlen_k, Tr::kBlockM, heads_k, false);  // rows are keys, heads are kv heads
+    const int n0 = blk.row0;
+    const long long hk = blk.h, b = blk.b;
     const int group = heads / heads_k;
     const int c0 = blockIdx.y * Tr::kChunk;
     const bool do_dk = c0 < headdim;    // uniform over the CTA

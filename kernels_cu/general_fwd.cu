@@ -4,6 +4,7 @@
 // Grid: x = query blocks * batch * heads (query blocks fastest), y = ceil(headdim_v / kChunk).
 // Every chunk recomputes the scores of its query block (cheap next to never refusing a head dim);
 // chunk 0 writes the log-sum-exp.
+#include "block_info.cuh"
 #include "dtypes.cuh"
 #include "general_tile.cuh"
 #include "mask.cuh"
@@ -24,12 +25,10 @@ general_fwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
     using Acc = acc_t<T>;
     __shared__ GeneralSmem<T> sm;
 
-    const int num_m_blocks = (seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
-    const int m0 = (blockIdx.x % num_m_blocks) * Tr::kBlockM;
-    const long long bh = blockIdx.x / num_m_blocks;
-    const long long h = bh % heads;
-    const long long b = bh / heads;
-    const long long hk = h / (heads / heads_k);
+    const BlockInfo blk(seqlen_q, Tr::kBlockM, heads, false);
+    const int m0 = blk.row0;
+    const long long bh = blk.bh, h = blk.h, b = blk.b;
+    const long long hk = blk.kv_head(heads, heads_k);
     const int c0 = blockIdx.y * Tr::kChunk;
 
     const RowView<T> Q{q + b * q_sb + h * q_sh, q_ss, seqlen_q, headdim};

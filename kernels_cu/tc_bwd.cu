@@ -12,6 +12,7 @@
 // B (ldmatrix of Q rows); dV += P^T dO and dK += dS^T Q take P^T and dS^T straight from the accumulator
 // registers as A and dO / Q as B through ldmatrix.trans. With warps owning queries (dQ), S = Q K^T and
 // dP = dO V^T mirror the forward, and dQ += dS K takes K through ldmatrix.trans.
+#include "block_info.cuh"
 #include "dtypes.cuh"
 #include "mask.cuh"
 #include "mma.cuh"
@@ -98,9 +99,7 @@ tc_bwd_dkdv(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
     constexpr int kOTiles = kHeadDim / 8;  // column n-tiles of dK and dV
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    unsigned smem_given;
-    asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(smem_given));
-    if (smem_given < Tr::kSmemBytes) __trap();
+    require_dynamic_smem<Tr::kSmemBytes>();
     T* sK = reinterpret_cast<T*>(smem_raw);
     T* sV = sK + Tr::kOwnedTileElems;
     T* sQ = sV + Tr::kOwnedTileElems;                    // kStages tiles of kC rows
@@ -108,11 +107,9 @@ tc_bwd_dkdv(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
     float* sLse2 = reinterpret_cast<float*>(sdO + Tr::kStages * Tr::kStreamTileElems);  // kStages x kC
     float* sDelta = sLse2 + Tr::kStages * kC;                                           // kStages x kC
 
-    const int num_n_blocks = (seqlen_k + kB - 1) / kB;
-    const int n0 = static_cast<int>(blockIdx.x % num_n_blocks) * kB;
-    const long long bhk = blockIdx.x / num_n_blocks;
-    const long long hk = bhk % heads_k;
-    const long long b = bhk / heads_k;
+    const BlockInfo blk(seqlen_k, kB, heads_k, false);  // rows are keys, heads are kv heads
+    const int n0 = blk.row0;
+    const long long hk = blk.h, b = blk.b;
     const int group = heads / heads_k;
     const bool vec = vec_loads != 0;
     const Mask<kCausal> mask(seqlen_q, seqlen_k);
@@ -212,21 +209,16 @@ tc_bwd_dq(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict_
     constexpr int kOTiles = kHeadDim / 8;  // column n-tiles of dQ
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    unsigned smem_given;
-    asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(smem_given));
-    if (smem_given < Tr::kSmemBytes) __trap();
+    require_dynamic_smem<Tr::kSmemBytes>();
     T* sQ = reinterpret_cast<T*>(smem_raw);
     T* sdO = sQ + Tr::kOwnedTileElems;
     T* sK = sdO + Tr::kOwnedTileElems;                  // kStages tiles of kC rows
     T* sV = sK + Tr::kStages * Tr::kStreamTileElems;    // kStages tiles of kC rows
 
-    const int num_m_blocks = (seqlen_q + kB - 1) / kB;
-    // Query blocks with the most keys (the last ones, under a causal mask) are scheduled first.
-    const int m0 = (num_m_blocks - 1 - static_cast<int>(blockIdx.x % num_m_blocks)) * kB;
-    const long long bh = blockIdx.x / num_m_blocks;
-    const long long h = bh % heads;
-    const long long b = bh / heads;
-    const long long hk = h / (heads / heads_k);
+    const BlockInfo blk(seqlen_q, kB, heads, true);
+    const int m0 = blk.row0;
+    const long long bh = blk.bh, h = blk.h, b = blk.b;
+    const long long hk = blk.kv_head(heads, heads_k);
     const T* k_bh = k + b * k_sb + hk * k_sh;
     const T* v_bh = v + b * v_sb + hk * v_sh;
     const bool vec = vec_loads != 0;

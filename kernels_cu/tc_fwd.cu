@@ -9,6 +9,7 @@
 // sees, and the grid schedules the query blocks with the most keys first.
 //
 // Grid: x = query blocks * batch * heads. Dynamic shared memory: TcFwdTraits::kSmemBytes.
+#include "block_info.cuh"
 #include "dtypes.cuh"
 #include "mask.cuh"
 #include "mma.cuh"
@@ -33,20 +34,15 @@ tc_fwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v
     constexpr int kDSteps = kHeadDim / 16;
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    unsigned smem_given;
-    asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(smem_given));
-    if (smem_given < Tr::kSmemBytes) __trap();  // the host launched with too little shared memory
+    require_dynamic_smem<Tr::kSmemBytes>();
     T* sQ = reinterpret_cast<T*>(smem_raw);
     T* sK = sQ + Tr::kBlockM * kLd;               // kStages tiles of kBlockN rows
     T* sV = sK + Tr::kStages * kBlockN * kLd;     // kStages tiles of kBlockN rows
 
-    const int num_m_blocks = (seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
-    // Query blocks with the most keys (the last ones, under a causal mask) are scheduled first.
-    const int m0 = (num_m_blocks - 1 - static_cast<int>(blockIdx.x % num_m_blocks)) * Tr::kBlockM;
-    const long long bh = blockIdx.x / num_m_blocks;
-    const long long h = bh % heads;
-    const long long b = bh / heads;
-    const long long hk = h / (heads / heads_k);
+    const BlockInfo blk(seqlen_q, Tr::kBlockM, heads, true);
+    const int m0 = blk.row0;
+    const long long bh = blk.bh, h = blk.h, b = blk.b;
+    const long long hk = blk.kv_head(heads, heads_k);
     const T* q_bh = q + b * q_sb + h * q_sh;
     const T* k_bh = k + b * k_sb + hk * k_sh;
     const T* v_bh = v + b * v_sb + hk * v_sh;

@@ -43,6 +43,15 @@ struct TcFwdTraits {
     static_assert(kBlockM % (16 * kMTiles) == 0, "the CTA's rows must split evenly among its warps");
 };
 
+// Traps when the launch gave less dynamic shared memory than the traits lay out (a host/traits mismatch
+// would otherwise read and write past the allocation).
+template <int kBytes>
+__device__ __forceinline__ void require_dynamic_smem() {
+    unsigned given;
+    asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(given));
+    if (given < kBytes) __trap();
+}
+
 // Stages rows [r0, r0 + kRows) of a (rows x cols) row-major slice (row stride in elements) into shared
 // memory dst[kRows][kLd], zero-filling rows >= rows and columns >= cols up to kCols. With vec (the host
 // checked 16-byte alignment of the base pointer and the row stride) each thread issues 16-byte cp.async
