@@ -4,6 +4,8 @@ Each ``_*_args`` function mirrors one kernel's C signature and types every scala
 ints and floats as 64-bit values, which a 32-bit parameter would silently misread).
 """
 
+import functools
+
 import cupy
 import numpy
 
@@ -78,6 +80,13 @@ def _vec_loads(*arrays):
     return numpy.int32(all(x.data.ptr % 16 == 0 and all(s % 16 == 0 for s in x.strides[:3]) for x in arrays))
 
 
+@functools.lru_cache(maxsize=None)
+def _device_limits(device_id):
+    """(compute capability as an int, per-block opt-in shared memory in bytes) of a device."""
+    device = cupy.cuda.Device(device_id)
+    return int(device.compute_capability), device.attributes["MaxSharedMemoryPerBlockOptin"]
+
+
 def _tc_bucket(p, buckets):
     """The head-dim bucket of ``p`` when the tensor-core kernels can run it at all, else None.
 
@@ -85,13 +94,13 @@ def _tc_bucket(p, buckets):
     """
     if p.dtype.itemsize != 2:
         return None
-    if int(cupy.cuda.Device().compute_capability) < _kernels.TC_MIN_CAPABILITY:
+    if _device_limits(cupy.cuda.Device().id)[0] < _kernels.TC_MIN_CAPABILITY:
         return None
     return _kernels.tc_headdim_bucket(p.headdim, p.headdim_v, buckets)
 
 
 def _smem_limit():
-    return cupy.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
+    return _device_limits(cupy.cuda.Device().id)[1]
 
 
 def _tc_forward_variant(p):
@@ -154,7 +163,7 @@ def backward(dout, q, k, v, out, lse, p):
     memory: delta, (batch, heads, seqlen_q) in the accumulator dtype, besides the gradients.
     """
     dout, q, k, v, out = (_operand(x) for x in (dout, q, k, v, out))
-    lse = cupy.ascontiguousarray(lse, dtype=lse_dtype(p.dtype))
+    lse = cupy.ascontiguousarray(lse)  # already in lse_dtype(p.dtype) (see _api)
     delta = cupy.empty(p.lse_shape, dtype=acc_dtype(p.dtype))
     rows = p.batch * p.heads * p.seqlen_q
     _kernel("general_bwd_delta", p)(

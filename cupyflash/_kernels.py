@@ -1,7 +1,8 @@
 """CUDA sources, compile options and the closed table of kernel variants.
 
 Every kernel is a template instantiated through ``name_expressions``; a :class:`Variant` names every
-compile-time parameter, and its ``key`` is used for the in-process cache, logs, errors and test ids.
+compile-time parameter, and its ``key`` is used for logs, errors and test ids (the in-process cache is
+keyed by device id and Variant).
 Sources are read once from ``kernels_cu/``. CuPy's disk cache hashes the source string and options but
 not the headers it ``#include``s, so a hash of every file in ``kernels_cu/`` goes into the options.
 

@@ -22,8 +22,6 @@ import numpy as np
 from ._validate import acc_dtype, lse_dtype
 
 
-
-
 def _split_heads(x, heads_k, acc):
     """Upcast ``(batch, seqlen, heads, dim)`` to ``acc`` as ``(batch, heads_k, group, seqlen, dim)``.
 

@@ -21,9 +21,15 @@ SUPPORTED_DTYPES = {
 }
 _SUPPORTED_TEXT = "float16, bfloat16, float32 or float64"
 
-#: Query blocks * batch * heads (and key blocks * batch * kv heads) index one grid axis of 2^31 - 1 CTAs.
+#: Query blocks * batch * heads (and key blocks * batch * kv heads) index one grid axis of 2^31 - 1 CTAs,
+#: as do the rows of the delta preprocess, 4 per CTA.
 _MAX_GRID_X = 2**31 - 1
 _GRID_ROWS = 32
+_DELTA_ROWS_PER_CTA = 4
+#: Sequence lengths and head dims are 32-bit in the kernels, with room for a block past the end.
+_MAX_SIZE = 2**31 - 1024
+#: Largest finite float32.
+_FLOAT32_MAX = float(numpy.finfo(numpy.float32).max)
 
 
 def _cupy():
@@ -136,7 +142,7 @@ def _check_flag(name, value):
     return bool(value)
 
 
-def _softmax_scale(value, headdim):
+def _softmax_scale(value, headdim, dtype):
     if value is None:
         return 1.0 / math.sqrt(headdim)
     if isinstance(value, (bool, numpy.bool_)) or not isinstance(value, numbers.Real):
@@ -144,6 +150,12 @@ def _softmax_scale(value, headdim):
     value = float(value)
     if not math.isfinite(value):
         raise ValueError(f"softmax_scale must be finite, got {value}")
+    # Below float64 the kernels hold the scale, and the tensor-core path scale * log2(e), in float32.
+    if dtype != numpy.float64 and abs(value) * math.log2(math.e) > _FLOAT32_MAX:
+        raise ValueError(
+            f"softmax_scale {value} overflows float32 (|softmax_scale| * log2(e) must stay below "
+            f"{_FLOAT32_MAX:.3e} for {dtype} inputs)"
+        )
     return value
 
 
@@ -167,15 +179,22 @@ def forward_problem(q, k, v, causal, softmax_scale):
         raise ValueError(f"q and k must have the same headdim; got q {headdim}, k {k.shape[3]}")
     if headdim < 1 or headdim_v < 1:
         raise ValueError(f"headdim must be at least 1; got q/k headdim {headdim}, v headdim {headdim_v}")
+    for name, size in (("seqlen_q", seqlen_q), ("seqlen_k", seqlen_k), ("headdim", headdim), ("headdim_v", headdim_v)):
+        if size > _MAX_SIZE:
+            raise ValueError(f"{name} must be at most {_MAX_SIZE} (32-bit kernel indices), got {size}")
     if heads_k == 0 and heads > 0 or heads_k > 0 and heads % heads_k != 0:
         raise ValueError(
             f"the number of query heads must be a multiple of the number of kv heads; got q {heads} heads, "
             f"k/v {heads_k} heads"
         )
-    blocks = max(-(-seqlen_q // _GRID_ROWS) * heads, -(-seqlen_k // _GRID_ROWS) * heads_k) * batch
+    blocks = max(
+        -(-seqlen_q // _GRID_ROWS) * heads * batch,
+        -(-seqlen_k // _GRID_ROWS) * heads_k * batch,
+        -(-(batch * heads * seqlen_q) // _DELTA_ROWS_PER_CTA),
+    )
     if blocks > _MAX_GRID_X:
         raise ValueError(
-            f"problem too large for one launch: {blocks} row blocks of batch * heads; at most {_MAX_GRID_X}"
+            f"problem too large for one launch: {blocks} blocks of rows over batch * heads; at most {_MAX_GRID_X}"
         )
     _check_devices(xp, named)
     return Problem(
@@ -189,7 +208,7 @@ def forward_problem(q, k, v, causal, softmax_scale):
         headdim=headdim,
         headdim_v=headdim_v,
         causal=_check_flag("causal", causal),
-        softmax_scale=_softmax_scale(softmax_scale, headdim),
+        softmax_scale=_softmax_scale(softmax_scale, headdim, dtype),
     )
 
 

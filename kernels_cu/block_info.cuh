@@ -1,8 +1,8 @@
 // Which rows, batch and head a CTA works on: the decode of the flattened grid index.
 //
-// Every kernel launches grid.x = row blocks * batch * heads with the row blocks fastest (one axis of up
-// to 2^31 - 1 CTAs, so no batch * heads limit of 65535). Rows are queries or keys, heads are query or kv
-// heads, depending on the kernel.
+// The attention kernels (all but general_bwd_delta) launch grid.x = row blocks * batch * heads with the
+// row blocks fastest (one axis of up to 2^31 - 1 CTAs, so no batch * heads limit of 65535). Rows are
+// queries or keys, heads are query or kv heads, depending on the kernel.
 #pragma once
 
 namespace cupyflash {

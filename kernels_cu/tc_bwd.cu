@@ -183,7 +183,7 @@ tc_bwd_dkdv(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
         }
         tile_product_wx<kNTiles, kOTiles, kLd>(dv_acc, p, sdOs);
         tile_product_wx<kNTiles, kOTiles, kLd>(dk_acc, ds, sQs);
-        __syncthreads();  // every warp is done with this stage before iteration it + 2 refills it
+        __syncthreads();  // every warp is done with this stage before iteration it + 1 loads block it + 2 into it
     }
     cp_async_wait<0>();
 
@@ -287,7 +287,7 @@ tc_bwd_dq(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict_
             }
         }
         tile_product_wx<kNTiles, kOTiles, kLd>(dq_acc, ds, sKs);
-        __syncthreads();  // every warp is done with this stage before block jb + 2 refills it
+        __syncthreads();  // every warp is done with this stage before iteration jb + 1 loads block jb + 2 into it
     }
     cp_async_wait<0>();
 

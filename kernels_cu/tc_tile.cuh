@@ -112,10 +112,6 @@ __device__ __forceinline__ void load_b_frags_trans(unsigned (&b)[4], const T* ti
     ldmatrix_x4_trans(b, smem_addr(tile + row * kLd + col));
 }
 
-}  // namespace cupyflash
-
-namespace cupyflash {
-
 // Tensor-core backward tiles: a CTA of 4 warps owns kBlock = 64 rows (keys in the dK/dV kernel, queries
 // in the dQ kernel), each warp one 16-row m-tile, and consumes kCols rows of the other side per
 // iteration. The two owned tiles stay resident (K and V, or Q and dO); the two streamed tiles are

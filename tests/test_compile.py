@@ -2,7 +2,7 @@
 
 The options are those cupy.RawModule uses at run time (see _kernels.runtime_nvrtc_options), so ptxas
 checks every instruction the runtime would load. The report lists registers, stack frame and spill
-bytes per variant; the general path is required to be spill-free.
+bytes per variant; every variant is required to be spill-free.
 """
 
 import concurrent.futures

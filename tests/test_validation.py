@@ -151,3 +151,29 @@ def test_mixed_numpy_and_cupy_is_type_error():
     q, k, v = _qkv()
     with pytest.raises(TypeError, match=r"inputs must all be cupy arrays or all numpy arrays; got q is numpy, k is cupy, v is numpy"):
         cupyflash.flash_attention(q, kk, v)
+
+
+def test_softmax_scale_overflowing_float32():
+    """Regression: a scale finite in float64 but not in float32 (the kernels' type below float64)
+    silently gave an all-zero output."""
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=r"softmax_scale 1e\+39 overflows float32"):
+        cupyflash.flash_attention(q, k, v, softmax_scale=1e39)
+    q, k, v = _qkv(np.float64)
+    assert np.isfinite(cupyflash.flash_attention(q, k, v, softmax_scale=1e-300)).all()
+
+
+def test_sizes_beyond_32_bit_kernel_indices():
+    """Regression: seqlen 2^31 passed validation; the kernels index rows in 32 bits."""
+    q = np.lib.stride_tricks.as_strided(np.zeros(8, np.float16), (1, 2**31, 1, 8), (0, 0, 0, 2))
+    k = v = np.zeros((1, 4, 1, 8), np.float16)
+    with pytest.raises(ValueError, match=r"seqlen_q must be at most 2147482624 \(32-bit kernel indices\), got 2147483648"):
+        cupyflash.flash_attention(q, k, v)
+
+
+def test_delta_grid_limit():
+    """Regression: batch * heads * seqlen_q / 4 rows of the backward preprocess must fit one grid axis."""
+    q = np.lib.stride_tricks.as_strided(np.zeros(8, np.float16), (2**20, 2**12, 4, 8), (0, 0, 0, 2))
+    k = v = np.lib.stride_tricks.as_strided(np.zeros(8, np.float16), (2**20, 4, 4, 8), (0, 0, 0, 2))
+    with pytest.raises(ValueError, match=r"problem too large for one launch"):
+        cupyflash.flash_attention(q, k, v)
