@@ -87,3 +87,28 @@ def test_header_edit_changes_compile_options(tmp_path, monkeypatch):
         _kernels.source_hash.cache_clear()
     assert before != after
     assert any(o.startswith("-DCUPYFLASH_SRC_HASH=") for o in after)
+
+
+def test_python_smem_sizes_match_the_traits():
+    """The host sizes the dynamic shared memory of the tensor-core kernels from Python formulas that
+    mirror TcFwdTraits/TcBwdTraits; NVRTC checks each against the C++ value, so drift fails here, in CI,
+    instead of trapping on a GPU."""
+    from cupy_backends.cuda.libs import nvrtc
+
+    lines = ['#include "tc_tile.cuh"']
+    for v in _kernels.VARIANTS:
+        if v.family == "tc_fwd":
+            traits, size = f"TcFwdTraits<__half, {v.headdim}, {v.block_n}, {v.m_tiles}>", _kernels.tc_fwd_smem_bytes(v)
+        elif v.family.startswith("tc_bwd"):
+            traits, size = f"TcBwdTraits<__half, {v.headdim}>", _kernels.tc_bwd_smem_bytes(v)
+        else:
+            continue
+        lines.append(f'static_assert(cupyflash::{traits}::kSmemBytes == {size}, "{v.key}");')
+    program = nvrtc.createProgram("\n".join(lines), "smem_check.cu", (), ())
+    try:
+        try:
+            nvrtc.compileProgram(program, _kernels.runtime_nvrtc_options(90))
+        except nvrtc.NVRTCError:
+            pytest.fail(nvrtc.getProgramLog(program))
+    finally:
+        nvrtc.destroyProgram(program)
