@@ -7,8 +7,8 @@ Run from the repository root::
     python bench/bench.py --dry-run  # print the plan; touches no GPU
 
 The grid is FlashAttention's benchmark grid: batch * seqlen = 16384 tokens and heads * headdim = 2048.
-Each row times cupyflash (forward and backward), plain CuPy attention (forward) and, when torch with CUDA
-is importable, ``torch.nn.functional.scaled_dot_product_attention`` restricted to its FlashAttention-2
+Each row times cupyflash (forward, backward and deterministic backward), plain CuPy attention
+(forward) and, when torch with CUDA is importable, ``torch.nn.functional.scaled_dot_product_attention`` restricted to its FlashAttention-2
 and its cuDNN backend (forward and backward). Times are medians of CUDA-event timings; FLOPs follow
 FlashAttention's convention (see :func:`forward_flops`). ``bench/README.md`` describes the output.
 """
@@ -381,13 +381,16 @@ def bench_cupyflash(row, inputs, settings):
     def make_forward():
         return lambda: cupyflash.flash_attention(q, k, v, causal=row.causal)
 
-    def make_backward():
+    def make_backward(deterministic):
         out, lse = cupyflash.flash_attention(q, k, v, causal=row.causal, return_lse=True)
-        return lambda: cupyflash.flash_attention_backward(dout, q, k, v, out, lse, causal=row.causal)
+        return lambda: cupyflash.flash_attention_backward(
+            dout, q, k, v, out, lse, causal=row.causal, deterministic=deterministic
+        )
 
     results = {"fwd": measure(make_forward, row.flops_fwd, settings)}
     if settings.backward:
-        results["bwd"] = measure(make_backward, row.flops_bwd, settings)
+        results["bwd"] = measure(lambda: make_backward(False), row.flops_bwd, settings)
+        results["bwd_det"] = measure(lambda: make_backward(True), row.flops_bwd, settings)
     return results
 
 
@@ -705,7 +708,14 @@ TABLE_GROUPS = (
             ("batch", 5, lambda row, results: str(row.batch)),
         ),
     ),
-    ("cupyflash", (tflops_column("cupyflash", "fwd", 6), tflops_column("cupyflash", "bwd", 6))),
+    (
+        "cupyflash",
+        (
+            tflops_column("cupyflash", "fwd", 6),
+            tflops_column("cupyflash", "bwd", 6),
+            ("det", 6, lambda row, results: cell(results, "cupyflash", "bwd_det")),
+        ),
+    ),
     ("CuPy", (tflops_column("cupy", "fwd", 6),)),
     ("FA2", (tflops_column("torch_fa2", "fwd", 6), tflops_column("torch_fa2", "bwd", 6))),
     ("cuDNN", (tflops_column("torch_cudnn", "fwd", 6), tflops_column("torch_cudnn", "bwd", 6))),

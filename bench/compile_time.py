@@ -17,7 +17,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIANTS = (
     ("tc_fwd", "bfloat16", True, (128, 32, 2)),
     ("tc_fwd", "float16", False, (256, 64, 1)),
-    ("tc_bwd_dkdv", "bfloat16", True, (128,)),
+    ("tc_bwd", "bfloat16", True, (128, 128, 64, 2)),
     ("general_bwd_dkdv", "float32", True, ()),
 )
 

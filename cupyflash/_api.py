@@ -40,12 +40,17 @@ def _forward(q, k, v, p):
     return _cuda.forward(q, k, v, p)
 
 
-def _backward(dout, q, k, v, out, lse, p):
+def _backward(dout, q, k, v, out, lse, p, deterministic):
     if p.xp is numpy:
         return _numpy_impl.backward(dout, q, k, v, out, lse, p.causal, p.softmax_scale)
     from . import _cuda
 
-    return _cuda.backward(dout, q, k, v, out, lse, p)
+    return _cuda.backward(dout, q, k, v, out, lse, p, deterministic)
+
+
+def _check_bool(name, value):
+    if not isinstance(value, (bool, numpy.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
 
 
 def flash_attention(q, k, v, *, causal=False, softmax_scale=None, return_lse=False):
@@ -72,8 +77,7 @@ def flash_attention(q, k, v, *, causal=False, softmax_scale=None, return_lse=Fal
     the CPU. Accumulation is float32 (float64 for float64 inputs); float32 is true float32 (no TF32).
     """
     p = _validate.forward_problem(q, k, v, causal, softmax_scale)
-    if not isinstance(return_lse, (bool, numpy.bool_)):
-        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__} {return_lse!r}")
+    _check_bool("return_lse", return_lse)
     if p.is_empty:
         out, lse = _empty_forward(p)
     else:
@@ -81,7 +85,7 @@ def flash_attention(q, k, v, *, causal=False, softmax_scale=None, return_lse=Fal
     return (out, lse) if return_lse else out
 
 
-def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=None):
+def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=None, deterministic=False):
     """Gradients of :func:`flash_attention` with respect to q, k and v.
 
     Recomputes the attention probabilities from ``lse`` block by block: the extra memory is
@@ -93,7 +97,7 @@ def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, softmax_s
         Gradient of the loss with respect to ``out``.{shapes}
     out, lse : arrays returned by ``flash_attention(q, k, v, ..., return_lse=True)`` with the same
         ``causal`` and ``softmax_scale``. A float32 or float64 lse of another origin is accepted and
-        converted to the precision above.
+        converted to the precision above.{deterministic}
 
     Returns
     -------
@@ -102,18 +106,19 @@ def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, softmax_s
         key contribute nothing (their dq is 0).
     """
     p = _validate.backward_problem(dout, q, k, v, out, lse, causal, softmax_scale)
+    _check_bool("deterministic", deterministic)
     if p.is_empty:
         xp = p.xp
         return (xp.zeros(q.shape, p.dtype), xp.zeros(k.shape, p.dtype), xp.zeros(v.shape, p.dtype))
     lse = lse.astype(_validate.lse_dtype(p.dtype), copy=False)
-    return _backward(dout, q, k, v, out, lse, p)
+    return _backward(dout, q, k, v, out, lse, p, deterministic)
 
 
-def flash_attention_vjp(q, k, v, *, causal=False, softmax_scale=None):
+def flash_attention_vjp(q, k, v, *, causal=False, softmax_scale=None, deterministic=False):
     """Forward pass and a function that maps ``dout`` to ``(dq, dk, dv)``.
 
     Parameters
-    ----------{shapes}
+    ----------{shapes}{deterministic}
 
     Returns
     -------
@@ -121,13 +126,26 @@ def flash_attention_vjp(q, k, v, *, causal=False, softmax_scale=None):
     vjp : callable
         ``vjp(dout) -> (dq, dk, dv)``; keeps q, k, v, out and lse alive until it is released.
     """
+    _check_bool("deterministic", deterministic)
     out, lse = flash_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True)
 
     def vjp(dout):
-        return flash_attention_backward(dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale)
+        return flash_attention_backward(
+            dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, deterministic=deterministic
+        )
 
     return out, vjp
 
 
+_DETERMINISTIC_DOC = """
+    deterministic : bool, keyword-only
+        False (the default): the float16/bfloat16 tensor-core backward adds each key block's share of
+        dq into a float32 buffer with atomic additions, in whatever order the blocks finish, so dq can
+        differ from run to run in its last bits (dk and dv never do). True: the blocks add in a fixed
+        order, so dq is bitwise identical from run to run on the same device, at a small cost in speed
+        (see bench/NOTES.md). The default is the faster mode because the run-to-run differences are
+        far below the rounding error of the result; training that must replay exactly should pass True.
+        Every other path (float32, float64, NumPy arrays) is deterministic either way."""
+
 for _function in (flash_attention, flash_attention_backward, flash_attention_vjp):
-    _function.__doc__ = _function.__doc__.replace("{shapes}", _SHAPES_DOC)
+    _function.__doc__ = _function.__doc__.replace("{shapes}", _SHAPES_DOC).replace("{deterministic}", _DETERMINISTIC_DOC)

@@ -116,15 +116,17 @@ def _tc_forward_variant(p):
     return None
 
 
-def _tc_backward_variants(p):
-    """The (dK/dV, dQ) tensor-core backward variants for ``p``, or None for the general path."""
-    bucket = _tc_bucket(p, _kernels.TC_BWD_HEADDIMS)
+def _tc_backward_variant(p):
+    """The tensor-core backward variant for ``p``, or None when the general path must run it: the first
+    tile of the bucket whose shared memory fits the device's per-block opt-in limit."""
+    bucket = _tc_bucket(p, tuple(_kernels.TC_BWD_TILES))
     if bucket is None:
         return None
-    dkdv, dq = (_kernels.Variant(f, _DTYPE_NAMES[p.dtype], p.causal, (bucket,)) for f in ("tc_bwd_dkdv", "tc_bwd_dq"))
-    if _kernels.tc_bwd_smem_bytes(dkdv) > _smem_limit():
-        return None
-    return dkdv, dq
+    for tile in _kernels.TC_BWD_TILES[bucket]:
+        variant = _kernels.Variant("tc_bwd", _DTYPE_NAMES[p.dtype], p.causal, (bucket, *tile))
+        if _kernels.tc_bwd_smem_bytes(variant) <= _smem_limit():
+            return variant
+    return None
 
 
 def _launch_dynamic_smem(variant, grid, threads, args, smem):
@@ -155,12 +157,14 @@ def forward(q, k, v, p):
     return out, lse
 
 
-def backward(dout, q, k, v, out, lse, p):
+def backward(dout, q, k, v, out, lse, p, deterministic):
     """Backward of a validated, non-empty problem: (dq, dk, dv).
 
-    float16/bfloat16 with head dims up to 128 run the tensor-core kernels where they fit (see
-    _tc_backward_variants); everything else runs the general path. Both are deterministic. Extra device
-    memory: delta, (batch, heads, seqlen_q) in the accumulator dtype, besides the gradients.
+    float16/bfloat16 run the tensor-core kernel where it applies (see _tc_backward_variant): dQ is
+    summed over key blocks in a float32 buffer of (batch, heads, seqlen_q, headdim rounded up to even)
+    and converted at the end; with ``deterministic`` the key blocks add in a fixed order. Everything
+    else runs the general path, which is always deterministic. Extra device memory besides the
+    gradients: delta, (batch, heads, seqlen_q) in the accumulator dtype, and the float32 dQ buffer.
     """
     dout, q, k, v, out = (_operand(x) for x in (dout, q, k, v, out))
     lse = cupy.ascontiguousarray(lse)  # already in lse_dtype(p.dtype) (see _api)
@@ -172,17 +176,9 @@ def backward(dout, q, k, v, out, lse, p):
     dq = cupy.empty(q.shape, dtype=p.dtype)
     dk = cupy.empty(k.shape, dtype=p.dtype)
     dv = cupy.empty(v.shape, dtype=p.dtype)
-    variants = _tc_backward_variants(p)
-    if variants is not None:
-        dkdv, dq_variant = variants
-        smem = _kernels.tc_bwd_smem_bytes(dkdv)
-        vec = _vec_loads(q, k, v, dout)
-        grid = (_cdiv(p.seqlen_k, _kernels.TC_BWD_BLOCK) * p.batch * p.heads_k, 1, 1)
-        args = _dkdv_args(q, k, v, dout, lse, delta, dk, dv, p) + (vec,)
-        _launch_dynamic_smem(dkdv, grid, _kernels.TC_BWD_THREADS, args, smem)
-        grid = (_cdiv(p.seqlen_q, _kernels.TC_BWD_BLOCK) * p.batch * p.heads, 1, 1)
-        args = _dq_args(q, k, v, dout, lse, delta, dq, p) + (vec,)
-        _launch_dynamic_smem(dq_variant, grid, _kernels.TC_BWD_THREADS, args, smem)
+    variant = _tc_backward_variant(p)
+    if variant is not None:
+        _tc_backward(variant, dout, q, k, v, lse, delta, dq, dk, dv, p, deterministic)
         return dq, dk, dv
     block = (GENERAL_THREADS, 1, 1)
     grid_dq = (_cdiv(p.seqlen_q, GENERAL_BLOCK_M) * p.batch * p.heads, _cdiv(p.headdim, GENERAL_CHUNK), 1)
@@ -194,3 +190,25 @@ def backward(dout, q, k, v, out, lse, p):
     )
     _kernel("general_bwd_dkdv", p)(grid_dkdv, block, _dkdv_args(q, k, v, dout, lse, delta, dk, dv, p))
     return dq, dk, dv
+
+
+def _tc_backward(variant, dout, q, k, v, lse, delta, dq, dk, dv, p, deterministic):
+    # Even rows keep every float32 pair of the buffer 8-byte aligned for the vector reductions.
+    dq_ld = p.headdim + p.headdim % 2
+    dq_accum = cupy.zeros((p.batch, p.heads, p.seqlen_q, dq_ld), dtype=numpy.float32)
+    # One turn counter per (batch, head, query block) for the ordered sum; unused otherwise.
+    turns = cupy.zeros(p.batch * p.heads * _cdiv(p.seqlen_q, variant.block_m) if deterministic else 1, numpy.int32)
+    args = (
+        q, k, v, dout, lse, delta, dq_accum, turns, dk, dv,
+        *_strides(q), *_strides(k), *_strides(v), *_strides(dout), *_strides(dk), *_strides(dv),
+        *_sizes(p), numpy.int32(dq_ld), _scale(p), _vec_loads(q, k, v, dout), numpy.int32(bool(deterministic)),
+    )
+    grid = (_cdiv(p.seqlen_k, variant.block_n) * p.batch * p.heads_k, 1, 1)
+    _launch_dynamic_smem(variant, grid, _kernels.TC_BWD_THREADS, args, _kernels.tc_bwd_smem_bytes(variant))
+    elements = p.batch * p.heads * p.seqlen_q * p.headdim
+    convert = _kernels.get_kernel(_kernels.Variant("tc_bwd_dq_convert", variant.dtype))
+    convert(
+        (min(_cdiv(elements, _kernels.TC_BWD_CONVERT_THREADS), 1 << 16), 1, 1), (_kernels.TC_BWD_CONVERT_THREADS, 1, 1),
+        (dq_accum, dq, *_strides(dq), numpy.int32(p.seqlen_q), numpy.int32(p.heads), numpy.int32(p.headdim),
+         numpy.int32(dq_ld), numpy.int64(elements), _scale(p)),
+    )

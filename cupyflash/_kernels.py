@@ -75,25 +75,40 @@ GENERAL_CHUNK = 64
 DELTA_ROWS_PER_CTA = 4
 
 
-#: Head-dim buckets of the tensor-core backward (TcBwdTraits): headdim and headdim_v up to 128.
-TC_BWD_HEADDIMS = (32, 64, 96, 128)
-#: Rows a tensor-core backward CTA owns (keys for dK/dV, queries for dQ), and its threads.
-TC_BWD_BLOCK = 64
-TC_BWD_THREADS = 128
+#: Tensor-core backward tiles: head-dim bucket -> (keys per CTA kBlockN, queries per iteration kBlockM,
+#: query buffers kStages), preferred first; dispatch takes the first whose shared memory fits the device.
+#: The first fits the H100/H200 (227 KB per block); each later one is there for a smaller budget: the
+#: 163 KB of sm_80 or the 99 KB of sm_86/sm_89 (head dims 160 up do not fit the latter and take the
+#: general path there). Every tile runs 8 warps.
+TC_BWD_TILES = {
+    32: ((128, 64, 2),),
+    64: ((128, 64, 2), (128, 64, 1)),
+    96: ((128, 64, 2), (64, 64, 1)),
+    128: ((128, 64, 2), (128, 64, 1), (64, 64, 1)),
+    160: ((64, 64, 2),),
+    192: ((64, 64, 2), (64, 64, 1)),
+    224: ((64, 64, 2), (64, 64, 1)),
+    256: ((64, 64, 2), (64, 64, 1)),
+}
+#: Threads per CTA of the tensor-core backward (TcBwdTraits::kThreads) and of its dQ conversion.
+TC_BWD_THREADS = 256
+TC_BWD_CONVERT_THREADS = 256
 
 
 def tc_bwd_smem_bytes(variant):
     """Dynamic shared memory of a tensor-core backward variant (TcBwdTraits::kSmemBytes).
 
-    Two resident 64-row tiles and two double-buffered tiles of kCols rows (32 from headdim 96 up, else
-    64), rows padded by 8 elements, plus two stages of the streamed rows' lse and delta.
+    K and V tiles (block_n rows), ``stages`` buffers of Q and dO (block_m rows), rows padded by 8
+    elements; P^T and dS^T (block_n x block_m, padded by 8); ``stages`` buffers of lse and delta.
     """
-    cols = 32 if variant.headdim >= 96 else 64
-    return (2 * TC_BWD_BLOCK + 4 * cols) * (variant.headdim + 8) * 2 + 2 * 2 * cols * 4
+    row_bytes = (variant.headdim + 8) * 2
+    tiles = (2 * variant.block_n + 2 * variant.stages * variant.block_m) * row_bytes
+    probs = 2 * variant.block_n * (variant.block_m + 8) * 2
+    return tiles + probs + 2 * variant.stages * variant.block_m * 4
 
 
 #: Integer template parameters, as they appear in variant keys.
-_KEY_PREFIX = {"headdim": "d", "block_n": "n", "m_tiles": "m"}
+_KEY_PREFIX = {"headdim": "d", "block_n": "n", "m_tiles": "m", "block_m": "q", "stages": "s"}
 _HALF_DTYPES = ("float16", "bfloat16")
 
 
@@ -121,8 +136,11 @@ FAMILIES = {
         "tc_fwd.cu", _HALF_DTYPES, True, ("headdim", "block_n", "m_tiles"),
         tuple((d, *tile) for d, choices in TC_FWD_TILES.items() for tile in choices),
     ),
-    "tc_bwd_dkdv": Family("tc_bwd.cu", _HALF_DTYPES, True, ("headdim",), tuple((d,) for d in TC_BWD_HEADDIMS)),
-    "tc_bwd_dq": Family("tc_bwd.cu", _HALF_DTYPES, True, ("headdim",), tuple((d,) for d in TC_BWD_HEADDIMS)),
+    "tc_bwd": Family(
+        "tc_bwd.cu", _HALF_DTYPES, True, ("headdim", "block_n", "block_m", "stages"),
+        tuple((d, *tile) for d, choices in TC_BWD_TILES.items() for tile in choices),
+    ),
+    "tc_bwd_dq_convert": Family("tc_bwd.cu", _HALF_DTYPES, False),
 }
 
 
@@ -145,13 +163,23 @@ class Variant:
 
     @property
     def block_n(self):
-        """Keys per block of a tensor-core forward variant."""
+        """Keys per block of a tensor-core forward variant, keys per CTA of a backward one."""
         return self._param("block_n")
 
     @property
     def m_tiles(self):
         """16-row m-tiles per warp of a tensor-core forward variant."""
         return self._param("m_tiles")
+
+    @property
+    def block_m(self):
+        """Queries per iteration of a tensor-core backward variant."""
+        return self._param("block_m")
+
+    @property
+    def stages(self):
+        """Query buffers of a tensor-core backward variant."""
+        return self._param("stages")
 
     @property
     def key(self):

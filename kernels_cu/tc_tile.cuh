@@ -92,6 +92,17 @@ __device__ __forceinline__ void load_a_frag(unsigned (&a)[4], const T* tile, int
     ldmatrix_x4(a, smem_addr(tile + row * kLd + col));
 }
 
+// A fragment (16 rows x 16 columns starting at (row0, col0)) of a matrix stored transposed: the tile
+// holds A^T row-major, A[m][k] at tile[k * kLd + m]. ldmatrix.trans of the four 8x8 blocks
+// (m 0-7 | 8-15) x (k 0-7 | 8-15) gives the same registers as load_a_frag of the untransposed matrix.
+template <int kLd, typename T>
+__device__ __forceinline__ void load_a_frag_trans(unsigned (&a)[4], const T* tile, int row0, int col0) {
+    const int lane = threadIdx.x % 32;
+    const int k = col0 + lane % 8 + 8 * (lane / 16);
+    const int m = row0 + 8 * ((lane / 8) % 2);
+    ldmatrix_x4_trans(a, smem_addr(tile + k * kLd + m));
+}
+
 // B fragments of two n-tiles for S = Q K^T: keys n0..n0+15 (rows of the K tile) and head-dim columns
 // k0..k0+15. b[0..1] serve keys n0..n0+7, b[2..3] keys n0+8..n0+15.
 template <int kLd, typename T>
@@ -112,27 +123,18 @@ __device__ __forceinline__ void load_b_frags_trans(unsigned (&b)[4], const T* ti
     ldmatrix_x4_trans(b, smem_addr(tile + row * kLd + col));
 }
 
-// Tensor-core backward tiles: a CTA of 4 warps owns kBlock = 64 rows (keys in the dK/dV kernel, queries
-// in the dQ kernel), each warp one 16-row m-tile, and consumes kCols rows of the other side per
-// iteration. The two owned tiles stay resident (K and V, or Q and dO); the two streamed tiles are
-// double-buffered through cp.async. kCols is 32 from headdim 96 up: with 64, the dK and dV accumulators
-// plus the 64-column S^T and dP^T tiles exceeded 255 registers (8-byte spill at headdim 128).
-template <typename T, int kHeadDim_>
-struct TcBwdTraits {
-    static constexpr int kHeadDim = kHeadDim_;
-    static constexpr int kBlock = 64;
-    static constexpr int kCols = kHeadDim >= 96 ? 32 : 64;
-    static constexpr int kWarps = kBlock / 16;
-    static constexpr int kThreads = 32 * kWarps;
-    static constexpr int kLd = kHeadDim + 8;  // padded shared-memory row (see the note at the top)
-    static constexpr int kOwnedTileElems = kBlock * kLd;
-    static constexpr int kStreamTileElems = kCols * kLd;
-    static constexpr int kStages = 2;
-    static constexpr int kSmemBytes =
-        (2 * kOwnedTileElems + 2 * kStages * kStreamTileElems) * static_cast<int>(sizeof(T)) +
-        2 * kStages * kCols * static_cast<int>(sizeof(float));
-    static constexpr int kMinCtasPerSm = 2;
-    static_assert(kHeadDim % 32 == 0 && kHeadDim <= 128, "backward buckets are multiples of 32 up to 128");
-};
+// One n-tile of load_bt_frags (keys n0..n0+7): b[0..1].
+template <int kLd, typename T>
+__device__ __forceinline__ void load_bt_frag(unsigned* b, const T* tile, int n0, int k0) {
+    const int lane = threadIdx.x % 32;
+    ldmatrix_x2(b, smem_addr(tile + (n0 + lane % 8) * kLd + k0 + 8 * ((lane / 8) % 2)));
+}
+
+// One n-tile of load_b_frags_trans (columns c0..c0+7): b[0..1].
+template <int kLd, typename T>
+__device__ __forceinline__ void load_b_frag_trans(unsigned* b, const T* tile, int k0, int c0) {
+    const int lane = threadIdx.x % 32;
+    ldmatrix_x2_trans(b, smem_addr(tile + (k0 + lane % 8 + 8 * ((lane / 8) % 2)) * kLd + c0));
+}
 
 }  // namespace cupyflash

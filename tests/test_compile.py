@@ -55,9 +55,12 @@ def test_variant_table_is_closed_and_named():
     tc = _kernels.Variant("tc_fwd", "bfloat16", True, (128, 32, 2))
     assert tc.key == "tc_fwd_bf16_d128_n32_m2_causal_1"
     assert tc.name_expression == "cupyflash::tc_fwd<__nv_bfloat16, 128, 32, 2, true>"
-    bwd = _kernels.Variant("tc_bwd_dq", "float16", False, (64,))
-    assert bwd.key == "tc_bwd_dq_fp16_d64_causal_0"
-    assert bwd.name_expression == "cupyflash::tc_bwd_dq<__half, 64, false>"
+    bwd = _kernels.Variant("tc_bwd", "float16", False, (64, 128, 64, 2))
+    assert bwd.key == "tc_bwd_fp16_d64_n128_q64_s2_causal_0"
+    assert bwd.name_expression == "cupyflash::tc_bwd<__half, 64, 128, 64, 2, false>"
+    convert = _kernels.Variant("tc_bwd_dq_convert", "bfloat16")
+    assert convert.key == "tc_bwd_dq_convert_bf16"
+    assert convert.name_expression == "cupyflash::tc_bwd_dq_convert<__nv_bfloat16>"
 
 
 @pytest.mark.parametrize("headdim, headdim_v, bucket", [(1, 1, 32), (32, 32, 32), (33, 8, 64), (59, 111, 128), (40, 200, 224), (256, 256, 256), (257, 64, None)])
@@ -95,12 +98,13 @@ def test_python_smem_sizes_match_the_traits():
     instead of trapping on a GPU."""
     from cupy_backends.cuda.libs import nvrtc
 
-    lines = ['#include "tc_tile.cuh"']
+    lines = ['#include "tc_tile.cuh"', '#include "tc_bwd_tile.cuh"']
     for v in _kernels.VARIANTS:
         if v.family == "tc_fwd":
             traits, size = f"TcFwdTraits<__half, {v.headdim}, {v.block_n}, {v.m_tiles}>", _kernels.tc_fwd_smem_bytes(v)
-        elif v.family.startswith("tc_bwd"):
-            traits, size = f"TcBwdTraits<__half, {v.headdim}>", _kernels.tc_bwd_smem_bytes(v)
+        elif v.family == "tc_bwd":
+            traits = f"TcBwdTraits<__half, {v.headdim}, {v.block_n}, {v.block_m}, {v.stages}>"
+            size = _kernels.tc_bwd_smem_bytes(v)
         else:
             continue
         lines.append(f'static_assert(cupyflash::{traits}::kSmemBytes == {size}, "{v.key}");')

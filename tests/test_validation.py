@@ -102,6 +102,15 @@ def test_return_lse_must_be_bool():
         cupyflash.flash_attention(q, k, v, return_lse=1)
 
 
+def test_deterministic_must_be_bool():
+    q, k, v = _qkv()
+    out, lse = cupyflash.flash_attention(q, k, v, return_lse=True)
+    with pytest.raises(TypeError, match=r"deterministic must be a bool, got str 'yes'"):
+        cupyflash.flash_attention_backward(out, q, k, v, out, lse, deterministic="yes")
+    with pytest.raises(TypeError, match=r"deterministic must be a bool, got int 0"):
+        cupyflash.flash_attention_vjp(q, k, v, deterministic=0)
+
+
 def _backward_inputs():
     q, k, v = _qkv()
     out, lse = cupyflash.flash_attention(q, k, v, return_lse=True)

@@ -1,0 +1,39 @@
+// Sums into float32 device memory from many CTAs: relaxed vector reductions, and a per-block counter
+// that, when asked, makes the CTAs add in a fixed order so the float32 result is bitwise reproducible.
+#pragma once
+
+namespace cupyflash {
+
+// *p += a, *(p + 1) += b (p 8-byte aligned). One vector reduction on sm_90+, two scalar ones before.
+__device__ __forceinline__ void reduce_add_f32x2(float* p, float a, float b) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" :: "l"(p), "f"(a), "f"(b) : "memory");
+#else
+    atomicAdd(p, a);
+    atomicAdd(p + 1, b);
+#endif
+}
+
+// Float addition is not associative, so atomics from several CTAs give run-to-run different sums. A
+// counter per destination block fixes the order: the CTA whose turn it is waits until the counter
+// equals its turn, adds, then increments the counter. All threads of the CTA call both functions.
+// Progress needs every earlier turn's CTA to be running or done: callers number the turns in launch
+// order (lower blockIdx first), so a CTA only ever waits for CTAs launched before it.
+__device__ __forceinline__ void wait_turn(const int* counter, int turn) {
+    if (threadIdx.x == 0) {
+        int seen;
+        do {
+            asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(seen) : "l"(counter) : "memory");
+        } while (seen != turn);
+    }
+    __syncthreads();  // the whole CTA's additions come after the acquire
+}
+
+__device__ __forceinline__ void pass_turn(int* counter) {
+    __syncthreads();  // every thread's additions are issued before thread 0 releases them all
+    if (threadIdx.x == 0) {
+        asm volatile("fence.acq_rel.gpu;\nred.relaxed.gpu.global.add.s32 [%0], 1;\n" :: "l"(counter) : "memory");
+    }
+}
+
+}  // namespace cupyflash

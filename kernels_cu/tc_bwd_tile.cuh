@@ -1,0 +1,156 @@
+// Tile traits and warp-level matrix products of the tensor-core backward (float16/bfloat16, sm_80+,
+// head-dim buckets up to 256).
+//
+// One CTA of 8 warps owns kBlockN keys of one (batch, kv head) and walks blocks of kBlockM queries.
+// Each iteration has three phases, and each phase splits its own output tile among the 8 warps
+// (WarpGrid below):
+//   1. S^T = K Q^T and dP^T = V dO^T (kBlockN x kBlockM); P^T and dS^T go to shared memory as T;
+//   2. dQ_part = dS K (kBlockM x kHeadDim), added into a float32 buffer in device memory;
+//   3. dV += P^T dO and dK += dS^T Q (kBlockN x kHeadDim), in registers for the CTA's whole life.
+// Shared memory: K and V (resident), kStages buffers of Q, dO and their rows' lse and delta (with 2, the
+// next block loads while this one is computed), and P^T and dS^T. Tile rows are padded by 16 bytes
+// (see tc_tile.cuh) so the 8 rows one ldmatrix phase reads fall in 8 different bank groups.
+#pragma once
+#include "mma.cuh"
+#include "tc_tile.cuh"
+
+namespace cupyflash {
+
+// A (kRows x kCols) tile split among 8 warps as kWarpsR x kWarpsC, each warp computing a
+// (kWarpRows x kWarpCols) piece: whole 16-row m-tiles by whole 8-column n-tiles. 32-row warp tiles
+// are preferred (each B fragment then feeds two m-tiles, halving shared-memory reads per mma); 16 rows
+// are the fallback when 32 would leave a column count that is not a multiple of 8.
+template <int kRows, int kCols>
+struct WarpGrid {
+    static constexpr bool kTall = kRows % 32 == 0 && kRows / 32 <= 8 && (kCols * (kRows / 32)) % (8 * 8) == 0;
+    static constexpr int kWarpsR = kTall ? kRows / 32 : kRows / 16;
+    static constexpr int kWarpsC = 8 / kWarpsR;
+    static constexpr int kWarpRows = kRows / kWarpsR;
+    static constexpr int kWarpCols = kCols / kWarpsC;
+    static constexpr int kMTiles = kWarpRows / 16;
+    static constexpr int kNTiles = kWarpCols / 8;
+    static_assert(kWarpsR * kWarpsC == 8 && kWarpsC * kWarpCols == kCols, "the tile must split among 8 warps");
+    static_assert(kWarpRows % 16 == 0 && kWarpCols % 8 == 0, "warp tiles are whole m-tiles by whole n-tiles");
+
+    __device__ __forceinline__ static int row0(int warp) { return (warp / kWarpsC) * kWarpRows; }
+    __device__ __forceinline__ static int col0(int warp) { return (warp % kWarpsC) * kWarpCols; }
+};
+
+// Registers decide the passes. dK and dV take kDkvFloats accumulators per thread for the CTA's whole
+// life; on top of them, phase 1 holds S^T and dP^T and phase 2 the dQ share. Where the sum would pass
+// kFloatBudget (measured: beyond it ptxas spills under the 255-register cap), phase 1 covers the
+// query block in two halves and phase 2 the head dim in column passes, re-reading A fragments each
+// pass instead of spilling.
+constexpr bool dq_passes_fit(int dkv_floats, int dq_floats, int headdim, int passes, int budget) {
+    return dkv_floats + dq_floats / passes <= budget && headdim % (8 * passes) == 0;
+}
+
+template <int kBlockN, int kBlockM, int kHeadDim>
+struct TcBwdPasses {
+    static constexpr int kFloatBudget = 144;
+    static constexpr int kDkvFloats = 2 * kBlockN * kHeadDim / 256;
+    static constexpr int kSdp = kDkvFloats + 2 * kBlockN * kBlockM / 256 <= kFloatBudget ? 1 : 2;
+    static constexpr int kDqFloats = kBlockM * kHeadDim / 256;
+    static constexpr int kDq = dq_passes_fit(kDkvFloats, kDqFloats, kHeadDim, 1, kFloatBudget)   ? 1
+                               : dq_passes_fit(kDkvFloats, kDqFloats, kHeadDim, 2, kFloatBudget) ? 2
+                                                                                                 : 4;
+};
+
+template <typename T, int kHeadDim_, int kBlockN_, int kBlockM_, int kStages_>
+struct TcBwdTraits {
+    static constexpr int kHeadDim = kHeadDim_;
+    static constexpr int kBlockN = kBlockN_;  // keys owned by the CTA
+    static constexpr int kBlockM = kBlockM_;  // queries per iteration
+    static constexpr int kStages = kStages_;  // buffers of the streamed Q/dO blocks
+    static constexpr int kWarps = 8;
+    static constexpr int kThreads = 32 * kWarps;
+    static constexpr int kLd = kHeadDim + 8;  // padded row of the K, V, Q and dO tiles
+    static constexpr int kLdP = kBlockM + 8;  // padded row of the P^T and dS^T tiles
+    using Passes = TcBwdPasses<kBlockN, kBlockM, kHeadDim>;
+    using SdpGrid = WarpGrid<kBlockN, kBlockM / Passes::kSdp>;  // phase 1, per pass
+    using DqGrid = WarpGrid<kBlockM, kHeadDim / Passes::kDq>;   // phase 2, per pass
+    using DkvGrid = WarpGrid<kBlockN, kHeadDim>;                // phase 3
+    static constexpr int kKeyTileElems = kBlockN * kLd;
+    static constexpr int kQueryTileElems = kBlockM * kLd;
+    static constexpr int kProbTileElems = kBlockN * kLdP;
+    static constexpr int kSmemBytes =
+        (2 * kKeyTileElems + 2 * kStages * kQueryTileElems + 2 * kProbTileElems) * static_cast<int>(sizeof(T)) +
+        2 * kStages * kBlockM * static_cast<int>(sizeof(float));
+    static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "head-dim buckets are multiples of 32 up to 256");
+    static_assert(kStages == 1 || kStages == 2, "one or two query buffers");
+};
+
+// acc[mt][nt] = A[a_row0 + 16 mt + .., :] . B[b_row0 + 8 nt + .., :] over kDepth columns, both tiles
+// row-major with the reduction along their rows (S^T = K Q^T, dP^T = V dO^T).
+template <int kMTiles, int kNTiles, int kDepth, int kLd, typename T>
+__device__ __forceinline__ void warp_abt(float (&acc)[kMTiles][kNTiles][4], const T* a, int a_row0, const T* b,
+                                         int b_row0) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
+    }
+#pragma unroll 2  // see warp_ab
+    for (int kk = 0; kk < kDepth / 16; ++kk) {
+        unsigned af[kMTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) load_a_frag<kLd>(af[mt], a, a_row0 + 16 * mt, 16 * kk);
+#pragma unroll
+        for (int np = 0; np < kNTiles / 2; ++np) {
+            unsigned bf[4];
+            load_bt_frags<kLd>(bf, b, b_row0 + 16 * np, 16 * kk);
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt) {
+                mma_16816<T>(acc[mt][2 * np], af[mt], bf);
+                mma_16816<T>(acc[mt][2 * np + 1], af[mt], bf + 2);
+            }
+        }
+        if (kNTiles % 2) {
+            unsigned bf[2];
+            load_bt_frag<kLd>(bf, b, b_row0 + 8 * (kNTiles - 1), 16 * kk);
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt) mma_16816<T>(acc[mt][kNTiles - 1], af[mt], bf);
+        }
+    }
+}
+
+// acc[mt][nt] += A[a_row0 + 16 mt + .., 0..kDepth) x B[0..kDepth, b_col0 + 8 nt + ..), B row-major
+// [k][n] (read through ldmatrix.trans). A is row-major [m][k] (dV += P^T dO, dK += dS^T Q) or, with
+// kATransposed, stored as its transpose [k][m] (dQ += dS K with dS^T in shared memory).
+template <bool kATransposed, int kMTiles, int kNTiles, int kDepth, int kLdA, int kLdB, typename T>
+__device__ __forceinline__ void warp_ab(float (&acc)[kMTiles][kNTiles][4], const T* a, int a_row0, const T* b,
+                                        int b_col0) {
+// Fully unrolled, ptxas issues every k-step's ldmatrix up front and the fragments (up to ~100
+    // registers) push the dK/dV accumulators into local memory; one k-step at a time keeps them in
+    // registers (warp_abt: two steps, its accumulators are smaller).
+#pragma unroll 1
+    for (int kk = 0; kk < kDepth / 16; ++kk) {
+        unsigned af[kMTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+            if (kATransposed) {
+                load_a_frag_trans<kLdA>(af[mt], a, a_row0 + 16 * mt, 16 * kk);
+            } else {
+                load_a_frag<kLdA>(af[mt], a, a_row0 + 16 * mt, 16 * kk);
+            }
+        }
+#pragma unroll
+        for (int np = 0; np < kNTiles / 2; ++np) {
+            unsigned bf[4];
+            load_b_frags_trans<kLdB>(bf, b, 16 * kk, b_col0 + 16 * np);
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt) {
+                mma_16816<T>(acc[mt][2 * np], af[mt], bf);
+                mma_16816<T>(acc[mt][2 * np + 1], af[mt], bf + 2);
+            }
+        }
+        if (kNTiles % 2) {
+            unsigned bf[2];
+            load_b_frag_trans<kLdB>(bf, b, 16 * kk, b_col0 + 8 * (kNTiles - 1));
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt) mma_16816<T>(acc[mt][kNTiles - 1], af[mt], bf);
+        }
+    }
+}
+
+}  // namespace cupyflash
