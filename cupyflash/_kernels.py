@@ -81,8 +81,8 @@ DELTA_ROWS_PER_CTA = 4
 #: 163 KB of sm_80 or the 99 KB of sm_86/sm_89 (head dims 160 up do not fit the latter and take the
 #: general path there). Every tile runs 8 warps.
 TC_BWD_TILES = {
-    32: ((128, 64, 2),),
-    64: ((128, 64, 2), (128, 64, 1)),
+    32: ((128, 128, 2), (128, 64, 2)),
+    64: ((128, 128, 2), (128, 64, 2), (128, 64, 1)),
     96: ((128, 64, 2), (64, 64, 1)),
     128: ((128, 64, 2), (128, 64, 1), (64, 64, 1)),
     160: ((64, 64, 2),),

@@ -7,8 +7,8 @@
 // Per query block the CTA recomputes S^T = K Q^T and P^T = exp2(S^T * scale * LOG2E - LOG2E * lse)
 // from the saved lse (no probability is stored between passes), then dP^T = V dO^T,
 // dS^T = P^T * (dP^T - delta), dQ += dS K, dV += P^T dO and dK += dS^T Q: five matrix products.
-// Phases and warp tiles: tc_bwd_tile.cuh. With deterministic != 0 the CTAs of a (batch, head) add
-// into each query block of the buffer in key-block order (ordered_sum.cuh), so dQ is bitwise
+// Phases and warp tiles: tc_bwd_tile.cuh. With deterministic != 0 the CTAs of a (batch, kv head) add
+// into each query block of the buffer in a fixed key-block order (ordered_sum.cuh), so dQ is bitwise
 // reproducible; dK and dV always are (one CTA writes each element once).
 #include "block_info.cuh"
 #include "dtypes.cuh"
@@ -21,8 +21,8 @@
 
 namespace cupyflash {
 
-// Grid: x = ceil(seqlen_k / kBlockN) * batch * heads_k (key blocks fastest: the ordered sum needs key
-// block j - 1 launched before key block j). Dynamic shared memory: TcBwdTraits::kSmemBytes.
+// Grid: x = ceil(seqlen_k / kBlockN) * batch * heads_k, key blocks fastest (the ordered sum needs each
+// CTA's predecessors launched before it). Dynamic shared memory: TcBwdTraits::kSmemBytes.
 // dq_accum: zeroed float32 (batch, heads, seqlen_q, dq_ld), dq_ld >= headdim even. dq_turns: zeroed
 // int32 (batch, heads, ceil(seqlen_q / kBlockM)), read only when deterministic != 0.
 template <typename T, int kHeadDim, int kBlockN, int kBlockM, int kStages, bool kCausal>
@@ -53,7 +53,9 @@ tc_bwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v
     float* sLse2 = reinterpret_cast<float*>(sdS + Tr::kProbTileElems);  // kStages x kBlockM, lse * LOG2E
     float* sDelta = sLse2 + kStages * kBlockM;                           // kStages x kBlockM
 
-    const BlockInfo blk(seqlen_k, kBlockN, heads_k, false);  // rows are keys, heads are kv heads
+    // Rows are keys, heads are kv heads. Key blocks launch last-first under the ordered sum (see the turn
+    // below), first-first otherwise (under a causal mask the first key blocks have the most work).
+    const BlockInfo blk(seqlen_k, kBlockN, heads_k, deterministic != 0);
     const int n0 = blk.row0;
     const long long hk = blk.h, b = blk.b;
     const int group = heads / heads_k;
@@ -64,17 +66,14 @@ tc_bwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v
     const int lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
 
-    // Iterations run over (query head of the group, query block); each head's blocks go from the last
-    // one down to the first that sees any of this CTA's keys (query_begin rounds down to the global
-    // kBlockM grid, so all CTAs add into the same dq_turns blocks). Going down, every CTA of a
-    // (batch, kv head) reaches a block at the same iteration, causal or not, so the ordered sum
-    // (key block j after key block j - 1) keeps them in step instead of making the CTAs with fewer
-    // blocks wait for the others to arrive.
+    // Iterations run over (query head of the group, query block), each head's blocks going up from the
+    // first one that sees any of this CTA's keys (query_begin rounds down to the global kBlockM grid, so
+    // all CTAs of a head add into the same dq_turns blocks).
     const int m_begin = mask.query_begin(n0, kBlockM);
     const int q_blocks = seqlen_q > m_begin ? (seqlen_q - m_begin + kBlockM - 1) / kBlockM : 0;
     const int iterations = group * q_blocks;
     const int q_blocks_total = (seqlen_q + kBlockM - 1) / kBlockM;
-    auto block_start = [&](int it) { return m_begin + (q_blocks - 1 - it % q_blocks) * kBlockM; };
+    auto block_start = [&](int it) { return m_begin + (it % q_blocks) * kBlockM; };
 
     auto load_query_block = [&](int it, int stage) {
         const long long h = hk * group + it / q_blocks;
@@ -157,14 +156,16 @@ tc_bwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v
         }
         __syncthreads();
 
-        // Phase 2: this block's dQ share, dS K over the CTA's keys, added into the float32 buffer
-        // (in column passes, see TcBwdPasses); the ordered sum waits only once the first share is ready.
+        // Phase 2: this block's dQ share, dS K over the CTA's keys, added into the float32 buffer;
+        // phase 3: dV += P^T dO and dK += dS^T Q for the warp's keys x columns.
+        // Ordered sum: the key blocks that see query block m0 are 0..last; they add last first. The CTAs
+        // are launched in that order too, so a CTA only waits for CTAs launched before it, and under a
+        // causal mask key block j + 1 reaches each query block an iteration before key block j (it
+        // starts nearer the diagonal), so the turns come in the order the CTAs arrive and cost no wait.
         int* turn = dq_turns + (b * heads + h) * q_blocks_total + m0 / kBlockM;
+        const int my_turn = (mask.key_end(m0, kBlockM) - 1) / kBlockN - n0 / kBlockN;
         float* dq_rows = dq_accum + ((b * heads + h) * seqlen_q + m0) * static_cast<long long>(dq_ld);
-#pragma unroll
-        for (int pass = 0; pass < Tr::Passes::kDq; ++pass) {
-            const int r0 = Dq::row0(warp), c0 = pass * (kHeadDim / Tr::Passes::kDq) + Dq::col0(warp);
-            float dq_part[Dq::kMTiles][Dq::kNTiles][4];
+        auto dq_share = [&](float (&dq_part)[Dq::kMTiles][Dq::kNTiles][4], int r0, int c0) {
 #pragma unroll
             for (int mt = 0; mt < Dq::kMTiles; ++mt) {
 #pragma unroll
@@ -174,7 +175,8 @@ tc_bwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v
                 }
             }
             warp_ab<true, Dq::kMTiles, Dq::kNTiles, kBlockN, kLdP, kLd>(dq_part, sdS, r0, sK, c0);
-            if (deterministic && pass == 0) wait_turn(turn, n0 / kBlockN);
+        };
+        auto add_dq_share = [&](const float (&dq_part)[Dq::kMTiles][Dq::kNTiles][4], int r0, int c0) {
 #pragma unroll
             for (int mt = 0; mt < Dq::kMTiles; ++mt) {
 #pragma unroll
@@ -191,14 +193,34 @@ tc_bwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v
                     }
                 }
             }
-        }
-        if (deterministic) pass_turn(turn);
-
-        // Phase 3: dV += P^T dO and dK += dS^T Q for the warp's keys x columns.
-        {
+        };
+        auto dkdv_update = [&]() {
             const int r0 = Dkv::row0(warp), c0 = Dkv::col0(warp);
             warp_ab<false, Dkv::kMTiles, Dkv::kNTiles, kBlockM, kLdP, kLd>(dv_acc, sP, r0, sdOs, c0);
             warp_ab<false, Dkv::kMTiles, Dkv::kNTiles, kBlockM, kLdP, kLd>(dk_acc, sdS, r0, sQs, c0);
+        };
+        if constexpr (Tr::Passes::kDq == 1) {
+            // The share stays in registers through phase 3, so under the ordered sum the CTA before this
+            // one has had all of phase 3 to pass the turn on before this CTA asks for it.
+            const int r0 = Dq::row0(warp), c0 = Dq::col0(warp);
+            float dq_part[Dq::kMTiles][Dq::kNTiles][4];
+            dq_share(dq_part, r0, c0);
+            dkdv_update();
+            if (deterministic) wait_turn(turn, my_turn);
+            add_dq_share(dq_part, r0, c0);
+            if (deterministic) pass_turn(turn);
+        } else {
+            // Column passes (see TcBwdPasses): each share is added as soon as it is computed.
+#pragma unroll
+            for (int pass = 0; pass < Tr::Passes::kDq; ++pass) {
+                const int r0 = Dq::row0(warp), c0 = pass * (kHeadDim / Tr::Passes::kDq) + Dq::col0(warp);
+                float dq_part[Dq::kMTiles][Dq::kNTiles][4];
+                dq_share(dq_part, r0, c0);
+                if (deterministic && pass == 0) wait_turn(turn, my_turn);
+                add_dq_share(dq_part, r0, c0);
+            }
+            if (deterministic) pass_turn(turn);
+            dkdv_update();
         }
 
         if (kStages == 1 && it + 1 < iterations) {

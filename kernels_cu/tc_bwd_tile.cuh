@@ -120,10 +120,11 @@ __device__ __forceinline__ void warp_abt(float (&acc)[kMTiles][kNTiles][4], cons
 template <bool kATransposed, int kMTiles, int kNTiles, int kDepth, int kLdA, int kLdB, typename T>
 __device__ __forceinline__ void warp_ab(float (&acc)[kMTiles][kNTiles][4], const T* a, int a_row0, const T* b,
                                         int b_col0) {
-// Fully unrolled, ptxas issues every k-step's ldmatrix up front and the fragments (up to ~100
-    // registers) push the dK/dV accumulators into local memory; one k-step at a time keeps them in
-    // registers (warp_abt: two steps, its accumulators are smaller).
-#pragma unroll 1
+    // Fully unrolled, ptxas issues every k-step's ldmatrix up front and the fragments (up to ~100
+    // registers) push the dK/dV accumulators into local memory; two k-steps at a time keep them in
+    // registers and still overlap one step's loads with the other's mma (measured on the H200: 3%
+    // faster than one step, and no spills where the full unroll spilled 16-56 bytes).
+#pragma unroll 2
     for (int kk = 0; kk < kDepth / 16; ++kk) {
         unsigned af[kMTiles][4];
 #pragma unroll

@@ -143,7 +143,7 @@ def test_backward_dispatch(dtype, headdim, headdim_v, expected):
 # Every fallback tile of the tensor-core backward, forced on this GPU by lowering the shared-memory
 # limit dispatch sees to that of sm_80 (163 KB) or sm_86/sm_89 (99 KB): (head dim, limit in bytes).
 SM80, SM86 = 163 * 1024, 99 * 1024
-FALLBACK_TILES = [(64, SM86), (96, SM86), (128, SM80), (128, SM86), (192, SM80), (224, SM80), (256, SM80)]
+FALLBACK_TILES = [(32, SM86), (64, SM80), (64, SM86), (96, SM86), (128, SM80), (128, SM86), (192, SM80), (224, SM80), (256, SM80)]
 
 
 @pytest.mark.parametrize("headdim, limit", FALLBACK_TILES)
