@@ -9,6 +9,6 @@ from . import reference
 from ._api import flash_attention, flash_attention_backward, flash_attention_vjp
 from ._validate import SUPPORTED_DTYPES
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 __all__ = ["flash_attention", "flash_attention_backward", "flash_attention_vjp", "reference", "SUPPORTED_DTYPES"]
