@@ -15,6 +15,10 @@ from ._validate import SUPPORTED_DTYPES, acc_dtype, lse_dtype
 
 _DTYPE_NAMES = {dtype: name for name, dtype in SUPPORTED_DTYPES.items()}
 
+#: float32 dQ buffers of the deterministic tensor-core backward: the ordered sum runs per buffer, so
+#: without a causal mask its start-up chain (one hand-over per key block) is this many times shorter.
+DETERMINISTIC_DQ_SPLITS = 2
+
 
 def _cdiv(a, b):
     return -(-a // b)
@@ -162,9 +166,10 @@ def backward(dout, q, k, v, out, lse, p, deterministic):
 
     float16/bfloat16 run the tensor-core kernel where it applies (see _tc_backward_variant): dQ is
     summed over key blocks in a float32 buffer of (batch, heads, seqlen_q, headdim rounded up to even)
-    and converted at the end; with ``deterministic`` the key blocks add in a fixed order. Everything
-    else runs the general path, which is always deterministic. Extra device memory besides the
-    gradients: delta, (batch, heads, seqlen_q) in the accumulator dtype, and the float32 dQ buffer.
+    and converted at the end; with ``deterministic`` the key blocks add in a fixed order, into
+    DETERMINISTIC_DQ_SPLITS such buffers. Everything else runs the general path, which is always
+    deterministic. Extra device memory besides the gradients: delta, (batch, heads, seqlen_q) in the
+    accumulator dtype, and the float32 dQ buffers.
     """
     dout, q, k, v, out = (_operand(x) for x in (dout, q, k, v, out))
     lse = cupy.ascontiguousarray(lse)  # already in lse_dtype(p.dtype) (see _api)
@@ -195,13 +200,17 @@ def backward(dout, q, k, v, out, lse, p, deterministic):
 def _tc_backward(variant, dout, q, k, v, lse, delta, dq, dk, dv, p, deterministic):
     # Even rows keep every float32 pair of the buffer 8-byte aligned for the vector reductions.
     dq_ld = p.headdim + p.headdim % 2
-    dq_accum = cupy.zeros((p.batch, p.heads, p.seqlen_q, dq_ld), dtype=numpy.float32)
-    # One turn counter per (batch, head, query block) for the ordered sum; unused otherwise.
-    turns = cupy.zeros(p.batch * p.heads * _cdiv(p.seqlen_q, variant.block_m) if deterministic else 1, numpy.int32)
+    splits = DETERMINISTIC_DQ_SPLITS if deterministic else 1
+    dq_accum = cupy.zeros((splits, p.batch, p.heads, p.seqlen_q, dq_ld), dtype=numpy.float32)
+    # One turn counter per (buffer, batch, head, query block) for the ordered sum; unused otherwise.
+    turns_per_split = p.batch * p.heads * _cdiv(p.seqlen_q, variant.block_m)
+    turns = cupy.zeros(splits * turns_per_split if deterministic else 1, numpy.int32)
+    split_stride = numpy.int64(dq_accum[0].size)
     args = (
         q, k, v, dout, lse, delta, dq_accum, turns, dk, dv,
         *_strides(q), *_strides(k), *_strides(v), *_strides(dout), *_strides(dk), *_strides(dv),
-        *_sizes(p), numpy.int32(dq_ld), _scale(p), _vec_loads(q, k, v, dout), numpy.int32(bool(deterministic)),
+        *_sizes(p), numpy.int32(dq_ld), numpy.int32(splits), split_stride, numpy.int64(turns_per_split),
+        _scale(p), _vec_loads(q, k, v, dout), numpy.int32(bool(deterministic)),
     )
     grid = (_cdiv(p.seqlen_k, variant.block_n) * p.batch * p.heads_k, 1, 1)
     _launch_dynamic_smem(variant, grid, _kernels.TC_BWD_THREADS, args, _kernels.tc_bwd_smem_bytes(variant))
@@ -210,5 +219,5 @@ def _tc_backward(variant, dout, q, k, v, lse, delta, dq, dk, dv, p, deterministi
     convert(
         (min(_cdiv(elements, _kernels.TC_BWD_CONVERT_THREADS), 1 << 16), 1, 1), (_kernels.TC_BWD_CONVERT_THREADS, 1, 1),
         (dq_accum, dq, *_strides(dq), numpy.int32(p.seqlen_q), numpy.int32(p.heads), numpy.int32(p.headdim),
-         numpy.int32(dq_ld), numpy.int64(elements), _scale(p)),
+         numpy.int32(dq_ld), numpy.int32(splits), split_stride, numpy.int64(elements), _scale(p)),
     )

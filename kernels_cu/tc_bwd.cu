@@ -23,8 +23,10 @@ namespace cupyflash {
 
 // Grid: x = ceil(seqlen_k / kBlockN) * batch * heads_k, key blocks fastest (the ordered sum needs each
 // CTA's predecessors launched before it). Dynamic shared memory: TcBwdTraits::kSmemBytes.
-// dq_accum: zeroed float32 (batch, heads, seqlen_q, dq_ld), dq_ld >= headdim even. dq_turns: zeroed
-// int32 (batch, heads, ceil(seqlen_q / kBlockM)), read only when deterministic != 0.
+// dq_accum: dq_splits zeroed float32 buffers (batch, heads, seqlen_q, dq_ld), dq_split_stride elements
+// apart, dq_ld >= headdim even; key block j adds into buffer j % dq_splits. dq_turns: zeroed int32
+// (dq_splits, batch, heads, ceil(seqlen_q / kBlockM)), turns_split_stride elements per split, read only
+// when deterministic != 0.
 template <typename T, int kHeadDim, int kBlockN, int kBlockM, int kStages, bool kCausal>
 __global__ void __launch_bounds__(256, 1)
 tc_bwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
@@ -34,7 +36,8 @@ tc_bwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v
        long long v_sb, long long v_ss, long long v_sh, long long do_sb, long long do_ss, long long do_sh,
        long long dk_sb, long long dk_ss, long long dk_sh, long long dv_sb, long long dv_ss, long long dv_sh,
        int seqlen_q, int seqlen_k, int heads, int heads_k, int headdim, int headdim_v, int dq_ld,
-       float softmax_scale, int vec_loads, int deterministic) {
+       int dq_splits, long long dq_split_stride, long long turns_split_stride, float softmax_scale, int vec_loads,
+       int deterministic) {
     using Tr = TcBwdTraits<T, kHeadDim, kBlockN, kBlockM, kStages>;
     using Sdp = typename Tr::SdpGrid;
     using Dq = typename Tr::DqGrid;
@@ -158,13 +161,18 @@ tc_bwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v
 
         // Phase 2: this block's dQ share, dS K over the CTA's keys, added into the float32 buffer;
         // phase 3: dV += P^T dO and dK += dS^T Q for the warp's keys x columns.
-        // Ordered sum: the key blocks that see query block m0 are 0..last; they add last first. The CTAs
-        // are launched in that order too, so a CTA only waits for CTAs launched before it, and under a
-        // causal mask key block j + 1 reaches each query block an iteration before key block j (it
-        // starts nearer the diagonal), so the turns come in the order the CTAs arrive and cost no wait.
-        int* turn = dq_turns + (b * heads + h) * q_blocks_total + m0 / kBlockM;
-        const int my_turn = (mask.key_end(m0, kBlockM) - 1) / kBlockN - n0 / kBlockN;
-        float* dq_rows = dq_accum + ((b * heads + h) * seqlen_q + m0) * static_cast<long long>(dq_ld);
+        // Ordered sum: the key blocks that see query block m0 are 0..last, and those of one buffer
+        // (j % dq_splits) add last first. The CTAs are launched in that order too, so a CTA only waits
+        // for CTAs launched before it. Under a causal mask key block j + 1 reaches each query block an
+        // iteration before key block j (it starts nearer the diagonal), so the turns come in the order
+        // the CTAs arrive and cost no wait. Without a mask they all reach the first block together and
+        // pass its turn down a chain of one hand-over per key block; splitting the sum over
+        // dq_splits buffers shortens that chain dq_splits times.
+        const int split = (n0 / kBlockN) % dq_splits;
+        int* turn = dq_turns + split * turns_split_stride + (b * heads + h) * q_blocks_total + m0 / kBlockM;
+        const int my_turn = ((mask.key_end(m0, kBlockM) - 1) / kBlockN - n0 / kBlockN) / dq_splits;
+        float* dq_rows = dq_accum + split * dq_split_stride +
+                         ((b * heads + h) * seqlen_q + m0) * static_cast<long long>(dq_ld);
         auto dq_share = [&](float (&dq_part)[Dq::kMTiles][Dq::kNTiles][4], int r0, int c0) {
 #pragma unroll
             for (int mt = 0; mt < Dq::kMTiles; ++mt) {
@@ -254,13 +262,13 @@ tc_bwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v
     }
 }
 
-// dq[b, s, h, c] = softmax_scale * dq_accum[b, h, s, c], rounded to T. One thread per element of the
-// (batch, heads, seqlen_q, headdim) index space, grid-stride.
+// dq[b, s, h, c] = softmax_scale * (sum over the dq_splits buffers, in order, of dq_accum[., b, h, s, c]),
+// rounded to T. One thread per element of the (batch, heads, seqlen_q, headdim) index space, grid-stride.
 template <typename T>
 __global__ void __launch_bounds__(256)
 tc_bwd_dq_convert(const float* __restrict__ dq_accum, T* __restrict__ dq, long long dq_sb, long long dq_ss,
-                  long long dq_sh, int seqlen_q, int heads, int headdim, int dq_ld, long long elements,
-                  float softmax_scale) {
+                  long long dq_sh, int seqlen_q, int heads, int headdim, int dq_ld, int dq_splits,
+                  long long dq_split_stride, long long elements, float softmax_scale) {
     for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < elements;
          i += static_cast<long long>(gridDim.x) * blockDim.x) {
         const int c = static_cast<int>(i % headdim);
@@ -268,7 +276,9 @@ tc_bwd_dq_convert(const float* __restrict__ dq_accum, T* __restrict__ dq, long l
         const long long s = row % seqlen_q;
         const long long bh = row / seqlen_q;
         const long long h = bh % heads, b = bh / heads;
-        dq[b * dq_sb + s * dq_ss + h * dq_sh + c] = from_acc<T>(dq_accum[row * dq_ld + c] * softmax_scale);
+        float sum = dq_accum[row * dq_ld + c];
+        for (int split = 1; split < dq_splits; ++split) sum += dq_accum[split * dq_split_stride + row * dq_ld + c];
+        dq[b * dq_sb + s * dq_ss + h * dq_sh + c] = from_acc<T>(sum * softmax_scale);
     }
 }
 
