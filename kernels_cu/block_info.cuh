@@ -13,8 +13,10 @@ struct BlockInfo {
     long long b;   // batch
     long long h;   // head
 
-    // reverse: hand out the last row blocks first (under a causal mask they see the most keys, so the
-    // longest CTAs start early and the tail of the launch is short).
+    // reverse: hand out the last row blocks first. Forward and dQ kernels (rows are queries): under a
+    // causal mask the last query blocks see the most keys, so the longest CTAs start early and the
+    // tail of the launch is short. tc_bwd (rows are keys): its ordered sum needs the last key blocks
+    // launched first (see tc_bwd.cu).
     __device__ __forceinline__ BlockInfo(int seqlen, int block, int heads, bool reverse) {
         const int num_blocks = (seqlen + block - 1) / block;
         const int index = static_cast<int>(blockIdx.x % num_blocks);

@@ -4,9 +4,10 @@
 
 namespace cupyflash {
 
-// *p += a, *(p + 1) += b (p 8-byte aligned). One vector reduction on sm_90+, two scalar ones before.
+// *p += a, *(p + 1) += b (p 8-byte aligned). One vector reduction on sm_90+ (PTX ISA 8.1, CUDA 12.1+),
+// two scalar ones otherwise.
 __device__ __forceinline__ void reduce_add_f32x2(float* p, float a, float b) {
-#if __CUDA_ARCH__ >= 900
+#if __CUDA_ARCH__ >= 900 && __CUDACC_VER_MAJOR__ * 100 + __CUDACC_VER_MINOR__ >= 1201
     asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" :: "l"(p), "f"(a), "f"(b) : "memory");
 #else
     atomicAdd(p, a);
@@ -18,7 +19,9 @@ __device__ __forceinline__ void reduce_add_f32x2(float* p, float a, float b) {
 // counter per destination block fixes the order: the CTA whose turn it is waits until the counter
 // equals its turn, adds, then increments the counter. All threads of the CTA call both functions.
 // Progress needs every earlier turn's CTA to be running or done: callers number the turns in launch
-// order (lower blockIdx first), so a CTA only ever waits for CTAs launched before it.
+// order (lower blockIdx first), so a CTA only ever waits for CTAs launched before it. That relies on
+// the GPU dispatching CTAs in blockIdx order, which every NVIDIA GPU does but CUDA does not promise
+// (FlashAttention's deterministic backward relies on it too).
 __device__ __forceinline__ void wait_turn(const int* counter, int turn) {
     if (threadIdx.x == 0) {
         int seen;

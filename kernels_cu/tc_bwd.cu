@@ -163,9 +163,9 @@ tc_bwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v
         // phase 3: dV += P^T dO and dK += dS^T Q for the warp's keys x columns.
         // Ordered sum: the key blocks that see query block m0 are 0..last, and those of one buffer
         // (j % dq_splits) add last first. The CTAs are launched in that order too, so a CTA only waits
-        // for CTAs launched before it. Under a causal mask key block j + 1 reaches each query block an
-        // iteration before key block j (it starts nearer the diagonal), so the turns come in the order
-        // the CTAs arrive and cost no wait. Without a mask they all reach the first block together and
+        // for CTAs launched before it. Under a causal mask a higher key block starts nearer the diagonal
+        // and reaches each query block kBlockN / kBlockM or more iterations earlier than a lower one,
+        // so the turns come in the order the CTAs arrive and cost almost no wait. Without a mask they all reach the first block together and
         // pass its turn down a chain of one hand-over per key block; splitting the sum over
         // dq_splits buffers shortens that chain dq_splits times.
         const int split = (n0 / kBlockN) % dq_splits;

@@ -35,7 +35,8 @@ def compiled_kernels():
     _kernels.precompile()
 
 
-def _check(batch, seqlen_q, seqlen_k, heads, heads_k, headdim, headdim_v, dtype, causal, scale=1.0, backward=True):
+def _check(batch, seqlen_q, seqlen_k, heads, heads_k, headdim, headdim_v, dtype, causal, scale=1.0, backward=True,
+           deterministic=False):
     """Run forward (and backward) on the GPU and apply the tolerance rule to every result."""
     dt = DTYPES[dtype]
     seed = seed_from(batch, seqlen_q, seqlen_k, heads, heads_k, headdim, headdim_v, dtype, causal, scale)
@@ -44,7 +45,8 @@ def _check(batch, seqlen_q, seqlen_k, heads, heads_k, headdim, headdim_v, dtype,
     out, lse = cupyflash.flash_attention(q, k, v, causal=causal, return_lse=True)
     got = {"out": out, "lse": lse}
     if backward:
-        got.update(zip(("dq", "dk", "dv"), cupyflash.flash_attention_backward(dout, q, k, v, out, lse, causal=causal)))
+        grads = cupyflash.flash_attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=deterministic)
+        got.update(zip(("dq", "dk", "dv"), grads))
     ref = oracle(q, k, v, causal, dout=dout if backward else None)
     base = plain(q, k, v, causal, dout=dout if backward else None)
     lse_dtype = np.float64 if dt.itemsize >= 4 else np.float32
@@ -111,12 +113,21 @@ def test_large_logits_stay_finite(dtype):
         assert bool(finite.all()), name
 
 
+@pytest.fixture
+def h200_limits(monkeypatch):
+    """Dispatch sees an H100/H200 (compute capability 9.0, 227 KB of shared memory per block) whatever
+    GPU runs the test, so the expected tiles do not depend on it."""
+    from cupyflash import _cuda
+
+    monkeypatch.setattr(_cuda, "_device_limits", lambda device_id: (90, 227 * 1024))
+
+
 @pytest.mark.parametrize(
     "dtype, headdim, headdim_v, expected",
     [("bfloat16", 128, 128, "tc_fwd_bf16_d128_n32_m2_causal_1"), ("float16", 40, 200, "tc_fwd_fp16_d224_n64_m1_causal_1"),
      ("float16", 257, 64, None), ("float32", 64, 64, None)],
 )
-def test_forward_dispatch(dtype, headdim, headdim_v, expected):
+def test_forward_dispatch(dtype, headdim, headdim_v, expected, h200_limits):
     """fp16/bf16 with head dims <= 256 take the tensor-core forward on sm_80+; the rest the general path."""
     from cupyflash import _cuda, _validate
 
@@ -131,7 +142,7 @@ def test_forward_dispatch(dtype, headdim, headdim_v, expected):
      ("float16", 160, 64, "tc_bwd_fp16_d160_n64_q64_s2_causal_1"), ("bfloat16", 256, 256, "tc_bwd_bf16_d256_n64_q64_s2_causal_1"),
      ("float16", 257, 64, None), ("float64", 64, 64, None)],
 )
-def test_backward_dispatch(dtype, headdim, headdim_v, expected):
+def test_backward_dispatch(dtype, headdim, headdim_v, expected, h200_limits):
     """fp16/bf16 with head dims <= 256 take the tensor-core backward on sm_80+; the rest the general path."""
     from cupyflash import _cuda, _validate
 
@@ -155,7 +166,8 @@ def test_backward_fallback_tiles(headdim, limit, monkeypatch):
     variant = _cuda._tc_backward_variant(_validate.forward_problem(q, k, v, False, None))
     assert variant is not None and variant != _kernels.Variant("tc_bwd", "bfloat16", False, (headdim, *_kernels.TC_BWD_TILES[headdim][0]))
     assert _kernels.tc_bwd_smem_bytes(variant) <= limit
-    _check(1, 203, 145, 2, 1, headdim, headdim, "bfloat16", headdim % 64 == 0)
+    # The sm_80 tiles run the ordered sum, the sm_86 ones the default mode.
+    _check(1, 203, 145, 2, 1, headdim, headdim, "bfloat16", headdim % 64 == 0, deterministic=limit == SM80)
 
 
 def test_transposed_views_are_used_without_copy():
@@ -209,10 +221,10 @@ def test_empty_inputs_do_not_launch():
         assert not bool(dq.any()) and not bool(dk.any()) and not bool(dv.any())
 
 
-def _grads(dtype, causal, deterministic, runs):
+def _grads(dtype, causal, deterministic, runs, headdim=64):
     """``runs`` backward passes on the same GQA inputs (several key blocks add into each dq block)."""
     dt = DTYPES[dtype]
-    q, k, v = random_qkv(cupy, 2, 700, 650, 4, 2, 64, 64, dt, seed=5)
+    q, k, v = random_qkv(cupy, 2, 700, 650, 4, 2, headdim, headdim, dt, seed=5)
     out, lse = cupyflash.flash_attention(q, k, v, causal=causal, return_lse=True)
     dout = cupy.asarray(np.random.default_rng(6).standard_normal(out.shape).astype(dt))
     return [
@@ -222,14 +234,30 @@ def _grads(dtype, causal, deterministic, runs):
     ]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])  # general path, tensor-core path
+# general path; tensor-core path with dQ in one pass (headdim 64) and in column passes (headdim 128)
+@pytest.mark.parametrize("dtype, headdim", [("float32", 64), ("bfloat16", 64), ("float16", 64), ("bfloat16", 128)])
 @pytest.mark.parametrize("causal", [False, True])
-def test_deterministic_backward_is_bitwise_reproducible(dtype, causal):
+def test_deterministic_backward_is_bitwise_reproducible(dtype, headdim, causal):
     """deterministic=True: 20 backward runs on the same inputs are bitwise equal."""
-    runs = _grads(dtype, causal, True, 20)
+    runs = _grads(dtype, causal, True, 20, headdim)
     for again in runs[1:]:
         for name, a, b in zip(("dq", "dk", "dv"), runs[0], again):
             assert np.array_equal(a, b), name
+
+
+# The ordered sum against the oracle: dQ in column passes (headdim 128, 256), seqlen_q > seqlen_k and
+# seqlen_q < seqlen_k under the causal mask, GQA.
+DETERMINISTIC_CASES = [
+    (1, 203, 113, 4, 2, 128, 128, "bfloat16", True),
+    (1, 113, 203, 2, 1, 256, 256, "float16", True),
+    (2, 300, 300, 4, 1, 64, 64, "bfloat16", False),
+    (1, 333, 777, 2, 2, 96, 96, "float16", False),
+]
+
+
+@pytest.mark.parametrize("case", DETERMINISTIC_CASES, ids=[_case_id(c) for c in DETERMINISTIC_CASES])
+def test_deterministic_matches_oracle(case):
+    _check(*case, deterministic=True)
 
 
 def test_default_backward_differs_from_deterministic_only_in_rounding():
