@@ -142,7 +142,7 @@ _DETERMINISTIC_DOC = """
         False (the default): the float16/bfloat16 tensor-core backward adds each key block's share of
         dq into a float32 buffer with atomic additions, in whatever order the blocks finish, so dq can
         differ from run to run in its last bits (dk and dv never do). True: the blocks add in a fixed
-        order, so dq is bitwise identical from run to run on the same device, for 6-15% more time and a
+        order, so dq is bitwise identical from run to run on the same device, for 8-14% more time and a
         second float32 dq buffer (see bench/NOTES.md). The default is the faster mode because the
         run-to-run differences are far below the rounding error of the result; training that must
         replay exactly should pass True. Every other path (float32, float64, NumPy arrays) is

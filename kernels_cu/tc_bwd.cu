@@ -130,10 +130,11 @@ tc_bwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v
 #pragma unroll
         for (int pass = 0; pass < Tr::Passes::kSdp; ++pass) {
             const int r0 = Sdp::row0(warp), c0 = pass * (kBlockM / Tr::Passes::kSdp) + Sdp::col0(warp);
-            float p[Sdp::kMTiles][Sdp::kNTiles][4];   // S^T, then P^T
-            float ds[Sdp::kMTiles][Sdp::kNTiles][4];  // dP^T, then dS^T
-            warp_abt<Sdp::kMTiles, Sdp::kNTiles, kHeadDim, kLd>(p, sK, r0, sQs, c0);
-            warp_abt<Sdp::kMTiles, Sdp::kNTiles, kHeadDim, kLd>(ds, sV, r0, sdOs, c0);
+            // sd[0]: S^T, then P^T; sd[1]: dP^T, then dS^T.
+            float sd[2][Sdp::kMTiles][Sdp::kNTiles][4];
+            warp_abt2<Sdp::kMTiles, Sdp::kNTiles, kHeadDim, kLd>(sd, sK, sQs, sV, sdOs, r0, c0);
+            auto& p = sd[0];
+            auto& ds = sd[1];
 #pragma unroll
             for (int mt = 0; mt < Sdp::kMTiles; ++mt) {
 #pragma unroll

@@ -80,36 +80,55 @@ struct TcBwdTraits {
     static_assert(kStages == 1 || kStages == 2, "one or two query buffers");
 };
 
-// acc[mt][nt] = A[a_row0 + 16 mt + .., :] . B[b_row0 + 8 nt + .., :] over kDepth columns, both tiles
-// row-major with the reduction along their rows (S^T = K Q^T, dP^T = V dO^T).
+// acc[x][mt][nt] = A_x[a_row0 + 16 mt + .., :] . B_x[b_row0 + 8 nt + .., :] over kDepth columns for
+// the two products x = 0, 1 (S^T = K Q^T and dP^T = V dO^T), all tiles row-major with the reduction along
+// their rows. The two run in one k loop: a warp tile of phase 1 is small (4-16 accumulators per
+// product), and interleaving the products doubles the independent mma between two that update the
+// same accumulator.
 template <int kMTiles, int kNTiles, int kDepth, int kLd, typename T>
-__device__ __forceinline__ void warp_abt(float (&acc)[kMTiles][kNTiles][4], const T* a, int a_row0, const T* b,
-                                         int b_row0) {
+__device__ __forceinline__ void warp_abt2(float (&acc)[2][kMTiles][kNTiles][4], const T* a0, const T* b0,
+                                          const T* a1, const T* b1, int a_row0, int b_row0) {
+    const T* const a[2] = {a0, a1};
+    const T* const b[2] = {b0, b1};
 #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) {
+    for (int x = 0; x < 2; ++x) {
 #pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
+        for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+            for (int nt = 0; nt < kNTiles; ++nt) acc[x][mt][nt][0] = acc[x][mt][nt][1] = acc[x][mt][nt][2] = acc[x][mt][nt][3] = 0.0f;
+        }
     }
 #pragma unroll 2  // see warp_ab
     for (int kk = 0; kk < kDepth / 16; ++kk) {
-        unsigned af[kMTiles][4];
+        unsigned af[2][kMTiles][4];
 #pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) load_a_frag<kLd>(af[mt], a, a_row0 + 16 * mt, 16 * kk);
+        for (int x = 0; x < 2; ++x) {
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt) load_a_frag<kLd>(af[x][mt], a[x], a_row0 + 16 * mt, 16 * kk);
+        }
 #pragma unroll
         for (int np = 0; np < kNTiles / 2; ++np) {
-            unsigned bf[4];
-            load_bt_frags<kLd>(bf, b, b_row0 + 16 * np, 16 * kk);
+            unsigned bf[2][4];
+#pragma unroll
+            for (int x = 0; x < 2; ++x) load_bt_frags<kLd>(bf[x], b[x], b_row0 + 16 * np, 16 * kk);
 #pragma unroll
             for (int mt = 0; mt < kMTiles; ++mt) {
-                mma_16816<T>(acc[mt][2 * np], af[mt], bf);
-                mma_16816<T>(acc[mt][2 * np + 1], af[mt], bf + 2);
+#pragma unroll
+                for (int x = 0; x < 2; ++x) {
+                    mma_16816<T>(acc[x][mt][2 * np], af[x][mt], bf[x]);
+                    mma_16816<T>(acc[x][mt][2 * np + 1], af[x][mt], bf[x] + 2);
+                }
             }
         }
         if (kNTiles % 2) {
-            unsigned bf[2];
-            load_bt_frag<kLd>(bf, b, b_row0 + 8 * (kNTiles - 1), 16 * kk);
+            unsigned bf[2][2];
 #pragma unroll
-            for (int mt = 0; mt < kMTiles; ++mt) mma_16816<T>(acc[mt][kNTiles - 1], af[mt], bf);
+            for (int x = 0; x < 2; ++x) load_bt_frag<kLd>(bf[x], b[x], b_row0 + 8 * (kNTiles - 1), 16 * kk);
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+                for (int x = 0; x < 2; ++x) mma_16816<T>(acc[x][mt][kNTiles - 1], af[x][mt], bf[x]);
+            }
         }
     }
 }
