@@ -13,22 +13,23 @@ import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-#: Variants timed: the largest tensor-core forward tiles, a tensor-core backward and a general-path kernel.
+#: Variant keys timed: the largest tensor-core forward tiles, a tensor-core backward and a general-path kernel.
 VARIANTS = (
-    ("tc_fwd", "bfloat16", True, (128, 32, 2)),
-    ("tc_fwd", "float16", False, (256, 64, 1)),
-    ("tc_bwd", "bfloat16", True, (128, 128, 64, 2)),
-    ("general_bwd_dkdv", "float32", True, ()),
+    "tc_fwd_bf16_d128_n32_m2_mod_1",
+    "tc_fwd_fp16_d256_n64_m1_mod_0",
+    "tc_bwd_bf16_d128_n128_q64_s2_mod_0",
+    "general_bwd_dkdv_fp32",
 )
 
 _CHILD = """
 import json, sys, time
 import cupy
-from cupyflash import _kernels
+from cupyflash import _families, _kernels
 cupy.cuda.Device().synchronize()  # context creation stays out of the timing
+by_key = {v.key: v for v in _families.VARIANTS}
 times = {}
-for family, dtype, causal, tile in json.loads(sys.argv[1]):
-    variant = _kernels.Variant(family, dtype, causal, tuple(tile))
+for key in json.loads(sys.argv[1]):
+    variant = by_key[key]
     start = time.perf_counter()
     _kernels.get_kernel(variant)
     times[variant.key] = time.perf_counter() - start

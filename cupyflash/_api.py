@@ -34,7 +34,7 @@ def _empty_forward(p):
 
 def _forward(q, k, v, p):
     if p.xp is numpy:
-        return _numpy_impl.forward(q, k, v, p.causal, p.softmax_scale)
+        return _numpy_impl.forward(q, k, v, p)
     from . import _cuda
 
     return _cuda.forward(q, k, v, p)
@@ -42,7 +42,7 @@ def _forward(q, k, v, p):
 
 def _backward(dout, q, k, v, out, lse, p, deterministic):
     if p.xp is numpy:
-        return _numpy_impl.backward(dout, q, k, v, out, lse, p.causal, p.softmax_scale)
+        return _numpy_impl.backward(dout, q, k, v, out, lse, p)
     from . import _cuda
 
     return _cuda.backward(dout, q, k, v, out, lse, p, deterministic)

@@ -1,11 +1,14 @@
-"""CUDA sources, compile options and the closed table of kernel variants.
+"""CUDA sources, compile options, and the kernel templates with their closed table of variants.
 
-Every kernel is a template instantiated through ``name_expressions``; a :class:`Variant` names every
-compile-time parameter, and its ``key`` is used for logs, errors and test ids (the in-process cache is
-keyed by device id and Variant).
+A :class:`Kernel` is one C++ template of ``kernels_cu/``: its source file, the dtypes it is built for and
+its template parameters (integer tile parameters, then boolean flags). A :class:`Variant` fixes every
+parameter; its ``key`` names them all (``tc_fwd_bf16_d128_n32_m2_mod_0``) and is used for logs, errors
+and test ids, and its ``name_expression`` instantiates it through NVRTC's ``name_expressions``. The
+kernel families (``cupyflash/_families``) declare their kernels; ``cupyflash._families.VARIANTS`` is
+the union of their tables.
+
 Sources are read once from ``kernels_cu/``. CuPy's disk cache hashes the source string and options but
 not the headers it ``#include``s, so a hash of every file in ``kernels_cu/`` goes into the options.
-
 Nothing here needs a GPU except :func:`get_kernel`, which compiles with ``cupy.RawModule`` for the
 current device (memoized per device) and reuses CuPy's disk cache across processes.
 """
@@ -13,6 +16,7 @@ current device (memoized per device) and reuses CuPy's disk cache across process
 import dataclasses
 import functools
 import hashlib
+import itertools
 import os
 
 #: dtype name -> the C++ storage type in the kernels.
@@ -26,202 +30,76 @@ CTYPES = {
 #: Short dtype names used in variant keys.
 SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}
 
-#: Tensor-core forward tiles: head-dim bucket -> (keys per block kBlockN, 16-row m-tiles per warp),
-#: preferred first; dispatch takes the first whose shared memory fits the device. Buckets cover headdim
-#: and headdim_v up to 256; kernels_cu/tc_tile.cuh derives the rest of the tile. Measured on the H200
-#: (bf16, TFLOP/s at seqlen 16384, non-causal / causal, 2026-11-29): headdim 64: (64, 2) 228 / 215
-#: against (32, 2) 184 / 172; headdim 128: (32, 2) 241 / 216, (128, 1) 242 / 235, (64, 1) 213 / 209,
-#: and (32, 2) needs 87 KB where (128, 1) needs 174 KB; headdim 256: (64, 1) 234 / 239 against
-#: (32, 1) 192 / 194.
-TC_FWD_TILES = {
-    32: ((64, 2),),
-    64: ((64, 2),),
-    96: ((32, 2),),
-    128: ((32, 2),),
-    160: ((64, 1), (32, 1)),
-    192: ((64, 1), (32, 1)),
-    224: ((64, 1), (32, 1)),
-    256: ((64, 1), (32, 1)),
-}
-#: Query rows per CTA of the tensor-core forward (TcFwdTraits::kBlockM).
-TC_FWD_BLOCK_M = 128
-#: Compute capability from which the mma.sync kernels run.
-TC_MIN_CAPABILITY = 80
+ALL_DTYPES = tuple(CTYPES)
+HALF_DTYPES = ("float16", "bfloat16")
 
-
-def tc_fwd_smem_bytes(variant):
-    """Dynamic shared memory of a tensor-core forward variant (TcFwdTraits::kSmemBytes).
-
-    Q tile plus 2 or 3 stages of K and V tiles (3 where they fit in 99 KB), rows padded by 8 elements.
-    The kernel traps if launched with less than its traits require.
-    """
-    row_bytes = (variant.headdim + 8) * 2
-    q_bytes = TC_FWD_BLOCK_M * row_bytes
-    stage_bytes = 2 * variant.block_n * row_bytes
-    stages = 3 if q_bytes + 3 * stage_bytes <= 99 * 1024 else 2
-    return q_bytes + stages * stage_bytes
-
-
-def tc_fwd_threads(variant):
-    """Threads per CTA of a tensor-core forward variant (TcFwdTraits::kThreads)."""
-    return 32 * TC_FWD_BLOCK_M // (16 * variant.m_tiles)
-
-
-#: Threads per CTA of every general-path kernel, and its tile sizes (kernels_cu/general_tile.cuh).
-GENERAL_THREADS = 128
-GENERAL_BLOCK_M = 32  # score-tile rows: queries (forward, dQ) or keys (dK/dV) per CTA
-GENERAL_CHUNK = 64
-#: Rows of the delta preprocess handled by one CTA (one warp each).
-DELTA_ROWS_PER_CTA = 4
-
-
-#: Tensor-core backward tiles: head-dim bucket -> (keys per CTA kBlockN, queries per iteration kBlockM,
-#: query buffers kStages), preferred first; dispatch takes the first whose shared memory fits the device.
-#: The first fits the H100/H200 (227 KB per block); each later one is there for a smaller budget: the
-#: 163 KB of sm_80 or the 99 KB of sm_86/sm_89 (head dims 160 up do not fit the latter and take the
-#: general path there). Every tile runs 8 warps.
-TC_BWD_TILES = {
-    32: ((128, 128, 2), (128, 64, 2)),
-    64: ((128, 128, 2), (128, 64, 2), (128, 64, 1)),
-    96: ((128, 64, 2), (64, 64, 1)),
-    128: ((128, 64, 2), (128, 64, 1), (64, 64, 1)),
-    160: ((64, 64, 2),),
-    192: ((64, 64, 2), (64, 64, 1)),
-    224: ((64, 64, 2), (64, 64, 1)),
-    256: ((64, 64, 2), (64, 64, 1)),
-}
-#: Threads per CTA of the tensor-core backward (TcBwdTraits::kThreads) and of its dQ conversion.
-TC_BWD_THREADS = 256
-TC_BWD_CONVERT_THREADS = 256
-
-
-def tc_bwd_smem_bytes(variant):
-    """Dynamic shared memory of a tensor-core backward variant (TcBwdTraits::kSmemBytes).
-
-    K and V tiles (block_n rows), ``stages`` buffers of Q and dO (block_m rows), rows padded by 8
-    elements; P^T and dS^T (block_n x block_m, padded by 8); ``stages`` buffers of lse and delta.
-    """
-    row_bytes = (variant.headdim + 8) * 2
-    tiles = (2 * variant.block_n + 2 * variant.stages * variant.block_m) * row_bytes
-    probs = 2 * variant.block_n * (variant.block_m + 8) * 2
-    return tiles + probs + 2 * variant.stages * variant.block_m * 4
-
-
-#: Integer template parameters, as they appear in variant keys.
-_KEY_PREFIX = {"headdim": "d", "block_n": "n", "m_tiles": "m", "block_m": "q", "stages": "s"}
-_HALF_DTYPES = ("float16", "bfloat16")
+#: Template parameters as they appear in variant keys.
+_KEY_PREFIX = {"headdim": "d", "block_n": "n", "m_tiles": "m", "block_m": "q", "stages": "s", "score_mod": "mod"}
 
 
 @dataclasses.dataclass(frozen=True)
-class Family:
-    """A kernel template: its source file, the dtypes it is built for and its template parameters.
+class Kernel:
+    """A C++ kernel template: ``cupyflash::<name><storage type, *tile values, *flags>``.
 
-    The template takes the storage type, then the integer ``tile_params`` (each instantiation's
-    values are one entry of ``tiles``), then the causal flag when ``takes_causal``.
+    ``tiles`` is the closed table of the integer ``tile_params``' values; every combination of the
+    boolean ``flags`` is built for every tile and dtype.
     """
 
+    name: str
     source_file: str
     dtypes: tuple
-    takes_causal: bool
     tile_params: tuple = ()
     tiles: tuple = ((),)
+    flags: tuple = ()
 
+    def variant(self, dtype, tile=(), **flags):
+        """The variant of ``dtype`` and ``tile`` with the given flags (missing flags are False)."""
+        unknown = set(flags) - set(self.flags)
+        if unknown:
+            raise ValueError(f"{self.name} has no flags {sorted(unknown)}")
+        return Variant(self, dtype, tuple(tile), tuple(bool(flags.get(f, False)) for f in self.flags))
 
-FAMILIES = {
-    "general_fwd": Family("general_fwd.cu", tuple(CTYPES), True),
-    "general_bwd_delta": Family("general_bwd.cu", tuple(CTYPES), False),
-    "general_bwd_dq": Family("general_bwd.cu", tuple(CTYPES), True),
-    "general_bwd_dkdv": Family("general_bwd.cu", tuple(CTYPES), True),
-    "tc_fwd": Family(
-        "tc_fwd.cu", _HALF_DTYPES, True, ("headdim", "block_n", "m_tiles"),
-        tuple((d, *tile) for d, choices in TC_FWD_TILES.items() for tile in choices),
-    ),
-    "tc_bwd": Family(
-        "tc_bwd.cu", _HALF_DTYPES, True, ("headdim", "block_n", "block_m", "stages"),
-        tuple((d, *tile) for d, choices in TC_BWD_TILES.items() for tile in choices),
-    ),
-    "tc_bwd_dq_convert": Family("tc_bwd.cu", _HALF_DTYPES, False),
-}
+    def variants(self):
+        """Every variant of the template."""
+        return tuple(
+            Variant(self, dtype, tile, flags)
+            for dtype in self.dtypes
+            for tile in self.tiles
+            for flags in itertools.product((False, True), repeat=len(self.flags))
+        )
 
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
-    """One compiled kernel: a family and every template parameter it takes."""
+    """One compiled kernel: a template and every parameter it takes."""
 
-    family: str
+    kernel: Kernel
     dtype: str
-    causal: bool = False
-    tile: tuple = ()  # values of the family's tile_params
+    tile: tuple = ()
+    flags: tuple = ()
 
-    def _param(self, name):
-        return self.tile[FAMILIES[self.family].tile_params.index(name)]
-
-    @property
-    def headdim(self):
-        """Head-dim bucket of a tensor-core variant."""
-        return self._param("headdim")
-
-    @property
-    def block_n(self):
-        """Keys per block of a tensor-core forward variant, keys per CTA of a backward one."""
-        return self._param("block_n")
-
-    @property
-    def m_tiles(self):
-        """16-row m-tiles per warp of a tensor-core forward variant."""
-        return self._param("m_tiles")
-
-    @property
-    def block_m(self):
-        """Queries per iteration of a tensor-core backward variant."""
-        return self._param("block_m")
-
-    @property
-    def stages(self):
-        """Query buffers of a tensor-core backward variant."""
-        return self._param("stages")
+    def param(self, name):
+        """Value of a tile parameter or flag by name."""
+        if name in self.kernel.tile_params:
+            return self.tile[self.kernel.tile_params.index(name)]
+        return self.flags[self.kernel.flags.index(name)]
 
     @property
     def key(self):
-        """Name used for caches, logs, errors and test ids, e.g. ``tc_fwd_bf16_d128_n32_m2_causal_1``."""
-        family = FAMILIES[self.family]
-        key = f"{self.family}_{SHORT_DTYPE[self.dtype]}"
-        key += "".join(f"_{_KEY_PREFIX[name]}{value}" for name, value in zip(family.tile_params, self.tile))
-        if family.takes_causal:
-            key += f"_causal_{int(self.causal)}"
+        """Name used for caches, logs, errors and test ids, e.g. ``tc_fwd_bf16_d128_n32_m2_mod_0``."""
+        key = f"{self.kernel.name}_{SHORT_DTYPE[self.dtype]}"
+        key += "".join(f"_{_KEY_PREFIX[n]}{v}" for n, v in zip(self.kernel.tile_params, self.tile))
+        key += "".join(f"_{_KEY_PREFIX[n]}_{int(v)}" for n, v in zip(self.kernel.flags, self.flags))
         return key
 
     @property
     def source_file(self):
-        return FAMILIES[self.family].source_file
+        return self.kernel.source_file
 
     @property
     def name_expression(self):
-        family = FAMILIES[self.family]
-        args = [CTYPES[self.dtype], *(str(value) for value in self.tile)]
-        if family.takes_causal:
-            args.append("true" if self.causal else "false")
-        return f"cupyflash::{self.family}<{', '.join(args)}>"
-
-
-def _all_variants():
-    return tuple(
-        Variant(name, dtype, causal, tile)
-        for name, family in FAMILIES.items()
-        for dtype in family.dtypes
-        for tile in family.tiles
-        for causal in ((False, True) if family.takes_causal else (False,))
-    )
-
-
-def tc_headdim_bucket(headdim, headdim_v, buckets=tuple(TC_FWD_TILES)):
-    """Smallest of ``buckets`` covering both head dims, or None when both do not fit the largest."""
-    needed = max(headdim, headdim_v)
-    return next((bucket for bucket in sorted(buckets) if bucket >= needed), None)
-
-
-#: The closed table of variants: dispatch, the compile-everything test and error messages use it.
-VARIANTS = _all_variants()
+        args = [CTYPES[self.dtype], *(str(v) for v in self.tile), *("true" if f else "false" for f in self.flags)]
+        return f"cupyflash::{self.kernel.name}<{', '.join(args)}>"
 
 
 def kernel_dir():
@@ -244,9 +122,9 @@ def _sources():
     return files
 
 
-def source(variant):
-    """The source string of a variant's ``.cu`` file (headers come through ``-I``)."""
-    return _sources()[variant.source_file]
+def source(source_file):
+    """The source string of a ``.cu`` file (headers come through ``-I``)."""
+    return _sources()[source_file]
 
 
 @functools.lru_cache(maxsize=None)
@@ -281,7 +159,7 @@ def get_kernel(variant):
     kernel = _kernels.get(cache_key)
     if kernel is None:
         module = cupy.RawModule(
-            code=source(variant), options=compile_options(), name_expressions=(variant.name_expression,)
+            code=source(variant.source_file), options=compile_options(), name_expressions=(variant.name_expression,)
         )
         try:
             kernel = module.get_function(variant.name_expression)
@@ -291,7 +169,7 @@ def get_kernel(variant):
     return kernel
 
 
-def precompile(variants=VARIANTS, max_workers=8):
+def precompile(variants, max_workers=8):
     """Compile ``variants`` for the current device in parallel threads (NVRTC runs without the GIL)."""
     import concurrent.futures
 
@@ -323,24 +201,33 @@ def runtime_nvrtc_options(arch):
     )
 
 
-def compile_offline(variant, arch):
-    """Compile ``variant`` to a cubin for ``sm_<arch>`` with NVRTC alone (no GPU needed).
+def compile_offline(variants, arch):
+    """Compile ``variants`` (all of one source file) to one cubin for ``sm_<arch>`` with NVRTC alone.
 
-    Returns ``(cubin_bytes, ptxas_log)``; the log holds ptxas' registers, stack frame and spill bytes.
-    Raises RuntimeError with the compiler log on failure.
+    One program for many variants parses the sources once. Needs no GPU. Returns ``(cubin_bytes,
+    ptxas_log, lowered)``, ``lowered`` mapping each variant to its mangled name in the log (which holds
+    ptxas' registers, stack frame and spill bytes per kernel). Raises RuntimeError with the compiler log
+    on failure.
     """
     from cupy_backends.cuda.libs import nvrtc
 
+    variants = tuple(variants)
+    files = {v.source_file for v in variants}
+    if len(files) != 1:
+        raise ValueError(f"compile_offline takes variants of one source file, got {sorted(files)}")
     options = runtime_nvrtc_options(arch) + ("--ptxas-options=-v",)
-    program = nvrtc.createProgram(source(variant), variant.source_file, (), ())
+    program = nvrtc.createProgram(source(files.pop()), variants[0].source_file, (), ())
     try:
-        nvrtc.addNameExpression(program, variant.name_expression)
+        for v in variants:
+            nvrtc.addNameExpression(program, v.name_expression)
         try:
             nvrtc.compileProgram(program, options)
         except nvrtc.NVRTCError as exc:
+            keys = ", ".join(v.key for v in variants)
             raise RuntimeError(
-                f"cupyflash: {variant.key} does not compile for sm_{arch}:\n{nvrtc.getProgramLog(program)}"
+                f"cupyflash: {keys} do not compile for sm_{arch}:\n{nvrtc.getProgramLog(program)}"
             ) from exc
-        return nvrtc.getCUBIN(program), nvrtc.getProgramLog(program)
+        lowered = {v: nvrtc.getLoweredName(program, v.name_expression) for v in variants}
+        return nvrtc.getCUBIN(program), nvrtc.getProgramLog(program), lowered
     finally:
         nvrtc.destroyProgram(program)

@@ -1,247 +1,289 @@
 """NumPy (CPU) implementation of the tiled FlashAttention algorithm.
 
-This is the CPU twin of the CUDA kernels, not the naive formula of
-:mod:`cupyflash.reference`: the score matrix is never materialized beyond one
-``(block_m, block_n)`` tile per (batch, head), the forward pass uses the
-online softmax with a running maximum and sum, and the backward pass
-recomputes the probabilities from the saved log-sum-exp.  Every tile is
-processed for all batches and heads at once; grouped-query attention is
-handled by reshaping the query heads to ``(heads_k, group)`` so that one
-key/value tile broadcasts over its group.
+This is the CPU twin of the CUDA kernels, not the naive formula of :mod:`cupyflash.reference`: the
+score matrix is never materialized beyond one ``(block_m, block_n)`` tile per (batch, head), the
+forward pass uses the online softmax with a running maximum and sum, and the backward pass recomputes
+the probabilities from the saved log-sum-exp. Which tiles are visited and which need the element mask
+follow the kernels' policy (:mod:`cupyflash._policy`). Every tile is processed for all batches and
+heads at once; grouped-query attention is handled by reshaping the query heads to ``(heads_k, group)``
+so that one key/value tile broadcasts over its group. Packed (varlen) batches run one sequence at a
+time.
 
-Inputs are validated by the caller: NumPy arrays of one dtype (float16,
-``ml_dtypes.bfloat16``, float32 or float64), possibly non-contiguous views,
-and a Python float ``softmax_scale``.  Inputs are upcast to the accumulation
-dtype before any arithmetic: NumPy's ``einsum`` rejects bfloat16, ``matmul``
-on bfloat16 silently returns float32, and ``matmul`` on float16 bypasses BLAS
-(about 100 times slower than float32).
+Inputs are validated by the caller (a :class:`cupyflash._validate.Problem`). They are upcast to the
+accumulation dtype before any arithmetic: NumPy's ``einsum`` rejects bfloat16, ``matmul`` on bfloat16
+silently returns float32, and ``matmul`` on float16 bypasses BLAS (about 100 times slower than
+float32). Results are C-contiguous, as on the GPU.
 """
+
+import dataclasses
 
 import numpy as np
 
+from ._policy import Window, layout_cells, modify_scores, tiles_of
 from ._validate import acc_dtype, lse_dtype
 
 
 def _split_heads(x, heads_k, acc):
-    """Upcast ``(batch, seqlen, heads, dim)`` to ``acc`` as ``(batch, heads_k, group, seqlen, dim)``.
-
-    ``max(heads_k, 1)`` only matters for empty ``heads == heads_k == 0``
-    inputs, where any group size reshapes correctly.
-    """
+    """Upcast ``(batch, seqlen, heads, dim)`` to ``acc`` as ``(batch, heads_k, group, seqlen, dim)``."""
     batch, seqlen, heads, dim = x.shape
     group = heads // max(heads_k, 1)
     return x.astype(acc).transpose(0, 2, 1, 3).reshape(batch, heads_k, group, seqlen, dim)
 
 
-def _merge_heads(x):
-    """Inverse of :func:`_split_heads` (without the cast): ``(batch, seqlen, heads, dim)``."""
+def _merge_heads(x, dtype):
+    """Inverse of :func:`_split_heads`, cast to ``dtype``: a C-contiguous ``(batch, seqlen, heads, dim)``."""
     batch, heads_k, group, seqlen, dim = x.shape
-    return x.reshape(batch, heads_k * group, seqlen, dim).transpose(0, 2, 1, 3)
+    return np.ascontiguousarray(x.reshape(batch, heads_k * group, seqlen, dim).transpose(0, 2, 1, 3).astype(dtype))
 
 
 def _kv_heads(x, acc):
-    """Upcast ``(batch, seqlen_k, heads_k, dim)`` to ``acc`` as ``(batch, heads_k, 1, seqlen_k, dim)``.
-
-    The singleton axis broadcasts one key/value head over its query group.
-    """
+    """Upcast ``(batch, seqlen_k, heads_k, dim)`` to ``acc`` as ``(batch, heads_k, 1, seqlen_k, dim)``."""
     return x.astype(acc).transpose(0, 2, 1, 3)[:, :, None]
 
 
-def _scores(q_tile, k_tile, scale, causal, m0, n0, diagonal_offset):
-    """Return one tile of scaled scores ``scale * q.k`` (natural-log units), causally masked.
+@dataclasses.dataclass
+class _Masking:
+    """The mask and score modifications of one dense problem, in the (batch, heads_k, group) layout."""
 
-    Like the general CUDA path this works in natural-log units: the scaled
-    score is rounded once, and the backward pass recomputes exactly the same
-    value, so ``exp(s - lse)`` carries only the rounding of ``lse`` itself.
+    window: Window
+    scale: object  # softmax_scale in the accumulation dtype
+    softcap: float
+    slopes: object  # (batch, heads_k, group) or None
+    layout: object  # (batch, heads_k, group, q_blocks, k_blocks) bool, or None
+    block_size: tuple
 
-    Parameters
-    ----------
-    q_tile : ndarray, shape (batch, heads_k, group, rows, headdim)
-    k_tile : ndarray, shape (batch, heads_k, 1, cols, headdim)
-    scale : numpy scalar
-        ``softmax_scale`` in the accumulation dtype.
-    causal : bool
-    m0, n0 : int
-        Global index of the tile's first query row and first key column.
-    diagonal_offset : int
-        ``seqlen_k - seqlen_q``: query ``i`` sees key ``j`` iff
-        ``j <= i + diagonal_offset`` (bottom-right aligned causal mask).
+    @classmethod
+    def of(cls, p, acc):
+        batch, heads, heads_k = p.batch, p.heads, p.heads_k
+        shape = (batch, heads_k, heads // max(heads_k, 1))
+        slopes = None
+        if p.alibi_slopes is not None:
+            slopes = np.broadcast_to(np.asarray(p.alibi_slopes, np.float32), (batch, heads)).reshape(shape)
+        layout, block_size = None, None
+        if p.block_mask is not None:
+            full = p.block_mask.layout_on(np)
+            layout = np.broadcast_to(full, (batch, heads) + full.shape[2:]).reshape(shape + full.shape[2:])
+            block_size = p.block_mask.block_size
+        window = Window.of(p.seqlen_q, p.seqlen_k, p.window_left, p.window_right)
+        return cls(window, acc.type(p.softmax_scale), p.softcap, slopes, layout, block_size)
 
-    Returns
-    -------
-    s : ndarray, shape (batch, heads_k, group, rows, cols)
-        ``-inf`` where the key is masked.
-    """
-    s = np.matmul(q_tile, k_tile.swapaxes(-1, -2)) * scale
-    rows, cols = s.shape[-2:]
-    # Like the kernels, only tiles crossing the diagonal pay for the mask:
-    # if the tile's last key is visible to its first row, all of it is.
-    if causal and n0 + cols - 1 > m0 + diagonal_offset:
+    def tile_blocks(self, m0, m1, n0, n1):
+        """The layout's cells over rows [m0, m1) and keys [n0, n1), or None without a layout."""
+        if self.layout is None:
+            return None
+        return layout_cells(self.layout, self.block_size, np.arange(m0, m1), np.arange(n0, n1))
+
+    def scores(self, q_tile, k_tile, m0, n0):
+        """Scaled and modified scores of one tile, -inf where masked, and d(modified)/d(scaled).
+
+        Like the general CUDA path this works in natural-log units: the scaled score is rounded once,
+        and the backward pass recomputes exactly the same value, so ``exp(s - lse)`` carries only the
+        rounding of ``lse`` itself. Only tiles that are not full evaluate the mask.
+        """
+        s = np.matmul(q_tile, k_tile.swapaxes(-1, -2)) * self.scale
+        rows, cols = s.shape[-2:]
         i = np.arange(m0, m0 + rows)[:, None]
         j = np.arange(n0, n0 + cols)[None, :]
-        s = np.where(j <= i + diagonal_offset, s, -np.inf)
-    return s
+        offset = self.window.seqlen_k - self.window.seqlen_q
+        s, grad = modify_scores(np, s, i, j, self.softcap, self.slopes, offset)
+        blocks = self.tile_blocks(m0, m0 + rows, n0, n0 + cols)
+        full = self.window.tile_is_full(m0, rows, n0, cols) and (blocks is None or bool(blocks.all()))
+        if not full:
+            visible = self.window.visible(i, j)
+            if blocks is not None:
+                visible = visible & blocks
+            s = np.where(visible, s, -np.inf)
+        return s, grad
+
+    def key_tiles(self, m0, block_m, block_n):
+        """Start of every key tile that query tile [m0, m0 + block_m) visits."""
+        begin, end = self.window.key_range(m0, block_m)
+        m1 = min(m0 + block_m, self.window.seqlen_q)
+        for t in tiles_of(begin, end, block_n):
+            n0 = t * block_n
+            blocks = self.tile_blocks(m0, m1, n0, min(n0 + block_n, self.window.seqlen_k))
+            if blocks is None or blocks.any():
+                yield n0
+
+    def query_tiles(self, n0, block_m, block_n):
+        """Start of every query tile that visits key tile [n0, n0 + block_n)."""
+        begin, end = self.window.query_range(n0, block_n)
+        n1 = min(n0 + block_n, self.window.seqlen_k)
+        for t in tiles_of(begin, end, block_m):
+            m0 = t * block_m
+            blocks = self.tile_blocks(m0, min(m0 + block_m, self.window.seqlen_q), n0, n1)
+            if blocks is None or blocks.any():
+                yield m0
 
 
-def forward(q, k, v, causal, softmax_scale, block_m=64, block_n=64):
+def _per_sequence(p, run, arrays, out_like):
+    """Runs a dense ``run(sub_problem, *arrays)`` per sequence of a packed problem and packs the results.
+
+    ``arrays`` are packed ``(total, heads, dim)`` arrays whose first axis is in query rows (``"q"``) or
+    key rows (``"k"``) per the ``out_like`` key; ``out_like`` lists, per result, ``(kind, shape)`` where
+    kind is ``"q"``, ``"k"`` or ``"lse"``.
+    """
+    cu_q, cu_k = np.asarray(p.cu_seqlens_q), np.asarray(p.cu_seqlens_k)
+    results = [np.zeros(shape, dtype) for _, shape, dtype in out_like]
+    for b in range(p.batch):
+        rows = {"q": slice(cu_q[b], cu_q[b + 1]), "k": slice(cu_k[b], cu_k[b + 1])}
+        slopes = None
+        if p.alibi_slopes is not None:
+            slopes = np.asarray(p.alibi_slopes)
+            slopes = slopes[b] if slopes.ndim == 2 else slopes
+        sub = dataclasses.replace(
+            p, batch=1, seqlen_q=int(cu_q[b + 1] - cu_q[b]), seqlen_k=int(cu_k[b + 1] - cu_k[b]), alibi_slopes=slopes,
+            cu_seqlens_q=None, cu_seqlens_k=None, total_q=0, total_k=0,
+        )
+        if sub.seqlen_q == 0:
+            continue
+        parts = run(sub, *(x[rows[kind]][None] for kind, x in arrays))
+        for (kind, _, _), result, part in zip(out_like, results, parts):
+            if kind == "lse":
+                result[:, rows["q"]] = part[0]
+            else:
+                result[rows[kind]] = part[0]
+    return results
+
+
+def forward(q, k, v, p, block_m=64, block_n=64):
     """Tiled FlashAttention forward pass on the CPU.
 
     Parameters
     ----------
-    q : ndarray, shape (batch, seqlen_q, heads, headdim)
-    k : ndarray, shape (batch, seqlen_k, heads_k, headdim)
-    v : ndarray, shape (batch, seqlen_k, heads_k, headdim_v)
-        Validated inputs of one floating dtype; ``heads % heads_k == 0``.
-    causal : bool
-        Bottom-right aligned causal mask.
-    softmax_scale : float
-        Multiplier of ``q @ k^T`` (already defaulted by the caller).
+    q, k, v : ndarray
+        Validated inputs of problem ``p``: (batch, seqlen, heads, dim), or packed (total, heads, dim).
+    p : cupyflash._validate.Problem
     block_m, block_n : int, optional
         Query rows and key columns per tile.
 
     Returns
     -------
-    out : ndarray, shape (batch, seqlen_q, heads, headdim_v)
+    out : ndarray, shape ``p.out_shape``
         In the input dtype; rows seeing no key are 0.
-    lse : ndarray, shape (batch, heads, seqlen_q)
-        Natural-log log-sum-exp of the scaled scores, in
-        ``_validate.lse_dtype`` (float64 for float32/float64 inputs, float32
-        for 16-bit ones); ``-inf`` for rows seeing no key.
+    lse : ndarray, shape ``p.lse_shape``
+        Natural-log log-sum-exp of the modified scores, in ``_validate.lse_dtype`` (float64 for
+        float32/float64 inputs, float32 for 16-bit ones); ``-inf`` for rows seeing no key.
     """
-    batch, seqlen_q, heads, _ = q.shape
-    seqlen_k, heads_k, headdim_v = v.shape[1:]
+    if p.varlen:
+        return tuple(_per_sequence(
+            p, lambda sub, *xs: forward(*xs, sub, block_m, block_n), (("q", q), ("k", k), ("k", v)),
+            (("q", p.out_shape, p.dtype), ("lse", p.lse_shape, lse_dtype(p.dtype))),
+        ))
     acc = acc_dtype(q.dtype)
     lse_dt = lse_dtype(q.dtype)
-    qh = _split_heads(q, heads_k, acc)
+    qh = _split_heads(q, p.heads_k, acc)
     kh = _kv_heads(k, acc)
     vh = _kv_heads(v, acc)
-    group = qh.shape[2]
-    scale = acc.type(softmax_scale)
-    diagonal_offset = seqlen_k - seqlen_q
+    masking = _Masking.of(p, acc)
+    batch, heads_k, group, seqlen_q, _ = qh.shape
 
-    out = np.empty((batch, heads_k, group, seqlen_q, headdim_v), dtype=acc)
+    out = np.empty((batch, heads_k, group, seqlen_q, p.headdim_v), dtype=acc)
     lse = np.empty((batch, heads_k, group, seqlen_q), dtype=lse_dt)
     for m0 in range(0, seqlen_q, block_m):
         m1 = min(m0 + block_m, seqlen_q)
         q_tile = qh[..., m0:m1, :]
         tile_shape = (batch, heads_k, group, m1 - m0)
-        m_i = np.full(tile_shape, -np.inf, dtype=acc)  # running max of the scaled scores
+        m_i = np.full(tile_shape, -np.inf, dtype=acc)  # running max of the scores
         l_i = np.zeros(tile_shape, dtype=acc)  # running sum of exp(s - m_i)
-        acc_o = np.zeros(tile_shape + (headdim_v,), dtype=acc)
-        # Causal: the last row of the tile (m1 - 1) sees keys up to
-        # m1 - 1 + diagonal_offset, so key tiles from there on are skipped.
-        # (m1 may be < m0 + block_m only for the last tile, where the clip to
-        # seqlen_k makes both bounds agree.)
-        n_end = min(max(m1 + diagonal_offset, 0), seqlen_k) if causal else seqlen_k
-        for n0 in range(0, n_end, block_n):
-            n1 = min(n0 + block_n, seqlen_k)
-            s = _scores(q_tile, kh[..., n0:n1, :], scale, causal, m0, n0, diagonal_offset)
-            m_new = np.maximum(m_i, s.max(axis=-1))
-            # While a row has seen only masked keys its max is -inf; using 0
-            # as the subtraction base keeps exp(-inf - 0) = 0 where
-            # -inf - (-inf) would be NaN.
+        acc_o = np.zeros(tile_shape + (p.headdim_v,), dtype=acc)
+        for n0 in masking.key_tiles(m0, block_m, block_n):
+            n1 = min(n0 + block_n, p.seqlen_k)
+            s, _ = masking.scores(q_tile, kh[..., n0:n1, :], m0, n0)
+            m_new = np.maximum(m_i, s.max(axis=-1))  # a NaN score makes the row NaN, as in the reference
+            # While a row has seen only masked keys its max is -inf; using 0 as the subtraction base
+            # keeps exp(-inf - 0) = 0 where -inf - (-inf) would be NaN.
             m_base = np.where(m_new == -np.inf, acc.type(0), m_new)
-            # Rescale what was accumulated under the old max: exp(m_old -
-            # m_new) <= 1, and exactly 0 while m_old is still -inf.
+            # Rescale what was accumulated under the old max: exp(m_old - m_new) <= 1, and exactly 0
+            # while m_old is still -inf.
             alpha = np.exp(m_i - m_base)
-            p = np.exp(s - m_base[..., None])
-            l_i = l_i * alpha + p.sum(axis=-1)
-            acc_o = acc_o * alpha[..., None] + np.matmul(p, vh[..., n0:n1, :])
+            e = np.exp(s - m_base[..., None])
+            l_i = l_i * alpha + e.sum(axis=-1)
+            acc_o = acc_o * alpha[..., None] + np.matmul(e, vh[..., n0:n1, :])
             m_i = m_new
+        # A row that saw no key keeps l = 0 (NaN scores give l = NaN, which propagates): the
+        # substituted 1 avoids 0/0 and log(0), and the where puts out = 0 and lse = -inf in place.
         seen = l_i > 0
-        # Rows that saw no key keep l = 0: the substituted 1 avoids 0/0 and
-        # log(0), and the where puts out = 0 and lse = -inf in their place.
         l_safe = np.where(seen, l_i, acc.type(1))
         out[..., m0:m1, :] = np.where(seen[..., None], acc_o / l_safe[..., None], acc.type(0))
-        # lse = ln(sum_j exp(s_j)) = m + ln(l), exactly m when one key dominates, evaluated in the
-        # lse dtype (float64 for float32 inputs, as the kernels do: see _validate.lse_dtype).
+        # lse = ln(sum_j exp(s_j)) = m + ln(l), exactly m when one key dominates, evaluated in the lse
+        # dtype (float64 for float32 inputs, as the kernels do: see _validate.lse_dtype).
         lse[..., m0:m1] = np.where(seen, m_i.astype(lse_dt) + np.log(l_safe.astype(lse_dt)), -np.inf)
-    return (
-        _merge_heads(out).astype(q.dtype),
-        lse.reshape(batch, heads_k * group, seqlen_q),
-    )
+    return _merge_heads(out, q.dtype), lse.reshape(batch, heads_k * group, seqlen_q)
 
 
-def backward(dout, q, k, v, out, lse, causal, softmax_scale, block_m=64, block_n=64):
+def backward(dout, q, k, v, out, lse, p, block_m=64, block_n=64):
     """Tiled FlashAttention backward pass on the CPU.
 
-    The outer loop runs over key tiles, whose ``dK`` and ``dV`` accumulate
-    over every query tile that can see them and over all query heads of the
-    group; ``dQ`` accumulates across key tiles in the accumulation dtype.
-    The probabilities are recomputed from the saved log-sum-exp.
+    The outer loop runs over key tiles, whose ``dK`` and ``dV`` accumulate over every query tile that
+    can see them and over all query heads of the group; ``dQ`` accumulates across key tiles in the
+    accumulation dtype. The probabilities are recomputed from the saved log-sum-exp.
 
     Parameters
     ----------
-    dout : ndarray, shape (batch, seqlen_q, heads, headdim_v)
-        Gradient of the loss with respect to ``out``.
-    q, k, v : ndarray
-        As in :func:`forward`.
-    out : ndarray, shape (batch, seqlen_q, heads, headdim_v)
-        Output of :func:`forward`, as stored (in the input dtype).
-    lse : ndarray, shape (batch, heads, seqlen_q)
+    dout, q, k, v, out : ndarray
+        As in :func:`forward` (``dout`` and ``out`` shaped like the output).
+    lse : ndarray, shape ``p.lse_shape``
         Log-sum-exp returned by :func:`forward`.
-    causal, softmax_scale, block_m, block_n
+    p, block_m, block_n
         As in :func:`forward`.
 
     Returns
     -------
-    dq : ndarray, shape of ``q``
-    dk : ndarray, shape of ``k``
-    dv : ndarray, shape of ``v``
-        In the input dtype.  Rows of ``q`` seeing no key get zero gradient.
+    dq, dk, dv : ndarray
+        Shapes of q, k and v, in the input dtype. Rows of ``q`` seeing no key get zero gradient.
     """
-    batch, seqlen_q, heads, headdim = q.shape
-    seqlen_k, heads_k, headdim_v = v.shape[1:]
+    if p.varlen:
+        lse_rows = lse.T  # (total_q, heads): packed like the tensors
+        return tuple(_per_sequence(
+            p, lambda sub, do, q_, k_, v_, o_, l_: backward(do, q_, k_, v_, o_, l_[0].T[None], sub, block_m, block_n),
+            (("q", dout), ("q", q), ("k", k), ("k", v), ("q", out), ("q", lse_rows)),
+            (("q", q.shape, p.dtype), ("k", k.shape, p.dtype), ("k", v.shape, p.dtype)),
+        ))
     acc = acc_dtype(q.dtype)
     lse_dt = lse_dtype(q.dtype)
-    qh = _split_heads(q, heads_k, acc)
+    qh = _split_heads(q, p.heads_k, acc)
     kh = _kv_heads(k, acc)
     vh = _kv_heads(v, acc)
-    doh = _split_heads(dout, heads_k, acc)
-    group = qh.shape[2]
-    scale = acc.type(softmax_scale)
-    diagonal_offset = seqlen_k - seqlen_q
+    doh = _split_heads(dout, p.heads_k, acc)
+    masking = _Masking.of(p, acc)
+    batch, heads_k, group, seqlen_q, _ = qh.shape
 
     # delta_i = rowsum(dO * O) = rowsum(P * dP), from the stored output.
-    delta = (doh * _split_heads(out, heads_k, acc)).sum(axis=-1)
+    delta = (doh * _split_heads(out, p.heads_k, acc)).sum(axis=-1)
     lse_base = lse.astype(lse_dt).reshape(batch, heads_k, group, seqlen_q)
-    # A row that saw no key has lse = -inf; a base of +inf makes every
-    # exp(s - base) exactly 0 (also for masked s = -inf, where
-    # -inf - (-inf) would be NaN), so such rows get P = 0 and zero gradients.
+    # A row that saw no key has lse = -inf; a base of +inf makes every exp(s - base) exactly 0 (also
+    # for masked s = -inf, where -inf - (-inf) would be NaN), so such rows get P = 0 and zero gradients.
     lse_base = np.where(lse_base == -np.inf, np.inf, lse_base)
 
     dq = np.zeros(qh.shape, dtype=acc)
-    dk = np.zeros((batch, heads_k, seqlen_k, headdim), dtype=acc)
-    dv = np.zeros((batch, heads_k, seqlen_k, headdim_v), dtype=acc)
-    for n0 in range(0, seqlen_k, block_n):
-        n1 = min(n0 + block_n, seqlen_k)
+    dk = np.zeros((batch, heads_k, p.seqlen_k, p.headdim), dtype=acc)
+    dv = np.zeros((batch, heads_k, p.seqlen_k, p.headdim_v), dtype=acc)
+    for n0 in range(0, p.seqlen_k, block_n):
+        n1 = min(n0 + block_n, p.seqlen_k)
         k_tile = kh[..., n0:n1, :]
         v_tile = vh[..., n0:n1, :]
-        dk_acc = np.zeros((batch, heads_k, n1 - n0, headdim), dtype=acc)
-        dv_acc = np.zeros((batch, heads_k, n1 - n0, headdim_v), dtype=acc)
-        # Causal: row i sees key n0 iff i >= n0 - diagonal_offset; start at
-        # the query tile holding the first such row.
-        m_start = (max(n0 - diagonal_offset, 0) // block_m) * block_m if causal else 0
-        for m0 in range(m_start, seqlen_q, block_m):
+        for m0 in masking.query_tiles(n0, block_m, block_n):
             m1 = min(m0 + block_m, seqlen_q)
             q_tile = qh[..., m0:m1, :]
             do_tile = doh[..., m0:m1, :]
-            s = _scores(q_tile, k_tile, scale, causal, m0, n0, diagonal_offset)
-            # P = exp(scale * q.k - lse), recomputed from the same rounded s; the difference is
-            # taken in the lse dtype, then the exponential in the accumulation dtype.
-            p = np.exp((s.astype(lse_dt) - lse_base[..., m0:m1, None]).astype(acc))
+            s, grad = masking.scores(q_tile, k_tile, m0, n0)
+            # P = exp(s - lse), recomputed from the same rounded s; the difference is taken in the lse
+            # dtype, then the exponential in the accumulation dtype.
+            prob = np.exp((s.astype(lse_dt) - lse_base[..., m0:m1, None]).astype(acc))
             # Sums over the query group (axis 2) fold GQA into one kv head.
-            dv_acc += np.matmul(p.swapaxes(-1, -2), do_tile).sum(axis=2)
+            dv[..., n0:n1, :] += np.matmul(prob.swapaxes(-1, -2), do_tile).sum(axis=2)
             dp = np.matmul(do_tile, v_tile.swapaxes(-1, -2))
-            ds = p * (dp - delta[..., m0:m1, None])
-            dk_acc += np.matmul(ds.swapaxes(-1, -2), q_tile).sum(axis=2)
+            ds = prob * (dp - delta[..., m0:m1, None])
+            if grad is not None:
+                ds = ds * grad  # through the softcap's tanh
+            dk[..., n0:n1, :] += np.matmul(ds.swapaxes(-1, -2), q_tile).sum(axis=2)
             dq[..., m0:m1, :] += np.matmul(ds, k_tile)
-        dk[..., n0:n1, :] = dk_acc
-        dv[..., n0:n1, :] = dv_acc
-    # dS is the gradient with respect to the unscaled product q.k; the chain
-    # rule through the softmax scale is applied once, at the end.
+    # dS is the gradient with respect to the scaled product softmax_scale * q.k; the chain rule
+    # through the scale is applied once, at the end.
+    scale = acc.type(p.softmax_scale)
     return (
-        _merge_heads(dq * scale).astype(q.dtype),
-        (dk * scale).transpose(0, 2, 1, 3).astype(q.dtype),
-        dv.transpose(0, 2, 1, 3).astype(q.dtype),
+        _merge_heads(dq * scale, q.dtype),
+        np.ascontiguousarray((dk * scale).transpose(0, 2, 1, 3).astype(q.dtype)),
+        np.ascontiguousarray(dv.transpose(0, 2, 1, 3).astype(q.dtype)),
     )

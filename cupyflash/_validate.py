@@ -56,7 +56,13 @@ def lse_dtype(dtype):
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
-    """Validated sizes and options of one attention call."""
+    """Validated sizes and options of one attention call.
+
+    Packed (varlen) problems have ``cu_seqlens_q``/``cu_seqlens_k`` arrays and ``total_q``/``total_k``
+    rows; their ``batch`` is the number of sequences and ``seqlen_q``/``seqlen_k`` the longest ones.
+    The mask is the window (``window_left``, ``window_right``; -1 unbounded, causal being right = 0),
+    the block layout, and the score modifications ``softcap`` and ``alibi_slopes`` (kernels_cu/policy.cuh).
+    """
 
     xp: object  # numpy or cupy
     dtype: numpy.dtype
@@ -69,18 +75,40 @@ class Problem:
     headdim_v: int
     causal: bool
     softmax_scale: float
+    window_left: int = -1
+    window_right: int = -1
+    softcap: float = 0.0
+    alibi_slopes: object = None  # float32 (heads,) or (batch, heads), or None
+    block_mask: object = None  # cupyflash.BlockMask or None
+    cu_seqlens_q: object = None  # int32 (batch + 1,), or None for dense batches
+    cu_seqlens_k: object = None
+    total_q: int = 0
+    total_k: int = 0
+
+    @property
+    def varlen(self):
+        return self.cu_seqlens_q is not None
+
+    @property
+    def score_mod(self):
+        """Scores are modified (softcap or ALiBi): the kernels built with the score modifications run."""
+        return self.softcap != 0.0 or self.alibi_slopes is not None
 
     @property
     def out_shape(self):
+        if self.varlen:
+            return (self.total_q, self.heads, self.headdim_v)
         return (self.batch, self.seqlen_q, self.heads, self.headdim_v)
 
     @property
     def lse_shape(self):
-        return (self.batch, self.heads, self.seqlen_q)
+        return (self.heads, self.total_q) if self.varlen else (self.batch, self.heads, self.seqlen_q)
 
     @property
     def is_empty(self):
         """Nothing to compute: some output is empty, or no row sees any key."""
+        if self.varlen:
+            return 0 in (self.batch, self.total_q, self.heads, self.total_k)
         return 0 in (self.batch, self.seqlen_q, self.heads, self.seqlen_k)
 
 
@@ -209,6 +237,7 @@ def forward_problem(q, k, v, causal, softmax_scale):
         headdim_v=headdim_v,
         causal=_check_flag("causal", causal),
         softmax_scale=_softmax_scale(softmax_scale, headdim, dtype),
+        window_right=0 if causal else -1,
     )
 
 

@@ -1,6 +1,7 @@
 // Sums into float32 device memory from many CTAs: relaxed vector reductions, and a per-block counter
 // that, when asked, makes the CTAs add in a fixed order so the float32 result is bitwise reproducible.
 #pragma once
+#include "policy.cuh"
 
 namespace cupyflash {
 
@@ -37,6 +38,22 @@ __device__ __forceinline__ void pass_turn(int* counter) {
     if (threadIdx.x == 0) {
         asm volatile("fence.acq_rel.gpu;\nred.relaxed.gpu.global.add.s32 [%0], 1;\n" :: "l"(counter) : "memory");
     }
+}
+
+// The turn of key tile kt in the ordered sum of query tile qt: how many later key tiles that visit qt
+// add into the same buffer (tile % splits). They add before it.
+template <int kTileQ, int kTileK>
+__device__ __forceinline__ int later_key_tiles(const AttnArgs& a, const Mask& mask, const BlockLayout& layout, int qt,
+                                               int kt, int splits) {
+    const TileRange tiles = key_tiles<kTileQ, kTileK>(a, mask, layout, qt);
+    if (tiles.list == nullptr) return (tiles.first + tiles.count - 1 - kt) / splits;
+    int turn = 0;
+    for (int it = tiles.count - 1; it >= 0; --it) {
+        const int tile = entry_tile(tiles.entry(it));
+        if (tile <= kt) break;
+        turn += (tile - kt) % splits == 0;
+    }
+    return turn;
 }
 
 }  // namespace cupyflash

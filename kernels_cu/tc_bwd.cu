@@ -1,52 +1,60 @@
 // Tensor-core backward (float16/bfloat16, sm_80+, head dims up to 256): after general_bwd_delta,
-//   tc_bwd             one CTA per kBlockN keys of one (batch, kv head): dK and dV stay in registers
-//                      while the CTA walks the query blocks of every query head of its GQA group (so the
-//                      group's sum needs no per-head copies), and each block's dQ share is added into a
-//                      float32 buffer (batch, heads, seqlen_q, dq_ld);
+//   tc_bwd             one CTA per kBlockN keys of one (batch entry, kv head): dK and dV stay in
+//                      registers while the CTA walks the query tiles of every query head of its GQA
+//                      group (so the group's sum needs no per-head copies), and each tile's dQ share is
+//                      added into a float32 buffer;
 //   tc_bwd_dq_convert  dQ = softmax_scale * buffer, rounded to T.
-// Per query block the CTA recomputes S^T = K Q^T and P^T = exp2(S^T * scale * LOG2E - LOG2E * lse)
+// Per query tile the CTA recomputes S^T = K Q^T and P^T = exp2(S^T * scale * LOG2E - LOG2E * lse)
 // from the saved lse (no probability is stored between passes), then dP^T = V dO^T,
 // dS^T = P^T * (dP^T - delta), dQ += dS K, dV += P^T dO and dK += dS^T Q: five matrix products.
-// Phases and warp tiles: tc_bwd_tile.cuh. With deterministic != 0 the CTAs of a (batch, kv head) add
-// into each query block of the buffer in a fixed key-block order (ordered_sum.cuh), so dQ is bitwise
-// reproducible; dK and dV always are (one CTA writes each element once).
-#include "block_info.cuh"
+// Phases and warp tiles: tc_bwd_tile.cuh; which query tiles, and which need the mask: policy.cuh.
+// With deterministic != 0 the CTAs of a (batch entry, kv head) add into each query tile of the buffer
+// in a fixed key-tile order (ordered_sum.cuh), so dQ is bitwise reproducible; dK and dV always are
+// (one CTA writes each element once).
 #include "dtypes.cuh"
-#include "mask.cuh"
+#include "epilogue.cuh"
 #include "mma.cuh"
 #include "ordered_sum.cuh"
+#include "params.cuh"
+#include "policy.cuh"
+#include "scheduler.cuh"
 #include "tc_bwd_tile.cuh"
 #include "tc_softmax.cuh"
 #include "tc_tile.cuh"
+#include "tile_queue.cuh"
 
 namespace cupyflash {
 
-// Grid: x = ceil(seqlen_k / kBlockN) * batch * heads_k, key blocks fastest (the ordered sum needs each
+// Per-CTA values, in shared memory (the fragments need all 255 registers of the larger tiles).
+struct TcBwdState {
+    static constexpr int kRing = 32;
+    Sequence seq;
+    Mask mask;
+    int b, hk, h0;            // batch entry, kv head, first query head of its group
+    // (query head of the group, query tile) pairs: each head's query tiles ascending, heads in order.
+    // Dense problems give every head the same tiles; block-sparse ones each head its own list.
+    TileQueue<kRing> tiles;
+};
+
+// Grid: x = ceil(seqlen_k / kBlockN) * batch * heads_k, key tiles fastest (the ordered sum needs each
 // CTA's predecessors launched before it). Dynamic shared memory: TcBwdTraits::kSmemBytes.
-// dq_accum: dq_splits zeroed float32 buffers (batch, heads, seqlen_q, dq_ld), dq_split_stride elements
-// apart, dq_ld >= headdim even; key block j adds into buffer j % dq_splits. dq_turns: zeroed int32
-// (dq_splits, batch, heads, ceil(seqlen_q / kBlockM)), turns_split_stride elements per split, read only
-// when deterministic != 0.
-template <typename T, int kHeadDim, int kBlockN, int kBlockM, int kStages, bool kCausal>
+// dq_accum: dq_splits zeroed float32 buffers of rows of dq_ld >= headdim (even) floats; key tile j adds
+// into buffer j % dq_splits. dq_turns: zeroed int32 (dq_splits, batch, heads, ceil(seqlen_q / kBlockM)),
+// read only when deterministic != 0.
+template <typename T, int kHeadDim, int kBlockN, int kBlockM, int kStages, bool kScoreMod>
 __global__ void __launch_bounds__(256, 1)
-tc_bwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
-       const float* __restrict__ lse, const float* __restrict__ delta, float* __restrict__ dq_accum,
-       int* __restrict__ dq_turns, T* __restrict__ dk, T* __restrict__ dv,
-       long long q_sb, long long q_ss, long long q_sh, long long k_sb, long long k_ss, long long k_sh,
-       long long v_sb, long long v_ss, long long v_sh, long long do_sb, long long do_ss, long long do_sh,
-       long long dk_sb, long long dk_ss, long long dk_sh, long long dv_sb, long long dv_ss, long long dv_sh,
-       int seqlen_q, int seqlen_k, int heads, int heads_k, int headdim, int headdim_v, int dq_ld,
-       int dq_splits, long long dq_split_stride, long long turns_split_stride, float softmax_scale, int vec_loads,
-       int deterministic) {
+tc_bwd(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
     using Tr = TcBwdTraits<T, kHeadDim, kBlockN, kBlockM, kStages>;
     using Sdp = typename Tr::SdpGrid;
     using Dq = typename Tr::DqGrid;
     using Dkv = typename Tr::DkvGrid;
     constexpr int kLd = Tr::kLd;
     constexpr int kLdP = Tr::kLdP;
+    const AttnArgs& a = args.attn;
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
     require_dynamic_smem<Tr::kSmemBytes>();
+    require_sparse_tiles(a, kBlockM, kBlockN);
     T* sK = reinterpret_cast<T*>(smem_raw);
     T* sV = sK + Tr::kKeyTileElems;
     T* sQ = sV + Tr::kKeyTileElems;                 // kStages tiles of kBlockM rows
@@ -56,48 +64,66 @@ tc_bwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v
     float* sLse2 = reinterpret_cast<float*>(sdS + Tr::kProbTileElems);  // kStages x kBlockM, lse * LOG2E
     float* sDelta = sLse2 + kStages * kBlockM;                           // kStages x kBlockM
 
-    // Rows are keys, heads are kv heads. Key blocks launch last-first under the ordered sum (see the turn
-    // below), first-first otherwise (under a causal mask the first key blocks have the most work).
-    const BlockInfo blk(seqlen_k, kBlockN, heads_k, deterministic != 0);
-    const int n0 = blk.row0;
-    const long long hk = blk.h, b = blk.b;
-    const int group = heads / heads_k;
-    const bool vec = vec_loads != 0;
-    const Mask<kCausal> mask(seqlen_q, seqlen_k);
-    const float scale_log2 = softmax_scale * kLog2eF;
+    static_assert(sizeof(TcBwdState) <= Tr::kStateBytes, "the per-CTA state must fit its reserve");
+    TcBwdState& st = *reinterpret_cast<TcBwdState*>(smem_raw + Tr::kSmemBytes - Tr::kStateBytes);
+
+    // Scheduler. Tiles are of keys, heads are kv heads. Key tiles launch last-first under the ordered
+    // sum (see the turn below), first-first otherwise (under a causal mask the first ones work longest).
+    const TileWork work = schedule_tile(ceil_div(a.seqlen_k, kBlockN), a.heads_k, args.deterministic != 0);
+    const int n0 = work.tile * kBlockN;
+    const int group = a.heads / a.heads_k;
+    auto query_tiles_of = [&](const Mask& mask, int b, int h0, int g) {
+        return query_tiles<kBlockM, kBlockN>(a, mask, BlockLayout(a, b, h0 + g), work.tile);
+    };
+    {
+        const Sequence seq(a, work.b);
+        if (n0 >= seq.seqlen_k) return;
+        if (threadIdx.x < 32) {
+            const Mask mask(a, seq);
+            const int h0 = work.h * group;
+            if (threadIdx.x == 0) {
+                st.seq = seq;
+                st.mask = mask;
+                st.b = work.b;
+                st.hk = work.h;
+                st.h0 = h0;
+            }
+            st.tiles.start(group, [&](int g) { return query_tiles_of(mask, work.b, h0, g); });
+        }
+    }
+    __syncthreads();
+    const bool vec = a.vec_loads != 0;
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
 
-    // Iterations run over (query head of the group, query block), each head's blocks going up from the
-    // first one that sees any of this CTA's keys (query_begin rounds down to the global kBlockM grid, so
-    // all CTAs of a head add into the same dq_turns blocks).
-    const int m_begin = mask.query_begin(n0, kBlockM);
-    const int q_blocks = seqlen_q > m_begin ? (seqlen_q - m_begin + kBlockM - 1) / kBlockM : 0;
-    const int iterations = group * q_blocks;
-    const int q_blocks_total = (seqlen_q + kBlockM - 1) / kBlockM;
-    auto block_start = [&](int it) { return m_begin + (it % q_blocks) * kBlockM; };
-
-    auto load_query_block = [&](int it, int stage) {
-        const long long h = hk * group + it / q_blocks;
-        const int m0 = block_start(it);
+    // Main loop. Loads query tile `entry` of query head h into buffer `stage`.
+    auto load_query_tile = [&](int h, int entry, int stage) {
+        const int m0 = entry_tile(entry) * kBlockM;
         load_tile_async<kBlockM, kHeadDim, kLd, Tr::kThreads>(sQ + stage * Tr::kQueryTileElems,
-                                                              q + b * q_sb + h * q_sh, q_ss, m0, seqlen_q, headdim, vec);
+                                                              head_rows<const T>(a.q, st.b, st.seq.q_start, h),
+                                                              a.q.row_stride, m0, st.seq.seqlen_q, a.headdim, vec);
         load_tile_async<kBlockM, kHeadDim, kLd, Tr::kThreads>(sdO + stage * Tr::kQueryTileElems,
-                                                              dout + b * do_sb + h * do_sh, do_ss, m0, seqlen_q,
-                                                              headdim_v, vec);
+                                                              head_rows<const T>(args.dout, st.b, st.seq.q_start, h),
+                                                              args.dout.row_stride, m0, st.seq.seqlen_q, a.headdim_v, vec);
+        const float* lse = static_cast<const float*>(args.lse.ptr) + rows_index(args.lse, st.b, h, st.seq.q_start) + m0;
+        const float* delta =
+            static_cast<const float*>(args.delta.ptr) + rows_index(args.delta, st.b, h, st.seq.q_start) + m0;
         for (int i = threadIdx.x; i < kBlockM; i += Tr::kThreads) {
-            const bool in_range = m0 + i < seqlen_q;
-            const long long row = (b * heads + h) * seqlen_q + m0 + i;
-            // Padding rows get lse = -inf, hence P = 0 and dS = 0; -inf * LOG2E stays -inf.
-            sLse2[stage * kBlockM + i] = in_range ? lse[row] * kLog2eF : Consts<float>::neg_inf();
-            sDelta[stage * kBlockM + i] = in_range ? delta[row] : 0.0f;
+            const bool in_range = m0 + i < st.seq.seqlen_q;
+            // A row with no probability mass (a padding row, or lse = -inf: a row that saw no key) gets
+            // +inf, so that every exp2(s - lse) of it is 0 without a test per element; NaN stays NaN.
+            const float l = in_range ? lse[i] : Consts<float>::neg_inf();
+            sLse2[stage * kBlockM + i] = l == Consts<float>::neg_inf() ? -Consts<float>::neg_inf() : l * kLog2eF;
+            sDelta[stage * kBlockM + i] = in_range ? delta[i] : 0.0f;
         }
     };
 
-    load_tile_async<kBlockN, kHeadDim, kLd, Tr::kThreads>(sK, k + b * k_sb + hk * k_sh, k_ss, n0, seqlen_k, headdim, vec);
-    load_tile_async<kBlockN, kHeadDim, kLd, Tr::kThreads>(sV, v + b * v_sb + hk * v_sh, v_ss, n0, seqlen_k, headdim_v, vec);
-    if (iterations > 0) load_query_block(0, 0);
+    load_tile_async<kBlockN, kHeadDim, kLd, Tr::kThreads>(sK, head_rows<const T>(a.k, st.b, st.seq.k_start, st.hk),
+                                                          a.k.row_stride, n0, st.seq.seqlen_k, a.headdim, vec);
+    load_tile_async<kBlockN, kHeadDim, kLd, Tr::kThreads>(sV, head_rows<const T>(a.v, st.b, st.seq.k_start, st.hk),
+                                                          a.v.row_stride, n0, st.seq.seqlen_k, a.headdim_v, vec);
+    if (st.tiles.segment_at(0) >= 0) load_query_tile(st.h0 + st.tiles.segment_at(0), st.tiles.entry_at(0), 0);
     cp_async_commit();
 
     float dk_acc[Dkv::kMTiles][Dkv::kNTiles][4];
@@ -111,20 +137,30 @@ tc_bwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v
         }
     }
 
-    for (int it = 0; it < iterations; ++it) {
+    for (int it = 0; st.tiles.segment_at(it) >= 0; ++it) {
         const int stage = kStages == 2 ? it % 2 : 0;
-        const long long h = hk * group + it / q_blocks;
-        const int m0 = block_start(it);
+        const int b = st.b;
+        const int h = st.h0 + st.tiles.segment_at(it);
+        const int entry = st.tiles.entry_at(it);
+        const int m0 = entry_tile(entry) * kBlockM;
+        const bool partial = entry_partial(entry);
         cp_async_wait<0>();
-        // Block it has landed, and every warp is done with iteration it - 1: its P^T/dS^T and, with
-        // two stages, the buffer that block it + 1 now loads into.
+        // Tile `it` has landed, and every warp is done with iteration it - 1: its P^T/dS^T and, with
+        // two stages, the buffer that the next tile now loads into.
         __syncthreads();
-        if (kStages == 2 && it + 1 < iterations) load_query_block(it + 1, (it + 1) % 2);
+        const bool has_next = st.tiles.segment_at(it + 1) >= 0;
+        if (kStages == 2 && has_next) load_query_tile(st.h0 + st.tiles.segment_at(it + 1), st.tiles.entry_at(it + 1), (it + 1) % 2);
         cp_async_commit();
+        if (it % TcBwdState::kRing == 0 && it > 0 && warp == 0) {
+            st.tiles.stage(it / TcBwdState::kRing + 1, group, [&](int gg) { return query_tiles_of(st.mask, st.b, st.h0, gg); });
+        }
+        const BlockLayout layout(a, b, h);
+        const Log2Scores scores(a, st.seq, b, h);
         const T* sQs = sQ + stage * Tr::kQueryTileElems;
         const T* sdOs = sdO + stage * Tr::kQueryTileElems;
         const float* lse2 = sLse2 + stage * kBlockM;
         const float* delta_s = sDelta + stage * kBlockM;
+        const bool needs_mask = partial || !st.mask.tile_is_full(m0, kBlockM, n0, kBlockN);
 
         // Phase 1: S^T and dP^T for the warp's keys x queries, then P^T and dS^T, rounded to T.
 #pragma unroll
@@ -143,10 +179,20 @@ tc_bwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         const int key = n0 + r0 + 16 * mt + g + 8 * (e / 2);
-                        const float l2 = lse2[col + e % 2];
-                        const bool live = l2 != Consts<float>::neg_inf() && mask.visible(m0 + col + e % 2, key);
-                        p[mt][nt][e] = live ? fast_exp2(p[mt][nt][e] * scale_log2 - l2) : 0.0f;
+                        const int query = m0 + col + e % 2;
+                        float s2;
+                        float tanh_v = 0.0f;
+                        if constexpr (kScoreMod) {
+                            s2 = scores.modified(p[mt][nt][e], query, key, &tanh_v);
+                        } else {
+                            s2 = p[mt][nt][e] * scores.scale_log2;
+                        }
+                        p[mt][nt][e] = fast_exp2(s2 - lse2[col + e % 2]);
+                        if (needs_mask && !(st.mask.visible(query, key) && (!partial || layout.allows(a, query, key)))) {
+                            p[mt][nt][e] = 0.0f;
+                        }
                         ds[mt][nt][e] = p[mt][nt][e] * (ds[mt][nt][e] - delta_s[col + e % 2]);
+                        if constexpr (kScoreMod) ds[mt][nt][e] *= 1.0f - tanh_v * tanh_v;
                     }
 #pragma unroll
                     for (int r = 0; r < 2; ++r) {
@@ -160,20 +206,26 @@ tc_bwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v
         }
         __syncthreads();
 
-        // Phase 2: this block's dQ share, dS K over the CTA's keys, added into the float32 buffer;
+        // Phase 2: this tile's dQ share, dS K over the CTA's keys, added into the float32 buffer;
         // phase 3: dV += P^T dO and dK += dS^T Q for the warp's keys x columns.
-        // Ordered sum: the key blocks that see query block m0 are 0..last, and those of one buffer
-        // (j % dq_splits) add last first. The CTAs are launched in that order too, so a CTA only waits
-        // for CTAs launched before it. Under a causal mask a higher key block starts nearer the diagonal
-        // and reaches each query block kBlockN / kBlockM or more iterations earlier than a lower one,
-        // so the turns come in the order the CTAs arrive and cost almost no wait. Without a mask they all reach the first block together and
-        // pass its turn down a chain of one hand-over per key block; splitting the sum over
-        // dq_splits buffers shortens that chain dq_splits times.
-        const int split = (n0 / kBlockN) % dq_splits;
-        int* turn = dq_turns + split * turns_split_stride + (b * heads + h) * q_blocks_total + m0 / kBlockM;
-        const int my_turn = ((mask.key_end(m0, kBlockM) - 1) / kBlockN - n0 / kBlockN) / dq_splits;
-        float* dq_rows = dq_accum + split * dq_split_stride +
-                         ((b * heads + h) * seqlen_q + m0) * static_cast<long long>(dq_ld);
+        // Ordered sum: the key tiles that see query tile m0 / kBlockM add, per buffer (tile % dq_splits),
+        // last first, and the CTAs are launched in that order too, so a CTA only waits for CTAs launched
+        // before it. Under a causal mask a higher key tile starts nearer the diagonal and reaches each
+        // query tile kBlockN / kBlockM or more iterations earlier than a lower one, so the turns come
+        // in the order the CTAs arrive and cost almost no wait. Without a mask they all reach the first
+        // tile together and pass its turn down a chain of one hand-over per key tile; splitting the sum
+        // over dq_splits buffers shortens that chain dq_splits times.
+        const int split = work.tile % args.dq_splits;
+        int* turn = nullptr;
+        int my_turn = 0;
+        if (args.deterministic) {
+            const int q_tile = m0 / kBlockM;
+            turn = args.dq_turns + split * args.turns_split_stride +
+                   (static_cast<long long>(b) * a.heads + h) * ceil_div(a.seqlen_q, kBlockM) + q_tile;
+            my_turn = later_key_tiles<kBlockM, kBlockN>(a, st.mask, layout, q_tile, work.tile, args.dq_splits);
+        }
+        float* dq_rows = static_cast<float*>(args.dq_accum.ptr) + split * args.dq_split_stride +
+                         (rows_index(args.dq_accum, b, h, st.seq.q_start) + m0) * static_cast<long long>(args.dq_ld);
         auto dq_share = [&](float (&dq_part)[Dq::kMTiles][Dq::kNTiles][4], int r0, int c0) {
 #pragma unroll
             for (int mt = 0; mt < Dq::kMTiles; ++mt) {
@@ -191,12 +243,12 @@ tc_bwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
                     const int row = r0 + 16 * mt + g + 8 * r;
-                    if (m0 + row >= seqlen_q) continue;
+                    if (m0 + row >= st.seq.seqlen_q) continue;
 #pragma unroll
                     for (int nt = 0; nt < Dq::kNTiles; ++nt) {
                         const int col = c0 + 8 * nt + 2 * t;  // even, and dq_ld is even
-                        if (col < dq_ld) {
-                            reduce_add_f32x2(dq_rows + static_cast<long long>(row) * dq_ld + col,
+                        if (col < args.dq_ld) {
+                            reduce_add_f32x2(dq_rows + static_cast<long long>(row) * args.dq_ld + col,
                                              dq_part[mt][nt][2 * r], dq_part[mt][nt][2 * r + 1]);
                         }
                     }
@@ -215,9 +267,9 @@ tc_bwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v
             float dq_part[Dq::kMTiles][Dq::kNTiles][4];
             dq_share(dq_part, r0, c0);
             dkdv_update();
-            if (deterministic) wait_turn(turn, my_turn);
+            if (turn != nullptr) wait_turn(turn, my_turn);
             add_dq_share(dq_part, r0, c0);
-            if (deterministic) pass_turn(turn);
+            if (turn != nullptr) pass_turn(turn);
         } else {
             // Column passes (see TcBwdPasses): each share is added as soon as it is computed.
 #pragma unroll
@@ -225,61 +277,50 @@ tc_bwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v
                 const int r0 = Dq::row0(warp), c0 = pass * (kHeadDim / Tr::Passes::kDq) + Dq::col0(warp);
                 float dq_part[Dq::kMTiles][Dq::kNTiles][4];
                 dq_share(dq_part, r0, c0);
-                if (deterministic && pass == 0) wait_turn(turn, my_turn);
+                if (turn != nullptr && pass == 0) wait_turn(turn, my_turn);
                 add_dq_share(dq_part, r0, c0);
             }
-            if (deterministic) pass_turn(turn);
+            if (turn != nullptr) pass_turn(turn);
             dkdv_update();
         }
 
-        if (kStages == 1 && it + 1 < iterations) {
-            __syncthreads();  // every warp is done with the only buffer before block it + 1 loads into it
-            load_query_block(it + 1, 0);
+        if (kStages == 1 && has_next) {
+            __syncthreads();  // every warp is done with the only buffer before the next tile loads into it
+            load_query_tile(st.h0 + st.tiles.segment_at(it + 1), st.tiles.entry_at(it + 1), 0);
             cp_async_commit();
         }
     }
     cp_async_wait<0>();
 
-    const int r0 = Dkv::row0(warp), c0 = Dkv::col0(warp);
-    T* dk_bh = dk + b * dk_sb + hk * dk_sh;
-    T* dv_bh = dv + b * dv_sb + hk * dv_sh;
-#pragma unroll
-    for (int mt = 0; mt < Dkv::kMTiles; ++mt) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const int key = n0 + r0 + 16 * mt + g + 8 * r;
-            if (key >= seqlen_k) continue;
-#pragma unroll
-            for (int nt = 0; nt < Dkv::kNTiles; ++nt) {
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int col = c0 + 8 * nt + 2 * t + e;
-                    // dK = softmax_scale * dS^T Q: the scale of S = scale * Q K^T, applied once here.
-                    if (col < headdim) dk_bh[key * dk_ss + col] = from_acc<T>(dk_acc[mt][nt][2 * r + e] * softmax_scale);
-                    if (col < headdim_v) dv_bh[key * dv_ss + col] = from_acc<T>(dv_acc[mt][nt][2 * r + e]);
-                }
-            }
-        }
-    }
+    // Epilogue: dK = softmax_scale * dS^T Q (the scale of S = scale * Q K^T, applied once here), dV.
+    const int r0 = n0 + Dkv::row0(warp), c0 = Dkv::col0(warp);
+    store_fragments<T>(head_rows<T>(args.dk, st.b, st.seq.k_start, st.hk), args.dk.row_stride, r0, st.seq.seqlen_k, c0,
+                       a.headdim, dk_acc, static_cast<float>(a.softmax_scale));
+    store_fragments<T>(head_rows<T>(args.dv, st.b, st.seq.k_start, st.hk), args.dv.row_stride, r0, st.seq.seqlen_k, c0,
+                       a.headdim_v, dv_acc, 1.0f);
 }
 
-// dq[b, s, h, c] = softmax_scale * (sum over the dq_splits buffers, in order, of dq_accum[., b, h, s, c]),
-// rounded to T. One thread per element of the (batch, heads, seqlen_q, headdim) index space, grid-stride.
+// dq[b, s, h, c] = softmax_scale * (sum over the dq_splits buffers, in order, of the accumulator row
+// (b, h, s)), rounded to T. One thread per element of (batch, heads, seqlen_q, headdim), grid-stride;
+// packed batches pass batch 1 and seqlen_q = total_q.
 template <typename T>
 __global__ void __launch_bounds__(256)
-tc_bwd_dq_convert(const float* __restrict__ dq_accum, T* __restrict__ dq, long long dq_sb, long long dq_ss,
-                  long long dq_sh, int seqlen_q, int heads, int headdim, int dq_ld, int dq_splits,
-                  long long dq_split_stride, long long elements, float softmax_scale) {
+tc_bwd_dq_convert(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
+    const AttnArgs& a = args.attn;
+    const long long elements = static_cast<long long>(a.batch) * a.heads * a.seqlen_q * a.headdim;
+    const float* accum = static_cast<const float*>(args.dq_accum.ptr);
+    const float scale = static_cast<float>(a.softmax_scale);
     for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < elements;
          i += static_cast<long long>(gridDim.x) * blockDim.x) {
-        const int c = static_cast<int>(i % headdim);
-        const long long row = i / headdim;  // (b * heads + h) * seqlen_q + s
-        const long long s = row % seqlen_q;
-        const long long bh = row / seqlen_q;
-        const long long h = bh % heads, b = bh / heads;
-        float sum = dq_accum[row * dq_ld + c];
-        for (int split = 1; split < dq_splits; ++split) sum += dq_accum[split * dq_split_stride + row * dq_ld + c];
-        dq[b * dq_sb + s * dq_ss + h * dq_sh + c] = from_acc<T>(sum * softmax_scale);
+        const int c = static_cast<int>(i % a.headdim);
+        const long long row = i / a.headdim;  // (b * heads + h) * seqlen_q + s
+        const int s = static_cast<int>(row % a.seqlen_q);
+        const long long bh = row / a.seqlen_q;
+        const long long h = bh % a.heads, b = bh / a.heads;
+        const long long at = rows_index(args.dq_accum, b, h, s) * args.dq_ld + c;
+        float sum = accum[at];
+        for (int split = 1; split < args.dq_splits; ++split) sum += accum[split * args.dq_split_stride + at];
+        head_rows<T>(args.dq, b, s, h)[c] = from_acc<T>(sum * scale);
     }
 }
 

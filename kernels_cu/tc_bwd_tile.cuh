@@ -8,7 +8,7 @@
 //   2. dQ_part = dS K (kBlockM x kHeadDim), added into a float32 buffer in device memory;
 //   3. dV += P^T dO and dK += dS^T Q (kBlockN x kHeadDim), in registers for the CTA's whole life.
 // Shared memory: K and V (resident), kStages buffers of Q, dO and their rows' lse and delta (with 2, the
-// next block loads while this one is computed), and P^T and dS^T. Tile rows are padded by 16 bytes
+// next block loads while this one is computed), P^T and dS^T, and the per-CTA state (tc_bwd.cu). Tile rows are padded by 16 bytes
 // (see tc_tile.cuh) so the 8 rows one ldmatrix phase reads fall in 8 different bank groups.
 #pragma once
 #include "mma.cuh"
@@ -73,9 +73,10 @@ struct TcBwdTraits {
     static constexpr int kKeyTileElems = kBlockN * kLd;
     static constexpr int kQueryTileElems = kBlockM * kLd;
     static constexpr int kProbTileElems = kBlockN * kLdP;
+    static constexpr int kStateBytes = kCtaStateBytes;  // per-CTA state and tile queue, at the end
     static constexpr int kSmemBytes =
         (2 * kKeyTileElems + 2 * kStages * kQueryTileElems + 2 * kProbTileElems) * static_cast<int>(sizeof(T)) +
-        2 * kStages * kBlockM * static_cast<int>(sizeof(float));
+        2 * kStages * kBlockM * static_cast<int>(sizeof(float)) + kStateBytes;
     static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "head-dim buckets are multiples of 32 up to 256");
     static_assert(kStages == 1 || kStages == 2, "one or two query buffers");
 };

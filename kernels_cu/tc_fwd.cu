@@ -1,204 +1,280 @@
-// Tensor-core forward (float16/bfloat16, sm_80+): one CTA per 128 query rows of one (batch, head),
-// looping over key/value blocks of kBlockN keys with an online softmax.
+// Tensor-core forward (float16/bfloat16, sm_80+): one CTA per 128 query rows of one (batch entry, head),
+// looping over the key tiles those rows see with an online softmax.
 //
-// Per block: S = Q K^T with mma.sync (Q from registers or shared memory, K fragments by ldmatrix),
-// scale and mask (only blocks that cross the causal diagonal or the end of the keys pay for the mask),
-// the online softmax in registers, then O += P V with P converted in registers into the A operand and V
-// fragments by ldmatrix.trans. K/V blocks are multi-buffered with cp.async (TcFwdTraits::kStages):
-// block j + 1 loads while block j is computed. Causal CTAs stop at the last key block any of their rows
-// sees, and the grid schedules the query blocks with the most keys first.
+// Scheduler: schedule_tile (scheduler.cuh), the query tiles with the most keys first. Main loop, per key
+// tile: S = Q K^T with mma.sync (Q from registers or shared memory, K fragments by ldmatrix), the score
+// modifications (kScoreMod: softcap, ALiBi), the mask on the tiles that need it (policy.cuh), the online
+// softmax in registers, then O += P V with P converted in registers into the A operand and V fragments
+// by ldmatrix.trans. K/V tiles are multi-buffered with cp.async (TcFwdTraits::kStages): tile j + 1 loads
+// while tile j is computed. Epilogue: O / l and the log-sum-exp (epilogue.cuh). The per-CTA values
+// (sequence, mask, the queue of key tiles) live in shared memory (TcFwdState): the fragments need all
+// 255 registers of the larger tiles.
 //
-// Grid: x = query blocks * batch * heads. Dynamic shared memory: TcFwdTraits::kSmemBytes.
-#include "block_info.cuh"
+// Grid: x = query tiles * batch * heads. Dynamic shared memory: TcFwdTraits::kSmemBytes.
 #include "dtypes.cuh"
-#include "mask.cuh"
+#include "epilogue.cuh"
 #include "mma.cuh"
+#include "params.cuh"
+#include "policy.cuh"
+#include "scheduler.cuh"
 #include "tc_softmax.cuh"
 #include "tc_tile.cuh"
+#include "tile_queue.cuh"
 
 namespace cupyflash {
 
-template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kCausal>
-__global__ void __launch_bounds__(TcFwdTraits<T, kHeadDim, kBlockN, kMTiles>::kThreads,
-                                  TcFwdTraits<T, kHeadDim, kBlockN, kMTiles>::kMinCtasPerSm)
-tc_fwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
-       float* __restrict__ lse,
-       long long q_sb, long long q_ss, long long q_sh, long long k_sb, long long k_ss, long long k_sh,
-       long long v_sb, long long v_ss, long long v_sh, long long o_sb, long long o_ss, long long o_sh,
-       int seqlen_q, int seqlen_k, int heads, int heads_k, int headdim, int headdim_v,
-       float softmax_scale, int vec_loads) {
+// Per-CTA values, in shared memory.
+struct TcFwdState {
+    static constexpr int kRing = 32;
+    Sequence seq;
+    Mask mask;
+    BlockLayout layout;
+    Log2Scores scores;
+    int b, h, hk;
+    TileQueue<kRing> tiles;  // key tiles, one segment
+};
+
+template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod>
+struct TcFwdMainloop {
     using Tr = TcFwdTraits<T, kHeadDim, kBlockN, kMTiles>;
-    constexpr int kLd = Tr::kLd;
-    constexpr int kNTiles = kBlockN / 8;   // score n-tiles per m-tile
-    constexpr int kOTiles = kHeadDim / 8;  // output n-tiles per m-tile
-    constexpr int kDSteps = kHeadDim / 16;
+    static constexpr int kLd = Tr::kLd;
+    static constexpr int kNTiles = kBlockN / 8;   // score n-tiles per m-tile
+    static constexpr int kOTiles = kHeadDim / 8;  // output n-tiles per m-tile
+    static constexpr int kDSteps = kHeadDim / 16;
+    // Q stays in registers where the traits allow it, except beside the score modifications: tanhf's
+    // temporaries need the 32 registers it would take (the d64 tile spilled 244 bytes).
+    static constexpr bool kQInRegs = Tr::kQInRegs && !kScoreMod;
+    static_assert(sizeof(TcFwdState) <= Tr::kStateBytes, "the per-CTA state must fit its reserve");
 
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    require_dynamic_smem<Tr::kSmemBytes>();
-    T* sQ = reinterpret_cast<T*>(smem_raw);
-    T* sK = sQ + Tr::kBlockM * kLd;               // kStages tiles of kBlockN rows
-    T* sV = sK + Tr::kStages * kBlockN * kLd;     // kStages tiles of kBlockN rows
-
-    const BlockInfo blk(seqlen_q, Tr::kBlockM, heads, true);
-    const int m0 = blk.row0;
-    const long long bh = blk.bh, h = blk.h, b = blk.b;
-    const long long hk = blk.kv_head(heads, heads_k);
-    const T* q_bh = q + b * q_sb + h * q_sh;
-    const T* k_bh = k + b * k_sb + hk * k_sh;
-    const T* v_bh = v + b * v_sb + hk * v_sh;
-    const bool vec = vec_loads != 0;
-    const Mask<kCausal> mask(seqlen_q, seqlen_k);
-
-    const int warp = threadIdx.x / 32;
-    const int lane = threadIdx.x % 32;
-    const int t = lane % 4;
-    const int warp_row0 = 16 * kMTiles * warp;  // first row of this warp within the CTA's block
-    // Rows held by this thread: m-tile mt, half r (rows g and g + 8 of the 16-row tile).
-    int rows[kMTiles][2];
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) {
-        rows[mt][0] = m0 + warp_row0 + 16 * mt + lane / 4;
-        rows[mt][1] = rows[mt][0] + 8;
-    }
-    const float scale_log2 = softmax_scale * kLog2eF;
-
-    const int n_end = mask.key_end(m0, Tr::kBlockM);
-    const int n_blocks = n_end > 0 ? (n_end + kBlockN - 1) / kBlockN : 0;
-
-    load_tile_async<Tr::kBlockM, kHeadDim, kLd, Tr::kThreads>(sQ, q_bh, q_ss, m0, seqlen_q, headdim, vec);
-    if (n_blocks > 0) {
-        load_tile_async<kBlockN, kHeadDim, kLd, Tr::kThreads>(sK, k_bh, k_ss, 0, seqlen_k, headdim, vec);
-        load_tile_async<kBlockN, kHeadDim, kLd, Tr::kThreads>(sV, v_bh, v_ss, 0, seqlen_k, headdim_v, vec);
-    }
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
-
-    unsigned q_frag[Tr::kQInRegs ? kMTiles : 1][Tr::kQInRegs ? kDSteps : 1][4];
-    if constexpr (Tr::kQInRegs) {
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-            for (int kk = 0; kk < kDSteps; ++kk) load_a_frag<kLd>(q_frag[mt][kk], sQ, warp_row0 + 16 * mt, 16 * kk);
+    // Warp 0: the state of the CTA's tile (query tile qt of batch entry b, head h).
+    __device__ __forceinline__ static void init_state(const AttnArgs& a, const Sequence& seq, int b, int h, int qt,
+                                                      TcFwdState& st) {
+        const Mask mask(a, seq);
+        const BlockLayout layout(a, b, h);
+        if (threadIdx.x == 0) {
+            st.seq = seq;
+            st.mask = mask;
+            st.layout = layout;
+            st.scores = Log2Scores(a, seq, b, h);
+            st.b = b;
+            st.h = h;
+            st.hk = kv_head(h, a.heads, a.heads_k);
         }
+        st.tiles.start(1, [&](int) { return key_tiles<Tr::kBlockM, kBlockN>(a, mask, layout, qt); });
     }
 
-    float o[kMTiles][kOTiles][4];
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-        for (int c = 0; c < kOTiles; ++c) o[mt][c][0] = o[mt][c][1] = o[mt][c][2] = o[mt][c][3] = 0.0f;
-    }
-    FragmentSoftmax<kNTiles> softmax[kMTiles];
+    // Leaves O (unnormalized) and the row statistics of the CTA's rows in o and softmax.
+    __device__ __forceinline__ static void run(const AttnArgs& a, TcFwdState& st, int m0, unsigned char* smem,
+                                               float (&o)[kMTiles][kOTiles][4],
+                                               FragmentSoftmax<kNTiles> (&softmax)[kMTiles]) {
+        T* sQ = reinterpret_cast<T*>(smem);
+        T* sK = sQ + Tr::kBlockM * kLd;            // kStages tiles of kBlockN rows
+        T* sV = sK + Tr::kStages * kBlockN * kLd;  // kStages tiles of kBlockN rows
+        const bool vec = a.vec_loads != 0;
+        // Row 0 of this (batch entry, kv head) and key tile `entry`, staged into shared memory.
+        auto load_kv = [&](int entry, int stage) {
+            const int n0 = entry_tile(entry) * kBlockN;
+            load_tile_async<kBlockN, kHeadDim, kLd, Tr::kThreads>(sK + stage * kBlockN * kLd,
+                                                                  head_rows<const T>(a.k, st.b, st.seq.k_start, st.hk),
+                                                                  a.k.row_stride, n0, st.seq.seqlen_k, a.headdim, vec);
+            load_tile_async<kBlockN, kHeadDim, kLd, Tr::kThreads>(sV + stage * kBlockN * kLd,
+                                                                  head_rows<const T>(a.v, st.b, st.seq.k_start, st.hk),
+                                                                  a.v.row_stride, n0, st.seq.seqlen_k, a.headdim_v, vec);
+        };
 
-    for (int jb = 0; jb < n_blocks; ++jb) {
-        const int n0 = jb * kBlockN;
-        const T* sKj = sK + (jb % Tr::kStages) * kBlockN * kLd;
-        const T* sVj = sV + (jb % Tr::kStages) * kBlockN * kLd;
-        if (jb + 1 < n_blocks) {
-            T* sKn = sK + ((jb + 1) % Tr::kStages) * kBlockN * kLd;
-            T* sVn = sV + ((jb + 1) % Tr::kStages) * kBlockN * kLd;
-            load_tile_async<kBlockN, kHeadDim, kLd, Tr::kThreads>(sKn, k_bh, k_ss, n0 + kBlockN, seqlen_k, headdim, vec);
-            load_tile_async<kBlockN, kHeadDim, kLd, Tr::kThreads>(sVn, v_bh, v_ss, n0 + kBlockN, seqlen_k, headdim_v, vec);
-        }
+        const int warp = threadIdx.x / 32;
+        const int lane = threadIdx.x % 32;
+        const int t = lane % 4;
+        const int warp_row0 = 16 * kMTiles * warp;  // first row of this warp within the CTA's tile
+        // This thread's rows are row_g + 16 mt + 8 r (m-tile mt, half r: rows g and g + 8 of the m-tile).
+        const int row_g = m0 + warp_row0 + lane / 4;
+
+        load_tile_async<Tr::kBlockM, kHeadDim, kLd, Tr::kThreads>(sQ, head_rows<const T>(a.q, st.b, st.seq.q_start, st.h),
+                                                                  a.q.row_stride, m0, st.seq.seqlen_q, a.headdim, vec);
+        if (st.tiles.segment_at(0) >= 0) load_kv(st.tiles.entry_at(0), 0);
         cp_async_commit();
-        cp_async_wait<1>();  // block jb has landed; block jb + 1 may still be in flight
+        cp_async_wait<0>();
         __syncthreads();
 
-        // S = Q K^T for this warp's rows and the block's kBlockN keys.
-        float s[kMTiles][kNTiles][4];
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-            for (int nt = 0; nt < kNTiles; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
-        }
-#pragma unroll
-        for (int kk = 0; kk < kDSteps; ++kk) {
-            unsigned a[kMTiles][4];
+        unsigned q_frag[kQInRegs ? kMTiles : 1][kQInRegs ? kDSteps : 1][4];
+        if constexpr (kQInRegs) {
 #pragma unroll
             for (int mt = 0; mt < kMTiles; ++mt) {
-                if constexpr (Tr::kQInRegs) {
 #pragma unroll
-                    for (int i = 0; i < 4; ++i) a[mt][i] = q_frag[mt][kk][i];
-                } else {
-                    load_a_frag<kLd>(a[mt], sQ, warp_row0 + 16 * mt, 16 * kk);
-                }
-            }
-#pragma unroll
-            for (int np = 0; np < kNTiles / 2; ++np) {
-                unsigned bk[4];
-                load_bt_frags<kLd>(bk, sKj, 16 * np, 16 * kk);
-#pragma unroll
-                for (int mt = 0; mt < kMTiles; ++mt) {
-                    mma_16816<T>(s[mt][2 * np], a[mt], bk);
-                    mma_16816<T>(s[mt][2 * np + 1], a[mt], bk + 2);
-                }
+                for (int kk = 0; kk < kDSteps; ++kk) load_a_frag<kLd>(q_frag[mt][kk], sQ, warp_row0 + 16 * mt, 16 * kk);
             }
         }
 
-        // Scale into log2 units; mask only blocks that reach past the keys or across the diagonal.
-        const bool needs_mask = n0 + kBlockN > seqlen_k || (kCausal && n0 + kBlockN - 1 > m0 + mask.offset);
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-            for (int nt = 0; nt < kNTiles; ++nt) {
+            for (int c = 0; c < kOTiles; ++c) o[mt][c][0] = o[mt][c][1] = o[mt][c][2] = o[mt][c][3] = 0.0f;
+        }
+
+        for (int it = 0; st.tiles.segment_at(it) >= 0; ++it) {
+            const int entry = st.tiles.entry_at(it);
+            const int n0 = entry_tile(entry) * kBlockN;
+            const bool partial = entry_partial(entry);
+            const T* sKj = sK + (it % Tr::kStages) * kBlockN * kLd;
+            const T* sVj = sV + (it % Tr::kStages) * kBlockN * kLd;
+            if (st.tiles.segment_at(it + 1) >= 0) load_kv(st.tiles.entry_at(it + 1), (it + 1) % Tr::kStages);
+            cp_async_commit();
+            cp_async_wait<1>();  // tile it has landed; tile it + 1 may still be in flight
+            __syncthreads();
+            if (it % TcFwdState::kRing == 0 && it > 0 && warp == 0) {
+                st.tiles.stage(it / TcFwdState::kRing + 1, 1, [&](int) {
+                    return key_tiles<Tr::kBlockM, kBlockN>(a, st.mask, st.layout, m0 / Tr::kBlockM);
+                });
+            }
+
+            // S = Q K^T for this warp's rows and the tile's kBlockN keys.
+            float s[kMTiles][kNTiles][4];
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    s[mt][nt][e] *= scale_log2;
-                    if (needs_mask && !mask.visible(rows[mt][e / 2], n0 + 8 * nt + 2 * t + e % 2)) {
-                        s[mt][nt][e] = Consts<float>::neg_inf();
+            for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+                for (int nt = 0; nt < kNTiles; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
+            }
+#pragma unroll
+            for (int kk = 0; kk < kDSteps; ++kk) {
+                unsigned af[kMTiles][4];
+#pragma unroll
+                for (int mt = 0; mt < kMTiles; ++mt) {
+                    if constexpr (kQInRegs) {
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) af[mt][i] = q_frag[mt][kk][i];
+                    } else {
+                        load_a_frag<kLd>(af[mt], sQ, warp_row0 + 16 * mt, 16 * kk);
+                    }
+                }
+#pragma unroll
+                for (int np = 0; np < kNTiles / 2; ++np) {
+                    unsigned bk[4];
+                    load_bt_frags<kLd>(bk, sKj, 16 * np, 16 * kk);
+#pragma unroll
+                    for (int mt = 0; mt < kMTiles; ++mt) {
+                        mma_16816<T>(s[mt][2 * np], af[mt], bk);
+                        mma_16816<T>(s[mt][2 * np + 1], af[mt], bk + 2);
                     }
                 }
             }
-            softmax[mt].step(s[mt], o[mt]);
-        }
 
-        // O += P V, with P rounded to T as the A operand straight from the score registers.
-#pragma unroll
-        for (int kk = 0; kk < kBlockN / 16; ++kk) {
-            unsigned p[kMTiles][4];
+            // Into log2 units (with the score modifications), then the mask where the tile needs one: a
+            // uniform branch of its own, which keeps the unmasked tiles free of the mask's predicates.
 #pragma unroll
             for (int mt = 0; mt < kMTiles; ++mt) {
-                p[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-                p[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-                p[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-                p[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-            }
 #pragma unroll
-            for (int cp = 0; cp < kOTiles / 2; ++cp) {
-                unsigned bv[4];
-                load_b_frags_trans<kLd>(bv, sVj, 16 * kk, 16 * cp);
+                for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
-                for (int mt = 0; mt < kMTiles; ++mt) {
-                    mma_16816<T>(o[mt][2 * cp], p[mt], bv);
-                    mma_16816<T>(o[mt][2 * cp + 1], p[mt], bv + 2);
+                    for (int e = 0; e < 4; ++e) {
+                        if constexpr (kScoreMod) {
+                            float unused_tanh;
+                            s[mt][nt][e] = st.scores.modified(s[mt][nt][e], row_g + 16 * mt + 8 * (e / 2),
+                                                           n0 + 8 * nt + 2 * t + e % 2, &unused_tanh);
+                        } else {
+                            s[mt][nt][e] *= st.scores.scale_log2;
+                        }
+                    }
                 }
             }
-        }
-        if constexpr (Tr::kStages == 2) {
-            __syncthreads();  // every warp is done with stage jb before block jb + 2 overwrites it
+            if (partial || !st.mask.tile_is_full(m0, Tr::kBlockM, n0, kBlockN)) {
+#pragma unroll
+                for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+                    for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            const int row = row_g + 16 * mt + 8 * (e / 2);
+                            const int col = n0 + 8 * nt + 2 * t + e % 2;
+                            if (!(st.mask.visible(row, col) && (!partial || st.layout.allows(a, row, col)))) {
+                                s[mt][nt][e] = Consts<float>::neg_inf();
+                            }
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt) softmax[mt].step(s[mt], o[mt]);
+
+            // O += P V, with P rounded to T as the A operand straight from the score registers.
+#pragma unroll
+            for (int kk = 0; kk < kBlockN / 16; ++kk) {
+                unsigned p[kMTiles][4];
+#pragma unroll
+                for (int mt = 0; mt < kMTiles; ++mt) {
+                    p[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                    p[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                    p[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                    p[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+                }
+#pragma unroll
+                for (int cp = 0; cp < kOTiles / 2; ++cp) {
+                    unsigned bv[4];
+                    load_b_frags_trans<kLd>(bv, sVj, 16 * kk, 16 * cp);
+#pragma unroll
+                    for (int mt = 0; mt < kMTiles; ++mt) {
+                        mma_16816<T>(o[mt][2 * cp], p[mt], bv);
+                        mma_16816<T>(o[mt][2 * cp + 1], p[mt], bv + 2);
+                    }
+                }
+            }
+            if constexpr (Tr::kStages == 2) {
+                __syncthreads();  // every warp is done with stage it before tile it + 2 overwrites it
+            }
         }
     }
+};
 
+// Epilogue: out = O / l per row (0 for a row that saw no key) and lse = LN2 * (m2 + log2 l).
+template <typename T, int kMTiles, int kOTiles, int kNTiles>
+__device__ __forceinline__ void tc_fwd_epilogue(const FwdArgs& args, const TcFwdState& st, int row0,
+                                                const float (&o)[kMTiles][kOTiles][4],
+                                                FragmentSoftmax<kNTiles> (&softmax)[kMTiles]) {
+    const AttnArgs& a = args.attn;
+    float inv_l[kMTiles][2];
+    float row_lse[kMTiles][2];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) softmax[mt].finish(inv_l[mt], row_lse[mt]);
+    store_fragments<T>(head_rows<T>(args.out, st.b, st.seq.q_start, st.h), args.out.row_stride, row0, st.seq.seqlen_q,
+                       0, a.headdim_v, o, inv_l);
+    const int lane = threadIdx.x % 32;
+    if (lane % 4 != 0) return;
+    float* lse = static_cast<float*>(args.lse.ptr) + rows_index(args.lse, st.b, st.h, st.seq.q_start);
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
-        float inv_l[2];
-        float row_lse[2];
-        softmax[mt].finish(inv_l, row_lse);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            const int row = rows[mt][r];
-            if (row >= seqlen_q) continue;
-            T* out_row = out + b * o_sb + static_cast<long long>(row) * o_ss + h * o_sh;
-#pragma unroll
-            for (int c = 0; c < kOTiles; ++c) {
-                const int col = 8 * c + 2 * t;
-                if (col < headdim_v) out_row[col] = from_acc<T>(o[mt][c][2 * r] * inv_l[r]);
-                if (col + 1 < headdim_v) out_row[col + 1] = from_acc<T>(o[mt][c][2 * r + 1] * inv_l[r]);
-            }
-            if (t == 0) lse[bh * seqlen_q + row] = row_lse[r];
+            const int row = row0 + 16 * mt + lane / 4 + 8 * r;
+            if (row < st.seq.seqlen_q) lse[row] = row_lse[mt][r];
         }
     }
+}
+
+template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod>
+__global__ void __launch_bounds__(TcFwdTraits<T, kHeadDim, kBlockN, kMTiles>::kThreads,
+                                  TcFwdTraits<T, kHeadDim, kBlockN, kMTiles>::kMinCtasPerSm)
+tc_fwd(const CUPYFLASH_GRID_CONSTANT FwdArgs args) {
+    using Tr = TcFwdTraits<T, kHeadDim, kBlockN, kMTiles>;
+    using Mainloop = TcFwdMainloop<T, kHeadDim, kBlockN, kMTiles, kScoreMod>;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    require_dynamic_smem<Tr::kSmemBytes>();
+    const AttnArgs& a = args.attn;
+    require_sparse_tiles(a, Tr::kBlockM, kBlockN);
+    TcFwdState& st = *reinterpret_cast<TcFwdState*>(smem_raw + Tr::kSmemBytes - Tr::kStateBytes);
+
+    // Scheduler.
+    const TileWork work = schedule_tile(ceil_div(a.seqlen_q, Tr::kBlockM), a.heads, true);
+    const int m0 = work.tile * Tr::kBlockM;
+    {
+        const Sequence seq(a, work.b);
+        if (m0 >= seq.seqlen_q) return;
+        if (threadIdx.x < 32) Mainloop::init_state(a, seq, work.b, work.h, work.tile, st);
+    }
+    __syncthreads();
+
+    float o[kMTiles][Mainloop::kOTiles][4];
+    FragmentSoftmax<Mainloop::kNTiles> softmax[kMTiles];
+    Mainloop::run(a, st, m0, smem_raw, o, softmax);
+    tc_fwd_epilogue<T>(args, st, m0 + 16 * kMTiles * (threadIdx.x / 32), o, softmax);
 }
 
 }  // namespace cupyflash

@@ -16,6 +16,10 @@
 
 namespace cupyflash {
 
+// Shared memory reserved at the end of a tensor-core kernel's dynamic shared memory for its per-CTA
+// state (the sequence, mask and tile queue, read where needed so that registers go to the fragments).
+constexpr int kCtaStateBytes = 1024;
+
 template <typename T, int kHeadDim_, int kBlockN_, int kMTiles_>
 struct TcFwdTraits {
     static constexpr int kHeadDim = kHeadDim_;
@@ -31,13 +35,15 @@ struct TcFwdTraits {
     // so warps drift apart and one warp's softmax overlaps another's mma.
     static constexpr int kSmemBytesPerStageSet = 2 * kBlockN * kLd * static_cast<int>(sizeof(T));
     static constexpr int kQSmemBytes = kBlockM * kLd * static_cast<int>(sizeof(T));
-    static constexpr int kStages = kQSmemBytes + 3 * kSmemBytesPerStageSet <= 99 * 1024 ? 3 : 2;
+    // Per-CTA values and the tile queue (tc_fwd.cu), at the end of the dynamic shared memory.
+    static constexpr int kStateBytes = kCtaStateBytes;
+    static constexpr int kStages = kQSmemBytes + 3 * kSmemBytesPerStageSet + kStateBytes <= 99 * 1024 ? 3 : 2;
     // Q stays in registers as the A operand of every q.k product while it costs at most 32 registers;
     // otherwise each warp re-reads its rows from shared memory, which keeps the large tiles spill-free.
     static constexpr bool kQInRegs = kHeadDim * kMTiles <= 128;
     // Two 4-warp CTAs per SM (the 255-register cap allows both); one 8-warp CTA otherwise.
     static constexpr int kMinCtasPerSm = kWarps <= 4 ? 2 : 1;
-    static constexpr int kSmemBytes = kQSmemBytes + kStages * kSmemBytesPerStageSet;
+    static constexpr int kSmemBytes = kQSmemBytes + kStages * kSmemBytesPerStageSet + kStateBytes;
     static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "head-dim buckets are multiples of 32 up to 256");
     static_assert(kBlockN % 16 == 0, "keys are consumed 16 at a time");
     static_assert(kBlockM % (16 * kMTiles) == 0, "the CTA's rows must split evenly among its warps");

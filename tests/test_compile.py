@@ -1,71 +1,93 @@
-"""NVRTC compiles every kernel variant to a cubin for sm_80 and sm_90, on any machine (no GPU needed).
+"""NVRTC compiles every kernel variant to a cubin for sm_80 and sm_90, on any machine (no GPU needed),
+and checks what the host and the kernels must agree on.
 
 The options are those cupy.RawModule uses at run time (see _kernels.runtime_nvrtc_options), so ptxas
 checks every instruction the runtime would load. The report lists registers, stack frame and spill
-bytes per variant; every variant is required to be spill-free.
+bytes per variant; every variant is required to be spill-free. Variants of one source file and dtype
+compile as one program, which parses the sources once.
 """
 
 import concurrent.futures
+import itertools
+import os
 import re
 
 import pytest
 
-from cupyflash import _kernels
+from cupyflash import _families, _kernels, _params
+from cupyflash._families import sm80
 
 ARCHS = (80, 90)
+#: Variants per NVRTC program, and the relative compile cost of the large kernels.
+_CHUNK = 6
+_COST = {"tc_bwd": 8, "tc_fwd": 5}
 
 
-def _report(variant, arch):
-    _, log = _kernels.compile_offline(variant, arch)
-    registers = re.search(r"Used (\d+) registers", log)
-    spills = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", log)]
-    stack = [int(n) for n in re.findall(r"(\d+) bytes stack frame", log)]
-    assert registers, f"no ptxas report for {variant.key} on sm_{arch}:\n{log}"
-    return {"registers": int(registers.group(1)), "spill_bytes": sum(spills), "stack_bytes": max(stack, default=0)}
+def _report(variants, arch):
+    _, log, lowered = _kernels.compile_offline(variants, arch)
+    sections = {}
+    for chunk in log.split("Compiling entry function '")[1:]:
+        name = chunk[: chunk.index("'")]
+        registers = re.search(r"Used (\d+) registers", chunk)
+        spills = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", chunk)]
+        stack = [int(n) for n in re.findall(r"(\d+) bytes stack frame", chunk)]
+        assert registers, f"no ptxas report for {name} on sm_{arch}:\n{chunk}"
+        sections[name] = {"registers": int(registers.group(1)), "spill_bytes": sum(spills), "stack_bytes": max(stack, default=0)}
+    return {(v.key, arch): sections[lowered[v]] for v in variants}
 
 
 @pytest.fixture(scope="module")
 def reports():
-    jobs = [(v, arch) for v in _kernels.VARIANTS for arch in ARCHS]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+    def group(v):
+        return (v.source_file, v.dtype)
+
+    groups = [tuple(vs) for _, vs in itertools.groupby(sorted(_families.VARIANTS, key=group), key=group)]
+    # Programs of a few variants each keep every core busy to the end; the largest kernels go first.
+    chunks = [vs[i : i + _CHUNK] for vs in groups for i in range(0, len(vs), _CHUNK)]
+    chunks.sort(key=lambda vs: -sum(_COST.get(v.kernel.name, 1) for v in vs))
+    jobs = [(vs, arch) for vs in chunks for arch in ARCHS]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         results = list(pool.map(lambda job: _report(*job), jobs))
-    return {(v.key, arch): r for (v, arch), r in zip(jobs, results)}
+    return {key: r for result in results for key, r in result.items()}
 
 
 def test_every_variant_compiles_without_spills(reports, capsys):
     with capsys.disabled():
-        print("\nvariant                              arch  regs  stack  spill")
+        print("\nvariant                                  arch  regs  stack  spill")
         for (key, arch), r in sorted(reports.items()):
-            print(f"{key:<36} sm_{arch}  {r['registers']:>4}  {r['stack_bytes']:>5}  {r['spill_bytes']:>5}")
+            print(f"{key:<40} sm_{arch}  {r['registers']:>4}  {r['stack_bytes']:>5}  {r['spill_bytes']:>5}")
     spilled = {k: r for k, r in reports.items() if r["spill_bytes"] or r["stack_bytes"]}
     assert not spilled, f"variants with spills or stack frames: {spilled}"
-    assert len(reports) == len(_kernels.VARIANTS) * len(ARCHS)
+    assert len(reports) == len(_families.VARIANTS) * len(ARCHS)
 
 
 def test_variant_table_is_closed_and_named():
-    keys = [v.key for v in _kernels.VARIANTS]
+    keys = [v.key for v in _families.VARIANTS]
     assert len(set(keys)) == len(keys)
-    for name, family in _kernels.FAMILIES.items():
-        for dtype in family.dtypes:
-            for tile in family.tiles:
-                for causal in (False, True) if family.takes_causal else (False,):
-                    assert _kernels.Variant(name, dtype, causal, tile) in _kernels.VARIANTS
-    assert _kernels.Variant("general_fwd", "bfloat16", True).key == "general_fwd_bf16_causal_1"
-    assert _kernels.Variant("general_fwd", "float32", False).name_expression == "cupyflash::general_fwd<float, false>"
-    tc = _kernels.Variant("tc_fwd", "bfloat16", True, (128, 32, 2))
-    assert tc.key == "tc_fwd_bf16_d128_n32_m2_causal_1"
+    for kernel in _families.KERNELS:
+        for dtype in kernel.dtypes:
+            for tile in kernel.tiles:
+                for flags in itertools.product((False, True), repeat=len(kernel.flags)):
+                    assert _kernels.Variant(kernel, dtype, tile, flags) in _families.VARIANTS
+    general = _families.general.FWD.variant("float32")
+    assert general.key == "general_fwd_fp32"
+    assert general.name_expression == "cupyflash::general_fwd<float>"
+    tc = sm80.FWD.variant("bfloat16", (128, 32, 2), score_mod=True)
+    assert tc.key == "tc_fwd_bf16_d128_n32_m2_mod_1"
     assert tc.name_expression == "cupyflash::tc_fwd<__nv_bfloat16, 128, 32, 2, true>"
-    bwd = _kernels.Variant("tc_bwd", "float16", False, (64, 128, 64, 2))
-    assert bwd.key == "tc_bwd_fp16_d64_n128_q64_s2_causal_0"
+    bwd = sm80.BWD.variant("float16", (64, 128, 64, 2))
+    assert bwd.key == "tc_bwd_fp16_d64_n128_q64_s2_mod_0"
     assert bwd.name_expression == "cupyflash::tc_bwd<__half, 64, 128, 64, 2, false>"
-    convert = _kernels.Variant("tc_bwd_dq_convert", "bfloat16")
+    convert = sm80.DQ_CONVERT.variant("bfloat16")
     assert convert.key == "tc_bwd_dq_convert_bf16"
     assert convert.name_expression == "cupyflash::tc_bwd_dq_convert<__nv_bfloat16>"
+    with pytest.raises(ValueError, match="no flags"):
+        sm80.FWD.variant("float16", (128, 32, 2), causal=True)
 
 
 @pytest.mark.parametrize("headdim, headdim_v, bucket", [(1, 1, 32), (32, 32, 32), (33, 8, 64), (59, 111, 128), (40, 200, 224), (256, 256, 256), (257, 64, None)])
-def test_tc_headdim_bucket(headdim, headdim_v, bucket):
-    assert _kernels.tc_headdim_bucket(headdim, headdim_v) == bucket
+def test_headdim_bucket(headdim, headdim_v, bucket):
+    assert sm80.headdim_bucket(headdim, headdim_v) == bucket
 
 
 def test_header_edit_changes_compile_options(tmp_path, monkeypatch):
@@ -92,23 +114,12 @@ def test_header_edit_changes_compile_options(tmp_path, monkeypatch):
     assert any(o.startswith("-DCUPYFLASH_SRC_HASH=") for o in after)
 
 
-def test_python_smem_sizes_match_the_traits():
-    """The host sizes the dynamic shared memory of the tensor-core kernels from Python formulas that
-    mirror TcFwdTraits/TcBwdTraits; NVRTC checks each against the C++ value, so drift fails here, in CI,
-    instead of trapping on a GPU."""
+def _static_asserts(lines, includes):
+    """Compiles ``lines`` of static_asserts after ``includes`` with the runtime's NVRTC options."""
     from cupy_backends.cuda.libs import nvrtc
 
-    lines = ['#include "tc_tile.cuh"', '#include "tc_bwd_tile.cuh"']
-    for v in _kernels.VARIANTS:
-        if v.family == "tc_fwd":
-            traits, size = f"TcFwdTraits<__half, {v.headdim}, {v.block_n}, {v.m_tiles}>", _kernels.tc_fwd_smem_bytes(v)
-        elif v.family == "tc_bwd":
-            traits = f"TcBwdTraits<__half, {v.headdim}, {v.block_n}, {v.block_m}, {v.stages}>"
-            size = _kernels.tc_bwd_smem_bytes(v)
-        else:
-            continue
-        lines.append(f'static_assert(cupyflash::{traits}::kSmemBytes == {size}, "{v.key}");')
-    program = nvrtc.createProgram("\n".join(lines), "smem_check.cu", (), ())
+    source = "\n".join([f'#include "{name}"' for name in includes] + lines)
+    program = nvrtc.createProgram(source, "checks.cu", (), ())
     try:
         try:
             nvrtc.compileProgram(program, _kernels.runtime_nvrtc_options(90))
@@ -116,3 +127,55 @@ def test_python_smem_sizes_match_the_traits():
             pytest.fail(nvrtc.getProgramLog(program))
     finally:
         nvrtc.destroyProgram(program)
+
+
+def test_python_smem_sizes_match_the_traits():
+    """The host sizes the dynamic shared memory of the tensor-core kernels from Python formulas that
+    mirror TcFwdTraits/TcBwdTraits; NVRTC checks each against the C++ value, so drift fails here, in CI,
+    instead of trapping on a GPU."""
+    lines = [f"static_assert(cupyflash::kCtaStateBytes == {sm80.CTA_STATE_BYTES}, \"state reserve\");"]
+    for v in _families.VARIANTS:
+        if v.kernel is sm80.FWD:
+            d, n, m = v.tile
+            traits, size = f"TcFwdTraits<__half, {d}, {n}, {m}>", sm80.fwd_smem_bytes(v)
+            threads = f"static_assert(cupyflash::{traits}::kThreads == {sm80.fwd_threads(v)}, \"{v.key}\");"
+            lines.append(threads)
+        elif v.kernel is sm80.BWD:
+            traits, size = f"TcBwdTraits<__half, {', '.join(map(str, v.tile))}>", sm80.bwd_smem_bytes(v)
+        else:
+            continue
+        lines.append(f'static_assert(cupyflash::{traits}::kSmemBytes == {size}, "{v.key}");')
+    _static_asserts(lines, ("tc_tile.cuh", "tc_bwd_tile.cuh"))
+
+
+def test_argument_structs_match_params_cuh():
+    """Every struct of kernels_cu/params.cuh has the size, and every field the offset, of its NumPy
+    mirror in cupyflash/_params.py (CuPy copies the NumPy bytes into the launch as they are).
+
+    NVRTC has no constant offsetof, so a kernel stores the values and ptxas' constant folding puts them
+    in the PTX, which is read back."""
+    from cupy_backends.cuda.libs import nvrtc
+
+    expected = []
+    lines = ['#include <cuda/std/cstddef>', '#include "params.cuh"', "using namespace cupyflash;",
+             'extern "C" __global__ void layout(unsigned long long* out) {']
+    for name, dtype in _params.STRUCTS.items():
+        expected.append((f"sizeof {name}", dtype.itemsize))
+        lines.append(f"    out[{len(expected) - 1}] = sizeof({name});")
+        for field, (_, offset) in dtype.fields.items():
+            expected.append((f"{name}.{field}", offset))
+            lines.append(f"    out[{len(expected) - 1}] = offsetof({name}, {field});")
+    lines.append("}")
+    options = tuple(o for o in _kernels.runtime_nvrtc_options(90) if not o.startswith("-arch")) + ("-arch=compute_90",)
+    program = nvrtc.createProgram("\n".join(lines), "layout.cu", (), ())
+    try:
+        nvrtc.compileProgram(program, options)
+        ptx = nvrtc.getPTX(program).decode()
+    finally:
+        nvrtc.destroyProgram(program)
+    constants = dict(re.findall(r"mov\.u64\s+(%rd\d+), (\d+);", ptx))
+    stores = re.findall(r"st\.global\.u64\s+\[%rd\d+\+?(\d*)\], (%rd\d+|\d+);", ptx)
+    stored = {int(at or 0) // 8: int(constants.get(value, value)) for at, value in stores}
+    assert len(stored) == len(expected), ptx
+    mismatches = [(what, value, stored[i]) for i, (what, value) in enumerate(expected) if stored[i] != value]
+    assert not mismatches, f"(field, NumPy, C++) that differ: {mismatches}"

@@ -9,7 +9,8 @@ import pytest
 from helpers import DTYPES, GRAD_FACTOR, OUTPUT_FACTOR, assert_within_rule, oracle, plain, random_qkv, seed_from, to_host
 
 import cupyflash
-from cupyflash import _kernels
+from cupyflash import _families, _kernels
+from cupyflash._families import sm80
 
 
 def _gpu_available():
@@ -32,7 +33,7 @@ else:
 @pytest.fixture(scope="module", autouse=True)
 def compiled_kernels():
     """Compile every variant once, in parallel, so no test pays for serial compiles."""
-    _kernels.precompile()
+    _kernels.precompile(_families.VARIANTS)
 
 
 def _check(batch, seqlen_q, seqlen_k, heads, heads_k, headdim, headdim_v, dtype, causal, scale=1.0, backward=True,
@@ -113,42 +114,41 @@ def test_large_logits_stay_finite(dtype):
         assert bool(finite.all()), name
 
 
-@pytest.fixture
-def h200_limits(monkeypatch):
-    """Dispatch sees an H100/H200 (compute capability 9.0, 227 KB of shared memory per block) whatever
-    GPU runs the test, so the expected tiles do not depend on it."""
-    from cupyflash import _cuda
-
-    monkeypatch.setattr(_cuda, "_device_limits", lambda device_id: (90, 227 * 1024))
+H200 = _families.common.Device(90, 227 * 1024)
 
 
-@pytest.mark.parametrize(
-    "dtype, headdim, headdim_v, expected",
-    [("bfloat16", 128, 128, "tc_fwd_bf16_d128_n32_m2_causal_1"), ("float16", 40, 200, "tc_fwd_fp16_d224_n64_m1_causal_1"),
-     ("float16", 257, 64, None), ("float32", 64, 64, None)],
-)
-def test_forward_dispatch(dtype, headdim, headdim_v, expected, h200_limits):
-    """fp16/bf16 with head dims <= 256 take the tensor-core forward on sm_80+; the rest the general path."""
-    from cupyflash import _cuda, _validate
+def _selected(families, dtype, headdim, headdim_v, device=H200, causal=True):
+    """Key of the variant dispatch picks for a small problem on ``device``, or the family name."""
+    from cupyflash import _validate
 
     q, k, v = random_qkv(cupy, 1, 3, 3, 1, 1, headdim, headdim_v, DTYPES[dtype], seed=3)
-    variant = _cuda._tc_forward_variant(_validate.forward_problem(q, k, v, True, None))
-    assert (variant.key if variant else None) == expected
+    family, variant = _families.select(families, _validate.forward_problem(q, k, v, causal, None), device)
+    return variant.key if family.name != "general" else None
 
 
 @pytest.mark.parametrize(
     "dtype, headdim, headdim_v, expected",
-    [("bfloat16", 128, 128, "tc_bwd_bf16_d128_n128_q64_s2_causal_1"), ("float16", 40, 100, "tc_bwd_fp16_d128_n128_q64_s2_causal_1"),
-     ("float16", 160, 64, "tc_bwd_fp16_d160_n64_q64_s2_causal_1"), ("bfloat16", 256, 256, "tc_bwd_bf16_d256_n64_q64_s2_causal_1"),
+    [("bfloat16", 128, 128, "tc_fwd_bf16_d128_n32_m2_mod_0"), ("float16", 40, 200, "tc_fwd_fp16_d224_n64_m1_mod_0"),
+     ("float16", 257, 64, None), ("float32", 64, 64, None)],
+)
+def test_forward_dispatch(dtype, headdim, headdim_v, expected):
+    """fp16/bf16 with head dims <= 256 take the tensor-core forward on sm_80+; the rest the general path."""
+    assert _selected(_families.FORWARD, dtype, headdim, headdim_v) == expected
+
+
+@pytest.mark.parametrize(
+    "dtype, headdim, headdim_v, expected",
+    [("bfloat16", 128, 128, "tc_bwd_bf16_d128_n128_q64_s2_mod_0"), ("float16", 40, 100, "tc_bwd_fp16_d128_n128_q64_s2_mod_0"),
+     ("float16", 160, 64, "tc_bwd_fp16_d160_n64_q64_s2_mod_0"), ("bfloat16", 256, 256, "tc_bwd_bf16_d256_n64_q64_s2_mod_0"),
      ("float16", 257, 64, None), ("float64", 64, 64, None)],
 )
-def test_backward_dispatch(dtype, headdim, headdim_v, expected, h200_limits):
+def test_backward_dispatch(dtype, headdim, headdim_v, expected):
     """fp16/bf16 with head dims <= 256 take the tensor-core backward on sm_80+; the rest the general path."""
-    from cupyflash import _cuda, _validate
+    assert _selected(_families.BACKWARD, dtype, headdim, headdim_v) == expected
 
-    q, k, v = random_qkv(cupy, 1, 3, 3, 1, 1, headdim, headdim_v, DTYPES[dtype], seed=4)
-    variant = _cuda._tc_backward_variant(_validate.forward_problem(q, k, v, True, None))
-    assert (variant.key if variant else None) == expected
+
+def test_old_gpus_take_the_general_path():
+    assert _selected(_families.FORWARD, "bfloat16", 64, 64, _families.common.Device(75, 64 * 1024)) is None
 
 
 # Every fallback tile of the tensor-core backward, forced on this GPU by lowering the shared-memory
@@ -159,25 +159,26 @@ FALLBACK_TILES = [(32, SM86), (64, SM80), (64, SM86), (96, SM86), (128, SM80), (
 
 @pytest.mark.parametrize("headdim, limit", FALLBACK_TILES)
 def test_backward_fallback_tiles(headdim, limit, monkeypatch):
-    from cupyflash import _cuda, _validate
+    from cupyflash._families import common
 
-    monkeypatch.setattr(_cuda, "_smem_limit", lambda: limit)
-    q, k, v = random_qkv(cupy, 1, 3, 3, 1, 1, headdim, headdim, DTYPES["bfloat16"], seed=4)
-    variant = _cuda._tc_backward_variant(_validate.forward_problem(q, k, v, False, None))
-    assert variant is not None and variant != _kernels.Variant("tc_bwd", "bfloat16", False, (headdim, *_kernels.TC_BWD_TILES[headdim][0]))
-    assert _kernels.tc_bwd_smem_bytes(variant) <= limit
+    device = common.Device(common.current_device().capability, limit)
+    monkeypatch.setattr(common, "current_device", lambda: device)
+    key = _selected(_families.BACKWARD, "bfloat16", headdim, headdim, device, causal=False)
+    first = sm80.BWD.variant("bfloat16", (headdim, *sm80.BWD_TILES[headdim][0]))
+    variant = next(v for v in sm80.BWD.variants() if v.key == key)
+    assert variant != first and sm80.bwd_smem_bytes(variant) <= limit
     # The sm_80 tiles run the ordered sum, the sm_86 ones the default mode.
     _check(1, 203, 145, 2, 1, headdim, headdim, "bfloat16", headdim % 64 == 0, deterministic=limit == SM80)
 
 
 def test_transposed_views_are_used_without_copy():
     """A (batch, heads, seqlen, headdim) array passed as x.transpose(0, 2, 1, 3) is read in place."""
-    from cupyflash import _cuda
+    from cupyflash._families import common
 
     rng = np.random.default_rng(7)
     shape_bhsd = (2, 3, 57, 48)
     q, k, v = (cupy.asarray(rng.standard_normal(shape_bhsd).astype(np.float16)).transpose(0, 2, 1, 3) for _ in range(3))
-    assert not q.flags.c_contiguous and _cuda._operand(q) is q
+    assert not q.flags.c_contiguous and common.operand(q) is q
     out = cupyflash.flash_attention(q, k, v, causal=True)
     ref = oracle(q, k, v, True)
     assert_within_rule("out", out, ref["out"], plain(q, k, v, True)["out"], OUTPUT_FACTOR)

@@ -24,7 +24,7 @@ from helpers import (
     seed_from,
 )
 
-from cupyflash import _numpy_impl, reference
+from cupyflash import _numpy_impl, _validate, reference
 
 # Any NumPy floating-point warning (0/0, -inf - -inf, log(0)) fails a test:
 # the implementations must guard their numerics, not merely mask NaNs away.
@@ -62,10 +62,16 @@ def make_problem(batch, seqlen_q, seqlen_k, heads, heads_k, headdim, headdim_v, 
     return q, k, v, dout
 
 
+def _problem(q, k, v, causal, softmax_scale):
+    """The validated problem the public functions would pass to the NumPy path."""
+    return _validate.forward_problem(q, k, v, causal, softmax_scale)
+
+
 def run_numpy_path(q, k, v, dout, causal, softmax_scale, block_m=64, block_n=64):
     """Run the tiled forward and backward; return a dict of all results."""
-    out, lse = _numpy_impl.forward(q, k, v, causal, softmax_scale, block_m, block_n)
-    dq, dk, dv = _numpy_impl.backward(dout, q, k, v, out, lse, causal, softmax_scale, block_m, block_n)
+    p = _problem(q, k, v, causal, softmax_scale)
+    out, lse = _numpy_impl.forward(q, k, v, p, block_m, block_n)
+    dq, dk, dv = _numpy_impl.backward(dout, q, k, v, out, lse, p, block_m, block_n)
     return {"out": out, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
 
 
@@ -215,13 +221,14 @@ def test_non_contiguous_views():
 
 def numpy_path_forward(q, k, v, causal, softmax_scale):
     """NumPy-path forward with 4x4 tiles (several tiles even on tiny problems)."""
-    return _numpy_impl.forward(q, k, v, causal, softmax_scale, 4, 4)
+    return _numpy_impl.forward(q, k, v, _problem(q, k, v, causal, softmax_scale), 4, 4)
 
 
 def numpy_path_backward(dout, q, k, v, causal, softmax_scale):
     """NumPy-path backward with 4x4 tiles, from its own forward results."""
-    out, lse = _numpy_impl.forward(q, k, v, causal, softmax_scale, 4, 4)
-    return _numpy_impl.backward(dout, q, k, v, out, lse, causal, softmax_scale, 4, 4)
+    p = _problem(q, k, v, causal, softmax_scale)
+    out, lse = _numpy_impl.forward(q, k, v, p, 4, 4)
+    return _numpy_impl.backward(dout, q, k, v, out, lse, p, 4, 4)
 
 
 def reference_backward(dout, q, k, v, causal, softmax_scale):

@@ -1,0 +1,235 @@
+"""Block-sparse attention masks: :class:`BlockMask` and builders for the usual patterns."""
+
+import math
+import numbers
+
+import numpy
+
+from . import _policy
+
+
+def _cupy():
+    try:
+        import cupy
+    except ImportError:
+        return None
+    return cupy
+
+
+def _block_size(value):
+    if (
+        not isinstance(value, (tuple, list))
+        or len(value) != 2
+        or not all(isinstance(b, numbers.Integral) and not isinstance(b, (bool, numpy.bool_)) for b in value)
+    ):
+        raise TypeError(f"block_size must be a pair of ints (block_q, block_k), got {value!r}")
+    block_q, block_k = (int(b) for b in value)
+    if block_q < 1 or block_k < 1:
+        raise ValueError(f"block_size must be positive, got {(block_q, block_k)}")
+    return block_q, block_k
+
+
+class TileLists:
+    """A layout's lists at one tile shape (tile_q rows by tile_k keys), on one array module.
+
+    ``kv_count`` (..., q_tiles) and ``kv_index`` (..., q_tiles, k_tiles): the key tiles each query tile
+    visits; ``q_count`` (..., k_tiles) and ``q_index`` (..., k_tiles, q_tiles): the query tiles each key
+    tile visits. Entries are ``tile * 2 + partial``, ascending; partial marks a tile that covers set and
+    clear blocks and so needs the element mask.
+    """
+
+    def __init__(self, xp, layout, block_size, tile_q, tile_k):
+        covered, partial = _policy.coarsen(xp, layout, block_size, tile_q, tile_k)
+        self.tile_q, self.tile_k = tile_q, tile_k
+        self.q_tiles, self.k_tiles = covered.shape[-2:]
+        self.kv_count, self.kv_index = _policy.tile_lists(xp, covered, partial)
+        self.q_count, self.q_index = _policy.tile_lists(xp, covered.swapaxes(-1, -2), partial.swapaxes(-1, -2))
+
+
+class BlockMask:
+    """Block-sparse attention: full attention inside a block, none between absent blocks.
+
+    Build one with :meth:`from_dense` (any boolean layout) or with the :meth:`longformer` and
+    :meth:`bigbird` builders, and pass it as ``block_mask=`` to :func:`cupyflash.flash_attention`,
+    :func:`cupyflash.flash_attention_backward` or :func:`cupyflash.flash_attention_vjp`. Query i may see
+    key j iff ``layout[b, h, i // block_q, j // block_k]``; ``causal``, ``window_size`` and the rest apply
+    on top. Blocks are aligned to the top-left corner (block (0, 0) holds query 0 and key 0).
+
+    The mask keeps, on the device of its layout (NumPy layouts: on the host), the per-query-block lists
+    of key blocks and the per-key-block lists of query blocks (:attr:`kv_num_blocks`,
+    :attr:`kv_indices`, :attr:`q_num_blocks`, :attr:`q_indices`, FlexAttention's names), so the forward
+    and the backward pass skip absent blocks without reading them. A kernel whose tiles differ from
+    the block size gets lists at its own tile size, built once on the device on first use and cached in
+    the mask (a tile that covers set and clear blocks then evaluates the element mask). Block sizes of 64
+    and 128 and multiples of 128 match the kernels' tiles.
+    """
+
+    def __init__(self, layout, block_size):
+        """Use :meth:`from_dense`; this constructor takes an already checked boolean layout."""
+        self._layout = layout
+        self.block_size = block_size
+        self._lists = {}
+        self._copies = {}
+        xp = self._module(layout)
+        if xp is numpy:
+            self._own = self.tile_lists(xp, *block_size)
+        else:
+            with layout.device:
+                self._own = self.tile_lists(xp, *block_size)
+
+    # ------------------------------------------------------------------------------------ building
+
+    @classmethod
+    def from_dense(cls, layout, block_size=(128, 128)):
+        """A mask from a boolean block layout.
+
+        Parameters
+        ----------
+        layout : numpy.ndarray or cupy.ndarray of bool, shape (batch or 1, heads or 1, q_blocks, k_blocks)
+            ``layout[b, h, r, c]`` allows queries ``r * block_q ...`` of query head h to see keys
+            ``c * block_k ...``; a leading axis of size 1 applies to every batch entry or head. A call
+            with sequence lengths seqlen_q and seqlen_k needs ``q_blocks = ceil(seqlen_q / block_q)`` and
+            ``k_blocks = ceil(seqlen_k / block_k)``.
+        block_size : (int, int)
+            (block_q, block_k), the queries and keys per block.
+        """
+        block_size = _block_size(block_size)
+        cupy = _cupy()
+        if not isinstance(layout, numpy.ndarray) and not (cupy is not None and isinstance(layout, cupy.ndarray)):
+            raise TypeError(
+                f"layout must be a numpy.ndarray or cupy.ndarray of bool, got {type(layout).__module__}."
+                f"{type(layout).__qualname__}"
+            )
+        if layout.dtype != numpy.bool_:
+            raise TypeError(f"layout has dtype {layout.dtype}; expected bool")
+        if layout.ndim != 4:
+            raise ValueError(
+                f"layout: {layout.ndim}-dimensional array given. Array must be 4-dimensional "
+                "(batch or 1, heads or 1, q_blocks, k_blocks)"
+            )
+        if 0 in layout.shape:
+            raise ValueError(f"layout must not be empty, got shape {layout.shape}")
+        xp = cls._module(layout)
+        return cls(xp.ascontiguousarray(layout), block_size)
+
+    @classmethod
+    def longformer(cls, seqlen_q, seqlen_k=None, *, block_size=(128, 128), window_blocks=1, global_blocks=1):
+        """A sliding window of blocks plus global blocks (Longformer), on the host.
+
+        Query block r sees key block c iff ``|r - c| <= window_blocks``, or c < global_blocks (global
+        keys every query sees), or r < global_blocks (global queries that see every key). The same
+        layout serves every batch entry and head. Move it to the device with
+        ``BlockMask.from_dense(cupy.asarray(mask.layout), mask.block_size)``, or let the first GPU call
+        copy it (once).
+        """
+        rows, cols, block_size = cls._grid(seqlen_q, seqlen_k, block_size)
+        window_blocks = cls._count("window_blocks", window_blocks)
+        global_blocks = cls._count("global_blocks", global_blocks)
+        r = numpy.arange(rows)[:, None]
+        c = numpy.arange(cols)[None, :]
+        layout = (numpy.abs(r - c) <= window_blocks) | (c < global_blocks) | (r < global_blocks)
+        return cls.from_dense(layout[None, None], block_size)
+
+    @classmethod
+    def bigbird(cls, seqlen_q, seqlen_k=None, *, block_size=(128, 128), window_blocks=1, global_blocks=1,
+                random_blocks=2, heads=1, seed=0):
+        """Longformer's pattern plus ``random_blocks`` random key blocks per query block (BigBird).
+
+        The random blocks are drawn per head (``heads`` layouts; 1 shares one) with
+        ``numpy.random.default_rng(seed)``, so a seed gives the same mask everywhere.
+        """
+        base = cls.longformer(seqlen_q, seqlen_k, block_size=block_size, window_blocks=window_blocks,
+                              global_blocks=global_blocks)
+        random_blocks = cls._count("random_blocks", random_blocks)
+        heads = cls._count("heads", heads)
+        if heads < 1:
+            raise ValueError(f"heads must be at least 1, got {heads}")
+        rows, cols = base.layout.shape[-2:]
+        rng = numpy.random.default_rng(seed)
+        layout = numpy.repeat(base.layout, heads, axis=1)
+        picks = min(random_blocks, cols)
+        for h in range(heads):
+            for r in range(rows):
+                layout[0, h, r, rng.choice(cols, picks, replace=False)] = True
+        return cls.from_dense(layout, base.block_size)
+
+    @staticmethod
+    def _grid(seqlen_q, seqlen_k, block_size):
+        block_size = _block_size(block_size)
+        for name, value in (("seqlen_q", seqlen_q), ("seqlen_k", seqlen_k)):
+            if value is not None and (not isinstance(value, numbers.Integral) or isinstance(value, (bool, numpy.bool_))
+                                      or value < 1):
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        seqlen_k = seqlen_q if seqlen_k is None else seqlen_k
+        return math.ceil(seqlen_q / block_size[0]), math.ceil(seqlen_k / block_size[1]), block_size
+
+    @staticmethod
+    def _count(name, value):
+        if not isinstance(value, numbers.Integral) or isinstance(value, (bool, numpy.bool_)) or value < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        return int(value)
+
+    # ----------------------------------------------------------------------------------- properties
+
+    @property
+    def layout(self):
+        """The boolean layout (batch or 1, heads or 1, q_blocks, k_blocks), as given to :meth:`from_dense`."""
+        return self._layout
+
+    @property
+    def shape(self):
+        return self._layout.shape
+
+    @property
+    def density(self):
+        """Fraction of set blocks."""
+        return float(self._layout.mean())
+
+    @property
+    def kv_num_blocks(self):
+        """(batch or 1, heads or 1, q_blocks): key blocks each query block sees."""
+        return self._own.kv_count
+
+    @property
+    def kv_indices(self):
+        """(..., q_blocks, k_blocks): their indices, ascending (entries past the count are unused)."""
+        return self._own.kv_index >> 1
+
+    @property
+    def q_num_blocks(self):
+        """(batch or 1, heads or 1, k_blocks): query blocks that see each key block."""
+        return self._own.q_count
+
+    @property
+    def q_indices(self):
+        """(..., k_blocks, q_blocks): their indices, ascending (entries past the count are unused)."""
+        return self._own.q_index >> 1
+
+    def __repr__(self):
+        return f"BlockMask(shape={self.shape}, block_size={self.block_size}, density={self.density:.3f})"
+
+    # --------------------------------------------------------------------------------- for the calls
+
+    @staticmethod
+    def _module(array):
+        cupy = _cupy()
+        if cupy is not None and isinstance(array, cupy.ndarray):
+            return cupy
+        return numpy
+
+    def layout_on(self, xp):
+        """The layout on ``xp`` (numpy, or cupy on the current device), copied once when needed."""
+        if self._module(self._layout) is xp and (xp is numpy or self._layout.device.id == xp.cuda.Device().id):
+            return self._layout
+        key = (xp.__name__, xp.cuda.Device().id if xp is not numpy else None)
+        if key not in self._copies:
+            self._copies[key] = xp.asarray(self._layout) if xp is not numpy else self._layout.get()
+        return self._copies[key]
+
+    def tile_lists(self, xp, tile_q, tile_k):
+        """The :class:`TileLists` at a kernel's tile shape on ``xp`` (the current device), built once."""
+        key = (xp.__name__, xp.cuda.Device().id if xp is not numpy else None, tile_q, tile_k)
+        lists = self._lists.get(key)
+        if lists is None:
+            lists = self._lists[key] = TileLists(xp, self.layout_on(xp), self.block_size, tile_q, tile_k)
+        return lists

@@ -1,0 +1,61 @@
+"""The general family: SIMT kernels for every dtype, head dim and GPU (the correctness baseline, and the
+path of float32, float64, head dims above 256 and GPUs older than sm_80). kernels_cu/general_tile.cuh
+describes the tiles; every kernel is deterministic."""
+
+import cupy
+
+from .. import _kernels
+from .._validate import acc_dtype
+from . import common
+
+#: Threads per CTA, score-tile rows (queries of the forward and dQ, keys of dK/dV) and columns, and
+#: output columns per CTA (GeneralTraits).
+THREADS = 128
+BLOCK_M = 32
+BLOCK_N = 32
+CHUNK = 64
+
+FWD = _kernels.Kernel("general_fwd", "general_fwd.cu", _kernels.ALL_DTYPES)
+DQ = _kernels.Kernel("general_bwd_dq", "general_bwd.cu", _kernels.ALL_DTYPES)
+DKDV = _kernels.Kernel("general_bwd_dkdv", "general_bwd.cu", _kernels.ALL_DTYPES)
+
+
+class GeneralForward:
+    """Supports every problem on every device."""
+
+    name = "general"
+    kernels = (FWD,)
+
+    def select(self, p, device):
+        return FWD.variant(common.dtype_name(p.dtype))
+
+    def run(self, variant, p, q, k, v, out, lse):
+        args = common.fwd_args(p, q, k, v, out, lse, common.sparse_lists(p, BLOCK_M, BLOCK_N))
+        grid = (common.cdiv(p.seqlen_q, BLOCK_M) * p.batch * p.heads, common.cdiv(p.headdim_v, CHUNK), 1)
+        common.launch(variant, grid, THREADS, args)
+
+
+class GeneralBackward:
+    """Supports every problem on every device; deterministic in both modes."""
+
+    name = "general"
+    kernels = (common.DELTA, DQ, DKDV)
+
+    def select(self, p, device):
+        return DQ.variant(common.dtype_name(p.dtype))
+
+    def run(self, variant, p, dout, q, k, v, out, lse, deterministic):
+        dq, dk, dv = (cupy.empty(x.shape, dtype=p.dtype) for x in (q, k, v))
+        delta = cupy.empty(p.lse_shape, dtype=acc_dtype(p.dtype))
+        args = common.bwd_args(p, dout, q, k, v, out, lse, delta, dq, dk, dv, common.sparse_lists(p, BLOCK_M, BLOCK_N))
+        common.launch_delta(p, args)
+        dtype = common.dtype_name(p.dtype)
+        grid_dq = (common.cdiv(p.seqlen_q, BLOCK_M) * p.batch * p.heads, common.cdiv(p.headdim, CHUNK), 1)
+        common.launch(DQ.variant(dtype), grid_dq, THREADS, args)
+        grid_dkdv = (common.cdiv(p.seqlen_k, BLOCK_M) * p.batch * p.heads_k, common.cdiv(max(p.headdim, p.headdim_v), CHUNK), 1)
+        common.launch(DKDV.variant(dtype), grid_dkdv, THREADS, args)
+        return dq, dk, dv
+
+
+FORWARD = GeneralForward()
+BACKWARD = GeneralBackward()

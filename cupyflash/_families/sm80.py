@@ -1,0 +1,185 @@
+"""The sm80 family: tensor-core kernels (mma.sync, ldmatrix, cp.async) for float16 and bfloat16 with
+head dims up to 256, on compute capability 8.0 and newer. kernels_cu/tc_tile.cuh and tc_bwd_tile.cuh
+describe the tiles; bench/NOTES.md has the measurements behind the tile tables below."""
+
+import cupy
+import numpy
+
+from .. import _kernels, _params
+from . import common
+
+#: Compute capability from which the mma.sync kernels run.
+MIN_CAPABILITY = 80
+#: Shared memory reserved at the end of each kernel's for its per-CTA state (kCtaStateBytes).
+CTA_STATE_BYTES = 1024
+
+#: Forward tiles: head-dim bucket -> (keys per tile kBlockN, 16-row m-tiles per warp), preferred first;
+#: dispatch takes the first whose shared memory fits the device. Buckets cover headdim and headdim_v up
+#: to 256.
+FWD_TILES = {
+    32: ((64, 2),),
+    64: ((64, 2),),
+    96: ((32, 2),),
+    128: ((32, 2),),
+    160: ((64, 1), (32, 1)),
+    192: ((64, 1), (32, 1)),
+    224: ((64, 1), (32, 1)),
+    256: ((64, 1), (32, 1)),
+}
+#: Query rows per CTA of the forward (TcFwdTraits::kBlockM).
+FWD_BLOCK_M = 128
+
+#: Backward tiles: head-dim bucket -> (keys per CTA kBlockN, queries per iteration kBlockM, query buffers
+#: kStages), preferred first. The first fits the H100/H200 (227 KB per block); each later one is there
+#: for a smaller budget: the 163 KB of sm_80 or the 99 KB of sm_86/sm_89 (head dims 160 and up do not
+#: fit the latter and take the general path there). Every tile runs 8 warps.
+BWD_TILES = {
+    32: ((128, 128, 2), (128, 64, 2)),
+    64: ((128, 128, 2), (128, 64, 2), (128, 64, 1)),
+    96: ((128, 64, 2), (64, 64, 1)),
+    128: ((128, 64, 2), (128, 64, 1), (64, 64, 1)),
+    160: ((64, 64, 2),),
+    192: ((64, 64, 2), (64, 64, 1)),
+    224: ((64, 64, 2), (64, 64, 1)),
+    256: ((64, 64, 2), (64, 64, 1)),
+}
+#: Threads per CTA of the backward (TcBwdTraits::kThreads) and of its dQ conversion.
+BWD_THREADS = 256
+CONVERT_THREADS = 256
+#: float32 dQ buffers of the deterministic backward: the ordered sum runs per buffer, so without a
+#: causal mask its start-up chain (one hand-over per key tile) is this many times shorter.
+DETERMINISTIC_DQ_SPLITS = 2
+
+FWD = _kernels.Kernel(
+    "tc_fwd", "tc_fwd.cu", _kernels.HALF_DTYPES, ("headdim", "block_n", "m_tiles"),
+    tuple((d, *tile) for d, choices in FWD_TILES.items() for tile in choices), ("score_mod",),
+)
+BWD = _kernels.Kernel(
+    "tc_bwd", "tc_bwd.cu", _kernels.HALF_DTYPES, ("headdim", "block_n", "block_m", "stages"),
+    tuple((d, *tile) for d, choices in BWD_TILES.items() for tile in choices), ("score_mod",),
+)
+DQ_CONVERT = _kernels.Kernel("tc_bwd_dq_convert", "tc_bwd.cu", _kernels.HALF_DTYPES)
+
+
+def headdim_bucket(headdim, headdim_v, buckets=tuple(FWD_TILES)):
+    """Smallest of ``buckets`` covering both head dims, or None when they exceed the largest."""
+    needed = max(headdim, headdim_v)
+    return next((bucket for bucket in sorted(buckets) if bucket >= needed), None)
+
+
+def fwd_smem_bytes(variant):
+    """Dynamic shared memory of a forward variant (TcFwdTraits::kSmemBytes).
+
+    The Q tile plus 2 or 3 stages of K and V tiles (3 where they fit in 99 KB), rows padded by 8
+    elements, and the per-CTA state. The kernel traps if launched with less than its traits require.
+    """
+    row_bytes = (variant.param("headdim") + 8) * 2
+    q_bytes = FWD_BLOCK_M * row_bytes
+    stage_bytes = 2 * variant.param("block_n") * row_bytes
+    stages = 3 if q_bytes + 3 * stage_bytes + CTA_STATE_BYTES <= 99 * 1024 else 2
+    return q_bytes + stages * stage_bytes + CTA_STATE_BYTES
+
+
+def fwd_threads(variant):
+    """Threads per CTA of a forward variant (TcFwdTraits::kThreads)."""
+    return 32 * FWD_BLOCK_M // (16 * variant.param("m_tiles"))
+
+
+def bwd_smem_bytes(variant):
+    """Dynamic shared memory of a backward variant (TcBwdTraits::kSmemBytes).
+
+    K and V tiles (block_n rows), ``stages`` buffers of Q and dO (block_m rows), rows padded by 8
+    elements; P^T and dS^T (block_n x block_m, padded by 8); ``stages`` buffers of lse and delta; the
+    per-CTA state.
+    """
+    headdim, block_n, block_m, stages = (variant.param(n) for n in ("headdim", "block_n", "block_m", "stages"))
+    row_bytes = (headdim + 8) * 2
+    tiles = (2 * block_n + 2 * stages * block_m) * row_bytes
+    probs = 2 * block_n * (block_m + 8) * 2
+    return tiles + probs + 2 * stages * block_m * 4 + CTA_STATE_BYTES
+
+
+def _bucket(p, device, buckets):
+    """The head-dim bucket of ``p`` when the tensor-core kernels can run it at all, else None."""
+    if p.dtype.itemsize != 2 or device.capability < MIN_CAPABILITY:
+        return None
+    return headdim_bucket(p.headdim, p.headdim_v, buckets)
+
+
+class TcForward:
+    """float16/bfloat16, head dims up to 256, sm_80+: the first tile of the bucket that fits."""
+
+    name = "sm80"
+    kernels = (FWD,)
+
+    def select(self, p, device):
+        bucket = _bucket(p, device, tuple(FWD_TILES))
+        if bucket is None:
+            return None
+        for tile in FWD_TILES[bucket]:
+            variant = FWD.variant(common.dtype_name(p.dtype), (bucket, *tile), score_mod=p.score_mod)
+            if fwd_smem_bytes(variant) <= device.smem_optin:
+                return variant
+        return None
+
+    def run(self, variant, p, q, k, v, out, lse):
+        lists = common.sparse_lists(p, FWD_BLOCK_M, variant.param("block_n"))
+        args = common.fwd_args(p, q, k, v, out, lse, lists)
+        grid = (common.cdiv(p.seqlen_q, FWD_BLOCK_M) * p.batch * p.heads, 1, 1)
+        common.launch(variant, grid, fwd_threads(variant), args, fwd_smem_bytes(variant))
+
+
+class TcBackward:
+    """float16/bfloat16, head dims up to 256, sm_80+: the first tile of the bucket that fits.
+
+    dQ is summed over key tiles in float32 buffers of (batch, heads, seqlen_q, headdim rounded up to
+    even) rows ((heads, total_q, ...) for packed batches) and converted at the end; with
+    ``deterministic`` the key tiles add in a fixed order, into DETERMINISTIC_DQ_SPLITS buffers. Extra
+    device memory besides the gradients: delta (4 bytes per query row) and the float32 dQ buffers.
+    """
+
+    name = "sm80"
+    kernels = (common.DELTA, BWD, DQ_CONVERT)
+
+    def select(self, p, device):
+        bucket = _bucket(p, device, tuple(BWD_TILES))
+        if bucket is None:
+            return None
+        for tile in BWD_TILES[bucket]:
+            variant = BWD.variant(common.dtype_name(p.dtype), (bucket, *tile), score_mod=p.score_mod)
+            if bwd_smem_bytes(variant) <= device.smem_optin:
+                return variant
+        return None
+
+    def run(self, variant, p, dout, q, k, v, out, lse, deterministic):
+        dq, dk, dv = (cupy.empty(x.shape, dtype=p.dtype) for x in (q, k, v))
+        delta = cupy.empty(p.lse_shape, dtype=numpy.float32)
+        block_n, block_m = variant.param("block_n"), variant.param("block_m")
+        args = common.bwd_args(p, dout, q, k, v, out, lse, delta, dq, dk, dv, common.sparse_lists(p, block_m, block_n))
+        common.launch_delta(p, args)
+        # Even rows keep every float32 pair of the buffer 8-byte aligned for the vector reductions.
+        dq_ld = p.headdim + p.headdim % 2
+        splits = DETERMINISTIC_DQ_SPLITS if deterministic else 1
+        rows = p.total_q if p.varlen else p.batch * p.seqlen_q
+        dq_accum = cupy.zeros((splits, p.heads * rows * dq_ld), dtype=numpy.float32)
+        # One turn counter per (buffer, batch, head, query tile) for the ordered sum; unused otherwise.
+        turns_per_split = p.batch * p.heads * common.cdiv(p.seqlen_q, block_m)
+        turns = cupy.zeros(splits * turns_per_split if deterministic else 1, numpy.int32)
+        accum_strides = (0, p.total_q) if p.varlen else (p.heads * p.seqlen_q, p.seqlen_q)
+        _params.set_rows(args["dq_accum"], dq_accum, *accum_strides)
+        args["dq_turns"] = _params.pointer(turns)
+        args["dq_split_stride"] = dq_accum.shape[1]
+        args["turns_split_stride"] = turns_per_split
+        args["dq_ld"] = dq_ld
+        args["dq_splits"] = splits
+        args["deterministic"] = int(bool(deterministic))
+        grid = (common.cdiv(p.seqlen_k, block_n) * p.batch * p.heads_k, 1, 1)
+        common.launch(variant, grid, BWD_THREADS, args, bwd_smem_bytes(variant))
+        elements = p.heads * rows * p.headdim
+        common.launch(DQ_CONVERT.variant(variant.dtype), (min(common.cdiv(elements, CONVERT_THREADS), 1 << 16), 1, 1),
+                      CONVERT_THREADS, common.flat_rows(args, p))
+        return dq, dk, dv
+
+
+FORWARD = TcForward()
+BACKWARD = TcBackward()

@@ -1,0 +1,89 @@
+"""The kernels' argument structs (``kernels_cu/params.cuh``) as NumPy structured dtypes.
+
+Each kernel takes one struct by value; CuPy copies the bytes of a size-1 NumPy array of these dtypes
+into the launch. ``align=True`` lays the fields out as a C compiler does; tests/test_compile.py checks
+every struct's size and every field's offset against NVRTC's ``sizeof``/``offsetof``. Pointers are
+``uint64`` device addresses (0 for null), strides and sizes are in elements.
+"""
+
+import numpy
+
+_PTR = numpy.uint64
+_I64 = numpy.int64
+_I32 = numpy.int32
+_F64 = numpy.float64
+
+TENSOR_ARG = numpy.dtype(
+    [("ptr", _PTR), ("batch_stride", _I64), ("row_stride", _I64), ("head_stride", _I64)], align=True
+)
+ROWS_ARG = numpy.dtype([("ptr", _PTR), ("batch_stride", _I64), ("head_stride", _I64)], align=True)
+BLOCK_SPARSE_ARG = numpy.dtype(
+    [
+        ("kv_count", _PTR), ("kv_index", _PTR), ("q_count", _PTR), ("q_index", _PTR), ("layout", _PTR),
+        ("slice_batch_stride", _I64), ("slice_head_stride", _I64),
+        ("tile_q", _I32), ("tile_k", _I32), ("q_tiles", _I32), ("k_tiles", _I32),
+        ("block_q", _I32), ("block_k", _I32), ("layout_rows", _I32), ("layout_cols", _I32),
+    ],
+    align=True,
+)
+ATTN_ARGS = numpy.dtype(
+    [
+        ("q", TENSOR_ARG), ("k", TENSOR_ARG), ("v", TENSOR_ARG),
+        ("cu_seqlens_q", _PTR), ("cu_seqlens_k", _PTR), ("alibi_slopes", _PTR), ("alibi_batch_stride", _I64),
+        ("softmax_scale", _F64), ("softcap", _F64),
+        ("batch", _I32), ("heads", _I32), ("heads_k", _I32), ("headdim", _I32), ("headdim_v", _I32),
+        ("seqlen_q", _I32), ("seqlen_k", _I32), ("total_q", _I32), ("total_k", _I32),
+        ("window_left", _I32), ("window_right", _I32), ("vec_loads", _I32),
+        ("sparse", BLOCK_SPARSE_ARG),
+    ],
+    align=True,
+)
+FWD_ARGS = numpy.dtype([("attn", ATTN_ARGS), ("out", TENSOR_ARG), ("lse", ROWS_ARG)], align=True)
+BWD_ARGS = numpy.dtype(
+    [
+        ("attn", ATTN_ARGS),
+        ("out", TENSOR_ARG), ("dout", TENSOR_ARG), ("dq", TENSOR_ARG), ("dk", TENSOR_ARG), ("dv", TENSOR_ARG),
+        ("lse", ROWS_ARG), ("delta", ROWS_ARG), ("dq_accum", ROWS_ARG),
+        ("dq_turns", _PTR), ("dq_split_stride", _I64), ("turns_split_stride", _I64),
+        ("dq_ld", _I32), ("dq_splits", _I32), ("deterministic", _I32),
+    ],
+    align=True,
+)
+
+#: C++ struct name -> dtype, for the layout test.
+STRUCTS = {
+    "TensorArg": TENSOR_ARG,
+    "RowsArg": ROWS_ARG,
+    "BlockSparseArg": BLOCK_SPARSE_ARG,
+    "AttnArgs": ATTN_ARGS,
+    "FwdArgs": FWD_ARGS,
+    "BwdArgs": BWD_ARGS,
+}
+
+
+def new(dtype):
+    """A zeroed argument struct: a size-1 array, which CuPy passes to a kernel by value."""
+    return numpy.zeros(1, dtype)
+
+
+def pointer(x):
+    """Device address of a CuPy array (0 for None)."""
+    return 0 if x is None else x.data.ptr
+
+
+def set_tensor(field, x, batched=True):
+    """Fills a TensorArg from ``x``: (batch, rows, heads, dim), or (rows, heads, dim) when not ``batched``."""
+    strides = [s // x.dtype.itemsize for s in x.strides]
+    field["ptr"] = pointer(x)
+    if batched:
+        field["batch_stride"], field["row_stride"], field["head_stride"] = strides[:3]
+    else:
+        field["batch_stride"] = 0
+        field["row_stride"], field["head_stride"] = strides[:2]
+
+
+def set_rows(field, x, batch_stride, head_stride):
+    """Fills a RowsArg."""
+    field["ptr"] = pointer(x)
+    field["batch_stride"] = batch_stride
+    field["head_stride"] = head_stride

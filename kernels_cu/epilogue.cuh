@@ -1,0 +1,47 @@
+// Epilogues of the tensor-core kernels: accumulator fragments of the mma.sync C layout (mma.cuh: a
+// thread holds rows g and g + 8 of each 16-row m-tile and columns 2t, 2t + 1 of each 8-column n-tile)
+// scaled per row, rounded to T and written to a tensor within the sequence's rows and the real columns.
+// A warpgroup's wgmma accumulators have the same layout per warp, so later kernels reuse these.
+#pragma once
+#include "dtypes.cuh"
+
+namespace cupyflash {
+
+// dst[row * row_stride + col] = T(acc * scale[mt][r]) for row = row0 + 16 mt + g + 8 r < row_end and
+// col = col0 + 8 nt + 2 t + e < cols; dst points at row 0 of one (batch entry, head).
+template <typename T, int kMTiles, int kNTiles>
+__device__ __forceinline__ void store_fragments(T* dst, long long row_stride, int row0, int row_end, int col0, int cols,
+                                                const float (&acc)[kMTiles][kNTiles][4],
+                                                const float (&scale)[kMTiles][2]) {
+    const int lane = threadIdx.x % 32;
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = row0 + 16 * mt + g + 8 * r;
+            if (row >= row_end) continue;
+            T* dst_row = dst + static_cast<long long>(row) * row_stride;
+#pragma unroll
+            for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int col = col0 + 8 * nt + 2 * t + e;
+                    if (col < cols) dst_row[col] = from_acc<T>(acc[mt][nt][2 * r + e] * scale[mt][r]);
+                }
+            }
+        }
+    }
+}
+
+// The same with one scale for every row.
+template <typename T, int kMTiles, int kNTiles>
+__device__ __forceinline__ void store_fragments(T* dst, long long row_stride, int row0, int row_end, int col0, int cols,
+                                                const float (&acc)[kMTiles][kNTiles][4], float scale) {
+    float scales[kMTiles][2];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) scales[mt][0] = scales[mt][1] = scale;
+    store_fragments<T>(dst, row_stride, row0, row_end, col0, cols, acc, scales);
+}
+
+}  // namespace cupyflash

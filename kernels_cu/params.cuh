@@ -1,0 +1,91 @@
+// Kernel arguments: one struct per direction, passed by value. cupyflash/_params.py builds the same
+// layout as a NumPy structured scalar (CuPy copies its bytes into the launch), and tests/test_compile.py
+// checks every sizeof and offsetof against that dtype, so a field added on one side only fails in CI.
+#pragma once
+
+// Kernels take their argument struct as `const CUPYFLASH_GRID_CONSTANT FwdArgs args`: __grid_constant__
+// (sm_70+) lets the body bind references to its fields without a local copy of the struct.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+#define CUPYFLASH_GRID_CONSTANT __grid_constant__
+#else
+#define CUPYFLASH_GRID_CONSTANT
+#endif
+
+namespace cupyflash {
+
+// A (batch, rows, heads, dim) tensor with a contiguous last axis: element (b, row, h, c) is at
+// ptr[b * batch_stride + row * row_stride + h * head_stride + c], strides in elements. A packed
+// variable-length tensor (total_rows, heads, dim) has batch_stride 0; its rows are counted from the
+// start of the tensor, sequence starts included.
+struct TensorArg {
+    void* ptr;
+    long long batch_stride;
+    long long row_stride;
+    long long head_stride;
+};
+
+// Per-row values of each (batch, head): element (b, h, row) is at
+// ptr[b * batch_stride + h * head_stride + row]. lse and delta are (batch, heads, seqlen_q) for dense
+// batches and (heads, total_q) for packed ones (batch_stride 0); the float32 dQ accumulator uses the
+// same row index times its row length.
+struct RowsArg {
+    void* ptr;
+    long long batch_stride;
+    long long head_stride;
+};
+
+// Block-sparse attention (cupyflash.BlockMask) at one kernel's tile shape. A slice is the mask of one
+// (batch, head): slice(b, h) = b * slice_batch_stride + h * slice_head_stride (0 strides broadcast a
+// layout given for one batch entry or one head). Lists hold entries tile * 2 + partial, ascending,
+// where partial = 1 marks a kernel tile that covers both set and clear cells of the layout and so needs
+// the element mask; tiles whose cells are all clear are absent and never read.
+struct BlockSparseArg {
+    const int* kv_count;          // [slice][q_tile]: key tiles listed for each query tile
+    const int* kv_index;          // [slice][q_tile][k_tiles]
+    const int* q_count;           // [slice][k_tile]: query tiles listed for each key tile
+    const int* q_index;           // [slice][k_tile][q_tiles]
+    const unsigned char* layout;  // [slice][layout_rows][layout_cols]: 1 = block visible
+    long long slice_batch_stride;
+    long long slice_head_stride;
+    int tile_q, tile_k;           // the kernel tile the lists were built for (checked by the kernel)
+    int q_tiles, k_tiles;
+    int block_q, block_k;         // the layout's block size
+    int layout_rows, layout_cols;
+};
+
+// The attention problem, shared by every kernel of both directions.
+struct AttnArgs {
+    TensorArg q, k, v;
+    const int* cu_seqlens_q;     // batch + 1 row offsets of packed sequences; null for dense batches
+    const int* cu_seqlens_k;
+    const float* alibi_slopes;   // slope of (b, h) at [b * alibi_batch_stride + h]; null: no ALiBi
+    long long alibi_batch_stride;
+    double softmax_scale;
+    double softcap;              // 0: none
+    int batch, heads, heads_k, headdim, headdim_v;
+    int seqlen_q, seqlen_k;      // dense: the lengths; packed: the longest sequence (sizes the grid)
+    int total_q, total_k;        // packed: rows of q and of k/v; every sequence is clamped to them
+    int window_left, window_right;  // -1: unbounded; causal is window_right = 0
+    int vec_loads;               // 1: every base and stride is 16-byte aligned (cp.async paths)
+    BlockSparseArg sparse;       // sparse.kv_index null: no block mask
+};
+
+struct FwdArgs {
+    AttnArgs attn;
+    TensorArg out;
+    RowsArg lse;                 // float for 16-bit inputs, double for float32/float64 (lse_t)
+};
+
+struct BwdArgs {
+    AttnArgs attn;
+    TensorArg out, dout, dq, dk, dv;
+    RowsArg lse, delta;
+    RowsArg dq_accum;            // float32, rows of dq_ld floats, dq_splits buffers dq_split_stride apart
+    int* dq_turns;               // [split][b][h][q_tile] counters of the ordered sum (deterministic)
+    long long dq_split_stride;
+    long long turns_split_stride;
+    int dq_ld, dq_splits;
+    int deterministic;
+};
+
+}  // namespace cupyflash

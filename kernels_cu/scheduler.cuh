@@ -1,0 +1,29 @@
+// Which tile, batch entry and head a CTA works on: the decode of the flattened grid index.
+//
+// Every attention kernel launches grid.x = tiles * batch * heads, tiles fastest: one axis of up to
+// 2^31 - 1 CTAs, so there is no batch * heads limit of 65535. Tiles are of query rows (forward, dQ) or
+// of keys (dK/dV); heads are query or kv heads, by kernel. Packed (varlen) batches count the tiles of
+// the longest sequence, and a CTA whose tile starts past its own sequence's end has nothing to do.
+#pragma once
+
+namespace cupyflash {
+
+struct TileWork {
+    int tile;  // the CTA's tile
+    int b;     // batch entry
+    int h;     // head
+};
+
+// reverse hands out the last tiles first. Forward and dQ kernels (tiles of queries): under a causal
+// mask the last query tiles see the most keys, so the longest CTAs start early and the tail of the
+// launch is short. tc_bwd (tiles of keys): its ordered sum needs the last key tiles launched first.
+__device__ __forceinline__ TileWork schedule_tile(int num_tiles, int heads, bool reverse) {
+    const int index = static_cast<int>(blockIdx.x % num_tiles);
+    const int bh = static_cast<int>(blockIdx.x / num_tiles);
+    return {reverse ? num_tiles - 1 - index : index, bh / heads, bh % heads};
+}
+
+// The kv head that query head h reads under GQA/MQA.
+__device__ __forceinline__ int kv_head(int h, int heads, int heads_k) { return h / (heads / heads_k); }
+
+}  // namespace cupyflash
