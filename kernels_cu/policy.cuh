@@ -118,6 +118,38 @@ struct BlockLayout {
         return cells[(i / a.sparse.block_q) * a.sparse.layout_cols + j / a.sparse.block_k] != 0;
     }
 
+    // Bits c < width (<= 64) set iff the layout sets the cell of query `query` and key n0 + c; 0 for a
+    // query past the layout. The tile's keys span few blocks, so this reads few cells and divides once.
+    __device__ __forceinline__ unsigned long long key_bits(const AttnArgs& a, int query, int n0, int width) const {
+        const BlockSparseArg& sp = a.sparse;
+        const int row = query / sp.block_q;
+        if (row >= sp.layout_rows) return 0;
+        return span_bits(cells + static_cast<long long>(row) * sp.layout_cols, 1, sp.layout_cols, n0, width, sp.block_k);
+    }
+
+    // Bits c < width (<= 64) set iff the layout sets the cell of query m0 + c and key `key`; 0 for a key
+    // past the layout.
+    __device__ __forceinline__ unsigned long long query_bits(const AttnArgs& a, int key, int m0, int width) const {
+        const BlockSparseArg& sp = a.sparse;
+        const int col = key / sp.block_k;
+        if (col >= sp.layout_cols) return 0;
+        return span_bits(cells + col, sp.layout_cols, sp.layout_rows, m0, width, sp.block_q);
+    }
+
+    // Bits c < width of positions start + c along one axis of the layout, whose block b has its cell at
+    // cells[b * stride] (b < blocks).
+    __device__ __forceinline__ static unsigned long long span_bits(const unsigned char* cells, int stride, int blocks,
+                                                                   int start, int width, int block) {
+        unsigned long long bits = 0;
+        for (int b = start / block; b < blocks && b * block < start + width; ++b) {
+            if (cells[static_cast<long long>(b) * stride] == 0) continue;
+            const int c0 = max(b * block, start) - start;
+            const int c1 = min((b + 1) * block, start + width) - start;
+            bits |= (c1 - c0 >= 64 ? ~0ull : (1ull << (c1 - c0)) - 1) << c0;
+        }
+        return bits;
+    }
+
     // Key tiles listed for query tile qt, and their count.
     __device__ __forceinline__ const int* kv_list(const AttnArgs& a, int qt, int* count) const {
         const long long row = slice * a.sparse.q_tiles + qt;

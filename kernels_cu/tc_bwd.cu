@@ -36,6 +36,35 @@ struct TcBwdState {
     TileQueue<kRing> tiles;
 };
 
+// p = 0 where the mask hides the pair of query m0 + col_t + 8 nt + e % 2 and key key_g + 16 mt + 8 (e / 2)
+// of the transposed fragment element [mt][nt][e] (rows are keys); with kLayout also where the block layout
+// does (through one word of bits per key over the warp's kCols queries). A select per element.
+template <bool kLayout, int kCols, int kMTiles, int kNTiles>
+__device__ __forceinline__ void mask_fragments_t(float (&p)[kMTiles][kNTiles][4], const Mask& mask,
+                                                 const BlockLayout& layout, const AttnArgs& a, int key_g, int m0,
+                                                 int col_t) {
+    static_assert(kCols <= 64, "one 64-bit word of layout bits per key");
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int key = key_g + 16 * mt + 8 * r;
+            const unsigned long long bits = kLayout ? layout.query_bits(a, key, m0, kCols) : 0;
+#pragma unroll
+            for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int offset = col_t + 8 * nt + c;
+                    bool visible = mask.visible(m0 + offset, key);
+                    if constexpr (kLayout) visible &= ((bits >> offset) & 1) != 0;
+                    float& x = p[mt][nt][2 * r + c];
+                    x = visible ? x : 0.0f;
+                }
+            }
+        }
+    }
+}
+
 // Grid: x = ceil(seqlen_k / kBlockN) * batch * heads_k, key tiles fastest (the ordered sum needs each
 // CTA's predecessors launched before it). Dynamic shared memory: TcBwdTraits::kSmemBytes.
 // dq_accum: dq_splits zeroed float32 buffers of rows of dq_ld >= headdim (even) floats; key tile j adds
@@ -175,25 +204,37 @@ tc_bwd(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
             for (int mt = 0; mt < Sdp::kMTiles; ++mt) {
 #pragma unroll
                 for (int nt = 0; nt < Sdp::kNTiles; ++nt) {
-                    const int col = c0 + 8 * nt + 2 * t;
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
-                        const int key = n0 + r0 + 16 * mt + g + 8 * (e / 2);
-                        const int query = m0 + col + e % 2;
+                        const int col = c0 + 8 * nt + 2 * t + e % 2;
                         float s2;
-                        float tanh_v = 0.0f;
                         if constexpr (kScoreMod) {
-                            s2 = scores.modified(p[mt][nt][e], query, key, &tanh_v);
+                            float tanh_v;
+                            s2 = scores.modified(p[mt][nt][e], m0 + col, n0 + r0 + 16 * mt + g + 8 * (e / 2), &tanh_v);
+                            ds[mt][nt][e] = (ds[mt][nt][e] - delta_s[col]) * (1.0f - tanh_v * tanh_v);
                         } else {
                             s2 = p[mt][nt][e] * scores.scale_log2;
+                            ds[mt][nt][e] -= delta_s[col];
                         }
-                        p[mt][nt][e] = fast_exp2(s2 - lse2[col + e % 2]);
-                        if (needs_mask && !(st.mask.visible(query, key) && (!partial || layout.allows(a, query, key)))) {
-                            p[mt][nt][e] = 0.0f;
-                        }
-                        ds[mt][nt][e] = p[mt][nt][e] * (ds[mt][nt][e] - delta_s[col + e % 2]);
-                        if constexpr (kScoreMod) ds[mt][nt][e] *= 1.0f - tanh_v * tanh_v;
+                        p[mt][nt][e] = fast_exp2(s2 - lse2[col]);
                     }
+                }
+            }
+            if (needs_mask) {
+                const Mask mask = st.mask;
+                if (partial) {
+                    mask_fragments_t<true, Sdp::kWarpCols>(p, mask, layout, a, n0 + r0 + g, m0 + c0, 2 * t);
+                } else {
+                    mask_fragments_t<false, Sdp::kWarpCols>(p, mask, layout, a, n0 + r0 + g, m0 + c0, 2 * t);
+                }
+            }
+#pragma unroll
+            for (int mt = 0; mt < Sdp::kMTiles; ++mt) {
+#pragma unroll
+                for (int nt = 0; nt < Sdp::kNTiles; ++nt) {
+                    const int col = c0 + 8 * nt + 2 * t;
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) ds[mt][nt][e] *= p[mt][nt][e];
 #pragma unroll
                     for (int r = 0; r < 2; ++r) {
                         const int row = r0 + 16 * mt + g + 8 * r;

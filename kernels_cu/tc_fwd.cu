@@ -30,9 +30,39 @@ struct TcFwdState {
     Mask mask;
     BlockLayout layout;
     Log2Scores scores;
-    int b, h, hk;
+    const void* k_rows;      // row 0 of this (batch entry, kv head) of k and of v
+    const void* v_rows;
+    int b, h;
     TileQueue<kRing> tiles;  // key tiles, one segment
 };
+
+// s = -inf where the mask hides the pair (row_g + 16 mt + 8 (e / 2), n0 + col_t + 8 nt + e % 2) of
+// fragment element [mt][nt][e]; with kLayout also where the block layout does (through one word of
+// bits per row). A select per element, no branch.
+template <bool kLayout, int kBlockN, int kMTiles, int kNTiles>
+__device__ __forceinline__ void mask_fragments(float (&s)[kMTiles][kNTiles][4], const Mask& mask,
+                                               const BlockLayout& layout, const AttnArgs& a, int row_g, int n0,
+                                               int col_t) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = row_g + 16 * mt + 8 * r;
+            const unsigned long long bits = kLayout ? layout.key_bits(a, row, n0, kBlockN) : 0;
+#pragma unroll
+            for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int offset = col_t + 8 * nt + c;
+                    bool visible = mask.visible(row, n0 + offset);
+                    if constexpr (kLayout) visible &= ((bits >> offset) & 1) != 0;
+                    float& x = s[mt][nt][2 * r + c];
+                    x = visible ? x : Consts<float>::neg_inf();
+                }
+            }
+        }
+    }
+}
 
 template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod>
 struct TcFwdMainloop {
@@ -58,7 +88,8 @@ struct TcFwdMainloop {
             st.scores = Log2Scores(a, seq, b, h);
             st.b = b;
             st.h = h;
-            st.hk = kv_head(h, a.heads, a.heads_k);
+            st.k_rows = head_rows<const T>(a.k, b, seq.k_start, kv_head(h, a.heads, a.heads_k));
+            st.v_rows = head_rows<const T>(a.v, b, seq.k_start, kv_head(h, a.heads, a.heads_k));
         }
         st.tiles.start(1, [&](int) { return key_tiles<Tr::kBlockM, kBlockN>(a, mask, layout, qt); });
     }
@@ -75,11 +106,11 @@ struct TcFwdMainloop {
         auto load_kv = [&](int entry, int stage) {
             const int n0 = entry_tile(entry) * kBlockN;
             load_tile_async<kBlockN, kHeadDim, kLd, Tr::kThreads>(sK + stage * kBlockN * kLd,
-                                                                  head_rows<const T>(a.k, st.b, st.seq.k_start, st.hk),
-                                                                  a.k.row_stride, n0, st.seq.seqlen_k, a.headdim, vec);
+                                                                  static_cast<const T*>(st.k_rows), a.k.row_stride, n0,
+                                                                  st.seq.seqlen_k, a.headdim, vec);
             load_tile_async<kBlockN, kHeadDim, kLd, Tr::kThreads>(sV + stage * kBlockN * kLd,
-                                                                  head_rows<const T>(a.v, st.b, st.seq.k_start, st.hk),
-                                                                  a.v.row_stride, n0, st.seq.seqlen_k, a.headdim_v, vec);
+                                                                  static_cast<const T*>(st.v_rows), a.v.row_stride, n0,
+                                                                  st.seq.seqlen_k, a.headdim_v, vec);
         };
 
         const int warp = threadIdx.x / 32;
@@ -177,19 +208,11 @@ struct TcFwdMainloop {
                 }
             }
             if (partial || !st.mask.tile_is_full(m0, Tr::kBlockM, n0, kBlockN)) {
-#pragma unroll
-                for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-                    for (int nt = 0; nt < kNTiles; ++nt) {
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) {
-                            const int row = row_g + 16 * mt + 8 * (e / 2);
-                            const int col = n0 + 8 * nt + 2 * t + e % 2;
-                            if (!(st.mask.visible(row, col) && (!partial || st.layout.allows(a, row, col)))) {
-                                s[mt][nt][e] = Consts<float>::neg_inf();
-                            }
-                        }
-                    }
+                const Mask mask = st.mask;
+                if (partial) {
+                    mask_fragments<true, kBlockN>(s, mask, st.layout, a, row_g, n0, 2 * t);
+                } else {
+                    mask_fragments<false, kBlockN>(s, mask, st.layout, a, row_g, n0, 2 * t);
                 }
             }
 #pragma unroll

@@ -65,8 +65,18 @@ __device__ __forceinline__ void require_dynamic_smem() {
 template <int kRows, int kCols, int kLd, int kThreads, typename T>
 __device__ __forceinline__ void load_tile_async(T* dst, const T* src, long long row_stride, int r0, int rows,
                                                 int cols, bool vec) {
-    if (vec) {
-        constexpr int kChunks = kCols / 8;  // 16-byte chunks per row
+    constexpr int kChunks = kCols / 8;  // 16-byte chunks per row
+    if (vec && r0 + kRows <= rows && cols >= kCols) {
+        // Interior tile: every chunk is whole, so a chunk's address is the tile's base plus an offset
+        // that does not depend on the tile (the bounds checks below cost as much as the copies).
+        const T* base = src + static_cast<long long>(r0) * row_stride;
+#pragma unroll 4
+        for (int idx = threadIdx.x; idx < kRows * kChunks; idx += kThreads) {
+            const int r = idx / kChunks;
+            const int c = (idx % kChunks) * 8;
+            cp_async_16(smem_addr(dst + r * kLd + c), base + r * row_stride + c, 16);
+        }
+    } else if (vec) {
 #pragma unroll 4
         for (int idx = threadIdx.x; idx < kRows * kChunks; idx += kThreads) {
             const int r = idx / kChunks;
