@@ -107,6 +107,11 @@ tc_bwd(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
     {
         const Sequence seq(a, work.b);
         if (n0 >= seq.seqlen_k) return;
+        // The CTA's K and V tiles load while warp 0 builds the state.
+        load_tile_async<kBlockN, kHeadDim, kLd, Tr::kThreads>(sK, head_rows<const T>(a.k, work.b, seq.k_start, work.h),
+                                                              a.k.row_stride, n0, seq.seqlen_k, a.headdim, a.vec_loads != 0);
+        load_tile_async<kBlockN, kHeadDim, kLd, Tr::kThreads>(sV, head_rows<const T>(a.v, work.b, seq.k_start, work.h),
+                                                              a.v.row_stride, n0, seq.seqlen_k, a.headdim_v, a.vec_loads != 0);
         if (threadIdx.x < 32) {
             const Mask mask(a, seq);
             const int h0 = work.h * group;
@@ -148,10 +153,6 @@ tc_bwd(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
         }
     };
 
-    load_tile_async<kBlockN, kHeadDim, kLd, Tr::kThreads>(sK, head_rows<const T>(a.k, st.b, st.seq.k_start, st.hk),
-                                                          a.k.row_stride, n0, st.seq.seqlen_k, a.headdim, vec);
-    load_tile_async<kBlockN, kHeadDim, kLd, Tr::kThreads>(sV, head_rows<const T>(a.v, st.b, st.seq.k_start, st.hk),
-                                                          a.v.row_stride, n0, st.seq.seqlen_k, a.headdim_v, vec);
     if (st.tiles.segment_at(0) >= 0) load_query_tile(st.h0 + st.tiles.segment_at(0), st.tiles.entry_at(0), 0);
     cp_async_commit();
 
