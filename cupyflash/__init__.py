@@ -6,9 +6,27 @@
 """
 
 from . import reference
-from ._api import flash_attention, flash_attention_backward, flash_attention_vjp
+from ._api import (
+    flash_attention,
+    flash_attention_backward,
+    flash_attention_varlen,
+    flash_attention_varlen_backward,
+    flash_attention_varlen_vjp,
+    flash_attention_vjp,
+)
+from ._block_mask import BlockMask
 from ._validate import SUPPORTED_DTYPES
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
-__all__ = ["flash_attention", "flash_attention_backward", "flash_attention_vjp", "reference", "SUPPORTED_DTYPES"]
+__all__ = [
+    "BlockMask",
+    "SUPPORTED_DTYPES",
+    "flash_attention",
+    "flash_attention_backward",
+    "flash_attention_varlen",
+    "flash_attention_varlen_backward",
+    "flash_attention_varlen_vjp",
+    "flash_attention_vjp",
+    "reference",
+]

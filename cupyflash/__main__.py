@@ -2,15 +2,16 @@
 
 On a CUDA GPU it checks the kernels at a small size for every dtype and times one forward and backward
 against plain CuPy attention; without one it runs the NumPy path and says so. Exit status 1 when a
-self-check fails.
+self-check fails, 2 for a bad command line.
 """
 
+import argparse
 import sys
 import time
 
 import numpy
 
-from . import _validate, reference
+from . import __version__, _validate, reference
 from ._api import flash_attention, flash_attention_backward
 
 # Self-check tolerance: the error against float64 relative to the output's scale, per dtype (the tests
@@ -19,17 +20,17 @@ _TOLERANCE = {"float16": 5e-3, "bfloat16": 3e-2, "float32": 1e-5, "float64": 1e-
 
 
 def _gpu_status():
-    """(True, device name) when CuPy sees a CUDA GPU, else (False, reason)."""
+    """(True, device name) when CuPy sees a CUDA GPU, else (False, why not)."""
     try:
         import cupy
     except ImportError as exc:
         return False, f"CuPy is not installed ({exc})"
     try:
         count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:  # CUDARuntimeError without a driver, among others
-        return False, f"no CUDA driver/device ({type(exc).__name__}: {exc})"
+    except Exception as exc:  # CUDARuntimeError without a driver or device, among others
+        return False, f"no GPU found (CUDA reports: {exc})"
     if count == 0:
-        return False, "no CUDA device"
+        return False, "no GPU found"
     props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
     return True, f"{props['name'].decode()} (compute capability {props['major']}.{props['minor']})"
 
@@ -109,16 +110,29 @@ def benchmark():
         print(f"  {name:<20} {ms:8.3f} ms  {f / ms / 1e9:7.1f} TFLOP/s")
 
 
-def main():
+def _parser():
+    return argparse.ArgumentParser(
+        prog="python -m cupyflash",
+        description=(
+            "Self-check cupyflash against the float64 reference (forward and backward, every dtype, a small "
+            "odd-sized GQA causal problem) and time one forward and backward pass against plain CuPy "
+            "attention. Without a GPU it checks the NumPy path instead and says so."
+        ),
+        epilog="Exit status: 0 when the self-check passes, 1 when it fails, 2 for a bad command line.",
+    )
+
+
+def main(argv=None):
+    _parser().parse_args(argv)
     has_gpu, detail = _gpu_status()
     if has_gpu:
         import cupy
 
-        print(f"cupyflash on {detail}")
+        print(f"cupyflash {__version__} on {detail}")
         ok = self_check(cupy)
         benchmark()
     else:
-        print(f"cupyflash: {detail}; running the NumPy path on the CPU (the CUDA kernels need a GPU).")
+        print(f"cupyflash {__version__}: {detail}; running the NumPy path on the CPU (the CUDA kernels need a GPU).")
         start = time.perf_counter()
         ok = self_check(numpy)
         print(f"NumPy path self-check took {time.perf_counter() - start:.2f} s")

@@ -11,28 +11,94 @@ _SHAPES_DOC = """
         heads must be a multiple of heads_k: query head h reads kv head h // (heads // heads_k)
         (MQA/GQA). dtype float16, bfloat16 (``ml_dtypes.bfloat16``), float32 or float64. Any strided
         view whose last axis is contiguous is used without a copy (e.g. ``x.transpose(0, 2, 1, 3)`` of a
-        (batch, heads, seqlen, headdim) array); other layouts are copied once.
+        (batch, heads, seqlen, headdim) array); other layouts are copied once, and so are big-endian
+        NumPy arrays. Masked arrays are refused (use ``window_size``, ``causal`` or ``block_mask``)."""
+
+_VARLEN_SHAPES_DOC = """
+    q : cupy.ndarray or numpy.ndarray, shape (total_q, heads, headdim)
+    k : same kind and dtype as q, shape (total_k, heads_k, headdim)
+    v : same kind and dtype as q, shape (total_k, heads_k, headdim_v)
+        The sequences of a batch packed along the first axis (FlashAttention-2's varlen layout);
+        sequence b holds rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` of q and
+        ``cu_seqlens_k[b]:cu_seqlens_k[b + 1]`` of k and v. Heads, dtypes and layouts as for
+        :func:`flash_attention`.
+    cu_seqlens_q, cu_seqlens_k : int32 arrays of q's kind, shape (batch + 1,)
+        Row offsets, non-decreasing from 0 to total_q (total_k). Zero-length sequences are allowed.
+    max_seqlen_q, max_seqlen_k : int or None, keyword-only
+        The longest sequence of each (sizes the launch). With None (either one), cu_seqlens is copied to
+        the host and checked there: a malformed one raises ValueError, at the cost of one
+        device-to-host copy of batch + 1 integers that waits for the current stream (about 10-20 us).
+        With both given, a CuPy call never synchronizes: cu_seqlens is checked on the device by a
+        small kernel, and a malformed one (not non-decreasing from 0 to total, or a sequence longer
+        than its max_seqlen) makes every output NaN; no access ever leaves the packed tensors. NumPy
+        inputs are always checked on the host."""
+
+_MASK_DOC = """
     causal : bool, keyword-only
         Causal mask aligned to the bottom-right corner: query i sees key j iff
-        ``j <= i + seqlen_k - seqlen_q``. For seqlen_q = 3, seqlen_k = 5 (x = visible)::
-
-            query 0: x x x . .
-            query 1: x x x x .
-            query 2: x x x x x
-
-        and for seqlen_q > seqlen_k the first seqlen_q - seqlen_k queries see no key.
+        ``j <= i + seqlen_k - seqlen_q``; the same as ``window_size=(left, 0)``.
     softmax_scale : float or None, keyword-only
-        Multiplies q . k before the softmax; default 1 / sqrt(headdim)."""
+        Multiplies q . k before the softmax; default 1 / sqrt(headdim).
+    window_size : (int, int), keyword-only
+        Sliding-window (local) attention, FlashAttention-2's definition: query i sees key j iff
+        ``i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right``; -1 leaves that side
+        unbounded, and ``causal`` caps right at 0. The window is aligned to the bottom-right corner;
+        for seqlen_q = 3, seqlen_k = 5 and window (1, 0) (x = visible)::
+
+            query 0: . x x . .
+            query 1: . . x x .
+            query 2: . . . x x
+
+        and for seqlen_q = 5, seqlen_k = 3, window (1, 0)::
+
+            query 0: . . .   (sees no key)
+            query 1: . . .   (sees no key)
+            query 2: x . .
+            query 3: x x .
+            query 4: . x x
+
+    softcap : float, keyword-only
+        When positive, every scaled score s becomes ``softcap * tanh(s / softcap)`` before the softmax
+        (Gemma 2); the gradient goes exactly through the tanh. 0 means none.
+    alibi_slopes : float32 array of q's kind, shape (heads,) or (batch, heads), or None, keyword-only
+        ALiBi: ``-slope[b, h] * |i + seqlen_k - seqlen_q - j|`` is added to each scaled (and capped)
+        score of query head h, FlashAttention-2's definition."""
+
+_BLOCK_MASK_DOC = """
+    block_mask : cupyflash.BlockMask or None, keyword-only
+        Block-sparse attention: query i of head h may see key j only where the mask's layout sets block
+        ``(i // block_q, j // block_k)`` (blocks aligned to the top-left corner), on top of ``causal`` and
+        ``window_size``. Absent blocks are never read. See :class:`cupyflash.BlockMask`."""
+
+_LSE_DOC = """
+    lse : array
+        Only with ``return_lse=True``: ``ln(sum_j exp(s_ij))`` over the keys row i sees, s being the
+        scaled, capped and biased score; -inf for a row that sees no key and NaN for a row whose scores
+        hold a NaN. float32 for float16/bfloat16 inputs, float64 for float32 and float64 inputs (the
+        backward pass recomputes every probability from it, and a float32 lse would triple the error
+        of float32 gradients)."""
+
+_DETERMINISTIC_DOC = """
+    deterministic : bool, keyword-only
+        False (the default): the float16/bfloat16 tensor-core backward adds each key tile's share of
+        dq into a float32 buffer with atomic additions, in whatever order the tiles finish, so dq can
+        differ from run to run in its last bits (dk and dv never do). True: the tiles add in a fixed
+        order, so dq is bitwise identical from run to run on the same device, for 8-14% more time and a
+        second float32 dq buffer (see bench/NOTES.md). The default is the faster mode because the
+        run-to-run differences are far below the rounding error of the result; training that must
+        replay exactly should pass True. Every other path (float32, float64, NumPy arrays) is
+        deterministic either way."""
+
+_NOTES_DOC = """
+    CuPy arrays run on CuPy's current device and stream; NumPy arrays run the same tiled algorithm on
+    the CPU. Accumulation is float32 (float64 for float64 inputs); float32 is true float32 (no TF32).
+    A NaN (or an inf that makes one) in q or k reaches exactly the rows that see it."""
 
 
-def _empty_forward(p):
-    xp = p.xp
-    out = xp.zeros(p.out_shape, dtype=p.dtype)
-    lse = xp.full(p.lse_shape, -numpy.inf, dtype=_validate.lse_dtype(p.dtype))
-    return out, lse
-
-
-def _forward(q, k, v, p):
+def _compute_forward(q, k, v, p):
+    if p.is_empty:
+        xp = p.xp
+        return xp.zeros(p.out_shape, dtype=p.dtype), xp.full(p.lse_shape, -numpy.inf, dtype=_validate.lse_dtype(p.dtype))
     if p.xp is numpy:
         return _numpy_impl.forward(q, k, v, p)
     from . import _cuda
@@ -40,7 +106,12 @@ def _forward(q, k, v, p):
     return _cuda.forward(q, k, v, p)
 
 
-def _backward(dout, q, k, v, out, lse, p, deterministic):
+def _compute_backward(dout, q, k, v, out, lse, p, deterministic):
+    deterministic = _validate.check_flag("deterministic", deterministic)
+    if p.is_empty:
+        xp = p.xp
+        return tuple(xp.zeros(x.shape, p.dtype) for x in (q, k, v))
+    lse = lse.astype(_validate.lse_dtype(p.dtype), copy=False)
     if p.xp is numpy:
         return _numpy_impl.backward(dout, q, k, v, out, lse, p)
     from . import _cuda
@@ -48,47 +119,37 @@ def _backward(dout, q, k, v, out, lse, p, deterministic):
     return _cuda.backward(dout, q, k, v, out, lse, p, deterministic)
 
 
-def _check_bool(name, value):
-    if not isinstance(value, (bool, numpy.bool_)):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
-
-
-def flash_attention(q, k, v, *, causal=False, softmax_scale=None, return_lse=False):
+def flash_attention(q, k, v, *, causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0,
+                    alibi_slopes=None, block_mask=None, return_lse=False):
     """Exact attention ``softmax(softmax_scale * q k^T) v``, tiled so no score matrix is stored.
 
     Parameters
-    ----------{shapes}
+    ----------{shapes}{mask}{block_mask}
     return_lse : bool, keyword-only
         Also return the log-sum-exp needed by :func:`flash_attention_backward`.
 
     Returns
     -------
     out : array of q's kind and dtype, shape (batch, seqlen_q, heads, headdim_v)
-        A row that sees no key (causal with seqlen_q > seqlen_k, or seqlen_k == 0) is 0, never NaN.
-    lse : array, shape (batch, heads, seqlen_q)
-        Only with ``return_lse=True``: ``ln(sum_j exp(softmax_scale * q_i . k_j))`` over the keys
-        row i sees; -inf for a row that sees no key. float32 for float16/bfloat16 inputs, float64 for
-        float32 and float64 inputs (the backward pass recomputes every probability from it, and a
-        float32 lse would triple the error of float32 gradients).
+        A row that sees no key (causal with seqlen_q > seqlen_k, a window or block mask that hides every
+        key, or seqlen_k == 0) is 0, never NaN.{lse}
 
     Notes
-    -----
-    CuPy arrays run on CuPy's current device and stream; NumPy arrays run the same tiled algorithm on
-    the CPU. Accumulation is float32 (float64 for float64 inputs); float32 is true float32 (no TF32).
+    -----{notes}
     """
-    p = _validate.forward_problem(q, k, v, causal, softmax_scale)
-    _check_bool("return_lse", return_lse)
-    if p.is_empty:
-        out, lse = _empty_forward(p)
-    else:
-        out, lse = _forward(q, k, v, p)
+    q, k, v = _validate.arrays(q=q, k=k, v=v)
+    p = _validate.forward_problem(q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window_size,
+                                  softcap=softcap, alibi_slopes=alibi_slopes, block_mask=block_mask)
+    return_lse = _validate.check_flag("return_lse", return_lse)
+    out, lse = _compute_forward(q, k, v, p)
     return (out, lse) if return_lse else out
 
 
-def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=None, deterministic=False):
+def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=None, window_size=(-1, -1),
+                             softcap=0.0, alibi_slopes=None, block_mask=None, deterministic=False):
     """Gradients of :func:`flash_attention` with respect to q, k and v.
 
-    Recomputes the attention probabilities from ``lse`` block by block: the extra memory is
+    Recomputes the attention probabilities from ``lse`` tile by tile: the extra memory is
     O(batch * heads * seqlen_q), never O(seqlen_q * seqlen_k).
 
     Parameters
@@ -96,8 +157,8 @@ def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, softmax_s
     dout : array, shape (batch, seqlen_q, heads, headdim_v), dtype of q
         Gradient of the loss with respect to ``out``.{shapes}
     out, lse : arrays returned by ``flash_attention(q, k, v, ..., return_lse=True)`` with the same
-        ``causal`` and ``softmax_scale``. A float32 or float64 lse of another origin is accepted and
-        converted to the precision above.{deterministic}
+        mask and score arguments. A float32 or float64 lse of another origin is accepted and converted
+        to the precision of :func:`flash_attention`'s.{mask}{block_mask}{deterministic}
 
     Returns
     -------
@@ -105,20 +166,19 @@ def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, softmax_s
         With GQA/MQA, dk and dv are summed over the query heads that share a kv head. Rows that see no
         key contribute nothing (their dq is 0).
     """
-    p = _validate.backward_problem(dout, q, k, v, out, lse, causal, softmax_scale)
-    _check_bool("deterministic", deterministic)
-    if p.is_empty:
-        xp = p.xp
-        return (xp.zeros(q.shape, p.dtype), xp.zeros(k.shape, p.dtype), xp.zeros(v.shape, p.dtype))
-    lse = lse.astype(_validate.lse_dtype(p.dtype), copy=False)
-    return _backward(dout, q, k, v, out, lse, p, deterministic)
+    dout, q, k, v, out, lse = _validate.arrays(dout=dout, q=q, k=k, v=v, out=out, lse=lse)
+    p = _validate.backward_problem(dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
+                                   window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                                   block_mask=block_mask)
+    return _compute_backward(dout, q, k, v, out, lse, p, deterministic)
 
 
-def flash_attention_vjp(q, k, v, *, causal=False, softmax_scale=None, deterministic=False):
+def flash_attention_vjp(q, k, v, *, causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0,
+                        alibi_slopes=None, block_mask=None, deterministic=False):
     """Forward pass and a function that maps ``dout`` to ``(dq, dk, dv)``.
 
     Parameters
-    ----------{shapes}{deterministic}
+    ----------{shapes}{mask}{block_mask}{deterministic}
 
     Returns
     -------
@@ -126,27 +186,113 @@ def flash_attention_vjp(q, k, v, *, causal=False, softmax_scale=None, determinis
     vjp : callable
         ``vjp(dout) -> (dq, dk, dv)``; keeps q, k, v, out and lse alive until it is released.
     """
-    _check_bool("deterministic", deterministic)
-    out, lse = flash_attention(q, k, v, causal=causal, softmax_scale=softmax_scale, return_lse=True)
+    deterministic = _validate.check_flag("deterministic", deterministic)
+    options = dict(causal=causal, softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
+                   alibi_slopes=alibi_slopes, block_mask=block_mask)
+    out, lse = flash_attention(q, k, v, return_lse=True, **options)
 
     def vjp(dout):
-        return flash_attention_backward(
-            dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale, deterministic=deterministic
-        )
+        return flash_attention_backward(dout, q, k, v, out, lse, deterministic=deterministic, **options)
 
     return out, vjp
 
 
-_DETERMINISTIC_DOC = """
-    deterministic : bool, keyword-only
-        False (the default): the float16/bfloat16 tensor-core backward adds each key block's share of
-        dq into a float32 buffer with atomic additions, in whatever order the blocks finish, so dq can
-        differ from run to run in its last bits (dk and dv never do). True: the blocks add in a fixed
-        order, so dq is bitwise identical from run to run on the same device, for 8-14% more time and a
-        second float32 dq buffer (see bench/NOTES.md). The default is the faster mode because the
-        run-to-run differences are far below the rounding error of the result; training that must
-        replay exactly should pass True. Every other path (float32, float64, NumPy arrays) is
-        deterministic either way."""
+def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None,
+                           causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           return_lse=False):
+    """:func:`flash_attention` over a batch of sequences of different lengths, packed without padding.
 
-for _function in (flash_attention, flash_attention_backward, flash_attention_vjp):
-    _function.__doc__ = _function.__doc__.replace("{shapes}", _SHAPES_DOC).replace("{deterministic}", _DETERMINISTIC_DOC)
+    Every sequence is its own problem: masks, windows and ALiBi distances are aligned to its own
+    seqlen_q and seqlen_k.
+
+    Parameters
+    ----------{varlen_shapes}{mask}
+        For ALiBi, ``alibi_slopes`` of shape (batch, heads) gives each sequence its row.
+    return_lse : bool, keyword-only
+        Also return the log-sum-exp needed by :func:`flash_attention_varlen_backward`.
+
+    Returns
+    -------
+    out : array of q's kind and dtype, shape (total_q, heads, headdim_v)
+        Rows that see no key are 0.
+    lse : array, shape (heads, total_q)
+        Only with ``return_lse=True``; as in :func:`flash_attention`.
+
+    Notes
+    -----{notes}
+    """
+    q, k, v, cu_seqlens_q, cu_seqlens_k = _validate.arrays(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q,
+                                                           cu_seqlens_k=cu_seqlens_k)
+    p = _validate.varlen_forward_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                                         max_seqlen_k=max_seqlen_k, causal=causal, softmax_scale=softmax_scale,
+                                         window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
+    return_lse = _validate.check_flag("return_lse", return_lse)
+    out, lse = _compute_forward(q, k, v, p)
+    return (out, lse) if return_lse else out
+
+
+def flash_attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
+                                    max_seqlen_k=None, causal=False, softmax_scale=None, window_size=(-1, -1),
+                                    softcap=0.0, alibi_slopes=None, deterministic=False):
+    """Gradients of :func:`flash_attention_varlen` with respect to q, k and v.
+
+    Parameters
+    ----------
+    dout : array, shape (total_q, heads, headdim_v), dtype of q
+        Gradient of the loss with respect to ``out``.{varlen_shapes}
+    out, lse : arrays returned by ``flash_attention_varlen(..., return_lse=True)`` with the same
+        arguments; lse has shape (heads, total_q).{mask}{deterministic}
+
+    Returns
+    -------
+    dq, dk, dv : arrays with the shapes and dtype of q, k and v
+    """
+    dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = _validate.arrays(
+        dout=dout, q=q, k=k, v=v, out=out, lse=lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k
+    )
+    p = _validate.varlen_backward_problem(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                                          max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
+                                          softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
+                                          alibi_slopes=alibi_slopes)
+    return _compute_backward(dout, q, k, v, out, lse, p, deterministic)
+
+
+def flash_attention_varlen_vjp(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None,
+                               causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                               deterministic=False):
+    """Packed forward pass and a function that maps ``dout`` to ``(dq, dk, dv)``.
+
+    Parameters
+    ----------{varlen_shapes}{mask}{deterministic}
+
+    Returns
+    -------
+    out : array, shape (total_q, heads, headdim_v)
+    vjp : callable
+        ``vjp(dout) -> (dq, dk, dv)``; keeps the inputs, out and lse alive until it is released.
+    """
+    deterministic = _validate.check_flag("deterministic", deterministic)
+    options = dict(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal, softmax_scale=softmax_scale,
+                   window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
+    out, lse = flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, return_lse=True, **options)
+
+    def vjp(dout):
+        return flash_attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                                               deterministic=deterministic, **options)
+
+    return out, vjp
+
+
+_DOCS = {
+    "{shapes}": _SHAPES_DOC,
+    "{varlen_shapes}": _VARLEN_SHAPES_DOC,
+    "{mask}": _MASK_DOC,
+    "{block_mask}": _BLOCK_MASK_DOC,
+    "{lse}": _LSE_DOC,
+    "{deterministic}": _DETERMINISTIC_DOC,
+    "{notes}": _NOTES_DOC,
+}
+for _function in (flash_attention, flash_attention_backward, flash_attention_vjp, flash_attention_varlen,
+                  flash_attention_varlen_backward, flash_attention_varlen_vjp):
+    for _key, _text in _DOCS.items():
+        _function.__doc__ = _function.__doc__.replace(_key, _text)

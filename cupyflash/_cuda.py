@@ -13,8 +13,10 @@ def forward(q, k, v, p):
     q, k, v = (common.operand(x) for x in (q, k, v))
     out = cupy.empty(p.out_shape, dtype=p.dtype)
     lse = cupy.empty(p.lse_shape, dtype=lse_dtype(p.dtype))
+    bad = common.varlen_check(p, q, k, v)
     family, variant = _families.select(_families.FORWARD, p, common.current_device())
     family.run(variant, p, q, k, v, out, lse)
+    common.fill_nan_if(bad, out, lse)
     return out, lse
 
 
@@ -22,5 +24,8 @@ def backward(dout, q, k, v, out, lse, p, deterministic):
     """Backward of a validated, non-empty problem: (dq, dk, dv)."""
     dout, q, k, v, out = (common.operand(x) for x in (dout, q, k, v, out))
     lse = cupy.ascontiguousarray(lse)  # already in lse_dtype(p.dtype) (see _api)
+    bad = common.varlen_check(p, q, k, v)
     family, variant = _families.select(_families.BACKWARD, p, common.current_device())
-    return family.run(variant, p, dout, q, k, v, out, lse, deterministic)
+    grads = family.run(variant, p, dout, q, k, v, out, lse, deterministic)
+    common.fill_nan_if(bad, *grads)
+    return grads

@@ -42,7 +42,8 @@ class Kernel:
     """A C++ kernel template: ``cupyflash::<name><storage type, *tile values, *flags>``.
 
     ``tiles`` is the closed table of the integer ``tile_params``' values; every combination of the
-    boolean ``flags`` is built for every tile and dtype.
+    boolean ``flags`` is built for every tile and dtype. A template without a storage type has no
+    ``dtypes`` (its variants' dtype is None).
     """
 
     name: str
@@ -52,7 +53,7 @@ class Kernel:
     tiles: tuple = ((),)
     flags: tuple = ()
 
-    def variant(self, dtype, tile=(), **flags):
+    def variant(self, dtype=None, tile=(), **flags):
         """The variant of ``dtype`` and ``tile`` with the given flags (missing flags are False)."""
         unknown = set(flags) - set(self.flags)
         if unknown:
@@ -63,7 +64,7 @@ class Kernel:
         """Every variant of the template."""
         return tuple(
             Variant(self, dtype, tile, flags)
-            for dtype in self.dtypes
+            for dtype in (self.dtypes or (None,))
             for tile in self.tiles
             for flags in itertools.product((False, True), repeat=len(self.flags))
         )
@@ -87,7 +88,7 @@ class Variant:
     @property
     def key(self):
         """Name used for caches, logs, errors and test ids, e.g. ``tc_fwd_bf16_d128_n32_m2_mod_0``."""
-        key = f"{self.kernel.name}_{SHORT_DTYPE[self.dtype]}"
+        key = self.kernel.name + (f"_{SHORT_DTYPE[self.dtype]}" if self.dtype else "")
         key += "".join(f"_{_KEY_PREFIX[n]}{v}" for n, v in zip(self.kernel.tile_params, self.tile))
         key += "".join(f"_{_KEY_PREFIX[n]}_{int(v)}" for n, v in zip(self.kernel.flags, self.flags))
         return key
@@ -98,6 +99,8 @@ class Variant:
 
     @property
     def name_expression(self):
+        if self.dtype is None and not self.tile and not self.flags:
+            return f"cupyflash::{self.kernel.name}"
         args = [CTYPES[self.dtype], *(str(v) for v in self.tile), *("true" if f else "false" for f in self.flags)]
         return f"cupyflash::{self.kernel.name}<{', '.join(args)}>"
 

@@ -203,7 +203,7 @@ def forward(q, k, v, p, block_m=64, block_n=64):
             m_i = m_new
         # A row that saw no key keeps l = 0 (NaN scores give l = NaN, which propagates): the
         # substituted 1 avoids 0/0 and log(0), and the where puts out = 0 and lse = -inf in place.
-        seen = l_i > 0
+        seen = l_i != 0
         l_safe = np.where(seen, l_i, acc.type(1))
         out[..., m0:m1, :] = np.where(seen[..., None], acc_o / l_safe[..., None], acc.type(0))
         # lse = ln(sum_j exp(s_j)) = m + ln(l), exactly m when one key dominates, evaluated in the lse

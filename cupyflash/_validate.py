@@ -1,8 +1,9 @@
 """Input checks, run before anything is launched.
 
 TypeError for wrong kinds and dtypes, ValueError for wrong shapes, values and devices; each message
-names the argument, what was expected and what was received. The checks return a :class:`Problem`
-that the NumPy and CUDA paths share.
+names the argument, what was expected and what was received. :func:`arrays` normalizes the array
+arguments (big-endian NumPy arrays are converted, masked arrays refused); the problem functions return
+a :class:`Problem` that the NumPy and CUDA paths share.
 """
 
 import dataclasses
@@ -28,8 +29,9 @@ _GRID_ROWS = 32
 _DELTA_ROWS_PER_CTA = 4
 #: Sequence lengths and head dims are 32-bit in the kernels, with room for a block past the end.
 _MAX_SIZE = 2**31 - 1024
-#: Largest finite float32.
+#: Largest finite float32, and the smallest normal one.
 _FLOAT32_MAX = float(numpy.finfo(numpy.float32).max)
+_FLOAT32_TINY = float(numpy.finfo(numpy.float32).tiny)
 
 
 def _cupy():
@@ -73,8 +75,8 @@ class Problem:
     heads_k: int
     headdim: int
     headdim_v: int
-    causal: bool
     softmax_scale: float
+    causal: bool = False
     window_left: int = -1
     window_right: int = -1
     softcap: float = 0.0
@@ -84,6 +86,7 @@ class Problem:
     cu_seqlens_k: object = None
     total_q: int = 0
     total_k: int = 0
+    check_on_device: bool = False  # cu_seqlens was not checked on the host (see varlen_forward_problem)
 
     @property
     def varlen(self):
@@ -117,6 +120,11 @@ def _array_module(named):
     cupy = _cupy()
     kinds = {}
     for name, array in named.items():
+        if isinstance(array, numpy.ma.MaskedArray):
+            raise TypeError(
+                f"{name} is a numpy.ma.MaskedArray; its mask would be ignored. Pass {name}.filled(value), or "
+                "express the mask with window_size, causal or block_mask"
+            )
         if isinstance(array, numpy.ndarray):
             kinds[name] = numpy
         elif cupy is not None and isinstance(array, cupy.ndarray):
@@ -132,6 +140,22 @@ def _array_module(named):
         listing = ", ".join(f"{n} is {'cupy' if m is not numpy else 'numpy'}" for n, m in kinds.items())
         raise TypeError(f"inputs must all be cupy arrays or all numpy arrays; got {listing}")
     return modules.pop()
+
+
+def arrays(**named):
+    """The array arguments, checked to be all NumPy or all CuPy arrays, in native byte order.
+
+    A big-endian (non-native) NumPy array of a supported dtype is converted once: the arithmetic runs
+    on native values either way, and the results come back in the native dtype. Returns the arrays in
+    the order given.
+    """
+    xp = _array_module(named)
+    out = []
+    for array in named.values():
+        if xp is numpy and not array.dtype.isnative and array.dtype.newbyteorder("=") in SUPPORTED_DTYPES.values():
+            array = array.astype(array.dtype.newbyteorder("="))
+        out.append(array)
+    return out
 
 
 def _check_dtypes(named, dtype_of="q"):
@@ -164,7 +188,12 @@ def _check_devices(xp, named):
             )
 
 
-def _check_flag(name, value):
+def _is_int(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, numpy.bool_))
+
+
+def check_flag(name, value):
+    """A bool argument (TypeError for anything else, ints included)."""
     if not isinstance(value, (bool, numpy.bool_)):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
     return bool(value)
@@ -187,80 +216,253 @@ def _softmax_scale(value, headdim, dtype):
     return value
 
 
-def forward_problem(q, k, v, causal, softmax_scale):
-    """Check the inputs of a forward call and return its :class:`Problem`."""
-    named = {"q": q, "k": k, "v": v}
-    xp = _array_module(named)
-    dtype = _check_dtypes(named)
-    for name, array in named.items():
-        _check_rank(name, array, ("batch", "seqlen", "heads", "headdim"))
-    batch, seqlen_q, heads, headdim = q.shape
-    _, seqlen_k, heads_k, _ = k.shape
-    headdim_v = v.shape[3]
-    if k.shape[0] != batch or v.shape[0] != batch:
-        raise ValueError(f"batch sizes differ: q has {batch}, k has {k.shape[0]}, v has {v.shape[0]}")
-    if v.shape[1] != seqlen_k:
-        raise ValueError(f"k and v must have the same seqlen; got k {seqlen_k}, v {v.shape[1]}")
-    if v.shape[2] != heads_k:
-        raise ValueError(f"k and v must have the same number of heads; got k {heads_k}, v {v.shape[2]}")
-    if k.shape[3] != headdim:
-        raise ValueError(f"q and k must have the same headdim; got q {headdim}, k {k.shape[3]}")
-    if headdim < 1 or headdim_v < 1:
-        raise ValueError(f"headdim must be at least 1; got q/k headdim {headdim}, v headdim {headdim_v}")
-    for name, size in (("seqlen_q", seqlen_q), ("seqlen_k", seqlen_k), ("headdim", headdim), ("headdim_v", headdim_v)):
-        if size > _MAX_SIZE:
-            raise ValueError(f"{name} must be at most {_MAX_SIZE} (32-bit kernel indices), got {size}")
+def _window(window_size, causal):
+    """(left, right) with -1 for an unbounded side; causal caps right at 0."""
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        raise TypeError(f"window_size must be a pair (left, right) of ints, got {window_size!r}")
+    left, right = window_size
+    for name, value in (("left", left), ("right", right)):
+        if not _is_int(value):
+            raise TypeError(f"window_size {name} must be an int, got {type(value).__name__} {value!r}")
+        if value < -1:
+            raise ValueError(f"window_size {name} must be -1 (unbounded) or at least 0, got {value}")
+    # Past the longest possible sequence a bound excludes nothing; the kernels hold it in 32 bits.
+    left, right = (min(int(x), _MAX_SIZE) for x in (left, right))
+    return left, 0 if causal else right
+
+
+def _softcap(value, dtype):
+    if isinstance(value, (bool, numpy.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"softcap must be a real number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"softcap must be 0 (none) or a positive finite number, got {value}")
+    # Below float64 the kernels hold softcap * log2(e) and softmax_scale / softcap in float32.
+    if value and dtype != numpy.float64 and not _FLOAT32_TINY <= value <= _FLOAT32_MAX / math.log2(math.e):
+        raise ValueError(
+            f"softcap {value} is outside the float32 range the kernels use for {dtype} inputs "
+            f"([{_FLOAT32_TINY:.3e}, {_FLOAT32_MAX / math.log2(math.e):.3e}])"
+        )
+    return value
+
+
+def _alibi_slopes(slopes, xp, batch, heads):
+    if slopes is None:
+        return None
+    kind = _array_module({"alibi_slopes": slopes})
+    if kind is not xp:
+        raise TypeError(
+            f"alibi_slopes must be a {'cupy' if xp is not numpy else 'numpy'} array like q, got a "
+            f"{'cupy' if kind is not numpy else 'numpy'} array"
+        )
+    if slopes.dtype != numpy.float32:
+        raise TypeError(f"alibi_slopes has dtype {slopes.dtype}; expected float32")
+    if slopes.shape not in ((heads,), (batch, heads)):
+        raise ValueError(f"alibi_slopes must have shape ({heads},) or ({batch}, {heads}) (batch, heads), got {slopes.shape}")
+    _check_devices(xp, {"alibi_slopes": slopes})
+    return xp.ascontiguousarray(slopes)
+
+
+def _block_mask(mask, batch, heads, seqlen_q, seqlen_k):
+    if mask is None:
+        return None
+    from ._block_mask import BlockMask
+
+    if not isinstance(mask, BlockMask):
+        raise TypeError(
+            f"block_mask must be a cupyflash.BlockMask (see BlockMask.from_dense), got {type(mask).__module__}."
+            f"{type(mask).__qualname__}"
+        )
+    block_q, block_k = mask.block_size
+    expected = (-(-seqlen_q // block_q), -(-seqlen_k // block_k))
+    b, h, rows, cols = mask.shape
+    if (rows, cols) != expected or b not in (1, batch) or h not in (1, heads):
+        raise ValueError(
+            f"block_mask has layout shape {mask.shape} for blocks {mask.block_size}; expected (1 or {batch}, "
+            f"1 or {heads}, {expected[0]}, {expected[1]}) for seqlen_q {seqlen_q}, seqlen_k {seqlen_k}"
+        )
+    return mask
+
+
+def _check_heads(heads, heads_k):
     if heads_k == 0 and heads > 0 or heads_k > 0 and heads % heads_k != 0:
         raise ValueError(
             f"the number of query heads must be a multiple of the number of kv heads; got q {heads} heads, "
             f"k/v {heads_k} heads"
         )
+
+
+def _check_sizes(sizes):
+    for name, size in sizes:
+        if size > _MAX_SIZE:
+            raise ValueError(f"{name} must be at most {_MAX_SIZE} (32-bit kernel indices), got {size}")
+
+
+def _check_grid(batch, seqlen_q, seqlen_k, heads, heads_k, rows):
     blocks = max(
         -(-seqlen_q // _GRID_ROWS) * heads * batch,
         -(-seqlen_k // _GRID_ROWS) * heads_k * batch,
-        -(-(batch * heads * seqlen_q) // _DELTA_ROWS_PER_CTA),
+        -(-(rows * heads) // _DELTA_ROWS_PER_CTA),
     )
     if blocks > _MAX_GRID_X:
         raise ValueError(
             f"problem too large for one launch: {blocks} blocks of rows over batch * heads; at most {_MAX_GRID_X}"
         )
+
+
+def _options(p, causal, window_size, softcap, alibi_slopes, block_mask):
+    """Completes problem fields ``p`` (a dict) with the mask and the score modifications."""
+    p["causal"] = check_flag("causal", causal)
+    p["window_left"], p["window_right"] = _window(window_size, p["causal"])
+    p["softcap"] = _softcap(softcap, p["dtype"])
+    p["alibi_slopes"] = _alibi_slopes(alibi_slopes, p["xp"], p["batch"], p["heads"])
+    if block_mask is not None:
+        if p.get("cu_seqlens_q") is not None:
+            raise TypeError("block_mask is not supported with packed (varlen) batches")
+        p["block_mask"] = _block_mask(block_mask, p["batch"], p["heads"], p["seqlen_q"], p["seqlen_k"])
+    return Problem(**p)
+
+
+def _heads_and_dims(q, k, v):
+    heads, headdim = q.shape[-2:]
+    heads_k = k.shape[-2]
+    headdim_v = v.shape[-1]
+    if v.shape[-2] != heads_k:
+        raise ValueError(f"k and v must have the same number of heads; got k {heads_k}, v {v.shape[-2]}")
+    if k.shape[-1] != headdim:
+        raise ValueError(f"q and k must have the same headdim; got q {headdim}, k {k.shape[-1]}")
+    if headdim < 1 or headdim_v < 1:
+        raise ValueError(f"headdim must be at least 1; got q/k headdim {headdim}, v headdim {headdim_v}")
+    _check_heads(heads, heads_k)
+    return heads, heads_k, headdim, headdim_v
+
+
+def forward_problem(q, k, v, *, causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0,
+                    alibi_slopes=None, block_mask=None):
+    """Check the inputs of a forward call (after :func:`arrays`) and return its :class:`Problem`."""
+    named = {"q": q, "k": k, "v": v}
+    xp = _array_module(named)
+    dtype = _check_dtypes(named)
+    for name, array in named.items():
+        _check_rank(name, array, ("batch", "seqlen", "heads", "headdim"))
+    batch, seqlen_q = q.shape[:2]
+    seqlen_k = k.shape[1]
+    if k.shape[0] != batch or v.shape[0] != batch:
+        raise ValueError(f"batch sizes differ: q has {batch}, k has {k.shape[0]}, v has {v.shape[0]}")
+    if v.shape[1] != seqlen_k:
+        raise ValueError(f"k and v must have the same seqlen; got k {seqlen_k}, v {v.shape[1]}")
+    heads, heads_k, headdim, headdim_v = _heads_and_dims(q, k, v)
+    _check_sizes((("seqlen_q", seqlen_q), ("seqlen_k", seqlen_k), ("headdim", headdim), ("headdim_v", headdim_v)))
+    _check_grid(batch, seqlen_q, seqlen_k, heads, heads_k, batch * seqlen_q)
     _check_devices(xp, named)
-    return Problem(
-        xp=xp,
-        dtype=dtype,
-        batch=batch,
-        seqlen_q=seqlen_q,
-        seqlen_k=seqlen_k,
-        heads=heads,
-        heads_k=heads_k,
-        headdim=headdim,
-        headdim_v=headdim_v,
-        causal=_check_flag("causal", causal),
-        softmax_scale=_softmax_scale(softmax_scale, headdim, dtype),
-        window_right=0 if causal else -1,
-    )
+    p = dict(xp=xp, dtype=dtype, batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads=heads, heads_k=heads_k,
+             headdim=headdim, headdim_v=headdim_v, softmax_scale=_softmax_scale(softmax_scale, headdim, dtype))
+    return _options(p, causal, window_size, softcap, alibi_slopes, block_mask)
 
 
-def backward_problem(dout, q, k, v, out, lse, causal, softmax_scale):
-    """Check the inputs of a backward call and return its :class:`Problem`."""
-    named = {"dout": dout, "q": q, "k": k, "v": v, "out": out, "lse": lse}
-    _array_module(named)
-    problem = forward_problem(q, k, v, causal, softmax_scale)
+def _cu_seqlens(name, cu, xp, total, batch=None):
+    if _array_module({name: cu}) is not xp:
+        raise TypeError(f"{name} must be a {'cupy' if xp is not numpy else 'numpy'} array like q")
+    if cu.dtype != numpy.int32:
+        raise TypeError(f"{name} has dtype {cu.dtype}; expected int32")
+    if cu.ndim != 1 or cu.shape[0] < 1:
+        raise ValueError(f"{name} must be 1-dimensional of length batch + 1 >= 1, got shape {cu.shape}")
+    if batch is not None and cu.shape[0] != batch + 1:
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length; got {batch + 1} and {cu.shape[0]}")
+    _check_devices(xp, {name: cu})
+    return xp.ascontiguousarray(cu)
+
+
+def _max_seqlen(name, value):
+    if value is not None and (not _is_int(value) or value < 0):
+        raise ValueError(f"{name} must be a non-negative int or None, got {value!r}")
+    return None if value is None else int(value)
+
+
+def _check_cu_seqlens_on_host(name, cu, total, given_max):
+    """Checks a host copy of cu_seqlens and returns its longest sequence."""
+    cu = numpy.asarray(cu, dtype=numpy.int64)
+    lengths = numpy.diff(cu)
+    if cu[0] != 0 or cu[-1] != total or (lengths < 0).any():
+        raise ValueError(
+            f"{name} must be non-decreasing from 0 to {total} (the rows of the packed tensor), got "
+            f"{numpy.array2string(cu, threshold=12)}"
+        )
+    longest = int(lengths.max(initial=0))
+    if given_max is not None and given_max < longest:
+        raise ValueError(f"max_seqlen_{name[-1]} is {given_max}, but {name} holds a sequence of {longest}")
+    return longest if given_max is None else given_max
+
+
+def varlen_forward_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None,
+                           causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
+    """Check the inputs of a packed (varlen) forward call (after :func:`arrays`); return its :class:`Problem`.
+
+    NumPy inputs, and CuPy inputs without both max_seqlen, check cu_seqlens on the host (for CuPy, one
+    device-to-host copy of batch + 1 integers, which waits for the current stream). CuPy inputs with both
+    max_seqlen given never synchronize: Problem.check_on_device is then True and the CUDA path checks
+    cu_seqlens on the device, filling every result with NaN when it is malformed.
+    """
+    named = {"q": q, "k": k, "v": v}
+    xp = _array_module(named)
+    dtype = _check_dtypes(named)
+    for name, array in named.items():
+        _check_rank(name, array, ("total", "heads", "headdim"))
+    total_q, total_k = q.shape[0], k.shape[0]
+    if v.shape[0] != total_k:
+        raise ValueError(f"k and v must have the same number of rows; got k {total_k}, v {v.shape[0]}")
+    heads, heads_k, headdim, headdim_v = _heads_and_dims(q, k, v)
+    cu_q = _cu_seqlens("cu_seqlens_q", cu_seqlens_q, xp, total_q)
+    cu_k = _cu_seqlens("cu_seqlens_k", cu_seqlens_k, xp, total_k, batch=cu_q.shape[0] - 1)
+    batch = cu_q.shape[0] - 1
+    max_q = _max_seqlen("max_seqlen_q", max_seqlen_q)
+    max_k = _max_seqlen("max_seqlen_k", max_seqlen_k)
+    on_device = xp is not numpy and max_q is not None and max_k is not None
+    if not on_device:
+        host = (cu_q, cu_k) if xp is numpy else (cu_q.get(), cu_k.get())
+        max_q = _check_cu_seqlens_on_host("cu_seqlens_q", host[0], total_q, max_q)
+        max_k = _check_cu_seqlens_on_host("cu_seqlens_k", host[1], total_k, max_k)
+        if xp is numpy:
+            cu_q, cu_k = host
+    _check_sizes((("total_q", total_q), ("total_k", total_k), ("headdim", headdim), ("headdim_v", headdim_v),
+                  ("max_seqlen_q", max_q), ("max_seqlen_k", max_k)))
+    _check_grid(batch, max_q, max_k, heads, heads_k, total_q)
+    _check_devices(xp, named)
+    p = dict(xp=xp, dtype=dtype, batch=batch, seqlen_q=max_q, seqlen_k=max_k, heads=heads, heads_k=heads_k,
+             headdim=headdim, headdim_v=headdim_v, softmax_scale=_softmax_scale(softmax_scale, headdim, dtype),
+             cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, total_q=total_q, total_k=total_k, check_on_device=on_device)
+    return _options(p, causal, window_size, softcap, alibi_slopes, None)
+
+
+def _backward_arrays(problem, dout, q, out, lse):
+    """Checks dout, out and lse against a forward problem."""
     _check_dtypes({"q": q, "dout": dout, "out": out})
+    axes = ("total_q", "heads", "headdim_v") if problem.varlen else ("batch", "seqlen_q", "heads", "headdim_v")
     for name, array in (("dout", dout), ("out", out)):
-        _check_rank(name, array, ("batch", "seqlen_q", "heads", "headdim_v"))
+        _check_rank(name, array, axes)
         if array.shape != problem.out_shape:
-            raise ValueError(
-                f"{name} must have shape {problem.out_shape} (batch, seqlen_q, heads, headdim_v), "
-                f"got {array.shape}"
-            )
-    _check_rank("lse", lse, ("batch", "heads", "seqlen_q"))
+            raise ValueError(f"{name} must have shape {problem.out_shape} ({', '.join(axes)}), got {array.shape}")
+    lse_axes = ("heads", "total_q") if problem.varlen else ("batch", "heads", "seqlen_q")
+    _check_rank("lse", lse, lse_axes)
     if lse.shape != problem.lse_shape:
-        raise ValueError(f"lse must have shape {problem.lse_shape} (batch, heads, seqlen_q), got {lse.shape}")
+        raise ValueError(f"lse must have shape {problem.lse_shape} ({', '.join(lse_axes)}), got {lse.shape}")
     if lse.dtype not in (numpy.float32, numpy.float64):
         raise TypeError(
             f"lse has dtype {lse.dtype}; expected float32 or float64 (flash_attention returns "
             f"{lse_dtype(problem.dtype)} for {problem.dtype} inputs)"
         )
     _check_devices(problem.xp, {"dout": dout, "out": out, "lse": lse})
+
+
+def backward_problem(dout, q, k, v, out, lse, **options):
+    """Check the inputs of a backward call (after :func:`arrays`) and return its :class:`Problem`."""
+    problem = forward_problem(q, k, v, **options)
+    _backward_arrays(problem, dout, q, out, lse)
+    return problem
+
+
+def varlen_backward_problem(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, **options):
+    """Check the inputs of a packed backward call (after :func:`arrays`) and return its :class:`Problem`."""
+    problem = varlen_forward_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, **options)
+    _backward_arrays(problem, dout, q, out, lse)
     return problem

@@ -21,12 +21,36 @@ Layout conventions (shared with the rest of the package): ``q`` is
 ``(batch, seqlen_q, heads, headdim)``, ``k`` is
 ``(batch, seqlen_k, heads_k, headdim)``, ``v`` is
 ``(batch, seqlen_k, heads_k, headdim_v)``; query head ``h`` reads key/value
-head ``h // (heads // heads_k)``.  Causal masking is bottom-right aligned:
-query ``i`` sees key ``j`` iff ``j <= i + seqlen_k - seqlen_q``.
+head ``h // (heads // heads_k)``.
+
+Features (FlashAttention-2's definitions), with ``i`` the query row, ``j``
+the key column, both counted from 0 within one sequence, and
+``offset = seqlen_k - seqlen_q`` (masks and ALiBi are bottom-right aligned):
+
+* scores ``s = softmax_scale * q . k``;
+* ``softcap > 0`` (Gemma 2): ``s = softcap * tanh(s / softcap)``;
+* ALiBi: ``s = s - slope[b, h] * |i + offset - j|``, one slope per query
+  head (and optionally per batch entry);
+* ``window_size = (left, right)``, -1 meaning unbounded on that side: query
+  ``i`` sees key ``j`` iff ``i + offset - left <= j <= i + offset + right``;
+  ``causal`` sets ``right = 0`` (plain causal is the window ``(-1, 0)``);
+* ``block_mask`` (:class:`cupyflash.BlockMask`): ``(i, j)`` is allowed iff
+  ``layout[b, h, i // block_q, j // block_k]`` (a leading axis of size 1
+  broadcasts), ANDed with the window;
+* masked scores are ``-inf``; a row that sees no key gets ``out = 0``,
+  ``lse = -inf`` and zero gradients, while NaN inputs propagate to the
+  ``out`` and ``lse`` of every row whose scores they reach;
+* :func:`attention_varlen` and :func:`attention_varlen_backward` take
+  FlashAttention-2's packed variable-length layout and treat each sequence
+  as an independent problem.
+
+Every mask is computed here straight from these definitions, independently
+of the kernels and of their shared mask policy.
 """
 
 import functools
 import math
+import operator
 
 import numpy as np
 
@@ -117,8 +141,136 @@ def _kv_heads(x):
     return x.transpose(0, 2, 1, 3)[:, :, None]
 
 
-def _probabilities(xp, q, k, causal, softmax_scale, store, acc):
-    """Return the softmax probabilities, row maxima and row sums.
+def _on_module(xp, x):
+    """Return the NumPy or CuPy array ``x`` as an ``xp`` array (copied to the host if needed)."""
+    cupy = _cupy_or_none()
+    if xp is np and cupy is not None and isinstance(x, cupy.ndarray):
+        return x.get()
+    return xp.asarray(x)
+
+
+def _window_bounds(window_size, causal):
+    """Return the window's ``(left, right)`` extents, ``None`` for an unbounded side.
+
+    Parameters
+    ----------
+    window_size : (int, int)
+        ``(left, right)``; -1 means unbounded on that side.
+    causal : bool
+        Caps ``right`` at 0, whatever it was; ``left`` is unchanged.
+    """
+    if len(window_size) != 2:
+        raise ValueError(f"window_size must be a pair (left, right), got {window_size!r}")
+    left, right = (operator.index(w) for w in window_size)
+    if min(left, right) < -1:
+        raise ValueError(f"window_size entries must be -1 (unbounded) or at least 0, got {window_size!r}")
+    if causal:
+        right = 0
+    return (None if left == -1 else left), (None if right == -1 else right)
+
+
+def _window_mask(xp, seqlen_q, seqlen_k, left, right):
+    """Return the bottom-right aligned window mask, or ``None`` when it allows everything.
+
+    Query ``i`` sees key ``j`` iff ``d - left <= j <= d + right`` where
+    ``d = i + seqlen_k - seqlen_q`` is the key on its diagonal; a ``None``
+    extent leaves that side open.
+
+    Returns
+    -------
+    mask : bool array, shape (seqlen_q, seqlen_k), or None
+    """
+    diagonal = xp.arange(seqlen_q)[:, None] + (seqlen_k - seqlen_q)
+    cols = xp.arange(seqlen_k)[None, :]
+    mask = None
+    if left is not None:
+        mask = cols >= diagonal - left
+    if right is not None:
+        upper = cols <= diagonal + right
+        mask = upper if mask is None else mask & upper
+    return mask
+
+
+def _block_cells(xp, block_mask, batch, heads_k, group, seqlen_q, seqlen_k):
+    """Return a block mask's element mask in split-head layout.
+
+    Pair ``(i, j)`` of batch entry ``b`` and query head ``h`` is allowed iff
+    ``layout[b, h, i // block_q, j // block_k]``, a leading layout axis of
+    size 1 applying to every batch entry or head.
+
+    Parameters
+    ----------
+    xp : module
+    block_mask : cupyflash.BlockMask
+        Only its ``layout`` and ``block_size`` are used.
+    batch, heads_k, group, seqlen_q, seqlen_k : int
+
+    Returns
+    -------
+    cells : bool array, shape (batch or 1, heads_k or 1, group or 1, seqlen_q, seqlen_k)
+
+    Raises
+    ------
+    ValueError
+        When the layout does not fit the problem: its block grid is not
+        ``(ceil(seqlen_q / block_q), ceil(seqlen_k / block_k))`` or a leading
+        axis is neither 1 nor ``batch`` / ``heads``.
+    """
+    layout = _on_module(xp, block_mask.layout)
+    block_q, block_k = block_mask.block_size
+    heads = heads_k * group
+    grid = (-(-seqlen_q // block_q), -(-seqlen_k // block_k))
+    if layout.ndim != 4 or tuple(layout.shape[-2:]) != grid:
+        raise ValueError(
+            f"block_mask layout of shape {tuple(layout.shape)} does not fit seqlen_q={seqlen_q}, "
+            f"seqlen_k={seqlen_k} with block_size {(block_q, block_k)}: expected (..., {grid[0]}, {grid[1]})"
+        )
+    if layout.shape[0] not in (1, batch) or layout.shape[1] not in (1, heads):
+        raise ValueError(
+            f"block_mask layout of shape {tuple(layout.shape)} does not fit batch={batch}, heads={heads}: "
+            "its leading axes must be 1 or those sizes"
+        )
+    rows = xp.arange(seqlen_q) // block_q
+    cols = xp.arange(seqlen_k) // block_k
+    cells = layout[:, :, rows[:, None], cols[None, :]]
+    if layout.shape[1] == 1:
+        return cells[:, :, None]
+    return cells.reshape(layout.shape[0], heads_k, group, seqlen_q, seqlen_k)
+
+
+def _alibi_slopes(xp, alibi_slopes, batch, heads_k, group, acc):
+    """Return ALiBi slopes in ``acc``, shaped (batch or 1, heads_k, group, 1, 1) to broadcast over scores.
+
+    ``alibi_slopes`` has shape ``(heads,)`` (shared by the batch) or
+    ``(batch, heads)``; query head ``h`` uses its own slope.
+    """
+    slopes = _on_module(xp, alibi_slopes).astype(acc)
+    heads = heads_k * group
+    if slopes.shape == (heads,):
+        slopes = slopes[None]
+    elif slopes.shape != (batch, heads):
+        raise ValueError(
+            f"alibi_slopes must have shape ({heads},) or ({batch}, {heads}), got {tuple(slopes.shape)}"
+        )
+    return slopes.reshape(slopes.shape[0], heads_k, group, 1, 1)
+
+
+def _softcap(softcap):
+    """Return ``softcap`` as a float, checking that it is 0 (none) or positive."""
+    softcap = float(softcap)
+    if not softcap >= 0:
+        raise ValueError(f"softcap must be 0 (none) or positive, got {softcap}")
+    return softcap
+
+
+def _scores(xp, q, k, causal, softmax_scale, window_size, softcap, alibi_slopes, block_mask, store, acc):
+    """Return the modified, masked scores and the softcap's tanh.
+
+    In order: ``s = softmax_scale * q . k``; with a softcap,
+    ``s = softcap * tanh(s / softcap)``; with ALiBi,
+    ``s = s - slope * |i + seqlen_k - seqlen_q - j|``; finally ``-inf`` where
+    the window (with causal) or the block mask hides the key.  Each stage is
+    rounded through ``store``.
 
     Parameters
     ----------
@@ -126,28 +278,70 @@ def _probabilities(xp, q, k, causal, softmax_scale, store, acc):
         NumPy or CuPy.
     q : array, shape (batch, heads_k, group, seqlen_q, headdim)
     k : array, shape (batch, heads_k, 1, seqlen_k, headdim)
-    causal : bool
-    softmax_scale : float
+    causal, softmax_scale, window_size, softcap, alibi_slopes, block_mask
+        As in :func:`attention` (``softmax_scale`` already defaulted).
     store, acc : numpy.dtype
         See :func:`_precisions`.
 
     Returns
     -------
-    p : array, shape (batch, heads_k, group, seqlen_q, seqlen_k)
-        Probabilities, rounded through ``store``; rows seeing no key are 0.
-    m : array, shape (batch, heads_k, group, seqlen_q)
-        Row maxima of the scaled scores (``-inf`` for rows seeing no key).
-    l : array, shape (batch, heads_k, group, seqlen_q)
-        Row sums of ``exp(scores - m)`` (0 for rows seeing no key).
+    s : array, shape (batch, heads_k, group, seqlen_q, seqlen_k)
+        Scores in ``acc``; masked entries are ``-inf``.
+    t : array of the shape of ``s``, or None
+        ``tanh(s0 / softcap)`` of the scaled scores ``s0`` (``None`` without
+        a softcap), for the backward pass.
     """
     rnd = _rounder(store, acc)
-    seqlen_q, seqlen_k = q.shape[-2], k.shape[-2]
+    batch, heads_k, group, seqlen_q, _ = q.shape
+    seqlen_k = k.shape[-2]
+    softcap = _softcap(softcap)
+    # Arguments are checked before the arithmetic starts.
+    mask = _window_mask(xp, seqlen_q, seqlen_k, *_window_bounds(window_size, causal))
+    if block_mask is not None:
+        cells = _block_cells(xp, block_mask, batch, heads_k, group, seqlen_q, seqlen_k)
+        mask = cells if mask is None else mask & cells
+    slopes = None if alibi_slopes is None else _alibi_slopes(xp, alibi_slopes, batch, heads_k, group, acc)
+
     s = rnd(xp.matmul(q, k.swapaxes(-1, -2)) * acc.type(softmax_scale))
-    if causal:
+    t = None
+    if softcap > 0:
+        cap = acc.type(softcap)
+        t = xp.tanh(s / cap)
+        s = rnd(cap * t)
+    if slopes is not None:
         rows = xp.arange(seqlen_q)[:, None]
         cols = xp.arange(seqlen_k)[None, :]
-        s = xp.where(cols <= rows + (seqlen_k - seqlen_q), s, acc.type(-np.inf))
-    if seqlen_k == 0:
+        distance = xp.abs(rows + (seqlen_k - seqlen_q) - cols).astype(acc)
+        s = rnd(s - slopes * distance)
+    if mask is not None:
+        s = xp.where(mask, s, acc.type(-np.inf))
+    return s, t
+
+
+def _probabilities(xp, s, store, acc):
+    """Return the softmax probabilities, row maxima and row sums of masked scores.
+
+    Parameters
+    ----------
+    xp : module
+        NumPy or CuPy.
+    s : array, shape (batch, heads_k, group, seqlen_q, seqlen_k)
+        Scores from :func:`_scores`, in ``acc``.
+    store, acc : numpy.dtype
+        See :func:`_precisions`.
+
+    Returns
+    -------
+    p : array, shape of ``s``
+        Probabilities, rounded through ``store``; rows seeing no key are 0.
+    m : array, shape (batch, heads_k, group, seqlen_q)
+        Row maxima of the scores (``-inf`` for rows seeing no key).
+    l : array, shape (batch, heads_k, group, seqlen_q)
+        Row sums of ``exp(scores - m)``: 0 exactly for rows seeing no key
+        (every score ``-inf``), NaN for rows reached by a NaN input.
+    """
+    rnd = _rounder(store, acc)
+    if s.shape[-1] == 0:
         # A maximum over an empty axis is undefined; no key means m = -inf.
         m = xp.full(s.shape[:-1], -np.inf, dtype=acc)
     else:
@@ -158,7 +352,8 @@ def _probabilities(xp, q, k, causal, softmax_scale, store, acc):
     e = xp.exp(s - m_base[..., None])
     l = e.sum(axis=-1)
     # Dividing by 1 where l == 0 avoids 0/0; those rows are all zeros anyway.
-    p = rnd(e / xp.where(l > 0, l, acc.type(1))[..., None])
+    # The test is ``l != 0``, not ``l > 0``, so that a NaN sum stays NaN.
+    p = rnd(e / xp.where(l != 0, l, acc.type(1))[..., None])
     return p, m, l
 
 
@@ -180,7 +375,8 @@ def _default_scale(softmax_scale, headdim):
     return float(softmax_scale)
 
 
-def attention(q, k, v, causal=False, softmax_scale=None, *, compute_dtype=None):
+def attention(q, k, v, causal=False, softmax_scale=None, *, window_size=(-1, -1), softcap=0.0,
+              alibi_slopes=None, block_mask=None, compute_dtype=None):
     """Naive softmax attention forward pass.
 
     Parameters
@@ -192,9 +388,23 @@ def attention(q, k, v, causal=False, softmax_scale=None, *, compute_dtype=None):
         multiple of ``heads_k``.
     causal : bool, optional
         Bottom-right aligned causal mask: query ``i`` sees key ``j`` iff
-        ``j <= i + seqlen_k - seqlen_q``.
+        ``j <= i + seqlen_k - seqlen_q``.  Caps the window's ``right`` at 0.
     softmax_scale : float, optional
         Multiplier of ``q @ k^T``; defaults to ``1 / sqrt(headdim)``.
+    window_size : (int, int), optional
+        ``(left, right)`` local attention, -1 meaning unbounded on that side:
+        query ``i`` sees key ``j`` iff
+        ``i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right``.
+    softcap : float, optional
+        When positive, scores become ``softcap * tanh(s / softcap)`` (after
+        the scale); 0 means none.
+    alibi_slopes : array, shape (heads,) or (batch, heads), optional
+        NumPy or CuPy (float32 in practice); adds
+        ``-slope[b, h] * |i + seqlen_k - seqlen_q - j|`` to the score after
+        the softcap.
+    block_mask : cupyflash.BlockMask, optional
+        Allows ``(i, j)`` iff ``layout[b, h, i // block_q, j // block_k]``
+        (leading axes of size 1 broadcast), ANDed with the window.
     compute_dtype : dtype-like, optional
         ``None`` (default) computes the float64 oracle.  A floating dtype
         (float16, ``ml_dtypes.bfloat16``, float32, float64, or
@@ -207,39 +417,53 @@ def attention(q, k, v, causal=False, softmax_scale=None, *, compute_dtype=None):
         In float64 for the oracle, else in ``compute_dtype``.  Rows seeing
         no key are 0.
     lse : array, shape (batch, heads, seqlen_q)
-        Natural-log log-sum-exp of each row's scaled (masked) scores; ``-inf``
-        for rows seeing no key.  float64 for the oracle, float32 for 16- and
-        32-bit ``compute_dtype``, else ``compute_dtype``.
+        Natural-log log-sum-exp of each row's modified, masked scores;
+        ``-inf`` for rows seeing no key, NaN for rows reached by a NaN input.
+        float64 for the oracle, float32 for 16- and 32-bit ``compute_dtype``,
+        else ``compute_dtype``.
+
+    Raises
+    ------
+    ValueError
+        On a malformed ``window_size``, a negative ``softcap``, or
+        ``alibi_slopes`` or ``block_mask`` shapes that do not fit the problem.
     """
     softmax_scale = _default_scale(softmax_scale, q.shape[-1])
     xp, store, acc, qh, kh, vh = _prepare(q, k, v, compute_dtype)
     rnd = _rounder(store, acc)
-    p, m, l = _probabilities(xp, qh, kh, causal, softmax_scale, store, acc)
+    s, _ = _scores(xp, qh, kh, causal, softmax_scale, window_size, softcap, alibi_slopes, block_mask, store, acc)
+    p, m, l = _probabilities(xp, s, store, acc)
     out = rnd(xp.matmul(p, vh))
-    # log(0) is avoided by the substitution; the where puts -inf back.
-    lse = xp.where(l > 0, m + xp.log(xp.where(l > 0, l, acc.type(1))), acc.type(-np.inf))
+    # log(0) is avoided by the substitution; the where puts -inf back.  As in
+    # _probabilities, ``l != 0`` lets a NaN sum through to a NaN lse.
+    seen = l != 0
+    lse = xp.where(seen, m + xp.log(xp.where(seen, l, acc.type(1))), acc.type(-np.inf))
     batch, heads_k, group, seqlen_q = lse.shape
     lse = lse.reshape(batch, heads_k * group, seqlen_q)
     return _merge_heads(out).astype(store), lse
 
 
-def attention_backward(dout, q, k, v, causal=False, softmax_scale=None, *, compute_dtype=None):
+def attention_backward(dout, q, k, v, causal=False, softmax_scale=None, *, window_size=(-1, -1), softcap=0.0,
+                       alibi_slopes=None, block_mask=None, compute_dtype=None):
     """Naive softmax attention backward pass.
 
-    Implements, with ``P = softmax(scale * q k^T)`` (masked) and
+    Implements, with ``P`` the (modified, masked) softmax probabilities and
     ``O = P v``::
 
         dV = P^T dO,  dP = dO V^T,  delta = rowsum(dO * O),
-        dS = P * (dP - delta),  dQ = scale * dS K,  dK = scale * dS^T Q.
+        dS = P * (dP - delta) [* (1 - tanh^2(s0 / softcap))],
+        dQ = scale * dS K,  dK = scale * dS^T Q,
 
-    ``dK`` and ``dV`` are summed over the query heads sharing a key/value
-    head.
+    the bracketed factor, the derivative of ``softcap * tanh(s0 / softcap)``
+    at the scaled scores ``s0``, applying with a softcap.  ALiBi and the
+    masks enter only through ``P``.  ``dK`` and ``dV`` are summed over the
+    query heads sharing a key/value head.
 
     Parameters
     ----------
     dout : array, shape (batch, seqlen_q, heads, headdim_v)
         Gradient of the loss with respect to ``out``.
-    q, k, v, causal, softmax_scale, compute_dtype
+    q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes, block_mask, compute_dtype
         As in :func:`attention`.
 
     Returns
@@ -254,14 +478,19 @@ def attention_backward(dout, q, k, v, causal=False, softmax_scale=None, *, compu
     xp, store, acc, qh, kh, vh = _prepare(q, k, v, compute_dtype)
     rnd = _rounder(store, acc)
     doh = _split_heads(dout.astype(store).astype(acc), k.shape[2])
-    p, _, _ = _probabilities(xp, qh, kh, causal, softmax_scale, store, acc)
+    s, t = _scores(xp, qh, kh, causal, softmax_scale, window_size, softcap, alibi_slopes, block_mask, store, acc)
+    p, _, _ = _probabilities(xp, s, store, acc)
     out = rnd(xp.matmul(p, vh))
     scale = acc.type(softmax_scale)
     # Sums over the query group (axis 2) happen in ``acc`` before rounding.
     dv = rnd(xp.matmul(p.swapaxes(-1, -2), doh).sum(axis=2))
     dp = rnd(xp.matmul(doh, vh.swapaxes(-1, -2)))
     delta = (doh * out).sum(axis=-1)
-    ds = rnd(p * (dp - delta[..., None]))
+    ds = p * (dp - delta[..., None])
+    if t is not None:
+        # d(softcap * tanh(s0 / softcap)) / ds0 = 1 - tanh^2(s0 / softcap).
+        ds = ds * (acc.type(1) - t * t)
+    ds = rnd(ds)
     dq = rnd(xp.matmul(ds, kh) * scale)
     dk = rnd(xp.matmul(ds.swapaxes(-1, -2), qh).sum(axis=2) * scale)
     return (
@@ -269,3 +498,136 @@ def attention_backward(dout, q, k, v, causal=False, softmax_scale=None, *, compu
         dk.transpose(0, 2, 1, 3).astype(store),
         dv.transpose(0, 2, 1, 3).astype(store),
     )
+
+
+def _sequences(cu_seqlens_q, cu_seqlens_k, total_q, total_k):
+    """Return each sequence's query and key row ranges from the cumulative offsets.
+
+    Parameters
+    ----------
+    cu_seqlens_q, cu_seqlens_k : int array, shape (batch + 1,)
+        NumPy or CuPy; sequence ``b`` owns rows ``cu[b]:cu[b + 1]``.
+    total_q, total_k : int
+        Rows of the packed queries and keys.
+
+    Returns
+    -------
+    list of ((int, int), (int, int))
+        ``((q_begin, q_end), (k_begin, k_end))`` per sequence, on the host.
+
+    Raises
+    ------
+    ValueError
+        When the offsets are not non-decreasing integers within the packed
+        rows, or the two arrays describe different batch sizes.
+    """
+    bounds = []
+    for name, cu, total in (("cu_seqlens_q", cu_seqlens_q, total_q), ("cu_seqlens_k", cu_seqlens_k, total_k)):
+        cu = _on_module(np, cu)
+        if (
+            cu.ndim != 1
+            or cu.size == 0
+            or cu.dtype.kind not in "iu"
+            or (np.diff(cu) < 0).any()
+            or cu[0] < 0
+            or cu[-1] > total
+        ):
+            raise ValueError(
+                f"{name} must be a non-empty, non-decreasing 1-D integer array within [0, {total}], got {cu!r}"
+            )
+        bounds.append([int(c) for c in cu])
+    cu_q, cu_k = bounds
+    if len(cu_q) != len(cu_k):
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k have lengths {len(cu_q)} and {len(cu_k)}; they must match")
+    return list(zip(zip(cu_q[:-1], cu_q[1:]), zip(cu_k[:-1], cu_k[1:])))
+
+
+def _sequence_slopes(alibi_slopes, batch):
+    """Return the ALiBi slopes of each sequence: shared ``(heads,)`` slopes, or row ``b`` of ``(batch, heads)``."""
+    if alibi_slopes is None or alibi_slopes.ndim == 1:
+        return [alibi_slopes] * batch
+    if alibi_slopes.shape[0] != batch:
+        raise ValueError(f"alibi_slopes of shape {tuple(alibi_slopes.shape)} do not fit {batch} sequences")
+    return [alibi_slopes[b] for b in range(batch)]
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, softmax_scale=None, *,
+                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, compute_dtype=None):
+    """Naive variable-length attention forward pass (FlashAttention-2's packed layout).
+
+    Sequence ``b`` is an independent problem: queries
+    ``q[cu_seqlens_q[b]:cu_seqlens_q[b + 1]]`` attend to the keys and values
+    ``cu_seqlens_k[b]:cu_seqlens_k[b + 1]``, with its own ``seqlen_q`` and
+    ``seqlen_k`` aligning causal, the window and ALiBi.  Each is computed by
+    :func:`attention` with a batch of 1.
+
+    Parameters
+    ----------
+    q : array, shape (total_q, heads, headdim)
+    k : array, shape (total_k, heads_k, headdim)
+    v : array, shape (total_k, heads_k, headdim_v)
+    cu_seqlens_q, cu_seqlens_k : int array, shape (batch + 1,)
+        NumPy or CuPy cumulative row offsets of the sequences.
+    causal, softmax_scale, window_size, softcap, compute_dtype
+        As in :func:`attention`.
+    alibi_slopes : array, shape (heads,) or (batch, heads), optional
+        Shared slopes, or row ``b`` for sequence ``b``.
+
+    Returns
+    -------
+    out : array, shape (total_q, heads, headdim_v)
+    lse : array, shape (heads, total_q)
+        Dtypes as in :func:`attention`.  Rows of a sequence with no keys (and
+        rows outside every sequence) get ``out = 0`` and ``lse = -inf``.
+    """
+    xp = _array_module(q)
+    store, acc = _precisions(compute_dtype)
+    sequences = _sequences(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0])
+    slopes = _sequence_slopes(alibi_slopes, len(sequences))
+    out = xp.zeros(q.shape[:2] + v.shape[2:], dtype=store)
+    lse = xp.full((q.shape[1], q.shape[0]), -np.inf, dtype=acc)
+    for ((q0, q1), (k0, k1)), sequence_slopes in zip(sequences, slopes):
+        seq_out, seq_lse = attention(
+            q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], causal, softmax_scale, window_size=window_size,
+            softcap=softcap, alibi_slopes=sequence_slopes, compute_dtype=compute_dtype,
+        )
+        out[q0:q1] = seq_out[0]
+        lse[:, q0:q1] = seq_lse[0]
+    return out, lse
+
+
+def attention_varlen_backward(dout, q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, softmax_scale=None, *,
+                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None, compute_dtype=None):
+    """Naive variable-length attention backward pass.
+
+    Each sequence runs :func:`attention_backward` with a batch of 1; see
+    :func:`attention_varlen` for the layout.
+
+    Parameters
+    ----------
+    dout : array, shape (total_q, heads, headdim_v)
+        Gradient of the loss with respect to ``out``.
+    q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, window_size, softcap, alibi_slopes, compute_dtype
+        As in :func:`attention_varlen`.
+
+    Returns
+    -------
+    dq : array, shape of ``q``
+    dk : array, shape of ``k``
+    dv : array, shape of ``v``
+        Dtypes as in :func:`attention_backward`.  Query rows seeing no key,
+        keys of sequences without queries and rows outside every sequence get
+        zero gradients.
+    """
+    xp = _array_module(q)
+    store, _ = _precisions(compute_dtype)
+    sequences = _sequences(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0])
+    slopes = _sequence_slopes(alibi_slopes, len(sequences))
+    dq, dk, dv = (xp.zeros(x.shape, dtype=store) for x in (q, k, v))
+    for ((q0, q1), (k0, k1)), sequence_slopes in zip(sequences, slopes):
+        grads = attention_backward(
+            dout[None, q0:q1], q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], causal, softmax_scale,
+            window_size=window_size, softcap=softcap, alibi_slopes=sequence_slopes, compute_dtype=compute_dtype,
+        )
+        dq[q0:q1], dk[k0:k1], dv[k0:k1] = (g[0] for g in grads)
+    return dq, dk, dv

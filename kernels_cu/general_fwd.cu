@@ -82,7 +82,7 @@ general_fwd(const CUPYFLASH_GRID_CONSTANT FwdArgs args) {
 
     // Epilogue. A row that saw no key has sum 0: its output is 0 (not 0/0) and its lse is -inf.
     if (i >= seq.seqlen_q) return;
-    const bool seen = stats.sum > Acc(0);
+    const bool seen = stats.seen();
     T* out_row = head_rows<T>(args.out, b, seq.q_start, h) + static_cast<long long>(i) * args.out.row_stride;
 #pragma unroll
     for (int j = 0; j < Tr::kOutPerThread; ++j) {

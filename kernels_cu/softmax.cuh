@@ -58,11 +58,15 @@ struct OnlineSoftmaxRow {
         return base;
     }
 
+    // A row that saw no key keeps sum == 0. A NaN score makes the sum NaN (fmax skips NaN, so the max
+    // stays finite and exp(NaN - max) is NaN), and NaN != 0 counts as seen: the row comes out NaN.
+    __device__ __forceinline__ bool seen() const { return sum != Acc(0); }
+
     // Natural-log log-sum-exp of the row, evaluated in the lse type L (see lse_t in dtypes.cuh);
-    // -inf for a row that saw no key (sum == 0).
+    // -inf for a row that saw no key.
     template <typename L>
     __device__ __forceinline__ L lse() const {
-        return sum > Acc(0) ? L(max) + log_acc(L(sum)) : Consts<L>::neg_inf();
+        return seen() ? L(max) + log_acc(L(sum)) : Consts<L>::neg_inf();
     }
 };
 

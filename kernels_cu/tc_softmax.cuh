@@ -88,12 +88,13 @@ struct FragmentSoftmax {
     }
 
     // Adds the quad's partial sums; returns 1 / l per row (0 for a row that saw no key, whose output
-    // must be 0 rather than 0/0) and writes the natural-log lse (-inf for such a row).
+    // must be 0 rather than 0/0) and writes the natural-log lse (-inf for such a row). A NaN score makes
+    // l NaN, and NaN != 0: the row's output and lse come out NaN, as the reference's do.
     __device__ __forceinline__ void finish(float (&inv_l)[2], float (&lse)[2]) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const float total = group_sum<4>(l[r]);
-            const bool seen = total > 0.0f;
+            const bool seen = total != 0.0f;
             inv_l[r] = seen ? 1.0f / total : 0.0f;
             lse[r] = seen ? kLn2F * (m2[r] + __log2f(total)) : Consts<float>::neg_inf();
         }

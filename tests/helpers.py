@@ -78,20 +78,38 @@ def random_qkv(xp, batch, seqlen_q, seqlen_k, heads, heads_k, headdim, headdim_v
     return q, k, v
 
 
-def _reference_results(q, k, v, causal, softmax_scale, dout, compute_dtype):
+def _host_options(options):
+    """Mask and score options with any device array (ALiBi slopes) copied to the host."""
+    options = dict(options)
+    if options.get("alibi_slopes") is not None:
+        options["alibi_slopes"] = to_host(options["alibi_slopes"])
+    return options
+
+
+def _reference_results(q, k, v, causal, softmax_scale, dout, compute_dtype, options):
     """Run the reference on the host; return a dict of its results."""
     q, k, v = (to_host(x) for x in (q, k, v))
-    out, lse = reference.attention(q, k, v, causal, softmax_scale, compute_dtype=compute_dtype)
+    options = _host_options(options)
+    cu = options.pop("cu_seqlens", None)
+    if cu is not None:
+        cu_q, cu_k = (to_host(c) for c in cu)
+        out, lse = reference.attention_varlen(q, k, v, cu_q, cu_k, causal, softmax_scale, compute_dtype=compute_dtype,
+                                              **options)
+    else:
+        out, lse = reference.attention(q, k, v, causal, softmax_scale, compute_dtype=compute_dtype, **options)
     results = {"out": out, "lse": lse}
     if dout is not None:
-        grads = reference.attention_backward(
-            to_host(dout), q, k, v, causal, softmax_scale, compute_dtype=compute_dtype
-        )
+        if cu is not None:
+            grads = reference.attention_varlen_backward(to_host(dout), q, k, v, cu_q, cu_k, causal, softmax_scale,
+                                                        compute_dtype=compute_dtype, **options)
+        else:
+            grads = reference.attention_backward(to_host(dout), q, k, v, causal, softmax_scale,
+                                                 compute_dtype=compute_dtype, **options)
         results.update(zip(("dq", "dk", "dv"), grads))
     return results
 
 
-def oracle(q, k, v, causal=False, softmax_scale=None, dout=None):
+def oracle(q, k, v, causal=False, softmax_scale=None, dout=None, **options):
     """Compute the oracle on the host.
 
     The oracle runs in float64 for 16- and 32-bit inputs and in
@@ -106,6 +124,10 @@ def oracle(q, k, v, causal=False, softmax_scale=None, dout=None):
     softmax_scale : float, optional
     dout : array, optional
         When given, the gradients are computed too.
+    **options
+        ``window_size``, ``softcap``, ``alibi_slopes``, ``block_mask`` of
+        :func:`cupyflash.reference.attention`, and ``cu_seqlens=(cu_q, cu_k)``
+        for packed (varlen) inputs.
 
     Returns
     -------
@@ -114,16 +136,16 @@ def oracle(q, k, v, causal=False, softmax_scale=None, dout=None):
         given, as NumPy arrays.
     """
     compute_dtype = np.longdouble if q.dtype == np.float64 else np.float64
-    return _reference_results(q, k, v, causal, softmax_scale, dout, compute_dtype)
+    return _reference_results(q, k, v, causal, softmax_scale, dout, compute_dtype, options)
 
 
-def plain(q, k, v, causal=False, softmax_scale=None, dout=None):
+def plain(q, k, v, causal=False, softmax_scale=None, dout=None, **options):
     """Compute the plain same-precision baseline on the host.
 
     Same parameters and return value as :func:`oracle`; the reference runs
     with ``compute_dtype`` equal to the input dtype.
     """
-    return _reference_results(q, k, v, causal, softmax_scale, dout, q.dtype)
+    return _reference_results(q, k, v, causal, softmax_scale, dout, q.dtype, options)
 
 
 def _ulp(value, dtype):
@@ -181,3 +203,91 @@ def assert_within_rule(name, got, oracle, plain, factor):
         f"{name}: max|got - oracle| = {err_got:.3e} > {factor} * max|plain - oracle| "
         f"({err_plain:.3e}) + ulp(max|oracle|) ({ulp:.3e}) = {bound:.3e}"
     )
+
+
+def _outputs(got, ref, base, dtype):
+    """Apply the rule to every result of ``got`` (name -> array) and check dtypes."""
+    lse_dtype = np.float64 if np.dtype(dtype).itemsize >= 4 else np.float32
+    for name, value in got.items():
+        assert value.dtype == (lse_dtype if name == "lse" else dtype), name
+        factor = OUTPUT_FACTOR if name in ("out", "lse") else GRAD_FACTOR
+        assert_within_rule(name, value, ref[name], base[name], factor)
+
+
+def check_dense(xp, sizes, dtype, *, causal=False, backward=True, deterministic=False, scale=1.0, seed=None,
+                **options):
+    """Run cupyflash's dense API on fresh random inputs with ``options`` (window_size, softcap,
+    alibi_slopes, block_mask) and apply the tolerance rule to out, lse and the gradients.
+
+    ``sizes`` is (batch, seqlen_q, seqlen_k, heads, heads_k, headdim, headdim_v). Returns the results.
+    """
+    import cupyflash
+
+    dt = np.dtype(dtype)
+    seed = seed_from(sizes, dt.name, causal, sorted(map(str, options.items()))) if seed is None else seed
+    batch, seqlen_q, seqlen_k, heads, heads_k, headdim, headdim_v = sizes
+    q, k, v = random_qkv(xp, batch, seqlen_q, seqlen_k, heads, heads_k, headdim, headdim_v, dt, seed, scale)
+    dout = random_normal(xp, (batch, seqlen_q, heads, headdim_v), dt, np.random.default_rng(seed + 1))
+    out, lse = cupyflash.flash_attention(q, k, v, causal=causal, return_lse=True, **options)
+    got = {"out": out, "lse": lse}
+    if backward:
+        grads = cupyflash.flash_attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=deterministic,
+                                                   **options)
+        got.update(zip(("dq", "dk", "dv"), grads))
+    dout_ref = dout if backward else None
+    _outputs(got, oracle(q, k, v, causal, dout=dout_ref, **options), plain(q, k, v, causal, dout=dout_ref, **options), dt)
+    return got
+
+
+def packed_offsets(lengths):
+    """int32 cu_seqlens of a list of sequence lengths."""
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+
+
+def check_varlen(xp, lengths_q, lengths_k, heads, heads_k, headdim, headdim_v, dtype, *, causal=False, backward=True,
+                 deterministic=False, max_seqlen=None, seed=None, **options):
+    """Run cupyflash's varlen API on packed random sequences and apply the tolerance rule.
+
+    ``max_seqlen`` is None (cu_seqlens checked on the host) or a pair passed as max_seqlen_q/_k.
+    """
+    import cupyflash
+
+    dt = np.dtype(dtype)
+    seed = seed_from(lengths_q, lengths_k, heads, headdim, dt.name, causal, sorted(map(str, options.items()))) \
+        if seed is None else seed
+    cu_q, cu_k = packed_offsets(lengths_q), packed_offsets(lengths_k)
+    rng = np.random.default_rng(seed)
+    q = random_normal(xp, (int(cu_q[-1]), heads, headdim), dt, rng)
+    k = random_normal(xp, (int(cu_k[-1]), heads_k, headdim), dt, rng)
+    v = random_normal(xp, (int(cu_k[-1]), heads_k, headdim_v), dt, rng)
+    dout = random_normal(xp, (int(cu_q[-1]), heads, headdim_v), dt, rng)
+    cu = (xp.asarray(cu_q), xp.asarray(cu_k))
+    sizes = {} if max_seqlen is None else {"max_seqlen_q": max_seqlen[0], "max_seqlen_k": max_seqlen[1]}
+    out, lse = cupyflash.flash_attention_varlen(q, k, v, *cu, causal=causal, return_lse=True, **sizes, **options)
+    got = {"out": out, "lse": lse}
+    if backward:
+        grads = cupyflash.flash_attention_varlen_backward(dout, q, k, v, out, lse, *cu, causal=causal,
+                                                          deterministic=deterministic, **sizes, **options)
+        got.update(zip(("dq", "dk", "dv"), grads))
+    dout_ref = dout if backward else None
+    ref = oracle(q, k, v, causal, dout=dout_ref, cu_seqlens=cu, **options)
+    base = plain(q, k, v, causal, dout=dout_ref, cu_seqlens=cu, **options)
+    _outputs(got, ref, base, dt)
+    return got
+
+
+def random_layout(shape, density, seed):
+    """A random bool block layout with every query-block row holding at least one set block."""
+    rng = np.random.default_rng(seed)
+    layout = rng.random(shape) < density
+    rows, cols = shape[-2:]
+    layout[..., np.arange(rows), np.minimum(np.arange(rows), cols - 1)] = True
+    return layout
+
+
+def alibi(xp, batch, heads, per_batch=False):
+    """ALiBi slopes 2^(-8 (h + 1) / heads), shape (heads,) or (batch, heads) with a different row per entry."""
+    slopes = 2.0 ** (-8.0 * (np.arange(heads) + 1) / heads)
+    if per_batch:
+        slopes = slopes[None, :] * (1 + np.arange(batch)[:, None])
+    return xp.asarray(slopes.astype(np.float32))

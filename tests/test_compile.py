@@ -39,7 +39,7 @@ def _report(variants, arch):
 @pytest.fixture(scope="module")
 def reports():
     def group(v):
-        return (v.source_file, v.dtype)
+        return (v.source_file, v.dtype or "")
 
     groups = [tuple(vs) for _, vs in itertools.groupby(sorted(_families.VARIANTS, key=group), key=group)]
     # Programs of a few variants each keep every core busy to the end; the largest kernels go first.

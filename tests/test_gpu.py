@@ -122,7 +122,7 @@ def _selected(families, dtype, headdim, headdim_v, device=H200, causal=True):
     from cupyflash import _validate
 
     q, k, v = random_qkv(cupy, 1, 3, 3, 1, 1, headdim, headdim_v, DTYPES[dtype], seed=3)
-    family, variant = _families.select(families, _validate.forward_problem(q, k, v, causal, None), device)
+    family, variant = _families.select(families, _validate.forward_problem(q, k, v, causal=causal), device)
     return variant.key if family.name != "general" else None
 
 

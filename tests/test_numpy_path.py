@@ -64,7 +64,7 @@ def make_problem(batch, seqlen_q, seqlen_k, heads, heads_k, headdim, headdim_v, 
 
 def _problem(q, k, v, causal, softmax_scale):
     """The validated problem the public functions would pass to the NumPy path."""
-    return _validate.forward_problem(q, k, v, causal, softmax_scale)
+    return _validate.forward_problem(q, k, v, causal=causal, softmax_scale=softmax_scale)
 
 
 def run_numpy_path(q, k, v, dout, causal, softmax_scale, block_m=64, block_n=64):

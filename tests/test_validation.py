@@ -186,3 +186,138 @@ def test_delta_grid_limit():
     k = v = np.lib.stride_tricks.as_strided(np.zeros(8, np.float16), (2**20, 4, 4, 8), (0, 0, 0, 2))
     with pytest.raises(ValueError, match=r"problem too large for one launch"):
         cupyflash.flash_attention(q, k, v)
+
+
+# ------------------------------------------------------------------------- masks and score modifications
+
+
+@pytest.mark.parametrize("window, error, message", [
+    ((1, 2, 3), TypeError, r"window_size must be a pair \(left, right\) of ints, got \(1, 2, 3\)"),
+    (5, TypeError, r"window_size must be a pair \(left, right\) of ints, got 5"),
+    ((1.5, 0), TypeError, r"window_size left must be an int, got float 1.5"),
+    ((0, True), TypeError, r"window_size right must be an int, got bool True"),
+    ((-2, 0), ValueError, r"window_size left must be -1 \(unbounded\) or at least 0, got -2"),
+    ((0, -5), ValueError, r"window_size right must be -1 \(unbounded\) or at least 0, got -5"),
+])
+def test_bad_window_size(window, error, message):
+    q, k, v = _qkv()
+    with pytest.raises(error, match=message):
+        cupyflash.flash_attention(q, k, v, window_size=window)
+
+
+def test_huge_window_is_unbounded():
+    q, k, v = _qkv()
+    np.testing.assert_array_equal(cupyflash.flash_attention(q, k, v, window_size=(10**12, 10**12)),
+                                  cupyflash.flash_attention(q, k, v))
+
+
+@pytest.mark.parametrize("softcap, error, message", [
+    ("1", TypeError, r"softcap must be a real number, got str '1'"),
+    (True, TypeError, r"softcap must be a real number, got bool True"),
+    (-1.0, ValueError, r"softcap must be 0 \(none\) or a positive finite number, got -1.0"),
+    (float("inf"), ValueError, r"softcap must be 0 \(none\) or a positive finite number, got inf"),
+    (1e-45, ValueError, r"softcap 1e-45 is outside the float32 range the kernels use for float32 inputs"),
+])
+def test_bad_softcap(softcap, error, message):
+    q, k, v = _qkv()
+    with pytest.raises(error, match=message):
+        cupyflash.flash_attention(q, k, v, softcap=softcap)
+
+
+def test_bad_alibi_slopes():
+    q, k, v = _qkv()
+    with pytest.raises(TypeError, match=r"alibi_slopes has dtype float64; expected float32"):
+        cupyflash.flash_attention(q, k, v, alibi_slopes=np.ones(4))
+    with pytest.raises(ValueError, match=r"alibi_slopes must have shape \(4,\) or \(2, 4\) \(batch, heads\), got \(2,\)"):
+        cupyflash.flash_attention(q, k, v, alibi_slopes=np.ones(2, np.float32))
+    with pytest.raises(TypeError, match=r"alibi_slopes must be a cupy.ndarray or numpy.ndarray, got builtins.list"):
+        cupyflash.flash_attention(q, k, v, alibi_slopes=[1.0] * 4)
+
+
+def test_bad_block_mask():
+    q, k, v = _qkv()  # batch 2, seqlen_q 5, seqlen_k 7, heads 4
+    with pytest.raises(TypeError, match=r"block_mask must be a cupyflash.BlockMask \(see BlockMask.from_dense\), got numpy.ndarray"):
+        cupyflash.flash_attention(q, k, v, block_mask=np.ones((1, 1, 1, 1), bool))
+    mask = cupyflash.BlockMask.from_dense(np.ones((1, 1, 2, 2), bool), (4, 4))
+    with pytest.raises(ValueError, match=r"block_mask has layout shape \(1, 3, 2, 2\) for blocks \(4, 4\); expected \(1 or 2, 1 or 4, 2, 2\)"):
+        cupyflash.flash_attention(q, k, v, block_mask=cupyflash.BlockMask.from_dense(np.ones((1, 3, 2, 2), bool), (4, 4)))
+    with pytest.raises(ValueError, match=r"expected \(1 or 2, 1 or 4, 1, 2\) for seqlen_q 5, seqlen_k 7"):
+        cupyflash.flash_attention(q, k, v, block_mask=cupyflash.BlockMask.from_dense(np.ones((1, 1, 2, 2), bool), (8, 4)))
+    cupyflash.flash_attention(q, k, v, block_mask=mask)
+
+
+@pytest.mark.parametrize("layout, block, error, message", [
+    (np.ones((1, 1, 2, 2), np.int8), (4, 4), TypeError, r"layout has dtype int8; expected bool"),
+    (np.ones((2, 2), bool), (4, 4), ValueError, r"layout: 2-dimensional array given. Array must be 4-dimensional"),
+    (np.ones((1, 1, 0, 2), bool), (4, 4), ValueError, r"layout must not be empty"),
+    (np.ones((1, 1, 2, 2), bool), (4, 0), ValueError, r"block_size must be positive, got \(4, 0\)"),
+    (np.ones((1, 1, 2, 2), bool), 4, TypeError, r"block_size must be a pair of ints \(block_q, block_k\), got 4"),
+])
+def test_bad_block_mask_layout(layout, block, error, message):
+    with pytest.raises(error, match=message):
+        cupyflash.BlockMask.from_dense(layout, block)
+
+
+# ----------------------------------------------------------------------------------- packed batches
+
+
+def _packed(dtype=np.float32):
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((9, 4, 8)).astype(dtype)
+    k = rng.standard_normal((11, 2, 8)).astype(dtype)
+    v = rng.standard_normal((11, 2, 6)).astype(dtype)
+    return q, k, v, np.array([0, 4, 9], np.int32), np.array([0, 5, 11], np.int32)
+
+
+@pytest.mark.parametrize("cu_q, message", [
+    (np.array([1, 4, 9], np.int32), r"cu_seqlens_q must be non-decreasing from 0 to 9 \(the rows of the packed tensor\), got \[1 4 9\]"),
+    (np.array([0, 6, 4], np.int32), r"cu_seqlens_q must be non-decreasing from 0 to 9"),
+    (np.array([0, 4, 8], np.int32), r"cu_seqlens_q must be non-decreasing from 0 to 9"),
+])
+def test_bad_cu_seqlens_values(cu_q, message):
+    q, k, v, _, cu_k = _packed()
+    with pytest.raises(ValueError, match=message):
+        cupyflash.flash_attention_varlen(q, k, v, cu_q, cu_k)
+
+
+def test_bad_cu_seqlens_kinds_and_sizes():
+    q, k, v, cu_q, cu_k = _packed()
+    with pytest.raises(TypeError, match=r"cu_seqlens_q has dtype int64; expected int32"):
+        cupyflash.flash_attention_varlen(q, k, v, cu_q.astype(np.int64), cu_k)
+    with pytest.raises(ValueError, match=r"cu_seqlens_q and cu_seqlens_k must have the same length; got 3 and 2"):
+        cupyflash.flash_attention_varlen(q, k, v, cu_q, cu_k[:2])
+    with pytest.raises(ValueError, match=r"cu_seqlens_q must be 1-dimensional of length batch \+ 1 >= 1, got shape \(0,\)"):
+        cupyflash.flash_attention_varlen(q, k, v, cu_q[:0], cu_k)
+    with pytest.raises(ValueError, match=r"max_seqlen_q is 3, but cu_seqlens_q holds a sequence of 5"):
+        cupyflash.flash_attention_varlen(q, k, v, cu_q, cu_k, max_seqlen_q=3)
+    with pytest.raises(ValueError, match=r"max_seqlen_k must be a non-negative int or None, got -1"):
+        cupyflash.flash_attention_varlen(q, k, v, cu_q, cu_k, max_seqlen_k=-1)
+    with pytest.raises(ValueError, match=r"q: 4-dimensional array given. Array must be 3-dimensional \(total, heads, headdim\)"):
+        cupyflash.flash_attention_varlen(q[None], k, v, cu_q, cu_k)
+    with pytest.raises(ValueError, match=r"k and v must have the same number of rows; got k 11, v 10"):
+        cupyflash.flash_attention_varlen(q, k, v[:10], cu_q, cu_k)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'block_mask'"):
+        cupyflash.flash_attention_varlen(q, k, v, cu_q, cu_k, block_mask=None)
+
+
+def test_varlen_backward_shapes():
+    q, k, v, cu_q, cu_k = _packed()
+    out, lse = cupyflash.flash_attention_varlen(q, k, v, cu_q, cu_k, return_lse=True)
+    assert out.shape == (9, 4, 6) and lse.shape == (4, 9)
+    with pytest.raises(ValueError, match=r"lse must have shape \(4, 9\) \(heads, total_q\), got \(9, 4\)"):
+        cupyflash.flash_attention_varlen_backward(out, q, k, v, out, lse.T, cu_q, cu_k)
+    with pytest.raises(ValueError, match=r"dout must have shape \(9, 4, 6\) \(total_q, heads, headdim_v\), got \(9, 4, 5\)"):
+        cupyflash.flash_attention_varlen_backward(out[..., :5], q, k, v, out, lse, cu_q, cu_k)
+    out2, vjp = cupyflash.flash_attention_varlen_vjp(q, k, v, cu_q, cu_k, causal=True)
+    dq, dk, dv = vjp(np.ones_like(out2))
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+
+
+def test_varlen_empty_batch_and_sequences():
+    q, k, v = np.zeros((0, 2, 8), np.float32), np.zeros((0, 1, 8), np.float32), np.zeros((0, 1, 4), np.float32)
+    out, lse = cupyflash.flash_attention_varlen(q, k, v, np.zeros(1, np.int32), np.zeros(1, np.int32), return_lse=True)
+    assert out.shape == (0, 2, 4) and lse.shape == (2, 0)
+    q = np.ones((3, 2, 8), np.float32)
+    out, lse = cupyflash.flash_attention_varlen(q, k, v, np.array([0, 3], np.int32), np.array([0, 0], np.int32),
+                                                return_lse=True)
+    assert (out == 0).all() and np.isneginf(lse).all()

@@ -6,7 +6,7 @@ module here and an entry in these tuples.
 Importing this package needs no GPU: the tables and variants are plain data.
 """
 
-from . import general, sm80
+from . import common, general, sm80
 
 #: Families in dispatch order, per direction; the general family supports every problem.
 FORWARD = (sm80.FORWARD, general.FORWARD)
@@ -15,9 +15,8 @@ BACKWARD = (sm80.BACKWARD, general.BACKWARD)
 
 def _kernels():
     seen = {}
-    for family in FORWARD + BACKWARD:
-        for kernel in family.kernels:
-            seen.setdefault(kernel.name, kernel)
+    for kernel in [k for family in FORWARD + BACKWARD for k in family.kernels] + [common.VARLEN_CHECK, common.FILL_NAN_IF]:
+        seen.setdefault(kernel.name, kernel)
     return tuple(seen.values())
 
 

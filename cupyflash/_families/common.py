@@ -150,3 +150,30 @@ def launch_delta(p, args):
     rows = (1 if p.varlen else p.batch) * p.heads * (p.total_q if p.varlen else p.seqlen_q)
     launch(DELTA.variant(dtype_name(p.dtype)), (cdiv(rows, DELTA_ROWS_PER_CTA), 1, 1), 32 * DELTA_ROWS_PER_CTA,
            flat_rows(args, p))
+
+
+#: The device-side check of a packed batch (kernels_cu/varlen_check.cu), for calls that must not
+#: synchronize with the host.
+VARLEN_CHECK = _kernels.Kernel("varlen_check", "varlen_check.cu", ())
+FILL_NAN_IF = _kernels.Kernel("fill_nan_if", "varlen_check.cu", _kernels.ALL_DTYPES)
+_FILL_THREADS = 256
+
+
+def varlen_check(p, q, k, v):
+    """A device flag set when the problem's cu_seqlens is malformed, or None when the host checked it."""
+    if not p.check_on_device:
+        return None
+    bad = cupy.zeros(1, numpy.int32)
+    args = _params.new(_params.ATTN_ARGS)
+    set_attn(args, p, q, k, v)
+    _kernels.get_kernel(VARLEN_CHECK.variant())((1, 1, 1), (_FILL_THREADS, 1, 1), (args, bad))
+    return bad
+
+
+def fill_nan_if(bad, *arrays):
+    """Turns every element of the (contiguous) ``arrays`` into NaN when the device flag ``bad`` is set."""
+    if bad is None:
+        return
+    for x in arrays:
+        kernel = _kernels.get_kernel(FILL_NAN_IF.variant(dtype_name(x.dtype)))
+        kernel((min(cdiv(x.size, _FILL_THREADS), 1024), 1, 1), (_FILL_THREADS, 1, 1), (bad, x, numpy.int64(x.size)))

@@ -1,0 +1,143 @@
+"""Windows, softcap, ALiBi, block masks and packed batches on the GPU kernels (tensor-core kernels for
+float16/bfloat16, general kernels for float32/float64) against the float64 oracle, forward and
+backward; the device-side check of packed batches; NaN propagation. GPU only."""
+
+import numpy as np
+import pytest
+from cases import DENSE, VARLEN, build, dense_ids, varlen_ids
+from helpers import DTYPES, check_dense, check_varlen, packed_offsets, random_layout, random_qkv, to_host
+
+import cupyflash
+from cupyflash import _families, _kernels, reference
+
+
+def _gpu_available():
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # no driver, no device, or no cupy: all mean "no GPU"
+        return False
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _gpu_available(), reason="no CUDA GPU available")]
+
+if _gpu_available():
+    import cupy
+else:
+    cupy = None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compiled_kernels():
+    """Compile every variant once, in parallel, so no test pays for serial compiles."""
+    _kernels.precompile(_families.VARIANTS)
+
+
+@pytest.mark.parametrize("case", DENSE, ids=dense_ids())
+def test_dense_features(case):
+    _, sizes, dtype, causal, options = case
+    batch, seqlen_q, seqlen_k, heads = sizes[:4]
+    check_dense(cupy, sizes, dtype, causal=causal, **build(cupy, batch, heads, seqlen_q, seqlen_k, options))
+
+
+@pytest.mark.parametrize("case", VARLEN, ids=varlen_ids())
+@pytest.mark.parametrize("checked_on", ["host", "device"])
+def test_varlen_features(case, checked_on):
+    _, lengths_q, lengths_k, heads, heads_k, headdim, headdim_v, dtype, causal, options = case
+    max_seqlen = None if checked_on == "host" else (max(lengths_q), max(lengths_k))
+    check_varlen(cupy, lengths_q, lengths_k, heads, heads_k, headdim, headdim_v, dtype, causal=causal,
+                 max_seqlen=max_seqlen, **build(cupy, len(lengths_q), heads, 0, 0, options))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_varlen_deterministic_and_long(dtype):
+    """Sequences longer than one tile of every kernel, GQA, the ordered sum."""
+    check_varlen(cupy, [300, 1, 520], [260, 700, 519], 4, 2, 64, 64, dtype, causal=True, deterministic=True)
+
+
+def test_block_sparse_deterministic_is_reproducible_and_right():
+    """The ordered sum follows the block-sparse lists (turns counted over the listed key tiles)."""
+    sizes = (1, 700, 650, 4, 2, 64, 64)
+    mask = cupyflash.BlockMask.from_dense(random_layout((1, 4, 11, 11), 0.35, 2), (64, 64))
+    options = dict(block_mask=mask, window_size=(300, 40))
+    got = check_dense(cupy, sizes, "bfloat16", causal=False, deterministic=True, seed=5, **options)
+    q, k, v = random_qkv(cupy, *sizes[:5], 64, 64, DTYPES["bfloat16"], seed=5)
+    out, lse = cupyflash.flash_attention(q, k, v, return_lse=True, **options)
+    dout = cupy.asarray(np.random.default_rng(6).standard_normal(out.shape).astype(out.dtype))
+    runs = [[g.get() for g in cupyflash.flash_attention_backward(dout, q, k, v, out, lse, deterministic=True, **options)]
+            for _ in range(10)]
+    for again in runs[1:]:
+        for a, b in zip(runs[0], again):
+            assert np.array_equal(a, b)
+    assert got["dq"].shape == q.shape
+
+
+def test_varlen_malformed_offsets():
+    """Host check (max_seqlen None): ValueError. Device check (both given, no synchronization): every
+    output NaN, and nothing read or written outside the packed tensors."""
+    q, k, v = (cupy.asarray(np.random.default_rng(1).standard_normal((20, 2, 16)).astype(np.float16)) for _ in range(3))
+    bad = cupy.asarray(np.array([0, 12, 9, 20], np.int32))  # decreasing
+    good = cupy.asarray(np.array([0, 9, 12, 20], np.int32))
+    with pytest.raises(ValueError, match=r"cu_seqlens_q must be non-decreasing from 0 to 20"):
+        cupyflash.flash_attention_varlen(q, k, v, bad, good)
+    out, lse = cupyflash.flash_attention_varlen(q, k, v, bad, good, max_seqlen_q=12, max_seqlen_k=9, return_lse=True)
+    assert bool(cupy.isnan(out).all()) and bool(cupy.isnan(lse).all())
+    # A sequence longer than max_seqlen is malformed too (the launch was sized for max_seqlen).
+    out = cupyflash.flash_attention_varlen(q, k, v, good, good, max_seqlen_q=8, max_seqlen_k=9)
+    assert bool(cupy.isnan(out).all())
+    out, lse = cupyflash.flash_attention_varlen(q, k, v, good, good, max_seqlen_q=9, max_seqlen_k=9, return_lse=True)
+    grads = cupyflash.flash_attention_varlen_backward(out, q, k, v, out, lse, bad, good, max_seqlen_q=12,
+                                                      max_seqlen_k=9)
+    assert all(bool(cupy.isnan(g).all()) for g in grads)
+    assert not bool(cupy.isnan(out).any())
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("where", ["q", "k"])
+def test_nan_propagates_like_the_reference(dtype, where):
+    """Regression: a NaN in q or k came back as silent zeros (out 0, lse -inf) on the float32/float64
+    GPU path; every path now gives NaN exactly where the reference does."""
+    dt = DTYPES[dtype]
+    q, k, v = random_qkv(np, 1, 70, 90, 2, 1, 64, 64, dt, seed=21)
+    if where == "q":
+        q[0, 40, 1, 3] = np.nan
+    else:
+        k[0, 50, 0, 2] = np.nan
+    for causal in (False, True):
+        out, lse = cupyflash.flash_attention(*(cupy.asarray(x) for x in (q, k, v)), causal=causal, return_lse=True)
+        with np.errstate(invalid="ignore"):
+            ref_out, ref_lse = reference.attention(q, k, v, causal)
+        np.testing.assert_array_equal(np.isnan(to_host(out)), np.isnan(ref_out))
+        np.testing.assert_array_equal(np.isnan(to_host(lse)), np.isnan(ref_lse))
+        if not causal:
+            dout = np.ones(out.shape, dt)
+            grads = cupyflash.flash_attention_backward(cupy.asarray(dout), *(cupy.asarray(x) for x in (q, k, v)), out,
+                                                       lse)
+            with np.errstate(invalid="ignore"):
+                ref_grads = reference.attention_backward(dout, q, k, v)
+            for got, ref in zip(grads, ref_grads):
+                np.testing.assert_array_equal(np.isnan(to_host(got)), np.isnan(ref))
+
+
+def test_score_modifications_take_the_tensor_core_kernels():
+    from cupyflash import _validate
+
+    q, k, v = random_qkv(cupy, 1, 3, 3, 2, 2, 64, 64, DTYPES["float16"], seed=3)
+    slopes = cupy.ones(2, cupy.float32)
+    p = _validate.forward_problem(q, k, v, softcap=3.0, alibi_slopes=slopes)
+    family, variant = _families.select(_families.FORWARD, p, _families.common.current_device())
+    assert variant.key == "tc_fwd_fp16_d64_n64_m2_mod_1"
+
+
+def test_block_mask_lists_are_built_once_per_tile_shape():
+    mask = cupyflash.BlockMask.from_dense(cupy.asarray(random_layout((1, 1, 4, 4), 0.5, 1)), (64, 64))
+    q, k, v = random_qkv(cupy, 1, 256, 256, 2, 2, 64, 64, DTYPES["bfloat16"], seed=4)
+    cupyflash.flash_attention(q, k, v, block_mask=mask)
+    shapes = set(mask._lists)
+    cupyflash.flash_attention(q, k, v, block_mask=mask)
+    assert set(mask._lists) == shapes and len(shapes) >= 2  # the mask's own and the forward kernel's
+
+
+def test_packed_offsets_helper():
+    assert packed_offsets([3, 0, 2]).tolist() == [0, 3, 3, 5]
