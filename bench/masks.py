@@ -21,7 +21,6 @@ loading (:func:`bench.load_torch`, :func:`bench.bench_torch`) and environment re
 import argparse
 import dataclasses
 import importlib.util
-import json
 import math
 import sys
 import time
@@ -67,6 +66,8 @@ ERROR_CHARS_PROGRESS = 150
 #: A peer's output farther than this (max abs difference, bf16) from cupyflash's is flagged in the notes.
 DIFF_WARN = 0.05
 
+#: torch device of the peers' masks and offsets (the current CUDA device, which bench.load_torch sets).
+TORCH_DEVICE = "cuda"
 #: System keys, in table order, with their short names.
 SYSTEMS = {"cupyflash": "cupyflash", "flex": "Flex", "fa2": "FA2"}
 DIRECTIONS = ("fwd", "bwd")
@@ -422,7 +423,7 @@ def load_peers(bench, settings):
 
 
 def cupyflash_calls(row, cupy, cupyflash):
-    """(forward(q, k, v, lse=False), backward(dout, q, k, v, out, lse), info) of cupyflash for one row.
+    """(forward(q, k, v, lse=False), backward(dout, q, k, v, out, lse)) of cupyflash for one row.
 
     The BlockMask and cu_seqlens are built here, once, outside the timing; the varlen calls get both
     max_seqlen so they never copy cu_seqlens to the host.
@@ -556,14 +557,14 @@ def flex_mask_mod(row, torch):
 
         return sliding_window_mask, (None, None, row.seqlen, row.seqlen)
     if row.kind == "block":
-        layout = torch.from_numpy(row.layout[0].copy()).cuda()  # (heads, q_blocks, k_blocks), bool
+        layout = torch.from_numpy(row.layout[0].copy()).to(TORCH_DEVICE)  # (heads, q_blocks, k_blocks), bool
         block_q, block_k = BLOCK_SIZE
 
         def block_layout_mask(b, h, q_idx, kv_idx):
             return layout[h, q_idx // block_q, kv_idx // block_k]
 
         return block_layout_mask, (None, row.heads, row.seqlen, row.seqlen)
-    document = torch.from_numpy(numpy.repeat(numpy.arange(len(row.lengths)), row.lengths)).cuda()
+    document = torch.from_numpy(numpy.repeat(numpy.arange(len(row.lengths)), row.lengths)).to(TORCH_DEVICE)
 
     def document_mask(b, h, q_idx, kv_idx):
         return document[q_idx] == document[kv_idx]
@@ -579,12 +580,13 @@ def make_flex_block_mask(peers, row):
         return None, {"block_mask": None}
     mask_mod, (batch, heads, q_len, kv_len) = spec
     start = time.perf_counter()
-    arguments = dict(B=batch, H=heads, Q_LEN=q_len, KV_LEN=kv_len, device="cuda", BLOCK_SIZE=BLOCK_SIZE[0])
+    arguments = dict(B=batch, H=heads, Q_LEN=q_len, KV_LEN=kv_len, device=TORCH_DEVICE, BLOCK_SIZE=BLOCK_SIZE[0])
     try:
         block_mask = peers.create_block_mask(mask_mod, _compile=True, **arguments)
     except TypeError:  # a torch whose create_block_mask has no _compile
         block_mask = peers.create_block_mask(mask_mod, **arguments)
-    torch.cuda.synchronize()
+    if TORCH_DEVICE == "cuda":
+        torch.cuda.synchronize()
     info = {"block_mask": mask_mod.__name__, "create_block_mask_s": time.perf_counter() - start}
     try:
         info["flex_sparsity_percent"] = float(block_mask.sparsity())
@@ -595,7 +597,6 @@ def make_flex_block_mask(peers, row):
 
 def bench_flex(bench, peers, row, inputs, settings):
     """FlexAttention with the row's mask; returns (results, out, info)."""
-    torch = peers.torch.torch
     try:
         block_mask, info = make_flex_block_mask(peers, row)
     except Exception as exc:  # the mask could not be built: n/a for both directions
@@ -634,7 +635,7 @@ def bench_fa2(bench, peers, row, inputs, settings):
         )
         return results, out, {"via": f"flash_attn.flash_attn_func(window_size={row.window})"}
     else:
-        cu_seqlens = torch.from_numpy(row.cu_seqlens).cuda()
+        cu_seqlens = torch.from_numpy(row.cu_seqlens).to(TORCH_DEVICE)
         results, out = bench_torch_function(
             bench, peers, row, inputs, settings,
             lambda q, k, v: fa.flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, row.max_seqlen,
@@ -816,21 +817,29 @@ def target_checks(rows, by_key, settings):
 
 
 def target_lines(rows, by_key, settings):
-    """One line: which targeted rows reach TARGET_RATIO of dense attention's TFLOP/s."""
+    """Which targeted rows reach TARGET_RATIO of dense attention's TFLOP/s: a count, then one line per row."""
     checks = target_checks(rows, by_key, settings)
     if not checks:
         return []
     met = sum(ok for *_, ok in checks)
-    parts = [
-        f"{row.label} {direction} {'-' if value is None else f'{value:.2f}'}{'' if ok else ' MISSED'}"
-        for row, direction, value, ok in checks
-    ]
-    return [f"target vs dense >= {TARGET_RATIO}: {met}/{len(checks)} met: " + "; ".join(parts)]
+    lines = [f"targets (cupyflash vs dense >= {TARGET_RATIO}): {met} of {len(checks)} met"]
+    for row in dict.fromkeys(row for row, *_ in checks):
+        parts = [
+            f"{direction} {'-' if value is None else f'{value:.2f}'} {'ok' if ok else 'MISSED'}"
+            for checked, direction, value, ok in checks
+            if checked is row
+        ]
+        lines.append(f"  {row.label}: {', '.join(parts)}")
+    return lines
 
 
 def progress_line(number, total, row, results, by_key, seconds):
     parts = []
     for system, by_direction in results.items():
+        note = group_note(results, system)
+        if note is not None:
+            parts.append(f"{SYSTEMS[system]} {note}")
+            continue
         texts = []
         for direction, entry in by_direction.items():
             if "median_ms" in entry:

@@ -4,17 +4,22 @@
 // A warpgroup's wgmma accumulators have the same layout per warp, so later kernels reuse these.
 #pragma once
 #include "dtypes.cuh"
+#include "mma.cuh"
 
 namespace cupyflash {
 
 // dst[row * row_stride + col] = T(acc * scale[mt][r]) for row = row0 + 16 mt + g + 8 r < row_end and
-// col = col0 + 8 nt + 2 t + e < cols; dst points at row 0 of one (batch entry, head).
+// col = col0 + 8 nt + 2 t + e < cols; dst points at row 0 of one (batch entry, head). A thread's two
+// columns 2t, 2t + 1 go out as one 32-bit store where every pair is 4-byte aligned (even cols and row
+// stride, aligned dst: the outputs cupyflash allocates), else element by element; the rounding is the
+// same either way.
 template <typename T, int kMTiles, int kNTiles>
 __device__ __forceinline__ void store_fragments(T* dst, long long row_stride, int row0, int row_end, int col0, int cols,
                                                 const float (&acc)[kMTiles][kNTiles][4],
                                                 const float (&scale)[kMTiles][2]) {
     const int lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
+    const bool paired = cols % 2 == 0 && col0 % 2 == 0 && row_stride % 2 == 0 && reinterpret_cast<size_t>(dst) % 4 == 0;
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -24,10 +29,14 @@ __device__ __forceinline__ void store_fragments(T* dst, long long row_stride, in
             T* dst_row = dst + static_cast<long long>(row) * row_stride;
 #pragma unroll
             for (int nt = 0; nt < kNTiles; ++nt) {
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int col = col0 + 8 * nt + 2 * t + e;
-                    if (col < cols) dst_row[col] = from_acc<T>(acc[mt][nt][2 * r + e] * scale[mt][r]);
+                const int col = col0 + 8 * nt + 2 * t;
+                const float v0 = acc[mt][nt][2 * r] * scale[mt][r];
+                const float v1 = acc[mt][nt][2 * r + 1] * scale[mt][r];
+                if (paired) {
+                    if (col < cols) *reinterpret_cast<unsigned*>(dst_row + col) = pack2<T>(v0, v1);
+                } else {
+                    if (col < cols) dst_row[col] = from_acc<T>(v0);
+                    if (col + 1 < cols) dst_row[col + 1] = from_acc<T>(v1);
                 }
             }
         }

@@ -76,6 +76,21 @@ struct Mask {
         return i < seqlen_q && j < seqlen_k && d >= lo && d <= hi;
     }
 
+    // The keys query i sees, as offsets from n0: [*begin, *end). Masked tiles test each element against
+    // its row's interval: two compares instead of the four of visible(). Rows past seqlen_q get their
+    // window too: the forward never stores them. (i + hi + 1 could pass 2^31, so the bound is compared
+    // in its place.)
+    __device__ __forceinline__ void keys_of(int i, int n0, int* begin, int* end) const {
+        *begin = max(i + lo, 0) - n0;
+        *end = (hi >= seqlen_k - i ? seqlen_k : i + hi + 1) - n0;
+    }
+
+    // The queries that see key j, as offsets from m0: [*begin, *end) (empty past the last key).
+    __device__ __forceinline__ void queries_of(int j, int m0, int* begin, int* end) const {
+        *begin = max(j - hi, 0) - m0;
+        *end = j >= seqlen_k ? *begin : (lo <= j + 1 - seqlen_q ? seqlen_q : j - lo + 1) - m0;
+    }
+
     // Keys [*begin, *end) seen by some real row of [m0, m0 + rows) (*end <= *begin: none). Each row's
     // window is an interval sliding by one per row, so their union is one interval.
     __device__ __forceinline__ void key_range(int m0, int rows, int* begin, int* end) const {

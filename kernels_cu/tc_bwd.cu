@@ -38,7 +38,8 @@ struct TcBwdState {
 
 // p = 0 where the mask hides the pair of query m0 + col_t + 8 nt + e % 2 and key key_g + 16 mt + 8 (e / 2)
 // of the transposed fragment element [mt][nt][e] (rows are keys); with kLayout also where the block layout
-// does (through one word of bits per key over the warp's kCols queries). A select per element.
+// does (through one word of bits per key over the warp's kCols queries). Per key, the interval of
+// queries that see it; per element, two compares and a select.
 template <bool kLayout, int kCols, int kMTiles, int kNTiles>
 __device__ __forceinline__ void mask_fragments_t(float (&p)[kMTiles][kNTiles][4], const Mask& mask,
                                                  const BlockLayout& layout, const AttnArgs& a, int key_g, int m0,
@@ -50,12 +51,14 @@ __device__ __forceinline__ void mask_fragments_t(float (&p)[kMTiles][kNTiles][4]
         for (int r = 0; r < 2; ++r) {
             const int key = key_g + 16 * mt + 8 * r;
             const unsigned long long bits = kLayout ? layout.query_bits(a, key, m0, kCols) : 0;
+            int begin, end;
+            mask.queries_of(key, m0, &begin, &end);
 #pragma unroll
             for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
                 for (int c = 0; c < 2; ++c) {
                     const int offset = col_t + 8 * nt + c;
-                    bool visible = mask.visible(m0 + offset, key);
+                    bool visible = offset >= begin && offset < end;
                     if constexpr (kLayout) visible &= ((bits >> offset) & 1) != 0;
                     float& x = p[mt][nt][2 * r + c];
                     x = visible ? x : 0.0f;
@@ -181,9 +184,7 @@ tc_bwd(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
         const bool has_next = st.tiles.segment_at(it + 1) >= 0;
         if (kStages == 2 && has_next) load_query_tile(st.h0 + st.tiles.segment_at(it + 1), st.tiles.entry_at(it + 1), (it + 1) % 2);
         cp_async_commit();
-        if (it % TcBwdState::kRing == 0 && it > 0 && warp == 0) {
-            st.tiles.stage(it / TcBwdState::kRing + 1, group, [&](int gg) { return query_tiles_of(st.mask, st.b, st.h0, gg); });
-        }
+        if (warp == 0) st.tiles.advance(it, group, [&](int gg) { return query_tiles_of(st.mask, st.b, st.h0, gg); });
         const BlockLayout layout(a, b, h);
         const Log2Scores scores(a, st.seq, b, h);
         const T* sQs = sQ + stage * Tr::kQueryTileElems;

@@ -38,8 +38,9 @@ struct TcFwdState {
 
 // s = -inf where the mask hides the pair (row_g + 16 mt + 8 (e / 2), n0 + col_t + 8 nt + e % 2) of
 // fragment element [mt][nt][e]; with kLayout also where the block layout does (through one word of
-// bits per row). A select per element, no branch.
-template <bool kLayout, int kBlockN, int kMTiles, int kNTiles>
+// bits per row). With kRowIntervals, per row the interval of keys it sees and per element two compares
+// and a select; otherwise Mask::visible per element, which needs fewer registers.
+template <bool kLayout, bool kRowIntervals, int kBlockN, int kMTiles, int kNTiles>
 __device__ __forceinline__ void mask_fragments(float (&s)[kMTiles][kNTiles][4], const Mask& mask,
                                                const BlockLayout& layout, const AttnArgs& a, int row_g, int n0,
                                                int col_t) {
@@ -49,12 +50,14 @@ __device__ __forceinline__ void mask_fragments(float (&s)[kMTiles][kNTiles][4], 
         for (int r = 0; r < 2; ++r) {
             const int row = row_g + 16 * mt + 8 * r;
             const unsigned long long bits = kLayout ? layout.key_bits(a, row, n0, kBlockN) : 0;
+            int begin, end;
+            if constexpr (kRowIntervals) mask.keys_of(row, n0, &begin, &end);
 #pragma unroll
             for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
                 for (int c = 0; c < 2; ++c) {
                     const int offset = col_t + 8 * nt + c;
-                    bool visible = mask.visible(row, n0 + offset);
+                    bool visible = kRowIntervals ? offset >= begin && offset < end : mask.visible(row, n0 + offset);
                     if constexpr (kLayout) visible &= ((bits >> offset) & 1) != 0;
                     float& x = s[mt][nt][2 * r + c];
                     x = visible ? x : Consts<float>::neg_inf();
@@ -74,6 +77,9 @@ struct TcFwdMainloop {
     // Q stays in registers where the traits allow it, except beside the score modifications: tanhf's
     // temporaries need the 32 registers it would take (the d64 tile spilled 244 bytes).
     static constexpr bool kQInRegs = Tr::kQInRegs && !kScoreMod;
+    // Masked tiles test elements against per-row key intervals (cheaper than Mask::visible), except in
+    // the largest tile, 256 columns by 64 keys, where the intervals' registers spilled 16-24 bytes.
+    static constexpr bool kRowIntervals = kHeadDim * kBlockN < 256 * 64;
     static_assert(sizeof(TcFwdState) <= Tr::kStateBytes, "the per-CTA state must fit its reserve");
 
     // Warp 0: the state of the CTA's tile (query tile qt of batch entry b, head h).
@@ -120,8 +126,7 @@ struct TcFwdMainloop {
         // This thread's rows are row_g + 16 mt + 8 r (m-tile mt, half r: rows g and g + 8 of the m-tile).
         const int row_g = m0 + warp_row0 + lane / 4;
 
-        load_tile_async<Tr::kBlockM, kHeadDim, kLd, Tr::kThreads>(sQ, head_rows<const T>(a.q, st.b, st.seq.q_start, st.h),
-                                                                  a.q.row_stride, m0, st.seq.seqlen_q, a.headdim, vec);
+        // The Q tile is in flight (the kernel's prologue issued it); the first K/V tile joins its group.
         if (st.tiles.segment_at(0) >= 0) load_kv(st.tiles.entry_at(0), 0);
         cp_async_commit();
         cp_async_wait<0>();
@@ -152,8 +157,8 @@ struct TcFwdMainloop {
             cp_async_commit();
             cp_async_wait<1>();  // tile it has landed; tile it + 1 may still be in flight
             __syncthreads();
-            if (it % TcFwdState::kRing == 0 && it > 0 && warp == 0) {
-                st.tiles.stage(it / TcFwdState::kRing + 1, 1, [&](int) {
+            if (warp == 0) {
+                st.tiles.advance(it, 1, [&](int) {
                     return key_tiles<Tr::kBlockM, kBlockN>(a, st.mask, st.layout, m0 / Tr::kBlockM);
                 });
             }
@@ -210,9 +215,9 @@ struct TcFwdMainloop {
             if (partial || !st.mask.tile_is_full(m0, Tr::kBlockM, n0, kBlockN)) {
                 const Mask mask = st.mask;
                 if (partial) {
-                    mask_fragments<true, kBlockN>(s, mask, st.layout, a, row_g, n0, 2 * t);
+                    mask_fragments<true, kRowIntervals, kBlockN>(s, mask, st.layout, a, row_g, n0, 2 * t);
                 } else {
-                    mask_fragments<false, kBlockN>(s, mask, st.layout, a, row_g, n0, 2 * t);
+                    mask_fragments<false, kRowIntervals, kBlockN>(s, mask, st.layout, a, row_g, n0, 2 * t);
                 }
             }
 #pragma unroll
@@ -290,6 +295,10 @@ tc_fwd(const CUPYFLASH_GRID_CONSTANT FwdArgs args) {
     {
         const Sequence seq(a, work.b);
         if (m0 >= seq.seqlen_q) return;
+        // The CTA's Q tile loads while warp 0 builds the state.
+        load_tile_async<Tr::kBlockM, kHeadDim, Tr::kLd, Tr::kThreads>(
+            reinterpret_cast<T*>(smem_raw), head_rows<const T>(a.q, work.b, seq.q_start, work.h), a.q.row_stride, m0,
+            seq.seqlen_q, a.headdim, a.vec_loads != 0);
         if (threadIdx.x < 32) Mainloop::init_state(a, seq, work.b, work.h, work.tile, st);
     }
     __syncthreads();

@@ -7,9 +7,9 @@
 // whether the tiles come from a range or from a block-sparse list, and a list's load latency is paid
 // once per chunk, off the critical path.
 //
-// Timing: chunk c + 1 is staged during iteration c * kRing, after that iteration's barrier, into the
-// half that chunk c - 1 used. Chunk c - 1 was last read before that barrier; chunk c + 1 is first read
-// in iteration (c + 1) * kRing - 1, kRing - 1 >= 1 barriers later.
+// Timing: chunk 0 is staged before the loop; chunk c + 1 during iteration c * kRing, after that
+// iteration's barrier, into the half that chunk c - 1 used. Chunk c - 1 was last read before that
+// barrier; chunk c + 1 is first read in iteration (c + 1) * kRing - 1, kRing - 1 >= 1 barriers later.
 #pragma once
 #include "policy.cuh"
 
@@ -29,7 +29,8 @@ struct TileQueue {
     __device__ __forceinline__ int entry_at(int it) const { return entry[it % (2 * kRing)]; }
 
     // Warp 0: positions the walk on the first tile of the first segment that has one (range_of(s) gives
-    // segment s's tiles) and stages chunks 0 and 1. Visible to the CTA after the next __syncthreads.
+    // segment s's tiles) and stages chunk 0. Visible to the CTA after the next __syncthreads. The main
+    // loop stages chunk c + 1 in iteration c * kRing, chunk 1 included, so the CTA's prologue stays short.
     template <typename RangeOf>
     __device__ __forceinline__ void start(int segments, const RangeOf& range_of) {
         int s = 0;
@@ -39,8 +40,12 @@ struct TileQueue {
             if (r.count > 0) break;
         }
         stage_from(0, s, 0, r, segments, range_of);
-        __syncwarp();
-        stage(1, segments, range_of);
+    }
+
+    // Warp 0, after the loop's barrier in iteration it: stages the next chunk when `it` starts one.
+    template <typename RangeOf>
+    __device__ __forceinline__ void advance(int it, int segments, const RangeOf& range_of) {
+        if (it % kRing == 0) stage(it / kRing + 1, segments, range_of);
     }
 
     // Warp 0: stages chunk c into half c % 2.
