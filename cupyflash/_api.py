@@ -36,7 +36,8 @@ _VARLEN_SHAPES_DOC = """
 _MASK_DOC = """
     causal : bool, keyword-only
         Causal mask aligned to the bottom-right corner: query i sees key j iff
-        ``j <= i + seqlen_k - seqlen_q``; the same as ``window_size=(left, 0)``.
+        ``j <= i + seqlen_k - seqlen_q``; the same as ``window_size=(-1, 0)``, and it caps any window's
+        right side at 0.
     softmax_scale : float or None, keyword-only
         Multiplies q . k before the softmax; default 1 / sqrt(headdim).
     window_size : (int, int), keyword-only

@@ -7,6 +7,9 @@ import numpy
 
 from . import _policy
 
+#: Largest block side: the kernels hold block bounds in 32 bits with room to spare.
+_MAX_BLOCK = 2**30
+
 
 def _cupy():
     try:
@@ -24,8 +27,8 @@ def _block_size(value):
     ):
         raise TypeError(f"block_size must be a pair of ints (block_q, block_k), got {value!r}")
     block_q, block_k = (int(b) for b in value)
-    if block_q < 1 or block_k < 1:
-        raise ValueError(f"block_size must be positive, got {(block_q, block_k)}")
+    if not (1 <= block_q <= _MAX_BLOCK and 1 <= block_k <= _MAX_BLOCK):
+        raise ValueError(f"block_size must be positive and at most {_MAX_BLOCK}, got {(block_q, block_k)}")
     return block_q, block_k
 
 
@@ -61,7 +64,9 @@ class BlockMask:
     and the backward pass skip absent blocks without reading them. A kernel whose tiles differ from
     the block size gets lists at its own tile size, built once on the device on first use and cached in
     the mask (a tile that covers set and clear blocks then evaluates the element mask). Block sizes of 64
-    and 128 and multiples of 128 match the kernels' tiles.
+    and multiples of 128 match every kernel's tiles (64 matches all but the forward's 128 query rows); a
+    mask needs seqlen_q and seqlen_k of at least 1. The mask keeps its own copy of the layout (read-only
+    for NumPy): the lists built from it are cached.
     """
 
     def __init__(self, layout, block_size):
@@ -109,8 +114,14 @@ class BlockMask:
             )
         if 0 in layout.shape:
             raise ValueError(f"layout must not be empty, got shape {layout.shape}")
+        # A copy of the caller's array: the lists built from it are cached, so it must not change.
         xp = cls._module(layout)
-        return cls(xp.ascontiguousarray(layout), block_size)
+        if xp is numpy:
+            layout = numpy.array(layout, order="C")
+            layout.flags.writeable = False
+            return cls(layout, block_size)
+        with layout.device:
+            return cls(xp.array(layout, order="C"), block_size)
 
     @classmethod
     def longformer(cls, seqlen_q, seqlen_k=None, *, block_size=(128, 128), window_blocks=1, global_blocks=1):
@@ -141,8 +152,7 @@ class BlockMask:
         base = cls.longformer(seqlen_q, seqlen_k, block_size=block_size, window_blocks=window_blocks,
                               global_blocks=global_blocks)
         random_blocks = cls._count("random_blocks", random_blocks)
-        heads = cls._count("heads", heads)
-        if heads < 1:
+        if cls._count("heads", heads) < 1:
             raise ValueError(f"heads must be at least 1, got {heads}")
         rows, cols = base.layout.shape[-2:]
         rng = numpy.random.default_rng(seed)
@@ -153,20 +163,21 @@ class BlockMask:
                 layout[0, h, r, rng.choice(cols, picks, replace=False)] = True
         return cls.from_dense(layout, base.block_size)
 
-    @staticmethod
-    def _grid(seqlen_q, seqlen_k, block_size):
+    @classmethod
+    def _grid(cls, seqlen_q, seqlen_k, block_size):
         block_size = _block_size(block_size)
-        for name, value in (("seqlen_q", seqlen_q), ("seqlen_k", seqlen_k)):
-            if value is not None and (not isinstance(value, numbers.Integral) or isinstance(value, (bool, numpy.bool_))
-                                      or value < 1):
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
         seqlen_k = seqlen_q if seqlen_k is None else seqlen_k
+        for name, value in (("seqlen_q", seqlen_q), ("seqlen_k", seqlen_k)):
+            if cls._count(name, value) < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
         return math.ceil(seqlen_q / block_size[0]), math.ceil(seqlen_k / block_size[1]), block_size
 
     @staticmethod
     def _count(name, value):
-        if not isinstance(value, numbers.Integral) or isinstance(value, (bool, numpy.bool_)) or value < 0:
-            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        if not isinstance(value, numbers.Integral) or isinstance(value, (bool, numpy.bool_)):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+        if value < 0:
+            raise ValueError(f"{name} must be non-negative, got {value}")
         return int(value)
 
     # ----------------------------------------------------------------------------------- properties
@@ -227,9 +238,16 @@ class BlockMask:
         return self._copies[key]
 
     def tile_lists(self, xp, tile_q, tile_k):
-        """The :class:`TileLists` at a kernel's tile shape on ``xp`` (the current device), built once."""
+        """The :class:`TileLists` at a kernel's tile shape on ``xp`` (the current device), built once.
+
+        On the device they are built on the current stream, which is then synchronized once, so that a
+        later call on any stream finds them complete.
+        """
         key = (xp.__name__, xp.cuda.Device().id if xp is not numpy else None, tile_q, tile_k)
         lists = self._lists.get(key)
         if lists is None:
-            lists = self._lists[key] = TileLists(xp, self.layout_on(xp), self.block_size, tile_q, tile_k)
+            lists = TileLists(xp, self.layout_on(xp), self.block_size, tile_q, tile_k)
+            if xp is not numpy:
+                xp.cuda.get_current_stream().synchronize()
+            self._lists[key] = lists
         return lists

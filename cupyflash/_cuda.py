@@ -14,8 +14,9 @@ def forward(q, k, v, p):
     out = cupy.empty(p.out_shape, dtype=p.dtype)
     lse = cupy.empty(p.lse_shape, dtype=lse_dtype(p.dtype))
     bad = common.varlen_check(p, q, k, v)
-    family, variant = _families.select(_families.FORWARD, p, common.current_device())
-    family.run(variant, p, q, k, v, out, lse)
+    if _launchable(p):
+        family, variant = _families.select(_families.FORWARD, p, common.current_device())
+        family.run(variant, p, q, k, v, out, lse)
     common.fill_nan_if(bad, out, lse)
     return out, lse
 
@@ -25,7 +26,16 @@ def backward(dout, q, k, v, out, lse, p, deterministic):
     dout, q, k, v, out = (common.operand(x) for x in (dout, q, k, v, out))
     lse = cupy.ascontiguousarray(lse)  # already in lse_dtype(p.dtype) (see _api)
     bad = common.varlen_check(p, q, k, v)
-    family, variant = _families.select(_families.BACKWARD, p, common.current_device())
-    grads = family.run(variant, p, dout, q, k, v, out, lse, deterministic)
+    if _launchable(p):
+        family, variant = _families.select(_families.BACKWARD, p, common.current_device())
+        grads = family.run(variant, p, dout, q, k, v, out, lse, deterministic)
+    else:
+        grads = tuple(cupy.empty(x.shape, dtype=p.dtype) for x in (q, k, v))
     common.fill_nan_if(bad, *grads)
     return grads
+
+
+def _launchable(p):
+    """False only for a packed batch whose given max_seqlen is 0 while it has rows: no grid to launch, and
+    the device check finds a sequence longer than its max, so every output becomes NaN."""
+    return p.seqlen_q > 0 and p.seqlen_k > 0

@@ -26,7 +26,8 @@ _SUPPORTED_TEXT = "float16, bfloat16, float32 or float64"
 #: as do the rows of the delta preprocess, 4 per CTA.
 _MAX_GRID_X = 2**31 - 1
 _GRID_ROWS = 32
-_DELTA_ROWS_PER_CTA = 4
+#: Rows of general_bwd_delta per CTA (one warp each).
+DELTA_ROWS_PER_CTA = 4
 #: Sequence lengths and head dims are 32-bit in the kernels, with room for a block past the end.
 _MAX_SIZE = 2**31 - 1024
 #: Largest finite float32, and the smallest normal one.
@@ -76,7 +77,6 @@ class Problem:
     headdim: int
     headdim_v: int
     softmax_scale: float
-    causal: bool = False
     window_left: int = -1
     window_right: int = -1
     softcap: float = 0.0
@@ -91,6 +91,11 @@ class Problem:
     @property
     def varlen(self):
         return self.cu_seqlens_q is not None
+
+    @property
+    def query_rows(self):
+        """Query rows over the batch: batch * seqlen_q, or total_q for packed batches."""
+        return self.total_q if self.varlen else self.batch * self.seqlen_q
 
     @property
     def score_mod(self):
@@ -231,18 +236,23 @@ def _window(window_size, causal):
     return left, 0 if causal else right
 
 
-def _softcap(value, dtype):
+def _softcap(value, dtype, softmax_scale):
     if isinstance(value, (bool, numpy.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"softcap must be a real number, got {type(value).__name__} {value!r}")
     value = float(value)
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"softcap must be 0 (none) or a positive finite number, got {value}")
     # Below float64 the kernels hold softcap * log2(e) and softmax_scale / softcap in float32.
-    if value and dtype != numpy.float64 and not _FLOAT32_TINY <= value <= _FLOAT32_MAX / math.log2(math.e):
-        raise ValueError(
-            f"softcap {value} is outside the float32 range the kernels use for {dtype} inputs "
-            f"([{_FLOAT32_TINY:.3e}, {_FLOAT32_MAX / math.log2(math.e):.3e}])"
-        )
+    if value and dtype != numpy.float64:
+        if not _FLOAT32_TINY <= value <= _FLOAT32_MAX / math.log2(math.e):
+            raise ValueError(
+                f"softcap {value} is outside the float32 range the kernels use for {dtype} inputs "
+                f"([{_FLOAT32_TINY:.3e}, {_FLOAT32_MAX / math.log2(math.e):.3e}])"
+            )
+        if abs(softmax_scale) / value > _FLOAT32_MAX:
+            raise ValueError(
+                f"softmax_scale / softcap = {abs(softmax_scale) / value:.3e} overflows float32 for {dtype} inputs"
+            )
     return value
 
 
@@ -255,6 +265,8 @@ def _alibi_slopes(slopes, xp, batch, heads):
             f"alibi_slopes must be a {'cupy' if xp is not numpy else 'numpy'} array like q, got a "
             f"{'cupy' if kind is not numpy else 'numpy'} array"
         )
+    if xp is numpy and not slopes.dtype.isnative:
+        slopes = slopes.astype(slopes.dtype.newbyteorder("="))
     if slopes.dtype != numpy.float32:
         raise TypeError(f"alibi_slopes has dtype {slopes.dtype}; expected float32")
     if slopes.shape not in ((heads,), (batch, heads)):
@@ -302,7 +314,7 @@ def _check_grid(batch, seqlen_q, seqlen_k, heads, heads_k, rows):
     blocks = max(
         -(-seqlen_q // _GRID_ROWS) * heads * batch,
         -(-seqlen_k // _GRID_ROWS) * heads_k * batch,
-        -(-(rows * heads) // _DELTA_ROWS_PER_CTA),
+        -(-(rows * heads) // DELTA_ROWS_PER_CTA),
     )
     if blocks > _MAX_GRID_X:
         raise ValueError(
@@ -312,9 +324,8 @@ def _check_grid(batch, seqlen_q, seqlen_k, heads, heads_k, rows):
 
 def _options(p, causal, window_size, softcap, alibi_slopes, block_mask):
     """Completes problem fields ``p`` (a dict) with the mask and the score modifications."""
-    p["causal"] = check_flag("causal", causal)
-    p["window_left"], p["window_right"] = _window(window_size, p["causal"])
-    p["softcap"] = _softcap(softcap, p["dtype"])
+    p["window_left"], p["window_right"] = _window(window_size, check_flag("causal", causal))
+    p["softcap"] = _softcap(softcap, p["dtype"], p["softmax_scale"])
     p["alibi_slopes"] = _alibi_slopes(alibi_slopes, p["xp"], p["batch"], p["heads"])
     if block_mask is not None:
         if p.get("cu_seqlens_q") is not None:
@@ -374,9 +385,13 @@ def _cu_seqlens(name, cu, xp, total, batch=None):
 
 
 def _max_seqlen(name, value):
-    if value is not None and (not _is_int(value) or value < 0):
-        raise ValueError(f"{name} must be a non-negative int or None, got {value!r}")
-    return None if value is None else int(value)
+    if value is None:
+        return None
+    if not _is_int(value):
+        raise TypeError(f"{name} must be an int or None, got {type(value).__name__} {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be non-negative, got {value}")
+    return int(value)
 
 
 def _check_cu_seqlens_on_host(name, cu, total, given_max):

@@ -130,7 +130,7 @@ struct BlockLayout {
     // Block (i / block_q, j / block_k) is set; for pairs that pass Mask::visible (so i < seqlen_q and
     // j < seqlen_k, inside the layout).
     __device__ __forceinline__ bool allows(const AttnArgs& a, int i, int j) const {
-        return cells[(i / a.sparse.block_q) * a.sparse.layout_cols + j / a.sparse.block_k] != 0;
+        return cells[static_cast<long long>(i / a.sparse.block_q) * a.sparse.layout_cols + j / a.sparse.block_k] != 0;
     }
 
     // Bits c < width (<= 64) set iff the layout sets the cell of query `query` and key n0 + c; 0 for a
@@ -156,10 +156,11 @@ struct BlockLayout {
     __device__ __forceinline__ static unsigned long long span_bits(const unsigned char* cells, int stride, int blocks,
                                                                    int start, int width, int block) {
         unsigned long long bits = 0;
-        for (int b = start / block; b < blocks && b * block < start + width; ++b) {
+        const long long end = static_cast<long long>(start) + width;
+        for (int b = start / block; b < blocks && static_cast<long long>(b) * block < end; ++b) {
             if (cells[static_cast<long long>(b) * stride] == 0) continue;
-            const int c0 = max(b * block, start) - start;
-            const int c1 = min((b + 1) * block, start + width) - start;
+            const int c0 = static_cast<int>(max(static_cast<long long>(b) * block, static_cast<long long>(start)) - start);
+            const int c1 = static_cast<int>(min(static_cast<long long>(b + 1) * block, end) - start);
             bits |= (c1 - c0 >= 64 ? ~0ull : (1ull << (c1 - c0)) - 1) << c0;
         }
         return bits;

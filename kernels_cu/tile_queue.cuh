@@ -9,7 +9,9 @@
 //
 // Timing: chunk 0 is staged before the loop; chunk c + 1 during iteration c * kRing, after that
 // iteration's barrier, into the half that chunk c - 1 used. Chunk c - 1 was last read before that
-// barrier; chunk c + 1 is first read in iteration (c + 1) * kRing - 1, kRing - 1 >= 1 barriers later.
+// barrier; chunk c + 1 is first read at the top of iteration (c + 1) * kRing - 1, after the barriers of
+// iterations c * kRing + 1 ... (c + 1) * kRing - 2 (at least one for kRing >= 3; a loop may have no
+// other barrier per iteration).
 #pragma once
 #include "policy.cuh"
 
@@ -17,7 +19,7 @@ namespace cupyflash {
 
 template <int kRing>
 struct TileQueue {
-    static_assert(kRing >= 2 && kRing % 32 == 0, "whole warps stage the ring, one chunk ahead");
+    static_assert(kRing >= 3 && kRing % 32 == 0, "whole warps stage the ring, one chunk ahead");
     int segment[2 * kRing];  // -1 past the end of the walk
     int entry[2 * kRing];    // tile * 2 + partial (policy.cuh)
     // The walk's position after the last staged entry (written by warp 0 only).

@@ -16,6 +16,7 @@ import zlib
 
 import ml_dtypes
 import numpy as np
+import pytest
 
 from cupyflash import reference
 
@@ -291,3 +292,21 @@ def alibi(xp, batch, heads, per_batch=False):
     if per_batch:
         slopes = slopes[None, :] * (1 + np.arange(batch)[:, None])
     return xp.asarray(slopes.astype(np.float32))
+
+
+def gpu_available():
+    """True when CuPy sees a CUDA GPU (no driver, no device or no CuPy all mean no GPU)."""
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+#: Marks of the GPU test modules: skipped cleanly without a GPU, every kernel compiled once first.
+GPU_MARKS = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not gpu_available(), reason="no CUDA GPU available"),
+    pytest.mark.usefixtures("compiled_kernels"),
+]

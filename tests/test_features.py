@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 from cases import DENSE, VARLEN, build, dense_ids, varlen_ids
-from helpers import check_dense, check_varlen, oracle, random_layout, random_qkv, to_host
+from helpers import check_dense, check_varlen, oracle, random_layout, random_qkv
 
 import cupyflash
 from cupyflash import _numpy_impl, _policy, _validate, reference
@@ -228,9 +228,9 @@ def test_main_help_and_unknown_flags():
 
 def test_varlen_matches_dense_per_sequence():
     """Each packed sequence equals flash_attention on it alone (an independent check of the packing)."""
-    lengths_q, lengths_k = [7, 0, 12], [5, 3, 12]
+    lengths_q = [7, 0, 12]
     cu_q = np.array([0, 7, 7, 19], np.int32)
-    cu_k = np.array([0, 5, 8, 20], np.int32)
+    cu_k = np.array([0, 5, 8, 20], np.int32)  # key lengths 5, 3, 12
     rng = np.random.default_rng(8)
     q = rng.standard_normal((19, 2, 8)).astype(np.float32)
     k = rng.standard_normal((20, 1, 8)).astype(np.float32)

@@ -6,34 +6,30 @@ applies the tolerance rule of helpers.assert_within_rule to out, lse, dq, dk and
 
 import numpy as np
 import pytest
-from helpers import DTYPES, GRAD_FACTOR, OUTPUT_FACTOR, assert_within_rule, oracle, plain, random_qkv, seed_from, to_host
+from helpers import (
+    DTYPES,
+    GPU_MARKS,
+    GRAD_FACTOR,
+    OUTPUT_FACTOR,
+    assert_within_rule,
+    gpu_available,
+    oracle,
+    plain,
+    random_qkv,
+    seed_from,
+    to_host,
+)
 
 import cupyflash
-from cupyflash import _families, _kernels
+from cupyflash import _families
 from cupyflash._families import sm80
 
+pytestmark = GPU_MARKS
 
-def _gpu_available():
-    try:
-        import cupy
-
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # no driver, no device, or no cupy: all mean "no GPU"
-        return False
-
-
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _gpu_available(), reason="no CUDA GPU available")]
-
-if _gpu_available():
+if gpu_available():
     import cupy
 else:
     cupy = None
-
-
-@pytest.fixture(scope="module", autouse=True)
-def compiled_kernels():
-    """Compile every variant once, in parallel, so no test pays for serial compiles."""
-    _kernels.precompile(_families.VARIANTS)
 
 
 def _check(batch, seqlen_q, seqlen_k, heads, heads_k, headdim, headdim_v, dtype, causal, scale=1.0, backward=True,

@@ -250,7 +250,7 @@ def test_bad_block_mask():
     (np.ones((1, 1, 2, 2), np.int8), (4, 4), TypeError, r"layout has dtype int8; expected bool"),
     (np.ones((2, 2), bool), (4, 4), ValueError, r"layout: 2-dimensional array given. Array must be 4-dimensional"),
     (np.ones((1, 1, 0, 2), bool), (4, 4), ValueError, r"layout must not be empty"),
-    (np.ones((1, 1, 2, 2), bool), (4, 0), ValueError, r"block_size must be positive, got \(4, 0\)"),
+    (np.ones((1, 1, 2, 2), bool), (4, 0), ValueError, r"block_size must be positive and at most 1073741824, got \(4, 0\)"),
     (np.ones((1, 1, 2, 2), bool), 4, TypeError, r"block_size must be a pair of ints \(block_q, block_k\), got 4"),
 ])
 def test_bad_block_mask_layout(layout, block, error, message):
@@ -290,8 +290,10 @@ def test_bad_cu_seqlens_kinds_and_sizes():
         cupyflash.flash_attention_varlen(q, k, v, cu_q[:0], cu_k)
     with pytest.raises(ValueError, match=r"max_seqlen_q is 3, but cu_seqlens_q holds a sequence of 5"):
         cupyflash.flash_attention_varlen(q, k, v, cu_q, cu_k, max_seqlen_q=3)
-    with pytest.raises(ValueError, match=r"max_seqlen_k must be a non-negative int or None, got -1"):
+    with pytest.raises(ValueError, match=r"max_seqlen_k must be non-negative, got -1"):
         cupyflash.flash_attention_varlen(q, k, v, cu_q, cu_k, max_seqlen_k=-1)
+    with pytest.raises(TypeError, match=r"max_seqlen_q must be an int or None, got float 3.0"):
+        cupyflash.flash_attention_varlen(q, k, v, cu_q, cu_k, max_seqlen_q=3.0)
     with pytest.raises(ValueError, match=r"q: 4-dimensional array given. Array must be 3-dimensional \(total, heads, headdim\)"):
         cupyflash.flash_attention_varlen(q[None], k, v, cu_q, cu_k)
     with pytest.raises(ValueError, match=r"k and v must have the same number of rows; got k 11, v 10"):
@@ -321,3 +323,37 @@ def test_varlen_empty_batch_and_sequences():
     out, lse = cupyflash.flash_attention_varlen(q, k, v, np.array([0, 3], np.int32), np.array([0, 0], np.int32),
                                                 return_lse=True)
     assert (out == 0).all() and np.isneginf(lse).all()
+
+
+def test_softcap_ratio_overflowing_float32():
+    """softmax_scale / softcap is held in float32 below float64 inputs."""
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=r"softmax_scale / softcap = .* overflows float32 for float32 inputs"):
+        cupyflash.flash_attention(q, k, v, softmax_scale=100.0, softcap=2e-38)
+
+
+def test_big_endian_alibi_slopes_are_converted():
+    q, k, v = _qkv()
+    slopes = np.linspace(0.1, 1.0, 4).astype(np.float32)
+    np.testing.assert_array_equal(cupyflash.flash_attention(q, k, v, alibi_slopes=slopes.astype(">f4")),
+                                  cupyflash.flash_attention(q, k, v, alibi_slopes=slopes))
+
+
+def test_block_mask_keeps_its_own_layout():
+    """Regression (review): the mask shared the caller's array while caching lists built from it."""
+    layout = np.ones((1, 1, 2, 2), bool)
+    mask = cupyflash.BlockMask.from_dense(layout, (4, 4))
+    layout[0, 0, 0, 1] = False
+    assert mask.layout is not layout and mask.layout.all()
+    assert mask.kv_num_blocks.tolist() == [[[2, 2]]]
+    with pytest.raises(ValueError):
+        mask.layout[0, 0, 0, 0] = False
+
+
+def test_block_mask_builders_check_their_arguments():
+    with pytest.raises(TypeError, match=r"window_blocks must be an int, got float 1.5"):
+        cupyflash.BlockMask.longformer(100, window_blocks=1.5)
+    with pytest.raises(ValueError, match=r"seqlen_q must be at least 1, got 0"):
+        cupyflash.BlockMask.longformer(0)
+    with pytest.raises(ValueError, match=r"random_blocks must be non-negative, got -1"):
+        cupyflash.BlockMask.bigbird(100, random_blocks=-1)

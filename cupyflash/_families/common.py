@@ -8,6 +8,7 @@ import cupy
 import numpy
 
 from .. import _kernels, _params
+from .._validate import DELTA_ROWS_PER_CTA
 
 
 def cdiv(a, b):
@@ -122,6 +123,7 @@ def bwd_args(p, dout, q, k, v, out, lse, delta, dq, dk, dv, lists):
     """The ``BwdArgs`` of a backward call (the dQ accumulator fields are the tensor-core family's)."""
     args = _params.new(_params.BWD_ARGS)
     set_attn(args["attn"], p, q, k, v, lists)
+    args["attn"]["vec_loads"] = vec_loads(q, k, v, dout)  # the backward streams dO with cp.async too
     for name, x in (("out", out), ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv)):
         _params.set_tensor(args[name], x, batched=not p.varlen)
     _params.set_rows(args["lse"], lse, *lse_strides(p))
@@ -140,14 +142,12 @@ def flat_rows(args, p):
     return flat
 
 
-#: general_bwd_delta's rows per CTA (one warp each).
-DELTA_ROWS_PER_CTA = 4
 DELTA = _kernels.Kernel("general_bwd_delta", "general_bwd.cu", _kernels.ALL_DTYPES)
 
 
 def launch_delta(p, args):
     """delta = rowsum(dO * O) into args' delta, for either backward family."""
-    rows = (1 if p.varlen else p.batch) * p.heads * (p.total_q if p.varlen else p.seqlen_q)
+    rows = p.heads * p.query_rows
     launch(DELTA.variant(dtype_name(p.dtype)), (cdiv(rows, DELTA_ROWS_PER_CTA), 1, 1), 32 * DELTA_ROWS_PER_CTA,
            flat_rows(args, p))
 

@@ -14,6 +14,9 @@ THREADS = 128
 BLOCK_M = 32
 BLOCK_N = 32
 CHUNK = 64
+# The dQ and dK/dV kernels share one set of block-sparse lists: tiles of BLOCK_M rows by BLOCK_N columns
+# serve both only because they are square.
+assert BLOCK_M == BLOCK_N
 
 FWD = _kernels.Kernel("general_fwd", "general_fwd.cu", _kernels.ALL_DTYPES)
 DQ = _kernels.Kernel("general_bwd_dq", "general_bwd.cu", _kernels.ALL_DTYPES)

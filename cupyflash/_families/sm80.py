@@ -160,8 +160,7 @@ class TcBackward:
         # Even rows keep every float32 pair of the buffer 8-byte aligned for the vector reductions.
         dq_ld = p.headdim + p.headdim % 2
         splits = DETERMINISTIC_DQ_SPLITS if deterministic else 1
-        rows = p.total_q if p.varlen else p.batch * p.seqlen_q
-        dq_accum = cupy.zeros((splits, p.heads * rows * dq_ld), dtype=numpy.float32)
+        dq_accum = cupy.zeros((splits, p.heads * p.query_rows * dq_ld), dtype=numpy.float32)
         # One turn counter per (buffer, batch, head, query tile) for the ordered sum; unused otherwise.
         turns_per_split = p.batch * p.heads * common.cdiv(p.seqlen_q, block_m)
         turns = cupy.zeros(splits * turns_per_split if deterministic else 1, numpy.int32)
@@ -175,7 +174,7 @@ class TcBackward:
         args["deterministic"] = int(bool(deterministic))
         grid = (common.cdiv(p.seqlen_k, block_n) * p.batch * p.heads_k, 1, 1)
         common.launch(variant, grid, BWD_THREADS, args, bwd_smem_bytes(variant))
-        elements = p.heads * rows * p.headdim
+        elements = p.heads * p.query_rows * p.headdim
         common.launch(DQ_CONVERT.variant(variant.dtype), (min(common.cdiv(elements, CONVERT_THREADS), 1 << 16), 1, 1),
                       CONVERT_THREADS, common.flat_rows(args, p))
         return dq, dk, dv
