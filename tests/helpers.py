@@ -310,3 +310,17 @@ GPU_MARKS = [
     pytest.mark.skipif(not gpu_available(), reason="no CUDA GPU available"),
     pytest.mark.usefixtures("compiled_kernels"),
 ]
+
+
+def central_differences(loss, x, step):
+    """d loss / d x by central differences, perturbing the array ``x`` in place (restored after)."""
+    numeric = np.empty_like(x)
+    for index in np.ndindex(x.shape):
+        saved = x[index]
+        x[index] = saved + step
+        plus = loss()
+        x[index] = saved - step
+        minus = loss()
+        x[index] = saved
+        numeric[index] = (plus - minus) / (2 * step)
+    return numeric

@@ -17,6 +17,7 @@ from helpers import (
     GRAD_FACTOR,
     OUTPUT_FACTOR,
     assert_within_rule,
+    central_differences,
     oracle,
     plain,
     random_normal,
@@ -256,15 +257,7 @@ def test_finite_differences(pair, causal, forward, backward):
 
     grads = dict(zip(("q", "k", "v"), backward(weight, q, k, v, causal, softmax_scale)))
     for name, x in inputs.items():
-        numeric = np.empty_like(x)
-        for index in np.ndindex(x.shape):
-            saved = x[index]
-            x[index] = saved + FD_STEP
-            plus = loss()
-            x[index] = saved - FD_STEP
-            minus = loss()
-            x[index] = saved
-            numeric[index] = (plus - minus) / (2 * FD_STEP)
+        numeric = central_differences(loss, x, FD_STEP)
         error = np.max(np.abs(grads[name] - numeric))
         assert error <= FD_RTOL * np.max(np.abs(numeric)), f"d{name}: max error {error:.3e}"
 

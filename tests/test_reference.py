@@ -12,7 +12,7 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
-from helpers import random_normal, random_qkv, seed_from
+from helpers import central_differences, random_normal, random_qkv, seed_from
 
 from cupyflash import reference
 from cupyflash._block_mask import BlockMask
@@ -292,15 +292,7 @@ def check_finite_differences(seqlen_q, seqlen_k, batch=1, heads=2, heads_k=1, **
 
     grads = dict(zip("qkv", reference.attention_backward(weight, q, k, v, softmax_scale=0.9, **kwargs)))
     for name, x in inputs.items():
-        numeric = np.empty_like(x)
-        for index in np.ndindex(x.shape):
-            saved = x[index]
-            x[index] = saved + FD_STEP
-            plus = loss()
-            x[index] = saved - FD_STEP
-            minus = loss()
-            x[index] = saved
-            numeric[index] = (plus - minus) / (2 * FD_STEP)
+        numeric = central_differences(loss, x, FD_STEP)
         assert np.max(np.abs(numeric)) > 1e-3, f"d{name} is (nearly) zero: the check would be vacuous"
         error = np.max(np.abs(grads[name] - numeric))
         assert error <= FD_RTOL * np.max(np.abs(numeric)), f"d{name}: max error {error:.3e}"
@@ -472,15 +464,7 @@ def test_varlen_finite_differences():
 
     grads = dict(zip("qkv", reference.attention_varlen_backward(weight, q, k, v, cu_q, cu_k, True, **kwargs)))
     for name, x in inputs.items():
-        numeric = np.empty_like(x)
-        for index in np.ndindex(x.shape):
-            saved = x[index]
-            x[index] = saved + FD_STEP
-            plus = loss()
-            x[index] = saved - FD_STEP
-            minus = loss()
-            x[index] = saved
-            numeric[index] = (plus - minus) / (2 * FD_STEP)
+        numeric = central_differences(loss, x, FD_STEP)
         error = np.max(np.abs(grads[name] - numeric))
         assert error <= FD_RTOL * np.max(np.abs(numeric)), f"d{name}: max error {error:.3e}"
 
