@@ -34,7 +34,7 @@ ALL_DTYPES = tuple(CTYPES)
 HALF_DTYPES = ("float16", "bfloat16")
 
 #: Template parameters as they appear in variant keys.
-_KEY_PREFIX = {"headdim": "d", "block_n": "n", "m_tiles": "m", "block_m": "q", "stages": "s", "score_mod": "mod"}
+_KEY_PREFIX = {"headdim": "d", "headdim_v": "v", "block_n": "n", "m_tiles": "m", "block_m": "q", "stages": "s", "score_mod": "mod"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +43,9 @@ class Kernel:
 
     ``tiles`` is the closed table of the integer ``tile_params``' values; every combination of the
     boolean ``flags`` is built for every tile and dtype. A template without a storage type has no
-    ``dtypes`` (its variants' dtype is None).
+    ``dtypes`` (its variants' dtype is None). ``arch`` names the one target of a kernel that uses
+    architecture-specific instructions (``"90a"``: wgmma, setmaxnreg), None for kernels built for
+    whatever device runs them.
     """
 
     name: str
@@ -52,6 +54,7 @@ class Kernel:
     tile_params: tuple = ()
     tiles: tuple = ((),)
     flags: tuple = ()
+    arch: str = None
 
     def variant(self, dtype=None, tile=(), **flags):
         """The variant of ``dtype`` and ``tile`` with the given flags (missing flags are False)."""
@@ -142,9 +145,14 @@ def source_hash():
     return digest.hexdigest()[:16]
 
 
-def compile_options():
-    """Options cupyflash passes to ``cupy.RawModule`` (CuPy appends its include paths, -ftz and -arch)."""
-    return (f"-I{kernel_dir()}", f"-DCUPYFLASH_SRC_HASH={source_hash()}")
+def compile_options(arch=None):
+    """Options cupyflash passes to ``cupy.RawModule`` (CuPy appends its include paths, -ftz and -arch).
+
+    ``arch`` (a kernel's own target, e.g. ``"90a"``) adds ``-arch=sm_<arch>``: NVRTC keeps that target's
+    suffix when CuPy's own ``-arch=sm_90`` follows.
+    """
+    options = (f"-I{kernel_dir()}", f"-DCUPYFLASH_SRC_HASH={source_hash()}")
+    return options + ((f"-arch=sm_{arch}",) if arch else ())
 
 
 _kernels = {}
@@ -162,7 +170,9 @@ def get_kernel(variant):
     kernel = _kernels.get(cache_key)
     if kernel is None:
         module = cupy.RawModule(
-            code=source(variant.source_file), options=compile_options(), name_expressions=(variant.name_expression,)
+            code=source(variant.source_file),
+            options=compile_options(variant.kernel.arch),
+            name_expressions=(variant.name_expression,),
         )
         try:
             kernel = module.get_function(variant.name_expression)
@@ -172,13 +182,22 @@ def get_kernel(variant):
     return kernel
 
 
+def builds_for(variant, capability):
+    """Whether ``variant`` runs on a device of compute ``capability`` (e.g. 90): sm_90a kernels only on 90."""
+    arch = variant.kernel.arch
+    return arch is None or int(arch.rstrip("a")) == capability
+
+
 def precompile(variants, max_workers=8):
-    """Compile ``variants`` for the current device in parallel threads (NVRTC runs without the GIL)."""
+    """Compile those of ``variants`` that run on the current device in parallel threads (NVRTC runs
+    without the GIL)."""
     import concurrent.futures
 
     import cupy
 
     device = cupy.cuda.Device().id
+    capability = int(cupy.cuda.Device().compute_capability)
+    variants = [v for v in variants if builds_for(v, capability)]
 
     def build(variant):
         with cupy.cuda.Device(device):
@@ -188,8 +207,9 @@ def precompile(variants, max_workers=8):
         list(pool.map(build, variants))
 
 
-def runtime_nvrtc_options(arch):
-    """The full NVRTC option list ``cupy.RawModule`` uses for ``compile_options()`` on an ``arch`` device.
+def runtime_nvrtc_options(arch, kernel_arch=None):
+    """The full NVRTC option list ``cupy.RawModule`` uses for ``compile_options(kernel_arch)`` on an
+    ``arch`` device.
 
     Mirrors CuPy's assembly: its include paths and ``--std=c++17`` around our options, then ``-ftz=true``,
     ``-arch=sm_<arch>`` (a cubin, so ptxas checks every instruction) and
@@ -197,7 +217,7 @@ def runtime_nvrtc_options(arch):
     """
     from cupy._core import core
 
-    return core.assemble_cupy_compiler_options(compile_options()) + (
+    return core.assemble_cupy_compiler_options(compile_options(kernel_arch)) + (
         "-ftz=true",
         f"-arch=sm_{arch}",
         "--device-as-default-execution-space",
@@ -205,7 +225,8 @@ def runtime_nvrtc_options(arch):
 
 
 def compile_offline(variants, arch):
-    """Compile ``variants`` (all of one source file) to one cubin for ``sm_<arch>`` with NVRTC alone.
+    """Compile ``variants`` (all of one source file) to one cubin for ``sm_<arch>`` with NVRTC alone
+    (kernels with an ``arch`` of their own build for that target, on an ``arch`` device: ``"90a"`` on 90).
 
     One program for many variants parses the sources once. Needs no GPU. Returns ``(cubin_bytes,
     ptxas_log, lowered)``, ``lowered`` mapping each variant to its mangled name in the log (which holds
@@ -218,7 +239,8 @@ def compile_offline(variants, arch):
     files = {v.source_file for v in variants}
     if len(files) != 1:
         raise ValueError(f"compile_offline takes variants of one source file, got {sorted(files)}")
-    options = runtime_nvrtc_options(arch) + ("--ptxas-options=-v",)
+    kernel_arch = variants[0].kernel.arch
+    options = runtime_nvrtc_options(arch, kernel_arch) + ("--ptxas-options=-v",)
     program = nvrtc.createProgram(source(files.pop()), variants[0].source_file, (), ())
     try:
         for v in variants:
@@ -231,6 +253,7 @@ def compile_offline(variants, arch):
                 f"cupyflash: {keys} do not compile for sm_{arch}:\n{nvrtc.getProgramLog(program)}"
             ) from exc
         lowered = {v: nvrtc.getLoweredName(program, v.name_expression) for v in variants}
-        return nvrtc.getCUBIN(program), nvrtc.getProgramLog(program), lowered
+        # CuPy's getCUBIN drops the cubin's last byte (the ELF's zero padding), which disassemblers need.
+        return nvrtc.getCUBIN(program) + b"\0", nvrtc.getProgramLog(program), lowered
     finally:
         nvrtc.destroyProgram(program)

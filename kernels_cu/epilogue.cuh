@@ -5,6 +5,9 @@
 #pragma once
 #include "dtypes.cuh"
 #include "mma.cuh"
+#include "params.cuh"
+#include "policy.cuh"
+#include "tc_softmax.cuh"
 
 namespace cupyflash {
 
@@ -51,6 +54,32 @@ __device__ __forceinline__ void store_fragments(T* dst, long long row_stride, in
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) scales[mt][0] = scales[mt][1] = scale;
     store_fragments<T>(dst, row_stride, row0, row_end, col0, cols, acc, scales);
+}
+
+// The forward's epilogue: out = O / l per row (0 for a row that saw no key) and lse = LN2 * (m2 + log2 l),
+// for the rows row0 + 16 mt + g + 8 r of (batch entry b, head h) that lie inside the sequence.
+template <typename T, int kMTiles, int kOTiles, int kNTiles>
+__device__ __forceinline__ void fwd_epilogue(const FwdArgs& args, const Sequence& seq, int b, int h, int row0,
+                                                const float (&o)[kMTiles][kOTiles][4],
+                                                FragmentSoftmax<kNTiles> (&softmax)[kMTiles]) {
+    const AttnArgs& a = args.attn;
+    float inv_l[kMTiles][2];
+    float row_lse[kMTiles][2];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) softmax[mt].finish(inv_l[mt], row_lse[mt]);
+    store_fragments<T>(head_rows<T>(args.out, b, seq.q_start, h), args.out.row_stride, row0, seq.seqlen_q,
+                       0, a.headdim_v, o, inv_l);
+    const int lane = threadIdx.x % 32;
+    if (lane % 4 != 0) return;
+    float* lse = static_cast<float*>(args.lse.ptr) + rows_index(args.lse, b, h, seq.q_start);
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = row0 + 16 * mt + lane / 4 + 8 * r;
+            if (row < seq.seqlen_q) lse[row] = row_lse[mt][r];
+        }
+    }
 }
 
 }  // namespace cupyflash

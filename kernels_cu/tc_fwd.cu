@@ -252,31 +252,6 @@ struct TcFwdMainloop {
     }
 };
 
-// Epilogue: out = O / l per row (0 for a row that saw no key) and lse = LN2 * (m2 + log2 l).
-template <typename T, int kMTiles, int kOTiles, int kNTiles>
-__device__ __forceinline__ void tc_fwd_epilogue(const FwdArgs& args, const TcFwdState& st, int row0,
-                                                const float (&o)[kMTiles][kOTiles][4],
-                                                FragmentSoftmax<kNTiles> (&softmax)[kMTiles]) {
-    const AttnArgs& a = args.attn;
-    float inv_l[kMTiles][2];
-    float row_lse[kMTiles][2];
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) softmax[mt].finish(inv_l[mt], row_lse[mt]);
-    store_fragments<T>(head_rows<T>(args.out, st.b, st.seq.q_start, st.h), args.out.row_stride, row0, st.seq.seqlen_q,
-                       0, a.headdim_v, o, inv_l);
-    const int lane = threadIdx.x % 32;
-    if (lane % 4 != 0) return;
-    float* lse = static_cast<float*>(args.lse.ptr) + rows_index(args.lse, st.b, st.h, st.seq.q_start);
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const int row = row0 + 16 * mt + lane / 4 + 8 * r;
-            if (row < st.seq.seqlen_q) lse[row] = row_lse[mt][r];
-        }
-    }
-}
-
 template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod>
 __global__ void __launch_bounds__(TcFwdTraits<T, kHeadDim, kBlockN, kMTiles>::kThreads,
                                   TcFwdTraits<T, kHeadDim, kBlockN, kMTiles>::kMinCtasPerSm)
@@ -306,7 +281,7 @@ tc_fwd(const CUPYFLASH_GRID_CONSTANT FwdArgs args) {
     float o[kMTiles][Mainloop::kOTiles][4];
     FragmentSoftmax<Mainloop::kNTiles> softmax[kMTiles];
     Mainloop::run(a, st, m0, smem_raw, o, softmax);
-    tc_fwd_epilogue<T>(args, st, m0 + 16 * kMTiles * (threadIdx.x / 32), o, softmax);
+    fwd_epilogue<T>(args, st.seq, st.b, st.h, m0 + 16 * kMTiles * (threadIdx.x / 32), o, softmax);
 }
 
 }  // namespace cupyflash

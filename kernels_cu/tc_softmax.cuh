@@ -22,6 +22,7 @@ template <int kNTiles>
 struct FragmentSoftmax {
     float m2[2] = {Consts<float>::neg_inf(), Consts<float>::neg_inf()};
     float l[2] = {0.0f, 0.0f};
+    float base[2];  // the maxima the probabilities of the current block are taken against
 
     // Folds a block of scaled scores s (log2 units, -inf where masked) into the running statistics and
     // turns s into probabilities in place. The output accumulator o is rescaled only when some row of the
@@ -30,61 +31,43 @@ struct FragmentSoftmax {
     // of a sequential reduction were the kernel's main stall (ncu, headdim 128).
     template <int kOTiles>
     __device__ __forceinline__ void step(float (&s)[kNTiles][4], float (&o)[kOTiles][4]) {
-        static_assert((kNTiles & (kNTiles - 1)) == 0, "n-tiles per block must be a power of two");
-        float part[2][kNTiles];
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) {
-            part[0][nt] = fmaxf(s[nt][0], s[nt][1]);
-            part[1][nt] = fmaxf(s[nt][2], s[nt][3]);
-        }
-#pragma unroll
-        for (int width = kNTiles / 2; width > 0; width /= 2) {
-#pragma unroll
-            for (int i = 0; i < width; ++i) {
-                part[0][i] = fmaxf(part[0][i], part[0][i + width]);
-                part[1][i] = fmaxf(part[1][i], part[1][i + width]);
-            }
-        }
-        float base[2];
         float rescale[2];
-        bool moved = false;
+        const bool moved = update_max(s, rescale);
+        if (__any_sync(0xffffffffu, moved)) rescale_rows(o, rescale);
+        exponentiate(s);
+    }
+
+    // The first half of step: the new row maxima, l scaled to them, and the factor rescale[r] that takes
+    // the output accumulated so far to the new maximum. Returns whether a maximum moved. The sm90
+    // kernel splits step here because its accumulator is still being written by an asynchronous
+    // product while the next block's scores are folded.
+    __device__ __forceinline__ bool update_max(const float (&s)[kNTiles][4], float (&rescale)[2]) {
+        return update_max_impl<false>(s, rescale, 1.0f);
+    }
+
+    // The same for raw products s = q . k with the scale (softmax_scale * LOG2E, > 0, so raw and scaled
+    // scores order alike) applied here: the maxima stay in log2 units, m2 = scale * max(s).
+    __device__ __forceinline__ bool update_max(const float (&s)[kNTiles][4], float (&rescale)[2], float scale) {
+        return update_max_impl<true>(s, rescale, scale);
+    }
+
+    template <int kOTiles>
+    __device__ __forceinline__ static void rescale_rows(float (&o)[kOTiles][4], const float (&rescale)[2]) {
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const float new_max = fmaxf(m2[r], group_max<4>(part[r][0]));
-            // A row that has seen no visible key keeps new_max = -inf: subtract 0 instead, so that
-            // ex2(-inf - -inf) is not NaN and every probability of the row is ex2(-inf) = 0.
-            base[r] = new_max == Consts<float>::neg_inf() ? 0.0f : new_max;
-            rescale[r] = fast_exp2(m2[r] - base[r]);  // 1 if the max stayed, 0 on the first visible block
-            moved |= new_max != m2[r];
-            m2[r] = new_max;
-            l[r] *= rescale[r];
+        for (int c = 0; c < kOTiles; ++c) {
+            o[c][0] *= rescale[0];
+            o[c][1] *= rescale[0];
+            o[c][2] *= rescale[1];
+            o[c][3] *= rescale[1];
         }
-        if (__any_sync(0xffffffffu, moved)) {
-#pragma unroll
-            for (int c = 0; c < kOTiles; ++c) {
-                o[c][0] *= rescale[0];
-                o[c][1] *= rescale[0];
-                o[c][2] *= rescale[1];
-                o[c][3] *= rescale[1];
-            }
-        }
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[nt][e] = fast_exp2(s[nt][e] - base[e / 2]);
-            part[0][nt] = s[nt][0] + s[nt][1];
-            part[1][nt] = s[nt][2] + s[nt][3];
-        }
-#pragma unroll
-        for (int width = kNTiles / 2; width > 0; width /= 2) {
-#pragma unroll
-            for (int i = 0; i < width; ++i) {
-                part[0][i] += part[0][i + width];
-                part[1][i] += part[1][i + width];
-            }
-        }
-        l[0] += part[0][0];
-        l[1] += part[1][0];
+    }
+
+    // The second half of step: probabilities ex2(s - base) and their sum into l.
+    __device__ __forceinline__ void exponentiate(float (&s)[kNTiles][4]) { exponentiate_impl<false>(s, 1.0f); }
+
+    // The same for raw products: ex2(scale * s - base), one FFMA and one ex2 per probability.
+    __device__ __forceinline__ void exponentiate(float (&s)[kNTiles][4], float scale) {
+        exponentiate_impl<true>(s, scale);
     }
 
     // Adds the quad's partial sums; returns 1 / l per row (0 for a row that saw no key, whose output
@@ -97,6 +80,67 @@ struct FragmentSoftmax {
             const bool seen = total != 0.0f;
             inv_l[r] = seen ? 1.0f / total : 0.0f;
             lse[r] = seen ? kLn2F * (m2[r] + __log2f(total)) : Consts<float>::neg_inf();
+        }
+    }
+
+  private:
+    template <bool kRaw>
+    __device__ __forceinline__ bool update_max_impl(const float (&s)[kNTiles][4], float (&rescale)[2], float scale) {
+        float part[2][kNTiles];
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+            part[0][nt] = fmaxf(s[nt][0], s[nt][1]);
+            part[1][nt] = fmaxf(s[nt][2], s[nt][3]);
+        }
+        tree<true>(part);
+        bool moved = false;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const float block_max = group_max<4>(part[r][0]);
+            const float new_max = fmaxf(m2[r], kRaw ? block_max * scale : block_max);
+            // A row that has seen no visible key keeps new_max = -inf: subtract 0 instead, so that
+            // ex2(-inf - -inf) is not NaN and every probability of the row is ex2(-inf) = 0.
+            base[r] = new_max == Consts<float>::neg_inf() ? 0.0f : new_max;
+            rescale[r] = fast_exp2(m2[r] - base[r]);  // 1 if the max stayed, 0 on the first visible block
+            moved |= new_max != m2[r];
+            m2[r] = new_max;
+            l[r] *= rescale[r];
+        }
+        return moved;
+    }
+
+    template <bool kRaw>
+    __device__ __forceinline__ void exponentiate_impl(float (&s)[kNTiles][4], float scale) {
+        float part[2][kNTiles];
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                s[nt][e] = fast_exp2(kRaw ? fmaf(s[nt][e], scale, -base[e / 2]) : s[nt][e] - base[e / 2]);
+            }
+            part[0][nt] = s[nt][0] + s[nt][1];
+            part[1][nt] = s[nt][2] + s[nt][3];
+        }
+        tree<false>(part);
+        l[0] += part[0][0];
+        l[1] += part[1][0];
+    }
+
+    // part[r][0] = max (kMax) or sum of part[r][0 .. kNTiles), as a tree; kNTiles need not be a power
+    // of two (the sm90 kernel's 176-key tiles have 22 n-tiles): an odd width folds its last element in.
+    template <bool kMax, int kWidth = kNTiles>
+    __device__ __forceinline__ static void tree(float (&part)[2][kNTiles]) {
+        if constexpr (kWidth > 1) {
+            constexpr int kHalf = kWidth / 2;
+#pragma unroll
+            for (int i = 0; i < kHalf; ++i) {
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const float other = part[r][kWidth - kHalf + i];
+                    part[r][i] = kMax ? fmaxf(part[r][i], other) : part[r][i] + other;
+                }
+            }
+            tree<kMax, (kWidth + 1) / 2>(part);
         }
     }
 };

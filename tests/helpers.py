@@ -305,6 +305,27 @@ def gpu_available():
 
 
 #: Marks of the GPU test modules: skipped cleanly without a GPU, every kernel compiled once first.
+#: The kernel families a float16/bfloat16 case runs on (CUPYFLASH_FAMILY): the Hopper kernels where the
+#: GPU has them (elsewhere "sm90" falls through to sm80) and the mma.sync kernels; other dtypes have one.
+HALF_FAMILIES = ("sm90", "sm80")
+
+
+def with_families(cases, dtype_of, ids):
+    """pytest params (case, family) for every case: each 16-bit case once per HALF_FAMILIES, the others
+    once with the default dispatch ("")."""
+    params = []
+    for case, case_id in zip(cases, ids):
+        families = HALF_FAMILIES if np.dtype(DTYPES[dtype_of(case)]).itemsize == 2 else ("",)
+        params += [pytest.param(case, f, id=f"{case_id}-{f}" if f else case_id) for f in families]
+    return params
+
+
+def use_family(monkeypatch, family):
+    """Dispatch from ``family`` on (see cupyflash._families.forced); "" leaves dispatch alone."""
+    if family:
+        monkeypatch.setenv("CUPYFLASH_FAMILY", family)
+
+
 GPU_MARKS = [
     pytest.mark.gpu,
     pytest.mark.skipif(not gpu_available(), reason="no CUDA GPU available"),

@@ -1,10 +1,12 @@
-"""NVRTC compiles every kernel variant to a cubin for sm_80 and sm_90, on any machine (no GPU needed),
-and checks what the host and the kernels must agree on.
+"""NVRTC compiles every kernel variant to a cubin for sm_80 and sm_90 (the sm90 family's for sm_90a
+only), on any machine (no GPU needed), and checks what the host and the kernels must agree on.
 
 The options are those cupy.RawModule uses at run time (see _kernels.runtime_nvrtc_options), so ptxas
 checks every instruction the runtime would load. The report lists registers, stack frame and spill
-bytes per variant; every variant is required to be spill-free. Variants of one source file and dtype
-compile as one program, which parses the sources once.
+bytes per variant; every variant is required to be spill-free. The sm_90a variants must also compile
+without ptxas' warnings that wgmma was serialized or setmaxnreg ignored, and their SASS (nvdisasm, from
+the test extras) must show the HGMMA instructions. Variants of one source file and dtype compile as one
+program, which parses the sources once.
 """
 
 import concurrent.futures
@@ -15,16 +17,69 @@ import re
 import pytest
 
 from cupyflash import _families, _kernels, _params
-from cupyflash._families import sm80
+from cupyflash._families import sm80, sm90
 
 ARCHS = (80, 90)
+#: ptxas warnings that mean a wgmma pipeline was serialized (C7509-C7515) or setmaxnreg ignored (C7508).
+SERIALIZATION_WARNINGS = re.compile(r"C75(0[89]|1[0-9])")
+#: Spill bytes (stores + loads, NVRTC 12) of the sm90 variants, (headdim, headdim_v, score_mod) -> bytes,
+#: a ceiling no change may raise. Not zero yet: the producer warpgroup's two issuing threads run at
+#: setmaxnreg's 24 registers and keep a few values in local memory (about 100 bytes, every variant),
+#: and the consumers of the larger tiles and of the score_mod kernels spill a few values (the
+#: consumer-local column of the report; none in the d64, d96 and plain d128 kernels; bench/NOTES.md).
+SM90_SPILL_CEILING = {
+    (64, 64, False): 104, (64, 64, True): 104, (96, 96, False): 112, (96, 96, True): 112,
+    (128, 128, False): 112, (128, 128, True): 148, (192, 128, False): 164, (192, 128, True): 236,
+    (192, 192, False): 120, (192, 192, True): 172, (256, 256, False): 316, (256, 256, True): 308,
+}
 #: Variants per NVRTC program, and the relative compile cost of the large kernels.
 _CHUNK = 6
-_COST = {"tc_bwd": 8, "tc_fwd": 5}
+_COST = {"tc_bwd": 8, "tc_fwd": 5, "sm90_fwd": 6}
+
+
+def _archs(variant):
+    """The devices a variant is compiled for: its own target's, or every one of ARCHS."""
+    return tuple(a for a in ARCHS if _kernels.builds_for(variant, a))
+
+
+def _nvdisasm():
+    """The nvdisasm of the nvidia-cuda-nvdisasm wheel (test extras), or one on PATH; None without."""
+    import glob
+    import shutil
+    import site
+
+    for root in site.getsitepackages() + [site.getusersitepackages()]:
+        found = sorted(glob.glob(os.path.join(root, "nvidia", "**", "bin", "nvdisasm"), recursive=True))
+        if found:
+            return found[-1]
+    return shutil.which("nvdisasm")
+
+
+def _sass_functions(cubin):
+    """{mangled name: SASS text} of a cubin, through nvdisasm."""
+    import subprocess
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([_nvdisasm(), "-c", f.name], check=True, capture_output=True, text=True).stdout
+    functions = {}
+    for chunk in re.split(r"\n\s*\.text\.", text)[1:]:
+        name = chunk[: chunk.index(":")].strip()
+        functions[name] = chunk
+    return functions
 
 
 def _report(variants, arch):
-    _, log, lowered = _kernels.compile_offline(variants, arch)
+    cubin, log, lowered = _kernels.compile_offline(variants, arch)
+    warnings = SERIALIZATION_WARNINGS.findall(log)
+    assert not warnings, f"ptxas serialized wgmma or ignored setmaxnreg for {[v.key for v in variants]}:\n{log}"
+    hgmma = consumer_local = None
+    if any(v.kernel.arch for v in variants) and _nvdisasm() is not None:
+        functions = _sass_functions(cubin)
+        hgmma = {v: functions.get(lowered[v], "").count("HGMMA") for v in variants}
+        consumer_local = {v: _consumer_local_accesses(functions.get(lowered[v], "")) for v in variants}
     sections = {}
     for chunk in log.split("Compiling entry function '")[1:]:
         name = chunk[: chunk.index("'")]
@@ -33,7 +88,21 @@ def _report(variants, arch):
         stack = [int(n) for n in re.findall(r"(\d+) bytes stack frame", chunk)]
         assert registers, f"no ptxas report for {name} on sm_{arch}:\n{chunk}"
         sections[name] = {"registers": int(registers.group(1)), "spill_bytes": sum(spills), "stack_bytes": max(stack, default=0)}
-    return {(v.key, arch): sections[lowered[v]] for v in variants}
+    result = {(v.key, arch): sections[lowered[v]] for v in variants}
+    for v in variants:
+        result[(v.key, arch)]["hgmma"] = hgmma[v] if hgmma else None
+        result[(v.key, arch)]["consumer_local"] = consumer_local[v] if consumer_local else None
+    return result
+
+
+def _consumer_local_accesses(sass):
+    """Local-memory instructions of a warp-specialized kernel's consumer warpgroups: those between the
+    consumers' setmaxnreg (TRY_ALLOC) and the producer's (DEALLOC), which follows them in the SASS."""
+    lines = sass.splitlines()
+    start = next(i for i, line in enumerate(lines) if "USETMAXREG.TRY_ALLOC" in line)
+    end = next(i for i, line in enumerate(lines) if "USETMAXREG.DEALLOC" in line)
+    assert start < end, "the consumers' code no longer precedes the producer's; update this check"
+    return sum(1 for line in lines[start:end] if re.search(r"\b(LDL|STL)\b", line))
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +114,7 @@ def reports():
     # Programs of a few variants each keep every core busy to the end; the largest kernels go first.
     chunks = [vs[i : i + _CHUNK] for vs in groups for i in range(0, len(vs), _CHUNK)]
     chunks.sort(key=lambda vs: -sum(_COST.get(v.kernel.name, 1) for v in vs))
-    jobs = [(vs, arch) for vs in chunks for arch in ARCHS]
+    jobs = [(vs, arch) for vs in chunks for arch in _archs(vs[0])]
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         results = list(pool.map(lambda job: _report(*job), jobs))
     return {key: r for result in results for key, r in result.items()}
@@ -53,12 +122,37 @@ def reports():
 
 def test_every_variant_compiles_without_spills(reports, capsys):
     with capsys.disabled():
-        print("\nvariant                                  arch  regs  stack  spill")
+        print("\nvariant                                  arch  regs  stack  spill  consumer-local")
         for (key, arch), r in sorted(reports.items()):
-            print(f"{key:<40} sm_{arch}  {r['registers']:>4}  {r['stack_bytes']:>5}  {r['spill_bytes']:>5}")
-    spilled = {k: r for k, r in reports.items() if r["spill_bytes"] or r["stack_bytes"]}
-    assert not spilled, f"variants with spills or stack frames: {spilled}"
-    assert len(reports) == len(_families.VARIANTS) * len(ARCHS)
+            local = "" if r.get("consumer_local") is None else f"  {r['consumer_local']:>5}"
+            print(f"{key:<40} sm_{arch}  {r['registers']:>4}  {r['stack_bytes']:>5}  {r['spill_bytes']:>5}{local}")
+    ceiling = {v.key: SM90_SPILL_CEILING[(v.param("headdim"), v.param("headdim_v"), v.param("score_mod"))]
+               for v in sm90.FWD.variants()}
+    spilled = {k: r for k, r in reports.items()
+               if (r["spill_bytes"] or r["stack_bytes"]) and r["spill_bytes"] > ceiling.get(k[0], 0)}
+    assert not spilled, f"variants with spills or stack frames (above the sm90 ceilings): {spilled}"
+    assert len(reports) == sum(len(_archs(v)) for v in _families.VARIANTS)
+
+
+@pytest.mark.skipif(_nvdisasm() is None, reason="no nvdisasm (pip install nvidia-cuda-nvdisasm)")
+def test_hopper_variants_run_on_hgmma(reports):
+    """Every sm_90a variant's SASS holds the warpgroup products (a serialized or mis-targeted build would
+    show HMMA or none), at least one per k-step of S = Q K^T and of O += P V."""
+    for v in sm90.FWD.variants():
+        steps = v.param("headdim") // 16 + v.param("block_n") // 16
+        assert reports[(v.key, 90)]["hgmma"] >= steps, (v.key, reports[(v.key, 90)])
+
+
+def test_generated_wgmma_header_is_current():
+    """kernels_cu/wgmma_ops.cuh is what tools/gen_wgmma.py writes."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "gen_wgmma.py")
+    spec = importlib.util.spec_from_file_location("gen_wgmma", path)
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    with open(gen.path(), encoding="utf-8") as f:
+        assert f.read() == gen.generate(), "run python tools/gen_wgmma.py"
 
 
 def test_variant_table_is_closed_and_named():
@@ -114,7 +208,7 @@ def test_header_edit_changes_compile_options(tmp_path, monkeypatch):
     assert any(o.startswith("-DCUPYFLASH_SRC_HASH=") for o in after)
 
 
-def _static_asserts(lines, includes):
+def _static_asserts(lines, includes, arch=None):
     """Compiles ``lines`` of static_asserts after ``includes`` with the runtime's NVRTC options."""
     from cupy_backends.cuda.libs import nvrtc
 
@@ -122,7 +216,7 @@ def _static_asserts(lines, includes):
     program = nvrtc.createProgram(source, "checks.cu", (), ())
     try:
         try:
-            nvrtc.compileProgram(program, _kernels.runtime_nvrtc_options(90))
+            nvrtc.compileProgram(program, _kernels.runtime_nvrtc_options(90, arch))
         except nvrtc.NVRTCError:
             pytest.fail(nvrtc.getProgramLog(program))
     finally:
@@ -146,6 +240,17 @@ def test_python_smem_sizes_match_the_traits():
             continue
         lines.append(f'static_assert(cupyflash::{traits}::kSmemBytes == {size}, "{v.key}");')
     _static_asserts(lines, ("tc_tile.cuh", "tc_bwd_tile.cuh"))
+
+
+def test_sm90_sizes_match_the_traits():
+    """The sm90 family's shared memory, block rows and threads (Python) against Sm90FwdTraits (C++)."""
+    lines = []
+    for v in sm90.FWD.variants():
+        traits = f"cupyflash::Sm90FwdTraits<__half, {', '.join(map(str, v.tile))}>"
+        lines.append(f'static_assert({traits}::kSmemBytes == {sm90.fwd_smem_bytes(v)}, "{v.key}");')
+        lines.append(f'static_assert({traits}::kThreads == {sm90.FWD_THREADS}, "{v.key}");')
+        lines.append(f'static_assert({traits}::kBlockM == {sm90.FWD_BLOCK_M}, "{v.key}");')
+    _static_asserts(lines, ("sm90_fwd.cu",), arch="90a")
 
 
 def test_argument_structs_match_params_cuh():

@@ -18,6 +18,8 @@ from helpers import (
     random_qkv,
     seed_from,
     to_host,
+    use_family,
+    with_families,
 )
 
 import cupyflash
@@ -90,8 +92,9 @@ def _case_id(case):
     return f"b{b}_q{sq}_k{sk}_h{h}_hk{hk}_d{d}_dv{dv}_{dtype}_causal{int(causal)}"
 
 
-@pytest.mark.parametrize("case", SHAPE_CASES, ids=[_case_id(c) for c in SHAPE_CASES])
-def test_matches_oracle(case):
+@pytest.mark.parametrize("case, family", with_families(SHAPE_CASES, lambda c: c[7], [_case_id(c) for c in SHAPE_CASES]))
+def test_matches_oracle(case, family, monkeypatch):
+    use_family(monkeypatch, family)
     _check(*case)
 
 
@@ -110,7 +113,8 @@ def test_large_logits_stay_finite(dtype):
         assert bool(finite.all()), name
 
 
-H200 = _families.common.Device(90, 227 * 1024)
+H200 = _families.common.Device(90, 227 * 1024, 132)
+A100 = _families.common.Device(80, 163 * 1024, 108)
 
 
 def _selected(families, dtype, headdim, headdim_v, device=H200, causal=True):
@@ -123,13 +127,16 @@ def _selected(families, dtype, headdim, headdim_v, device=H200, causal=True):
 
 
 @pytest.mark.parametrize(
-    "dtype, headdim, headdim_v, expected",
-    [("bfloat16", 128, 128, "tc_fwd_bf16_d128_n32_m2_mod_0"), ("float16", 40, 200, "tc_fwd_fp16_d224_n64_m1_mod_0"),
-     ("float16", 257, 64, None), ("float32", 64, 64, None)],
+    "dtype, headdim, headdim_v, device, expected",
+    [("bfloat16", 128, 128, A100, "tc_fwd_bf16_d128_n32_m2_mod_0"), ("float16", 40, 200, A100, "tc_fwd_fp16_d224_n32_m1_mod_0"),
+     ("bfloat16", 128, 128, H200, "sm90_fwd_bf16_d128_v128_n128_s3_mod_0"),
+     ("float16", 40, 200, H200, "sm90_fwd_fp16_d256_v256_n80_s2_mod_0"),
+     ("float16", 257, 64, H200, None), ("float32", 64, 64, H200, None)],
 )
-def test_forward_dispatch(dtype, headdim, headdim_v, expected):
-    """fp16/bf16 with head dims <= 256 take the tensor-core forward on sm_80+; the rest the general path."""
-    assert _selected(_families.FORWARD, dtype, headdim, headdim_v) == expected
+def test_forward_dispatch(dtype, headdim, headdim_v, device, expected):
+    """fp16/bf16 with head dims <= 256 take the Hopper forward on compute capability 9.0, the tensor-core
+    forward on other sm_80+ GPUs; the rest the general path."""
+    assert _selected(_families.FORWARD, dtype, headdim, headdim_v, device) == expected
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,8 @@ from helpers import (
     random_layout,
     random_qkv,
     to_host,
+    use_family,
+    with_families,
 )
 
 import cupyflash
@@ -28,16 +30,18 @@ else:
     cupy = None
 
 
-@pytest.mark.parametrize("case", DENSE, ids=dense_ids())
-def test_dense_features(case):
+@pytest.mark.parametrize("case, family", with_families(DENSE, lambda c: c[2], dense_ids()))
+def test_dense_features(case, family, monkeypatch):
+    use_family(monkeypatch, family)
     _, sizes, dtype, causal, options = case
     batch, seqlen_q, seqlen_k, heads = sizes[:4]
     check_dense(cupy, sizes, dtype, causal=causal, **build(cupy, batch, heads, seqlen_q, seqlen_k, options))
 
 
-@pytest.mark.parametrize("case", VARLEN, ids=varlen_ids())
+@pytest.mark.parametrize("case, family", with_families(VARLEN, lambda c: c[7], varlen_ids()))
 @pytest.mark.parametrize("checked_on", ["host", "device"])
-def test_varlen_features(case, checked_on):
+def test_varlen_features(case, family, checked_on, monkeypatch):
+    use_family(monkeypatch, family)
     _, lengths_q, lengths_k, heads, heads_k, headdim, headdim_v, dtype, causal, options = case
     max_seqlen = None if checked_on == "host" else (max(lengths_q), max(lengths_k))
     check_varlen(cupy, lengths_q, lengths_k, heads, heads_k, headdim, headdim_v, dtype, causal=causal,
@@ -120,8 +124,10 @@ def test_score_modifications_take_the_tensor_core_kernels():
     q, k, v = random_qkv(cupy, 1, 3, 3, 2, 2, 64, 64, DTYPES["float16"], seed=3)
     slopes = cupy.ones(2, cupy.float32)
     p = _validate.forward_problem(q, k, v, softcap=3.0, alibi_slopes=slopes)
-    family, variant = _families.select(_families.FORWARD, p, _families.common.current_device())
-    assert variant.key == "tc_fwd_fp16_d64_n64_m2_mod_1"
+    device = _families.common.current_device()
+    family, variant = _families.select(_families.FORWARD, p, device)
+    expected = "sm90_fwd_fp16_d64_v64_n128_s4_mod_1" if device.capability == 90 else "tc_fwd_fp16_d64_n64_m2_mod_1"
+    assert variant.key == expected
 
 
 def test_block_mask_lists_are_built_once_per_tile_shape():

@@ -4,12 +4,23 @@ Dispatch tries the families in order; a new family (a Hopper kernel, a split-KV 
 module here and an entry in these tuples.
 
 Importing this package needs no GPU: the tables and variants are plain data.
+
+The environment variable ``CUPYFLASH_FAMILY`` (``sm90``, ``sm80`` or ``general``) makes dispatch start at
+that family, skipping the ones before it: the tests and the benchmark run one problem on several paths
+of one GPU with it. A family that does not support the problem still hands it on to the next.
 """
 
-from . import common, general, sm80
+import os
+
+from . import common, general, sm80, sm90
+
+#: Environment variable naming the first family dispatch may use, and the families' names in dispatch
+#: order (a direction without the named family starts at the next one it has).
+FAMILY_VARIABLE = "CUPYFLASH_FAMILY"
+FAMILY_NAMES = ("sm90", "sm80", "general")
 
 #: Families in dispatch order, per direction; the general family supports every problem.
-FORWARD = (sm80.FORWARD, general.FORWARD)
+FORWARD = (sm90.FORWARD, sm80.FORWARD, general.FORWARD)
 BACKWARD = (sm80.BACKWARD, general.BACKWARD)
 
 
@@ -26,9 +37,21 @@ KERNELS = _kernels()
 VARIANTS = tuple(v for kernel in KERNELS for v in kernel.variants())
 
 
+def forced(families):
+    """``families`` from the one ``CUPYFLASH_FAMILY`` names (all of them when it is unset or empty)."""
+    name = os.environ.get(FAMILY_VARIABLE, "")
+    if not name:
+        return families
+    if name not in FAMILY_NAMES:
+        raise ValueError(f"{FAMILY_VARIABLE}={name!r}: expected one of {', '.join(FAMILY_NAMES)} or unset")
+    skipped = FAMILY_NAMES[: FAMILY_NAMES.index(name)]
+    return tuple(f for f in families if f.name not in skipped)
+
+
 def select(families, problem, device):
-    """The first family of ``families`` that supports ``problem`` on ``device``, and its variant."""
-    for family in families:
+    """The first family of ``families`` (from the one ``CUPYFLASH_FAMILY`` names) that supports ``problem``
+    on ``device``, and its variant."""
+    for family in forced(families):
         variant = family.select(problem, device)
         if variant is not None:
             return family, variant

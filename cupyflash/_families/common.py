@@ -21,12 +21,15 @@ class Device:
 
     capability: int  # e.g. 90
     smem_optin: int  # per-block opt-in shared memory, bytes
+    sm_count: int = 1  # multiprocessors (persistent grids launch one CTA per SM)
 
 
 @functools.lru_cache(maxsize=None)
 def _device(device_id):
     device = cupy.cuda.Device(device_id)
-    return Device(int(device.compute_capability), device.attributes["MaxSharedMemoryPerBlockOptin"])
+    attributes = device.attributes
+    return Device(int(device.compute_capability), attributes["MaxSharedMemoryPerBlockOptin"],
+                  attributes["MultiProcessorCount"])
 
 
 def current_device():
@@ -52,48 +55,57 @@ def vec_loads(*arrays):
 
 
 def launch(variant, grid, threads, args, smem=0):
-    """Launches ``variant`` with one argument struct and ``smem`` bytes of dynamic shared memory."""
+    """Launches ``variant`` with its argument struct (or a tuple of arguments) and ``smem`` bytes of
+    dynamic shared memory."""
     kernel = _kernels.get_kernel(variant)
-    if smem and kernel.max_dynamic_shared_size_bytes < smem:
-        kernel.max_dynamic_shared_size_bytes = smem
-    kernel(grid, (threads, 1, 1), (args,), shared_mem=smem)
+    # Reading the attribute asks the driver each time: remember what each kernel was given.
+    if smem > _smem_set.get(id(kernel), 0):
+        if kernel.max_dynamic_shared_size_bytes < smem:
+            kernel.max_dynamic_shared_size_bytes = smem
+        _smem_set[id(kernel)] = smem
+    kernel(grid, (threads, 1, 1), args if isinstance(args, tuple) else (args,), shared_mem=smem)
+
+
+#: id of a compiled kernel (they live as long as the process) -> dynamic shared memory it allows.
+_smem_set = {}
+
+
+def attn(p, q, k, v, lists=None):
+    """An ``AttnArgs`` as a tuple of its fields, from problem ``p`` and its operands; ``lists`` are the
+    block mask's :class:`~cupyflash._block_mask.TileLists` at the kernel's tile shape (None without a
+    block mask)."""
+    batched = not p.varlen
+    alibi, alibi_batch_stride = 0, 0
+    if p.alibi_slopes is not None:
+        alibi = _params.pointer(p.alibi_slopes)
+        alibi_batch_stride = p.heads if p.alibi_slopes.ndim == 2 else 0
+    return (
+        _params.tensor(q, batched), _params.tensor(k, batched), _params.tensor(v, batched),
+        _params.pointer(p.cu_seqlens_q), _params.pointer(p.cu_seqlens_k), alibi, alibi_batch_stride,
+        p.softmax_scale, p.softcap, p.batch, p.heads, p.heads_k, p.headdim, p.headdim_v, p.seqlen_q, p.seqlen_k,
+        p.total_q, p.total_k, p.window_left, p.window_right, vec_loads(q, k, v),
+        sparse(p.block_mask, lists) if lists is not None else _NO_SPARSE,
+    )
 
 
 def set_attn(field, p, q, k, v, lists=None):
-    """Fills an ``AttnArgs`` from problem ``p`` and its operands; ``lists`` are the block mask's
-    :class:`~cupyflash._block_mask.TileLists` at the kernel's tile shape (None without a block mask)."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        _params.set_tensor(field[name], x, batched=not p.varlen)
-    field["cu_seqlens_q"] = _params.pointer(p.cu_seqlens_q)
-    field["cu_seqlens_k"] = _params.pointer(p.cu_seqlens_k)
-    if p.alibi_slopes is not None:
-        field["alibi_slopes"] = _params.pointer(p.alibi_slopes)
-        field["alibi_batch_stride"] = p.heads if p.alibi_slopes.ndim == 2 else 0
-    field["softmax_scale"] = p.softmax_scale
-    field["softcap"] = p.softcap
-    for name in ("batch", "heads", "heads_k", "headdim", "headdim_v", "seqlen_q", "seqlen_k", "total_q", "total_k",
-                 "window_left", "window_right"):
-        field[name] = getattr(p, name)
-    field["vec_loads"] = vec_loads(q, k, v)
-    if lists is not None:
-        set_sparse(field["sparse"], p.block_mask, lists)
+    """Fills an ``AttnArgs`` (see :func:`attn`)."""
+    field[...] = attn(p, q, k, v, lists)
 
 
-def set_sparse(field, mask, lists):
-    """Fills a ``BlockSparseArg`` from a block mask and its lists at one tile shape."""
+def sparse(mask, lists):
+    """A ``BlockSparseArg`` as a tuple of its fields, from a block mask and its lists at one tile shape."""
     layout = mask.layout_on(cupy)
-    field["kv_count"] = _params.pointer(lists.kv_count)
-    field["kv_index"] = _params.pointer(lists.kv_index)
-    field["q_count"] = _params.pointer(lists.q_count)
-    field["q_index"] = _params.pointer(lists.q_index)
-    field["layout"] = _params.pointer(layout)
     batch_slices, head_slices = layout.shape[:2]
-    field["slice_head_stride"] = 1 if head_slices > 1 else 0
-    field["slice_batch_stride"] = head_slices if batch_slices > 1 else 0
-    field["tile_q"], field["tile_k"] = lists.tile_q, lists.tile_k
-    field["q_tiles"], field["k_tiles"] = lists.q_tiles, lists.k_tiles
-    field["block_q"], field["block_k"] = mask.block_size
-    field["layout_rows"], field["layout_cols"] = layout.shape[2:]
+    return (
+        _params.pointer(lists.kv_count), _params.pointer(lists.kv_index), _params.pointer(lists.q_count),
+        _params.pointer(lists.q_index), _params.pointer(layout),
+        head_slices if batch_slices > 1 else 0, 1 if head_slices > 1 else 0,
+        lists.tile_q, lists.tile_k, lists.q_tiles, lists.k_tiles, *mask.block_size, *layout.shape[2:],
+    )
+
+
+_NO_SPARSE = (0,) * len(_params.BLOCK_SPARSE_ARG.names)
 
 
 def sparse_lists(p, tile_q, tile_k):
@@ -112,10 +124,8 @@ def lse_strides(p):
 
 def fwd_args(p, q, k, v, out, lse, lists):
     """The ``FwdArgs`` of a forward call."""
-    args = _params.new(_params.FWD_ARGS)
-    set_attn(args["attn"], p, q, k, v, lists)
-    _params.set_tensor(args["out"], out, batched=not p.varlen)
-    _params.set_rows(args["lse"], lse, *lse_strides(p))
+    args = numpy.empty(1, _params.FWD_ARGS)
+    args[0] = (attn(p, q, k, v, lists), _params.tensor(out, not p.varlen), _params.rows(lse, *lse_strides(p)))
     return args
 
 

@@ -1,0 +1,164 @@
+// Hopper (sm_90a) primitives: TMA tensor copies, mbarriers, named barriers, register reallocation and the
+// shared-memory descriptors of wgmma (wgmma_ops.cuh holds the instructions). ../shared/HOPPER.md in the
+// developers' notes lists the sources of each encoding; the layouts below were checked against a
+// float64 reference on an H200.
+//
+// Shared-memory tiles of 16-bit elements are stored in "atoms" of 64 columns (128 bytes per row) with
+// the 128-byte swizzle: inside every 8-row, 1024-byte group the 16-byte chunk index of row r is XORed
+// with r % 8. A tile of R rows and C columns is C / 64 atoms of R * 128 bytes, each 1024-byte aligned;
+// TMA writes that layout (CU_TENSOR_MAP_SWIZZLE_128B with a box of 64 columns) and wgmma reads it.
+#pragma once
+
+namespace cupyflash {
+
+// A CUtensorMap (built on the host with cuTensorMapEncodeTiled, passed by value as a __grid_constant__
+// kernel parameter so the TMA unit can read it from the parameter space).
+struct alignas(64) TmaDesc {
+    unsigned long long words[16];
+};
+
+__device__ __forceinline__ unsigned shared_addr(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// ---- mbarriers (64-bit, in shared memory) ----
+
+__device__ __forceinline__ void mbarrier_init(unsigned long long* bar, int arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_addr(bar)), "r"(arrivals));
+}
+
+// Makes the initializations visible to the async proxy (TMA) before any thread uses the barriers.
+__device__ __forceinline__ void mbarrier_init_fence() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// One arrival that also announces `bytes` of TMA transactions the current phase must wait for.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_addr(bar)), "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void mbarrier_arrive(unsigned long long* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(shared_addr(bar)) : "memory");
+}
+
+// Waits until the phase of parity `parity` has completed (acquire: the writes released by its arrivals,
+// and the TMA bytes counted on it, are visible afterwards).
+__device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, int parity) {
+    const unsigned addr = shared_addr(bar);
+    unsigned done;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(addr), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+
+// ---- TMA ----
+
+// Copies the box at element coordinates (c0 innermost, c1, c2, c3) of the tensor map into shared memory
+// at dst, counting its bytes on bar. Out-of-bounds elements are written as zeros and still counted.
+__device__ __forceinline__ void tma_load_4d(void* dst, const TmaDesc& map, unsigned long long* bar, int c0, int c1,
+                                            int c2, int c3) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+        "[%6];\n" ::"r"(shared_addr(dst)),
+        "l"(reinterpret_cast<unsigned long long>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(shared_addr(bar))
+        : "memory");
+}
+
+__device__ __forceinline__ void tma_prefetch_desc(const TmaDesc& map) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(&map)) : "memory");
+}
+
+// ---- barriers among some warps, and register reallocation ----
+
+// Named barrier `id` (1-15; 0 is __syncthreads) for `threads` threads (a multiple of 32).
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// The registers of every thread of the calling warpgroup become kRegs (effective only under
+// __launch_bounds__(threads, 1); ptxas warns C7508 otherwise).
+template <int kRegs>
+__device__ __forceinline__ void warpgroup_set_registers() {
+    static_assert(kRegs % 8 == 0 && kRegs >= 24 && kRegs <= 256, "setmaxnreg takes multiples of 8 in [24, 256]");
+    if constexpr (kRegs >= 128) {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+    } else {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+    }
+}
+
+// Orders this thread's earlier ordinary shared-memory stores before later reads by the async proxy
+// (wgmma operands, TMA stores).
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// ---- wgmma ordering ----
+
+// Before the first wgmma of a batch: orders earlier register writes (accumulators, A fragments) and
+// shared-memory accesses before the asynchronous products.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// Waits until at most kPending committed groups of this warpgroup are still running.
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Keeps the compiler from moving reads or writes of accumulator registers across a wgmma batch: the
+// asm statements above do not name them, so without this the registers an asynchronous product is
+// still writing could be read early.
+template <int kTiles>
+__device__ __forceinline__ void fence_fragments(float (&d)[kTiles][4]) {
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
+    }
+}
+
+// ---- shared-memory descriptors (128-byte swizzle) ----
+
+// Bits 0-13: address / 16; 16-29: leading byte offset / 16; 32-45: stride byte offset / 16; 62-63:
+// swizzle mode 1 = 128B. The stride byte offset is the 1024 bytes between 8-row groups.
+__device__ __forceinline__ unsigned long long smem_desc(unsigned addr, unsigned leading_bytes) {
+    return static_cast<unsigned long long>((addr & 0x3FFFF) >> 4) |
+           static_cast<unsigned long long>(leading_bytes >> 4) << 16 | static_cast<unsigned long long>(1024 >> 4) << 32 |
+           1ull << 62;
+}
+
+// The descriptor of the same layout `bytes` further on (a multiple of 16 that keeps the address inside
+// shared memory): the address field is the low 14 bits, so a 64-bit add moves it.
+__device__ __forceinline__ unsigned long long desc_advance(unsigned long long desc, unsigned bytes) {
+    return desc + (bytes >> 4);
+}
+
+// K-major operand (A = Q rows, or B = K rows of a q.k product): the descriptor of k-step 0 of a tile of
+// kRows rows starting at row `row` (a multiple of 8), and the offset of k-step kk. Steps inside an atom
+// move 32 bytes; atoms are kRows * 128 bytes apart. The leading byte offset is unused for swizzled
+// K-major layouts (encoded as 1).
+__device__ __forceinline__ unsigned long long kmajor_desc(unsigned tile, int row) {
+    return smem_desc(tile + row * 128, 16);
+}
+template <int kRows>
+__device__ __forceinline__ constexpr unsigned kmajor_step(int kk) {
+    return (kk / 4) * kRows * 128 + (kk % 4) * 32;
+}
+
+// MN-major B operand (V stored [keys][columns], read transposed for P V): the descriptor of k-step 0;
+// k-step kk covers keys 16 kk ... 16 kk + 15, 2048 bytes on. The leading byte offset is the kRows * 128
+// bytes between the 64-column atoms that N spans.
+template <int kRows>
+__device__ __forceinline__ unsigned long long mnmajor_desc(unsigned tile) {
+    return smem_desc(tile, kRows * 128);
+}
+__device__ __forceinline__ constexpr unsigned mnmajor_step(int kk) { return kk * 2048; }
+
+}  // namespace cupyflash
