@@ -243,13 +243,18 @@ def test_python_smem_sizes_match_the_traits():
 
 
 def test_sm90_sizes_match_the_traits():
-    """The sm90 family's shared memory, block rows and threads (Python) against Sm90FwdTraits (C++)."""
+    """The sm90 family's shared memory, block rows and threads (Python) against Sm90FwdTraits (C++), and
+    the sizes of its extra kernel parameters (the driver copies each parameter's bytes to its offset, so
+    the host buffers need no particular alignment)."""
     lines = []
     for v in sm90.FWD.variants():
         traits = f"cupyflash::Sm90FwdTraits<__half, {', '.join(map(str, v.tile))}>"
         lines.append(f'static_assert({traits}::kSmemBytes == {sm90.fwd_smem_bytes(v)}, "{v.key}");')
         lines.append(f'static_assert({traits}::kThreads == {sm90.FWD_THREADS}, "{v.key}");')
         lines.append(f'static_assert({traits}::kBlockM == {sm90.FWD_BLOCK_M}, "{v.key}");')
+    lines.append(f'static_assert(sizeof(cupyflash::Sm90FwdMaps) == {sm90.MAPS.itemsize}, "maps");')
+    lines.append(f'static_assert(sizeof(cupyflash::Sm90Schedule) == {sm90.SCHEDULE.itemsize}, "schedule");')
+    lines.append(f'static_assert(alignof(cupyflash::Sm90Schedule) == {sm90.SCHEDULE.alignment}, "schedule");')
     _static_asserts(lines, ("sm90_fwd.cu",), arch="90a")
 
 

@@ -68,7 +68,8 @@ _TMA_DTYPE = {"float16": 6, "bfloat16": 9}
 _SWIZZLE_128B = 3
 _L2_PROMOTION_128B = 2
 _TMA_MAX_STRIDE = 1 << 40
-#: The maps' dtype: three CUtensorMaps (Sm90FwdMaps), 64-byte aligned as the kernel parameter is.
+#: The maps' dtype: three CUtensorMaps (Sm90FwdMaps; the kernel parameter is 64-byte aligned, which the
+#: driver arranges when it copies the bytes).
 #: Sm90Schedule: the work order flag and the device counter of dynamically handed-out tiles.
 SCHEDULE = numpy.dtype({"names": ["longest_first", "next_work"], "formats": [numpy.int32, numpy.uint64],
                         "offsets": [0, 8], "itemsize": 16, "aligned": True})

@@ -1,0 +1,82 @@
+"""Dispatch without a GPU: which family and variant a problem gets on a described device, the
+CUPYFLASH_FAMILY override, and which inputs a TMA can address."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from cupyflash import _families, _validate
+from cupyflash._families import common, sm90
+
+H200 = common.Device(90, 227 * 1024, 132)
+A100 = common.Device(80, 163 * 1024, 108)
+
+
+def _problem(headdim=128, headdim_v=None, dtype=ml_dtypes.bfloat16, **options):
+    q = np.zeros((1, 8, 2, headdim), dtype)
+    v = np.zeros((1, 8, 2, headdim if headdim_v is None else headdim_v), dtype)
+    return _validate.forward_problem(q, q, v, **options)
+
+
+@pytest.mark.parametrize("headdim, headdim_v, expected", [
+    (32, 32, (64, 64)), (64, 64, (64, 64)), (80, 80, (96, 96)), (100, 64, (128, 128)), (128, 128, (128, 128)),
+    (160, 128, (192, 128)), (192, 160, (192, 192)), (200, 40, (256, 256)), (256, 256, (256, 256)), (257, 8, None),
+])
+def test_sm90_buckets_cover_both_head_dims_at_least_cost(headdim, headdim_v, expected):
+    assert sm90.bucket(headdim, headdim_v) == expected
+
+
+def test_sm90_only_on_compute_capability_9_0():
+    p = _problem()
+    assert sm90.FORWARD.select(p, H200).key == "sm90_fwd_bf16_d128_v128_n128_s3_mod_0"
+    assert sm90.FORWARD.select(p, A100) is None
+    assert sm90.FORWARD.select(p, common.Device(100, 227 * 1024, 148)) is None
+    assert sm90.FORWARD.select(_problem(dtype=np.float32), H200) is None
+
+
+def test_non_positive_scale_takes_the_score_mod_kernel():
+    """The plain kernels fold the scale in after the row maximum, which needs softmax_scale > 0."""
+    assert not sm90.FORWARD.select(_problem(softmax_scale=0.5), H200).param("score_mod")
+    assert sm90.FORWARD.select(_problem(softmax_scale=-0.5), H200).param("score_mod")
+    assert sm90.FORWARD.select(_problem(softmax_scale=0.0), H200).param("score_mod")
+    assert sm90.FORWARD.select(_problem(softcap=5.0), H200).param("score_mod")
+
+
+def test_family_variable_starts_dispatch_at_the_named_family(monkeypatch):
+    p = _problem()
+    assert _families.select(_families.FORWARD, p, H200)[0].name == "sm90"
+    monkeypatch.setenv("CUPYFLASH_FAMILY", "sm80")
+    assert _families.select(_families.FORWARD, p, H200)[0].name == "sm80"
+    monkeypatch.setenv("CUPYFLASH_FAMILY", "general")
+    assert _families.select(_families.FORWARD, p, H200)[0].name == "general"
+    # The backward has no sm90 family: asking for it starts at the next one.
+    monkeypatch.setenv("CUPYFLASH_FAMILY", "sm90")
+    assert _families.select(_families.BACKWARD, p, H200)[0].name == "sm80"
+    monkeypatch.setenv("CUPYFLASH_FAMILY", "sm100")
+    with pytest.raises(ValueError, match="CUPYFLASH_FAMILY='sm100': expected one of sm90, sm80, general"):
+        _families.select(_families.FORWARD, p, H200)
+
+
+class _DevicePointer:
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+
+class _Array:
+    """The attributes tma_addressable reads, for an array that is not on a GPU."""
+
+    def __init__(self, shape, strides, ptr=1 << 20):
+        self.shape, self.strides, self.data = shape, strides, _DevicePointer(ptr)
+
+
+@pytest.mark.parametrize("array, varlen, expected", [
+    (_Array((2, 300, 4, 128), (300 * 4 * 256, 4 * 256, 256, 2)), False, True),
+    (_Array((2, 300, 4, 59), (300 * 4 * 118, 4 * 118, 118, 2)), False, False),   # 118-byte heads
+    (_Array((2, 300, 4, 128), (300 * 4 * 256, 4 * 256, 256, 2), ptr=(1 << 20) + 8), False, False),
+    (_Array((1, 300, 4, 128), (7, 4 * 256, 256, 2)), False, True),               # one batch entry: its stride is unused
+    (_Array((2, 300, 4, 128), (0, 4 * 256, 256, 2)), False, False),              # broadcast batch
+    (_Array((900, 4, 64), (4 * 128, 128, 2)), True, True),
+    (_Array((900, 4, 64), (4 * 130, 130, 2)), True, False),
+])
+def test_tma_addressable(array, varlen, expected):
+    assert sm90.tma_addressable(array, varlen) is expected
