@@ -403,14 +403,20 @@ VARLEN_OPTIONS = {
 }
 
 
-@pytest.mark.parametrize("option", list(VARLEN_OPTIONS))
-def test_varlen_forward_matches_loop(option):
-    """Each packed sequence is its own problem, with its own diagonal offset and slope row."""
-    q, k, v, _, cu_q, cu_k, slopes = make_varlen(seed_from("varlen", option))
+def _varlen_options(option, slopes):
+    """(causal, keyword options) of a VARLEN_OPTIONS entry, with the ALiBi slopes filled in."""
     kwargs = dict(VARLEN_OPTIONS[option])
     causal = kwargs.pop("causal", False)
     if kwargs.get("alibi_slopes"):
         kwargs["alibi_slopes"] = slopes
+    return causal, kwargs
+
+
+@pytest.mark.parametrize("option", list(VARLEN_OPTIONS))
+def test_varlen_forward_matches_loop(option):
+    """Each packed sequence is its own problem, with its own diagonal offset and slope row."""
+    q, k, v, _, cu_q, cu_k, slopes = make_varlen(seed_from("varlen", option))
+    causal, kwargs = _varlen_options(option, slopes)
     out, lse = reference.attention_varlen(q, k, v, cu_q, cu_k, causal, 0.6, **kwargs)
     assert out.shape == (q.shape[0], HEADS, HEADDIM_V) and out.dtype == np.float64
     assert lse.shape == (HEADS, q.shape[0]) and lse.dtype == np.float64
@@ -430,10 +436,7 @@ def test_varlen_forward_matches_loop(option):
 def test_varlen_backward_matches_dense(option):
     """Varlen gradients equal the dense backward run on each sequence alone."""
     q, k, v, dout, cu_q, cu_k, slopes = make_varlen(seed_from("varlen-bwd", option))
-    kwargs = dict(VARLEN_OPTIONS[option])
-    causal = kwargs.pop("causal", False)
-    if kwargs.get("alibi_slopes"):
-        kwargs["alibi_slopes"] = slopes
+    causal, kwargs = _varlen_options(option, slopes)
     dq, dk, dv = reference.attention_varlen_backward(dout, q, k, v, cu_q, cu_k, causal, **kwargs)
     for got, like in zip((dq, dk, dv), (q, k, v)):
         assert got.shape == like.shape and got.dtype == np.float64

@@ -8,7 +8,6 @@ header is committed. tests/test_compile.py checks that the committed header is w
 """
 
 import os
-import sys
 
 #: Widths N of m64nNk16 the kernels use: multiples of 16 from 16 to 256.
 WIDTHS = tuple(range(16, 257, 16))
@@ -90,4 +89,3 @@ def path():
 if __name__ == "__main__":
     with open(path(), "w", encoding="utf-8") as f:
         f.write(generate())
-    sys.exit(0)
