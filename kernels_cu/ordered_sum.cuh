@@ -23,21 +23,35 @@ __device__ __forceinline__ void reduce_add_f32x2(float* p, float a, float b) {
 // order (lower blockIdx first), so a CTA only ever waits for CTAs launched before it. That relies on
 // the GPU dispatching CTAs in blockIdx order, which every NVIDIA GPU does but CUDA does not promise
 // (FlashAttention's deterministic backward relies on it too).
+// The leader's halves of a turn, for kernels whose adding threads meet at a named barrier instead of
+// __syncthreads (the sm90 backward's consumer warpgroups): wait_for_turn before that barrier, then the
+// additions, the barrier again, then hand_on_turn.
+__device__ __forceinline__ void wait_for_turn(const int* counter, int turn) {
+    int seen;
+    do {
+        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(seen) : "l"(counter) : "memory");
+    } while (seen != turn);
+}
+
+__device__ __forceinline__ void hand_on_turn(int* counter) {
+    asm volatile("fence.acq_rel.gpu;\nred.relaxed.gpu.global.add.s32 [%0], 1;\n" :: "l"(counter) : "memory");
+}
+
 __device__ __forceinline__ void wait_turn(const int* counter, int turn) {
-    if (threadIdx.x == 0) {
-        int seen;
-        do {
-            asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(seen) : "l"(counter) : "memory");
-        } while (seen != turn);
-    }
+    if (threadIdx.x == 0) wait_for_turn(counter, turn);
     __syncthreads();  // the whole CTA's additions come after the acquire
 }
 
 __device__ __forceinline__ void pass_turn(int* counter) {
     __syncthreads();  // every thread's additions are issued before thread 0 releases them all
-    if (threadIdx.x == 0) {
-        asm volatile("fence.acq_rel.gpu;\nred.relaxed.gpu.global.add.s32 [%0], 1;\n" :: "l"(counter) : "memory");
-    }
+    if (threadIdx.x == 0) hand_on_turn(counter);
+}
+
+// The counter of query tile qt (of kTileQ rows) of (b, h) in dQ buffer `split`.
+template <int kTileQ>
+__device__ __forceinline__ int* dq_turn_counter(const BwdArgs& args, long long b, long long h, int qt, int split) {
+    return args.dq_turns + split * args.turns_split_stride +
+           (b * args.attn.heads + h) * ceil_div(args.attn.seqlen_q, kTileQ) + qt;
 }
 
 // The turn of key tile kt in the ordered sum of query tile qt: how many later key tiles that visit qt

@@ -124,6 +124,19 @@ __device__ __forceinline__ void fence_fragments(float (&d)[kTiles][4]) {
     }
 }
 
+// Zeroes rows [first, rows) of a tile of `rows` rows in `atoms` 64-column atoms, shared among `threads`
+// threads (this one is number `thread`). The swizzle permutes 16-byte chunks only inside a row, so whole
+// rows are zeroed without it. The caller orders the stores before wgmma reads (fence_proxy_async and a
+// barrier).
+__device__ __forceinline__ void zero_tile_rows(unsigned char* tile, int rows, int first, int atoms, int thread,
+                                               int threads) {
+    const int chunks = (rows - first) * 8;  // 16-byte chunks per atom
+    for (int idx = thread; idx < chunks * atoms; idx += threads) {
+        const int atom = idx / chunks, chunk = idx % chunks;
+        *reinterpret_cast<uint4*>(tile + atom * rows * 128 + first * 128 + chunk * 16) = make_uint4(0, 0, 0, 0);
+    }
+}
+
 // ---- shared-memory descriptors (128-byte swizzle) ----
 
 // Bits 0-13: address / 16; 16-29: leading byte offset / 16; 32-45: stride byte offset / 16; 62-63:

@@ -337,11 +337,7 @@ struct Sm90FwdKernel {
         if (a.cu_seqlens_k == nullptr) return;
         const int first = tile.seq.seqlen_k - entry_tile(entry) * kBlockN;  // first row past the sequence
         if (first >= kBlockN) return;
-        const int chunks = (kBlockN - first) * 8;  // 16-byte chunks per atom (the swizzle stays in a row)
-        for (int idx = threadIdx.x % 128; idx < chunks * Tr::kAtomsV; idx += 128) {
-            const int atom = idx / chunks, chunk = idx % chunks;
-            *reinterpret_cast<uint4*>(v_tile + atom * kBlockN * 128 + first * 128 + chunk * 16) = make_uint4(0, 0, 0, 0);
-        }
+        zero_tile_rows(v_tile, kBlockN, first, Tr::kAtomsV, threadIdx.x % 128, 128);
         fence_proxy_async();
         named_barrier_sync(3 + wg, 128);
     }

@@ -11,6 +11,7 @@
 // With deterministic != 0 the CTAs of a (batch entry, kv head) add into each query tile of the buffer
 // in a fixed key-tile order (ordered_sum.cuh), so dQ is bitwise reproducible; dK and dV always are
 // (one CTA writes each element once).
+#include "bwd_mask.cuh"
 #include "dtypes.cuh"
 #include "epilogue.cuh"
 #include "mma.cuh"
@@ -35,38 +36,6 @@ struct TcBwdState {
     // Dense problems give every head the same tiles; block-sparse ones each head its own list.
     TileQueue<kRing> tiles;
 };
-
-// p = 0 where the mask hides the pair of query m0 + col_t + 8 nt + e % 2 and key key_g + 16 mt + 8 (e / 2)
-// of the transposed fragment element [mt][nt][e] (rows are keys); with kLayout also where the block layout
-// does (through one word of bits per key over the warp's kCols queries). Per key, the interval of
-// queries that see it; per element, two compares and a select.
-template <bool kLayout, int kCols, int kMTiles, int kNTiles>
-__device__ __forceinline__ void mask_fragments_t(float (&p)[kMTiles][kNTiles][4], const Mask& mask,
-                                                 const BlockLayout& layout, const AttnArgs& a, int key_g, int m0,
-                                                 int col_t) {
-    static_assert(kCols <= 64, "one 64-bit word of layout bits per key");
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const int key = key_g + 16 * mt + 8 * r;
-            const unsigned long long bits = kLayout ? layout.query_bits(a, key, m0, kCols) : 0;
-            int begin, end;
-            mask.queries_of(key, m0, &begin, &end);
-#pragma unroll
-            for (int nt = 0; nt < kNTiles; ++nt) {
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    const int offset = col_t + 8 * nt + c;
-                    bool visible = offset >= begin && offset < end;
-                    if constexpr (kLayout) visible &= ((bits >> offset) & 1) != 0;
-                    float& x = p[mt][nt][2 * r + c];
-                    x = visible ? x : 0.0f;
-                }
-            }
-        }
-    }
-}
 
 // Grid: x = ceil(seqlen_k / kBlockN) * batch * heads_k, key tiles fastest (the ordered sum needs each
 // CTA's predecessors launched before it). Dynamic shared memory: TcBwdTraits::kSmemBytes.
@@ -225,9 +194,9 @@ tc_bwd(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
             if (needs_mask) {
                 const Mask mask = st.mask;
                 if (partial) {
-                    mask_fragments_t<true, Sdp::kWarpCols>(p, mask, layout, a, n0 + r0 + g, m0 + c0, 2 * t);
+                    mask_fragments_t<true>(p, mask, layout, a, n0 + r0 + g, m0 + c0, 2 * t);
                 } else {
-                    mask_fragments_t<false, Sdp::kWarpCols>(p, mask, layout, a, n0 + r0 + g, m0 + c0, 2 * t);
+                    mask_fragments_t<false>(p, mask, layout, a, n0 + r0 + g, m0 + c0, 2 * t);
                 }
             }
 #pragma unroll
@@ -263,8 +232,7 @@ tc_bwd(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
         int my_turn = 0;
         if (args.deterministic) {
             const int q_tile = m0 / kBlockM;
-            turn = args.dq_turns + split * args.turns_split_stride +
-                   (static_cast<long long>(b) * a.heads + h) * ceil_div(a.seqlen_q, kBlockM) + q_tile;
+            turn = dq_turn_counter<kBlockM>(args, b, h, q_tile, split);
             my_turn = later_key_tiles<kBlockM, kBlockN>(a, st.mask, layout, q_tile, work.tile, args.dq_splits);
         }
         float* dq_rows = static_cast<float*>(args.dq_accum.ptr) + split * args.dq_split_stride +

@@ -34,6 +34,24 @@ def test_sm90_only_on_compute_capability_9_0():
     assert sm90.FORWARD.select(_problem(dtype=np.float32), H200) is None
 
 
+@pytest.mark.parametrize("headdim, headdim_v, expected", [
+    (32, 32, "sm90_bwd_bf16_d64_v64_q128_s2_mod_0"), (64, 64, "sm90_bwd_bf16_d64_v64_q128_s2_mod_0"),
+    (96, 96, "sm90_bwd_bf16_d128_v128_q64_s2_mod_0"), (64, 128, "sm90_bwd_bf16_d128_v128_q64_s2_mod_0"),
+    (128, 128, "sm90_bwd_bf16_d128_v128_q64_s2_mod_0"), (160, 160, None), (256, 256, None),
+])
+def test_sm90_backward_buckets(headdim, headdim_v, expected):
+    variant = sm90.BACKWARD.select(_problem(headdim, headdim_v), H200)
+    assert (variant.key if variant is not None else None) == expected
+    assert sm90.BACKWARD.select(_problem(headdim, headdim_v), A100) is None
+    assert sm90.BACKWARD.select(_problem(headdim, headdim_v, dtype=np.float32), H200) is None
+
+
+def test_backward_score_mod_only_for_modifications():
+    """The backward's exponent takes any scale: only softcap and ALiBi need the score_mod kernel."""
+    assert not sm90.BACKWARD.select(_problem(softmax_scale=-0.5), H200).param("score_mod")
+    assert sm90.BACKWARD.select(_problem(softcap=5.0), H200).param("score_mod")
+
+
 def test_non_positive_scale_takes_the_score_mod_kernel():
     """The plain kernels fold the scale in after the row maximum, which needs softmax_scale > 0."""
     assert not sm90.FORWARD.select(_problem(softmax_scale=0.5), H200).param("score_mod")
@@ -49,9 +67,10 @@ def test_family_variable_starts_dispatch_at_the_named_family(monkeypatch):
     assert _families.select(_families.FORWARD, p, H200)[0].name == "sm80"
     monkeypatch.setenv("CUPYFLASH_FAMILY", "general")
     assert _families.select(_families.FORWARD, p, H200)[0].name == "general"
-    # The backward has no sm90 family: asking for it starts at the next one.
     monkeypatch.setenv("CUPYFLASH_FAMILY", "sm90")
-    assert _families.select(_families.BACKWARD, p, H200)[0].name == "sm80"
+    assert _families.select(_families.BACKWARD, p, H200)[0].name == "sm90"
+    # A family that does not support the problem hands it on: the sm90 backward stops at head dim 128.
+    assert _families.select(_families.BACKWARD, _problem(headdim=256), H200)[0].name == "sm80"
     monkeypatch.setenv("CUPYFLASH_FAMILY", "sm100")
     with pytest.raises(ValueError, match="CUPYFLASH_FAMILY='sm100': expected one of sm90, sm80, general"):
         _families.select(_families.FORWARD, p, H200)

@@ -1,7 +1,10 @@
-"""The Hopper forward (cupyflash/_families/sm90.py) on the H200: every head-dim bucket, both 16-bit dtypes,
+"""The Hopper kernels (cupyflash/_families/sm90.py) on the H200: every head-dim bucket, both 16-bit dtypes,
 odd sizes that end mid-tile (seqlens 1, 113, 203, 1025), seqlen_q != seqlen_k both ways, GQA and MQA,
-against the float64 oracle; that dispatch picks it there; and that inputs a TMA cannot address take the
-sm80 kernels with the same results. GPU only; the sm90 cases skip on other GPUs."""
+forward and backward against the float64 oracle (head dims the sm90 backward does not cover take the
+sm80 one); that dispatch picks them there; that the deterministic backward is bitwise reproducible; that
+inputs a TMA cannot address take the sm80 kernels with the same results; and that packed sequences do
+not read their neighbours' rows. GPU only; the sm90 cases skip on other GPUs. The mask, softcap, ALiBi
+and varlen cases of test_gpu_features.py run on the sm90 kernels too (helpers.with_families)."""
 
 import numpy as np
 import pytest
@@ -9,7 +12,7 @@ from helpers import DTYPES, GPU_MARKS, check_dense, gpu_available, random_qkv
 
 import cupyflash
 from cupyflash import _families, _validate
-from cupyflash._families import common, sm90
+from cupyflash._families import common, sm80, sm90
 
 pytestmark = GPU_MARKS
 
@@ -49,10 +52,10 @@ def _id(case):
 
 @needs_hopper
 @pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
-def test_forward_matches_oracle(case, monkeypatch):
+def test_matches_oracle(case, monkeypatch):
     monkeypatch.setenv("CUPYFLASH_FAMILY", "sm90")
     sizes, dtype, causal = case
-    check_dense(cupy, sizes, dtype, causal=causal, backward=False)
+    check_dense(cupy, sizes, dtype, causal=causal)
 
 
 @needs_hopper
@@ -69,26 +72,82 @@ def test_dispatch_picks_sm90_on_hopper(headdim, headdim_v, expected):
 
 
 @needs_hopper
+@pytest.mark.parametrize("headdim, headdim_v, expected", [
+    (64, 64, (64, 64)), (40, 40, (64, 64)), (96, 96, (128, 128)), (128, 128, (128, 128)), (64, 128, (128, 128)),
+    (192, 128, None), (256, 256, None),
+])
+def test_backward_dispatch_on_hopper(headdim, headdim_v, expected):
+    """Head dims up to 128 take the sm90 backward, wider ones the sm80 one."""
+    q, k, v = random_qkv(cupy, 1, 8, 8, 2, 2, headdim, headdim_v, DTYPES["float16"], seed=0)
+    p = _validate.forward_problem(q, k, v)
+    family, variant = _families.select(_families.BACKWARD, p, common.current_device())
+    if expected is None:
+        assert family is sm80.BACKWARD
+    else:
+        assert family is sm90.BACKWARD
+        assert (variant.param("headdim"), variant.param("headdim_v")) == expected
+
+
+@needs_hopper
 def test_unaligned_inputs_take_the_sm80_kernels(monkeypatch):
     """A head dim of 59 gives 118-byte rows: no TMA can read them, and sm80's kernels give the result."""
     q, _, _ = random_qkv(cupy, 1, 113, 203, 2, 2, 59, 59, DTYPES["bfloat16"], seed=3)
     assert not sm90.tma_addressable(q, False)
     monkeypatch.setenv("CUPYFLASH_FAMILY", "sm90")
-    check_dense(cupy, (1, 113, 203, 2, 2, 59, 59), "bfloat16", causal=True, backward=False)
+    check_dense(cupy, (1, 113, 203, 2, 2, 59, 59), "bfloat16", causal=True)
+
+
+@needs_hopper
+def test_unaligned_dout_takes_the_sm80_backward(monkeypatch):
+    """dout is the user's array: a view whose rows are not 16-byte aligned cannot be a TMA source."""
+    monkeypatch.setenv("CUPYFLASH_FAMILY", "sm90")
+    dtype = DTYPES["bfloat16"]
+    q, k, v = random_qkv(cupy, 1, 203, 113, 2, 1, 64, 64, dtype, seed=4)
+    out, lse = cupyflash.flash_attention(q, k, v, causal=True, return_lse=True)
+    wide = cupy.asarray(np.random.default_rng(5).standard_normal((1, 203, 2, 68)).astype(dtype))
+    dout = wide[..., 1:65]  # a 2-byte offset: misaligned for TMA, fine for the sm80 kernels
+    assert not sm90.tma_addressable(dout, False)
+    got = cupyflash.flash_attention_backward(dout, q, k, v, out, lse, causal=True)
+    want = cupyflash.flash_attention_backward(cupy.ascontiguousarray(dout), q, k, v, out, lse, causal=True)
+    assert got[0].dtype == dtype
+    for a, b in zip(got, want):  # two kernels, two summation orders: equal to bfloat16 rounding
+        b = cupy.asnumpy(b.astype(cupy.float32))
+        np.testing.assert_allclose(cupy.asnumpy(a.astype(cupy.float32)), b, rtol=2e-2, atol=2e-2 * np.abs(b).max())
+
+
+@needs_hopper
+@pytest.mark.parametrize("sizes, causal", [((2, 700, 650, 4, 2, 64, 64), False), ((1, 1025, 1025, 2, 1, 128, 128), True)])
+def test_deterministic_backward_is_reproducible(sizes, causal, monkeypatch):
+    """deterministic=True: right (tolerance rule) and bitwise identical over 20 runs."""
+    monkeypatch.setenv("CUPYFLASH_FAMILY", "sm90")
+    check_dense(cupy, sizes, "bfloat16", causal=causal, deterministic=True, seed=11)
+    q, k, v = random_qkv(cupy, *sizes, DTYPES["bfloat16"], seed=11)
+    out, lse = cupyflash.flash_attention(q, k, v, causal=causal, return_lse=True)
+    dout = cupy.asarray(np.random.default_rng(12).standard_normal(out.shape).astype(out.dtype))
+    first = [g.get() for g in cupyflash.flash_attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True)]
+    for _ in range(19):
+        again = cupyflash.flash_attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True)
+        for a, b in zip(first, again):
+            assert np.array_equal(a, b.get())
 
 
 @pytest.mark.parametrize("family", ["sm90", "sm80"])
 def test_packed_sequences_do_not_read_their_neighbours_values(family, monkeypatch):
-    """A key tile of sequence 0 runs into sequence 1's rows; an inf there has probability 0 for
-    sequence 0, and 0 * inf must not reach sequence 0's output."""
+    """A tile of sequence 0 runs into sequence 1's rows; an inf there has probability 0 for sequence 0,
+    and 0 * inf must not reach sequence 0's output or gradients. Every input tensor gets infs."""
     monkeypatch.setenv("CUPYFLASH_FAMILY", family)
     dtype = DTYPES["bfloat16"]
     rng = cupy.random.default_rng(7)
-    q, k, v = (rng.standard_normal((250, 2, 128), dtype=cupy.float32).astype(dtype) for _ in range(3))
-    v[100:130] = cupy.inf
+    q, k, v, dout = (rng.standard_normal((250, 2, 128), dtype=cupy.float32).astype(dtype) for _ in range(4))
+    for x in (q, k, v, dout):
+        x[100:130] = cupy.inf
     cu = cupy.asarray([0, 100, 250], dtype=cupy.int32)
-    out = cupyflash.flash_attention_varlen(q, k, v, cu, cu)
-    alone = cupyflash.flash_attention(q[None, :100], k[None, :100], v[None, :100])[0]
-    first = cupy.asnumpy(out[:100].astype(cupy.float32))
-    assert np.isfinite(first).all()
-    np.testing.assert_allclose(first, cupy.asnumpy(alone.astype(cupy.float32)), atol=1e-2)
+    out, lse = cupyflash.flash_attention_varlen(q, k, v, cu, cu, return_lse=True)
+    grads = cupyflash.flash_attention_varlen_backward(dout, q, k, v, out, lse, cu, cu)
+    alone = [x[None, :100] for x in (q, k, v)]
+    out_alone, lse_alone = cupyflash.flash_attention(*alone, return_lse=True)
+    grads_alone = cupyflash.flash_attention_backward(dout[None, :100], *alone, out_alone, lse_alone)
+    for got, want in zip((out, *grads), (out_alone, *grads_alone)):
+        first = cupy.asnumpy(got[:100].astype(cupy.float32))
+        assert np.isfinite(first).all()
+        np.testing.assert_allclose(first, cupy.asnumpy(want[0].astype(cupy.float32)), atol=2e-2)

@@ -19,6 +19,8 @@ HEADER = """\
 // D[64 x N] (+)= A[64 x 16] B[16 x N] with float32 accumulators, one specialization per width N:
 //   WgmmaSS<T, N>::mma(d, desc_a, desc_b, accumulate): A and B from shared-memory descriptors, both
 //       K-major (B stored N rows of K);
+//   WgmmaSSMn<T, N>::mma(d, desc_a, desc_b, accumulate): A and B from shared-memory descriptors, both
+//       MN-major (A stored K rows of M, B stored K rows of N: both transpose flags set);
 //   WgmmaRS<T, N>::mma(d, a, desc_b, accumulate): A from four registers of packed pairs (the K-major
 //       fragment of sm90.cuh), B MN-major (stored K rows of N, the transpose flag set).
 // d is the accumulator in the mma.sync C layout per warp (sm90.cuh): register r is d[r / 4][r % 4].
@@ -28,6 +30,7 @@ HEADER = """\
 namespace cupyflash {
 
 template <typename T, int N> struct WgmmaSS;
+template <typename T, int N> struct WgmmaSSMn;
 template <typename T, int N> struct WgmmaRS;
 """
 
@@ -39,15 +42,16 @@ def accumulators(n):
     return regs, "{" + listing + "}", operands
 
 
-def ss(ctype, ptx, n):
+def ss(ctype, ptx, n, transposed):
     regs, listing, operands = accumulators(n)
+    name, flags = ("WgmmaSSMn", "1, 1") if transposed else ("WgmmaSS", "0, 0")
     return f"""
-template <> struct WgmmaSS<{ctype}, {n}> {{
+template <> struct {name}<{ctype}, {n}> {{
     __device__ __forceinline__ static void mma(float (&d)[{n // 8}][4], unsigned long long desc_a,
                                                unsigned long long desc_b, int accumulate) {{
         asm volatile(
             "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"
-            "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} {listing}, %{regs}, %{regs + 1}, p, 1, 1, 0, 0;\\n}}\\n"
+            "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} {listing}, %{regs}, %{regs + 1}, p, 1, 1, {flags};\\n}}\\n"
             : {operands}
             : "l"(desc_a), "l"(desc_b), "r"(accumulate));
     }}
@@ -76,7 +80,8 @@ def generate():
     parts = [HEADER]
     for ctype, ptx in PTX_TYPES:
         for n in WIDTHS:
-            parts.append(ss(ctype, ptx, n))
+            parts.append(ss(ctype, ptx, n, transposed=False))
+            parts.append(ss(ctype, ptx, n, transposed=True))
             parts.append(rs(ctype, ptx, n))
     parts.append("\n}  // namespace cupyflash\n")
     return "".join(parts)

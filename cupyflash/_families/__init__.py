@@ -21,7 +21,7 @@ FAMILY_NAMES = ("sm90", "sm80", "general")
 
 #: Families in dispatch order, per direction; the general family supports every problem.
 FORWARD = (sm90.FORWARD, sm80.FORWARD, general.FORWARD)
-BACKWARD = (sm80.BACKWARD, general.BACKWARD)
+BACKWARD = (sm90.BACKWARD, sm80.BACKWARD, general.BACKWARD)
 
 
 def _kernels():

@@ -152,32 +152,46 @@ class TcBackward:
         return None
 
     def run(self, variant, p, dout, q, k, v, out, lse, deterministic):
-        dq, dk, dv = (cupy.empty(x.shape, dtype=p.dtype) for x in (q, k, v))
-        delta = cupy.empty(p.lse_shape, dtype=numpy.float32)
         block_n, block_m = variant.param("block_n"), variant.param("block_m")
-        args = common.bwd_args(p, dout, q, k, v, out, lse, delta, dq, dk, dv, common.sparse_lists(p, block_m, block_n))
-        common.launch_delta(p, args)
-        # Even rows keep every float32 pair of the buffer 8-byte aligned for the vector reductions.
-        dq_ld = p.headdim + p.headdim % 2
-        splits = DETERMINISTIC_DQ_SPLITS if deterministic else 1
-        dq_accum = cupy.zeros((splits, p.heads * p.query_rows * dq_ld), dtype=numpy.float32)
-        # One turn counter per (buffer, batch, head, query tile) for the ordered sum; unused otherwise.
-        turns_per_split = p.batch * p.heads * common.cdiv(p.seqlen_q, block_m)
-        turns = cupy.zeros(splits * turns_per_split if deterministic else 1, numpy.int32)
-        accum_strides = (0, p.total_q) if p.varlen else (p.heads * p.seqlen_q, p.seqlen_q)
-        _params.set_rows(args["dq_accum"], dq_accum, *accum_strides)
-        args["dq_turns"] = _params.pointer(turns)
-        args["dq_split_stride"] = dq_accum.shape[1]
-        args["turns_split_stride"] = turns_per_split
-        args["dq_ld"] = dq_ld
-        args["dq_splits"] = splits
-        args["deterministic"] = int(bool(deterministic))
+        args, grads, _scratch = backward_args(p, dout, q, k, v, out, lse, block_m, block_n, deterministic)
         grid = (common.cdiv(p.seqlen_k, block_n) * p.batch * p.heads_k, 1, 1)
         common.launch(variant, grid, BWD_THREADS, args, bwd_smem_bytes(variant))
-        elements = p.heads * p.query_rows * p.headdim
-        common.launch(DQ_CONVERT.variant(variant.dtype), (min(common.cdiv(elements, CONVERT_THREADS), 1 << 16), 1, 1),
-                      CONVERT_THREADS, common.flat_rows(args, p))
-        return dq, dk, dv
+        convert_dq(args, p)
+        return grads
+
+
+def backward_args(p, dout, q, k, v, out, lse, block_m, block_n, deterministic):
+    """The ``BwdArgs`` of a tensor-core backward with tiles of ``block_m`` queries and ``block_n`` keys,
+    delta computed into it; the gradients (empty); and the scratch arrays it points at (delta, the
+    zeroed float32 dQ buffers and, with ``deterministic``, the turn counters of the ordered sum), which
+    the caller keeps referenced until its last launch is enqueued. Used by the sm90 family too."""
+    dq, dk, dv = (cupy.empty(x.shape, dtype=p.dtype) for x in (q, k, v))
+    delta = cupy.empty(p.lse_shape, dtype=numpy.float32)
+    args = common.bwd_args(p, dout, q, k, v, out, lse, delta, dq, dk, dv, common.sparse_lists(p, block_m, block_n))
+    common.launch_delta(p, args)
+    # Even rows keep every float32 pair of the buffer 8-byte aligned for the vector reductions.
+    dq_ld = p.headdim + p.headdim % 2
+    splits = DETERMINISTIC_DQ_SPLITS if deterministic else 1
+    dq_accum = cupy.zeros((splits, p.heads * p.query_rows * dq_ld), dtype=numpy.float32)
+    # One turn counter per (buffer, batch, head, query tile) for the ordered sum; unused otherwise.
+    turns_per_split = p.batch * p.heads * common.cdiv(p.seqlen_q, block_m)
+    turns = cupy.zeros(splits * turns_per_split if deterministic else 1, numpy.int32)
+    accum_strides = (0, p.total_q) if p.varlen else (p.heads * p.seqlen_q, p.seqlen_q)
+    _params.set_rows(args["dq_accum"], dq_accum, *accum_strides)
+    args["dq_turns"] = _params.pointer(turns)
+    args["dq_split_stride"] = dq_accum.shape[1]
+    args["turns_split_stride"] = turns_per_split
+    args["dq_ld"] = dq_ld
+    args["dq_splits"] = splits
+    args["deterministic"] = int(bool(deterministic))
+    return args, (dq, dk, dv), (delta, dq_accum, turns)
+
+
+def convert_dq(args, p):
+    """dQ = softmax_scale * (the sum of the float32 buffers), rounded to the inputs' dtype."""
+    elements = p.heads * p.query_rows * p.headdim
+    common.launch(DQ_CONVERT.variant(common.dtype_name(p.dtype)),
+                  (min(common.cdiv(elements, CONVERT_THREADS), 1 << 16), 1, 1), CONVERT_THREADS, common.flat_rows(args, p))
 
 
 FORWARD = TcForward()

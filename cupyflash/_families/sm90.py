@@ -36,9 +36,25 @@ FWD_TILES = {
     (256, 256): (80, 2),
 }
 
+#: Backward: keys per CTA (Sm90BwdTraits::kBlockN: two consumer warpgroups of 64) and threads.
+BWD_BLOCK_N = 128
+BWD_THREADS = 384
+#: Backward tiles: (headdim, headdim_v) bucket -> (queries per tile, Q/dO stages). dK and dV stay in the
+#: consumers' registers (headdim / 2 + headdim_v / 2 floats per thread) beside S^T and dP^T (block_m / 2
+#: each): the buckets and tiles are those whose sum leaves room in 240 registers. Other head dims take
+#: the sm80 kernels.
+BWD_TILES = {
+    (64, 64): (128, 2),
+    (128, 128): (64, 2),
+}
+
 FWD = _kernels.Kernel(
     "sm90_fwd", "sm90_fwd.cu", _kernels.HALF_DTYPES, ("headdim", "headdim_v", "block_n", "stages"),
     tuple((*dims, *tile) for dims, tile in FWD_TILES.items()), ("score_mod",), arch="90a",
+)
+BWD = _kernels.Kernel(
+    "sm90_bwd", "sm90_bwd.cu", _kernels.HALF_DTYPES, ("headdim", "headdim_v", "block_m", "stages"),
+    tuple((*dims, *tile) for dims, tile in BWD_TILES.items()), ("score_mod",), arch="90a",
 )
 
 
@@ -52,6 +68,15 @@ def fwd_smem_bytes(variant):
     d, dv, block_n, stages = (variant.param(n) for n in ("headdim", "headdim_v", "block_n", "stages"))
     tiles = FWD_BLOCK_M * 128 * _atoms(d) + stages * block_n * 128 * (_atoms(d) + _atoms(dv))
     return ALIGN_SLACK + tiles + CTA_STATE_BYTES
+
+
+def bwd_smem_bytes(variant):
+    """Dynamic shared memory of a backward variant (Sm90BwdTraits::kSmemBytes): K and V (128 keys),
+    ``stages`` Q and dO tiles, two dS^T buffers (128 x block_m, 16-bit), ``stages`` rows of lse and delta,
+    the state, and the alignment slack."""
+    d, dv, block_m, stages = (variant.param(n) for n in ("headdim", "headdim_v", "block_m", "stages"))
+    tiles = (BWD_BLOCK_N + stages * block_m) * 128 * (_atoms(d) + _atoms(dv)) + 2 * BWD_BLOCK_N * block_m * 2
+    return ALIGN_SLACK + tiles + stages * 2 * block_m * 4 + CTA_STATE_BYTES
 
 
 @functools.lru_cache(maxsize=None)
@@ -75,6 +100,9 @@ SCHEDULE = numpy.dtype({"names": ["longest_first", "next_work"], "formats": [num
                         "offsets": [0, 8], "itemsize": 16, "aligned": True})
 MAPS = numpy.dtype({"names": ["q", "k", "v"], "formats": [(numpy.void, 128)] * 3, "offsets": [0, 128, 256],
                     "itemsize": 384, "aligned": True})
+#: Sm90BwdMaps: q, k, v and dout.
+BWD_MAPS = numpy.dtype({"names": ["q", "k", "v", "dout"], "formats": [(numpy.void, 128)] * 4,
+                        "offsets": [0, 128, 256, 384], "itemsize": 512, "aligned": True})
 
 
 @functools.lru_cache(maxsize=None)
@@ -182,4 +210,39 @@ class Sm90Forward:
         common.launch(variant, grid, FWD_THREADS, (args, maps, schedule), fwd_smem_bytes(variant))
 
 
+class Sm90Backward:
+    """float16/bfloat16 on compute capability 9.0, head dims up to 128 (BWD_TILES).
+
+    The argument setup, delta, the float32 dQ buffers, the ordered sum of the deterministic mode and
+    the dQ conversion are the sm80 family's; only the main kernel differs.
+    """
+
+    name = "sm90"
+    kernels = (common.DELTA, BWD, sm80.DQ_CONVERT)
+
+    def select(self, p, device):
+        if p.dtype.itemsize != 2 or device.capability != CAPABILITY:
+            return None
+        dims = bucket(p.headdim, p.headdim_v, tuple(BWD_TILES))
+        if dims is None:
+            return None
+        variant = BWD.variant(common.dtype_name(p.dtype), (*dims, *BWD_TILES[dims]), score_mod=p.score_mod)
+        return variant if bwd_smem_bytes(variant) <= device.smem_optin else None
+
+    def run(self, variant, p, dout, q, k, v, out, lse, deterministic):
+        if not all(tma_addressable(x, p.varlen) for x in (q, k, v, dout)):
+            fallback = sm80.BACKWARD
+            return fallback.run(fallback.select(p, common.current_device()), p, dout, q, k, v, out, lse, deterministic)
+        block_m = variant.param("block_m")
+        args, grads, _scratch = sm80.backward_args(p, dout, q, k, v, out, lse, block_m, BWD_BLOCK_N, deterministic)
+        encoded = (tensor_map(q, p.varlen, block_m) + tensor_map(k, p.varlen, BWD_BLOCK_N)
+                   + tensor_map(v, p.varlen, BWD_BLOCK_N) + tensor_map(dout, p.varlen, block_m))
+        maps = numpy.frombuffer(encoded, BWD_MAPS).copy()
+        grid = (common.cdiv(p.seqlen_k, BWD_BLOCK_N) * p.batch * p.heads_k, 1, 1)
+        common.launch(variant, grid, BWD_THREADS, (args, maps), bwd_smem_bytes(variant))
+        sm80.convert_dq(args, p)
+        return grads
+
+
 FORWARD = Sm90Forward()
+BACKWARD = Sm90Backward()

@@ -1,0 +1,510 @@
+// Hopper backward (float16/bfloat16, sm_90a only): TMA loads, wgmma products and warp specialization.
+// After general_bwd_delta (delta = rowsum(dO * O)), one CTA per kBlockN = 128 keys of one (batch entry,
+// kv head) keeps K and V in shared memory and walks the query tiles (kBlockM rows) of every query head
+// of its GQA group, as tc_bwd does; tc_bwd_dq_convert finishes dQ. Three warpgroups:
+//   - the producer (warpgroup 0): thread 0 loads K and V once, then each query tile's Q and dO with TMA
+//     into a ring of kStages stages (q_full), publishing the tile's head and list entry beside them;
+//     warp 1 copies the tile's lse (as lse * LOG2E, +inf for rows without probability) and delta into
+//     the same stage (rows_full). Both refill a stage once the consumers release it (empty);
+//   - two consumer warpgroups, one per 64 keys. Per query tile each computes
+//         S^T = K Q^T and dP^T = V dO^T               (wgmma, both operands in shared memory),
+//         P^T = exp2(S^T * scale * LOG2E - lse * LOG2E),  dS^T = P^T * (dP^T - delta)   (registers),
+//         dV += P^T dO and dK += dS^T Q                (wgmma, P^T and dS^T from registers),
+//     and writes dS^T to shared memory; once both halves are there,
+//         dQ_part = dS K                               (wgmma, dS^T and K read transposed)
+//     for its half of the tile (its 64 query rows when kBlockM = 128, else its half of the head dim),
+//     added into the float32 buffer with vector reductions.
+// P^T and dS^T never leave the CTA; dK and dV live in the consumers' registers for the CTA's whole life
+// (dK = softmax_scale * dS^T Q, scaled once in the epilogue). setmaxnreg gives the consumers 240
+// registers and the producer 24.
+//
+// Packed (varlen) batches: a TMA box that runs past a sequence's end holds the next sequence's rows. The
+// consumers zero those rows of K and V (once) and of Q and dO (per tile) before any product reads them,
+// so no inf or NaN of another sequence reaches this one through a 0 * inf. Dense batches get zeros from
+// the TMA past the tensor's end.
+//
+// With deterministic != 0 the CTAs of a (batch entry, kv head) add into each query tile of the buffer
+// in a fixed key-tile order, as tc_bwd does (ordered_sum.cuh).
+//
+// Grid: x = ceil(seqlen_k / kBlockN) * batch * heads_k (scheduler.cuh). Dynamic shared memory:
+// Sm90BwdTraits::kSmemBytes.
+#include "bwd_mask.cuh"
+#include "dtypes.cuh"
+#include "epilogue.cuh"
+#include "mma.cuh"
+#include "ordered_sum.cuh"
+#include "params.cuh"
+#include "policy.cuh"
+#include "scheduler.cuh"
+#include "sm90.cuh"
+#include "tc_softmax.cuh"
+#include "tc_tile.cuh"
+#include "wgmma_ops.cuh"
+
+namespace cupyflash {
+
+// Tensor maps of q, k, v and dout (cupyflash/_families/sm90.py builds them): 4-D views (headdim, rows,
+// heads, batch) with a box of 64 columns, kBlockM rows for q and dout and kBlockN rows for k and v.
+struct Sm90BwdMaps {
+    TmaDesc q, k, v, dout;
+};
+
+template <typename T, int kHeadDim_, int kHeadDimV_, int kBlockM_, int kStages_>
+struct Sm90BwdTraits {
+    static constexpr int kHeadDim = kHeadDim_;    // q.k columns, a multiple of 64
+    static constexpr int kHeadDimV = kHeadDimV_;  // v and dout columns, a multiple of 64
+    static constexpr int kBlockM = kBlockM_;      // queries per tile: 64 or 128
+    static constexpr int kBlockN = 128;           // keys per CTA: two consumer warpgroups of 64
+    static constexpr int kStages = kStages_;      // Q/dO ring
+    static constexpr int kConsumers = 2;
+    static constexpr int kThreads = 128 * (1 + kConsumers);
+    // As in the forward: the registers asked for across the CTA must fit 65536 / 384 = 168 per thread.
+    static constexpr int kProducerRegs = 24;
+    static constexpr int kConsumerRegs = 240;
+    static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= kThreads * 168, "registers over budget");
+    static constexpr int kAtomsQK = kHeadDim / 64;
+    static constexpr int kAtomsV = kHeadDimV / 64;
+    static constexpr int kKBytes = kBlockN * 128 * kAtomsQK;
+    static constexpr int kVBytes = kBlockN * 128 * kAtomsV;
+    static constexpr int kQBytes = kBlockM * 128 * kAtomsQK;
+    static constexpr int kDoBytes = kBlockM * 128 * kAtomsV;
+    // dS^T [kBlockN keys][kBlockM queries] in atoms of 64 queries, two buffers (see consume).
+    static constexpr int kDsBytes = kBlockN * kBlockM * 2;
+    static constexpr int kKOffset = 0;
+    static constexpr int kVOffset = kKOffset + kKBytes;
+    static constexpr int kQOffset = kVOffset + kVBytes;
+    static constexpr int kDoOffset = kQOffset + kStages * kQBytes;
+    static constexpr int kDsOffset = kDoOffset + kStages * kDoBytes;
+    static constexpr int kRowsOffset = kDsOffset + 2 * kDsBytes;  // per stage: kBlockM lse * LOG2E, kBlockM delta
+    static constexpr int kStateOffset = kRowsOffset + kStages * 2 * kBlockM * 4;
+    static constexpr int kSmemBytes = 1024 + kStateOffset + kCtaStateBytes;  // 1024: alignment slack
+    // dQ_part = dS K (kBlockM x kHeadDim) splits between the consumers: by rows when kBlockM = 128 (each
+    // takes its 64 queries), else by columns (each takes kHeadDim / 2, whole atoms of K).
+    static constexpr bool kDqByRows = kBlockM == 128;
+    static constexpr int kDqCols = kDqByRows ? kHeadDim : kHeadDim / 2;
+    static constexpr int kSTiles = kBlockM / 8;   // 8-query n-tiles of S^T and dP^T
+    static constexpr int kQSteps = kBlockM / 16;  // k-steps of dV += P^T dO and dK += dS^T Q
+    static constexpr int kDkTiles = kHeadDim / 8;
+    static constexpr int kDvTiles = kHeadDimV / 8;
+    static constexpr int kDqTiles = kDqCols / 8;
+    static_assert(kBlockM == 64 || kBlockM == 128, "query tiles of 64 or 128 rows");
+    static_assert(kHeadDim % 64 == 0 && kHeadDimV % 64 == 0 && kHeadDim <= 256 && kHeadDimV <= 256,
+                  "head dims are whole 64-column atoms up to 256");
+    static_assert(kDqByRows || kDqCols % 64 == 0, "each consumer's dQ columns are whole atoms of K");
+    static_assert(kStages >= 2 && kStages <= 4, "2 to 4 stages");
+};
+
+// The pipeline's barriers and the published values, in shared memory.
+struct Sm90BwdState {
+    static constexpr int kMaxStages = 4;
+    unsigned long long kv_full;
+    unsigned long long q_full[kMaxStages];     // Q and dO of the stage, and its head and entry
+    unsigned long long rows_full[kMaxStages];  // lse and delta of the stage: one arrival per lane of warp 1
+    unsigned long long empty[kMaxStages];      // one arrival per consumer warp
+    int head[kMaxStages];                      // query head of the stage's tile; -1: the walk is over
+    int entry[kMaxStages];                     // its tile-list entry (policy.cuh)
+};
+
+template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kStages, bool kScoreMod>
+struct Sm90BwdKernel {
+    using Tr = Sm90BwdTraits<T, kHeadDim, kHeadDimV, kBlockM, kStages>;
+    static constexpr int kBlockN = Tr::kBlockN;
+    // Named barrier of the 256 consumer threads (id 0 is __syncthreads).
+    static constexpr int kConsumerBarrier = 1;
+
+    // The CTA's walk: f(query head, entry) for the query tiles of each head of the GQA group, heads in
+    // order, each head's tiles ascending. Every producer thread walks it alike.
+    template <typename F>
+    __device__ __forceinline__ static void walk(const AttnArgs& a, const Mask& mask, const TileWork& work, F&& f) {
+        const int group = a.heads / a.heads_k;
+        for (int g = 0; g < group; ++g) {
+            const int h = work.h * group + g;
+            const TileRange tiles = query_tiles<kBlockM, kBlockN>(a, mask, BlockLayout(a, work.b, h), work.tile);
+            for (int j = 0; j < tiles.count; ++j) f(h, tiles.entry(j));
+        }
+    }
+
+    // Producer thread 0: K and V, then Q and dO of every tile of the walk, then the end marker.
+    __device__ __forceinline__ static void load_tiles(const AttnArgs& a, const Sm90BwdMaps& maps, Sm90BwdState& st,
+                                                      unsigned char* smem, const Sequence& seq, const TileWork& work) {
+        tma_prefetch_desc(maps.q);
+        tma_prefetch_desc(maps.dout);
+        // Packed (varlen) tensors are one batch entry whose rows start at the sequence's offset.
+        const int k_batch = a.cu_seqlens_k != nullptr ? 0 : work.b;
+        const int q_batch = a.cu_seqlens_q != nullptr ? 0 : work.b;
+        const int key_row = seq.k_start + work.tile * kBlockN;
+        mbarrier_arrive_expect_tx(&st.kv_full, Tr::kKBytes + Tr::kVBytes);
+#pragma unroll
+        for (int atom = 0; atom < Tr::kAtomsQK; ++atom) {
+            tma_load_4d(smem + Tr::kKOffset + atom * kBlockN * 128, maps.k, &st.kv_full, 64 * atom, key_row, work.h, k_batch);
+        }
+#pragma unroll
+        for (int atom = 0; atom < Tr::kAtomsV; ++atom) {
+            tma_load_4d(smem + Tr::kVOffset + atom * kBlockN * 128, maps.v, &st.kv_full, 64 * atom, key_row, work.h, k_batch);
+        }
+        int i = 0;  // stages filled
+        auto next_stage = [&]() {
+            const int stage = i % kStages;
+            // The consumers release round r of a stage in phase r; the first round needs no wait.
+            if (i >= kStages) mbarrier_wait(&st.empty[stage], (i / kStages - 1) & 1);
+            return stage;
+        };
+        walk(a, Mask(a, seq), work, [&](int h, int entry) {
+            const int stage = next_stage();
+            st.head[stage] = h;  // released to the consumers by the arrival below
+            st.entry[stage] = entry;
+            const int row = seq.q_start + entry_tile(entry) * kBlockM;
+            mbarrier_arrive_expect_tx(&st.q_full[stage], Tr::kQBytes + Tr::kDoBytes);
+            unsigned char* q_tile = smem + Tr::kQOffset + stage * Tr::kQBytes;
+            unsigned char* do_tile = smem + Tr::kDoOffset + stage * Tr::kDoBytes;
+#pragma unroll
+            for (int atom = 0; atom < Tr::kAtomsQK; ++atom) {
+                tma_load_4d(q_tile + atom * kBlockM * 128, maps.q, &st.q_full[stage], 64 * atom, row, h, q_batch);
+            }
+#pragma unroll
+            for (int atom = 0; atom < Tr::kAtomsV; ++atom) {
+                tma_load_4d(do_tile + atom * kBlockM * 128, maps.dout, &st.q_full[stage], 64 * atom, row, h, q_batch);
+            }
+            ++i;
+        });
+        const int stage = next_stage();
+        st.head[stage] = -1;
+        mbarrier_arrive(&st.q_full[stage]);
+    }
+
+    // Producer warp 1: each tile's lse and delta rows. A row with no probability mass (past the
+    // sequence, or lse = -inf: a row that saw no key) gets +inf, so every exp2(s - lse) of it is 0
+    // without a test per element; NaN stays NaN.
+    __device__ __forceinline__ static void load_rows(const BwdArgs& args, Sm90BwdState& st, unsigned char* smem,
+                                                     const Sequence& seq, const TileWork& work) {
+        const AttnArgs& a = args.attn;
+        const int lane = threadIdx.x % 32;
+        int i = 0;
+        walk(a, Mask(a, seq), work, [&](int h, int entry) {
+            const int stage = i % kStages;
+            if (i >= kStages) mbarrier_wait(&st.empty[stage], (i / kStages - 1) & 1);
+            const int m0 = entry_tile(entry) * kBlockM;
+            const float* lse = static_cast<const float*>(args.lse.ptr) + rows_index(args.lse, work.b, h, seq.q_start) + m0;
+            const float* delta =
+                static_cast<const float*>(args.delta.ptr) + rows_index(args.delta, work.b, h, seq.q_start) + m0;
+            float* lse2 = reinterpret_cast<float*>(smem + Tr::kRowsOffset) + stage * 2 * kBlockM;
+#pragma unroll
+            for (int r = lane; r < kBlockM; r += 32) {
+                const bool in_range = m0 + r < seq.seqlen_q;
+                const float l = in_range ? lse[r] : Consts<float>::neg_inf();
+                lse2[r] = l == Consts<float>::neg_inf() ? -Consts<float>::neg_inf() : l * kLog2eF;
+                lse2[kBlockM + r] = in_range ? delta[r] : 0.0f;
+            }
+            mbarrier_arrive(&st.rows_full[stage]);
+            ++i;
+        });
+    }
+
+    // d = A B^T over `steps` k-steps, A (kBlockN rows, this warpgroup's 64 from row a_row) and B (kBlockM
+    // rows) both K-major in shared memory: S^T = K Q^T and dP^T = V dO^T. Issued and committed.
+    __device__ __forceinline__ static void issue_transposed_scores(float (&d)[Tr::kSTiles][4], unsigned a_tile, int a_row,
+                                                                   unsigned b_tile, int steps) {
+        const unsigned long long a_desc = kmajor_desc(a_tile, a_row);
+        const unsigned long long b_desc = kmajor_desc(b_tile, 0);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < steps; ++kk) {
+            WgmmaSS<T, kBlockM>::mma(d, desc_advance(a_desc, kmajor_step<kBlockN>(kk)),
+                                     desc_advance(b_desc, kmajor_step<kBlockM>(kk)), kk > 0);
+        }
+        wgmma_commit();
+    }
+
+    // d += A B with A (64 keys x kBlockM queries: P^T or dS^T) from registers and B (kBlockM rows of a Q
+    // or dO tile) read transposed from shared memory. Issued, not committed.
+    template <int kN>
+    __device__ __forceinline__ static void issue_key_gradient(float (&d)[kN / 8][4], const unsigned (&a)[Tr::kQSteps][4],
+                                                              unsigned b_tile) {
+        const unsigned long long b_desc = mnmajor_desc<kBlockM>(b_tile);
+#pragma unroll
+        for (int kk = 0; kk < Tr::kQSteps; ++kk) WgmmaRS<T, kN>::mma(d, a[kk], desc_advance(b_desc, mnmajor_step(kk)), 1);
+    }
+
+    // dQ_part = dS K for this warpgroup's share: A = dS from the dS^T buffer (queries contiguous) and
+    // B = K (head-dim columns contiguous), both read transposed, over the CTA's kBlockN keys.
+    __device__ __forceinline__ static void issue_query_gradient(float (&dq)[Tr::kDqTiles][4], unsigned ds_tile,
+                                                                unsigned k_tile, int wg) {
+        const unsigned long long a_desc = mnmajor_desc<kBlockN>(ds_tile + (Tr::kDqByRows ? wg * kBlockN * 128 : 0));
+        const unsigned long long b_desc =
+            mnmajor_desc<kBlockN>(k_tile + (Tr::kDqByRows ? 0 : wg * (Tr::kDqCols / 64) * kBlockN * 128));
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk) {
+            WgmmaSSMn<T, Tr::kDqCols>::mma(dq, desc_advance(a_desc, mnmajor_step(kk)), desc_advance(b_desc, mnmajor_step(kk)),
+                                           kk > 0);
+        }
+        wgmma_commit();
+    }
+
+    // P^T and dS^T in place of S^T and dP^T (this thread's keys key_g, key_g + 8 and queries m0 + 8 nt +
+    // col_t + e % 2), masked where the tile needs it. rows: the stage's lse * LOG2E, then delta.
+    __device__ __forceinline__ static void gradients(float (&s)[Tr::kSTiles][4], float (&dp)[Tr::kSTiles][4],
+                                                     const AttnArgs& a, const Mask& mask, const Log2Scores& scores,
+                                                     const float* rows, int h, int b, int entry, int m0, int key_g,
+                                                     int key0, int col_t) {
+        const float* lse2 = rows;
+        const float* delta = rows + kBlockM;
+#pragma unroll
+        for (int nt = 0; nt < Tr::kSTiles; ++nt) {
+            const float2 l = *reinterpret_cast<const float2*>(lse2 + 8 * nt + col_t);
+            const float2 d = *reinterpret_cast<const float2*>(delta + 8 * nt + col_t);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float lse_e = e % 2 ? l.y : l.x;
+                const float delta_e = e % 2 ? d.y : d.x;
+                if constexpr (kScoreMod) {
+                    float tanh_v;
+                    const float s2 = scores.modified(s[nt][e], m0 + 8 * nt + col_t + e % 2, key_g + 8 * (e / 2), &tanh_v);
+                    s[nt][e] = fast_exp2(s2 - lse_e);
+                    dp[nt][e] = (dp[nt][e] - delta_e) * (1.0f - tanh_v * tanh_v);
+                } else {
+                    s[nt][e] = fast_exp2(fmaf(s[nt][e], scores.scale_log2, -lse_e));
+                    dp[nt][e] -= delta_e;
+                }
+            }
+        }
+        // A uniform branch per warpgroup: tiles that every pair sees skip the element mask.
+        const bool partial = entry_partial(entry);
+        if (partial || !mask.tile_is_full(m0, kBlockM, key0, 64)) {
+            auto& p = reinterpret_cast<float(&)[1][Tr::kSTiles][4]>(s);
+            if (partial) {
+                mask_fragments_t<true>(p, mask, BlockLayout(a, b, h), a, key_g, m0, col_t);
+            } else {
+                mask_fragments_t<false>(p, mask, BlockLayout(a, b, h), a, key_g, m0, col_t);
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < Tr::kSTiles; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dp[nt][e] *= s[nt][e];
+        }
+    }
+
+    // Fragments [nt][4] of a 16-row accumulator, rounded to T as the K-major A operand of wgmma (the same
+    // packing as the forward's P).
+    __device__ __forceinline__ static void to_operand(unsigned (&f)[Tr::kQSteps][4], const float (&x)[Tr::kSTiles][4]) {
+#pragma unroll
+        for (int kk = 0; kk < Tr::kQSteps; ++kk) {
+            f[kk][0] = pack2<T>(x[2 * kk][0], x[2 * kk][1]);
+            f[kk][1] = pack2<T>(x[2 * kk][2], x[2 * kk][3]);
+            f[kk][2] = pack2<T>(x[2 * kk + 1][0], x[2 * kk + 1][1]);
+            f[kk][3] = pack2<T>(x[2 * kk + 1][2], x[2 * kk + 1][3]);
+        }
+    }
+
+    // This thread's dS^T fragments into the dS^T buffer: key row kr = key_row + 8 (reg % 2) and query
+    // column 16 kk + 8 (reg / 2) + col_t, stored at atom (column / 64), row kr, 16-byte chunk
+    // ((column % 64) / 8) ^ (kr % 8) (the 128-byte swizzle). The 8 rows of a warp's store hit 8 chunks.
+    __device__ __forceinline__ static void store_ds(unsigned char* ds_tile, const unsigned (&f)[Tr::kQSteps][4],
+                                                    int key_row, int col_t) {
+        const int g = key_row % 8;
+#pragma unroll
+        for (int kk = 0; kk < Tr::kQSteps; ++kk) {
+#pragma unroll
+            for (int reg = 0; reg < 4; ++reg) {
+                const int row = key_row + 8 * (reg % 2);
+                const int col = 16 * kk + 8 * (reg / 2);  // + col_t
+                const int chunk = ((col % 64) / 8) ^ g;
+                *reinterpret_cast<unsigned*>(ds_tile + (col / 64) * kBlockN * 128 + row * 128 + chunk * 16 + col_t * 2) =
+                    f[kk][reg];
+            }
+        }
+    }
+
+    // Marks the stage free for the producers: one arrival per warp, after the warp's last read of it.
+    __device__ __forceinline__ static void release(unsigned long long* empty) {
+        __syncwarp();
+        if (threadIdx.x % 32 == 0) mbarrier_arrive(empty);
+    }
+
+    // A consumer warpgroup (wg = 0, 1): keys [n0 + 64 wg, n0 + 64 wg + 64) through the walk, then dK, dV.
+    __device__ __forceinline__ static void consume(const BwdArgs& args, Sm90BwdState& st, unsigned char* smem,
+                                                   const Sequence& seq, const TileWork& work, int wg) {
+        const AttnArgs& a = args.attn;
+        const int thread = threadIdx.x - 128;  // among the 256 consumers
+        const int warp = (threadIdx.x / 32) % 4;
+        const int lane = threadIdx.x % 32;
+        const int col_t = 2 * (lane % 4);
+        const int n0 = work.tile * kBlockN;
+        const int key0 = n0 + 64 * wg;                   // the warpgroup's first key
+        const int key_g = key0 + 16 * warp + lane / 4;   // this thread's keys: key_g and key_g + 8
+        const unsigned base = shared_addr(smem);
+        const Mask mask(a, seq);
+        const bool packed_q = a.cu_seqlens_q != nullptr;
+        // The plain kernels need only the scale; the score modifications are per (batch entry, head).
+        Log2Scores scores;
+        scores.scale_log2 = static_cast<float>(a.softmax_scale) * kLog2eF;
+
+        mbarrier_wait(&st.kv_full, 0);
+        if (a.cu_seqlens_k != nullptr && seq.seqlen_k - n0 < kBlockN) {
+            zero_tile_rows(smem + Tr::kKOffset, kBlockN, seq.seqlen_k - n0, Tr::kAtomsQK, thread, 256);
+            zero_tile_rows(smem + Tr::kVOffset, kBlockN, seq.seqlen_k - n0, Tr::kAtomsV, thread, 256);
+            fence_proxy_async();
+            named_barrier_sync(kConsumerBarrier, 256);
+        }
+
+        float dk[Tr::kDkTiles][4];
+        float dv[Tr::kDvTiles][4];
+#pragma unroll
+        for (int c = 0; c < Tr::kDkTiles; ++c) dk[c][0] = dk[c][1] = dk[c][2] = dk[c][3] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < Tr::kDvTiles; ++c) dv[c][0] = dv[c][1] = dv[c][2] = dv[c][3] = 0.0f;
+
+        const int split = work.tile % args.dq_splits;
+        for (int i = 0;; ++i) {
+            const int stage = i % kStages;
+            const int parity = (i / kStages) & 1;
+            mbarrier_wait(&st.q_full[stage], parity);
+            const int h = st.head[stage];
+            if (h < 0) break;
+            const int entry = st.entry[stage];
+            const int m0 = entry_tile(entry) * kBlockM;
+            const unsigned q_tile = base + Tr::kQOffset + stage * Tr::kQBytes;
+            const unsigned do_tile = base + Tr::kDoOffset + stage * Tr::kDoBytes;
+            if (packed_q && seq.seqlen_q - m0 < kBlockM) {
+                zero_tile_rows(smem + Tr::kQOffset + stage * Tr::kQBytes, kBlockM, seq.seqlen_q - m0, Tr::kAtomsQK, thread, 256);
+                zero_tile_rows(smem + Tr::kDoOffset + stage * Tr::kDoBytes, kBlockM, seq.seqlen_q - m0, Tr::kAtomsV, thread, 256);
+                fence_proxy_async();
+                named_barrier_sync(kConsumerBarrier, 256);
+            }
+            if constexpr (kScoreMod) scores = Log2Scores(a, seq, work.b, h);
+
+            // S^T and dP^T, then P^T and dS^T in registers.
+            float s[Tr::kSTiles][4];
+            float dp[Tr::kSTiles][4];
+            issue_transposed_scores(s, base + Tr::kKOffset, 64 * wg, q_tile, kHeadDim / 16);
+            issue_transposed_scores(dp, base + Tr::kVOffset, 64 * wg, do_tile, kHeadDimV / 16);
+            mbarrier_wait(&st.rows_full[stage], parity);
+            wgmma_wait<0>();
+            fence_fragments(s);
+            fence_fragments(dp);
+            const float* rows = reinterpret_cast<const float*>(smem + Tr::kRowsOffset) + stage * 2 * kBlockM;
+            gradients(s, dp, a, mask, scores, rows, h, work.b, entry, m0, key_g, key0, col_t);
+            unsigned p_op[Tr::kQSteps][4];
+            unsigned ds_op[Tr::kQSteps][4];
+            to_operand(p_op, s);
+            to_operand(ds_op, dp);
+
+            // dS^T to shared memory for dQ (two buffers: iteration i writes buffer i % 2 while the
+            // other warpgroup may still read buffer (i - 1) % 2; it finished with buffer i % 2 before
+            // it reached the barrier of iteration i - 1).
+            unsigned char* ds_tile = smem + Tr::kDsOffset + (i % 2) * Tr::kDsBytes;
+            store_ds(ds_tile, ds_op, 64 * wg + 16 * warp + lane / 4, col_t);
+            fence_proxy_async();
+
+            // dV += P^T dO, dK += dS^T Q.
+            wgmma_fence();
+            issue_key_gradient<kHeadDimV>(dv, p_op, do_tile);
+            issue_key_gradient<kHeadDim>(dk, ds_op, q_tile);
+            wgmma_commit();
+
+            // dQ_part = dS K once both halves of dS^T are stored.
+            named_barrier_sync(kConsumerBarrier, 256);
+            float dq[Tr::kDqTiles][4];
+            issue_query_gradient(dq, shared_addr(ds_tile), base + Tr::kKOffset, wg);
+            wgmma_wait<1>();
+            release(&st.empty[stage]);
+            wgmma_wait<0>();
+            fence_fragments(dq);
+            add_query_gradient(args, seq, mask, work, h, m0, split, dq, thread, wg, warp, lane);
+        }
+        fence_fragments(dk);
+        fence_fragments(dv);
+
+        // Epilogue: dK = softmax_scale * dS^T Q (the scale of S = scale * Q K^T, applied once here), dV.
+        const int row0 = key0 + 16 * warp;
+        store_fragments<T>(head_rows<T>(args.dk, work.b, seq.k_start, work.h), args.dk.row_stride, row0, seq.seqlen_k, 0,
+                           a.headdim, reinterpret_cast<const float(&)[1][Tr::kDkTiles][4]>(dk),
+                           static_cast<float>(a.softmax_scale));
+        store_fragments<T>(head_rows<T>(args.dv, work.b, seq.k_start, work.h), args.dv.row_stride, row0, seq.seqlen_k, 0,
+                           a.headdim_v, reinterpret_cast<const float(&)[1][Tr::kDvTiles][4]>(dv), 1.0f);
+    }
+
+    // Adds this warpgroup's dQ share into buffer `split` of the float32 accumulator: rows m0 + row of the
+    // tile inside the sequence, columns below dq_ld. Under the ordered sum, after the CTAs of the later key
+    // tiles (ordered_sum.cuh); thread 0 of the consumers holds the turn for both warpgroups.
+    __device__ __forceinline__ static void add_query_gradient(const BwdArgs& args, const Sequence& seq, const Mask& mask,
+                                                              const TileWork& work, int h, int m0, int split,
+                                                              const float (&dq)[Tr::kDqTiles][4], int thread, int wg,
+                                                              int warp, int lane) {
+        const AttnArgs& a = args.attn;
+        int* turn = nullptr;
+        if (args.deterministic) {
+            const int q_tile = m0 / kBlockM;
+            turn = dq_turn_counter<kBlockM>(args, work.b, h, q_tile, split);
+            if (thread == 0) {
+                wait_for_turn(turn, later_key_tiles<kBlockM, kBlockN>(a, mask, BlockLayout(a, work.b, h), q_tile,
+                                                                      work.tile, args.dq_splits));
+            }
+            named_barrier_sync(kConsumerBarrier, 256);  // every consumer's additions come after the acquire
+        }
+        float* dq_rows = static_cast<float*>(args.dq_accum.ptr) + split * args.dq_split_stride +
+                         (rows_index(args.dq_accum, work.b, h, seq.q_start) + m0) * static_cast<long long>(args.dq_ld);
+        const int row0 = (Tr::kDqByRows ? 64 * wg : 0) + 16 * warp + lane / 4;
+        const int col0 = (Tr::kDqByRows ? 0 : wg * Tr::kDqCols) + 2 * (lane % 4);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = row0 + 8 * r;
+            if (m0 + row >= seq.seqlen_q) continue;
+#pragma unroll
+            for (int nt = 0; nt < Tr::kDqTiles; ++nt) {
+                const int col = col0 + 8 * nt;  // even, and dq_ld is even
+                if (col < args.dq_ld) {
+                    reduce_add_f32x2(dq_rows + static_cast<long long>(row) * args.dq_ld + col, dq[nt][2 * r], dq[nt][2 * r + 1]);
+                }
+            }
+        }
+        if (turn != nullptr) {
+            named_barrier_sync(kConsumerBarrier, 256);  // every consumer's additions are issued before the release
+            if (thread == 0) hand_on_turn(turn);
+        }
+    }
+};
+
+template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kStages, bool kScoreMod>
+__global__ void __launch_bounds__(Sm90BwdTraits<T, kHeadDim, kHeadDimV, kBlockM, kStages>::kThreads, 1)
+sm90_bwd(const CUPYFLASH_GRID_CONSTANT BwdArgs args, const CUPYFLASH_GRID_CONSTANT Sm90BwdMaps maps) {
+    using Tr = Sm90BwdTraits<T, kHeadDim, kHeadDimV, kBlockM, kStages>;
+    using Kernel = Sm90BwdKernel<T, kHeadDim, kHeadDimV, kBlockM, kStages, kScoreMod>;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    require_dynamic_smem<Tr::kSmemBytes>();
+    require_sparse_tiles(args.attn, kBlockM, Tr::kBlockN);
+    const AttnArgs& a = args.attn;
+    // Key tiles launch last-first under the ordered sum (it needs each CTA's predecessors launched
+    // before it), first-first otherwise.
+    const TileWork work = schedule_tile(ceil_div(a.seqlen_k, Tr::kBlockN), a.heads_k, args.deterministic != 0);
+    const Sequence seq(a, work.b);
+    if (work.tile * Tr::kBlockN >= seq.seqlen_k) return;  // past the end of a packed sequence
+
+    unsigned char* smem = smem_raw + ((1024 - shared_addr(smem_raw) % 1024) % 1024);
+    static_assert(sizeof(Sm90BwdState) <= kCtaStateBytes, "the per-CTA state must fit its reserve");
+    Sm90BwdState& st = *reinterpret_cast<Sm90BwdState*>(smem + Tr::kStateOffset);
+    if (threadIdx.x == 0) {
+        mbarrier_init(&st.kv_full, 1);
+        for (int s = 0; s < kStages; ++s) {
+            mbarrier_init(&st.q_full[s], 1);
+            mbarrier_init(&st.rows_full[s], 32);
+            mbarrier_init(&st.empty[s], 4 * Tr::kConsumers);
+        }
+        mbarrier_init_fence();
+    }
+    __syncthreads();
+
+    // Through a shuffle the compiler knows the warpgroup index is warp-uniform (see the forward).
+    const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
+    if (wg == 0) {
+        warpgroup_set_registers<Tr::kProducerRegs>();
+        if (threadIdx.x == 0) Kernel::load_tiles(a, maps, st, smem, seq, work);
+        if (threadIdx.x / 32 == 1) Kernel::load_rows(args, st, smem, seq, work);
+    } else {
+        warpgroup_set_registers<Tr::kConsumerRegs>();
+        Kernel::consume(args, st, smem, seq, work, wg - 1);
+    }
+}
+
+}  // namespace cupyflash
