@@ -69,6 +69,32 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const TmaDesc& map, unsig
         : "memory");
 }
 
+// Adds the box at src (shared memory, in the map's swizzled layout) into the tensor at element
+// coordinates (c0 innermost, ..., c4), elementwise, done by the TMA unit in L2; elements outside the
+// tensor are dropped. Completes in this thread's bulk group (bulk_commit, then bulk_wait_read or
+// bulk_wait).
+__device__ __forceinline__ void tma_reduce_add_5d(const TmaDesc& map, const void* src, int c0, int c1, int c2, int c3,
+                                                  int c4) {
+    asm volatile(
+        "cp.reduce.async.bulk.tensor.5d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3, %4, %5}], [%6];\n" ::"l"(
+            reinterpret_cast<unsigned long long>(&map)),
+        "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(shared_addr(src))
+        : "memory");
+}
+
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+
+// Waits until this thread's bulk groups have read their shared-memory sources (the buffer may be
+// rewritten), or, for bulk_wait, until their writes are done too.
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
+// Orders this thread's accesses to device memory through the generic proxy (ordinary loads, stores,
+// atomics) with those of the async proxy (bulk copies), both ways.
+__device__ __forceinline__ void fence_proxy_async_global() {
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+
 __device__ __forceinline__ void tma_prefetch_desc(const TmaDesc& map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(&map)) : "memory");
 }

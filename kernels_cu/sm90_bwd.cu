@@ -13,10 +13,12 @@
 //     and writes dS^T to shared memory; once both halves are there,
 //         dQ_part = dS K                               (wgmma, dS^T and K read transposed)
 //     for its half of the tile (its 64 query rows when kBlockM = 128, else its half of the head dim),
-//     added into the float32 buffer with vector reductions.
-// P^T and dS^T never leave the CTA; dK and dV live in the consumers' registers for the CTA's whole life
-// (dK = softmax_scale * dS^T Q, scaled once in the epilogue). setmaxnreg gives the consumers 240
-// registers and the producer 24.
+//     stored to a float32 tile in shared memory. A producer thread of warp 2 adds that tile into the
+//     float32 buffer with TMA reductions (cp.reduce.async.bulk.tensor, done in L2), so the consumers
+//     never wait on device memory.
+// P^T is computed while dP^T is still on the tensor cores. P^T and dS^T never leave the CTA; dK and dV live in the consumers' registers for the CTA's
+// whole life (dK = softmax_scale * dS^T Q, scaled once in the epilogue). setmaxnreg gives the consumers
+// 240 registers and the producer 24.
 //
 // Packed (varlen) batches: a TMA box that runs past a sequence's end holds the next sequence's rows. The
 // consumers zero those rows of K and V (once) and of Q and dO (per tile) before any product reads them,
@@ -24,7 +26,8 @@
 // the TMA past the tensor's end.
 //
 // With deterministic != 0 the CTAs of a (batch entry, kv head) add into each query tile of the buffer
-// in a fixed key-tile order, as tc_bwd does (ordered_sum.cuh).
+// in a fixed key-tile order, as tc_bwd does (ordered_sum.cuh); the reducing thread waits for the turns,
+// one tile of slack away from the consumers.
 //
 // Grid: x = ceil(seqlen_k / kBlockN) * batch * heads_k (scheduler.cuh). Dynamic shared memory:
 // Sm90BwdTraits::kSmemBytes.
@@ -45,8 +48,10 @@ namespace cupyflash {
 
 // Tensor maps of q, k, v and dout (cupyflash/_families/sm90.py builds them): 4-D views (headdim, rows,
 // heads, batch) with a box of 64 columns, kBlockM rows for q and dout and kBlockN rows for k and v.
+// dq_accum: the float32 dQ buffers as a 5-D view (dq_ld, rows, heads, batch, buffer) with a box of 32
+// columns by kBlockM rows, 128-byte swizzle (the layout of the shared dQ tile).
 struct Sm90BwdMaps {
-    TmaDesc q, k, v, dout;
+    TmaDesc q, k, v, dout, dq_accum;
 };
 
 template <typename T, int kHeadDim_, int kHeadDimV_, int kBlockM_, int kStages_>
@@ -75,7 +80,12 @@ struct Sm90BwdTraits {
     static constexpr int kQOffset = kVOffset + kVBytes;
     static constexpr int kDoOffset = kQOffset + kStages * kQBytes;
     static constexpr int kDsOffset = kDoOffset + kStages * kDoBytes;
-    static constexpr int kRowsOffset = kDsOffset + 2 * kDsBytes;  // per stage: kBlockM lse * LOG2E, kBlockM delta
+    // The float32 dQ share of one tile (kBlockM rows of kHeadDim) in atoms of 32 columns (128 bytes per
+    // row) with the 128-byte swizzle, as the dq_accum map's boxes are: one TMA reduction per atom adds it
+    // into the buffer, and a half-warp's 8-byte fragment stores (4 rows x 4 pairs) cover the 32 banks once.
+    static constexpr int kDqAtoms = kHeadDim / 32;
+    static constexpr int kDqOffset = kDsOffset + 2 * kDsBytes;
+    static constexpr int kRowsOffset = kDqOffset + kBlockM * kHeadDim * 4;  // per stage: lse * LOG2E, delta
     static constexpr int kStateOffset = kRowsOffset + kStages * 2 * kBlockM * 4;
     static constexpr int kSmemBytes = 1024 + kStateOffset + kCtaStateBytes;  // 1024: alignment slack
     // dQ_part = dS K (kBlockM x kHeadDim) splits between the consumers: by rows when kBlockM = 128 (each
@@ -101,6 +111,8 @@ struct Sm90BwdState {
     unsigned long long q_full[kMaxStages];     // Q and dO of the stage, and its head and entry
     unsigned long long rows_full[kMaxStages];  // lse and delta of the stage: one arrival per lane of warp 1
     unsigned long long empty[kMaxStages];      // one arrival per consumer warp
+    unsigned long long dq_full;                // the dQ tile is stored: one arrival per consumer thread
+    unsigned long long dq_empty;               // its reductions have read it
     int head[kMaxStages];                      // query head of the stage's tile; -1: the walk is over
     int entry[kMaxStages];                     // its tile-list entry (policy.cuh)
 };
@@ -207,10 +219,11 @@ struct Sm90BwdKernel {
         const unsigned long long a_desc = kmajor_desc(a_tile, a_row);
         const unsigned long long b_desc = kmajor_desc(b_tile, 0);
         wgmma_fence();
+        WgmmaSS<T, kBlockM>::overwrite(d, a_desc, b_desc);
 #pragma unroll
-        for (int kk = 0; kk < steps; ++kk) {
+        for (int kk = 1; kk < steps; ++kk) {
             WgmmaSS<T, kBlockM>::mma(d, desc_advance(a_desc, kmajor_step<kBlockN>(kk)),
-                                     desc_advance(b_desc, kmajor_step<kBlockM>(kk)), kk > 0);
+                                     desc_advance(b_desc, kmajor_step<kBlockM>(kk)), 1);
         }
         wgmma_commit();
     }
@@ -233,38 +246,35 @@ struct Sm90BwdKernel {
         const unsigned long long b_desc =
             mnmajor_desc<kBlockN>(k_tile + (Tr::kDqByRows ? 0 : wg * (Tr::kDqCols / 64) * kBlockN * 128));
         wgmma_fence();
+        WgmmaSSMn<T, Tr::kDqCols>::overwrite(dq, a_desc, b_desc);
 #pragma unroll
-        for (int kk = 0; kk < kBlockN / 16; ++kk) {
-            WgmmaSSMn<T, Tr::kDqCols>::mma(dq, desc_advance(a_desc, mnmajor_step(kk)), desc_advance(b_desc, mnmajor_step(kk)),
-                                           kk > 0);
+        for (int kk = 1; kk < kBlockN / 16; ++kk) {
+            WgmmaSSMn<T, Tr::kDqCols>::mma(dq, desc_advance(a_desc, mnmajor_step(kk)), desc_advance(b_desc, mnmajor_step(kk)), 1);
         }
         wgmma_commit();
     }
 
-    // P^T and dS^T in place of S^T and dP^T (this thread's keys key_g, key_g + 8 and queries m0 + 8 nt +
-    // col_t + e % 2), masked where the tile needs it. rows: the stage's lse * LOG2E, then delta.
-    __device__ __forceinline__ static void gradients(float (&s)[Tr::kSTiles][4], float (&dp)[Tr::kSTiles][4],
-                                                     const AttnArgs& a, const Mask& mask, const Log2Scores& scores,
-                                                     const float* rows, int h, int b, int entry, int m0, int key_g,
-                                                     int key0, int col_t) {
-        const float* lse2 = rows;
-        const float* delta = rows + kBlockM;
+    // P^T in place of S^T (this thread's keys key_g, key_g + 8 and queries m0 + 8 nt + col_t + e % 2),
+    // masked where the tile needs it; with kScoreMod also dP^T - delta times the softcap's derivative
+    // 1 - tanh^2 in place of dP^T (it needs the tanh of S^T). rows: the stage's lse * LOG2E, then delta.
+    __device__ __forceinline__ static void probabilities(float (&s)[Tr::kSTiles][4], float (&dp)[Tr::kSTiles][4],
+                                                         const AttnArgs& a, const Mask& mask, const Log2Scores& scores,
+                                                         const float* rows, int h, int b, int entry, int m0, int key_g,
+                                                         int key0, int col_t) {
 #pragma unroll
         for (int nt = 0; nt < Tr::kSTiles; ++nt) {
-            const float2 l = *reinterpret_cast<const float2*>(lse2 + 8 * nt + col_t);
-            const float2 d = *reinterpret_cast<const float2*>(delta + 8 * nt + col_t);
+            const float2 l = *reinterpret_cast<const float2*>(rows + 8 * nt + col_t);
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const float lse_e = e % 2 ? l.y : l.x;
-                const float delta_e = e % 2 ? d.y : d.x;
                 if constexpr (kScoreMod) {
+                    const float2 d = *reinterpret_cast<const float2*>(rows + kBlockM + 8 * nt + col_t);
                     float tanh_v;
                     const float s2 = scores.modified(s[nt][e], m0 + 8 * nt + col_t + e % 2, key_g + 8 * (e / 2), &tanh_v);
                     s[nt][e] = fast_exp2(s2 - lse_e);
-                    dp[nt][e] = (dp[nt][e] - delta_e) * (1.0f - tanh_v * tanh_v);
+                    dp[nt][e] = (dp[nt][e] - (e % 2 ? d.y : d.x)) * (1.0f - tanh_v * tanh_v);
                 } else {
                     s[nt][e] = fast_exp2(fmaf(s[nt][e], scores.scale_log2, -lse_e));
-                    dp[nt][e] -= delta_e;
                 }
             }
         }
@@ -278,10 +288,23 @@ struct Sm90BwdKernel {
                 mask_fragments_t<false>(p, mask, BlockLayout(a, b, h), a, key_g, m0, col_t);
             }
         }
+    }
+
+    // dS^T = P^T * (dP^T - delta) in place of dP^T (with kScoreMod, probabilities applied delta and the
+    // softcap's derivative already).
+    __device__ __forceinline__ static void score_gradients(float (&dp)[Tr::kSTiles][4], const float (&p)[Tr::kSTiles][4],
+                                                           const float* rows, int col_t) {
 #pragma unroll
         for (int nt = 0; nt < Tr::kSTiles; ++nt) {
+            const float2 d = *reinterpret_cast<const float2*>(rows + kBlockM + 8 * nt + col_t);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) dp[nt][e] *= s[nt][e];
+            for (int e = 0; e < 4; ++e) {
+                if constexpr (kScoreMod) {
+                    dp[nt][e] *= p[nt][e];
+                } else {
+                    dp[nt][e] = p[nt][e] * (dp[nt][e] - (e % 2 ? d.y : d.x));
+                }
+            }
         }
     }
 
@@ -322,7 +345,40 @@ struct Sm90BwdKernel {
         if (threadIdx.x % 32 == 0) mbarrier_arrive(empty);
     }
 
+    // Zeroes the rows of a Q and dO stage past a packed sequence's end (see the top of the file); all
+    // 256 consumer threads call it for every tile, and they meet at a barrier when there is work.
+    __device__ __forceinline__ static void clear_foreign_queries(unsigned char* smem, const Sequence& seq, int stage,
+                                                                 int m0, int thread) {
+        if (seq.seqlen_q - m0 >= kBlockM) return;
+        zero_tile_rows(smem + Tr::kQOffset + stage * Tr::kQBytes, kBlockM, seq.seqlen_q - m0, Tr::kAtomsQK, thread, 256);
+        zero_tile_rows(smem + Tr::kDoOffset + stage * Tr::kDoBytes, kBlockM, seq.seqlen_q - m0, Tr::kAtomsV, thread, 256);
+        fence_proxy_async();
+        named_barrier_sync(kConsumerBarrier, 256);
+    }
+
+    // This warpgroup's dQ share into the shared float32 tile: rows (64 wg when kDqByRows) + 16 warp + g
+    // + 8 r, columns (wg * kDqCols otherwise) + 8 nt + 2 t, at atom column / 32, row, 16-byte chunk
+    // ((column % 32) / 4) ^ (row % 8).
+    __device__ __forceinline__ static void store_query_gradient(unsigned char* tile, const float (&dq)[Tr::kDqTiles][4],
+                                                                int wg, int warp, int lane) {
+        const int row0 = (Tr::kDqByRows ? 64 * wg : 0) + 16 * warp + lane / 4;
+        const int col0 = (Tr::kDqByRows ? 0 : wg * Tr::kDqCols) + 2 * (lane % 4);
+        const int g = lane / 4;  // row % 8
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+#pragma unroll
+            for (int nt = 0; nt < Tr::kDqTiles; ++nt) {
+                const int col = col0 + 8 * nt;
+                const int chunk = ((col % 32) / 4) ^ g;
+                *reinterpret_cast<float2*>(tile + (col / 32) * kBlockM * 128 + (row0 + 8 * r) * 128 + chunk * 16 +
+                                           (col % 4) * 4) = make_float2(dq[nt][2 * r], dq[nt][2 * r + 1]);
+            }
+        }
+    }
+
     // A consumer warpgroup (wg = 0, 1): keys [n0 + 64 wg, n0 + 64 wg + 64) through the walk, then dK, dV.
+    // Every product of a tile completes within its iteration: ptxas serializes wgmma whose accumulators
+    // stay in flight across a loop's back edge.
     __device__ __forceinline__ static void consume(const BwdArgs& args, Sm90BwdState& st, unsigned char* smem,
                                                    const Sequence& seq, const TileWork& work, int wg) {
         const AttnArgs& a = args.attn;
@@ -334,6 +390,9 @@ struct Sm90BwdKernel {
         const int key0 = n0 + 64 * wg;                   // the warpgroup's first key
         const int key_g = key0 + 16 * warp + lane / 4;   // this thread's keys: key_g and key_g + 8
         const unsigned base = shared_addr(smem);
+        const unsigned k_tile = base + Tr::kKOffset;
+        const unsigned v_tile = base + Tr::kVOffset;
+        unsigned char* dq_tile = smem + Tr::kDqOffset;
         const Mask mask(a, seq);
         const bool packed_q = a.cu_seqlens_q != nullptr;
         // The plain kernels need only the scale; the score modifications are per (batch entry, head).
@@ -355,7 +414,6 @@ struct Sm90BwdKernel {
 #pragma unroll
         for (int c = 0; c < Tr::kDvTiles; ++c) dv[c][0] = dv[c][1] = dv[c][2] = dv[c][3] = 0.0f;
 
-        const int split = work.tile % args.dq_splits;
         for (int i = 0;; ++i) {
             const int stage = i % kStages;
             const int parity = (i / kStages) & 1;
@@ -366,25 +424,28 @@ struct Sm90BwdKernel {
             const int m0 = entry_tile(entry) * kBlockM;
             const unsigned q_tile = base + Tr::kQOffset + stage * Tr::kQBytes;
             const unsigned do_tile = base + Tr::kDoOffset + stage * Tr::kDoBytes;
-            if (packed_q && seq.seqlen_q - m0 < kBlockM) {
-                zero_tile_rows(smem + Tr::kQOffset + stage * Tr::kQBytes, kBlockM, seq.seqlen_q - m0, Tr::kAtomsQK, thread, 256);
-                zero_tile_rows(smem + Tr::kDoOffset + stage * Tr::kDoBytes, kBlockM, seq.seqlen_q - m0, Tr::kAtomsV, thread, 256);
-                fence_proxy_async();
-                named_barrier_sync(kConsumerBarrier, 256);
-            }
+            if (packed_q) clear_foreign_queries(smem, seq, stage, m0, thread);
             if constexpr (kScoreMod) scores = Log2Scores(a, seq, work.b, h);
 
-            // S^T and dP^T, then P^T and dS^T in registers.
+            // S^T and dP^T; P^T while dP^T is still in flight (with kScoreMod both are needed at once),
+            // then dS^T.
             float s[Tr::kSTiles][4];
             float dp[Tr::kSTiles][4];
-            issue_transposed_scores(s, base + Tr::kKOffset, 64 * wg, q_tile, kHeadDim / 16);
-            issue_transposed_scores(dp, base + Tr::kVOffset, 64 * wg, do_tile, kHeadDimV / 16);
-            mbarrier_wait(&st.rows_full[stage], parity);
-            wgmma_wait<0>();
-            fence_fragments(s);
-            fence_fragments(dp);
+            issue_transposed_scores(s, k_tile, 64 * wg, q_tile, kHeadDim / 16);
+            issue_transposed_scores(dp, v_tile, 64 * wg, do_tile, kHeadDimV / 16);
             const float* rows = reinterpret_cast<const float*>(smem + Tr::kRowsOffset) + stage * 2 * kBlockM;
-            gradients(s, dp, a, mask, scores, rows, h, work.b, entry, m0, key_g, key0, col_t);
+            mbarrier_wait(&st.rows_full[stage], parity);
+            if constexpr (kScoreMod) {
+                wgmma_wait<0>();
+                fence_fragments(dp);
+            } else {
+                wgmma_wait<1>();
+            }
+            fence_fragments(s);
+            probabilities(s, dp, a, mask, scores, rows, h, work.b, entry, m0, key_g, key0, col_t);
+            wgmma_wait<0>();
+            fence_fragments(dp);
+            score_gradients(dp, s, rows, col_t);
             unsigned p_op[Tr::kQSteps][4];
             unsigned ds_op[Tr::kQSteps][4];
             to_operand(p_op, s);
@@ -397,21 +458,24 @@ struct Sm90BwdKernel {
             store_ds(ds_tile, ds_op, 64 * wg + 16 * warp + lane / 4, col_t);
             fence_proxy_async();
 
-            // dV += P^T dO, dK += dS^T Q.
+            // dV += P^T dO, dK += dS^T Q; then dQ_part = dS K once both halves of dS^T are stored.
             wgmma_fence();
             issue_key_gradient<kHeadDimV>(dv, p_op, do_tile);
             issue_key_gradient<kHeadDim>(dk, ds_op, q_tile);
             wgmma_commit();
-
-            // dQ_part = dS K once both halves of dS^T are stored.
             named_barrier_sync(kConsumerBarrier, 256);
             float dq[Tr::kDqTiles][4];
-            issue_query_gradient(dq, shared_addr(ds_tile), base + Tr::kKOffset, wg);
+            issue_query_gradient(dq, shared_addr(ds_tile), k_tile, wg);
             wgmma_wait<1>();
             release(&st.empty[stage]);
             wgmma_wait<0>();
             fence_fragments(dq);
-            add_query_gradient(args, seq, mask, work, h, m0, split, dq, thread, wg, warp, lane);
+
+            // dQ_part to the shared tile once the reducing thread has read the previous one.
+            if (i > 0) mbarrier_wait(&st.dq_empty, (i - 1) & 1);
+            store_query_gradient(dq_tile, dq, wg, warp, lane);
+            fence_proxy_async();
+            mbarrier_arrive(&st.dq_full);
         }
         fence_fragments(dk);
         fence_fragments(dv);
@@ -425,44 +489,50 @@ struct Sm90BwdKernel {
                            a.headdim_v, reinterpret_cast<const float(&)[1][Tr::kDvTiles][4]>(dv), 1.0f);
     }
 
-    // Adds this warpgroup's dQ share into buffer `split` of the float32 accumulator: rows m0 + row of the
-    // tile inside the sequence, columns below dq_ld. Under the ordered sum, after the CTAs of the later key
-    // tiles (ordered_sum.cuh); thread 0 of the consumers holds the turn for both warpgroups.
-    __device__ __forceinline__ static void add_query_gradient(const BwdArgs& args, const Sequence& seq, const Mask& mask,
-                                                              const TileWork& work, int h, int m0, int split,
-                                                              const float (&dq)[Tr::kDqTiles][4], int thread, int wg,
-                                                              int warp, int lane) {
+    // Producer thread 64 (warp 2): adds each tile's dQ share (stored by the consumers) into buffer
+    // `split` of the float32 accumulator, one TMA reduction per 32 columns. The rows of a tile past its
+    // sequence's end hold exact zeros (their probabilities are 0 and their Q and dO rows zero), so in a
+    // packed batch adding them to the next sequence's rows changes nothing; past the tensor the TMA
+    // drops them. Under the ordered sum, after the CTAs of the later key tiles (ordered_sum.cuh), and
+    // the turn is handed on once the additions are written.
+    __device__ __forceinline__ static void reduce_queries(const BwdArgs& args, const Sm90BwdMaps& maps, Sm90BwdState& st,
+                                                          unsigned char* smem, const Sequence& seq, const TileWork& work) {
         const AttnArgs& a = args.attn;
-        int* turn = nullptr;
-        if (args.deterministic) {
-            const int q_tile = m0 / kBlockM;
-            turn = dq_turn_counter<kBlockM>(args, work.b, h, q_tile, split);
-            if (thread == 0) {
-                wait_for_turn(turn, later_key_tiles<kBlockM, kBlockN>(a, mask, BlockLayout(a, work.b, h), q_tile,
-                                                                      work.tile, args.dq_splits));
+        tma_prefetch_desc(maps.dq_accum);
+        const int split = work.tile % args.dq_splits;
+        const int batch = a.cu_seqlens_q != nullptr ? 0 : work.b;
+        const Mask mask(a, seq);
+        int i = 0;
+        walk(a, mask, work, [&](int h, int entry) {
+            const int m0 = entry_tile(entry) * kBlockM;
+            int* turn = nullptr;
+            if (args.deterministic) {
+                const int q_tile = m0 / kBlockM;
+                turn = dq_turn_counter<kBlockM>(args, work.b, h, q_tile, split);
+                wait_for_turn(turn, later_key_tiles<kBlockM, kBlockN>(a, mask, BlockLayout(a, work.b, h), q_tile, work.tile,
+                                                                      args.dq_splits));
+                fence_proxy_async_global();  // the earlier CTAs' additions before this one's
             }
-            named_barrier_sync(kConsumerBarrier, 256);  // every consumer's additions come after the acquire
-        }
-        float* dq_rows = static_cast<float*>(args.dq_accum.ptr) + split * args.dq_split_stride +
-                         (rows_index(args.dq_accum, work.b, h, seq.q_start) + m0) * static_cast<long long>(args.dq_ld);
-        const int row0 = (Tr::kDqByRows ? 64 * wg : 0) + 16 * warp + lane / 4;
-        const int col0 = (Tr::kDqByRows ? 0 : wg * Tr::kDqCols) + 2 * (lane % 4);
+            mbarrier_wait(&st.dq_full, i & 1);
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const int row = row0 + 8 * r;
-            if (m0 + row >= seq.seqlen_q) continue;
-#pragma unroll
-            for (int nt = 0; nt < Tr::kDqTiles; ++nt) {
-                const int col = col0 + 8 * nt;  // even, and dq_ld is even
-                if (col < args.dq_ld) {
-                    reduce_add_f32x2(dq_rows + static_cast<long long>(row) * args.dq_ld + col, dq[nt][2 * r], dq[nt][2 * r + 1]);
+            for (int atom = 0; atom < Tr::kDqAtoms; ++atom) {
+                if (32 * atom < args.dq_ld) {
+                    tma_reduce_add_5d(maps.dq_accum, smem + Tr::kDqOffset + atom * kBlockM * 128, 32 * atom,
+                                      seq.q_start + m0, h, batch, split);
                 }
             }
-        }
-        if (turn != nullptr) {
-            named_barrier_sync(kConsumerBarrier, 256);  // every consumer's additions are issued before the release
-            if (thread == 0) hand_on_turn(turn);
-        }
+            bulk_commit();
+            if (turn != nullptr) {
+                bulk_wait();
+                fence_proxy_async_global();
+                hand_on_turn(turn);
+            } else {
+                bulk_wait_read();
+            }
+            mbarrier_arrive(&st.dq_empty);
+            ++i;
+        });
+        bulk_wait();  // the last additions are written before the CTA ends
     }
 };
 
@@ -491,6 +561,8 @@ sm90_bwd(const CUPYFLASH_GRID_CONSTANT BwdArgs args, const CUPYFLASH_GRID_CONSTA
             mbarrier_init(&st.rows_full[s], 32);
             mbarrier_init(&st.empty[s], 4 * Tr::kConsumers);
         }
+        mbarrier_init(&st.dq_full, 128 * Tr::kConsumers);
+        mbarrier_init(&st.dq_empty, 1);
         mbarrier_init_fence();
     }
     __syncthreads();
@@ -501,6 +573,7 @@ sm90_bwd(const CUPYFLASH_GRID_CONSTANT BwdArgs args, const CUPYFLASH_GRID_CONSTA
         warpgroup_set_registers<Tr::kProducerRegs>();
         if (threadIdx.x == 0) Kernel::load_tiles(a, maps, st, smem, seq, work);
         if (threadIdx.x / 32 == 1) Kernel::load_rows(args, st, smem, seq, work);
+        if (threadIdx.x == 64) Kernel::reduce_queries(args, maps, st, smem, seq, work);
     } else {
         warpgroup_set_registers<Tr::kConsumerRegs>();
         Kernel::consume(args, st, smem, seq, work, wg - 1);

@@ -24,7 +24,9 @@ HEADER = """\
 //   WgmmaRS<T, N>::mma(d, a, desc_b, accumulate): A from four registers of packed pairs (the K-major
 //       fragment of sm90.cuh), B MN-major (stored K rows of N, the transpose flag set).
 // d is the accumulator in the mma.sync C layout per warp (sm90.cuh): register r is d[r / 4][r % 4].
-// accumulate = 0 overwrites D (the scale-d predicate).
+// accumulate = 0 overwrites D (the scale-d predicate). The SS forms also have overwrite(d, desc_a,
+// desc_b), the first k-step of a fresh product: its accumulators are outputs only, so the compiler
+// knows their earlier values are dead (with mma(..., 0) they stay live, as inputs, up to the product).
 #pragma once
 
 namespace cupyflash {
@@ -35,15 +37,16 @@ template <typename T, int N> struct WgmmaRS;
 """
 
 
-def accumulators(n):
+def accumulators(n, constraint="+f"):
     regs = n // 2
     listing = ", ".join(f"%{i}" for i in range(regs))
-    operands = ", ".join(f'"+f"(d[{r // 4}][{r % 4}])' for r in range(regs))
+    operands = ", ".join(f'"{constraint}"(d[{r // 4}][{r % 4}])' for r in range(regs))
     return regs, "{" + listing + "}", operands
 
 
 def ss(ctype, ptx, n, transposed):
     regs, listing, operands = accumulators(n)
+    _, _, outputs = accumulators(n, "=f")
     name, flags = ("WgmmaSSMn", "1, 1") if transposed else ("WgmmaSS", "0, 0")
     return f"""
 template <> struct {name}<{ctype}, {n}> {{
@@ -54,6 +57,14 @@ template <> struct {name}<{ctype}, {n}> {{
             "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} {listing}, %{regs}, %{regs + 1}, p, 1, 1, {flags};\\n}}\\n"
             : {operands}
             : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+    }}
+    __device__ __forceinline__ static void overwrite(float (&d)[{n // 8}][4], unsigned long long desc_a,
+                                                     unsigned long long desc_b) {{
+        asm volatile(
+            "{{\\n.reg .pred p;\\nsetp.ne.b32 p, 0, 0;\\n"
+            "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} {listing}, %{regs}, %{regs + 1}, p, 1, 1, {flags};\\n}}\\n"
+            : {outputs}
+            : "l"(desc_a), "l"(desc_b));
     }}
 }};
 """

@@ -160,17 +160,18 @@ class TcBackward:
         return grads
 
 
-def backward_args(p, dout, q, k, v, out, lse, block_m, block_n, deterministic):
+def backward_args(p, dout, q, k, v, out, lse, block_m, block_n, deterministic, dq_align=2):
     """The ``BwdArgs`` of a tensor-core backward with tiles of ``block_m`` queries and ``block_n`` keys,
     delta computed into it; the gradients (empty); and the scratch arrays it points at (delta, the
-    zeroed float32 dQ buffers and, with ``deterministic``, the turn counters of the ordered sum), which
-    the caller keeps referenced until its last launch is enqueued. Used by the sm90 family too."""
+    zeroed float32 dQ buffers, whose rows are the head dim rounded up to ``dq_align`` floats, and, with
+    ``deterministic``, the turn counters of the ordered sum), which the caller keeps referenced until its
+    last launch is enqueued. Used by the sm90 family too."""
     dq, dk, dv = (cupy.empty(x.shape, dtype=p.dtype) for x in (q, k, v))
     delta = cupy.empty(p.lse_shape, dtype=numpy.float32)
     args = common.bwd_args(p, dout, q, k, v, out, lse, delta, dq, dk, dv, common.sparse_lists(p, block_m, block_n))
     common.launch_delta(p, args)
     # Even rows keep every float32 pair of the buffer 8-byte aligned for the vector reductions.
-    dq_ld = p.headdim + p.headdim % 2
+    dq_ld = common.cdiv(p.headdim, dq_align) * dq_align
     splits = DETERMINISTIC_DQ_SPLITS if deterministic else 1
     dq_accum = cupy.zeros((splits, p.heads * p.query_rows * dq_ld), dtype=numpy.float32)
     # One turn counter per (buffer, batch, head, query tile) for the ordered sum; unused otherwise.

@@ -73,10 +73,10 @@ def fwd_smem_bytes(variant):
 def bwd_smem_bytes(variant):
     """Dynamic shared memory of a backward variant (Sm90BwdTraits::kSmemBytes): K and V (128 keys),
     ``stages`` Q and dO tiles, two dS^T buffers (128 x block_m, 16-bit), ``stages`` rows of lse and delta,
-    the state, and the alignment slack."""
+    the float32 dQ tile (block_m x headdim), the state, and the alignment slack."""
     d, dv, block_m, stages = (variant.param(n) for n in ("headdim", "headdim_v", "block_m", "stages"))
     tiles = (BWD_BLOCK_N + stages * block_m) * 128 * (_atoms(d) + _atoms(dv)) + 2 * BWD_BLOCK_N * block_m * 2
-    return ALIGN_SLACK + tiles + stages * 2 * block_m * 4 + CTA_STATE_BYTES
+    return ALIGN_SLACK + tiles + stages * 2 * block_m * 4 + block_m * d * 4 + CTA_STATE_BYTES
 
 
 @functools.lru_cache(maxsize=None)
@@ -90,6 +90,7 @@ def bucket(headdim, headdim_v, buckets=tuple(FWD_TILES)):
 
 #: CUtensorMapDataType of each 16-bit dtype, and the other enums cuTensorMapEncodeTiled takes.
 _TMA_DTYPE = {"float16": 6, "bfloat16": 9}
+_TMA_FLOAT32 = 7
 _SWIZZLE_128B = 3
 _L2_PROMOTION_128B = 2
 _TMA_MAX_STRIDE = 1 << 40
@@ -100,9 +101,9 @@ SCHEDULE = numpy.dtype({"names": ["longest_first", "next_work"], "formats": [num
                         "offsets": [0, 8], "itemsize": 16, "aligned": True})
 MAPS = numpy.dtype({"names": ["q", "k", "v"], "formats": [(numpy.void, 128)] * 3, "offsets": [0, 128, 256],
                     "itemsize": 384, "aligned": True})
-#: Sm90BwdMaps: q, k, v and dout.
-BWD_MAPS = numpy.dtype({"names": ["q", "k", "v", "dout"], "formats": [(numpy.void, 128)] * 4,
-                        "offsets": [0, 128, 256, 384], "itemsize": 512, "aligned": True})
+#: Sm90BwdMaps: q, k, v, dout and the float32 dQ buffers.
+BWD_MAPS = numpy.dtype({"names": ["q", "k", "v", "dout", "dq_accum"], "formats": [(numpy.void, 128)] * 5,
+                        "offsets": [0, 128, 256, 384, 512], "itemsize": 640, "aligned": True})
 
 
 @functools.lru_cache(maxsize=None)
@@ -138,8 +139,8 @@ def tma_addressable(x, varlen):
     return all(n == 1 or (0 < s < _TMA_MAX_STRIDE and s % 16 == 0) for n, s in zip(dims[1:], strides))
 
 
-#: Encoded maps by (address, shape, strides, dtype, varlen, box rows): a map depends on nothing else, and
-#: CuPy's memory pool hands the same addresses out again, so repeated calls skip the driver.
+#: Encoded maps by (address, dtype, dims, strides, box): a map depends on nothing else, and CuPy's
+#: memory pool hands the same addresses out again, so repeated calls skip the driver.
 _maps = {}
 _MAX_CACHED_MAPS = 256
 
@@ -147,27 +148,44 @@ _MAX_CACHED_MAPS = 256
 def tensor_map(x, varlen, box_rows):
     """The 128-byte CUtensorMap of ``x`` with a box of 64 columns by ``box_rows`` rows, 128-byte swizzle,
     out-of-bounds elements read as zeros."""
-    key = (x.data.ptr, x.shape, x.strides, x.dtype.name, varlen, box_rows)
+    dims, strides = _views(x, varlen)
+    return _cached_map(x.data.ptr, _TMA_DTYPE[x.dtype.name], dims, strides, (64, box_rows, 1, 1))
+
+
+def accum_map(dq_accum, p, dq_ld, box_rows):
+    """The CUtensorMap of the float32 dQ buffers (sm80.backward_args) as the 5-D view (dq_ld, rows,
+    heads, batch, buffer), with a box of 32 columns (128 bytes) by ``box_rows`` rows, 128-byte swizzle."""
+    rows, batch = (p.total_q, 1) if p.varlen else (p.seqlen_q, p.batch)
+    row_bytes = dq_ld * 4
+    dims = (dq_ld, rows, p.heads, batch, dq_accum.shape[0])
+    strides = (row_bytes, rows * row_bytes, p.heads * rows * row_bytes, dq_accum.strides[0])
+    return _cached_map(dq_accum.data.ptr, _TMA_FLOAT32, dims, strides, (32, box_rows, 1, 1, 1))
+
+
+def _cached_map(ptr, dtype_code, dims, strides, box):
+    key = (ptr, dtype_code, dims, strides, box)
     encoded = _maps.get(key)
     if encoded is None:
         if len(_maps) >= _MAX_CACHED_MAPS:
             _maps.clear()
-        encoded = _maps[key] = _encode(x, varlen, box_rows)
+        encoded = _maps[key] = _encode(ptr, dtype_code, dims, strides, box)
     return encoded
 
 
-def _encode(x, varlen, box_rows):
-    dims, strides = _views(x, varlen)
+def _encode(ptr, dtype_code, dims, strides, box):
+    """cuTensorMapEncodeTiled of a tensor of extents ``dims`` (innermost first) and byte ``strides`` (of
+    dims 1...); a dimension of extent 1 gets stride 16 (never used, but the driver checks it)."""
+    rank = len(dims)
     strides = tuple(s if n > 1 else 16 for n, s in zip(dims[1:], strides))
     out = (ctypes.c_uint64 * 16)()
     result = _encode_tiled()(
-        ctypes.addressof(out), _TMA_DTYPE[x.dtype.name], 4, x.data.ptr, (ctypes.c_uint64 * 4)(*dims),
-        (ctypes.c_uint64 * 3)(*strides), (ctypes.c_uint32 * 4)(64, box_rows, 1, 1), (ctypes.c_uint32 * 4)(1, 1, 1, 1),
+        ctypes.addressof(out), dtype_code, rank, ptr, (ctypes.c_uint64 * rank)(*dims),
+        (ctypes.c_uint64 * (rank - 1))(*strides), (ctypes.c_uint32 * rank)(*box), (ctypes.c_uint32 * rank)(*[1] * rank),
         0, _SWIZZLE_128B, _L2_PROMOTION_128B, 0,
     )
     if result != 0:
-        raise RuntimeError(f"cupyflash: cuTensorMapEncodeTiled failed with CUresult {result} for an array of shape "
-                           f"{x.shape}, strides {x.strides}")
+        raise RuntimeError(f"cupyflash: cuTensorMapEncodeTiled failed with CUresult {result} for a tensor of extents "
+                           f"{dims} and byte strides {strides}")
     return bytes(out)
 
 
@@ -234,9 +252,13 @@ class Sm90Backward:
             fallback = sm80.BACKWARD
             return fallback.run(fallback.select(p, common.current_device()), p, dout, q, k, v, out, lse, deterministic)
         block_m = variant.param("block_m")
-        args, grads, _scratch = sm80.backward_args(p, dout, q, k, v, out, lse, block_m, BWD_BLOCK_N, deterministic)
+        # The TMA reductions need 16-byte rows in the dQ buffers.
+        args, grads, scratch = sm80.backward_args(p, dout, q, k, v, out, lse, block_m, BWD_BLOCK_N, deterministic,
+                                                  dq_align=4)
+        dq_accum = scratch[1]
         encoded = (tensor_map(q, p.varlen, block_m) + tensor_map(k, p.varlen, BWD_BLOCK_N)
-                   + tensor_map(v, p.varlen, BWD_BLOCK_N) + tensor_map(dout, p.varlen, block_m))
+                   + tensor_map(v, p.varlen, BWD_BLOCK_N) + tensor_map(dout, p.varlen, block_m)
+                   + accum_map(dq_accum, p, int(args["dq_ld"][0]), block_m))
         maps = numpy.frombuffer(encoded, BWD_MAPS).copy()
         grid = (common.cdiv(p.seqlen_k, BWD_BLOCK_N) * p.batch * p.heads_k, 1, 1)
         common.launch(variant, grid, BWD_THREADS, (args, maps), bwd_smem_bytes(variant))
