@@ -1,5 +1,5 @@
 // Hopper backward (float16/bfloat16, sm_90a only): TMA loads, wgmma products and warp specialization.
-// After general_bwd_delta (delta = rowsum(dO * O)), one CTA per kBlockN = 128 keys of one (batch entry,
+// After tc_bwd_delta (delta = rowsum(dO * O)), one CTA per kBlockN = 128 keys of one (batch entry,
 // kv head) keeps K and V in shared memory and walks the query tiles (kBlockM rows) of every query head
 // of its GQA group, as tc_bwd does; tc_bwd_dq_convert finishes dQ. Three warpgroups:
 //   - the producer (warpgroup 0): thread 0 loads K and V once, then each query tile's Q and dO with TMA
@@ -111,6 +111,8 @@ struct Sm90BwdState {
     unsigned long long q_full[kMaxStages];     // Q and dO of the stage, and its head and entry
     unsigned long long rows_full[kMaxStages];  // lse and delta of the stage: one arrival per lane of warp 1
     unsigned long long empty[kMaxStages];      // one arrival per consumer warp
+    unsigned long long ds_full[2];             // dS^T buffer stored: one arrival per consumer thread
+    unsigned long long ds_free[2];             // its dQ product is done: one arrival per consumer thread
     unsigned long long dq_full;                // the dQ tile is stored: one arrival per consumer thread
     unsigned long long dq_empty;               // its reductions have read it
     int head[kMaxStages];                      // query head of the stage's tile; -1: the walk is over
@@ -376,6 +378,29 @@ struct Sm90BwdKernel {
         }
     }
 
+    // dQ_part of tile j = dS_j K once both warpgroups have stored their halves of dS^T_j (buffer j % 2),
+    // then to the shared float32 tile once the reducing thread has read the previous one. Issued after
+    // the dV and dK products of tile j + 1, which complete first: after_key_gradients runs then (the
+    // caller releases that tile's stage).
+    template <typename AfterKeyGradients>
+    __device__ __forceinline__ static void finish_query_gradient(Sm90BwdState& st, unsigned char* smem, int j, int wg,
+                                                                 int warp, int lane,
+                                                                 const AfterKeyGradients& after_key_gradients) {
+        const unsigned base = shared_addr(smem);
+        mbarrier_wait(&st.ds_full[j % 2], (j / 2) & 1);
+        float dq[Tr::kDqTiles][4];
+        issue_query_gradient(dq, base + Tr::kDsOffset + (j % 2) * Tr::kDsBytes, base + Tr::kKOffset, wg);
+        wgmma_wait<1>();
+        after_key_gradients();
+        wgmma_wait<0>();
+        fence_fragments(dq);
+        mbarrier_arrive(&st.ds_free[j % 2]);
+        if (j > 0) mbarrier_wait(&st.dq_empty, (j - 1) & 1);
+        store_query_gradient(smem + Tr::kDqOffset, dq, wg, warp, lane);
+        fence_proxy_async();
+        mbarrier_arrive(&st.dq_full);
+    }
+
     // A consumer warpgroup (wg = 0, 1): keys [n0 + 64 wg, n0 + 64 wg + 64) through the walk, then dK, dV.
     // Every product of a tile completes within its iteration: ptxas serializes wgmma whose accumulators
     // stay in flight across a loop's back edge.
@@ -392,7 +417,6 @@ struct Sm90BwdKernel {
         const unsigned base = shared_addr(smem);
         const unsigned k_tile = base + Tr::kKOffset;
         const unsigned v_tile = base + Tr::kVOffset;
-        unsigned char* dq_tile = smem + Tr::kDqOffset;
         const Mask mask(a, seq);
         const bool packed_q = a.cu_seqlens_q != nullptr;
         // The plain kernels need only the scale; the score modifications are per (batch entry, head).
@@ -414,6 +438,7 @@ struct Sm90BwdKernel {
 #pragma unroll
         for (int c = 0; c < Tr::kDvTiles; ++c) dv[c][0] = dv[c][1] = dv[c][2] = dv[c][3] = 0.0f;
 
+        int tiles = 0;  // tiles whose dS^T is stored
         for (int i = 0;; ++i) {
             const int stage = i % kStages;
             const int parity = (i / kStages) & 1;
@@ -451,32 +476,28 @@ struct Sm90BwdKernel {
             to_operand(p_op, s);
             to_operand(ds_op, dp);
 
-            // dS^T to shared memory for dQ (two buffers: iteration i writes buffer i % 2 while the
-            // other warpgroup may still read buffer (i - 1) % 2; it finished with buffer i % 2 before
-            // it reached the barrier of iteration i - 1).
+            // dS^T_i into buffer i % 2 once both warpgroups' dQ_{i-2} (issued in iteration i - 1) has
+            // read it.
             unsigned char* ds_tile = smem + Tr::kDsOffset + (i % 2) * Tr::kDsBytes;
+            if (i >= 2) mbarrier_wait(&st.ds_free[i % 2], ((i - 2) / 2) & 1);
             store_ds(ds_tile, ds_op, 64 * wg + 16 * warp + lane / 4, col_t);
             fence_proxy_async();
+            mbarrier_arrive(&st.ds_full[i % 2]);
 
-            // dV += P^T dO, dK += dS^T Q; then dQ_part = dS K once both halves of dS^T are stored.
+            // dV += P^T dO, dK += dS^T Q, then the previous tile's dQ.
             wgmma_fence();
             issue_key_gradient<kHeadDimV>(dv, p_op, do_tile);
             issue_key_gradient<kHeadDim>(dk, ds_op, q_tile);
             wgmma_commit();
-            named_barrier_sync(kConsumerBarrier, 256);
-            float dq[Tr::kDqTiles][4];
-            issue_query_gradient(dq, shared_addr(ds_tile), k_tile, wg);
-            wgmma_wait<1>();
-            release(&st.empty[stage]);
-            wgmma_wait<0>();
-            fence_fragments(dq);
-
-            // dQ_part to the shared tile once the reducing thread has read the previous one.
-            if (i > 0) mbarrier_wait(&st.dq_empty, (i - 1) & 1);
-            store_query_gradient(dq_tile, dq, wg, warp, lane);
-            fence_proxy_async();
-            mbarrier_arrive(&st.dq_full);
+            if (i > 0) {
+                finish_query_gradient(st, smem, i - 1, wg, warp, lane, [&]() { release(&st.empty[stage]); });
+            } else {
+                wgmma_wait<0>();
+                release(&st.empty[stage]);
+            }
+            ++tiles;
         }
+        if (tiles > 0) finish_query_gradient(st, smem, tiles - 1, wg, warp, lane, []() {});
         fence_fragments(dk);
         fence_fragments(dv);
 
@@ -560,6 +581,10 @@ sm90_bwd(const CUPYFLASH_GRID_CONSTANT BwdArgs args, const CUPYFLASH_GRID_CONSTA
             mbarrier_init(&st.q_full[s], 1);
             mbarrier_init(&st.rows_full[s], 32);
             mbarrier_init(&st.empty[s], 4 * Tr::kConsumers);
+        }
+        for (int b = 0; b < 2; ++b) {
+            mbarrier_init(&st.ds_full[b], 128 * Tr::kConsumers);
+            mbarrier_init(&st.ds_free[b], 128 * Tr::kConsumers);
         }
         mbarrier_init(&st.dq_full, 128 * Tr::kConsumers);
         mbarrier_init(&st.dq_empty, 1);

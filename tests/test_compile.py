@@ -32,9 +32,12 @@ SM90_SPILL_CEILING = {
     (128, 128, False): 112, (128, 128, True): 148, (192, 128, False): 164, (192, 128, True): 236,
     (192, 192, False): 120, (192, 192, True): 172, (256, 256, False): 316, (256, 256, True): 308,
 }
+#: The same for the sm90 backward, whose producer warpgroup runs three loops (tiles, lse and delta rows,
+#: dQ reductions) at 24 registers, and whose consumers spill a few values in the masked P^T path.
+SM90_BWD_SPILL_CEILING = {(64, 64, False): 1032, (64, 64, True): 864, (128, 128, False): 804, (128, 128, True): 692}
 #: Variants per NVRTC program, and the relative compile cost of the large kernels.
 _CHUNK = 6
-_COST = {"tc_bwd": 8, "tc_fwd": 5, "sm90_fwd": 6}
+_COST = {"tc_bwd": 8, "tc_fwd": 5, "sm90_fwd": 6, "sm90_bwd": 6}
 
 
 def _archs(variant):
@@ -126,8 +129,9 @@ def test_every_variant_compiles_without_spills(reports, capsys):
         for (key, arch), r in sorted(reports.items()):
             local = "" if r.get("consumer_local") is None else f"  {r['consumer_local']:>5}"
             print(f"{key:<40} sm_{arch}  {r['registers']:>4}  {r['stack_bytes']:>5}  {r['spill_bytes']:>5}{local}")
-    ceiling = {v.key: SM90_SPILL_CEILING[(v.param("headdim"), v.param("headdim_v"), v.param("score_mod"))]
-               for v in sm90.FWD.variants()}
+    ceiling = {v.key: table[(v.param("headdim"), v.param("headdim_v"), v.param("score_mod"))]
+               for kernel, table in ((sm90.FWD, SM90_SPILL_CEILING), (sm90.BWD, SM90_BWD_SPILL_CEILING))
+               for v in kernel.variants()}
     spilled = {k: r for k, r in reports.items()
                if (r["spill_bytes"] or r["stack_bytes"]) and r["spill_bytes"] > ceiling.get(k[0], 0)}
     assert not spilled, f"variants with spills or stack frames (above the sm90 ceilings): {spilled}"
@@ -140,6 +144,10 @@ def test_hopper_variants_run_on_hgmma(reports):
     show HMMA or none), at least one per k-step of S = Q K^T and of O += P V."""
     for v in sm90.FWD.variants():
         steps = v.param("headdim") // 16 + v.param("block_n") // 16
+        assert reports[(v.key, 90)]["hgmma"] >= steps, (v.key, reports[(v.key, 90)])
+    for v in sm90.BWD.variants():
+        # S^T and dP^T (head-dim steps), dV and dK (query steps), dQ (key steps).
+        steps = (v.param("headdim") + v.param("headdim_v")) // 16 + 2 * v.param("block_m") // 16 + sm90.BWD_BLOCK_N // 16
         assert reports[(v.key, 90)]["hgmma"] >= steps, (v.key, reports[(v.key, 90)])
 
 
@@ -243,7 +251,8 @@ def test_python_smem_sizes_match_the_traits():
 
 
 def test_sm90_sizes_match_the_traits():
-    """The sm90 family's shared memory, block rows and threads (Python) against Sm90FwdTraits (C++), and
+    """The sm90 family's shared memory, block rows and threads (Python) against Sm90FwdTraits and
+    Sm90BwdTraits (C++), and
     the sizes of its extra kernel parameters (the driver copies each parameter's bytes to its offset, so
     the host buffers need no particular alignment)."""
     lines = []
@@ -255,7 +264,13 @@ def test_sm90_sizes_match_the_traits():
     lines.append(f'static_assert(sizeof(cupyflash::Sm90FwdMaps) == {sm90.MAPS.itemsize}, "maps");')
     lines.append(f'static_assert(sizeof(cupyflash::Sm90Schedule) == {sm90.SCHEDULE.itemsize}, "schedule");')
     lines.append(f'static_assert(alignof(cupyflash::Sm90Schedule) == {sm90.SCHEDULE.alignment}, "schedule");')
-    _static_asserts(lines, ("sm90_fwd.cu",), arch="90a")
+    for v in sm90.BWD.variants():
+        traits = f"cupyflash::Sm90BwdTraits<__half, {', '.join(map(str, v.tile))}>"
+        lines.append(f'static_assert({traits}::kSmemBytes == {sm90.bwd_smem_bytes(v)}, "{v.key}");')
+        lines.append(f'static_assert({traits}::kThreads == {sm90.BWD_THREADS}, "{v.key}");')
+        lines.append(f'static_assert({traits}::kBlockN == {sm90.BWD_BLOCK_N}, "{v.key}");')
+    lines.append(f'static_assert(sizeof(cupyflash::Sm90BwdMaps) == {sm90.BWD_MAPS.itemsize}, "backward maps");')
+    _static_asserts(lines, ("sm90_fwd.cu", "sm90_bwd.cu"), arch="90a")
 
 
 def test_argument_structs_match_params_cuh():

@@ -140,14 +140,18 @@ def test_forward_dispatch(dtype, headdim, headdim_v, device, expected):
 
 
 @pytest.mark.parametrize(
-    "dtype, headdim, headdim_v, expected",
-    [("bfloat16", 128, 128, "tc_bwd_bf16_d128_n128_q64_s2_mod_0"), ("float16", 40, 100, "tc_bwd_fp16_d128_n128_q64_s2_mod_0"),
-     ("float16", 160, 64, "tc_bwd_fp16_d160_n64_q64_s2_mod_0"), ("bfloat16", 256, 256, "tc_bwd_bf16_d256_n64_q64_s2_mod_0"),
-     ("float16", 257, 64, None), ("float64", 64, 64, None)],
+    "dtype, headdim, headdim_v, device, expected",
+    [("bfloat16", 128, 128, A100, "tc_bwd_bf16_d128_n128_q64_s1_mod_0"),
+     ("bfloat16", 128, 128, H200, "sm90_bwd_bf16_d128_v128_q64_s2_mod_0"),
+     ("float16", 40, 100, H200, "sm90_bwd_fp16_d128_v128_q64_s2_mod_0"),
+     ("float16", 160, 64, H200, "tc_bwd_fp16_d160_n64_q64_s2_mod_0"),
+     ("bfloat16", 256, 256, H200, "tc_bwd_bf16_d256_n64_q64_s2_mod_0"),
+     ("float16", 257, 64, H200, None), ("float64", 64, 64, H200, None)],
 )
-def test_backward_dispatch(dtype, headdim, headdim_v, expected):
-    """fp16/bf16 with head dims <= 256 take the tensor-core backward on sm_80+; the rest the general path."""
-    assert _selected(_families.BACKWARD, dtype, headdim, headdim_v) == expected
+def test_backward_dispatch(dtype, headdim, headdim_v, device, expected):
+    """fp16/bf16 with head dims <= 128 take the Hopper backward on compute capability 9.0; up to 256 the
+    tensor-core backward (on any sm_80+); the rest the general path."""
+    assert _selected(_families.BACKWARD, dtype, headdim, headdim_v, device) == expected
 
 
 def test_old_gpus_take_the_general_path():

@@ -6,6 +6,7 @@ import functools
 
 import cupy
 import numpy
+from cupy.cuda import function
 
 from .. import _kernels, _params
 from .._validate import DELTA_ROWS_PER_CTA
@@ -63,7 +64,19 @@ def launch(variant, grid, threads, args, smem=0):
         if kernel.max_dynamic_shared_size_bytes < smem:
             kernel.max_dynamic_shared_size_bytes = smem
         _smem_set[id(kernel)] = smem
-    kernel(grid, (threads, 1, 1), args if isinstance(args, tuple) else (args,), shared_mem=smem)
+    kernel(grid, (threads, 1, 1), tuple(by_address(a) for a in (args if isinstance(args, tuple) else (args,))),
+           shared_mem=smem)
+
+
+def by_address(arg):
+    """A kernel argument as CuPy should see it: a NumPy array (an argument struct, passed by value) as a
+    pointer to its bytes. CuPy would read the address through ``__array_interface__``, which builds the
+    description of a nested structured dtype anew on every call: about 70 us for a BwdArgs, most of
+    the host time of a call. The array must live until the launch returns (the driver copies the
+    bytes then)."""
+    if isinstance(arg, numpy.ndarray):
+        return function.CPointer(arg.ctypes.data)
+    return arg
 
 
 #: id of a compiled kernel (they live as long as the process) -> dynamic shared memory it allows.
@@ -176,7 +189,7 @@ def varlen_check(p, q, k, v):
     bad = cupy.zeros(1, numpy.int32)
     args = _params.new(_params.ATTN_ARGS)
     set_attn(args, p, q, k, v)
-    _kernels.get_kernel(VARLEN_CHECK.variant())((1, 1, 1), (_FILL_THREADS, 1, 1), (args, bad))
+    launch(VARLEN_CHECK.variant(), (1, 1, 1), _FILL_THREADS, (args, bad))
     return bad
 
 

@@ -43,9 +43,9 @@ BWD_TILES = {
     224: ((64, 64, 2), (64, 64, 1)),
     256: ((64, 64, 2), (64, 64, 1)),
 }
-#: Threads per CTA of the backward (TcBwdTraits::kThreads) and of its dQ conversion.
+#: Threads per CTA of the backward (TcBwdTraits::kThreads) and of its row kernels (delta, dQ conversion).
 BWD_THREADS = 256
-CONVERT_THREADS = 256
+ROW_THREADS = 256
 #: float32 dQ buffers of the deterministic backward: the ordered sum runs per buffer, so without a
 #: causal mask its start-up chain (one hand-over per key tile) is this many times shorter.
 DETERMINISTIC_DQ_SPLITS = 2
@@ -59,6 +59,9 @@ BWD = _kernels.Kernel(
     tuple((d, *tile) for d, choices in BWD_TILES.items() for tile in choices), ("score_mod",),
 )
 DQ_CONVERT = _kernels.Kernel("tc_bwd_dq_convert", "tc_bwd.cu", _kernels.HALF_DTYPES)
+DELTA = _kernels.Kernel("tc_bwd_delta", "tc_bwd.cu", _kernels.HALF_DTYPES)
+#: Grid cap of the row-walking kernels (delta, dQ conversion): grid-stride loops cover the rest.
+ROW_KERNEL_MAX_CTAS = 1 << 16
 
 
 def headdim_bucket(headdim, headdim_v, buckets=tuple(FWD_TILES)):
@@ -139,7 +142,7 @@ class TcBackward:
     """
 
     name = "sm80"
-    kernels = (common.DELTA, BWD, DQ_CONVERT)
+    kernels = (DELTA, BWD, DQ_CONVERT)
 
     def select(self, p, device):
         bucket = _bucket(p, device, tuple(BWD_TILES))
@@ -169,7 +172,7 @@ def backward_args(p, dout, q, k, v, out, lse, block_m, block_n, deterministic, d
     dq, dk, dv = (cupy.empty(x.shape, dtype=p.dtype) for x in (q, k, v))
     delta = cupy.empty(p.lse_shape, dtype=numpy.float32)
     args = common.bwd_args(p, dout, q, k, v, out, lse, delta, dq, dk, dv, common.sparse_lists(p, block_m, block_n))
-    common.launch_delta(p, args)
+    launch_delta(p, args)
     # Even rows keep every float32 pair of the buffer 8-byte aligned for the vector reductions.
     dq_ld = common.cdiv(p.headdim, dq_align) * dq_align
     splits = DETERMINISTIC_DQ_SPLITS if deterministic else 1
@@ -188,11 +191,20 @@ def backward_args(p, dout, q, k, v, out, lse, block_m, block_n, deterministic, d
     return args, (dq, dk, dv), (delta, dq_accum, turns)
 
 
+def launch_delta(p, args):
+    """delta = rowsum(dO * O) into args' delta: a power-of-two group of lanes per row, 8 elements each."""
+    lanes = 1
+    while lanes < 32 and 8 * lanes < p.headdim_v:
+        lanes *= 2
+    ctas = min(common.cdiv(p.heads * p.query_rows, ROW_THREADS // lanes), ROW_KERNEL_MAX_CTAS)
+    common.launch(DELTA.variant(common.dtype_name(p.dtype)), (ctas, 1, 1), ROW_THREADS,
+                  (common.flat_rows(args, p), numpy.int32(lanes)))
+
+
 def convert_dq(args, p):
-    """dQ = softmax_scale * (the sum of the float32 buffers), rounded to the inputs' dtype."""
-    elements = p.heads * p.query_rows * p.headdim
-    common.launch(DQ_CONVERT.variant(common.dtype_name(p.dtype)),
-                  (min(common.cdiv(elements, CONVERT_THREADS), 1 << 16), 1, 1), CONVERT_THREADS, common.flat_rows(args, p))
+    """dQ = softmax_scale * (the sum of the float32 buffers), rounded to the inputs' dtype: a warp per row."""
+    ctas = min(common.cdiv(p.heads * p.query_rows, ROW_THREADS // 32), ROW_KERNEL_MAX_CTAS)
+    common.launch(DQ_CONVERT.variant(common.dtype_name(p.dtype)), (ctas, 1, 1), ROW_THREADS, common.flat_rows(args, p))
 
 
 FORWARD = TcForward()

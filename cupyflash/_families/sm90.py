@@ -236,7 +236,7 @@ class Sm90Backward:
     """
 
     name = "sm90"
-    kernels = (common.DELTA, BWD, sm80.DQ_CONVERT)
+    kernels = (sm80.DELTA, BWD, sm80.DQ_CONVERT)
 
     def select(self, p, device):
         if p.dtype.itemsize != 2 or device.capability != CAPABILITY:
