@@ -171,23 +171,20 @@ def backward_args(p, dout, q, k, v, out, lse, block_m, block_n, deterministic, d
     last launch is enqueued. Used by the sm90 family too."""
     dq, dk, dv = (cupy.empty(x.shape, dtype=p.dtype) for x in (q, k, v))
     delta = cupy.empty(p.lse_shape, dtype=numpy.float32)
-    args = common.bwd_args(p, dout, q, k, v, out, lse, delta, dq, dk, dv, common.sparse_lists(p, block_m, block_n))
-    launch_delta(p, args)
     # Even rows keep every float32 pair of the buffer 8-byte aligned for the vector reductions.
     dq_ld = common.cdiv(p.headdim, dq_align) * dq_align
     splits = DETERMINISTIC_DQ_SPLITS if deterministic else 1
     dq_accum = cupy.zeros((splits, p.heads * p.query_rows * dq_ld), dtype=numpy.float32)
-    # One turn counter per (buffer, batch, head, query tile) for the ordered sum; unused otherwise.
+    # One turn counter per (buffer, batch, head, query tile) for the ordered sum; none otherwise (the
+    # kernels read them only when deterministic).
     turns_per_split = p.batch * p.heads * common.cdiv(p.seqlen_q, block_m)
-    turns = cupy.zeros(splits * turns_per_split if deterministic else 1, numpy.int32)
+    turns = cupy.zeros(splits * turns_per_split, numpy.int32) if deterministic else None
     accum_strides = (0, p.total_q) if p.varlen else (p.heads * p.seqlen_q, p.seqlen_q)
-    _params.set_rows(args["dq_accum"], dq_accum, *accum_strides)
-    args["dq_turns"] = _params.pointer(turns)
-    args["dq_split_stride"] = dq_accum.shape[1]
-    args["turns_split_stride"] = turns_per_split
-    args["dq_ld"] = dq_ld
-    args["dq_splits"] = splits
-    args["deterministic"] = int(bool(deterministic))
+    dq_fields = (_params.rows(dq_accum, *accum_strides), _params.pointer(turns), dq_accum.shape[1], turns_per_split,
+                 dq_ld, splits, int(bool(deterministic)))
+    args = common.bwd_args(p, dout, q, k, v, out, lse, delta, dq, dk, dv, common.sparse_lists(p, block_m, block_n),
+                           dq_fields)
+    launch_delta(p, args)
     return args, (dq, dk, dv), (delta, dq_accum, turns)
 
 
