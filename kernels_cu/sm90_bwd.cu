@@ -341,6 +341,12 @@ struct Sm90BwdKernel {
         }
     }
 
+    // The two consumer warpgroups issue their product blocks in turns (named barriers 2 and 3,
+    // "pingpong"): one's products run on the tensor cores while the other computes P^T and dS^T.
+    // Warpgroup wg waits for barrier 2 + wg, which the other arrives at after issuing.
+    __device__ __forceinline__ static void take_turn(int wg) { named_barrier_sync(2 + wg, 256); }
+    __device__ __forceinline__ static void pass_turn(int wg) { named_barrier_arrive(3 - wg, 256); }
+
     // Marks the stage free for the producers: one arrival per warp, after the warp's last read of it.
     __device__ __forceinline__ static void release(unsigned long long* empty) {
         __syncwarp();
@@ -390,6 +396,7 @@ struct Sm90BwdKernel {
         mbarrier_wait(&st.ds_full[j % 2], (j / 2) & 1);
         float dq[Tr::kDqTiles][4];
         issue_query_gradient(dq, base + Tr::kDsOffset + (j % 2) * Tr::kDsBytes, base + Tr::kKOffset, wg);
+        pass_turn(wg);
         wgmma_wait<1>();
         after_key_gradients();
         wgmma_wait<0>();
@@ -431,6 +438,7 @@ struct Sm90BwdKernel {
             named_barrier_sync(kConsumerBarrier, 256);
         }
 
+        if (wg == 1) pass_turn(1);  // warpgroup 0 issues first
         float dk[Tr::kDkTiles][4];
         float dv[Tr::kDvTiles][4];
 #pragma unroll
@@ -456,8 +464,10 @@ struct Sm90BwdKernel {
             // then dS^T.
             float s[Tr::kSTiles][4];
             float dp[Tr::kSTiles][4];
+            take_turn(wg);
             issue_transposed_scores(s, k_tile, 64 * wg, q_tile, kHeadDim / 16);
             issue_transposed_scores(dp, v_tile, 64 * wg, do_tile, kHeadDimV / 16);
+            pass_turn(wg);
             const float* rows = reinterpret_cast<const float*>(smem + Tr::kRowsOffset) + stage * 2 * kBlockM;
             mbarrier_wait(&st.rows_full[stage], parity);
             if constexpr (kScoreMod) {
@@ -485,6 +495,7 @@ struct Sm90BwdKernel {
             mbarrier_arrive(&st.ds_full[i % 2]);
 
             // dV += P^T dO, dK += dS^T Q, then the previous tile's dQ.
+            take_turn(wg);
             wgmma_fence();
             issue_key_gradient<kHeadDimV>(dv, p_op, do_tile);
             issue_key_gradient<kHeadDim>(dk, ds_op, q_tile);
@@ -492,12 +503,18 @@ struct Sm90BwdKernel {
             if (i > 0) {
                 finish_query_gradient(st, smem, i - 1, wg, warp, lane, [&]() { release(&st.empty[stage]); });
             } else {
+                pass_turn(wg);
                 wgmma_wait<0>();
                 release(&st.empty[stage]);
             }
             ++tiles;
         }
-        if (tiles > 0) finish_query_gradient(st, smem, tiles - 1, wg, warp, lane, []() {});
+        if (tiles > 0) {
+            take_turn(wg);
+            finish_query_gradient(st, smem, tiles - 1, wg, warp, lane, []() {});
+        }
+        // Warpgroup 1 passed the turn once more than warpgroup 0 took it (it started by passing).
+        if (wg == 0) take_turn(0);
         fence_fragments(dk);
         fence_fragments(dv);
 
