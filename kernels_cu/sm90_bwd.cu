@@ -10,15 +10,20 @@
 //         S^T = K Q^T and dP^T = V dO^T               (wgmma, both operands in shared memory),
 //         P^T = exp2(S^T * scale * LOG2E - lse * LOG2E),  dS^T = P^T * (dP^T - delta)   (registers),
 //         dV += P^T dO and dK += dS^T Q                (wgmma, P^T and dS^T from registers),
-//     and writes dS^T to shared memory; once both halves are there,
+//     and writes dS^T to shared memory (two buffers, ds_full / ds_free). In the next tile's iteration,
+//     once both halves of this tile's dS^T are stored,
 //         dQ_part = dS K                               (wgmma, dS^T and K read transposed)
 //     for its half of the tile (its 64 query rows when kBlockM = 128, else its half of the head dim),
 //     stored to a float32 tile in shared memory. A producer thread of warp 2 adds that tile into the
 //     float32 buffer with TMA reductions (cp.reduce.async.bulk.tensor, done in L2), so the consumers
 //     never wait on device memory.
-// P^T is computed while dP^T is still on the tensor cores. P^T and dS^T never leave the CTA; dK and dV live in the consumers' registers for the CTA's
-// whole life (dK = softmax_scale * dS^T Q, scaled once in the epilogue). setmaxnreg gives the consumers
-// 240 registers and the producer 24.
+// Issuing dQ one tile late means a warpgroup never waits for the other's dS^T of the tile it is on, so
+// the two can take turns issuing their product blocks (pingpong, as the forward does): one's products
+// run on the tensor cores while the other computes P^T and dS^T. P^T is also computed while its own
+// dP^T is still in flight. P^T and dS^T never leave the CTA; dK and dV live in the consumers' registers
+// for the CTA's whole life (dK = softmax_scale * dS^T Q, scaled once in the epilogue). setmaxnreg gives
+// the consumers 240 registers and the producer 24. Every product completes within its loop iteration:
+// ptxas serializes wgmma whose accumulators stay in flight across a loop's back edge.
 //
 // Packed (varlen) batches: a TMA box that runs past a sequence's end holds the next sequence's rows. The
 // consumers zero those rows of K and V (once) and of Q and dO (per tile) before any product reads them,
@@ -385,9 +390,10 @@ struct Sm90BwdKernel {
     }
 
     // dQ_part of tile j = dS_j K once both warpgroups have stored their halves of dS^T_j (buffer j % 2),
-    // then to the shared float32 tile once the reducing thread has read the previous one. Issued after
-    // the dV and dK products of tile j + 1, which complete first: after_key_gradients runs then (the
-    // caller releases that tile's stage).
+    // then to the shared float32 tile once the reducing thread has read the previous one. Called holding
+    // the turn, right after the dV and dK products of tile j + 1 (or last): passes the turn once dQ is
+    // issued. Those products complete first; after_key_gradients runs then (the caller releases that
+    // tile's stage).
     template <typename AfterKeyGradients>
     __device__ __forceinline__ static void finish_query_gradient(Sm90BwdState& st, unsigned char* smem, int j, int wg,
                                                                  int warp, int lane,
@@ -409,8 +415,6 @@ struct Sm90BwdKernel {
     }
 
     // A consumer warpgroup (wg = 0, 1): keys [n0 + 64 wg, n0 + 64 wg + 64) through the walk, then dK, dV.
-    // Every product of a tile completes within its iteration: ptxas serializes wgmma whose accumulators
-    // stay in flight across a loop's back edge.
     __device__ __forceinline__ static void consume(const BwdArgs& args, Sm90BwdState& st, unsigned char* smem,
                                                    const Sequence& seq, const TileWork& work, int wg) {
         const AttnArgs& a = args.attn;
