@@ -13,6 +13,8 @@ from ._api import (
     flash_attention_varlen_backward,
     flash_attention_varlen_vjp,
     flash_attention_vjp,
+    merge_attention_states,
+    merge_attention_states_stacked,
 )
 from ._block_mask import BlockMask
 from ._validate import SUPPORTED_DTYPES
@@ -28,5 +30,7 @@ __all__ = [
     "flash_attention_varlen_backward",
     "flash_attention_varlen_vjp",
     "flash_attention_vjp",
+    "merge_attention_states",
+    "merge_attention_states_stacked",
     "reference",
 ]

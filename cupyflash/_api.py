@@ -2,7 +2,7 @@
 
 import numpy
 
-from . import _numpy_impl, _validate
+from . import _merge, _numpy_impl, _validate
 
 _SHAPES_DOC = """
     q : cupy.ndarray or numpy.ndarray, shape (batch, seqlen_q, heads, headdim)
@@ -297,3 +297,66 @@ for _function in (flash_attention, flash_attention_backward, flash_attention_vjp
                   flash_attention_varlen_backward, flash_attention_varlen_vjp):
     for _key, _text in _DOCS.items():
         _function.__doc__ = _function.__doc__.replace(_key, _text)
+
+
+
+_MERGE_DOC = """
+    The parts must hold attention of the same queries over disjoint sets of keys (a split of the keys,
+    a cached prefix and the new tokens, the steps of a ring); the result is then the attention over the
+    union, as if computed at once. Per row, with ``lse_i`` the log-sum-exp each part returned::
+
+        lse = ln(sum_i exp(lse_i))        out = sum_i exp(lse_i - lse) * out_i
+
+    evaluated shifted by the row's largest ``lse_i``, so nothing overflows. A part whose row saw no key
+    (``lse_i = -inf``, ``out_i = 0``) has weight 0; when no part's row saw a key, the merged row is
+    ``out = 0, lse = -inf``. A NaN ``lse_i`` makes the merged row NaN. Parts are in the layout that
+    :func:`flash_attention` returns (out (batch, seqlen_q, heads, headdim_v), lse (batch, heads,
+    seqlen_q)) or that :func:`flash_attention_varlen` returns (out (total_q, heads, headdim_v), lse
+    (heads, total_q))."""
+
+_MERGE_RETURNS_DOC = """
+    Returns
+    -------
+    out : array of the parts' kind, dtype and layout
+    lse : array, float32 for float16/bfloat16 parts, float64 for float32 and float64 ones
+
+    Notes
+    -----
+    The merge runs in the precision of the returned lse. CuPy arrays are merged by elementwise kernels
+    on the current stream, without synchronizing with the host; NumPy arrays on the CPU."""
+
+
+def merge_attention_states(out_a, lse_a, out_b, lse_b):
+    """Attention over the union of two disjoint key sets, from the attention over each.
+    {merge}
+
+    Parameters
+    ----------
+    out_a, out_b : cupy.ndarray or numpy.ndarray of one shape and dtype (float16, bfloat16, float32 or
+        float64)
+    lse_a, lse_b : arrays of the same kind, float32 or float64: the log-sum-exp of out_a and out_b
+    {merge_returns}
+    """
+    out_a, lse_a, out_b, lse_b = _validate.arrays(out_a=out_a, lse_a=lse_a, out_b=out_b, lse_b=lse_b)
+    xp, packed = _validate.merge_parts({"out_a": out_a, "out_b": out_b}, {"lse_a": lse_a, "lse_b": lse_b})
+    return _merge.merge(xp, [out_a, out_b], [lse_a, lse_b], packed)
+
+
+def merge_attention_states_stacked(out, lse):
+    """Attention over the union of n disjoint key sets, from the attention over each, stacked.
+    {merge}
+
+    Parameters
+    ----------
+    out : cupy.ndarray or numpy.ndarray, shape (n, ...): n >= 1 parts stacked along a new first axis
+        (float16, bfloat16, float32 or float64)
+    lse : array of the same kind, float32 or float64, shape (n, ...): each part's log-sum-exp
+    {merge_returns}
+    """
+    out, lse = _validate.arrays(out=out, lse=lse)
+    xp, packed, parts = _validate.merge_stacked(out, lse)
+    return _merge.merge(xp, [out[i] for i in range(parts)], [lse[i] for i in range(parts)], packed)
+
+
+for _function in (merge_attention_states, merge_attention_states_stacked):
+    _function.__doc__ = _function.__doc__.replace("{merge}", _MERGE_DOC).replace("{merge_returns}", _MERGE_RETURNS_DOC)

@@ -481,3 +481,57 @@ def varlen_backward_problem(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
     problem = varlen_forward_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, **options)
     _backward_arrays(problem, dout, q, out, lse)
     return problem
+
+
+_LSE_DTYPES = (numpy.dtype(numpy.float32), numpy.dtype(numpy.float64))
+
+
+def merge_parts(outs, lses):
+    """Checks the parts of a merge, ``outs`` and ``lses`` (name -> array, in part order, from
+    :func:`arrays`): one supported dtype for every out, float32 or float64 lse, and the layouts of
+    :func:`cupyflash.flash_attention` (out (batch, seqlen_q, heads, headdim_v), lse (batch, heads,
+    seqlen_q)) or of the varlen functions (out (total_q, heads, headdim_v), lse (heads, total_q)) with
+    the same sizes in every part. Returns (array module, packed)."""
+    xp = _array_module({**outs, **lses})
+    _check_dtypes(outs, dtype_of=next(iter(outs)))
+    for name, lse in lses.items():
+        if lse.dtype not in _LSE_DTYPES:
+            raise TypeError(f"{name} has dtype {lse.dtype}; expected float32 or float64 (the log-sum-exp)")
+    first_name, first = next(iter(outs.items()))
+    if first.ndim not in (3, 4):
+        raise ValueError(
+            f"{first_name}: {first.ndim}-dimensional array given. Array must be 4-dimensional (batch, seqlen_q, "
+            "heads, headdim_v) or, for packed sequences, 3-dimensional (total_q, heads, headdim_v)"
+        )
+    packed = first.ndim == 3
+    for name, out in outs.items():
+        if out.shape != first.shape:
+            raise ValueError(f"{name} has shape {out.shape}, but {first_name} has shape {first.shape}; they must match")
+    if packed:
+        expected, axes = (first.shape[1], first.shape[0]), "(heads, total_q)"
+    else:
+        expected, axes = (first.shape[0], first.shape[2], first.shape[1]), "(batch, heads, seqlen_q)"
+    for name, lse in lses.items():
+        if lse.shape != expected:
+            raise ValueError(f"{name} has shape {lse.shape}; expected {expected}, {axes} of {first_name}")
+    _check_devices(xp, {**outs, **lses})
+    return xp, packed
+
+
+def merge_stacked(out, lse):
+    """Checks the stacked form of a merge: out and lse with a leading axis of n >= 1 parts, each part as
+    in :func:`merge_parts`. Returns (array module, packed, n)."""
+    if out.ndim not in (4, 5):
+        raise ValueError(
+            f"out: {out.ndim}-dimensional array given. Array must be 5-dimensional (parts, batch, seqlen_q, heads, "
+            "headdim_v) or, for packed sequences, 4-dimensional (parts, total_q, heads, headdim_v)"
+        )
+    if lse.ndim != out.ndim - 1 or lse.shape[:1] != out.shape[:1]:
+        raise ValueError(
+            f"lse has shape {lse.shape}; expected a {out.ndim - 1}-dimensional array whose first axis is out's "
+            f"number of parts, {out.shape[0]}"
+        )
+    if out.shape[0] == 0:
+        raise ValueError("out has 0 parts along its first axis; merging needs at least one")
+    xp, packed = merge_parts({"out[0]": out[0]}, {"lse[0]": lse[0]})
+    return xp, packed, out.shape[0]

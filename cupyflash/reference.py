@@ -631,3 +631,39 @@ def attention_varlen_backward(dout, q, k, v, cu_seqlens_q, cu_seqlens_k, causal=
         )
         dq[q0:q1], dk[k0:k1], dv[k0:k1] = (g[0] for g in grads)
     return dq, dk, dv
+
+
+def merge_attention_states(outs, lses):
+    """Naive merge of attention computed over disjoint key sets, in float64.
+
+    Parameters
+    ----------
+    outs : sequence of arrays
+        Each part's output, all of one shape: ``(batch, seqlen_q, heads, headdim_v)`` (the layout of
+        :func:`attention`) or ``(total_q, heads, headdim_v)`` (of :func:`attention_varlen`).
+    lses : sequence of arrays
+        Each part's log-sum-exp: ``(batch, heads, seqlen_q)`` or ``(heads, total_q)``.
+
+    Returns
+    -------
+    out : array, float64
+        ``sum_i exp(lse_i - lse) * out_i``; 0 in rows where every part's ``lse_i`` is ``-inf``.
+    lse : array, float64
+        ``log(sum_i exp(lse_i))``, accumulated with ``logaddexp``; ``-inf`` where every part's is,
+        NaN where any part's is NaN.
+    """
+    xp = _array_module(outs[0])
+    lses = [lse.astype(np.float64) for lse in lses]
+    packed = outs[0].ndim == 3
+    out = xp.zeros(outs[0].shape, np.float64)
+    # NaN rows and rows where every part is -inf (-inf - -inf) compute NaN on the way, by design.
+    with np.errstate(invalid="ignore"):
+        lse = lses[0]
+        for part in lses[1:]:
+            lse = xp.logaddexp(lse, part)
+        for part_out, part_lse in zip(outs, lses):
+            # A part whose row saw no key weighs 0, also where no part's row saw one.
+            weight = xp.where(xp.isneginf(part_lse), 0.0, xp.exp(part_lse - lse))
+            rows = weight.T if packed else weight.transpose(0, 2, 1)
+            out = out + rows[..., None] * part_out.astype(np.float64)
+    return out, lse

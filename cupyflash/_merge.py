@@ -1,0 +1,49 @@
+"""Merging attention computed over disjoint key sets (split-KV parts, cascaded prefixes, ring steps).
+
+Part i of a row holds ``out_i = sum_j p_ij v_j / l_i`` and ``lse_i = ln(l_i)`` over its own keys. Over
+the union of the parts' keys
+
+    lse = ln(sum_i exp(lse_i)),    out = sum_i exp(lse_i - lse) out_i.
+
+The exponentials are shifted by the row's largest ``lse_i`` so none overflows. A part whose row saw
+no key (``lse_i = -inf``) gets weight 0; when every part's row saw none, the merged row is
+``out = 0, lse = -inf``, as :func:`cupyflash.flash_attention` gives such a row. A NaN ``lse_i`` makes
+the merged row NaN. The arithmetic runs in the dtype of the saved log-sum-exp of ``out``'s dtype
+(float32 for 16-bit outputs, float64 otherwise), written once against NumPy or CuPy: on CuPy arrays it
+is a few elementwise kernels on the current stream, with no host synchronization.
+"""
+
+import numpy
+
+from . import _validate
+
+
+def _to_rows(lse, packed):
+    """An lse-shaped array, (batch, heads, seqlen_q) or packed (heads, total_q), broadcast against the
+    rows of out: (batch, seqlen_q, heads, 1) or (total_q, heads, 1)."""
+    return (lse.T if packed else lse.transpose(0, 2, 1))[..., None]
+
+
+def merge(xp, outs, lses, packed):
+    """(out, lse) of the parts ``outs[i]``, ``lses[i]`` (at least one, validated; ``xp`` their module)."""
+    out_dtype = outs[0].dtype
+    acc = _validate.lse_dtype(out_dtype)
+    lses = [lse.astype(acc, copy=False) for lse in lses]
+    top = lses[0]
+    for lse in lses[1:]:
+        top = xp.maximum(top, lse)  # NaN wins
+    shift = xp.where(xp.isneginf(top), acc.type(0), top)
+    weights = [xp.exp(lse - shift) for lse in lses]  # -inf parts: 0
+    total = weights[0]
+    for w in weights[1:]:
+        total = total + w
+    # total == 0: no part saw a key. ``total != 0`` lets a NaN through to a NaN row, as the kernels do.
+    seen = total != 0
+    safe = xp.where(seen, total, acc.type(1))
+    lse = xp.where(seen, shift + xp.log(safe), acc.type(-numpy.inf))
+    scale = xp.where(seen, 1 / safe, acc.type(0))
+    out = None
+    for w, part in zip(weights, outs):
+        term = _to_rows(w * scale, packed) * part.astype(acc, copy=False)
+        out = term if out is None else out + term
+    return out.astype(out_dtype), lse
