@@ -42,7 +42,11 @@ the key column, both counted from 0 within one sequence, and
   ``out`` and ``lse`` of every row whose scores they reach;
 * :func:`attention_varlen` and :func:`attention_varlen_backward` take
   FlashAttention-2's packed variable-length layout and treat each sequence
-  as an independent problem.
+  as an independent problem;
+* :func:`merge_attention_states` merges attention over disjoint key sets;
+  :func:`attention_with_kvcache` attends to a dense or paged KV cache with
+  new tokens appended (FlashAttention-2's ``flash_attn_with_kvcache``), with
+  :func:`apply_rotary` for the rotary embedding.
 
 Every mask is computed here straight from these definitions, independently
 of the kernels and of their shared mask policy.
@@ -667,3 +671,136 @@ def merge_attention_states(outs, lses):
             rows = weight.T if packed else weight.transpose(0, 2, 1)
             out = out + rows[..., None] * part_out.astype(np.float64)
     return out, lse
+
+
+def apply_rotary(x, cos, sin, positions, interleaved=True):
+    """Rotary position embedding of ``x`` in float64 (FlashAttention-2's definition).
+
+    Parameters
+    ----------
+    x : array, shape (batch, seqlen, heads, headdim)
+    cos, sin : arrays, shape (max_position, rotary_dim / 2)
+        Row ``p`` holds the angles' cosines and sines at position ``p``; ``rotary_dim <= headdim``.
+    positions : int array, shape (batch, seqlen)
+        Position of each row.
+    interleaved : bool
+        True rotates the pairs of columns (0, 1), (2, 3), ...; False (GPT-NeoX) the pairs (c, c +
+        rotary_dim / 2). Columns from ``rotary_dim`` on are left alone.
+
+    Returns
+    -------
+    array, float64, shape of ``x``
+        Each pair ``(a, b)`` becomes ``(a cos - b sin, a sin + b cos)``.
+    """
+    xp = _array_module(x)
+    out = x.astype(np.float64)
+    half = cos.shape[1]
+    positions = _on_module(xp, positions)
+    c = cos.astype(np.float64)[positions][:, :, None, :]  # (batch, seqlen, 1, half)
+    s = sin.astype(np.float64)[positions][:, :, None, :]
+    if interleaved:
+        first, second = out[..., 0:2 * half:2], out[..., 1:2 * half:2]
+    else:
+        first, second = out[..., :half], out[..., half:2 * half]
+    first, second = first * c - second * s, first * s + second * c
+    if interleaved:
+        out[..., 0:2 * half:2], out[..., 1:2 * half:2] = first, second
+    else:
+        out[..., :half], out[..., half:2 * half] = first, second
+    return out
+
+
+def attention_with_kvcache(q, k_cache, v_cache, *, k=None, v=None, cache_seqlens=None, cache_batch_idx=None,
+                           block_table=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=True,
+                           causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           compute_dtype=None):
+    """Naive attention of queries to a KV cache (FlashAttention-2's ``flash_attn_with_kvcache``).
+
+    Batch entry ``b`` attends to the first ``cache_seqlens[b]`` keys of its cache and, when ``k`` and
+    ``v`` are given, to the ``seqlen_new`` new ones, written into the cache at positions
+    ``cache_seqlens[b], cache_seqlens[b] + 1, ...`` first. Masks, ALiBi and causal alignment (bottom
+    right) follow that batch entry's key count, as in :func:`attention`. The caches given are not
+    modified: the updated ones are returned.
+
+    Parameters
+    ----------
+    q : array, shape (batch, seqlen_q, heads, headdim)
+    k_cache, v_cache : arrays
+        Dense: (batch_cache, cache_len, heads_k, headdim or headdim_v). Paged (with ``block_table``):
+        (num_pages, page_size, heads_k, headdim or headdim_v).
+    k, v : arrays, shape (batch, seqlen_new, heads_k, headdim or headdim_v), optional
+        New keys and values, appended to the cache before attending.
+    cache_seqlens : int or int array, shape (batch,), optional
+        Keys already in each batch entry's cache (before the append); default: the whole cache.
+    cache_batch_idx : int array, shape (batch,), optional
+        The dense cache row of each batch entry (default: ``b``).
+    block_table : int array, shape (batch, max_pages), optional
+        Paged cache: position ``t`` of batch entry ``b`` is row ``t % page_size`` of page
+        ``block_table[b, t // page_size]``.
+    rotary_cos, rotary_sin : arrays, shape (max_position, rotary_dim / 2), optional
+        Rotary embedding (see :func:`apply_rotary`), with ``k`` only: the new keys are rotated at their
+        cache positions; ``q`` at ``cache_seqlens[b] + i`` when ``causal`` or a window is set, else all
+        of its rows at ``cache_seqlens[b]``.
+    rotary_interleaved : bool
+    causal, softmax_scale, window_size, softcap, alibi_slopes, compute_dtype
+        As in :func:`attention` (``alibi_slopes`` of shape (heads,) or (batch, heads)).
+
+    Returns
+    -------
+    out : array, shape (batch, seqlen_q, heads, headdim_v)
+    lse : array, shape (batch, heads, seqlen_q)
+        Dtypes as in :func:`attention`.
+    k_cache, v_cache : arrays
+        Copies of the caches with the new keys (rotated, rounded to the cache dtype) and values written.
+    """
+    xp = _array_module(q)
+    batch, seqlen_q = q.shape[:2]
+    paged = block_table is not None
+    capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
+    seqlen_new = 0 if k is None else k.shape[1]
+    if cache_seqlens is None:
+        lengths = np.full(batch, capacity - seqlen_new, np.int64)
+    else:
+        lengths = np.broadcast_to(_on_module(np, cache_seqlens), (batch,)).astype(np.int64)
+    rows = np.arange(batch) if cache_batch_idx is None else _on_module(np, cache_batch_idx).astype(np.int64)
+    table = _on_module(np, block_table).astype(np.int64) if paged else None
+    if (lengths < 0).any() or (lengths + seqlen_new > capacity).any():
+        raise ValueError(f"cache_seqlens {lengths.tolist()} plus {seqlen_new} new keys do not fit caches of {capacity}")
+
+    def where(b, positions):
+        """(cache index, row) of batch entry b's positions, as index arrays of q's module."""
+        if paged:
+            index, row = table[b, positions // k_cache.shape[1]], positions % k_cache.shape[1]
+        else:
+            index, row = np.full_like(positions, rows[b]), positions
+        return xp.asarray(index), xp.asarray(row)
+
+    k_cache, v_cache = k_cache.copy(), v_cache.copy()
+    new_positions = lengths[:, None] + np.arange(seqlen_new)[None, :]
+    if k is not None:
+        k_new, v_new = k.astype(np.float64), v.astype(np.float64)
+        if rotary_cos is not None:
+            k_new = apply_rotary(k, rotary_cos, rotary_sin, new_positions, rotary_interleaved)
+            local = causal or tuple(window_size) != (-1, -1)
+            q_positions = lengths[:, None] + (np.arange(seqlen_q)[None, :] if local else 0)
+            q = apply_rotary(q, rotary_cos, rotary_sin, np.broadcast_to(q_positions, (batch, seqlen_q)),
+                             rotary_interleaved)
+        for b in range(batch):
+            index, row = where(b, new_positions[b])
+            k_cache[index, row] = k_new[b].astype(k_cache.dtype)
+            v_cache[index, row] = v_new[b].astype(v_cache.dtype)
+    slopes = _sequence_slopes(alibi_slopes, batch)
+    outs, lses = [], []
+    for b in range(batch):
+        old = np.arange(lengths[b])
+        index, row = where(b, old)
+        keys = k_cache[index, row].astype(np.float64)
+        values = v_cache[index, row].astype(np.float64)
+        if k is not None:  # the new keys unrounded, as a kernel holding them in registers would use them
+            keys = xp.concatenate([keys, k_new[b]])
+            values = xp.concatenate([values, v_new[b]])
+        out, lse = attention(q[b:b + 1], keys[None], values[None], causal, softmax_scale, window_size=window_size,
+                             softcap=softcap, alibi_slopes=slopes[b], compute_dtype=compute_dtype)
+        outs.append(out)
+        lses.append(lse)
+    return xp.concatenate(outs), xp.concatenate(lses), k_cache, v_cache
