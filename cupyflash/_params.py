@@ -82,16 +82,6 @@ def tensor(x, batched=True):
     return (pointer(x), 0, strides[0] // size, strides[1] // size)
 
 
-def set_tensor(field, x, batched=True):
-    """Fills a TensorArg from ``x`` (see :func:`tensor`)."""
-    field[...] = tensor(x, batched)
-
-
 def rows(x, batch_stride, head_stride):
     """A RowsArg as a tuple of its fields."""
     return (pointer(x), batch_stride, head_stride)
-
-
-def set_rows(field, x, batch_stride, head_stride):
-    """Fills a RowsArg."""
-    field[...] = rows(x, batch_stride, head_stride)

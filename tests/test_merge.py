@@ -36,7 +36,7 @@ def _xp(name):
     return np if name == "numpy" else cupy
 
 
-def _split_attention(xp, sizes, dtype, splits, causal, seed):
+def _split_attention(xp, sizes, dtype, splits, seed):
     """q, k, v, and each key range's (out, lse) from cupyflash with the scale of the whole head dim."""
     batch, seqlen_q, seqlen_k, heads, heads_k, headdim, headdim_v = sizes
     q, k, v = random_qkv(xp, batch, seqlen_q, seqlen_k, heads, heads_k, headdim, headdim_v, DTYPES[dtype], seed)
@@ -53,7 +53,7 @@ def test_merged_parts_are_attention_over_all_keys(module, dtype):
     all keys at once."""
     xp = _xp(module)
     sizes = (2, 37, 101, 4, 2, 32, 48)
-    q, k, v, (a, b) = _split_attention(xp, sizes, dtype, [100], False, seed=1)
+    q, k, v, (a, b) = _split_attention(xp, sizes, dtype, [100], seed=1)
     out, lse = cupyflash.merge_attention_states(*a, *b)
     assert out.dtype == q.dtype and lse.dtype == a[1].dtype
     ref, base = oracle(q, k, v), plain(q, k, v)
@@ -63,10 +63,10 @@ def test_merged_parts_are_attention_over_all_keys(module, dtype):
 
 @pytest.mark.parametrize("module", MODULES)
 def test_stacked_parts_are_attention_over_all_keys(module):
-    """Four parts (causal: the last ones see no key for the first rows) in one stacked call."""
+    """Four parts in one stacked call."""
     xp = _xp(module)
     sizes = (1, 53, 97, 2, 1, 64, 64)
-    q, k, v, parts = _split_attention(xp, sizes, "float32", [10, 50, 80], False, seed=2)
+    q, k, v, parts = _split_attention(xp, sizes, "float32", [10, 50, 80], seed=2)
     out, lse = cupyflash.merge_attention_states_stacked(xp.stack([p[0] for p in parts]), xp.stack([p[1] for p in parts]))
     ref, base = oracle(q, k, v), plain(q, k, v)
     assert_within_rule("out", out, ref["out"], base["out"], OUTPUT_FACTOR)

@@ -13,7 +13,7 @@ import functools
 import cupy
 import numpy
 
-from .. import _kernels, _params
+from .. import _kernels
 from . import common, sm80
 
 #: The only compute capability whose cubins these are (sm_90a code runs nowhere else).
@@ -253,9 +253,8 @@ class Sm90Backward:
             return fallback.run(fallback.select(p, common.current_device()), p, dout, q, k, v, out, lse, deterministic)
         block_m = variant.param("block_m")
         # The TMA reductions need 16-byte rows in the dQ buffers.
-        args, grads, scratch = sm80.backward_args(p, dout, q, k, v, out, lse, block_m, BWD_BLOCK_N, deterministic,
-                                                  dq_align=4)
-        dq_accum = scratch[1]
+        args, grads, (_delta, dq_accum, _turns) = sm80.backward_args(p, dout, q, k, v, out, lse, block_m, BWD_BLOCK_N,
+                                                                     deterministic, dq_align=4)
         encoded = (tensor_map(q, p.varlen, block_m) + tensor_map(k, p.varlen, BWD_BLOCK_N)
                    + tensor_map(v, p.varlen, BWD_BLOCK_N) + tensor_map(dout, p.varlen, block_m)
                    + accum_map(dq_accum, p, int(args["dq_ld"][0]), block_m))
