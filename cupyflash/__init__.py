@@ -13,6 +13,7 @@ from ._api import (
     flash_attention_varlen_backward,
     flash_attention_varlen_vjp,
     flash_attention_vjp,
+    flash_attention_with_kvcache,
     merge_attention_states,
     merge_attention_states_stacked,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "flash_attention_varlen_backward",
     "flash_attention_varlen_vjp",
     "flash_attention_vjp",
+    "flash_attention_with_kvcache",
     "merge_attention_states",
     "merge_attention_states_stacked",
     "reference",

@@ -2,7 +2,7 @@
 
 import numpy
 
-from . import _merge, _numpy_impl, _validate
+from . import _kvcache, _merge, _numpy_impl, _validate
 
 _SHAPES_DOC = """
     q : cupy.ndarray or numpy.ndarray, shape (batch, seqlen_q, heads, headdim)
@@ -360,3 +360,97 @@ def merge_attention_states_stacked(out, lse):
 
 for _function in (merge_attention_states, merge_attention_states_stacked):
     _function.__doc__ = _function.__doc__.replace("{merge}", _MERGE_DOC).replace("{merge_returns}", _MERGE_RETURNS_DOC)
+
+
+def flash_attention_with_kvcache(q, k_cache, v_cache, *, k=None, v=None, cache_seqlens=None, cache_batch_idx=None,
+                                 block_table=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=True,
+                                 causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, softmax_scale=None,
+                                 num_splits=0, return_lse=False):
+    """Attention of new queries to a KV cache, after appending new keys and values to it
+    (FlashAttention-2's ``flash_attn_with_kvcache``): decoding, chunked prefill, speculative
+    verification.
+
+    Batch entry ``b`` attends to the first ``cache_seqlens[b] + seqlen_new`` keys of its cache: those
+    already there and, when ``k`` and ``v`` are given, its ``seqlen_new`` new ones, which are first
+    written **into the caches in place** at positions ``cache_seqlens[b], cache_seqlens[b] + 1, ...``.
+    Masks, windows and ALiBi distances are aligned to the bottom-right corner of each entry's
+    ``seqlen_q`` x ``cache_seqlens[b] + seqlen_new`` score matrix, as in :func:`flash_attention`.
+
+    Parameters
+    ----------
+    q : cupy.ndarray or numpy.ndarray, shape (batch, seqlen_q, heads, headdim)
+        float16, bfloat16, float32 or float64. One token per sequence (decoding) or a chunk.
+    k_cache, v_cache : arrays of q's kind and dtype, with a contiguous last axis
+        Dense: (batch_cache, cache_len, heads_k, headdim) and (..., headdim_v), entry ``b`` (or
+        ``cache_batch_idx[b]``) serving batch entry ``b``. Paged (with ``block_table``): (num_pages,
+        page_size, heads_k, headdim), any page size from 1. heads must be a multiple of heads_k (GQA);
+        the query heads that share a kv head are computed together, so the cache is read once.
+    k, v : arrays, shape (batch, seqlen_new, heads_k, headdim) and (..., headdim_v), keyword-only
+        New keys and values to append, or None.
+    cache_seqlens : int, int32 array of shape (batch,), or None, keyword-only
+        Keys already in each entry's cache; None: the cache is full (capacity - seqlen_new).
+    cache_batch_idx : int32 array, shape (batch,), or None, keyword-only
+        Dense caches only: the cache entry of each batch entry.
+    block_table : int32 array, shape (batch, max_pages), or None, keyword-only
+        A paged cache: position ``t`` of batch entry ``b`` is row ``t % page_size`` of page
+        ``block_table[b, t // page_size]``. Capacity is ``max_pages * page_size``.
+    rotary_cos, rotary_sin : arrays of q's dtype, shape (max_position, rotary_dim / 2), keyword-only
+        Rotary embedding, with ``k`` only (max_position at least the capacity): new key ``i`` is
+        rotated at position ``cache_seqlens[b] + i`` before it is stored; the queries at
+        ``cache_seqlens[b] + i`` with ``causal`` or a window, else all at ``cache_seqlens[b]``
+        (FlashAttention-2's convention). See :func:`cupyflash.reference.apply_rotary`.
+    rotary_interleaved : bool, keyword-only
+        True: pairs of columns (0, 1), (2, 3), ...; False (GPT-NeoX): (c, c + rotary_dim / 2).
+    causal, window_size, softcap, alibi_slopes, softmax_scale : keyword-only
+        As in :func:`flash_attention`.
+    num_splits : int, keyword-only
+        Parts the keys of each entry are cut into and computed in parallel, then merged (flash
+        decoding), for the decode kernel; 0 picks a count from the device's SMs, the batch, the heads
+        and the cache length. At most 256.
+    return_lse : bool, keyword-only
+        Also return the log-sum-exp (see :func:`flash_attention`).
+
+    Returns
+    -------
+    out : array of q's kind and dtype, shape (batch, seqlen_q, heads, headdim_v)
+    lse : array, shape (batch, heads, seqlen_q)
+        Only with ``return_lse=True``.
+
+    Notes
+    -----
+    Out-of-range values: a NumPy call, or a CuPy call with ``cache_seqlens`` given as an int, raises
+    ValueError when ``cache_seqlens`` plus ``seqlen_new`` exceeds the capacity or ``cache_batch_idx`` /
+    ``block_table`` name entries or pages outside the cache. A CuPy call never copies those arrays to
+    the host (it does not synchronize, and can be captured in a CUDA graph): it checks them on the
+    device instead, and a batch entry with an out-of-range value gets NaN in all its output rows and
+    lse, while no read or write leaves the caches and that entry's cache is left unchanged.
+
+    CuPy calls run on the current stream with no allocation outside CuPy's memory pool. Keep the
+    returned arrays referenced while a captured graph that wrote them may replay.
+    """
+    named = {"q": q, "k_cache": k_cache, "v_cache": v_cache}
+    named.update({n: x for n, x in (("k", k), ("v", v), ("cache_batch_idx", cache_batch_idx), ("block_table", block_table),
+                                   ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)) if x is not None})
+    if cache_seqlens is not None and not _validate._is_int(cache_seqlens):
+        named["cache_seqlens"] = cache_seqlens
+    checked = dict(zip(named, _validate.arrays(**named)))
+    return_lse = _validate.check_flag("return_lse", return_lse)
+    from ._families.kvcache import MAX_SPLITS
+
+    call = _kvcache.check(
+        checked["q"], checked["k_cache"], checked["v_cache"], k=checked.get("k"), v=checked.get("v"),
+        cache_seqlens=checked.get("cache_seqlens", cache_seqlens), cache_batch_idx=checked.get("cache_batch_idx"),
+        block_table=checked.get("block_table"), rotary_cos=checked.get("rotary_cos"),
+        rotary_sin=checked.get("rotary_sin"), rotary_interleaved=rotary_interleaved, causal=causal,
+        window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, softmax_scale=softmax_scale,
+        num_splits=num_splits, max_splits=MAX_SPLITS)
+    if call.xp is numpy:
+        out, lse = _kvcache.numpy_call(call)
+    elif call.batch == 0 or call.heads == 0:
+        out = call.xp.zeros(call.out_shape, call.dtype)
+        lse = call.xp.full(call.lse_shape, -numpy.inf, _validate.lse_dtype(call.dtype))
+    else:
+        from ._families import kvcache
+
+        out, lse = kvcache.run(call)
+    return (out, lse) if return_lse else out

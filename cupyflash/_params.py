@@ -29,7 +29,7 @@ BLOCK_SPARSE_ARG = numpy.dtype(
 ATTN_ARGS = numpy.dtype(
     [
         ("q", TENSOR_ARG), ("k", TENSOR_ARG), ("v", TENSOR_ARG),
-        ("cu_seqlens_q", _PTR), ("cu_seqlens_k", _PTR), ("alibi_slopes", _PTR), ("alibi_batch_stride", _I64),
+        ("cu_seqlens_q", _PTR), ("cu_seqlens_k", _PTR), ("seqused_k", _PTR), ("alibi_slopes", _PTR), ("alibi_batch_stride", _I64),
         ("softmax_scale", _F64), ("softcap", _F64),
         ("batch", _I32), ("heads", _I32), ("heads_k", _I32), ("headdim", _I32), ("headdim_v", _I32),
         ("seqlen_q", _I32), ("seqlen_k", _I32), ("total_q", _I32), ("total_k", _I32),
@@ -50,6 +50,18 @@ BWD_ARGS = numpy.dtype(
     align=True,
 )
 
+KV_CACHE_ARGS = numpy.dtype(
+    [
+        ("attn", ATTN_ARGS), ("out", TENSOR_ARG), ("lse", ROWS_ARG), ("k_new", TENSOR_ARG), ("v_new", TENSOR_ARG),
+        ("q_rot", TENSOR_ARG), ("rotary_cos", _PTR), ("rotary_sin", _PTR), ("cache_seqlens", _PTR),
+        ("cache_batch_idx", _PTR), ("block_table", _PTR), ("part_out", _PTR), ("part_lse", _PTR),
+        ("seqused_k", _PTR), ("bad", _PTR), ("block_table_stride", _I64), ("cache_seqlens_value", _I32),
+        ("seqlen_new", _I32), ("page_size", _I32), ("cache_entries", _I32), ("num_splits", _I32),
+        ("rotary_dim", _I32), ("rotary_rows", _I32), ("rotary_interleaved", _I32), ("rotary_q_at_row", _I32),
+    ],
+    align=True,
+)
+
 #: C++ struct name -> dtype, for the layout test.
 STRUCTS = {
     "TensorArg": TENSOR_ARG,
@@ -58,6 +70,7 @@ STRUCTS = {
     "AttnArgs": ATTN_ARGS,
     "FwdArgs": FWD_ARGS,
     "BwdArgs": BWD_ARGS,
+    "KvCacheArgs": KV_CACHE_ARGS,
 }
 
 

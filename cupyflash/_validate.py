@@ -87,6 +87,7 @@ class Problem:
     total_q: int = 0
     total_k: int = 0
     check_on_device: bool = False  # cu_seqlens was not checked on the host (see varlen_forward_problem)
+    seqused_k: object = None  # dense batches only: int32 (batch,) keys each entry uses (<= seqlen_k), or None
 
     @property
     def varlen(self):

@@ -58,6 +58,7 @@ struct AttnArgs {
     TensorArg q, k, v;
     const int* cu_seqlens_q;     // batch + 1 row offsets of packed sequences; null for dense batches
     const int* cu_seqlens_k;
+    const int* seqused_k;        // dense batches: keys batch entry b uses, [b] <= seqlen_k; null: seqlen_k
     const float* alibi_slopes;   // slope of (b, h) at [b * alibi_batch_stride + h]; null: no ALiBi
     long long alibi_batch_stride;
     double softmax_scale;
@@ -86,6 +87,39 @@ struct BwdArgs {
     long long turns_split_stride;
     int dq_ld, dq_splits;
     int deterministic;
+};
+
+// Attention of queries to a KV cache (kvcache.cu). attn.q holds the queries: kvc_append reads them
+// there and writes them rotated to q_rot (rotary_dim > 0), which the attention is then given as attn.q.
+// attn.k and attn.v are the caches: dense (batch_cache,
+// cache_len, heads_k, dim), or paged (num_pages, page_size, heads_k, dim) with batch_stride the page
+// stride; attn.seqlen_k is the capacity of one batch entry (cache_len, or max_pages * page_size).
+// Batch entry b attends to its first cache_seqlens[b] + seqlen_new keys.
+struct KvCacheArgs {
+    AttnArgs attn;
+    TensorArg out;
+    RowsArg lse;                 // float for 16-bit inputs, double for float32/float64
+    TensorArg k_new, v_new;      // (batch, seqlen_new, heads_k, dim) appended at cache_seqlens[b]; ptr null: none
+    TensorArg q_rot;             // (batch, seqlen_q, heads, headdim): where the append kernel writes rotated q
+    const void* rotary_cos;      // (rotary_rows, rotary_dim / 2) contiguous, of the inputs' dtype
+    const void* rotary_sin;
+    const int* cache_seqlens;    // (batch,); null: cache_seqlens_value for every entry
+    const int* cache_batch_idx;  // dense caches: (batch,) cache entry of each batch entry; null: b
+    const int* block_table;      // paged caches: (batch, max_pages) rows block_table_stride apart; null: dense
+    float* part_out;             // num_splits > 1: [split][b][i][h][headdim_v] partial outputs (normalized)
+    float* part_lse;             // num_splits > 1: [split][b][h][i] their natural-log lse
+    int* seqused_k;              // kvc_lengths: keys each batch entry uses (0 when bad)
+    int* bad;                    // kvc_lengths: 1 for a batch entry whose cache_seqlens, cache_batch_idx or pages are out of range
+    long long block_table_stride;
+    int cache_seqlens_value;
+    int seqlen_new;
+    int page_size;               // paged: rows per page; dense: 0
+    int cache_entries;           // paged: num_pages; dense: batch_cache
+    int num_splits;
+    int rotary_dim;              // 0: no rotary embedding
+    int rotary_rows;
+    int rotary_interleaved;      // 1: pairs (2c, 2c + 1); 0: pairs (c, c + rotary_dim / 2)
+    int rotary_q_at_row;         // 1 (causal or local): query i rotates at cache_seqlens + i; 0: at cache_seqlens
 };
 
 }  // namespace cupyflash

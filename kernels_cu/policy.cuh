@@ -39,7 +39,8 @@ struct Sequence {
         } else {
             q_start = k_start = 0;
             seqlen_q = a.seqlen_q;
-            seqlen_k = a.seqlen_k;
+            // A KV cache's entries use a prefix of its capacity (clamped into it, so no access leaves it).
+            seqlen_k = a.seqused_k != nullptr ? clamp_int(a.seqused_k[b], 0, a.seqlen_k) : a.seqlen_k;
         }
     }
 };

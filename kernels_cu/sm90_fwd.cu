@@ -328,13 +328,14 @@ struct Sm90FwdKernel {
         if (threadIdx.x % 32 == 0) mbarrier_arrive(empty);
     }
 
-    // Packed batches: the V tile of a key tile that runs past its sequence's end holds the next
-    // sequence's rows (a TMA box reads whatever the tensor has there). Their probabilities are 0, but
-    // 0 * inf or NaN would still reach this sequence's output, so the warpgroup zeroes those rows before
-    // its O += P V reads them. Both warpgroups zero the same rows; the second writes zeros over zeros.
+    // Packed batches and KV caches (seqused_k): the V tile of a key tile that runs past its sequence's
+    // end holds the next sequence's rows or unused cache rows (a TMA box reads whatever the tensor has
+    // there). Their probabilities are 0, but 0 * inf or NaN would still reach this sequence's output, so
+    // the warpgroup zeroes those rows before its O += P V reads them. Both warpgroups zero the same rows;
+    // the second writes zeros over zeros.
     __device__ __forceinline__ static void clear_foreign_values(unsigned char* v_tile, const AttnArgs& a,
                                                                 const Sm90FwdTile& tile, int entry, int wg) {
-        if (a.cu_seqlens_k == nullptr) return;
+        if (a.cu_seqlens_k == nullptr && a.seqused_k == nullptr) return;
         const int first = tile.seq.seqlen_k - entry_tile(entry) * kBlockN;  // first row past the sequence
         if (first >= kBlockN) return;
         zero_tile_rows(v_tile, kBlockN, first, Tr::kAtomsV, threadIdx.x % 128, 128);

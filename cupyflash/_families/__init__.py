@@ -12,7 +12,7 @@ of one GPU with it. A family that does not support the problem still hands it on
 
 import os
 
-from . import common, general, sm80, sm90
+from . import common, general, kvcache, sm80, sm90
 
 #: Environment variable naming the first family dispatch may use, and the families' names in dispatch
 #: order (a direction without the named family starts at the next one it has).
@@ -26,7 +26,8 @@ BACKWARD = (sm90.BACKWARD, sm80.BACKWARD, general.BACKWARD)
 
 def _kernels():
     seen = {}
-    for kernel in [k for family in FORWARD + BACKWARD for k in family.kernels] + [common.VARLEN_CHECK, common.FILL_NAN_IF]:
+    others = [common.VARLEN_CHECK, common.FILL_NAN_IF, *kvcache.KERNELS]
+    for kernel in [k for family in FORWARD + BACKWARD for k in family.kernels] + others:
         seen.setdefault(kernel.name, kernel)
     return tuple(seen.values())
 

@@ -23,6 +23,7 @@ class Device:
     capability: int  # e.g. 90
     smem_optin: int  # per-block opt-in shared memory, bytes
     sm_count: int = 1  # multiprocessors (persistent grids launch one CTA per SM)
+    smem_per_sm: int = 0  # shared memory of one multiprocessor, bytes (sizes the decode kernel's splits)
 
 
 @functools.lru_cache(maxsize=None)
@@ -30,7 +31,7 @@ def _device(device_id):
     device = cupy.cuda.Device(device_id)
     attributes = device.attributes
     return Device(int(device.compute_capability), attributes["MaxSharedMemoryPerBlockOptin"],
-                  attributes["MultiProcessorCount"])
+                  attributes["MultiProcessorCount"], attributes.get("MaxSharedMemoryPerMultiprocessor", 0))
 
 
 def current_device():
@@ -94,7 +95,7 @@ def attn(p, q, k, v, lists=None, vec=None):
         alibi_batch_stride = p.heads if p.alibi_slopes.ndim == 2 else 0
     return (
         _params.tensor(q, batched), _params.tensor(k, batched), _params.tensor(v, batched),
-        _params.pointer(p.cu_seqlens_q), _params.pointer(p.cu_seqlens_k), alibi, alibi_batch_stride,
+        _params.pointer(p.cu_seqlens_q), _params.pointer(p.cu_seqlens_k), _params.pointer(p.seqused_k), alibi, alibi_batch_stride,
         p.softmax_scale, p.softcap, p.batch, p.heads, p.heads_k, p.headdim, p.headdim_v, p.seqlen_q, p.seqlen_k,
         p.total_q, p.total_k, p.window_left, p.window_right, vec_loads(q, k, v) if vec is None else vec,
         sparse(p.block_mask, lists) if lists is not None else _NO_SPARSE,

@@ -217,11 +217,12 @@ class Sm90Forward:
         encoded = tensor_map(q, p.varlen, FWD_BLOCK_M) + tensor_map(k, p.varlen, block_n) + tensor_map(v, p.varlen, block_n)
         maps = numpy.frombuffer(encoded, MAPS).copy()
         # Persistent: one CTA per SM walks the work tiles (fewer CTAs when there are fewer tiles). Tiles
-        # of unequal length (a mask, packed sequences) go longest first, to whichever CTA is free.
+        # of unequal length (a mask, packed sequences, KV caches) go longest first, to whichever CTA is free.
         work = common.cdiv(p.seqlen_q, FWD_BLOCK_M) * p.batch * p.heads
         grid = (min(work, common.current_device().sm_count), 1, 1)
         schedule = numpy.zeros(1, SCHEDULE)
-        if p.varlen or p.block_mask is not None or p.window_left >= 0 or p.window_right >= 0:
+        if (p.varlen or p.seqused_k is not None or p.block_mask is not None or p.window_left >= 0
+                or p.window_right >= 0):
             counter = cupy.zeros(1, numpy.int32)
             schedule["longest_first"] = 1
             schedule["next_work"] = counter.data.ptr

@@ -1,0 +1,199 @@
+"""The KV-cache kernels (kernels_cu/kvcache.cu): appending new keys and values with the rotary embedding,
+the decode kernel with its split-KV combine, and the general path's per-entry lengths and poisoning.
+cupyflash/_kvcache.py validates the calls and picks between the decode kernel and the general path."""
+
+import dataclasses
+
+import cupy
+import numpy
+
+from .. import _kernels, _params, _validate
+from . import common
+
+#: Query rows per kv head (seqlen_q * heads / heads_k) up to which a dense cache takes the decode
+#: kernel; longer chunks (chunked prefill) run the dense forward, which reuses each K/V tile for 128
+#: query rows instead of 16.
+DECODE_MAX_ROWS = 64
+#: Head-dim buckets of the decode kernel (KvcTraits::kHeadDim): the smallest covering both head dims.
+DECODE_BUCKETS = (64, 128, 256)
+#: Threads of the decode kernel (KvcTraits::kThreads), query rows per CTA (kRows), keys per stage (kBlockN).
+DECODE_THREADS = 128
+DECODE_ROWS = 16
+DECODE_BLOCK_N = 64
+#: Threads of the append and lengths kernels; rows per CTA of the combine (one warp each).
+APPEND_THREADS = 128
+COMBINE_ROWS_PER_CTA = 8
+POISON_THREADS = 256
+#: Largest num_splits: the combine loops over the splits of a row.
+MAX_SPLITS = 256
+#: The heuristic keeps at least this many key tiles (of DECODE_BLOCK_N keys) per split.
+MIN_TILES_PER_SPLIT = 8
+
+APPEND = _kernels.Kernel("kvc_append", "kvcache.cu", _kernels.ALL_DTYPES)
+DECODE = _kernels.Kernel("kvc_fwd", "kvcache.cu", _kernels.HALF_DTYPES, ("headdim",), tuple((d,) for d in DECODE_BUCKETS))
+COMBINE = _kernels.Kernel("kvc_combine", "kvcache.cu", _kernels.HALF_DTYPES)
+LENGTHS = _kernels.Kernel("kvc_lengths", "kvcache.cu", ())
+POISON = _kernels.Kernel("kvc_poison", "kvcache.cu", _kernels.ALL_DTYPES)
+KERNELS = (APPEND, DECODE, COMBINE, LENGTHS, POISON)
+
+
+def decode_stages(headdim):
+    """K/V stages of the decode kernel (KvcTraits::kStages)."""
+    return 4 if headdim <= 64 else 3 if headdim <= 128 else 2
+
+
+def decode_smem_bytes(variant):
+    """Dynamic shared memory of a decode variant (KvcTraits::kSmemBytes): the Q rows and the K/V stages,
+    rows padded by 8 elements."""
+    ld = variant.param("headdim") + 8
+    return DECODE_ROWS * ld * 2 + decode_stages(variant.param("headdim")) * 2 * DECODE_BLOCK_N * ld * 2
+
+
+def decode_ctas_per_sm(variant, smem_per_sm):
+    """Resident decode CTAs per SM (the launch bounds ask for 2)."""
+    return max(1, min(2, smem_per_sm // (decode_smem_bytes(variant) + 1024)))
+
+
+# ------------------------------------------------------------------------------------------------
+# Running a call (cupyflash/_kvcache.py validated it).
+
+def _args(c, q, out, lse):
+    """The ``KvCacheArgs`` of call ``c`` with attn.q = ``q`` and the outputs (workspace fields zero)."""
+    args = numpy.zeros(1, _params.KV_CACHE_ARGS)
+    alibi, alibi_batch_stride = 0, 0
+    if c.alibi_slopes is not None:
+        alibi = _params.pointer(c.alibi_slopes)
+        alibi_batch_stride = c.heads if c.alibi_slopes.ndim == 2 else 0
+    attn = (
+        _params.tensor(q), _params.tensor(c.k_cache), _params.tensor(c.v_cache), 0, 0, 0, alibi, alibi_batch_stride,
+        c.softmax_scale, c.softcap, c.batch, c.heads, c.heads_k, c.headdim, c.headdim_v, c.seqlen_q, c.capacity,
+        0, 0, c.window_left, c.window_right, 1, (0,) * len(_params.BLOCK_SPARSE_ARG.names),
+    )
+    empty = (0, 0, 0, 0)
+    new = (_params.tensor(c.k_new), _params.tensor(c.v_new)) if c.k_new is not None else (empty, empty)
+    table = c.block_table
+    args[0] = (
+        attn, _params.tensor(out), _params.rows(lse, c.heads * c.seqlen_q, c.seqlen_q), *new, empty,
+        _params.pointer(c.rotary_cos), _params.pointer(c.rotary_sin), _params.pointer(c.cache_seqlens),
+        _params.pointer(c.cache_batch_idx), _params.pointer(table), 0, 0, 0, 0,
+        table.strides[0] // 4 if table is not None else 0, c.cache_seqlens_value, c.seqlen_new, c.page_size,
+        c.cache_entries, 1, c.rotary_dim, c.rotary_cos.shape[0] if c.rotary_dim else 0,
+        int(c.rotary_interleaved), int(c.rotary_q_at_row),
+    )
+    return args
+
+
+def decode_variant(c, device):
+    """The decode kernel's variant for call ``c``, or None when it does not take the call."""
+    if c.dtype.itemsize != 2 or device.capability < 80:
+        return None
+    bucket = next((d for d in DECODE_BUCKETS if d >= max(c.headdim, c.headdim_v)), None)
+    if bucket is None or not common.vec_loads(c.k_cache, c.v_cache):
+        return None
+    rows = c.seqlen_q * (c.heads // c.heads_k)
+    if c.block_table is None and rows > DECODE_MAX_ROWS:
+        return None
+    variant = DECODE.variant(common.dtype_name(c.dtype), (bucket,))
+    return variant if decode_smem_bytes(variant) <= device.smem_optin else None
+
+
+def num_splits(c, variant, device, row_tiles):
+    """Splits of the keys: the call's own, or the fewest that fill the device's CTA slots about as well as
+    any count can, each keeping at least MIN_TILES_PER_SPLIT key tiles."""
+    if c.num_splits:
+        return c.num_splits
+    keys = c.capacity if c.cache_seqlens is not None else c.cache_seqlens_value + c.seqlen_new
+    tiles = common.cdiv(keys, DECODE_BLOCK_N)
+    base = row_tiles * c.heads_k * c.batch
+    slots = device.sm_count * decode_ctas_per_sm(variant, device.smem_per_sm)
+    most = min(MAX_SPLITS, max(1, tiles // MIN_TILES_PER_SPLIT))
+    if base >= slots or most == 1:
+        return 1
+
+    def efficiency(splits):
+        ctas = base * splits
+        return ctas / (common.cdiv(ctas, slots) * slots)
+
+    best = max(efficiency(s) for s in range(1, most + 1))
+    return next(s for s in range(1, most + 1) if efficiency(s) >= 0.95 * best)
+
+
+def run(c):
+    """(out, lse) of a validated CuPy call ``c``, the new keys and values written into the caches."""
+    device = common.current_device()
+    q = common.operand(c.q)
+    out = cupy.empty(c.out_shape, dtype=c.dtype)
+    lse = cupy.empty(c.lse_shape, dtype=_validate.lse_dtype(c.dtype))
+    if c.rotary_dim:
+        q_rot = cupy.empty(q.shape, dtype=c.dtype)
+    if c.k_new is not None:
+        c = dataclasses.replace(c, k_new=common.operand(c.k_new), v_new=common.operand(c.v_new))
+        args = _args(c, q, out, lse)
+        if c.rotary_dim:
+            args["q_rot"] = _params.tensor(q_rot)
+        tokens = max(c.seqlen_new, c.seqlen_q if c.rotary_dim else 0)
+        if tokens:
+            common.launch(APPEND.variant(common.dtype_name(c.dtype)), (tokens, c.batch, 1), APPEND_THREADS, args)
+    if c.rotary_dim:
+        q = q_rot
+    if c.seqlen_q == 0:
+        return out, lse
+    variant = decode_variant(c, device)
+    if variant is not None:
+        _decode(c, variant, device, q, out, lse)
+    else:
+        _general(c, q, out, lse)
+    return out, lse
+
+
+def _decode(c, variant, device, q, out, lse):
+    rows = c.seqlen_q * (c.heads // c.heads_k)
+    row_tiles = common.cdiv(rows, DECODE_ROWS)
+    splits = num_splits(c, variant, device, row_tiles)
+    args = _args(c, q, out, lse)
+    if splits > 1:
+        part_out = cupy.empty((splits, c.batch * c.seqlen_q * c.heads * c.headdim_v), numpy.float32)
+        part_lse = cupy.empty((splits, c.batch * c.heads * c.seqlen_q), numpy.float32)
+        args["part_out"], args["part_lse"], args["num_splits"] = part_out.data.ptr, part_lse.data.ptr, splits
+    common.launch(variant, (row_tiles * splits, c.heads_k, c.batch), DECODE_THREADS, args, decode_smem_bytes(variant))
+    if splits > 1:
+        combine_rows = c.batch * c.seqlen_q * c.heads
+        common.launch(COMBINE.variant(common.dtype_name(c.dtype)), (common.cdiv(combine_rows, COMBINE_ROWS_PER_CTA), 1, 1),
+                      32 * COMBINE_ROWS_PER_CTA, args)
+
+
+def _general(c, q, out, lse):
+    """The cache as a dense batch of capacity keys with per-entry counts, through the forward families."""
+    from .. import _cuda
+
+    seqused = cupy.empty(c.batch, numpy.int32)
+    bad = cupy.empty(c.batch, numpy.int32)
+    args = _args(c, q, out, lse)
+    args["seqused_k"], args["bad"] = seqused.data.ptr, bad.data.ptr
+    common.launch(LENGTHS.variant(), (c.batch, 1, 1), APPEND_THREADS, args)
+    k, v = c.k_cache, c.v_cache
+    if c.block_table is not None:
+        # Clamped: a bad page makes the entry's rows NaN below, and must not make the gather fault.
+        pages = cupy.clip(c.block_table, 0, c.cache_entries - 1)
+        k = k[pages].reshape(c.batch, c.capacity, c.heads_k, c.headdim)
+        v = v[pages].reshape(c.batch, c.capacity, c.heads_k, c.headdim_v)
+    elif c.cache_batch_idx is not None:
+        entries = cupy.clip(c.cache_batch_idx, 0, c.cache_entries - 1)
+        k, v = k[entries], v[entries]
+    elif k.shape[0] != c.batch:
+        k, v = k[:c.batch], v[:c.batch]
+    p = _validate.Problem(
+        xp=cupy, dtype=c.dtype, batch=c.batch, seqlen_q=c.seqlen_q, seqlen_k=c.capacity, heads=c.heads,
+        heads_k=c.heads_k, headdim=c.headdim, headdim_v=c.headdim_v, softmax_scale=c.softmax_scale,
+        window_left=c.window_left, window_right=c.window_right, softcap=c.softcap, alibi_slopes=c.alibi_slopes,
+        seqused_k=seqused)
+    if c.capacity > 0:
+        result, result_lse = _cuda.forward(q, k, v, p)
+        out[...], lse[...] = result, result_lse
+    else:
+        out.fill(0)
+        lse.fill(-numpy.inf)
+    for x in (out, lse):
+        per_entry = x.size // c.batch
+        common.launch(POISON.variant(common.dtype_name(x.dtype)), (min(common.cdiv(x.size, POISON_THREADS), 4096), 1, 1),
+                      POISON_THREADS, (bad, x, numpy.int64(per_entry), numpy.int64(x.size)))

@@ -1,0 +1,286 @@
+"""flash_attention_with_kvcache: the checks of a call, the NumPy twin and the CUDA paths.
+
+CUDA: new keys and values (and the rotary embedding) go into the cache through kvc_append; then either
+the decode kernel (float16/bfloat16 caches with 16-byte aligned rows, head dims up to 256; every
+paged cache, and every call whose query rows per kv head, seqlen_q * heads / heads_k, are few) with
+its split-KV combine, or the general path: the cache as a dense batch with per-entry key counts
+(seqused_k) through the ordinary forward families (sm90, sm80 or general), after gathering the rows of
+a paged cache or of cache_batch_idx into a dense copy when the decode kernel does not take the call.
+"""
+
+import dataclasses
+
+import numpy
+
+from . import _validate
+
+
+@dataclasses.dataclass(frozen=True)
+class KvCacheCall:
+    """A validated call: sizes, options and the arrays (k_new/v_new None without new tokens)."""
+
+    xp: object
+    dtype: numpy.dtype
+    batch: int
+    seqlen_q: int
+    heads: int
+    heads_k: int
+    headdim: int
+    headdim_v: int
+    capacity: int          # keys one batch entry can hold: cache_len, or max_pages * page_size
+    page_size: int         # 0: dense cache
+    cache_entries: int     # pages of a paged cache, entries of a dense one
+    seqlen_new: int
+    softmax_scale: float
+    window_left: int
+    window_right: int
+    softcap: float
+    alibi_slopes: object
+    rotary_dim: int
+    rotary_interleaved: bool
+    rotary_q_at_row: bool
+    cache_seqlens: object      # int32 array (batch,), or None: cache_seqlens_value for every entry
+    cache_seqlens_value: int
+    num_splits: int
+    q: object
+    k_cache: object
+    v_cache: object
+    k_new: object
+    v_new: object
+    cache_batch_idx: object
+    block_table: object
+    rotary_cos: object
+    rotary_sin: object
+
+    @property
+    def out_shape(self):
+        return (self.batch, self.seqlen_q, self.heads, self.headdim_v)
+
+    @property
+    def lse_shape(self):
+        return (self.batch, self.heads, self.seqlen_q)
+
+
+def _index_array(name, x, xp, shape_text, ndim):
+    if x is None:
+        return None
+    if _validate._array_module({name: x}) is not xp:
+        raise TypeError(f"{name} must be a {'cupy' if xp is not numpy else 'numpy'} array like q")
+    if x.dtype != numpy.int32:
+        raise TypeError(f"{name} has dtype {x.dtype}; expected int32")
+    if x.ndim != ndim:
+        raise ValueError(f"{name} must have shape {shape_text}, got {x.shape}")
+    _validate._check_devices(xp, {name: x})
+    return x
+
+
+def _count(name, value, low, high=None):
+    if not _validate._is_int(value):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    value = int(value)
+    if value < low or high is not None and value > high:
+        bound = f"at least {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"{name} must be {bound}, got {value}")
+    return value
+
+
+def check(q, k_cache, v_cache, *, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
+          rotary_interleaved, causal, window_size, softcap, alibi_slopes, softmax_scale, num_splits, max_splits):
+    """Checks a flash_attention_with_kvcache call (arrays from :func:`_validate.arrays`); returns its
+    :class:`KvCacheCall`. NumPy calls also check cache_seqlens, cache_batch_idx and block_table's values
+    here; CuPy calls check array values on the device (see the decode kernel)."""
+    floating = {"q": q, "k_cache": k_cache, "v_cache": v_cache}
+    for name, x in (("k", k), ("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+        if x is not None:
+            floating[name] = x
+    xp = _validate._array_module(floating)
+    dtype = _validate._check_dtypes(floating)
+    _validate._check_rank("q", q, ("batch", "seqlen_q", "heads", "headdim"))
+    paged = block_table is not None
+    cache_axes = ("num_pages", "page_size", "heads_k", "headdim") if paged else ("batch_cache", "cache_len", "heads_k", "headdim")
+    for name in ("k_cache", "v_cache"):
+        _validate._check_rank(name, floating[name], cache_axes)
+    if k_cache.shape[:3] != v_cache.shape[:3]:
+        raise ValueError(f"k_cache and v_cache must agree on {', '.join(cache_axes[:3])}; got {k_cache.shape} and "
+                         f"{v_cache.shape}")
+    batch, seqlen_q, heads, headdim = q.shape
+    heads_k, headdim_v = k_cache.shape[2], v_cache.shape[3]
+    if k_cache.shape[3] != headdim:
+        raise ValueError(f"q and k_cache must have the same headdim; got q {headdim}, k_cache {k_cache.shape[3]}")
+    if headdim < 1 or headdim_v < 1:
+        raise ValueError(f"headdim must be at least 1; got q/k headdim {headdim}, v headdim {headdim_v}")
+    _validate._check_heads(heads, heads_k)
+    for name in ("k_cache", "v_cache"):
+        x = floating[name]
+        if x.shape[3] > 1 and x.strides[3] != x.dtype.itemsize:
+            raise ValueError(f"{name} must have a contiguous last axis (it is written in place); got strides {x.strides}")
+
+    cache_batch_idx = _index_array("cache_batch_idx", cache_batch_idx, xp, f"({batch},)", 1)
+    block_table = _index_array("block_table", block_table, xp, "(batch, max_pages)", 2)
+    if paged:
+        if block_table.shape[0] != batch:
+            raise ValueError(f"block_table must have shape ({batch}, max_pages) (batch, max_pages), got {block_table.shape}")
+        if cache_batch_idx is not None:
+            raise ValueError("cache_batch_idx is for dense caches; a paged cache maps batch entries to pages through "
+                             "block_table")
+        page_size = k_cache.shape[1]
+        if page_size < 1:
+            raise ValueError(f"a paged cache needs pages of at least 1 row; k_cache has shape {k_cache.shape}")
+        capacity = block_table.shape[1] * page_size
+    else:
+        page_size = 0
+        capacity = k_cache.shape[1]
+        if cache_batch_idx is None and k_cache.shape[0] < batch:
+            raise ValueError(f"k_cache holds {k_cache.shape[0]} entries for a batch of {batch}; pass cache_batch_idx to "
+                             "map batch entries to cache entries")
+        if cache_batch_idx is not None and cache_batch_idx.shape != (batch,):
+            raise ValueError(f"cache_batch_idx must have shape ({batch},), got {cache_batch_idx.shape}")
+    cache_entries = k_cache.shape[0]
+
+    if (k is None) != (v is None):
+        raise ValueError("k and v must be given together (the new keys and values), or both left None")
+    seqlen_new = 0
+    if k is not None:
+        _validate._check_rank("k", k, ("batch", "seqlen_new", "heads_k", "headdim"))
+        _validate._check_rank("v", v, ("batch", "seqlen_new", "heads_k", "headdim_v"))
+        expected_k, expected_v = (batch, k.shape[1], heads_k, headdim), (batch, k.shape[1], heads_k, headdim_v)
+        if k.shape != expected_k or v.shape != expected_v:
+            raise ValueError(f"k and v must have shapes {expected_k} and {expected_v} (batch, seqlen_new, heads_k, "
+                             f"headdim); got {k.shape} and {v.shape}")
+        seqlen_new = k.shape[1]
+        if seqlen_new > capacity:
+            raise ValueError(f"{seqlen_new} new keys do not fit a cache of {capacity} keys per batch entry")
+
+    value = 0
+    if cache_seqlens is None:
+        value = capacity - seqlen_new
+    elif _validate._is_int(cache_seqlens):
+        value = _count("cache_seqlens", cache_seqlens, 0, capacity - seqlen_new)
+        cache_seqlens = None
+    else:
+        cache_seqlens = _index_array("cache_seqlens", cache_seqlens, xp, f"({batch},)", 1)
+        if cache_seqlens.shape != (batch,):
+            raise ValueError(f"cache_seqlens must be an int or have shape ({batch},), got {cache_seqlens.shape}")
+
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError("rotary_cos and rotary_sin must be given together")
+    rotary_dim = 0
+    if rotary_cos is not None:
+        if k is None:
+            raise ValueError("rotary_cos/rotary_sin rotate the new keys: pass k and v with them")
+        for name, x in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+            _validate._check_rank(name, x, ("max_position", "rotary_dim / 2"))
+        if rotary_cos.shape != rotary_sin.shape:
+            raise ValueError(f"rotary_cos and rotary_sin must have one shape; got {rotary_cos.shape} and {rotary_sin.shape}")
+        rotary_dim = 2 * rotary_cos.shape[1]
+        if not 0 < rotary_dim <= headdim:
+            raise ValueError(f"rotary_cos has {rotary_cos.shape[1]} columns: rotary_dim = 2 * that must be in [2, headdim "
+                             f"= {headdim}]")
+        if rotary_cos.shape[0] < capacity:
+            raise ValueError(f"rotary_cos has {rotary_cos.shape[0]} positions; the cache holds {capacity} keys per batch "
+                             "entry, and every position needs its angles")
+    rotary_interleaved = _validate.check_flag("rotary_interleaved", rotary_interleaved)
+    causal = _validate.check_flag("causal", causal)
+    window_left, window_right = _validate._window(window_size, causal)
+    scale = _validate._softmax_scale(softmax_scale, headdim, dtype)
+    softcap = _validate._softcap(softcap, dtype, scale)
+    alibi_slopes = _validate._alibi_slopes(alibi_slopes, xp, batch, heads)
+    num_splits = _count("num_splits", num_splits, 0, max_splits)
+    _validate._check_sizes((("capacity", capacity), ("seqlen_q", seqlen_q), ("headdim", headdim),
+                            ("headdim_v", headdim_v)))
+    if batch > 65535 or heads_k > 65535:
+        raise ValueError(f"batch and heads_k must be at most 65535 (grid axes); got {batch} and {heads_k}")
+    named = {n: x for n, x in (("cache_batch_idx", cache_batch_idx), ("block_table", block_table),
+                               ("cache_seqlens", cache_seqlens)) if x is not None}
+    _validate._check_devices(xp, {**floating, **named})
+    call = KvCacheCall(
+        xp=xp, dtype=dtype, batch=batch, seqlen_q=seqlen_q, heads=heads, heads_k=heads_k, headdim=headdim,
+        headdim_v=headdim_v, capacity=capacity, page_size=page_size, cache_entries=cache_entries,
+        seqlen_new=seqlen_new, softmax_scale=scale, window_left=window_left, window_right=window_right,
+        softcap=softcap, alibi_slopes=alibi_slopes, rotary_dim=rotary_dim, rotary_interleaved=rotary_interleaved,
+        rotary_q_at_row=causal or window_left >= 0 or window_right >= 0, cache_seqlens=cache_seqlens,
+        cache_seqlens_value=value, num_splits=num_splits, q=q, k_cache=k_cache, v_cache=v_cache, k_new=k, v_new=v,
+        cache_batch_idx=cache_batch_idx, block_table=block_table, rotary_cos=rotary_cos, rotary_sin=rotary_sin)
+    if xp is numpy:
+        _check_values_on_host(call)
+    return call
+
+
+def _cached_lengths(c):
+    """cache_seqlens as an int64 NumPy array of the batch's entries (a NumPy call's)."""
+    if c.cache_seqlens is None:
+        return numpy.full(c.batch, c.cache_seqlens_value, numpy.int64)
+    return c.cache_seqlens.astype(numpy.int64)
+
+
+def _check_values_on_host(c):
+    lengths = _cached_lengths(c)
+    if ((lengths < 0) | (lengths + c.seqlen_new > c.capacity)).any():
+        raise ValueError(f"cache_seqlens must lie in [0, {c.capacity - c.seqlen_new}] (the cache holds {c.capacity} keys "
+                         f"per batch entry, {c.seqlen_new} of them new); got {numpy.array2string(lengths, threshold=12)}")
+    if c.cache_batch_idx is not None:
+        idx = c.cache_batch_idx
+        if ((idx < 0) | (idx >= c.cache_entries)).any():
+            raise ValueError(f"cache_batch_idx must index the cache's {c.cache_entries} entries; got "
+                             f"{numpy.array2string(idx, threshold=12)}")
+    if c.block_table is not None:
+        for b in range(c.batch):
+            used = c.block_table[b, :-(-(lengths[b] + c.seqlen_new) // c.page_size)]
+            if ((used < 0) | (used >= c.cache_entries)).any():
+                raise ValueError(f"block_table row {b} names pages outside the cache's {c.cache_entries}: "
+                                 f"{numpy.array2string(used, threshold=12)}")
+
+
+# ------------------------------------------------------------------------------------------------
+# The NumPy twin.
+
+def _positions(c, b, positions):
+    """(cache entry, row) index arrays of batch entry b's key positions."""
+    if c.block_table is not None:
+        return c.block_table[b, positions // c.page_size], positions % c.page_size
+    entry = b if c.cache_batch_idx is None else int(c.cache_batch_idx[b])
+    return numpy.full_like(positions, entry), positions
+
+
+def numpy_call(c):
+    """(out, lse) of a NumPy call; the new keys and values are written into the caches first."""
+    from . import _numpy_impl, reference
+
+    lengths = _cached_lengths(c)
+    q = c.q
+    if c.k_new is not None:
+        new_positions = lengths[:, None] + numpy.arange(c.seqlen_new)[None, :]
+        k_new = c.k_new
+        if c.rotary_dim:
+            k_new = reference.apply_rotary(k_new, c.rotary_cos, c.rotary_sin, new_positions, c.rotary_interleaved)
+            q_positions = lengths[:, None] + (numpy.arange(c.seqlen_q)[None, :] if c.rotary_q_at_row else 0)
+            q = reference.apply_rotary(q, c.rotary_cos, c.rotary_sin,
+                                       numpy.broadcast_to(q_positions, (c.batch, c.seqlen_q)),
+                                       c.rotary_interleaved).astype(c.dtype)
+        for b in range(c.batch):
+            entry, row = _positions(c, b, new_positions[b])
+            c.k_cache[entry, row] = k_new[b].astype(c.dtype)
+            c.v_cache[entry, row] = c.v_new[b]
+    keys = lengths + c.seqlen_new
+    gathered = [_positions(c, b, numpy.arange(keys[b])) for b in range(c.batch)]
+    k = numpy.concatenate([c.k_cache[e, r] for e, r in gathered]) if c.batch else c.k_cache[:0, 0]
+    v = numpy.concatenate([c.v_cache[e, r] for e, r in gathered]) if c.batch else c.v_cache[:0, 0]
+    cu_k = numpy.concatenate([[0], numpy.cumsum(keys)]).astype(numpy.int32)
+    cu_q = (numpy.arange(c.batch + 1) * c.seqlen_q).astype(numpy.int32)
+    packed_q = q.reshape(c.batch * c.seqlen_q, c.heads, c.headdim)
+    p = _validate.varlen_forward_problem(packed_q, k, v, cu_q, cu_k, softmax_scale=c.softmax_scale,
+                                         window_size=(c.window_left, c.window_right), softcap=c.softcap,
+                                         alibi_slopes=_per_entry_slopes(c))
+    if p.is_empty:
+        return (numpy.zeros(c.out_shape, c.dtype),
+                numpy.full(c.lse_shape, -numpy.inf, _validate.lse_dtype(c.dtype)))
+    out, lse = _numpy_impl.forward(packed_q, k, v, p)
+    lse = lse.reshape(c.heads, c.batch, c.seqlen_q).transpose(1, 0, 2)
+    return out.reshape(c.out_shape), numpy.ascontiguousarray(lse)
+
+
+def _per_entry_slopes(c):
+    """ALiBi slopes as (batch, heads), the packed problem's layout."""
+    if c.alibi_slopes is None or c.alibi_slopes.ndim == 2:
+        return c.alibi_slopes
+    return c.xp.ascontiguousarray(c.xp.broadcast_to(c.alibi_slopes, (c.batch, c.heads)))

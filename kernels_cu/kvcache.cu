@@ -1,0 +1,441 @@
+// Attention of queries to a KV cache (cupyflash.flash_attention_with_kvcache): the inference kernels.
+//
+//   kvc_append   writes the new keys and values of every batch entry into its cache at cache_seqlens[b]
+//                (dense or paged), with the rotary embedding applied to them and, into q_rot, to the
+//                queries; every dtype.
+//   kvc_fwd      the decode kernel (float16/bfloat16, sm_80+): one CTA per (16 query rows, split of the
+//                keys, kv head, batch entry). Its rows are the (query, query head) pairs of the kv
+//                head's GQA group, so each K/V byte is read once for the whole group. Its four warps
+//                take 16 keys each of every 64-key tile, each with its own online softmax, and merge
+//                their states at the end; the tiles stream through cp.async stages, one page lookup per
+//                cached row, so a paged cache of any page size is the same loop. With num_splits > 1
+//                the CTA writes a float32 partial output and its lse, which kvc_combine merges.
+//   kvc_combine  out = sum_s exp(lse_s - lse) out_s, lse = ln sum_s exp(lse_s), one warp per row.
+//   kvc_lengths  the general path's per-entry key counts (seqused_k) and bad flags; kvc_poison turns
+//                the rows of bad entries into NaN afterwards.
+//
+// Out-of-range values never reach memory: a batch entry whose cache_seqlens is negative or leaves no
+// room for its new keys, whose cache_batch_idx is not an entry of the cache, or whose block_table
+// holds a page index outside the cache among the pages it uses, reads and writes nothing of the
+// cache; its output rows and lse are NaN (documented in cupyflash/_api.py).
+#include "dtypes.cuh"
+#include "mma.cuh"
+#include "params.cuh"
+#include "policy.cuh"
+#include "reduce.cuh"
+#include "tc_softmax.cuh"
+#include "tc_tile.cuh"
+
+namespace cupyflash {
+
+// Where batch entry b's keys are, and whether its values are in range.
+struct CacheEntry {
+    int keys;      // cache_seqlens[b] + seqlen_new when in range, else 0
+    int cached;    // cache_seqlens[b]
+    int entry;     // dense: the cache entry of b
+    bool bad;
+
+    __device__ __forceinline__ CacheEntry(const KvCacheArgs& c, int b) {
+        cached = c.cache_seqlens != nullptr ? c.cache_seqlens[b] : c.cache_seqlens_value;
+        const long long total = static_cast<long long>(cached) + c.seqlen_new;
+        bad = cached < 0 || total > c.attn.seqlen_k;
+        entry = b;
+        if (c.block_table == nullptr && c.cache_batch_idx != nullptr) {
+            entry = c.cache_batch_idx[b];
+            bad = bad || entry < 0 || entry >= c.cache_entries;
+        }
+        keys = bad ? 0 : static_cast<int>(total);
+    }
+
+    // Element offset of cached row `pos` (< keys) of kv head hk in a cache tensor; *bad_page is set
+    // (and page 0 read) when the block table names a page outside the cache.
+    __device__ __forceinline__ long long row_offset(const KvCacheArgs& c, const TensorArg& t, int b, int pos, int hk,
+                                                    bool* bad_page) const {
+        long long page, row;
+        if (c.block_table != nullptr) {
+            page = c.block_table[b * c.block_table_stride + pos / c.page_size];
+            row = pos % c.page_size;
+            if (page < 0 || page >= c.cache_entries) {
+                *bad_page = true;
+                page = 0;
+            }
+        } else {
+            page = entry;
+            row = pos;
+        }
+        return page * t.batch_stride + row * t.row_stride + hk * t.head_stride;
+    }
+};
+
+// ------------------------------------------------------------------------------------------------
+// Append (and rotary).
+
+// Element c of row x (headdim columns) rotated at angle row cs/sn (rotary_dim / 2 entries): pairs
+// (2i, 2i + 1) when interleaved, else (i, i + rotary_dim / 2); (a, b) -> (a cos - b sin, a sin + b cos).
+// Columns from rotary_dim on are copied.
+template <typename T>
+__device__ __forceinline__ T rotated(const T* x, int c, const T* cs, const T* sn, int rotary_dim, bool interleaved) {
+    using Acc = acc_t<T>;
+    if (c >= rotary_dim) return x[c];
+    const int half = rotary_dim / 2;
+    const int i = interleaved ? c / 2 : c % half;
+    const bool first = interleaved ? c % 2 == 0 : c < half;
+    const int partner = interleaved ? c ^ 1 : (first ? c + half : c - half);
+    const Acc cos_i = to_acc(cs[i]), sin_i = to_acc(sn[i]);
+    const Acc self = to_acc(x[c]), other = to_acc(x[partner]);
+    return from_acc<T>(first ? self * cos_i - other * sin_i : other * sin_i + self * cos_i);
+}
+
+// One CTA per (token i, batch entry b): i < seqlen_new appends new token i of b (all kv heads);
+// with rotary, i < seqlen_q also writes query row i of b rotated into q_rot.
+template <typename T>
+__global__ void __launch_bounds__(128) kvc_append(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
+    const AttnArgs& a = c.attn;
+    const int i = blockIdx.x, b = blockIdx.y;
+    const CacheEntry e(c, b);
+    const T* cos_table = static_cast<const T*>(c.rotary_cos);
+    const T* sin_table = static_cast<const T*>(c.rotary_sin);
+    const int half = c.rotary_dim / 2;
+    // Positions past the table belong to bad entries (the host checks the table covers the cache).
+    auto angle_row = [&](int pos) { return static_cast<long long>(clamp_int(pos, 0, c.rotary_rows - 1)) * half; };
+    if (i < c.seqlen_new && !e.bad) {
+        const int pos = e.cached + i;
+        bool bad_page = false;
+        const long long k_at = e.row_offset(c, a.k, b, pos, 0, &bad_page);
+        const long long v_at = e.row_offset(c, a.v, b, pos, 0, &bad_page);
+        if (!bad_page) {  // kvc_fwd or kvc_lengths poisons the entry's rows
+            const long long angles = angle_row(pos);
+            for (int idx = threadIdx.x; idx < a.heads_k * a.headdim; idx += blockDim.x) {
+                const int hk = idx / a.headdim, col = idx % a.headdim;
+                const T* src = head_rows<const T>(c.k_new, b, i, hk);
+                static_cast<T*>(a.k.ptr)[k_at + hk * a.k.head_stride + col] =
+                    c.rotary_dim > 0 ? rotated(src, col, cos_table + angles, sin_table + angles, c.rotary_dim,
+                                               c.rotary_interleaved != 0)
+                                     : src[col];
+            }
+            for (int idx = threadIdx.x; idx < a.heads_k * a.headdim_v; idx += blockDim.x) {
+                const int hk = idx / a.headdim_v, col = idx % a.headdim_v;
+                static_cast<T*>(a.v.ptr)[v_at + hk * a.v.head_stride + col] = head_rows<const T>(c.v_new, b, i, hk)[col];
+            }
+        }
+    }
+    if (c.rotary_dim > 0 && i < a.seqlen_q) {
+        const long long angles = angle_row(e.cached + (c.rotary_q_at_row ? i : 0));
+        for (int idx = threadIdx.x; idx < a.heads * a.headdim; idx += blockDim.x) {
+            const int h = idx / a.headdim, col = idx % a.headdim;
+            head_rows<T>(c.q_rot, b, i, h)[col] = rotated(head_rows<const T>(c.attn.q, b, i, h), col, cos_table + angles,
+                                                          sin_table + angles, c.rotary_dim, c.rotary_interleaved != 0);
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// The decode kernel.
+
+template <typename T, int kHeadDim_>
+struct KvcTraits {
+    static constexpr int kHeadDim = kHeadDim_;  // bucket covering headdim and headdim_v
+    static constexpr int kWarps = 4;
+    static constexpr int kThreads = 32 * kWarps;
+    static constexpr int kRows = 16;            // (query, head) rows per CTA: one mma.sync m-tile
+    static constexpr int kBlockN = 16 * kWarps; // keys per stage, 16 per warp
+    static constexpr int kLd = kHeadDim + 8;    // padded shared row (tc_tile.cuh)
+    static constexpr int kStageBytes = 2 * kBlockN * kLd * static_cast<int>(sizeof(T));
+    // Stages in flight: decoding is bound by DRAM bandwidth, and with two CTAs per SM up to head dim
+    // 128 (one at 256) these keep 100-200 KB of K/V requests in flight per SM, several times the
+    // bandwidth-latency product (4.24 TB/s * ~1 us / 132 SMs = 32 KB).
+    static constexpr int kStages = kHeadDim <= 64 ? 4 : kHeadDim <= 128 ? 3 : 2;
+    static constexpr int kQBytes = kRows * kLd * static_cast<int>(sizeof(T));
+    static constexpr int kSmemBytes = kQBytes + kStages * kStageBytes;
+    // After the loop the stages hold each warp's float32 output rows and row statistics.
+    static constexpr int kMergeBytes = kWarps * kRows * (kHeadDim + 2) * 4;
+    static_assert(kMergeBytes <= kStages * kStageBytes, "the warps' states must fit the stage buffers");
+    static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head-dim buckets are multiples of 16 up to 256");
+};
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(KvcTraits<T, kHeadDim>::kThreads, 2)
+kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
+    using Tr = KvcTraits<T, kHeadDim>;
+    constexpr int kBlockN = Tr::kBlockN, kLd = Tr::kLd, kStages = Tr::kStages;
+    constexpr int kDSteps = kHeadDim / 16, kOTiles = kHeadDim / 8, kChunks = kHeadDim / 8;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    require_dynamic_smem<Tr::kSmemBytes>();
+    const AttnArgs& a = c.attn;
+    T* sQ = reinterpret_cast<T*>(smem_raw);
+    T* sK = sQ + Tr::kRows * kLd;           // kStages tiles of kBlockN rows
+    T* sV = sK + kStages * kBlockN * kLd;
+
+    const int split = blockIdx.x % c.num_splits;
+    const int row_tile = blockIdx.x / c.num_splits;
+    const int hk = blockIdx.y, b = blockIdx.z;
+    const int group = a.heads / a.heads_k;
+    const int rows = a.seqlen_q * group;           // row r: query r / group, head hk * group + r % group
+    const int r0 = row_tile * Tr::kRows;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int g = lane / 4, t = lane % 4;
+
+    const CacheEntry entry(c, b);
+    Sequence seq;
+    seq.q_start = seq.k_start = 0;
+    seq.seqlen_q = a.seqlen_q;
+    seq.seqlen_k = entry.keys;
+    const Mask mask(a, seq);
+    const int alibi_offset = seq.seqlen_k - seq.seqlen_q;  // ALiBi distance |i + offset - j|
+
+    // The queries of the CTA's rows, the keys they see, and this split's share of those key tiles.
+    const int i0 = r0 / group, i1 = min(r0 + Tr::kRows, rows) - 1;
+    const int i_last = i1 / group;
+    int key_begin, key_end;
+    mask.key_range(i0, i_last - i0 + 1, &key_begin, &key_end);
+    int tile_begin = 0, tile_end = 0;
+    if (key_end > key_begin) {
+        const int t0 = key_begin / kBlockN, t1 = ceil_div(key_end, kBlockN);
+        const int per_split = ceil_div(t1 - t0, c.num_splits);
+        tile_begin = min(t0 + split * per_split, t1);
+        tile_end = min(tile_begin + per_split, t1);
+    }
+
+    // Q rows (zero past the last row), staged through shared memory into A fragments.
+    for (int idx = threadIdx.x; idx < Tr::kRows * kHeadDim; idx += Tr::kThreads) {
+        const int lr = idx / kHeadDim, col = idx % kHeadDim;
+        const int r = r0 + lr;
+        T value = from_acc<T>(0.0f);
+        if (r < rows && col < a.headdim) value = head_rows<const T>(a.q, b, r / group, hk * group + r % group)[col];
+        sQ[lr * kLd + col] = value;
+    }
+
+    bool bad_page = false;
+    const T* k_base = static_cast<const T*>(a.k.ptr);
+    const T* v_base = static_cast<const T*>(a.v.ptr);
+    // Key tile `tile` into stage `stage`: rows past the entry's keys and columns past the head dims are
+    // zero-filled, so no NaN of unused cache memory can reach a product.
+    auto load_kv = [&](int tile, int stage) {
+        T* dk = sK + stage * kBlockN * kLd;
+        T* dv = sV + stage * kBlockN * kLd;
+#pragma unroll
+        for (int idx = threadIdx.x; idx < kBlockN * kChunks; idx += Tr::kThreads) {
+            const int r = idx / kChunks, col = (idx % kChunks) * 8;
+            const int pos = tile * kBlockN + r;
+            int k_bytes = 0, v_bytes = 0;
+            const T* k_src = k_base;
+            const T* v_src = v_base;
+            if (pos < entry.keys) {
+                k_src += entry.row_offset(c, a.k, b, pos, hk, &bad_page) + col;
+                v_src += entry.row_offset(c, a.v, b, pos, hk, &bad_page) + col;
+                k_bytes = clamp_int(a.headdim - col, 0, 8) * static_cast<int>(sizeof(T));
+                v_bytes = clamp_int(a.headdim_v - col, 0, 8) * static_cast<int>(sizeof(T));
+                if (k_bytes == 0) k_src = k_base;
+                if (v_bytes == 0) v_src = v_base;
+            }
+            cp_async_16(smem_addr(dk + r * kLd + col), k_src, k_bytes);
+            cp_async_16(smem_addr(dv + r * kLd + col), v_src, v_bytes);
+        }
+    };
+
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+        if (tile_begin + s < tile_end) load_kv(tile_begin + s, s);
+        cp_async_commit();
+    }
+    __syncthreads();  // sQ
+
+    unsigned q_frag[kDSteps][4];
+#pragma unroll
+    for (int kk = 0; kk < kDSteps; ++kk) load_a_frag<kLd>(q_frag[kk], sQ, 0, 16 * kk);
+
+    // Per-row score modifications: a row's query and head.
+    Log2Scores scores(a, seq, b, hk * group);
+    float bias_log2[2];
+    int query[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int r = r0 + g + 8 * half;
+        query[half] = r / group;
+        const int h = hk * group + r % group;
+        bias_log2[half] = a.alibi_slopes != nullptr ? -a.alibi_slopes[b * a.alibi_batch_stride + min(h, a.heads - 1)] *
+                                                         kLog2eF
+                                                   : 0.0f;
+    }
+
+    float o[kOTiles][4];
+#pragma unroll
+    for (int n = 0; n < kOTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    FragmentSoftmax<2> softmax;
+
+    for (int tile = tile_begin, it = 0; tile < tile_end; ++tile, ++it) {
+        cp_async_wait<kStages - 2>();
+        __syncthreads();  // tile `tile` has landed for every thread; stage (it - 1) is free
+        if (tile + kStages - 1 < tile_end) load_kv(tile + kStages - 1, (it + kStages - 1) % kStages);
+        cp_async_commit();
+        const T* sKj = sK + (it % kStages) * kBlockN * kLd;
+        const T* sVj = sV + (it % kStages) * kBlockN * kLd;
+        const int n0 = tile * kBlockN + 16 * warp;  // this warp's 16 keys
+
+        float s[2][4] = {};
+#pragma unroll
+        for (int kk = 0; kk < kDSteps; ++kk) {
+            unsigned bk[4];
+            load_bt_frags<kLd>(bk, sKj, 16 * warp, 16 * kk);
+            mma_16816<T>(s[0], q_frag[kk], bk);
+            mma_16816<T>(s[1], q_frag[kk], bk + 2);
+        }
+        const bool full = mask.tile_is_full(i0, i_last - i0 + 1, n0, 16);
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int i = query[e / 2], j = n0 + 8 * nt + 2 * t + e % 2;
+                float x;
+                if (scores.mod.softcap) {
+                    x = Log2Scores::fast_tanh(s[nt][e] * scores.cap_in) * scores.cap_out;
+                } else {
+                    x = s[nt][e] * scores.scale_log2;
+                }
+                if (a.alibi_slopes != nullptr) x += bias_log2[e / 2] * static_cast<float>(abs(i + alibi_offset - j));
+                s[nt][e] = full || mask.visible(i, j) ? x : Consts<float>::neg_inf();
+            }
+        }
+        softmax.step(s, o);
+
+        unsigned p[4] = {pack2<T>(s[0][0], s[0][1]), pack2<T>(s[0][2], s[0][3]), pack2<T>(s[1][0], s[1][1]),
+                         pack2<T>(s[1][2], s[1][3])};
+#pragma unroll
+        for (int cp = 0; cp < kOTiles / 2; ++cp) {
+            unsigned bv[4];
+            load_b_frags_trans<kLd>(bv, sVj, 16 * warp, 16 * cp);
+            mma_16816<T>(o[2 * cp], p, bv);
+            mma_16816<T>(o[2 * cp + 1], p, bv + 2);
+        }
+    }
+    cp_async_wait<0>();
+    const bool bad = entry.bad || __syncthreads_or(bad_page);  // also: every warp is done with the stages
+
+    // Merge the warps' states: each writes its rows' maximum (log2 units), sum and unnormalized output.
+    float* merge_o = reinterpret_cast<float*>(sK);                  // [warp][row][kHeadDim]
+    float* merge_m = merge_o + Tr::kWarps * Tr::kRows * kHeadDim;   // [warp][row]
+    float* merge_l = merge_m + Tr::kWarps * Tr::kRows;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const float l = group_sum<4>(softmax.l[half]);
+        const int row = g + 8 * half;
+        if (t == 0) {
+            merge_m[warp * Tr::kRows + row] = softmax.m2[half];
+            merge_l[warp * Tr::kRows + row] = l;
+        }
+#pragma unroll
+        for (int n = 0; n < kOTiles; ++n) {
+            *reinterpret_cast<float2*>(merge_o + (warp * Tr::kRows + row) * kHeadDim + 8 * n + 2 * t) =
+                make_float2(o[n][2 * half], o[n][2 * half + 1]);
+        }
+    }
+    __syncthreads();
+
+    const float nan = __int_as_float(0x7fc00000);
+    for (int idx = threadIdx.x; idx < Tr::kRows * kHeadDim; idx += Tr::kThreads) {
+        const int lr = idx / kHeadDim, col = idx % kHeadDim;
+        const int r = r0 + lr;
+        if (r >= rows || col >= a.headdim_v) continue;
+        float m = Consts<float>::neg_inf();
+#pragma unroll
+        for (int w = 0; w < Tr::kWarps; ++w) m = fmaxf(m, merge_m[w * Tr::kRows + lr]);
+        const float base = m == Consts<float>::neg_inf() ? 0.0f : m;  // no key seen: every weight is 0
+        float l = 0.0f, acc = 0.0f;
+#pragma unroll
+        for (int w = 0; w < Tr::kWarps; ++w) {
+            const float weight = fast_exp2(merge_m[w * Tr::kRows + lr] - base);
+            l += weight * merge_l[w * Tr::kRows + lr];
+            acc += weight * merge_o[(w * Tr::kRows + lr) * kHeadDim + col];
+        }
+        // A row that saw no key is 0 with lse -inf; a NaN score makes l NaN, and NaN != 0.
+        float value = l != 0.0f ? acc / l : 0.0f;
+        float lse = l != 0.0f ? kLn2F * (m + __log2f(l)) : Consts<float>::neg_inf();
+        if (bad) value = lse = nan;
+        const int i = r / group, h = hk * group + r % group;
+        if (c.num_splits == 1) {
+            head_rows<T>(c.out, b, i, h)[col] = from_acc<T>(value);
+            if (col == 0) static_cast<float*>(c.lse.ptr)[rows_index(c.lse, b, h, i)] = lse;
+        } else {
+            const long long row = ((static_cast<long long>(split) * a.batch + b) * a.seqlen_q + i) * a.heads + h;
+            c.part_out[row * a.headdim_v + col] = value;
+            if (col == 0) c.part_lse[((static_cast<long long>(split) * a.batch + b) * a.heads + h) * a.seqlen_q + i] = lse;
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Merging the splits.
+
+// One warp per output row (b, i, h): lse = ln sum_s exp(lse_s) and out = sum_s exp(lse_s - lse) out_s,
+// shifted by the largest lse_s. Splits that saw no key (lse_s = -inf) weigh 0; a row no split saw is 0
+// with lse -inf; a NaN lse_s makes the row NaN.
+template <typename T>
+__global__ void __launch_bounds__(256) kvc_combine(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
+    const AttnArgs& a = c.attn;
+    const long long rows = static_cast<long long>(a.batch) * a.seqlen_q * a.heads;
+    const long long row = blockIdx.x * 8ll + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    const int h = static_cast<int>(row % a.heads);
+    const int i = static_cast<int>(row / a.heads % a.seqlen_q);
+    const int b = static_cast<int>(row / a.heads / a.seqlen_q);
+    const long long split_rows = rows;  // rows per split, in both workspaces
+    const long long lse_row = (static_cast<long long>(b) * a.heads + h) * a.seqlen_q + i;
+    float m = Consts<float>::neg_inf();
+    bool nan = false;
+    for (int s = 0; s < c.num_splits; ++s) {
+        const float x = c.part_lse[s * split_rows + lse_row];
+        nan = nan || x != x;
+        m = fmaxf(m, x);
+    }
+    const float base = m == Consts<float>::neg_inf() ? 0.0f : m;
+    float total = 0.0f;
+    for (int s = 0; s < c.num_splits; ++s) total += __expf(c.part_lse[s * split_rows + lse_row] - base);
+    const float inv = total != 0.0f ? 1.0f / total : 0.0f;
+    T* out = head_rows<T>(c.out, b, i, h);
+    for (int col = lane; col < a.headdim_v; col += 32) {
+        float acc = 0.0f;
+        for (int s = 0; s < c.num_splits; ++s) {
+            const float weight = __expf(c.part_lse[s * split_rows + lse_row] - base);
+            if (weight != 0.0f) acc += weight * c.part_out[(s * split_rows + row) * a.headdim_v + col];
+        }
+        out[col] = from_acc<T>(nan ? __int_as_float(0x7fc00000) : acc * inv);
+    }
+    if (lane == 0) {
+        static_cast<float*>(c.lse.ptr)[rows_index(c.lse, b, h, i)] =
+            nan ? __int_as_float(0x7fc00000) : (total != 0.0f ? base + __logf(total) : Consts<float>::neg_inf());
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// The general path: the attention runs as a dense forward with per-entry key counts (seqused_k).
+
+// One CTA per batch entry: seqused_k[b] = its key count (0 when bad) and bad[b], the pages it uses
+// checked against the cache.
+__global__ void __launch_bounds__(128) kvc_lengths(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
+    const int b = blockIdx.x;
+    const CacheEntry e(c, b);
+    bool bad_page = false;
+    if (c.block_table != nullptr && !e.bad) {
+        for (int page = threadIdx.x; page * c.page_size < e.keys; page += blockDim.x) {
+            const int index = c.block_table[b * c.block_table_stride + page];
+            bad_page = bad_page || index < 0 || index >= c.cache_entries;
+        }
+    }
+    const bool bad = __syncthreads_or(bad_page) || e.bad;
+    if (threadIdx.x == 0) {
+        c.seqused_k[b] = bad ? 0 : e.keys;
+        c.bad[b] = bad;
+    }
+}
+
+// x[b * per_entry + k] = NaN for the batch entries with bad[b] set (x contiguous, batch-major).
+template <typename T>
+__global__ void __launch_bounds__(256) kvc_poison(const int* bad, T* x, long long per_entry, long long n) {
+    for (long long k = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; k < n;
+         k += static_cast<long long>(gridDim.x) * blockDim.x) {
+        if (bad[k / per_entry]) x[k] = from_acc<T>(static_cast<acc_t<T>>(__longlong_as_double(0x7ff8000000000000ll)));
+    }
+}
+
+}  // namespace cupyflash

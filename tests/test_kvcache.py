@@ -1,0 +1,300 @@
+"""flash_attention_with_kvcache against the float64 oracle (cupyflash.reference.attention_with_kvcache)
+with the tolerance rule: dense and paged caches (pages of 1 to 64 rows), appended tokens with rotary
+embedding, GQA, masks and score modifications, split-KV decoding and its merge, the decode kernel and
+the general path; the caches written in place; out-of-range values; CUDA graph capture; validation.
+NumPy always, CuPy on a GPU."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+from helpers import (
+    DTYPES,
+    GPU_MARKS,
+    OUTPUT_FACTOR,
+    assert_within_rule,
+    gpu_available,
+    seed_from,
+    to_host,
+)
+
+import cupyflash
+from cupyflash import reference
+
+if gpu_available():
+    import cupy
+else:
+    cupy = None
+
+
+# The GPU marks for a param (which cannot carry the compile fixture; kernels then compile on first use).
+CUPY_MARKS = [m for m in GPU_MARKS if m.name != "usefixtures"]
+
+
+def _xp(name):
+    return np if name == "numpy" else cupy
+
+
+def _pages(batch, capacity, page_size, rng, spare=3):
+    """A block table of shuffled pages (with spare pages no entry uses) and the number of pages."""
+    per_entry = -(-capacity // page_size)
+    count = batch * per_entry + spare
+    table = rng.permutation(count)[: batch * per_entry].reshape(batch, per_entry).astype(np.int32)
+    return table, count
+
+
+def _inputs(xp, dtype, *, batch, seqlen_q, heads, heads_k, headdim, headdim_v, capacity, lengths, new=0, page_size=0,
+            rotary_dim=0, batch_idx=False, seed=0):
+    """Random inputs of one call: a dict of keyword arguments and the positional q, k_cache, v_cache."""
+    rng = np.random.default_rng(seed)
+    dt = DTYPES[dtype]
+
+    def normal(*shape):
+        return rng.standard_normal(shape).astype(dt)
+
+    q = normal(batch, seqlen_q, heads, headdim)
+    kwargs = {"cache_seqlens": np.asarray(lengths, np.int32)}
+    if page_size:
+        table, count = _pages(batch, capacity, page_size, rng)
+        k_cache, v_cache = normal(count, page_size, heads_k, headdim), normal(count, page_size, heads_k, headdim_v)
+        kwargs["block_table"] = table
+    else:
+        entries = batch + 2 if batch_idx else batch
+        k_cache, v_cache = normal(entries, capacity, heads_k, headdim), normal(entries, capacity, heads_k, headdim_v)
+        if batch_idx:
+            kwargs["cache_batch_idx"] = rng.permutation(entries)[:batch].astype(np.int32)
+    if new:
+        kwargs["k"], kwargs["v"] = normal(batch, new, heads_k, headdim), normal(batch, new, heads_k, headdim_v)
+    if rotary_dim:
+        angles = np.arange(capacity)[:, None] * (1e-2 ** (np.arange(rotary_dim // 2) / (rotary_dim // 2)))[None, :]
+        kwargs["rotary_cos"], kwargs["rotary_sin"] = np.cos(angles).astype(dt), np.sin(angles).astype(dt)
+    to = (lambda x: xp.asarray(x)) if xp is not np else (lambda x: x)
+    return (to(q), to(k_cache), to(v_cache)), {n: to(x) for n, x in kwargs.items()}
+
+
+def _check(xp, dtype, options=None, **sizes):
+    """One call against the oracle (out, lse with the tolerance rule; the caches as the reference
+    writes them, rounded); returns the call's results."""
+    options = options or {}
+    (q, k_cache, v_cache), arrays = _inputs(xp, dtype, **sizes, seed=seed_from(dtype, sorted(sizes.items()),
+                                                                               sorted(options.items())))
+    host = {n: to_host(x) for n, x in arrays.items()}
+    host_q, host_k, host_v = (to_host(x) for x in (q, k_cache, v_cache))
+    slopes = options.get("alibi_slopes")
+    ref_options = dict(options, alibi_slopes=to_host(slopes) if slopes is not None else None)
+    # A float64 oracle cannot judge float64 results (helpers.oracle).
+    wide = np.longdouble if dtype == "float64" else None
+    want = reference.attention_with_kvcache(host_q, host_k, host_v, **host, **ref_options, compute_dtype=wide)
+    base = reference.attention_with_kvcache(host_q, host_k, host_v, **host, **ref_options, compute_dtype=DTYPES[dtype])
+    out, lse = cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **arrays, **options, return_lse=True)
+    assert out.dtype == DTYPES[dtype] and out.shape == want[0].shape
+    assert_within_rule("out", out, want[0], base[0], OUTPUT_FACTOR)
+    assert_within_rule("lse", lse, want[1], base[1], OUTPUT_FACTOR)
+    for name, got, expected in (("k_cache", k_cache, want[2]), ("v_cache", v_cache, want[3])):
+        got = to_host(got).astype(np.float64)
+        # Rotated keys are rounded once from float32 (the kernel) or float64 (the reference).
+        tolerance = np.spacing(np.abs(expected).astype(DTYPES[dtype])).astype(np.float64)
+        assert (np.abs(got - expected.astype(np.float64)) <= tolerance).all(), name
+    return out, lse
+
+
+# Cases: (dtype, sizes, options). Decode rows (seqlen_q 1, GQA) take the decode kernel on the GPU for
+# 16-bit dtypes; longer chunks of a dense cache and float32/float64 the general path.
+DECODE = dict(batch=3, seqlen_q=1, heads=8, heads_k=2, headdim=128, headdim_v=128, capacity=700,
+              lengths=[699, 37, 0], new=1)
+CASES = [
+    ("bfloat16", DECODE, {}),
+    ("float16", dict(DECODE, new=0, lengths=[700, 1, 333]), {"num_splits": 5}),
+    ("bfloat16", dict(DECODE, page_size=16, rotary_dim=64), {"rotary_interleaved": False}),
+    ("bfloat16", dict(DECODE, page_size=1, lengths=[90, 3, 1], capacity=100, headdim=64, headdim_v=64), {}),
+    ("float16", dict(DECODE, page_size=64, seqlen_q=4, new=4, lengths=[0, 50, 500], rotary_dim=32),
+     {"causal": True}),
+    ("bfloat16", dict(DECODE, seqlen_q=5, new=2, headdim=96, headdim_v=72, batch_idx=True),
+     {"window_size": (40, 3), "softcap": 15.0}),
+    ("float16", dict(DECODE, headdim=256, headdim_v=200, heads=4, heads_k=4, capacity=300, lengths=[299, 64, 65]),
+     {"causal": True, "alibi": True}),
+    ("bfloat16", dict(DECODE, seqlen_q=40, new=40, capacity=500, lengths=[0, 300, 460], rotary_dim=128),
+     {"causal": True}),
+    ("bfloat16", dict(DECODE, seqlen_q=33, new=0, heads=4, heads_k=1, capacity=260, lengths=[260, 31, 100],
+                      batch_idx=True), {"causal": True}),
+    ("float32", dict(DECODE, page_size=8, new=3, seqlen_q=3, rotary_dim=16, capacity=96, lengths=[93, 3, 40]),
+     {"causal": True}),
+    ("float64", dict(DECODE, headdim=40, headdim_v=24, capacity=50, lengths=[49, 0, 10], batch_idx=True),
+     {"softcap": 5.0, "alibi": True}),
+]
+CASE_IDS = [
+    "bf16-decode-append", "fp16-decode-splits5", "bf16-paged16-rotary-halves", "bf16-paged1-d64",
+    "fp16-paged64-chunk-causal-rotary", "bf16-d96-v72-batch-idx-window-softcap", "fp16-d256-alibi-causal",
+    "bf16-prefill-dense-rotary", "bf16-prefill-batch-idx-mqa", "fp32-paged8-rotary", "fp64-batch-idx-softcap-alibi",
+]
+# The NumPy twin runs the small cases (the CPU is slow on 700-key caches of 128 columns).
+NUMPY_CASES = [3, 9, 10]
+
+
+def _options(xp, case):
+    dtype, sizes, options = case
+    options = dict(options)
+    if options.pop("alibi", False):
+        slopes = 2.0 ** (-8.0 * (np.arange(sizes["heads"]) + 1) / sizes["heads"])
+        options["alibi_slopes"] = xp.asarray(slopes.astype(np.float32))
+    return dtype, sizes, options
+
+
+@pytest.mark.parametrize("case", [CASES[i] for i in NUMPY_CASES], ids=[CASE_IDS[i] for i in NUMPY_CASES])
+def test_numpy(case):
+    dtype, sizes, options = _options(np, case)
+    _check(np, dtype, options, **sizes)
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA GPU available")
+@pytest.mark.usefixtures("compiled_kernels")
+def test_cupy(case):
+    dtype, sizes, options = _options(cupy, case)
+    _check(cupy, dtype, options, **sizes)
+
+
+@pytest.mark.parametrize("xp_name", ["numpy", pytest.param("cupy", marks=CUPY_MARKS)])
+def test_empty_cache_and_no_queries(xp_name):
+    xp = _xp(xp_name)
+    (q, k_cache, v_cache), arrays = _inputs(xp, "float32", batch=2, seqlen_q=2, heads=2, heads_k=1, headdim=8,
+                                            headdim_v=8, capacity=4, lengths=[0, 0])
+    out, lse = cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **arrays, return_lse=True)
+    assert not to_host(out).any() and np.isneginf(to_host(lse)).all()
+    out = cupyflash.flash_attention_with_kvcache(q[:, :0], k_cache, v_cache, **arrays)
+    assert out.shape == (2, 0, 2, 8)
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA GPU available")
+@pytest.mark.usefixtures("compiled_kernels")
+def test_out_of_range_values_poison_only_their_entry(dtype, paged):
+    """A CuPy call checks cache_seqlens and the block table on the device: the entries with
+    out-of-range values come out NaN and their caches unchanged; the others are exact."""
+    sizes = dict(batch=4, seqlen_q=1, heads=4, heads_k=2, headdim=64, headdim_v=64, capacity=64,
+                 lengths=[10, 63, 20, 5], new=1, page_size=16 if paged else 0)
+    (q, k_cache, v_cache), arrays = _inputs(cupy, dtype, **sizes, seed=5)
+    lengths = arrays["cache_seqlens"]
+    lengths[1] = 64  # no room for the new token
+    lengths[3] = -2
+    if paged:
+        arrays["block_table"][2, 1] = 10**6  # the page of positions 16..31, which entry 2 uses
+    good = [0] + ([] if paged else [2])
+    k_before = k_cache.copy()
+    out, lse = cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **arrays, return_lse=True)
+    out, lse = to_host(out).astype(np.float64), to_host(lse)
+    bad = [b for b in range(4) if b not in good]
+    assert np.isnan(out[bad]).all() and np.isnan(lse[bad]).all()
+    assert np.isfinite(out[good]).all() and np.isfinite(lse[good]).all()
+    if not paged:
+        assert (k_cache[1:2] == k_before[1:2]).all() and (k_cache[3:] == k_before[3:]).all()
+    # The good entries against a call holding only them.
+    host = {n: to_host(x)[good] for n, x in arrays.items()}
+    want = reference.attention_with_kvcache(to_host(q)[good], to_host(k_before) if paged else to_host(k_before)[good],
+                                            to_host(v_cache) if paged else to_host(v_cache)[good], **host)
+    np.testing.assert_allclose(out[good], want[0], atol=2e-2 if dtype == "bfloat16" else 1e-5)
+
+
+@pytest.mark.parametrize("xp_name", ["numpy", pytest.param("cupy", marks=CUPY_MARKS)])
+def test_numpy_and_int_values_are_checked_on_the_host(xp_name):
+    xp = _xp(xp_name)
+    (q, k_cache, v_cache), arrays = _inputs(xp, "float32", batch=2, seqlen_q=1, heads=2, heads_k=1, headdim=8,
+                                            headdim_v=8, capacity=16, lengths=[3, 4], new=1, page_size=4)
+    with pytest.raises(ValueError, match="cache_seqlens must be in"):
+        cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **dict(arrays, cache_seqlens=16))
+    if xp is np:
+        bad = dict(arrays, cache_seqlens=np.array([3, 16], np.int32))
+        with pytest.raises(ValueError, match="cache_seqlens must lie in"):
+            cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **bad)
+        table = arrays["block_table"].copy()
+        table[1, 1] = -1
+        with pytest.raises(ValueError, match="block_table row 1"):
+            cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **dict(arrays, block_table=table))
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA GPU available")
+@pytest.mark.usefixtures("compiled_kernels")
+def test_cuda_graph_capture_and_replay(paged):
+    """A decode step (append one token, attend, split-KV merge) captured in a CUDA graph, replayed
+    with new queries, new tokens and longer caches written into the captured arrays."""
+    sizes = dict(batch=2, seqlen_q=1, heads=8, heads_k=2, headdim=128, headdim_v=128, capacity=2048,
+                 lengths=[1000, 2047 - 8], new=1, page_size=16 if paged else 0)
+    (q, k_cache, v_cache), arrays = _inputs(cupy, "bfloat16", **sizes, seed=7)
+    lengths = arrays["cache_seqlens"]
+    call = dict(arrays, num_splits=4, return_lse=True)
+    cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **call)  # compiles, fills the memory pool
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        out, lse = cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **call)
+        graph = stream.end_capture()
+    rng = np.random.default_rng(3)
+    for step in range(3):
+        k_host, v_host = to_host(k_cache), to_host(v_cache)
+        q[...] = cupy.asarray(rng.standard_normal(q.shape).astype(ml_dtypes.bfloat16))
+        arrays["k"][...] = cupy.asarray(rng.standard_normal(arrays["k"].shape).astype(ml_dtypes.bfloat16))
+        lengths += 1
+        host = {n: to_host(x) for n, x in arrays.items()}
+        want = reference.attention_with_kvcache(to_host(q), k_host, v_host, **host)
+        graph.launch(stream)
+        stream.synchronize()
+        np.testing.assert_allclose(to_host(out).astype(np.float64), want[0], atol=2e-2)
+        np.testing.assert_allclose(to_host(lse), want[1], atol=1e-3)
+        np.testing.assert_array_equal(to_host(k_cache), want[2].astype(ml_dtypes.bfloat16))
+
+
+@pytest.mark.parametrize(
+    "change, error, match",
+    [
+        (dict(k=None), ValueError, "k and v must be given together"),
+        (dict(rotary_sin=None), ValueError, "rotary_cos and rotary_sin"),
+        (dict(cache_seqlens=np.zeros(3, np.int32)), ValueError, r"cache_seqlens must be an int or have shape \(2,\)"),
+        (dict(cache_seqlens=np.zeros(2, np.int64)), TypeError, "cache_seqlens has dtype int64; expected int32"),
+        (dict(block_table=np.zeros((2, 4), np.int64)), TypeError, "block_table has dtype int64"),
+        (dict(block_table=np.zeros((3, 4), np.int32)), ValueError, r"block_table must have shape \(2, max_pages\)"),
+        (dict(cache_batch_idx=np.zeros(2, np.int32)), ValueError, "cache_batch_idx is for dense caches"),
+        (dict(num_splits=-1), ValueError, r"num_splits must be in \[0, 256\]"),
+        (dict(num_splits=2.0), TypeError, "num_splits must be an int"),
+        (dict(rotary_cos=np.zeros((4, 2), np.float32), rotary_sin=np.zeros((4, 2), np.float32)), ValueError,
+         "rotary_cos has 4 positions"),
+        (dict(rotary_cos=np.zeros((16, 5), np.float32), rotary_sin=np.zeros((16, 5), np.float32)), ValueError,
+         "rotary_dim = 2 \\* that must be in"),
+        (dict(rotary_cos=np.zeros((16, 2), np.float64), rotary_sin=np.zeros((16, 2), np.float64)), TypeError,
+         "rotary_cos has dtype float64"),
+        (dict(k=np.zeros((2, 1, 2, 8), np.float32)), ValueError, "k and v must have shapes"),
+        (dict(return_lse=1), TypeError, "return_lse must be a bool"),
+    ],
+    ids=["k-alone", "cos-alone", "seqlens-shape", "seqlens-dtype", "table-dtype", "table-shape", "batch-idx-paged",
+         "splits-negative", "splits-float", "rotary-short", "rotary-wide", "rotary-dtype", "k-shape", "lse-flag"],
+)
+def test_validation(change, error, match):
+    (q, k_cache, v_cache), arrays = _inputs(np, "float32", batch=2, seqlen_q=1, heads=2, heads_k=1, headdim=8,
+                                            headdim_v=8, capacity=16, lengths=[3, 4], new=1, page_size=4,
+                                            rotary_dim=4)
+    call = dict(arrays, **change)
+    with pytest.raises(error, match=match):
+        cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **{n: x for n, x in call.items()
+                                                                         if x is not None})
+
+
+def test_rotary_needs_new_keys():
+    (q, k_cache, v_cache), arrays = _inputs(np, "float32", batch=1, seqlen_q=1, heads=1, heads_k=1, headdim=8,
+                                            headdim_v=8, capacity=8, lengths=[3], rotary_dim=4)
+    with pytest.raises(ValueError, match="rotate the new keys"):
+        cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **arrays)
+
+
+def test_cache_layouts_are_checked():
+    (q, k_cache, v_cache), arrays = _inputs(np, "float32", batch=2, seqlen_q=1, heads=2, heads_k=1, headdim=8,
+                                            headdim_v=8, capacity=16, lengths=[3, 4])
+    strided = np.zeros(v_cache.shape[:3] + (16,), np.float32)[..., ::2]
+    with pytest.raises(ValueError, match="v_cache must have a contiguous last axis"):
+        cupyflash.flash_attention_with_kvcache(q, k_cache, strided, **arrays)
+    with pytest.raises(ValueError, match="pass cache_batch_idx"):
+        cupyflash.flash_attention_with_kvcache(q, k_cache[:1], v_cache[:1], **dict(arrays, cache_seqlens=3))
+    with pytest.raises(ValueError, match="q and k_cache must have the same headdim"):
+        cupyflash.flash_attention_with_kvcache(q[..., :4], k_cache, v_cache, **arrays)
