@@ -428,6 +428,15 @@ def flash_attention_with_kvcache(q, k_cache, v_cache, *, k=None, v=None, cache_s
     CuPy calls run on the current stream with no allocation outside CuPy's memory pool. Keep the
     returned arrays referenced while a captured graph that wrote them may replay.
     """
+    key = _kvcache.plan_key(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos,
+                            rotary_sin, rotary_interleaved, causal, window_size, softcap, alibi_slopes, softmax_scale,
+                            num_splits, return_lse)
+    plan = _kvcache.PLANS.get(key) if key is not None else None
+    if plan is not None:
+        lengths, value = _kvcache.plan_lengths(plan, cache_seqlens)
+        out, lse = plan(q, k_cache, v_cache, k, v, lengths, cache_batch_idx, block_table, rotary_cos, rotary_sin,
+                        alibi_slopes, value)
+        return (out, lse) if return_lse else out
     named = {"q": q, "k_cache": k_cache, "v_cache": v_cache}
     named.update({n: x for n, x in (("k", k), ("v", v), ("cache_batch_idx", cache_batch_idx), ("block_table", block_table),
                                    ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)) if x is not None})
@@ -452,5 +461,6 @@ def flash_attention_with_kvcache(q, k_cache, v_cache, *, k=None, v=None, cache_s
     else:
         from ._families import kvcache
 
-        out, lse = kvcache.run(call)
+        (out, lse), plan = kvcache.run(call)
+        _kvcache.remember(key, plan)
     return (out, lse) if return_lse else out

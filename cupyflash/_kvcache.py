@@ -9,6 +9,7 @@ a paged cache or of cache_batch_idx into a dense copy when the decode kernel doe
 """
 
 import dataclasses
+import threading
 
 import numpy
 
@@ -284,3 +285,59 @@ def _per_entry_slopes(c):
     if c.alibi_slopes is None or c.alibi_slopes.ndim == 2:
         return c.alibi_slopes
     return c.xp.ascontiguousarray(c.xp.broadcast_to(c.alibi_slopes, (c.batch, c.heads)))
+
+
+# ------------------------------------------------------------------------------------------------
+# Plans: a CuPy call of a layout already seen skips the checks and the setup.
+
+#: plan key -> DecodePlan; bounded (a key names shapes, not values, so a decoding loop reuses one).
+PLANS = {}
+PLAN_LIMIT = 512
+
+
+def _layout(x):
+    """What a call's checks and setup depend on of an array: kind, shape, strides, dtype, device and
+    16-byte alignment."""
+    if x is None:
+        return None
+    data = x.data
+    return type(x), x.shape, x.strides, x.dtype, data.device_id, data.ptr % 16 == 0
+
+
+def plan_key(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
+             rotary_interleaved, causal, window_size, softcap, alibi_slopes, softmax_scale, num_splits, return_lse):
+    """The key of a CuPy call's plan, or None (NumPy arrays, or an argument that is no hashable value).
+    Two calls with one key pass the same checks; scalars carry their type, so that True and 1 differ."""
+    from . import _validate
+
+    cupy = _validate._cupy()
+    if cupy is None or type(q) is not cupy.ndarray:
+        return None
+    try:
+        seqlens = (type(cache_seqlens),) if cache_seqlens is None or _validate._is_int(cache_seqlens) else \
+            _layout(cache_seqlens)
+        key = (threading.get_ident(), cupy.cuda.runtime.getDevice(), _layout(q), _layout(k_cache), _layout(v_cache),
+               _layout(k), _layout(v), seqlens, _layout(cache_batch_idx), _layout(block_table), _layout(rotary_cos),
+               _layout(rotary_sin), _layout(alibi_slopes), type(window_size), tuple(window_size),
+               *((type(x), x) for x in (rotary_interleaved, causal, softcap, softmax_scale, num_splits, return_lse)))
+        hash(key)
+    except (AttributeError, TypeError):
+        return None
+    return key
+
+
+def plan_lengths(plan, cache_seqlens):
+    """(cache_seqlens array or None, the int used without one) for a plan's call; an int is checked."""
+    if cache_seqlens is None:
+        return None, plan.capacity - plan.seqlen_new
+    if _validate._is_int(cache_seqlens):
+        return None, _count("cache_seqlens", cache_seqlens, 0, plan.capacity - plan.seqlen_new)
+    return cache_seqlens, 0
+
+
+def remember(key, plan):
+    if key is None or plan is None:
+        return
+    if len(PLANS) >= PLAN_LIMIT:
+        PLANS.clear()
+    PLANS[key] = plan

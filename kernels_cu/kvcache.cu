@@ -205,39 +205,69 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
         sQ[lr * kLd + col] = value;
     }
 
+    // Each thread copies the same kPasses rows of every tile (row = threadIdx.x / kChunks + pass *
+    // kRowsPerPass). Their pages are looked up one iteration before the tile is issued, so the lookup's
+    // latency hides behind a tile's compute instead of delaying its copies.
+    constexpr int kRowsPerPass = Tr::kThreads / kChunks;
+    constexpr int kPasses = kBlockN / kRowsPerPass;
+    static_assert(Tr::kThreads % kChunks == 0 && kBlockN % kRowsPerPass == 0, "whole rows per pass");
+    const int my_row = threadIdx.x / kChunks, my_col = (threadIdx.x % kChunks) * 8;
     bool bad_page = false;
-    const T* k_base = static_cast<const T*>(a.k.ptr);
-    const T* v_base = static_cast<const T*>(a.v.ptr);
+    // The cache entry (page, or dense entry) and row within it of position pos < entry.keys.
+    auto lookup = [&](int tile, int (&page)[kPasses]) {
+#pragma unroll
+        for (int pass = 0; pass < kPasses; ++pass) {
+            const int pos = tile * kBlockN + my_row + pass * kRowsPerPass;
+            page[pass] = entry.entry;
+            if (c.block_table != nullptr && pos < entry.keys) {
+                page[pass] = c.block_table[b * c.block_table_stride + pos / c.page_size];
+            }
+        }
+    };
+    const T* k_base = static_cast<const T*>(a.k.ptr) + hk * a.k.head_stride;
+    const T* v_base = static_cast<const T*>(a.v.ptr) + hk * a.v.head_stride;
+    const int k_bytes = clamp_int(a.headdim - my_col, 0, 8) * static_cast<int>(sizeof(T));
+    const int v_bytes = clamp_int(a.headdim_v - my_col, 0, 8) * static_cast<int>(sizeof(T));
     // Key tile `tile` into stage `stage`: rows past the entry's keys and columns past the head dims are
     // zero-filled, so no NaN of unused cache memory can reach a product.
-    auto load_kv = [&](int tile, int stage) {
-        T* dk = sK + stage * kBlockN * kLd;
-        T* dv = sV + stage * kBlockN * kLd;
+    auto issue = [&](int tile, int stage, const int (&page)[kPasses]) {
+        T* dk = sK + stage * kBlockN * kLd + my_row * kLd + my_col;
+        T* dv = sV + stage * kBlockN * kLd + my_row * kLd + my_col;
 #pragma unroll
-        for (int idx = threadIdx.x; idx < kBlockN * kChunks; idx += Tr::kThreads) {
-            const int r = idx / kChunks, col = (idx % kChunks) * 8;
-            const int pos = tile * kBlockN + r;
-            int k_bytes = 0, v_bytes = 0;
+        for (int pass = 0; pass < kPasses; ++pass) {
+            const int pos = tile * kBlockN + my_row + pass * kRowsPerPass;
             const T* k_src = k_base;
             const T* v_src = v_base;
+            int kb = 0, vb = 0;
             if (pos < entry.keys) {
-                k_src += entry.row_offset(c, a.k, b, pos, hk, &bad_page) + col;
-                v_src += entry.row_offset(c, a.v, b, pos, hk, &bad_page) + col;
-                k_bytes = clamp_int(a.headdim - col, 0, 8) * static_cast<int>(sizeof(T));
-                v_bytes = clamp_int(a.headdim_v - col, 0, 8) * static_cast<int>(sizeof(T));
-                if (k_bytes == 0) k_src = k_base;
-                if (v_bytes == 0) v_src = v_base;
+                long long at = page[pass], row = pos;
+                if (c.block_table != nullptr) {
+                    row = pos % c.page_size;
+                    if (at < 0 || at >= c.cache_entries) {
+                        bad_page = true;
+                        at = 0;
+                    }
+                }
+                kb = k_bytes;
+                vb = v_bytes;
+                if (kb) k_src += at * a.k.batch_stride + row * a.k.row_stride + my_col;
+                if (vb) v_src += at * a.v.batch_stride + row * a.v.row_stride + my_col;
             }
-            cp_async_16(smem_addr(dk + r * kLd + col), k_src, k_bytes);
-            cp_async_16(smem_addr(dv + r * kLd + col), v_src, v_bytes);
+            cp_async_16(smem_addr(dk + pass * kRowsPerPass * kLd), k_src, kb);
+            cp_async_16(smem_addr(dv + pass * kRowsPerPass * kLd), v_src, vb);
         }
     };
 
+    int next_page[kPasses];
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-        if (tile_begin + s < tile_end) load_kv(tile_begin + s, s);
+        if (tile_begin + s < tile_end) {
+            lookup(tile_begin + s, next_page);
+            issue(tile_begin + s, s, next_page);
+        }
         cp_async_commit();
     }
+    if (tile_begin + kStages - 1 < tile_end) lookup(tile_begin + kStages - 1, next_page);
     __syncthreads();  // sQ
 
     unsigned q_frag[kDSteps][4];
@@ -266,8 +296,9 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
     for (int tile = tile_begin, it = 0; tile < tile_end; ++tile, ++it) {
         cp_async_wait<kStages - 2>();
         __syncthreads();  // tile `tile` has landed for every thread; stage (it - 1) is free
-        if (tile + kStages - 1 < tile_end) load_kv(tile + kStages - 1, (it + kStages - 1) % kStages);
+        if (tile + kStages - 1 < tile_end) issue(tile + kStages - 1, (it + kStages - 1) % kStages, next_page);
         cp_async_commit();
+        if (tile + kStages < tile_end) lookup(tile + kStages, next_page);
         const T* sKj = sK + (it % kStages) * kBlockN * kLd;
         const T* sVj = sV + (it % kStages) * kBlockN * kLd;
         const int n0 = tile * kBlockN + 16 * warp;  // this warp's 16 keys

@@ -59,14 +59,20 @@ def vec_loads(*arrays):
 def launch(variant, grid, threads, args, smem=0):
     """Launches ``variant`` with its argument struct (or a tuple of arguments) and ``smem`` bytes of
     dynamic shared memory."""
+    kernel = prepare(variant, smem)
+    kernel(grid, (threads, 1, 1), tuple(by_address(a) for a in (args if isinstance(args, tuple) else (args,))),
+           shared_mem=smem)
+
+
+def prepare(variant, smem=0):
+    """The compiled kernel of ``variant``, allowed ``smem`` bytes of dynamic shared memory."""
     kernel = _kernels.get_kernel(variant)
     # Reading the attribute asks the driver each time: remember what each kernel was given.
     if smem > _smem_set.get(id(kernel), 0):
         if kernel.max_dynamic_shared_size_bytes < smem:
             kernel.max_dynamic_shared_size_bytes = smem
         _smem_set[id(kernel)] = smem
-    kernel(grid, (threads, 1, 1), tuple(by_address(a) for a in (args if isinstance(args, tuple) else (args,))),
-           shared_mem=smem)
+    return kernel
 
 
 def by_address(arg):

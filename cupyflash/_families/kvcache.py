@@ -6,6 +6,7 @@ import dataclasses
 
 import cupy
 import numpy
+from cupy.cuda import driver
 
 from .. import _kernels, _params, _validate
 from . import common
@@ -98,15 +99,15 @@ def decode_variant(c, device):
 
 
 def num_splits(c, variant, device, row_tiles):
-    """Splits of the keys: the call's own, or the fewest that fill the device's CTA slots about as well as
-    any count can, each keeping at least MIN_TILES_PER_SPLIT key tiles."""
+    """Splits of the keys: the call's own, or the fewest that fill the device's CTA slots about as well
+    as any count can, each keeping at least MIN_TILES_PER_SPLIT key tiles. Sized for the capacity:
+    cache_seqlens is not read on the host, and a plan serves every cache_seqlens of its layout."""
     if c.num_splits:
         return c.num_splits
-    keys = c.capacity if c.cache_seqlens is not None else c.cache_seqlens_value + c.seqlen_new
-    tiles = common.cdiv(keys, DECODE_BLOCK_N)
+    keys = c.capacity
     base = row_tiles * c.heads_k * c.batch
     slots = device.sm_count * decode_ctas_per_sm(variant, device.smem_per_sm)
-    most = min(MAX_SPLITS, max(1, tiles // MIN_TILES_PER_SPLIT))
+    most = min(MAX_SPLITS, max(1, common.cdiv(keys, DECODE_BLOCK_N) // MIN_TILES_PER_SPLIT))
     if base >= slots or most == 1:
         return 1
 
@@ -114,52 +115,160 @@ def num_splits(c, variant, device, row_tiles):
         ctas = base * splits
         return ctas / (common.cdiv(ctas, slots) * slots)
 
-    best = max(efficiency(s) for s in range(1, most + 1))
-    return next(s for s in range(1, most + 1) if efficiency(s) >= 0.95 * best)
+    # Efficiency peaks at the multiples of slots / base; none past the first whole wave does better.
+    counts = range(1, min(most, common.cdiv(slots, base)) + 1)
+    best = max(efficiency(s) for s in counts)
+    return next(s for s in counts if efficiency(s) >= 0.95 * best)
 
 
 def run(c):
-    """(out, lse) of a validated CuPy call ``c``, the new keys and values written into the caches."""
+    """(out, lse) of a validated CuPy call ``c``, the new keys and values written into the caches.
+    Returns also the :class:`DecodePlan` that repeats the call for arrays of the same layout (None
+    when the call takes the general path)."""
     device = common.current_device()
+    variant = decode_variant(c, device)
+    if variant is not None:
+        plan = DecodePlan(c, variant, device)
+        return plan(c.q, c.k_cache, c.v_cache, c.k_new, c.v_new, c.cache_seqlens, c.cache_batch_idx, c.block_table,
+                    c.rotary_cos, c.rotary_sin, c.alibi_slopes, c.cache_seqlens_value), plan
     q = common.operand(c.q)
     out = cupy.empty(c.out_shape, dtype=c.dtype)
     lse = cupy.empty(c.lse_shape, dtype=_validate.lse_dtype(c.dtype))
-    if c.rotary_dim:
-        q_rot = cupy.empty(q.shape, dtype=c.dtype)
     if c.k_new is not None:
         c = dataclasses.replace(c, k_new=common.operand(c.k_new), v_new=common.operand(c.v_new))
         args = _args(c, q, out, lse)
         if c.rotary_dim:
+            q_rot = cupy.empty(q.shape, dtype=c.dtype)
             args["q_rot"] = _params.tensor(q_rot)
         tokens = max(c.seqlen_new, c.seqlen_q if c.rotary_dim else 0)
         if tokens:
             common.launch(APPEND.variant(common.dtype_name(c.dtype)), (tokens, c.batch, 1), APPEND_THREADS, args)
-    if c.rotary_dim:
-        q = q_rot
-    if c.seqlen_q == 0:
-        return out, lse
-    variant = decode_variant(c, device)
-    if variant is not None:
-        _decode(c, variant, device, q, out, lse)
-    else:
+        if c.rotary_dim:
+            q = q_rot
+    if c.seqlen_q > 0:
         _general(c, q, out, lse)
-    return out, lse
+    return (out, lse), None
 
 
-def _decode(c, variant, device, q, out, lse):
-    rows = c.seqlen_q * (c.heads // c.heads_k)
-    row_tiles = common.cdiv(rows, DECODE_ROWS)
-    splits = num_splits(c, variant, device, row_tiles)
-    args = _args(c, q, out, lse)
-    if splits > 1:
-        part_out = cupy.empty((splits, c.batch * c.seqlen_q * c.heads * c.headdim_v), numpy.float32)
-        part_lse = cupy.empty((splits, c.batch * c.heads * c.seqlen_q), numpy.float32)
-        args["part_out"], args["part_lse"], args["num_splits"] = part_out.data.ptr, part_lse.data.ptr, splits
-    common.launch(variant, (row_tiles * splits, c.heads_k, c.batch), DECODE_THREADS, args, decode_smem_bytes(variant))
-    if splits > 1:
-        combine_rows = c.batch * c.seqlen_q * c.heads
-        common.launch(COMBINE.variant(common.dtype_name(c.dtype)), (common.cdiv(combine_rows, COMBINE_ROWS_PER_CTA), 1, 1),
-                      32 * COMBINE_ROWS_PER_CTA, args)
+def _field_index(dtype, path, unit):
+    """Index, in units of ``unit`` bytes, of the field at ``path`` (names, outer first) of a struct dtype."""
+    offset = 0
+    for name in path:
+        dtype, at = dtype.fields[name][:2]
+        offset += at
+    assert offset % unit == 0
+    return offset // unit
+
+
+class _Launch:
+    """One kernel launch of a plan, through the driver: the function, the launch shape and a pointer
+    to the argument struct (which the driver copies at the launch, so the plan may refill it next)."""
+
+    def __init__(self, variant, grid, threads, args, smem=0):
+        self.function = common.prepare(variant, smem).kernel.ptr
+        self.shape = (*grid, threads, 1, 1, smem)
+        self.params = numpy.array([args.ctypes.data], numpy.uint64)
+        self.params_address = self.params.ctypes.data
+
+    def __call__(self, stream):
+        driver.launchKernel(self.function, *self.shape, stream, self.params_address, 0)
+
+
+#: Pointer fields of a KvCacheArgs a plan fills on every call: argument name -> path.
+_POINTERS = {
+    "q": ("attn", "q", "ptr"), "k_cache": ("attn", "k", "ptr"), "v_cache": ("attn", "v", "ptr"),
+    "alibi_slopes": ("attn", "alibi_slopes"), "out": ("out", "ptr"), "lse": ("lse", "ptr"),
+    "k": ("k_new", "ptr"), "v": ("v_new", "ptr"), "q_rot": ("q_rot", "ptr"), "rotary_cos": ("rotary_cos",),
+    "rotary_sin": ("rotary_sin",), "cache_seqlens": ("cache_seqlens",), "cache_batch_idx": ("cache_batch_idx",),
+    "block_table": ("block_table",), "part_out": ("part_out",), "part_lse": ("part_lse",),
+}
+_INDEX = {name: _field_index(_params.KV_CACHE_ARGS, path, 8) for name, path in _POINTERS.items()}
+_SEQLENS_VALUE = _field_index(_params.KV_CACHE_ARGS, ("cache_seqlens_value",), 4)
+
+
+class DecodePlan:
+    """A decode-kernel call prepared once for a layout (shapes, strides, dtypes, options): the argument
+    structs with every size filled, the launches and the workspace sizes. Calling it with arrays of that
+    layout fills the pointers, allocates the outputs from CuPy's pool and launches on the current stream:
+    a few microseconds of host time (cupyflash/_api.py keys plans by layout, per thread)."""
+
+    def __init__(self, c, variant, device):
+        self.out_shape, self.lse_shape, self.dtype = c.out_shape, c.lse_shape, c.dtype
+        self.q_copy = common.operand(c.q) is not c.q
+        self.capacity, self.seqlen_new = c.capacity, c.seqlen_new
+        rows = c.seqlen_q * (c.heads // c.heads_k)
+        row_tiles = common.cdiv(rows, DECODE_ROWS)
+        self.splits = num_splits(c, variant, device, row_tiles)
+        self.part_out_size = c.batch * c.seqlen_q * c.heads * c.headdim_v
+        self.part_lse_size = c.batch * c.heads * c.seqlen_q
+        # Placeholder outputs give the structs their strides; the pointers are refilled per call.
+        out = cupy.empty(self.out_shape, self.dtype)
+        lse = cupy.empty(self.lse_shape, numpy.float32)
+        q = common.operand(c.q)
+        k_new = common.operand(c.k_new) if c.k_new is not None else None
+        v_new = common.operand(c.v_new) if c.v_new is not None else None
+        c = dataclasses.replace(c, k_new=k_new, v_new=v_new)
+        self.main = _args(c, q, out, lse).view(numpy.uint8)
+        self.main_u64 = self.main.view(numpy.uint64)
+        self.main_i32 = self.main.view(numpy.int32)
+        self.main_u64[_INDEX["part_out"]] = 0
+        self.main_i32[_field_index(_params.KV_CACHE_ARGS, ("num_splits",), 4)] = self.splits
+        self.rotary = c.rotary_dim > 0
+        self.append = None
+        tokens = max(c.seqlen_new, c.seqlen_q if self.rotary else 0) if c.k_new is not None else 0
+        if tokens:
+            self.append_args = self.main.copy()
+            self.append_u64 = self.append_args.view(numpy.uint64)
+            self.append_i32 = self.append_args.view(numpy.int32)
+            if self.rotary:
+                q_rot = cupy.empty(q.shape, self.dtype)
+                self.append_args.view(_params.KV_CACHE_ARGS)["q_rot"] = _params.tensor(q_rot)
+                self.main.view(_params.KV_CACHE_ARGS)["attn"]["q"] = _params.tensor(q_rot)
+            self._fill(self.append_u64, q=q, k_cache=c.k_cache, v_cache=c.v_cache)
+            self.append = _Launch(APPEND.variant(common.dtype_name(self.dtype)), (tokens, c.batch, 1), APPEND_THREADS,
+                                  self.append_args)
+        self.decode = _Launch(variant, (row_tiles * self.splits, c.heads_k, c.batch), DECODE_THREADS, self.main,
+                              decode_smem_bytes(variant))
+        self.combine = None
+        if self.splits > 1:
+            combine_rows = c.batch * c.seqlen_q * c.heads
+            self.combine = _Launch(COMBINE.variant(common.dtype_name(self.dtype)),
+                                   (common.cdiv(combine_rows, COMBINE_ROWS_PER_CTA), 1, 1), 32 * COMBINE_ROWS_PER_CTA,
+                                   self.main)
+
+    def _fill(self, u64, **arrays):
+        for name, x in arrays.items():
+            u64[_INDEX[name]] = 0 if x is None else x.data.ptr
+
+    def __call__(self, q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
+                 alibi_slopes, cache_seqlens_value):
+        """(out, lse) for arrays of the plan's layout; cache_seqlens_value is used when cache_seqlens is None."""
+        stream = cupy.cuda.get_current_stream().ptr
+        if self.q_copy:
+            q = cupy.ascontiguousarray(q)
+        out = cupy.empty(self.out_shape, self.dtype)
+        lse = cupy.empty(self.lse_shape, numpy.float32)
+        pointers = dict(k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx,
+                        block_table=block_table, alibi_slopes=alibi_slopes)
+        if self.append is not None:
+            u64 = self.append_u64
+            self._fill(u64, q=q, k=k, v=v, rotary_cos=rotary_cos, rotary_sin=rotary_sin, **pointers)
+            self.append_i32[_SEQLENS_VALUE] = cache_seqlens_value
+            if self.rotary:
+                q = cupy.empty(q.shape, self.dtype)
+                u64[_INDEX["q_rot"]] = q.data.ptr
+            self.append(stream)
+        u64 = self.main_u64
+        self._fill(u64, q=q, out=out, lse=lse, **pointers)
+        self.main_i32[_SEQLENS_VALUE] = cache_seqlens_value
+        if self.combine is not None:
+            parts = cupy.empty(self.splits * (self.part_out_size + self.part_lse_size), numpy.float32)
+            u64[_INDEX["part_out"]] = parts.data.ptr
+            u64[_INDEX["part_lse"]] = parts.data.ptr + 4 * self.splits * self.part_out_size
+        self.decode(stream)
+        if self.combine is not None:
+            self.combine(stream)
+        return out, lse
 
 
 def _general(c, q, out, lse):
