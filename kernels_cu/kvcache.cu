@@ -73,17 +73,24 @@ struct CacheEntry {
 // Element c of row x (headdim columns) rotated at angle row cs/sn (rotary_dim / 2 entries): pairs
 // (2i, 2i + 1) when interleaved, else (i, i + rotary_dim / 2); (a, b) -> (a cos - b sin, a sin + b cos).
 // Columns from rotary_dim on are copied.
+template <typename T> __device__ __forceinline__ T round_double(double x) { return static_cast<T>(x); }
+template <> __device__ __forceinline__ __half round_double<__half>(double x) { return __double2half(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 round_double<__nv_bfloat16>(double x) { return __double2bfloat16(x); }
+
+// Computed in double and rounded once to T, as the float64 reference does (float32 arithmetic would
+// round twice and miss float32 results by up to an ulp); the kernel is a small share of a call.
 template <typename T>
 __device__ __forceinline__ T rotated(const T* x, int c, const T* cs, const T* sn, int rotary_dim, bool interleaved) {
-    using Acc = acc_t<T>;
     if (c >= rotary_dim) return x[c];
     const int half = rotary_dim / 2;
     const int i = interleaved ? c / 2 : c % half;
     const bool first = interleaved ? c % 2 == 0 : c < half;
     const int partner = interleaved ? c ^ 1 : (first ? c + half : c - half);
-    const Acc cos_i = to_acc(cs[i]), sin_i = to_acc(sn[i]);
-    const Acc self = to_acc(x[c]), other = to_acc(x[partner]);
-    return from_acc<T>(first ? self * cos_i - other * sin_i : other * sin_i + self * cos_i);
+    const double cos_i = to_acc(cs[i]), sin_i = to_acc(sn[i]);
+    const double self = to_acc(x[c]), other = to_acc(x[partner]);
+    const double value = first ? __dsub_rn(__dmul_rn(self, cos_i), __dmul_rn(other, sin_i))
+                               : __dadd_rn(__dmul_rn(other, sin_i), __dmul_rn(self, cos_i));
+    return round_double<T>(value);
 }
 
 // One CTA per (token i, batch entry b): i < seqlen_new appends new token i of b (all kv heads);
@@ -399,42 +406,64 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
 
 // One warp per output row (b, i, h): lse = ln sum_s exp(lse_s) and out = sum_s exp(lse_s - lse) out_s,
 // shifted by the largest lse_s. Splits that saw no key (lse_s = -inf) weigh 0; a row no split saw is 0
-// with lse -inf; a NaN lse_s makes the row NaN.
+// with lse -inf; a NaN lse_s makes the row NaN. The lanes first read the splits' lse together and
+// keep their weights in shared memory; then each lane sums its columns over the splits with
+// independent loads (a chain of dependent loads per split cost ~1 us each).
 template <typename T>
 __global__ void __launch_bounds__(256) kvc_combine(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
+    constexpr int kWarps = 8, kMaxSplits = 256, kMaxCols = 8;  // columns per lane: headdim_v <= 256
+    __shared__ float weights[kWarps][kMaxSplits];
     const AttnArgs& a = c.attn;
     const long long rows = static_cast<long long>(a.batch) * a.seqlen_q * a.heads;
-    const long long row = blockIdx.x * 8ll + threadIdx.x / 32;
-    const int lane = threadIdx.x % 32;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const long long row = blockIdx.x * static_cast<long long>(kWarps) + warp;
     if (row >= rows) return;
     const int h = static_cast<int>(row % a.heads);
     const int i = static_cast<int>(row / a.heads % a.seqlen_q);
     const int b = static_cast<int>(row / a.heads / a.seqlen_q);
-    const long long split_rows = rows;  // rows per split, in both workspaces
     const long long lse_row = (static_cast<long long>(b) * a.heads + h) * a.seqlen_q + i;
+    const int splits = min(c.num_splits, kMaxSplits);
     float m = Consts<float>::neg_inf();
     bool nan = false;
-    for (int s = 0; s < c.num_splits; ++s) {
-        const float x = c.part_lse[s * split_rows + lse_row];
+    for (int s = lane; s < splits; s += 32) {
+        const float x = c.part_lse[s * rows + lse_row];
+        weights[warp][s] = x;
         nan = nan || x != x;
         m = fmaxf(m, x);
     }
+    m = group_max<32>(m);
+    nan = __any_sync(0xffffffffu, nan);
     const float base = m == Consts<float>::neg_inf() ? 0.0f : m;
     float total = 0.0f;
-    for (int s = 0; s < c.num_splits; ++s) total += __expf(c.part_lse[s * split_rows + lse_row] - base);
+    for (int s = lane; s < splits; s += 32) {
+        const float w = __expf(weights[warp][s] - base);
+        weights[warp][s] = w;
+        total += w;
+    }
+    total = group_sum<32>(total);
+    __syncwarp();
     const float inv = total != 0.0f ? 1.0f / total : 0.0f;
-    T* out = head_rows<T>(c.out, b, i, h);
-    for (int col = lane; col < a.headdim_v; col += 32) {
-        float acc = 0.0f;
-        for (int s = 0; s < c.num_splits; ++s) {
-            const float weight = __expf(c.part_lse[s * split_rows + lse_row] - base);
-            if (weight != 0.0f) acc += weight * c.part_out[(s * split_rows + row) * a.headdim_v + col];
+    float acc[kMaxCols] = {};
+#pragma unroll 4
+    for (int s = 0; s < splits; ++s) {
+        const float w = weights[warp][s];
+        const float* part = c.part_out + (s * rows + row) * a.headdim_v;
+#pragma unroll
+        for (int k = 0; k < kMaxCols; ++k) {
+            const int col = lane + 32 * k;
+            if (col < a.headdim_v) acc[k] += w * part[col];
         }
-        out[col] = from_acc<T>(nan ? __int_as_float(0x7fc00000) : acc * inv);
+    }
+    const float qnan = __int_as_float(0x7fc00000);
+    T* out = head_rows<T>(c.out, b, i, h);
+#pragma unroll
+    for (int k = 0; k < kMaxCols; ++k) {
+        const int col = lane + 32 * k;
+        if (col < a.headdim_v) out[col] = from_acc<T>(nan ? qnan : acc[k] * inv);
     }
     if (lane == 0) {
         static_cast<float*>(c.lse.ptr)[rows_index(c.lse, b, h, i)] =
-            nan ? __int_as_float(0x7fc00000) : (total != 0.0f ? base + __logf(total) : Consts<float>::neg_inf());
+            nan ? qnan : (total != 0.0f ? base + __logf(total) : Consts<float>::neg_inf());
     }
 }
 

@@ -65,6 +65,8 @@ def _inputs(xp, dtype, *, batch, seqlen_q, heads, heads_k, headdim, headdim_v, c
     if new:
         kwargs["k"], kwargs["v"] = normal(batch, new, heads_k, headdim), normal(batch, new, heads_k, headdim_v)
     if rotary_dim:
+        if page_size:  # a paged cache holds whole pages
+            capacity = -(-capacity // page_size) * page_size
         angles = np.arange(capacity)[:, None] * (1e-2 ** (np.arange(rotary_dim // 2) / (rotary_dim // 2)))[None, :]
         kwargs["rotary_cos"], kwargs["rotary_sin"] = np.cos(angles).astype(dt), np.sin(angles).astype(dt)
     to = (lambda x: xp.asarray(x)) if xp is not np else (lambda x: x)

@@ -74,7 +74,8 @@ def _args(c, q, out, lse):
     new = (_params.tensor(c.k_new), _params.tensor(c.v_new)) if c.k_new is not None else (empty, empty)
     table = c.block_table
     args[0] = (
-        attn, _params.tensor(out), _params.rows(lse, c.heads * c.seqlen_q, c.seqlen_q), *new, empty,
+        attn, _params.tensor(out) if out is not None else empty,
+        _params.rows(lse, c.heads * c.seqlen_q, c.seqlen_q) if lse is not None else (0, 0, 0), *new, empty,
         _params.pointer(c.rotary_cos), _params.pointer(c.rotary_sin), _params.pointer(c.cache_seqlens),
         _params.pointer(c.cache_batch_idx), _params.pointer(table), 0, 0, 0, 0,
         table.strides[0] // 4 if table is not None else 0, c.cache_seqlens_value, c.seqlen_new, c.page_size,
@@ -132,11 +133,9 @@ def run(c):
         return plan(c.q, c.k_cache, c.v_cache, c.k_new, c.v_new, c.cache_seqlens, c.cache_batch_idx, c.block_table,
                     c.rotary_cos, c.rotary_sin, c.alibi_slopes, c.cache_seqlens_value), plan
     q = common.operand(c.q)
-    out = cupy.empty(c.out_shape, dtype=c.dtype)
-    lse = cupy.empty(c.lse_shape, dtype=_validate.lse_dtype(c.dtype))
     if c.k_new is not None:
         c = dataclasses.replace(c, k_new=common.operand(c.k_new), v_new=common.operand(c.v_new))
-        args = _args(c, q, out, lse)
+        args = _args(c, q, None, None)
         if c.rotary_dim:
             q_rot = cupy.empty(q.shape, dtype=c.dtype)
             args["q_rot"] = _params.tensor(q_rot)
@@ -145,9 +144,9 @@ def run(c):
             common.launch(APPEND.variant(common.dtype_name(c.dtype)), (tokens, c.batch, 1), APPEND_THREADS, args)
         if c.rotary_dim:
             q = q_rot
-    if c.seqlen_q > 0:
-        _general(c, q, out, lse)
-    return (out, lse), None
+    if c.seqlen_q == 0:
+        return (cupy.empty(c.out_shape, dtype=c.dtype), cupy.empty(c.lse_shape, dtype=_validate.lse_dtype(c.dtype))), None
+    return _general(c, q), None
 
 
 def _field_index(dtype, path, unit):
@@ -271,13 +270,24 @@ class DecodePlan:
         return out, lse
 
 
-def _general(c, q, out, lse):
-    """The cache as a dense batch of capacity keys with per-entry counts, through the forward families."""
+def _general(c, q):
+    """(out, lse): the cache as a dense batch of capacity keys with per-entry counts (seqused_k), through
+    the forward families; the rows of entries with out-of-range values NaN."""
     from .. import _cuda
 
+    problem = dict(xp=cupy, dtype=c.dtype, batch=c.batch, seqlen_q=c.seqlen_q, heads=c.heads, heads_k=c.heads_k,
+                   headdim=c.headdim, headdim_v=c.headdim_v, softmax_scale=c.softmax_scale, window_left=c.window_left,
+                   window_right=c.window_right, softcap=c.softcap, alibi_slopes=c.alibi_slopes)
+    if c.cache_seqlens is None and c.block_table is None and c.cache_batch_idx is None:
+        # Every entry uses the same keys, checked on the host: the dense forward over the caches' first keys.
+        keys = c.cache_seqlens_value + c.seqlen_new
+        if keys == 0:
+            return (cupy.zeros(c.out_shape, c.dtype), cupy.full(c.lse_shape, -numpy.inf, _validate.lse_dtype(c.dtype)))
+        p = _validate.Problem(seqlen_k=keys, **problem)
+        return _cuda.forward(q, c.k_cache[:c.batch, :keys], c.v_cache[:c.batch, :keys], p)
     seqused = cupy.empty(c.batch, numpy.int32)
     bad = cupy.empty(c.batch, numpy.int32)
-    args = _args(c, q, out, lse)
+    args = _args(c, q, None, None)
     args["seqused_k"], args["bad"] = seqused.data.ptr, bad.data.ptr
     common.launch(LENGTHS.variant(), (c.batch, 1, 1), APPEND_THREADS, args)
     k, v = c.k_cache, c.v_cache
@@ -291,18 +301,12 @@ def _general(c, q, out, lse):
         k, v = k[entries], v[entries]
     elif k.shape[0] != c.batch:
         k, v = k[:c.batch], v[:c.batch]
-    p = _validate.Problem(
-        xp=cupy, dtype=c.dtype, batch=c.batch, seqlen_q=c.seqlen_q, seqlen_k=c.capacity, heads=c.heads,
-        heads_k=c.heads_k, headdim=c.headdim, headdim_v=c.headdim_v, softmax_scale=c.softmax_scale,
-        window_left=c.window_left, window_right=c.window_right, softcap=c.softcap, alibi_slopes=c.alibi_slopes,
-        seqused_k=seqused)
-    if c.capacity > 0:
-        result, result_lse = _cuda.forward(q, k, v, p)
-        out[...], lse[...] = result, result_lse
+    if c.capacity == 0:
+        out, lse = cupy.zeros(c.out_shape, c.dtype), cupy.full(c.lse_shape, -numpy.inf, _validate.lse_dtype(c.dtype))
     else:
-        out.fill(0)
-        lse.fill(-numpy.inf)
+        out, lse = _cuda.forward(q, k, v, _validate.Problem(seqlen_k=c.capacity, seqused_k=seqused, **problem))
     for x in (out, lse):
         per_entry = x.size // c.batch
         common.launch(POISON.variant(common.dtype_name(x.dtype)), (min(common.cdiv(x.size, POISON_THREADS), 4096), 1, 1),
                       POISON_THREADS, (bad, x, numpy.int64(per_entry), numpy.int64(x.size)))
+    return out, lse
