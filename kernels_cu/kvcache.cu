@@ -221,47 +221,91 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
     const int my_row = threadIdx.x / kChunks, my_col = (threadIdx.x % kChunks) * 8;
     bool bad_page = false;
     // The cache entry (page, or dense entry) and row within it of position pos < entry.keys.
-    auto lookup = [&](int tile, int (&page)[kPasses]) {
-#pragma unroll
-        for (int pass = 0; pass < kPasses; ++pass) {
-            const int pos = tile * kBlockN + my_row + pass * kRowsPerPass;
-            page[pass] = entry.entry;
-            if (c.block_table != nullptr && pos < entry.keys) {
-                page[pass] = c.block_table[b * c.block_table_stride + pos / c.page_size];
-            }
-        }
-    };
     const T* k_base = static_cast<const T*>(a.k.ptr) + hk * a.k.head_stride;
     const T* v_base = static_cast<const T*>(a.v.ptr) + hk * a.v.head_stride;
     const int k_bytes = clamp_int(a.headdim - my_col, 0, 8) * static_cast<int>(sizeof(T));
     const int v_bytes = clamp_int(a.headdim_v - my_col, 0, 8) * static_cast<int>(sizeof(T));
+    // Decoding is bound by the instructions that issue the copies as much as by DRAM: a dense cache
+    // walks this thread's rows with pointer increments; a paged one splits positions with a shift
+    // where the page size is a power of two (a division otherwise).
+    const int page_size = c.page_size;
+    const int* table_row = c.block_table != nullptr ? c.block_table + b * c.block_table_stride : nullptr;
+    const int page_shift = table_row != nullptr && (page_size & (page_size - 1)) == 0 ? __ffs(page_size) - 1 : -1;
+    const T* k_rows = k_base + static_cast<long long>(entry.entry) * a.k.batch_stride + my_row * a.k.row_stride + my_col;
+    const T* v_rows = v_base + static_cast<long long>(entry.entry) * a.v.batch_stride + my_row * a.v.row_stride + my_col;
+    const long long k_pass_step = kRowsPerPass * a.k.row_stride, v_pass_step = kRowsPerPass * a.v.row_stride;
+    // Paged: the pages of this thread's rows of tile `tile` (0 past the entry's keys).
+    auto lookup = [&](int tile, int (&page)[kPasses]) {
+        if (table_row == nullptr) return;
+#pragma unroll
+        for (int pass = 0; pass < kPasses; ++pass) {
+            const int pos = tile * kBlockN + my_row + pass * kRowsPerPass;
+            const int index = page_shift >= 0 ? pos >> page_shift : pos / page_size;
+            page[pass] = pos < entry.keys ? table_row[index] : 0;
+        }
+    };
     // Key tile `tile` into stage `stage`: rows past the entry's keys and columns past the head dims are
     // zero-filled, so no NaN of unused cache memory can reach a product.
     auto issue = [&](int tile, int stage, const int (&page)[kPasses]) {
         T* dk = sK + stage * kBlockN * kLd + my_row * kLd + my_col;
         T* dv = sV + stage * kBlockN * kLd + my_row * kLd + my_col;
+        const int pos0 = tile * kBlockN + my_row;
+        // Every row of the tile a key and every chunk inside the head dims: whole-chunk copies.
+        const bool whole = (tile + 1) * kBlockN <= entry.keys && k_bytes == 16 && v_bytes == 16;
+        if (table_row == nullptr && whole) {
+            const T* k_src = k_rows + static_cast<long long>(tile) * kBlockN * a.k.row_stride;
+            const T* v_src = v_rows + static_cast<long long>(tile) * kBlockN * a.v.row_stride;
 #pragma unroll
-        for (int pass = 0; pass < kPasses; ++pass) {
-            const int pos = tile * kBlockN + my_row + pass * kRowsPerPass;
-            const T* k_src = k_base;
-            const T* v_src = v_base;
-            int kb = 0, vb = 0;
-            if (pos < entry.keys) {
-                long long at = page[pass], row = pos;
-                if (c.block_table != nullptr) {
-                    row = pos % c.page_size;
-                    if (at < 0 || at >= c.cache_entries) {
-                        bad_page = true;
-                        at = 0;
-                    }
-                }
-                kb = k_bytes;
-                vb = v_bytes;
-                if (kb) k_src += at * a.k.batch_stride + row * a.k.row_stride + my_col;
-                if (vb) v_src += at * a.v.batch_stride + row * a.v.row_stride + my_col;
+            for (int pass = 0; pass < kPasses; ++pass) {
+                cp_async_16(smem_addr(dk + pass * kRowsPerPass * kLd), k_src + pass * k_pass_step);
+                cp_async_16(smem_addr(dv + pass * kRowsPerPass * kLd), v_src + pass * v_pass_step);
             }
-            cp_async_16(smem_addr(dk + pass * kRowsPerPass * kLd), k_src, kb);
-            cp_async_16(smem_addr(dv + pass * kRowsPerPass * kLd), v_src, vb);
+        } else if (table_row == nullptr) {
+            const T* k_src = k_rows + static_cast<long long>(tile) * kBlockN * a.k.row_stride;
+            const T* v_src = v_rows + static_cast<long long>(tile) * kBlockN * a.v.row_stride;
+#pragma unroll
+            for (int pass = 0; pass < kPasses; ++pass) {
+                const bool valid = pos0 + pass * kRowsPerPass < entry.keys;
+                cp_async_16(smem_addr(dk + pass * kRowsPerPass * kLd), valid && k_bytes ? k_src : k_base,
+                            valid ? k_bytes : 0);
+                cp_async_16(smem_addr(dv + pass * kRowsPerPass * kLd), valid && v_bytes ? v_src : v_base,
+                            valid ? v_bytes : 0);
+                k_src += k_pass_step;
+                v_src += v_pass_step;
+            }
+        } else if (whole) {
+#pragma unroll
+            for (int pass = 0; pass < kPasses; ++pass) {
+                const int pos = pos0 + pass * kRowsPerPass;
+                int at = page[pass];
+                if (static_cast<unsigned>(at) >= static_cast<unsigned>(c.cache_entries)) {
+                    bad_page = true;
+                    at = 0;
+                }
+                const int row = page_shift >= 0 ? pos & (page_size - 1) : pos % page_size;
+                cp_async_16(smem_addr(dk + pass * kRowsPerPass * kLd),
+                            k_base + at * a.k.batch_stride + row * a.k.row_stride + my_col);
+                cp_async_16(smem_addr(dv + pass * kRowsPerPass * kLd),
+                            v_base + at * a.v.batch_stride + row * a.v.row_stride + my_col);
+            }
+        } else {
+#pragma unroll
+            for (int pass = 0; pass < kPasses; ++pass) {
+                const int pos = pos0 + pass * kRowsPerPass;
+                const bool valid = pos < entry.keys;
+                int at = page[pass];
+                if (static_cast<unsigned>(at) >= static_cast<unsigned>(c.cache_entries)) {
+                    bad_page = bad_page || valid;
+                    at = 0;
+                }
+                const int row = page_shift >= 0 ? pos & (page_size - 1) : pos % page_size;
+                const T* k_src = k_base + at * a.k.batch_stride + row * a.k.row_stride + my_col;
+                const T* v_src = v_base + at * a.v.batch_stride + row * a.v.row_stride + my_col;
+                cp_async_16(smem_addr(dk + pass * kRowsPerPass * kLd), valid && k_bytes ? k_src : k_base,
+                            valid ? k_bytes : 0);
+                cp_async_16(smem_addr(dv + pass * kRowsPerPass * kLd), valid && v_bytes ? v_src : v_base,
+                            valid ? v_bytes : 0);
+            }
         }
     };
 
@@ -318,20 +362,26 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
             mma_16816<T>(s[0], q_frag[kk], bk);
             mma_16816<T>(s[1], q_frag[kk], bk + 2);
         }
-        const bool full = mask.tile_is_full(i0, i_last - i0 + 1, n0, 16);
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int i = query[e / 2], j = n0 + 8 * nt + 2 * t + e % 2;
-                float x;
-                if (scores.mod.softcap) {
-                    x = Log2Scores::fast_tanh(s[nt][e] * scores.cap_in) * scores.cap_out;
-                } else {
-                    x = s[nt][e] * scores.scale_log2;
+                float x = scores.mod.softcap ? Log2Scores::fast_tanh(s[nt][e] * scores.cap_in) * scores.cap_out
+                                             : s[nt][e] * scores.scale_log2;
+                if (a.alibi_slopes != nullptr) {
+                    x += bias_log2[e / 2] * static_cast<float>(abs(query[e / 2] + alibi_offset - (n0 + 8 * nt + 2 * t + e % 2)));
                 }
-                if (a.alibi_slopes != nullptr) x += bias_log2[e / 2] * static_cast<float>(abs(i + alibi_offset - j));
-                s[nt][e] = full || mask.visible(i, j) ? x : Consts<float>::neg_inf();
+                s[nt][e] = x;
+            }
+        }
+        // The element mask only where the warp's keys are not all visible to all the CTA's queries.
+        if (!mask.tile_is_full(i0, i_last - i0 + 1, n0, 16)) {
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    if (!mask.visible(query[e / 2], n0 + 8 * nt + 2 * t + e % 2)) s[nt][e] = Consts<float>::neg_inf();
+                }
             }
         }
         softmax.step(s, o);

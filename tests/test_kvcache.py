@@ -116,7 +116,7 @@ CASES = [
     ("bfloat16", dict(DECODE, page_size=1, lengths=[90, 3, 1], capacity=100, headdim=64, headdim_v=64), {}),
     ("float16", dict(DECODE, page_size=64, seqlen_q=4, new=4, lengths=[0, 50, 500], rotary_dim=32),
      {"causal": True}),
-    ("bfloat16", dict(DECODE, seqlen_q=5, new=2, headdim=96, headdim_v=72, batch_idx=True),
+    ("bfloat16", dict(DECODE, seqlen_q=5, new=2, lengths=[698, 37, 0], headdim=96, headdim_v=72, batch_idx=True),
      {"window_size": (40, 3), "softcap": 15.0}),
     ("float16", dict(DECODE, headdim=256, headdim_v=200, heads=4, heads_k=4, capacity=300, lengths=[299, 64, 65]),
      {"causal": True, "alibi": True}),
