@@ -20,7 +20,7 @@ from ._api import (
 from ._block_mask import BlockMask
 from ._validate import SUPPORTED_DTYPES
 
-__version__ = "0.7.0"
+__version__ = "0.8.0"
 
 __all__ = [
     "BlockMask",

@@ -301,29 +301,40 @@ def _layout(x):
     if x is None:
         return None
     data = x.data
-    return type(x), x.shape, x.strides, x.dtype, data.device_id, data.ptr % 16 == 0
+    return type(x), x.shape, x.strides, x.dtype, data.device_id, data.ptr & 15 == 0
 
 
 def plan_key(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
              rotary_interleaved, causal, window_size, softcap, alibi_slopes, softmax_scale, num_splits, return_lse):
     """The key of a CuPy call's plan, or None (NumPy arrays, or an argument that is no hashable value).
-    Two calls with one key pass the same checks; scalars carry their type, so that True and 1 differ."""
-    from . import _validate
-
-    cupy = _validate._cupy()
-    if cupy is None or type(q) is not cupy.ndarray:
+    Two calls with one key pass the same checks; scalars carry their type, so that True and 1 differ.
+    (Kept short: it is most of the host time of a decoding step.)"""
+    if type(q) is not _CUPY_NDARRAY:
         return None
     try:
-        seqlens = (type(cache_seqlens),) if cache_seqlens is None or _validate._is_int(cache_seqlens) else \
-            _layout(cache_seqlens)
-        key = (threading.get_ident(), cupy.cuda.runtime.getDevice(), _layout(q), _layout(k_cache), _layout(v_cache),
-               _layout(k), _layout(v), seqlens, _layout(cache_batch_idx), _layout(block_table), _layout(rotary_cos),
-               _layout(rotary_sin), _layout(alibi_slopes), type(window_size), tuple(window_size),
-               *((type(x), x) for x in (rotary_interleaved, causal, softcap, softmax_scale, num_splits, return_lse)))
+        seqlens = _layout(cache_seqlens) if hasattr(cache_seqlens, "data") else type(cache_seqlens)
+        key = (threading.get_ident(), _get_device(), _layout(q), _layout(k_cache), _layout(v_cache), seqlens,
+               _layout(block_table), window_size.__class__, *window_size, causal.__class__, causal, num_splits.__class__,
+               num_splits, return_lse.__class__, softcap.__class__, softcap, softmax_scale.__class__, softmax_scale,
+               None if k is None else (_layout(k), _layout(v)),
+               None if rotary_cos is None else (_layout(rotary_cos), _layout(rotary_sin), rotary_interleaved.__class__,
+                                                rotary_interleaved),
+               rotary_cos is None and rotary_interleaved.__class__,
+               _layout(cache_batch_idx), _layout(alibi_slopes))
         hash(key)
     except (AttributeError, TypeError):
         return None
     return key
+
+
+try:
+    import cupy as _cupy_module
+
+    _CUPY_NDARRAY = _cupy_module.ndarray
+    _get_device = _cupy_module.cuda.runtime.getDevice
+except ImportError:  # the NumPy path needs no CuPy
+    _CUPY_NDARRAY = None
+    _get_device = None
 
 
 def plan_lengths(plan, cache_seqlens):

@@ -27,8 +27,9 @@ COMBINE_ROWS_PER_CTA = 8
 POISON_THREADS = 256
 #: Largest num_splits: the combine loops over the splits of a row.
 MAX_SPLITS = 256
-#: The heuristic keeps at least this many key tiles (of DECODE_BLOCK_N keys) per split.
-MIN_TILES_PER_SPLIT = 8
+#: The heuristic keeps at least this many key tiles (of DECODE_BLOCK_N keys) per split: short caches
+#: take many splits, since a CTA's first tile waits a DRAM round trip however few it has.
+MIN_TILES_PER_SPLIT = 2
 
 APPEND = _kernels.Kernel("kvc_append", "kvcache.cu", _kernels.ALL_DTYPES)
 DECODE = _kernels.Kernel("kvc_fwd", "kvcache.cu", _kernels.HALF_DTYPES, ("headdim",), tuple((d,) for d in DECODE_BUCKETS))
@@ -100,8 +101,8 @@ def decode_variant(c, device):
 
 
 def num_splits(c, variant, device, row_tiles):
-    """Splits of the keys: the call's own, or the fewest that fill the device's CTA slots about as well
-    as any count can, each keeping at least MIN_TILES_PER_SPLIT key tiles. Sized for the capacity:
+    """Splits of the keys: the call's own, or the fewest that fill the device's CTA slots as well as any
+    count can, each keeping at least MIN_TILES_PER_SPLIT key tiles. Sized for the capacity:
     cache_seqlens is not read on the host, and a plan serves every cache_seqlens of its layout."""
     if c.num_splits:
         return c.num_splits
@@ -119,7 +120,7 @@ def num_splits(c, variant, device, row_tiles):
     # Efficiency peaks at the multiples of slots / base; none past the first whole wave does better.
     counts = range(1, min(most, common.cdiv(slots, base)) + 1)
     best = max(efficiency(s) for s in counts)
-    return next(s for s in counts if efficiency(s) >= 0.95 * best)
+    return next(s for s in counts if efficiency(s) >= 0.99 * best)
 
 
 def run(c):

@@ -1,0 +1,58 @@
+"""flash_attention_with_kvcache under compute-sanitizer (issue 11): every kernel of the KV-cache path
+(append with rotary, the decode kernel with and without splits, the combine, the general path's lengths,
+gather and poison) on dense and paged caches, with out-of-range cache_seqlens, cache_batch_idx and
+block_table entries among valid ones. Run on a GPU:
+
+    compute-sanitizer --tool memcheck --error-exitcode 1 python3 tests/sanitize_kvcache.py
+
+It checks nothing itself (tests/test_kvcache.py does); memcheck reports any access outside an
+allocation. Sizes are small so the instrumented run takes seconds."""
+
+import os
+import sys
+
+import cupy
+import ml_dtypes
+import numpy
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import cupyflash  # noqa: E402
+
+rng = numpy.random.default_rng(0)
+
+
+def normal(shape, dtype):
+    return cupy.asarray(rng.standard_normal(shape).astype(dtype))
+
+
+def run(dtype, paged, page_size=16, heads=8, heads_k=2, d=128, seqlen_q=1, new=1):
+    batch, capacity = 4, 256
+    q = normal((batch, seqlen_q, heads, d), dtype)
+    k, v = normal((batch, new, heads_k, d), dtype), normal((batch, new, heads_k, d), dtype)
+    angles = numpy.arange(capacity)[:, None] * 0.01 * numpy.arange(1, d // 4 + 1)[None, :]
+    cos, sin = cupy.asarray(numpy.cos(angles).astype(dtype)), cupy.asarray(numpy.sin(angles).astype(dtype))
+    # Entry 1 has no room for its new tokens, entry 3 a negative length; entry 2 a bad page or entry.
+    lengths = cupy.asarray(numpy.array([10, capacity, 200, -5], numpy.int32))
+    options = dict(k=k, v=v, cache_seqlens=lengths, rotary_cos=cos, rotary_sin=sin, causal=True, return_lse=True)
+    if paged:
+        pages = capacity // page_size
+        k_cache = normal((batch * pages + 1, page_size, heads_k, d), dtype)
+        table = numpy.arange(batch * pages, dtype=numpy.int32).reshape(batch, pages)
+        table[2, 1] = 10**6
+        table[2, 2] = -3
+        options["block_table"] = cupy.asarray(table)
+    else:
+        k_cache = normal((batch + 1, capacity, heads_k, d), dtype)
+        options["cache_batch_idx"] = cupy.asarray(numpy.array([4, 0, 99, 1], numpy.int32))
+    v_cache = k_cache.copy()
+    for splits in (1, 3):
+        cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, num_splits=splits, **options)
+    cupy.cuda.Device().synchronize()
+
+
+for dtype in (numpy.dtype(ml_dtypes.bfloat16), numpy.float32):
+    for paged in (False, True):
+        run(dtype, paged)
+run(numpy.float16, True, page_size=1, heads=4, heads_k=4, d=72, seqlen_q=5, new=3)
+run(numpy.float16, False, seqlen_q=40, new=40)  # dense chunk: the forward over the cache with seqused_k
+print("sanitize_kvcache: done")
