@@ -203,13 +203,22 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
         tile_end = min(tile_begin + per_split, t1);
     }
 
+    // The prologue and the epilogue give each thread one row and kSpan consecutive columns of the
+    // CTA's 16 x kHeadDim block, so a row's query, head and addresses are worked out once.
+    constexpr int kThreadsPerRow = Tr::kThreads / Tr::kRows, kSpan = kHeadDim / kThreadsPerRow;
+    static_assert(Tr::kThreads % Tr::kRows == 0 && kHeadDim % kThreadsPerRow == 0, "whole spans");
+    const int span_row = threadIdx.x / kThreadsPerRow, span_col = (threadIdx.x % kThreadsPerRow) * kSpan;
+    const int span_r = r0 + span_row;
+    const int span_i = span_r / group, span_h = hk * group + span_r % group;  // query and head of that row
+
     // Q rows (zero past the last row), staged through shared memory into A fragments.
-    for (int idx = threadIdx.x; idx < Tr::kRows * kHeadDim; idx += Tr::kThreads) {
-        const int lr = idx / kHeadDim, col = idx % kHeadDim;
-        const int r = r0 + lr;
-        T value = from_acc<T>(0.0f);
-        if (r < rows && col < a.headdim) value = head_rows<const T>(a.q, b, r / group, hk * group + r % group)[col];
-        sQ[lr * kLd + col] = value;
+    {
+        const T* src = span_r < rows ? head_rows<const T>(a.q, b, span_i, span_h) : nullptr;
+#pragma unroll
+        for (int k = 0; k < kSpan; ++k) {
+            const int col = span_col + k;
+            sQ[span_row * kLd + col] = src != nullptr && col < a.headdim ? src[col] : from_acc<T>(0.0f);
+        }
     }
 
     // Each thread copies the same kPasses rows of every tile (row = threadIdx.x / kChunks + pass *
@@ -419,34 +428,43 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
     }
     __syncthreads();
 
+    if (span_r >= rows) return;
+    // The row's maximum over the warps, each warp's weight 2^(m_w - m), and the merged sum.
+    float m = Consts<float>::neg_inf();
+#pragma unroll
+    for (int w = 0; w < Tr::kWarps; ++w) m = fmaxf(m, merge_m[w * Tr::kRows + span_row]);
+    const float base = m == Consts<float>::neg_inf() ? 0.0f : m;  // no key seen: every weight is 0
+    float weight[Tr::kWarps];
+    float l = 0.0f;
+#pragma unroll
+    for (int w = 0; w < Tr::kWarps; ++w) {
+        weight[w] = fast_exp2(merge_m[w * Tr::kRows + span_row] - base);
+        l += weight[w] * merge_l[w * Tr::kRows + span_row];
+    }
+    // A row that saw no key is 0 with lse -inf; a NaN score makes l NaN, and NaN != 0.
     const float nan = __int_as_float(0x7fc00000);
-    for (int idx = threadIdx.x; idx < Tr::kRows * kHeadDim; idx += Tr::kThreads) {
-        const int lr = idx / kHeadDim, col = idx % kHeadDim;
-        const int r = r0 + lr;
-        if (r >= rows || col >= a.headdim_v) continue;
-        float m = Consts<float>::neg_inf();
+    const float inv_l = bad ? nan : (l != 0.0f ? 1.0f / l : 0.0f);
+    const float lse = bad ? nan : (l != 0.0f ? kLn2F * (m + __log2f(l)) : Consts<float>::neg_inf());
+    T* out_row = head_rows<T>(c.out, b, span_i, span_h);
+    const long long part_row = ((static_cast<long long>(split) * a.batch + b) * a.seqlen_q + span_i) * a.heads + span_h;
 #pragma unroll
-        for (int w = 0; w < Tr::kWarps; ++w) m = fmaxf(m, merge_m[w * Tr::kRows + lr]);
-        const float base = m == Consts<float>::neg_inf() ? 0.0f : m;  // no key seen: every weight is 0
-        float l = 0.0f, acc = 0.0f;
+    for (int k = 0; k < kSpan; ++k) {
+        const int col = span_col + k;
+        if (col >= a.headdim_v) break;
+        float acc = 0.0f;
 #pragma unroll
-        for (int w = 0; w < Tr::kWarps; ++w) {
-            const float weight = fast_exp2(merge_m[w * Tr::kRows + lr] - base);
-            l += weight * merge_l[w * Tr::kRows + lr];
-            acc += weight * merge_o[(w * Tr::kRows + lr) * kHeadDim + col];
-        }
-        // A row that saw no key is 0 with lse -inf; a NaN score makes l NaN, and NaN != 0.
-        float value = l != 0.0f ? acc / l : 0.0f;
-        float lse = l != 0.0f ? kLn2F * (m + __log2f(l)) : Consts<float>::neg_inf();
-        if (bad) value = lse = nan;
-        const int i = r / group, h = hk * group + r % group;
+        for (int w = 0; w < Tr::kWarps; ++w) acc += weight[w] * merge_o[(w * Tr::kRows + span_row) * kHeadDim + col];
         if (c.num_splits == 1) {
-            head_rows<T>(c.out, b, i, h)[col] = from_acc<T>(value);
-            if (col == 0) static_cast<float*>(c.lse.ptr)[rows_index(c.lse, b, h, i)] = lse;
+            out_row[col] = from_acc<T>(acc * inv_l);
         } else {
-            const long long row = ((static_cast<long long>(split) * a.batch + b) * a.seqlen_q + i) * a.heads + h;
-            c.part_out[row * a.headdim_v + col] = value;
-            if (col == 0) c.part_lse[((static_cast<long long>(split) * a.batch + b) * a.heads + h) * a.seqlen_q + i] = lse;
+            c.part_out[part_row * a.headdim_v + col] = acc * inv_l;
+        }
+    }
+    if (span_col == 0) {
+        if (c.num_splits == 1) {
+            static_cast<float*>(c.lse.ptr)[rows_index(c.lse, b, span_h, span_i)] = lse;
+        } else {
+            c.part_lse[((static_cast<long long>(split) * a.batch + b) * a.heads + span_h) * a.seqlen_q + span_i] = lse;
         }
     }
 }
