@@ -319,7 +319,7 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
     };
 
     int next_page[kPasses];
-#pragma unroll
+#pragma unroll 1
     for (int s = 0; s < kStages - 1; ++s) {
         if (tile_begin + s < tile_end) {
             lookup(tile_begin + s, next_page);
@@ -472,64 +472,74 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
 // ------------------------------------------------------------------------------------------------
 // Merging the splits.
 
-// One warp per output row (b, i, h): lse = ln sum_s exp(lse_s) and out = sum_s exp(lse_s - lse) out_s,
+// One CTA per output row (b, i, h): lse = ln sum_s exp(lse_s) and out = sum_s exp(lse_s - lse) out_s,
 // shifted by the largest lse_s. Splits that saw no key (lse_s = -inf) weigh 0; a row no split saw is 0
-// with lse -inf; a NaN lse_s makes the row NaN. The lanes first read the splits' lse together and
-// keep their weights in shared memory; then each lane sums its columns over the splits with
-// independent loads (a chain of dependent loads per split cost ~1 us each).
+// with lse -inf; a NaN lse_s makes the row NaN. The threads read the splits' lse together and keep
+// their weights in shared memory; then warp w sums splits w, w + 4, ... over the row's columns (a
+// lane's loads are independent, so a row costs a couple of L2 round trips, not one per split), and
+// the four warps' sums are added through shared memory.
 template <typename T>
-__global__ void __launch_bounds__(256) kvc_combine(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
-    constexpr int kWarps = 8, kMaxSplits = 256, kMaxCols = 8;  // columns per lane: headdim_v <= 256
-    __shared__ float weights[kWarps][kMaxSplits];
+__global__ void __launch_bounds__(128) kvc_combine(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
+    constexpr int kWarps = 4, kMaxSplits = 256, kMaxCols = 256, kColsPerLane = kMaxCols / 32;
+    __shared__ float weights[kMaxSplits];
+    __shared__ float reduce[kWarps];
+    __shared__ float sums[kWarps][kMaxCols];
     const AttnArgs& a = c.attn;
     const long long rows = static_cast<long long>(a.batch) * a.seqlen_q * a.heads;
+    const long long row = blockIdx.x;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const long long row = blockIdx.x * static_cast<long long>(kWarps) + warp;
-    if (row >= rows) return;
     const int h = static_cast<int>(row % a.heads);
     const int i = static_cast<int>(row / a.heads % a.seqlen_q);
     const int b = static_cast<int>(row / a.heads / a.seqlen_q);
     const long long lse_row = (static_cast<long long>(b) * a.heads + h) * a.seqlen_q + i;
     const int splits = min(c.num_splits, kMaxSplits);
+
     float m = Consts<float>::neg_inf();
     bool nan = false;
-    for (int s = lane; s < splits; s += 32) {
+    for (int s = threadIdx.x; s < splits; s += blockDim.x) {
         const float x = c.part_lse[s * rows + lse_row];
-        weights[warp][s] = x;
+        weights[s] = x;
         nan = nan || x != x;
         m = fmaxf(m, x);
     }
     m = group_max<32>(m);
-    nan = __any_sync(0xffffffffu, nan);
+    if (lane == 0) reduce[warp] = m;
+    nan = __syncthreads_or(nan);
+    m = fmaxf(fmaxf(reduce[0], reduce[1]), fmaxf(reduce[2], reduce[3]));
     const float base = m == Consts<float>::neg_inf() ? 0.0f : m;
     float total = 0.0f;
-    for (int s = lane; s < splits; s += 32) {
-        const float w = __expf(weights[warp][s] - base);
-        weights[warp][s] = w;
+    for (int s = threadIdx.x; s < splits; s += blockDim.x) {
+        const float w = __expf(weights[s] - base);
+        weights[s] = w;
         total += w;
     }
     total = group_sum<32>(total);
-    __syncwarp();
-    const float inv = total != 0.0f ? 1.0f / total : 0.0f;
-    float acc[kMaxCols] = {};
-#pragma unroll 4
-    for (int s = 0; s < splits; ++s) {
-        const float w = weights[warp][s];
+    __syncthreads();  // weights; every warp has read reduce[]
+    if (lane == 0) reduce[warp] = total;
+
+    float acc[kColsPerLane] = {};
+#pragma unroll 2
+    for (int s = warp; s < splits; s += kWarps) {
+        const float w = weights[s];
         const float* part = c.part_out + (s * rows + row) * a.headdim_v;
 #pragma unroll
-        for (int k = 0; k < kMaxCols; ++k) {
+        for (int k = 0; k < kColsPerLane; ++k) {
             const int col = lane + 32 * k;
             if (col < a.headdim_v) acc[k] += w * part[col];
         }
     }
+#pragma unroll
+    for (int k = 0; k < kColsPerLane; ++k) sums[warp][lane + 32 * k] = acc[k];
+    __syncthreads();
+    total = reduce[0] + reduce[1] + reduce[2] + reduce[3];
+    const float inv = total != 0.0f ? 1.0f / total : 0.0f;
     const float qnan = __int_as_float(0x7fc00000);
     T* out = head_rows<T>(c.out, b, i, h);
-#pragma unroll
-    for (int k = 0; k < kMaxCols; ++k) {
-        const int col = lane + 32 * k;
-        if (col < a.headdim_v) out[col] = from_acc<T>(nan ? qnan : acc[k] * inv);
+    for (int col = threadIdx.x; col < a.headdim_v; col += blockDim.x) {
+        const float value = (sums[0][col] + sums[1][col] + sums[2][col] + sums[3][col]) * inv;
+        out[col] = from_acc<T>(nan ? qnan : value);
     }
-    if (lane == 0) {
+    if (threadIdx.x == 0) {
         static_cast<float*>(c.lse.ptr)[rows_index(c.lse, b, h, i)] =
             nan ? qnan : (total != 0.0f ? base + __logf(total) : Consts<float>::neg_inf());
     }

@@ -21,9 +21,9 @@ DECODE_BUCKETS = (64, 128, 256)
 DECODE_THREADS = 128
 DECODE_ROWS = 16
 DECODE_BLOCK_N = 64
-#: Threads of the append and lengths kernels; rows per CTA of the combine (one warp each).
+#: Threads of the append, lengths and combine kernels (the combine runs a CTA per output row).
 APPEND_THREADS = 128
-COMBINE_ROWS_PER_CTA = 8
+COMBINE_THREADS = 128
 POISON_THREADS = 256
 #: Largest num_splits: the combine loops over the splits of a row.
 MAX_SPLITS = 256
@@ -94,8 +94,8 @@ def decode_variant(c, device):
     if bucket is None or not common.vec_loads(c.k_cache, c.v_cache):
         return None
     rows = c.seqlen_q * (c.heads // c.heads_k)
-    if c.block_table is None and rows > DECODE_MAX_ROWS:
-        return None
+    if c.block_table is None and rows > DECODE_MAX_ROWS or c.batch * c.seqlen_q * c.heads >= 2**31:
+        return None  # (the combine's grid has a CTA per output row)
     variant = DECODE.variant(common.dtype_name(c.dtype), (bucket,))
     return variant if decode_smem_bytes(variant) <= device.smem_optin else None
 
@@ -232,9 +232,8 @@ class DecodePlan:
         self.combine = None
         if self.splits > 1:
             combine_rows = c.batch * c.seqlen_q * c.heads
-            self.combine = _Launch(COMBINE.variant(common.dtype_name(self.dtype)),
-                                   (common.cdiv(combine_rows, COMBINE_ROWS_PER_CTA), 1, 1), 32 * COMBINE_ROWS_PER_CTA,
-                                   self.main)
+            self.combine = _Launch(COMBINE.variant(common.dtype_name(self.dtype)), (combine_rows, 1, 1),
+                                   COMBINE_THREADS, self.main)
 
     def _fill(self, u64, **arrays):
         for name, x in arrays.items():
