@@ -4,6 +4,8 @@ embedding, GQA, masks and score modifications, split-KV decoding and its merge, 
 the general path; the caches written in place; out-of-range values; CUDA graph capture; validation.
 NumPy always, CuPy on a GPU."""
 
+import dataclasses
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -306,3 +308,28 @@ def test_cache_layouts_are_checked():
         cupyflash.flash_attention_with_kvcache(q, k_cache[:1], v_cache[:1], **dict(arrays, cache_seqlens=3))
     with pytest.raises(ValueError, match="q and k_cache must have the same headdim"):
         cupyflash.flash_attention_with_kvcache(q[..., :4], k_cache, v_cache, **arrays)
+
+
+def test_split_heuristic_fills_the_sms():
+    """num_splits=0: enough splits that batch x kv heads x splits CTAs fill an H200's 132 SMs, none
+    shorter than MIN_TILES_PER_SPLIT tiles; none when the batch fills them already; a call's own count."""
+    from cupyflash._families import common, kvcache
+
+    device = common.Device(90, 227 * 1024, 132)
+
+    (q, k_cache, v_cache), _ = _inputs(np, "bfloat16", batch=1, seqlen_q=1, heads=32, heads_k=8, headdim=128,
+                                       headdim_v=128, capacity=16, lengths=[0])
+    small = cupyflash._kvcache.check(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, cache_batch_idx=None,
+                                     block_table=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=True,
+                                     causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                                     softmax_scale=None, num_splits=0, max_splits=256)
+
+    def splits(batch, context, num_splits=0):
+        call = dataclasses.replace(small, batch=batch, capacity=context, num_splits=num_splits)
+        return kvcache.num_splits(call, kvcache.DECODE.variant("bfloat16", (128,)), device, 1)
+
+    assert splits(1, 131072) == 16      # 128 CTAs
+    assert splits(8, 32768) == 2        # 128 CTAs
+    assert splits(64, 4096) == 1        # 512 CTAs already
+    assert splits(1, 256) == 2          # 4 tiles: at least 2 per split
+    assert splits(1, 131072, num_splits=7) == 7

@@ -23,7 +23,6 @@ class Device:
     capability: int  # e.g. 90
     smem_optin: int  # per-block opt-in shared memory, bytes
     sm_count: int = 1  # multiprocessors (persistent grids launch one CTA per SM)
-    smem_per_sm: int = 0  # shared memory of one multiprocessor, bytes (sizes the decode kernel's splits)
 
 
 @functools.lru_cache(maxsize=None)
@@ -31,7 +30,7 @@ def _device(device_id):
     device = cupy.cuda.Device(device_id)
     attributes = device.attributes
     return Device(int(device.compute_capability), attributes["MaxSharedMemoryPerBlockOptin"],
-                  attributes["MultiProcessorCount"], attributes.get("MaxSharedMemoryPerMultiprocessor", 0))
+                  attributes["MultiProcessorCount"])
 
 
 def current_device():
