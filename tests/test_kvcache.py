@@ -311,8 +311,9 @@ def test_cache_layouts_are_checked():
 
 
 def test_split_heuristic_fills_the_sms():
-    """num_splits=0: enough splits that batch x kv heads x splits CTAs fill an H200's 132 SMs, none
-    shorter than MIN_TILES_PER_SPLIT tiles; none when the batch fills them already; a call's own count."""
+    """num_splits=0: enough splits that batch x kv heads x splits CTAs fill an H200's 132 SMs once
+    (twice for a paged cache), none shorter than MIN_TILES_PER_SPLIT tiles; none when the batch fills
+    them already; a call's own count."""
     from cupyflash._families import common, kvcache
 
     device = common.Device(90, 227 * 1024, 132)
@@ -333,3 +334,6 @@ def test_split_heuristic_fills_the_sms():
     assert splits(64, 4096) == 1        # 512 CTAs already
     assert splits(1, 256) == 2          # 4 tiles: at least 2 per split
     assert splits(1, 131072, num_splits=7) == 7
+    paged = dataclasses.replace(small, block_table=np.zeros((1, 1), np.int32), page_size=16)
+    assert kvcache.num_splits(dataclasses.replace(paged, capacity=131072), kvcache.DECODE.variant("bfloat16", (128,)),
+                              device, 1) == 33  # 264 CTAs: two per SM

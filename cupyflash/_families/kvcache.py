@@ -103,9 +103,10 @@ def num_splits(c, variant, device, row_tiles):
         return c.num_splits
     keys = c.capacity
     base = row_tiles * c.heads_k * c.batch
-    # One CTA per SM: on the H200 it draws as much bandwidth as two (1 x 131072 tokens: 3.89 TB/s with
-    # 128 CTAs, 3.81 with 264), and fewer splits leave less to merge.
-    slots = device.sm_count
+    # Dense caches: one CTA per SM draws as much bandwidth as two on the H200 (1 x 131072 tokens: 3.89
+    # TB/s with 128 CTAs, 3.81 with 264), and fewer splits leave less to merge. Paged caches: two, whose
+    # tiles take turns hiding each other's page lookups (one per SM: 2.8-2.95 TB/s).
+    slots = device.sm_count * (2 if c.block_table is not None else 1)
     most = min(MAX_SPLITS, max(1, common.cdiv(keys, DECODE_BLOCK_N) // MIN_TILES_PER_SPLIT))
     if base >= slots or most == 1:
         return 1
