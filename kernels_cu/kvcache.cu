@@ -330,9 +330,14 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
     if (tile_begin + kStages - 1 < tile_end) lookup(tile_begin + kStages - 1, next_page);
     __syncthreads();  // sQ
 
-    unsigned q_frag[kDSteps][4];
+    // Q's A fragments stay in registers up to head dim 128; at 256 their 64 registers beside the 128 of
+    // the output would spill, so each tile re-reads them from shared memory (sQ is never overwritten).
+    constexpr bool kQInRegs = kHeadDim <= 128;
+    unsigned q_frag[kQInRegs ? kDSteps : 1][4];
+    if constexpr (kQInRegs) {
 #pragma unroll
-    for (int kk = 0; kk < kDSteps; ++kk) load_a_frag<kLd>(q_frag[kk], sQ, 0, 16 * kk);
+        for (int kk = 0; kk < kDSteps; ++kk) load_a_frag<kLd>(q_frag[kk], sQ, 0, 16 * kk);
+    }
 
     // Per-row score modifications: a row's query and head.
     Log2Scores scores(a, seq, b, hk * group);
@@ -368,8 +373,15 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
         for (int kk = 0; kk < kDSteps; ++kk) {
             unsigned bk[4];
             load_bt_frags<kLd>(bk, sKj, 16 * warp, 16 * kk);
-            mma_16816<T>(s[0], q_frag[kk], bk);
-            mma_16816<T>(s[1], q_frag[kk], bk + 2);
+            unsigned qa[4];
+            if constexpr (kQInRegs) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) qa[e] = q_frag[kk][e];
+            } else {
+                load_a_frag<kLd>(qa, sQ, 0, 16 * kk);
+            }
+            mma_16816<T>(s[0], qa, bk);
+            mma_16816<T>(s[1], qa, bk + 2);
         }
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
