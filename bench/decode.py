@@ -157,15 +157,50 @@ def call_times(calls=2000, context=4096):
     return {"call_us": per_call, "graph_replay_us": per_replay}
 
 
+def plot(results, path):
+    """Bars of the decode rows (TB/s) beside the copy ceiling; False when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    columns = (("dense", "cupyflash dense"), ("page16", "cupyflash paged 16"), ("page1", "cupyflash paged 1"),
+               ("fa2", "torch FA2 (dense)"), ("cudnn", "cuDNN (dense)"))
+    rows = results["decode"]
+    figure, axes = plt.subplots(figsize=(8, 4))
+    width = 0.8 / len(columns)
+    for c, (key, label) in enumerate(columns):
+        values = [r.get(key) or 0.0 for r in rows]
+        axes.bar([i + c * width for i in range(len(rows))], values, width, label=label)
+    axes.axhline(4.24, color="black", linestyle="--", linewidth=1, label="device copy 4.24 TB/s")
+    axes.set_xticks([i + 0.4 - width / 2 for i in range(len(rows))])
+    axes.set_xticklabels([f"{r['batch']} x {r['context']}" for r in rows])
+    axes.set_ylabel("K and V bytes read, TB/s")
+    axes.set_title("Decode, GQA 32/8, head dim 128, bf16")
+    axes.legend(fontsize=7, loc="lower right")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    return True
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--plot", type=Path, help="write a bar chart of the decode rows here (needs matplotlib)")
+    parser.add_argument("--plot-from", type=Path, help="only plot the results of an earlier --json run")
     args = parser.parse_args()
+    if args.plot_from:
+        plot(json.loads(args.plot_from.read_text()), args.plot or args.plot_from.with_suffix(".png"))
+        return
     repeats = 10 if args.quick else 30
     results = {"calls": call_times(), "decode": decode_rows(repeats), "prefill": prefill_row(repeats)}
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
+    if args.plot and not plot(results, args.plot):
+        print("no plot: matplotlib missing")
 
     def fmt(x):
         return "n/a" if x is None else f"{x:.2f}"
