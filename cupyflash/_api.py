@@ -423,7 +423,8 @@ def flash_attention_with_kvcache(q, k_cache, v_cache, *, k=None, v=None, cache_s
     ``block_table`` name entries or pages outside the cache. A CuPy call never copies those arrays to
     the host (it does not synchronize, and can be captured in a CUDA graph): it checks them on the
     device instead, and a batch entry with an out-of-range value gets NaN in all its output rows and
-    lse, while no read or write leaves the caches and that entry's cache is left unchanged.
+    lse, while no read or write leaves the caches: an entry whose cache_seqlens or cache_batch_idx is
+    out of range writes nothing, and a new token whose page is out of range is not written.
 
     CuPy calls run on the current stream with no allocation outside CuPy's memory pool. Keep the
     returned arrays referenced while a captured graph that wrote them may replay.

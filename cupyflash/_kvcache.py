@@ -1,12 +1,13 @@
-"""flash_attention_with_kvcache: the checks of a call, the NumPy twin and the CUDA paths.
+"""flash_attention_with_kvcache: the checks of a call, the NumPy twin, and the plans of CUDA calls
+(their kernels and launches are cupyflash/_families/kvcache.py).
 
 CUDA: new keys and values (and the rotary embedding) go into the cache through kvc_append; then either
 the decode kernel (float16/bfloat16 caches with 16-byte aligned rows, head dims up to 256; every
 paged cache, and every call whose query rows per kv head, seqlen_q * heads / heads_k, are few) with
-its split-KV combine, or the general path: the cache as a dense batch with per-entry key counts
-(seqused_k) through the ordinary forward families (sm90, sm80 or general), after gathering the rows of
-a paged cache or of cache_batch_idx into a dense copy when the decode kernel does not take the call.
-"""
+its split-KV combine, or the general path: the ordinary forward families (sm90, sm80 or general) over
+the cache, as a prefix of every entry (an int cache_seqlens) or with per-entry key counts (seqused_k),
+after gathering a paged cache or the cache_batch_idx entries into a dense copy. A decode-kernel call
+leaves a plan keyed by its layout, which the next call of that layout runs without checks or setup."""
 
 import dataclasses
 import threading

@@ -10,14 +10,14 @@
 //                their states at the end; the tiles stream through cp.async stages, one page lookup per
 //                cached row, so a paged cache of any page size is the same loop. With num_splits > 1
 //                the CTA writes a float32 partial output and its lse, which kvc_combine merges.
-//   kvc_combine  out = sum_s exp(lse_s - lse) out_s, lse = ln sum_s exp(lse_s), one warp per row.
+//   kvc_combine  out = sum_s exp(lse_s - lse) out_s, lse = ln sum_s exp(lse_s), a CTA per output row.
 //   kvc_lengths  the general path's per-entry key counts (seqused_k) and bad flags; kvc_poison turns
 //                the rows of bad entries into NaN afterwards.
 //
-// Out-of-range values never reach memory: a batch entry whose cache_seqlens is negative or leaves no
-// room for its new keys, whose cache_batch_idx is not an entry of the cache, or whose block_table
-// holds a page index outside the cache among the pages it uses, reads and writes nothing of the
-// cache; its output rows and lse are NaN (documented in cupyflash/_api.py).
+// Out-of-range values never take an access outside the caches: a batch entry whose cache_seqlens is
+// negative or leaves no room for its new keys, or whose cache_batch_idx is not an entry of the cache,
+// reads and writes none of it; a page index outside the cache, among the pages an entry uses, is read
+// as page 0 and not written. Such an entry's output rows and lse are NaN (cupyflash/_api.py).
 #include "dtypes.cuh"
 #include "mma.cuh"
 #include "params.cuh"
@@ -70,15 +70,16 @@ struct CacheEntry {
 // ------------------------------------------------------------------------------------------------
 // Append (and rotary).
 
-// Element c of row x (headdim columns) rotated at angle row cs/sn (rotary_dim / 2 entries): pairs
-// (2i, 2i + 1) when interleaved, else (i, i + rotary_dim / 2); (a, b) -> (a cos - b sin, a sin + b cos).
-// Columns from rotary_dim on are copied.
+// A double rounded once to T (to nearest even).
 template <typename T> __device__ __forceinline__ T round_double(double x) { return static_cast<T>(x); }
 template <> __device__ __forceinline__ __half round_double<__half>(double x) { return __double2half(x); }
 template <> __device__ __forceinline__ __nv_bfloat16 round_double<__nv_bfloat16>(double x) { return __double2bfloat16(x); }
 
-// Computed in double and rounded once to T, as the float64 reference does (float32 arithmetic would
-// round twice and miss float32 results by up to an ulp); the kernel is a small share of a call.
+// Element c of row x (headdim columns) rotated at angle row cs/sn (rotary_dim / 2 entries): pairs
+// (2i, 2i + 1) when interleaved, else (i, i + rotary_dim / 2); (a, b) -> (a cos - b sin, a sin + b cos).
+// Columns from rotary_dim on are copied. Computed in double and rounded once to T, as the float64
+// reference does (float32 arithmetic would round twice and miss float32 results by up to an ulp); the
+// kernel is a small share of a call.
 template <typename T>
 __device__ __forceinline__ T rotated(const T* x, int c, const T* cs, const T* sn, int rotary_dim, bool interleaved) {
     if (c >= rotary_dim) return x[c];

@@ -182,7 +182,7 @@ def test_empty_cache_and_no_queries(xp_name):
 @pytest.mark.usefixtures("compiled_kernels")
 def test_out_of_range_values_poison_only_their_entry(dtype, paged):
     """A CuPy call checks cache_seqlens and the block table on the device: the entries with
-    out-of-range values come out NaN and their caches unchanged; the others are exact."""
+    out-of-range values come out NaN (and, for a bad length, their caches unchanged); the others are exact."""
     sizes = dict(batch=4, seqlen_q=1, heads=4, heads_k=2, headdim=64, headdim_v=64, capacity=64,
                  lengths=[10, 63, 20, 5], new=1, page_size=16 if paged else 0)
     (q, k_cache, v_cache), arrays = _inputs(cupy, dtype, **sizes, seed=5)
