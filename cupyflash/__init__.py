@@ -16,8 +16,12 @@ from ._api import (
     flash_attention_with_kvcache,
     merge_attention_states,
     merge_attention_states_stacked,
+    ring_flash_attention,
+    ring_flash_attention_backward,
+    ring_flash_attention_vjp,
 )
 from ._block_mask import BlockMask
+from ._ring import VirtualRing, zigzag_shard, zigzag_unshard
 from ._validate import SUPPORTED_DTYPES
 
 __version__ = "0.8.0"
@@ -25,6 +29,7 @@ __version__ = "0.8.0"
 __all__ = [
     "BlockMask",
     "SUPPORTED_DTYPES",
+    "VirtualRing",
     "flash_attention",
     "flash_attention_backward",
     "flash_attention_varlen",
@@ -35,4 +40,9 @@ __all__ = [
     "merge_attention_states",
     "merge_attention_states_stacked",
     "reference",
+    "ring_flash_attention",
+    "ring_flash_attention_backward",
+    "ring_flash_attention_vjp",
+    "zigzag_shard",
+    "zigzag_unshard",
 ]

@@ -2,7 +2,7 @@
 
 import numpy
 
-from . import _kvcache, _merge, _numpy_impl, _validate
+from . import _kvcache, _merge, _numpy_impl, _ring, _validate
 
 _SHAPES_DOC = """
     q : cupy.ndarray or numpy.ndarray, shape (batch, seqlen_q, heads, headdim)
@@ -465,3 +465,102 @@ def flash_attention_with_kvcache(q, k_cache, v_cache, *, k=None, v=None, cache_s
         (out, lse), plan = kvcache.run(call)
         _kvcache.remember(key, plan)
     return (out, lse) if return_lse else out
+
+
+_RING_DOC = """
+    q, k, v : this rank's shard: (batch, seqlen / world, heads, headdim), (batch, seqlen / world, heads_k,
+        headdim) and (..., headdim_v), NumPy or CuPy arrays as for :func:`flash_attention`. Every rank's
+        shards have the same shapes.
+    comm : cupy.cuda.nccl.NcclCommunicator or cupyflash.VirtualRing
+        The ring: rank ``comm.rank_id()`` of ``comm.size()`` (CuPy arrays on the communicator's GPU, which
+        must be the current device), or one rank of a :class:`cupyflash.VirtualRing` (ranks as threads of
+        one process). Blocks go to rank + 1 and come from rank - 1; every rank must make the same call.
+    causal : bool, keyword-only
+        Causal over the global sequence. Needs ``layout``.
+    softmax_scale : float or None, keyword-only
+        As in :func:`flash_attention`.
+    window_size : (-1, -1), keyword-only
+        Sliding windows are not supported by the ring yet.
+    layout : "zigzag", "contiguous" or None, keyword-only
+        How the global sequence is sharded, for a causal ring: "zigzag" (rank r holds chunks r and
+        2 * world - 1 - r of 2 * world, see :func:`cupyflash.zigzag_shard`: every rank does the same
+        work) or "contiguous" (rank r holds chunk r of world). Ignored without ``causal``."""
+
+
+def ring_flash_attention(q, k, v, comm, *, causal=False, softmax_scale=None, window_size=(-1, -1), layout=None,
+                         return_lse=False):
+    """Attention over a sequence sharded across the ranks of a ring (ring attention): each rank's
+    queries attend to every rank's keys and values as the K/V blocks pass around the ring, the partial
+    results merged by their log-sum-exp. No rank holds more than its shard and two blocks.
+
+    Parameters
+    ----------{ring}
+    return_lse : bool, keyword-only
+        Also return the log-sum-exp (over the global keys) needed by the backward.
+
+    Returns
+    -------
+    out : array, this rank's rows (batch, seqlen / world, heads, headdim_v)
+    lse : array, (batch, heads, seqlen / world); only with ``return_lse=True``
+        Equal, within rounding, to the rows of :func:`flash_attention` on the unsharded sequence.
+    """
+    q, k, v = _validate.arrays(q=q, k=k, v=v)
+    p = _validate.forward_problem(q, k, v, softmax_scale=softmax_scale)
+    xp, ring, layout = _ring._check({"q": q, "k": k, "v": v}, comm, causal, window_size, layout)
+    return_lse = _validate.check_flag("return_lse", return_lse)
+    out, lse = _ring.ring_forward(q, k, v, ring, xp, bool(causal), p.softmax_scale, layout)
+    return (out, lse) if return_lse else out
+
+
+def ring_flash_attention_backward(dout, q, k, v, out, lse, comm, *, causal=False, softmax_scale=None,
+                                  window_size=(-1, -1), layout=None, deterministic=False):
+    """Gradients of :func:`ring_flash_attention` for this rank's shard: dq of its queries, and dk, dv of
+    its keys and values summed over every rank's queries (the accumulators travel with the blocks).
+
+    Parameters
+    ----------
+    dout : array, this rank's rows of the gradient of the loss with respect to out
+    q, k, v, comm, causal, softmax_scale, window_size, layout
+        As given to :func:`ring_flash_attention`.{ring_unused}
+    out, lse : this rank's results of ``ring_flash_attention(..., return_lse=True)``
+    deterministic : bool, keyword-only
+        As in :func:`flash_attention_backward`; the ring's own sums run in a fixed order either way.
+
+    Returns
+    -------
+    dq, dk, dv : arrays with the shapes and dtype of this rank's q, k and v
+    """
+    dout, q, k, v, out, lse = _validate.arrays(dout=dout, q=q, k=k, v=v, out=out, lse=lse)
+    p = _validate.backward_problem(dout, q, k, v, out, lse, softmax_scale=softmax_scale)
+    xp, ring, layout = _ring._check({"dout": dout, "q": q, "k": k, "v": v, "out": out, "lse": lse}, comm, causal,
+                                    window_size, layout)
+    deterministic = _validate.check_flag("deterministic", deterministic)
+    lse = lse.astype(_validate.lse_dtype(p.dtype), copy=False)
+    return _ring.ring_backward(dout, q, k, v, out, lse, ring, xp, bool(causal), p.softmax_scale, layout, deterministic)
+
+
+def ring_flash_attention_vjp(q, k, v, comm, *, causal=False, softmax_scale=None, window_size=(-1, -1), layout=None,
+                             deterministic=False):
+    """:func:`ring_flash_attention` and a function that maps this rank's ``dout`` to its ``(dq, dk, dv)``
+    (a ring call too: every rank must make it).
+
+    Parameters
+    ----------{ring}
+    deterministic : bool, keyword-only
+
+    Returns
+    -------
+    out : array, this rank's rows
+    vjp : callable
+    """
+    options = dict(causal=causal, softmax_scale=softmax_scale, window_size=window_size, layout=layout)
+    out, lse = ring_flash_attention(q, k, v, comm, return_lse=True, **options)
+
+    def vjp(dout):
+        return ring_flash_attention_backward(dout, q, k, v, out, lse, comm, deterministic=deterministic, **options)
+
+    return out, vjp
+
+
+for _function in (ring_flash_attention, ring_flash_attention_backward, ring_flash_attention_vjp):
+    _function.__doc__ = _function.__doc__.replace("{ring}", _RING_DOC).replace("{ring_unused}", "")
