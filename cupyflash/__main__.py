@@ -12,7 +12,7 @@ import time
 import numpy
 
 from . import __version__, _validate, reference
-from ._api import flash_attention, flash_attention_backward
+from ._api import flash_attention, flash_attention_backward, flash_attention_with_kvcache
 
 # Self-check tolerance: the error against float64 relative to the output's scale, per dtype (the tests
 # apply the stricter same-precision rule; this is a quick sanity check that catches broken installs).
@@ -63,6 +63,33 @@ def self_check(xp):
             f"  {name:<9} max relative error out {errors[0]:.1e}  dq {errors[1]:.1e}  dk {errors[2]:.1e}  "
             f"dv {errors[3]:.1e}  {'ok' if passed else 'FAILED'}"
         )
+    return ok & kvcache_check(xp)
+
+
+def kvcache_check(xp):
+    """A decode step on a paged cache (one new token appended, GQA, causal) against the reference; bfloat16
+    and float32. True when both pass."""
+    to_host = (lambda x: x.get()) if xp is not numpy else numpy.asarray
+    rng = numpy.random.default_rng(2)
+    batch, heads, heads_k, d, page, pages = 2, 8, 2, 64, 8, 8
+    table = rng.permutation(batch * pages).reshape(batch, pages).astype(numpy.int32)
+    lengths = numpy.array([40, 9], numpy.int32)
+    base = [rng.standard_normal(s) for s in ((batch, 1, heads, d), (batch * pages, page, heads_k, d),
+                                             (batch * pages, page, heads_k, d), (batch, 1, heads_k, d),
+                                             (batch, 1, heads_k, d))]
+    ok = True
+    for name in ("bfloat16", "float32"):
+        dtype = _validate.SUPPORTED_DTYPES[name]
+        q, k_cache, v_cache, k, v = (x.astype(dtype) for x in base)
+        want = reference.attention_with_kvcache(q, k_cache, v_cache, k=k, v=v, cache_seqlens=lengths, block_table=table,
+                                                causal=True)[0]
+        q, k_cache, v_cache, k, v = (xp.asarray(x) for x in (q, k_cache, v_cache, k, v))
+        out = flash_attention_with_kvcache(q, k_cache, v_cache, k=k, v=v, cache_seqlens=xp.asarray(lengths),
+                                           block_table=xp.asarray(table), causal=True)
+        error = _relative_error(to_host(out), want)
+        passed = error <= _TOLERANCE[name]
+        ok &= passed
+        print(f"  kvcache {name:<9} paged decode, max relative error {error:.1e}  {'ok' if passed else 'FAILED'}")
     return ok
 
 
