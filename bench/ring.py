@@ -19,6 +19,7 @@ when causal; backward 2.5x) on the ring against twice the single-GPU rate of the
 """
 
 import argparse
+import json
 import multiprocessing
 import sys
 import time
@@ -103,6 +104,7 @@ def main():
     parser.add_argument("--headdim", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--check", action="store_true", help="compare with single-GPU attention (4096 tokens)")
+    parser.add_argument("--json", type=Path, help="write the errors (--check) or rates here")
     args = parser.parse_args()
     if args.check:
         args.seqlen = 4096
@@ -123,6 +125,7 @@ def main():
     sys.path.insert(0, str(REPO_ROOT))
     import cupyflash
 
+    report = {}
     for causal in (False, True):
         name = "causal (zigzag)" if causal else "non-causal"
         if args.check:
@@ -133,14 +136,19 @@ def main():
                 ring = cupyflash.zigzag_unshard([s[i] for s in shards], axis=axis).astype(numpy.float64)
                 want = single[i].astype(numpy.float64)
                 error = float(numpy.abs(ring - want).max() / max(numpy.abs(want).max(), 1e-30))
+                report[f"{'causal' if causal else 'full'}_{label}"] = error
                 print(f"{name:16} {label:4} max |ring - single| / max |single| = {error:.2e}")
             continue
         flops = 3.5 * 4 * args.heads * args.seqlen**2 * args.headdim / (2 if causal else 1)
         ring_time = max(payloads[r][causal] for r in range(args.gpus))
         single_time = payloads[0][("single", causal)]
         ring_rate, single_rate = flops / ring_time / 1e12, flops / single_time / 1e12
+        report[f"{'causal' if causal else 'full'}"] = {"ring_tflops": ring_rate, "single_tflops": single_rate,
+                                                        "scaling": ring_rate / (args.gpus * single_rate)}
         print(f"{name:16} forward+backward: ring {ring_rate:.0f} TFLOP/s on {args.gpus} GPUs, one GPU "
               f"{single_rate:.0f}: {ring_rate / (args.gpus * single_rate):.2f}x of {args.gpus}x one GPU")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":
