@@ -244,22 +244,31 @@ def _pairs(rank, step, world, causal, layout, rows):
     return slice(half, None), every, False
 
 
+def _visiting_blocks(ring, xp, k, v):
+    """Yields (step, (k, v) block in hand) for the ring's steps, starting with this rank's own. While the
+    caller works on one block the next is in flight: the one in hand goes to rank + 1 and the next comes
+    from rank - 1 into one of two buffers, waited for when the caller asks for it."""
+    block = (xp.ascontiguousarray(k), xp.ascontiguousarray(v))
+    buffers = [(xp.empty_like(block[0]), xp.empty_like(block[1])) for _ in range(min(ring.world - 1, 2))]
+    for step in range(ring.world):
+        pending = None
+        if step < ring.world - 1:
+            arriving = buffers[step % 2]
+            pending = ring.exchange(block, arriving, "kv")
+        yield step, block
+        if pending is not None:
+            pending.wait()
+            block = arriving
+
+
 def ring_forward(q, k, v, ring, xp, causal, softmax_scale, layout):
     """(out, lse) of this rank's queries over every rank's keys (validated inputs)."""
     from ._api import flash_attention, merge_attention_states
 
     acc = _validate.lse_dtype(q.dtype)
     world, rows = ring.world, q.shape[1]
-    k = xp.ascontiguousarray(k)
-    v = xp.ascontiguousarray(v)
-    buffers = [(xp.empty_like(k), xp.empty_like(v)) for _ in range(min(world - 1, 2))]
     out = lse = None
-    block = (k, v)
-    for step in range(world):
-        pending = None
-        if step < world - 1:
-            arriving = buffers[step % 2]
-            pending = ring.exchange(block, arriving, "kv")
+    for step, block in _visiting_blocks(ring, xp, k, v):
         pair = _pairs(ring.rank, step, world, causal, layout, rows)
         if pair is not None:
             rows_q, rows_k, masked = pair
@@ -271,9 +280,6 @@ def ring_forward(q, k, v, ring, xp, causal, softmax_scale, layout):
                 merged, merged_lse = merge_attention_states(out[:, rows_q], lse[:, :, rows_q], part.astype(acc),
                                                             part_lse)
                 out[:, rows_q], lse[:, :, rows_q] = merged, merged_lse
-        if pending is not None:
-            pending.wait()
-            block = arriving
     return out.astype(q.dtype), lse
 
 
@@ -285,20 +291,12 @@ def ring_backward(dout, q, k, v, out, lse, ring, xp, causal, softmax_scale, layo
 
     acc = _validate.acc_dtype(q.dtype)
     world, rows = ring.world, q.shape[1]
-    k = xp.ascontiguousarray(k)
-    v = xp.ascontiguousarray(v)
-    kv_buffers = [(xp.empty_like(k), xp.empty_like(v)) for _ in range(min(world - 1, 2))]
     # The accumulators move every step (the last move brings each block's home): two buffers alternate.
     grad_buffers = [(xp.empty(k.shape, acc), xp.empty(v.shape, acc)) for _ in range(2 if world > 1 else 0)]
     dq = xp.zeros(q.shape, acc)
     grads = (xp.zeros(k.shape, acc), xp.zeros(v.shape, acc))
-    block = (k, v)
     grads_pending = grad_arriving = None
-    for step in range(world):
-        kv_pending = None
-        if step < world - 1:
-            arriving = kv_buffers[step % 2]
-            kv_pending = ring.exchange(block, arriving, "kv")
+    for step, block in _visiting_blocks(ring, xp, k, v):
         pair = _pairs(ring.rank, step, world, causal, layout, rows)
         part = None
         if pair is not None:
@@ -317,9 +315,6 @@ def ring_backward(dout, q, k, v, out, lse, ring, xp, causal, softmax_scale, layo
         if world > 1:
             grad_arriving = grad_buffers[step % 2]
             grads_pending = ring.exchange(grads, grad_arriving, "dkv")
-        if kv_pending is not None:
-            kv_pending.wait()
-            block = arriving
     if grads_pending is not None:
         grads_pending.wait()  # our own block's, after a full turn
         grads = grad_arriving

@@ -54,24 +54,28 @@ def decode_smem_bytes(variant):
 # ------------------------------------------------------------------------------------------------
 # Running a call (cupyflash/_kvcache.py validated it).
 
+def _problem(c, **fields):
+    """The attention problem of call ``c`` for the forward families' argument code: a dense batch whose
+    keys are the cache capacity (``fields`` override, e.g. seqlen_k or seqused_k)."""
+    sizes = dict(xp=cupy, dtype=c.dtype, batch=c.batch, seqlen_q=c.seqlen_q, seqlen_k=c.capacity, heads=c.heads,
+                 heads_k=c.heads_k, headdim=c.headdim, headdim_v=c.headdim_v, softmax_scale=c.softmax_scale,
+                 window_left=c.window_left, window_right=c.window_right, softcap=c.softcap,
+                 alibi_slopes=c.alibi_slopes)
+    return _validate.Problem(**{**sizes, **fields})
+
+
 def _args(c, q, out, lse):
     """The ``KvCacheArgs`` of call ``c`` with attn.q = ``q`` and the outputs (workspace fields zero)."""
     args = numpy.zeros(1, _params.KV_CACHE_ARGS)
-    alibi, alibi_batch_stride = 0, 0
-    if c.alibi_slopes is not None:
-        alibi = _params.pointer(c.alibi_slopes)
-        alibi_batch_stride = c.heads if c.alibi_slopes.ndim == 2 else 0
-    attn = (
-        _params.tensor(q), _params.tensor(c.k_cache), _params.tensor(c.v_cache), 0, 0, 0, alibi, alibi_batch_stride,
-        c.softmax_scale, c.softcap, c.batch, c.heads, c.heads_k, c.headdim, c.headdim_v, c.seqlen_q, c.capacity,
-        0, 0, c.window_left, c.window_right, 1, (0,) * len(_params.BLOCK_SPARSE_ARG.names),
-    )
+    p = _problem(c)
+    # The caches as (entries or pages, rows, heads_k, dim) tensors: batch_stride is the page stride.
+    attn = common.attn(p, q, c.k_cache, c.v_cache, vec=1)
     empty = (0, 0, 0, 0)
     new = (_params.tensor(c.k_new), _params.tensor(c.v_new)) if c.k_new is not None else (empty, empty)
     table = c.block_table
     args[0] = (
         attn, _params.tensor(out) if out is not None else empty,
-        _params.rows(lse, c.heads * c.seqlen_q, c.seqlen_q) if lse is not None else (0, 0, 0), *new, empty,
+        _params.rows(lse, *common.lse_strides(p)) if lse is not None else (0, 0, 0), *new, empty,
         _params.pointer(c.rotary_cos), _params.pointer(c.rotary_sin), _params.pointer(c.cache_seqlens),
         _params.pointer(c.cache_batch_idx), _params.pointer(table), 0, 0, 0, 0,
         table.strides[0] // 4 if table is not None else 0, c.cache_seqlens_value, c.seqlen_new, c.page_size,
@@ -273,15 +277,12 @@ def _general(c, q):
     the forward families; the rows of entries with out-of-range values NaN."""
     from .. import _cuda
 
-    problem = dict(xp=cupy, dtype=c.dtype, batch=c.batch, seqlen_q=c.seqlen_q, heads=c.heads, heads_k=c.heads_k,
-                   headdim=c.headdim, headdim_v=c.headdim_v, softmax_scale=c.softmax_scale, window_left=c.window_left,
-                   window_right=c.window_right, softcap=c.softcap, alibi_slopes=c.alibi_slopes)
     if c.cache_seqlens is None and c.block_table is None and c.cache_batch_idx is None:
         # Every entry uses the same keys, checked on the host: the dense forward over the caches' first keys.
         keys = c.cache_seqlens_value + c.seqlen_new
         if keys == 0:
             return (cupy.zeros(c.out_shape, c.dtype), cupy.full(c.lse_shape, -numpy.inf, _validate.lse_dtype(c.dtype)))
-        p = _validate.Problem(seqlen_k=keys, **problem)
+        p = _problem(c, seqlen_k=keys)
         return _cuda.forward(q, c.k_cache[:c.batch, :keys], c.v_cache[:c.batch, :keys], p)
     seqused = cupy.empty(c.batch, numpy.int32)
     bad = cupy.empty(c.batch, numpy.int32)
@@ -302,7 +303,7 @@ def _general(c, q):
     if c.capacity == 0:
         out, lse = cupy.zeros(c.out_shape, c.dtype), cupy.full(c.lse_shape, -numpy.inf, _validate.lse_dtype(c.dtype))
     else:
-        out, lse = _cuda.forward(q, k, v, _validate.Problem(seqlen_k=c.capacity, seqused_k=seqused, **problem))
+        out, lse = _cuda.forward(q, k, v, _problem(c, seqused_k=seqused))
     for x in (out, lse):
         per_entry = x.size // c.batch
         common.launch(POISON.variant(common.dtype_name(x.dtype)), (min(common.cdiv(x.size, POISON_THREADS), 4096), 1, 1),
