@@ -15,12 +15,14 @@ changes, since NCCL carries the bytes between nodes.
 
 Scaling measure: TFLOP/s of the whole problem (forward 4 * batch * heads * seqlen^2 * headdim, halved
 when causal; backward 2.5x) on the ring against twice the single-GPU rate of the same problem on one GPU
-(the target: at least 0.9x).
+(the target: at least 0.9x), and each rank's memory high-water mark during a ring forward and backward
+beyond its inputs, in units of one shard of q.
 """
 
 import argparse
 import json
 import multiprocessing
+import queue
 import sys
 import time
 from pathlib import Path
@@ -38,10 +40,36 @@ def _setup(rank):
     return cupy
 
 
+#: (name, causal, layout, window_size) of the rings checked against one GPU; the scaling run times the
+#: first two (the issue's target).
+CONFIGS = [
+    ("full", False, None, (-1, -1)),
+    ("causal", True, "zigzag", (-1, -1)),
+    ("window", False, "zigzag", (700, 300)),
+    ("causal_window", True, "contiguous", (1500, 0)),
+]
+
+
 def _inputs(cupy, seqlen, heads, headdim, dtype, seed):
     rng = numpy.random.default_rng(seed)
     shape = (1, seqlen, heads, headdim)
     return [cupy.asarray(rng.standard_normal(shape, dtype=numpy.float32)).astype(dtype) for _ in range(4)]
+
+
+def _shard(cupyflash, x, world, rank, layout, axis=1):
+    """Rank ``rank``'s rows of ``x``: zigzag (also for unmasked rings, where any split works) or contiguous."""
+    if layout != "contiguous":
+        return cupyflash.zigzag_shard(x, world, rank, axis)
+    rows = x.shape[axis] // world
+    index = [slice(None)] * x.ndim
+    index[axis] = slice(rank * rows, (rank + 1) * rows)
+    return x[tuple(index)].copy()
+
+
+def _unshard(cupyflash, shards, layout, axis=1):
+    if layout != "contiguous":
+        return cupyflash.zigzag_unshard(shards, axis)
+    return numpy.concatenate(shards, axis=axis)
 
 
 def worker(rank, world, unique_id, args, results):
@@ -55,9 +83,10 @@ def worker(rank, world, unique_id, args, results):
 
     dtype = numpy.dtype(ml_dtypes.bfloat16)
     comm = nccl.NcclCommunicator(world, unique_id, rank)
+    pool = cupy.get_default_memory_pool()
     payload = {}
     q, k, v, dout = _inputs(cupy, args.seqlen, args.heads, args.headdim, dtype, seed=0)
-    shard = [cupyflash.zigzag_shard(x, world, rank) for x in (q, k, v, dout)]
+    configs = CONFIGS if args.check else CONFIGS[:2]
 
     def timed(fn):
         for _ in range(2):
@@ -71,28 +100,40 @@ def worker(rank, world, unique_id, args, results):
 
     # Every rank runs the ring calls in the same order; rank 0's single-GPU runs come after all of them,
     # so no rank waits in NCCL for them.
-    for causal in (False, True):
-        options = dict(causal=causal, layout="zigzag" if causal else None)
+    for name, causal, layout, window in configs:
+        options = dict(causal=causal, layout=layout, window_size=window)
+        shard = [_shard(cupyflash, x, world, rank, layout) for x in (q, k, v, dout)]
         if args.check:
             out, lse = cupyflash.ring_flash_attention(*shard[:3], comm, return_lse=True, **options)
             grads = cupyflash.ring_flash_attention_backward(shard[3], *shard[:3], out, lse, comm, **options)
-            payload[causal] = [x.get() for x in (out, lse, *grads)]
-        else:
-            def ring_step():
-                out, vjp = cupyflash.ring_flash_attention_vjp(*shard[:3], comm, **options)
-                return out, vjp(shard[3])
+            payload[name] = [x.get() for x in (out, lse, *grads)]
+            continue
 
-            payload[causal] = timed(ring_step)
-    for causal in (False, True) if rank == 0 else ():
+        def ring_step():
+            out, vjp = cupyflash.ring_flash_attention_vjp(*shard[:3], comm, **options)
+            return out, vjp(shard[3])
+
+        # High-water mark: the pool keeps every block it allocated, so its size after one step, less its
+        # size before, bounds what the step held at once (results included).
+        cupy.cuda.Device().synchronize()
+        pool.free_all_blocks()
+        before = pool.total_bytes()
+        ring_step()
+        cupy.cuda.Device().synchronize()
+        payload[(name, "memory")] = (pool.total_bytes() - before) / shard[0].nbytes
+        payload[name] = timed(ring_step)
+    for name, causal, layout, window in configs if rank == 0 else ():
+        options = dict(causal=causal, window_size=window)
+
         def single():
-            out, lse = cupyflash.flash_attention(q, k, v, causal=causal, return_lse=True)
-            return out, lse, cupyflash.flash_attention_backward(dout, q, k, v, out, lse, causal=causal)
+            out, lse = cupyflash.flash_attention(q, k, v, return_lse=True, **options)
+            return out, lse, cupyflash.flash_attention_backward(dout, q, k, v, out, lse, **options)
 
         if args.check:
             out, lse, grads = single()
-            payload[("single", causal)] = [x.get() for x in (out, lse, *grads)]
+            payload[("single", name)] = [x.get() for x in (out, lse, *grads)]
         else:
-            payload[("single", causal)] = timed(single)
+            payload[("single", name)] = timed(single)
     results.put((rank, payload))
 
 
@@ -117,36 +158,44 @@ def main():
                  for r in range(args.gpus)]
     for p in processes:
         p.start()
-    payloads = dict(results.get() for _ in processes)
+    payloads = {}
+    while len(payloads) < len(processes):
+        try:
+            rank, payload = results.get(timeout=5)
+            payloads[rank] = payload
+        except queue.Empty:
+            failed = [p.exitcode for p in processes if p.exitcode]
+            if failed:  # the other ranks wait for it in NCCL: stop them
+                for p in processes:
+                    p.terminate()
+                raise SystemExit(f"a rank failed with exit code {failed[0]}") from None
     for p in processes:
         p.join()
-        if p.exitcode:
-            raise SystemExit(f"a rank failed with exit code {p.exitcode}")
     sys.path.insert(0, str(REPO_ROOT))
     import cupyflash
 
     report = {}
-    for causal in (False, True):
-        name = "causal (zigzag)" if causal else "non-causal"
+    for name, causal, layout, window in CONFIGS if args.check else CONFIGS[:2]:
         if args.check:
-            shards = [payloads[r][causal] for r in range(args.gpus)]
-            single = payloads[0][("single", causal)]
+            single = payloads[0][("single", name)]
             for i, label in enumerate(("out", "lse", "dq", "dk", "dv")):
                 axis = 2 if label == "lse" else 1
-                ring = cupyflash.zigzag_unshard([s[i] for s in shards], axis=axis).astype(numpy.float64)
-                want = single[i].astype(numpy.float64)
+                ring = _unshard(cupyflash, [payloads[r][name][i] for r in range(args.gpus)], layout, axis)
+                ring, want = ring.astype(numpy.float64), single[i].astype(numpy.float64)
                 error = float(numpy.abs(ring - want).max() / max(numpy.abs(want).max(), 1e-30))
-                report[f"{'causal' if causal else 'full'}_{label}"] = error
-                print(f"{name:16} {label:4} max |ring - single| / max |single| = {error:.2e}")
+                report[f"{name}_{label}"] = error
+                print(f"{name:14} {label:4} max |ring - single| / max |single| = {error:.2e}")
             continue
         flops = 3.5 * 4 * args.heads * args.seqlen**2 * args.headdim / (2 if causal else 1)
-        ring_time = max(payloads[r][causal] for r in range(args.gpus))
-        single_time = payloads[0][("single", causal)]
+        ring_time = max(payloads[r][name] for r in range(args.gpus))
+        single_time = payloads[0][("single", name)]
         ring_rate, single_rate = flops / ring_time / 1e12, flops / single_time / 1e12
-        report[f"{'causal' if causal else 'full'}"] = {"ring_tflops": ring_rate, "single_tflops": single_rate,
-                                                        "scaling": ring_rate / (args.gpus * single_rate)}
-        print(f"{name:16} forward+backward: ring {ring_rate:.0f} TFLOP/s on {args.gpus} GPUs, one GPU "
-              f"{single_rate:.0f}: {ring_rate / (args.gpus * single_rate):.2f}x of {args.gpus}x one GPU")
+        memory = max(payloads[r][(name, "memory")] for r in range(args.gpus))
+        report[name] = {"ring_tflops": ring_rate, "single_tflops": single_rate,
+                        "scaling": ring_rate / (args.gpus * single_rate), "memory_shards": memory}
+        print(f"{name:7} forward+backward: ring {ring_rate:.0f} TFLOP/s on {args.gpus} GPUs, one GPU "
+              f"{single_rate:.0f}: {ring_rate / (args.gpus * single_rate):.2f}x of {args.gpus}x one GPU; "
+              f"high-water {memory:.1f} q shards per rank")
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
 

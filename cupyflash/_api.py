@@ -479,12 +479,18 @@ _RING_DOC = """
         Causal over the global sequence. Needs ``layout``.
     softmax_scale : float or None, keyword-only
         As in :func:`flash_attention`.
-    window_size : (-1, -1), keyword-only
-        Sliding windows are not supported by the ring yet.
+    window_size : (int, int), keyword-only
+        Sliding window over the global sequence, as in :func:`flash_attention` (query i sees key j iff
+        ``i - left <= j <= i + right``, -1 unbounded). Needs ``layout``. The ring stops after the last
+        step that brings a visible block to some rank: with ``layout="contiguous"`` and a window that
+        looks back only (causal, or right = 0) less than a shard, after one step (the previous rank's
+        block) instead of world - 1. (Blocks ahead of a shard, and a zigzag shard's neighbours, arrive
+        last: every step.)
     layout : "zigzag", "contiguous" or None, keyword-only
-        How the global sequence is sharded, for a causal ring: "zigzag" (rank r holds chunks r and
-        2 * world - 1 - r of 2 * world, see :func:`cupyflash.zigzag_shard`: every rank does the same
-        work) or "contiguous" (rank r holds chunk r of world). Ignored without ``causal``."""
+        How the global sequence is sharded, for a causal or windowed ring: "zigzag" (rank r holds
+        chunks r and 2 * world - 1 - r of 2 * world, see :func:`cupyflash.zigzag_shard`: every rank
+        does the same causal work) or "contiguous" (rank r holds chunk r of world). Both need the
+        same number of query and key rows on a rank. Ignored without a mask."""
 
 
 def ring_flash_attention(q, k, v, comm, *, causal=False, softmax_scale=None, window_size=(-1, -1), layout=None,
@@ -506,9 +512,9 @@ def ring_flash_attention(q, k, v, comm, *, causal=False, softmax_scale=None, win
     """
     q, k, v = _validate.arrays(q=q, k=k, v=v)
     p = _validate.forward_problem(q, k, v, softmax_scale=softmax_scale)
-    xp, ring, layout = _ring._check({"q": q, "k": k, "v": v}, comm, causal, window_size, layout)
+    xp, ring, geometry = _ring._check({"q": q, "k": k, "v": v}, comm, causal, window_size, layout)
     return_lse = _validate.check_flag("return_lse", return_lse)
-    out, lse = _ring.ring_forward(q, k, v, ring, xp, bool(causal), p.softmax_scale, layout)
+    out, lse = _ring.ring_forward(q, k, v, ring, xp, p.softmax_scale, geometry)
     return (out, lse) if return_lse else out
 
 
@@ -532,11 +538,11 @@ def ring_flash_attention_backward(dout, q, k, v, out, lse, comm, *, causal=False
     """
     dout, q, k, v, out, lse = _validate.arrays(dout=dout, q=q, k=k, v=v, out=out, lse=lse)
     p = _validate.backward_problem(dout, q, k, v, out, lse, softmax_scale=softmax_scale)
-    xp, ring, layout = _ring._check({"dout": dout, "q": q, "k": k, "v": v, "out": out, "lse": lse}, comm, causal,
-                                    window_size, layout)
+    xp, ring, geometry = _ring._check({"dout": dout, "q": q, "k": k, "v": v, "out": out, "lse": lse}, comm, causal,
+                                      window_size, layout)
     deterministic = _validate.check_flag("deterministic", deterministic)
     lse = lse.astype(_validate.lse_dtype(p.dtype), copy=False)
-    return _ring.ring_backward(dout, q, k, v, out, lse, ring, xp, bool(causal), p.softmax_scale, layout, deterministic)
+    return _ring.ring_backward(dout, q, k, v, out, lse, ring, xp, p.softmax_scale, geometry, deterministic)
 
 
 def ring_flash_attention_vjp(q, k, v, comm, *, causal=False, softmax_scale=None, window_size=(-1, -1), layout=None,

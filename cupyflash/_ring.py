@@ -9,6 +9,7 @@ Memory per rank: its shard, two K/V blocks (the one in hand and the one arriving
 float32 (float64 for float64 inputs) dQ, dK and dV accumulators of shard size.
 """
 
+import functools
 import queue
 import threading
 
@@ -129,9 +130,9 @@ class VirtualRing:
         with self._lock:
             return self._inbox.setdefault(tag, queue.Queue())
 
-    def exchange(self, send, recv, tag):
-        """Sends copies of ``send`` to the next rank and, on wait(), fills ``recv`` from the previous one."""
-        self._members[(self.rank + 1) % self.world]._box(tag).put([x.copy() for x in send])
+    def exchange(self, send, recv, tag, hops=1):
+        """Sends copies of ``send`` to rank + ``hops`` and, on wait(), fills ``recv`` from rank - ``hops``."""
+        self._members[(self.rank + hops) % self.world]._box(tag).put([x.copy() for x in send])
 
         def wait():
             box = self._box(tag)
@@ -149,8 +150,8 @@ class VirtualRing:
 
 
 class _NcclRing:
-    """A rank of an NCCL communicator: blocks go to rank + 1 and come from rank - 1 on a stream of their
-    own, ordered after the work the current stream has enqueued, and the current stream waits for them
+    """A rank of an NCCL communicator: blocks go to rank + hops and come from rank - hops on a stream of
+    their own, ordered after the work the current stream has enqueued, and the current stream waits for them
     on wait(); the attention of the block in hand runs meanwhile."""
 
     def __init__(self, comm):
@@ -162,11 +163,11 @@ class _NcclRing:
         self.device = comm.device_id()
         self._stream = cupy.cuda.Stream(non_blocking=True)
 
-    def exchange(self, send, recv, tag):
+    def exchange(self, send, recv, tag, hops=1):
         cupy, nccl = self._cupy, self._nccl
         current = cupy.cuda.get_current_stream()
         self._stream.wait_event(current.record())
-        after, before = (self.rank + 1) % self.world, (self.rank - 1) % self.world
+        after, before = (self.rank + hops) % self.world, (self.rank - hops) % self.world
         nccl.groupStart()
         for x in send:
             self._comm.send(x.data.ptr, x.nbytes, nccl.NCCL_UINT8, after, self._stream.ptr)
@@ -202,57 +203,134 @@ def _ring_of(comm, xp):
 # ------------------------------------------------------------------------------------------------
 # The algorithm.
 
+
+class _Geometry:
+    """Where a rank's rows lie in the global sequence, and the attention calls each ring step needs.
+
+    A shard is a list of runs (shard start, global start, length). Query i and key j of the global
+    sequence meet when ``-left <= j - i <= right`` (a bound of -1 is absent; causal is right = 0). For
+    each pair of runs the calls keep only the rows and keys with a visible pair and re-express the mask
+    as a window of flash_attention, which aligns windows to the bottom-right corner of its block."""
+
+    def __init__(self, world, layout, rows_q, rows_k, left, right):
+        self.world, self.layout, self.rows_q, self.rows_k = world, layout, rows_q, rows_k
+        self.left, self.right = left, right
+        self.steps = _steps(world, layout, rows_q, left, right) if layout else world
+
+    def calls(self, rank, step):
+        """(query slice, key slice, window_size) of ``rank``'s queries on the block visiting at ``step``
+        (owned by rank - step)."""
+        if self.layout is None:  # no mask: positions do not matter
+            return [(slice(0, self.rows_q), slice(0, self.rows_k), (-1, -1))]
+        plan = _plan(self.world, self.layout, self.rows_q, self.left, self.right, rank, (rank - step) % self.world)
+        return [(slice(*rows_q), slice(*rows_k), window) for rows_q, rows_k, window in plan]
+
+
+def _runs(rank, world, rows, layout):
+    """Rank ``rank``'s shard as runs (shard start, global start, length), in sequence order."""
+    if layout == "zigzag":
+        half = rows // 2
+        return ((0, rank * half, half), (half, (2 * world - 1 - rank) * half, half))
+    return ((0, rank * rows, rows),)
+
+
+def _sub_block(q_run, k_run, left, right):
+    """The call of one (query run, key run) pair: ((q start, q stop), (k start, k stop), window) in shard
+    coordinates, or None when no query of the run sees a key of the other."""
+    (q_base, q_global, rows_q), (k_base, k_global, rows_k) = q_run, k_run
+    delta = q_global - k_global  # query i and key j of the runs lie (j - i) - delta apart globally
+    # Trim what no pair reaches: keys past the last query's right bound, before the first query's left
+    # bound; queries whose window starts past the last kept key, or ends before the first.
+    k_stop = rows_k if right < 0 else min(rows_k, rows_q + delta + right)
+    k_start = 0 if left < 0 else max(0, delta - left)
+    if k_stop <= k_start:
+        return None
+    q_stop = rows_q if left < 0 else min(rows_q, k_stop - delta + left)
+    q_start = 0 if right < 0 else max(0, k_start - delta - right)
+    if q_stop <= q_start:
+        return None
+    # flash_attention's window on the sub-block is aligned to its bottom-right corner, i.e. shifted by
+    # its key count minus its query count; globally the shift is delta + q_start - k_start. The window
+    # moves by the difference, which the trimming above keeps within [-left, right]: no bound turns
+    # negative.
+    shift = (k_stop - q_stop) - delta
+    sub_left = -1 if left < 0 else left + shift
+    sub_right = -1 if right < 0 else right - shift
+    # A bound that reaches past the sub-block's corner excludes nothing.
+    if sub_right >= q_stop - q_start - 1:
+        sub_right = -1
+    if sub_left >= k_stop - k_start - 1:
+        sub_left = -1
+    return (q_base + q_start, q_base + q_stop), (k_base + k_start, k_base + k_stop), (sub_left, sub_right)
+
+
+def _joined(ranges):
+    """The union of sorted ``ranges`` when they tile one interval, else None."""
+    if all(a[1] == b[0] for a, b in zip(ranges, ranges[1:])):
+        return ranges[0][0], ranges[-1][1]
+    return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(world, layout, rows, left, right, rank, owner):
+    """The calls of ``rank``'s queries on ``owner``'s block (see _Geometry.calls), fewest possible."""
+    if owner == rank and left < 0 and right <= 0:
+        # The runs of a shard are in sequence order, so a mask that only depends on the order of i and j
+        # (causal, or none) is the same on the concatenated shard: one call.
+        return (((0, rows), (0, rows), (left, right)),)
+    calls = [call for q_run in _runs(rank, world, rows, layout) for k_run in _runs(owner, world, rows, layout)
+             if (call := _sub_block(q_run, k_run, left, right)) is not None]
+    if len(calls) > 1 and all(window == (-1, -1) for _, _, window in calls):
+        # Unmasked pairs that tile a rectangle of the shards are one call.
+        rows_q, rows_k = sorted({c[0] for c in calls}), sorted({c[1] for c in calls})
+        joined_q, joined_k = _joined(rows_q), _joined(rows_k)
+        if len(calls) == len(rows_q) * len(rows_k) and joined_q and joined_k:
+            return ((joined_q, joined_k, (-1, -1)),)
+    return tuple(calls)
+
+
+@functools.lru_cache(maxsize=256)
+def _steps(world, layout, rows, left, right):
+    """Ring steps up to the last that brings some rank a visible block (every rank takes the same
+    number): fewer than world only for windows that look back a bounded distance."""
+    for step in range(world - 1, 0, -1):
+        if any(_plan(world, layout, rows, left, right, rank, (rank - step) % world) for rank in range(world)):
+            return step + 1
+    return 1
+
+
 def _check(named, comm, causal, window_size, layout):
-    """Common checks of the ring calls; returns (array module, ring, layout)."""
+    """Common checks of the ring calls; returns (array module, ring, geometry)."""
     xp = _validate._array_module(named)
     ring = _ring_of(comm, xp)
     causal = _validate.check_flag("causal", causal)
-    if not isinstance(window_size, (tuple, list)) or tuple(window_size) != (-1, -1):
-        raise ValueError(f"ring attention supports no sliding window yet; window_size must be (-1, -1), got "
-                         f"{window_size!r}")
+    left, right = _validate._window(window_size, causal)
     if layout is not None and layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS} or None, got {layout!r}")
-    if causal and layout is None:
-        raise ValueError("a causal ring needs layout='zigzag' (shards from cupyflash.zigzag_shard, the same work on "
-                         "every rank) or layout='contiguous' (rank r holds chunk r)")
-    q, k = named["q"], named["k"]
-    if causal and q.shape[1] != k.shape[1]:
-        raise ValueError(f"a causal ring shards q and k alike; got {q.shape[1]} query and {k.shape[1]} key rows")
-    if causal and layout == "zigzag" and q.shape[1] % 2:
-        raise ValueError(f"a zigzag shard holds two equal chunks; got {q.shape[1]} rows")
-    return xp, ring, layout if causal else None
+    rows_q, rows_k = named["q"].shape[1], named["k"].shape[1]
+    if left < 0 and right < 0:
+        return xp, ring, _Geometry(ring.world, None, rows_q, rows_k, -1, -1)
+    what = "a causal ring" if causal else "a ring with a sliding window"
+    if layout is None:
+        raise ValueError(f"{what} needs layout='zigzag' (shards from cupyflash.zigzag_shard, the same work on every "
+                         "rank) or layout='contiguous' (rank r holds chunk r)")
+    if rows_q != rows_k:
+        raise ValueError(f"{what} shards q and k alike; got {rows_q} query and {rows_k} key rows")
+    if layout == "zigzag" and rows_q % 2:
+        raise ValueError(f"a zigzag shard holds two equal chunks; got {rows_q} rows")
+    return xp, ring, _Geometry(ring.world, layout, rows_q, rows_k, left, right)
 
 
-def _pairs(rank, step, world, causal, layout, rows):
-    """How this rank's queries meet the block visiting at ``step`` (from rank (rank - step) % world):
-    (query rows, block rows, causal) or None when no pair is visible. A zigzag shard holds chunks
-    (rank, 2 world - 1 - rank) of 2 world, in sequence order."""
-    owner = (rank - step) % world
-    every = slice(None)
-    if not causal:
-        return every, every, False
-    if owner == rank:
-        # Both chunks in sequence order: the local causal mask is the global one.
-        return every, every, True
-    if layout == "contiguous":
-        return (every, every, False) if owner < rank else None
-    half = rows // 2
-    if owner < rank:
-        # Its first chunk (owner) precedes both of ours; its second (2 world - 1 - owner) follows both.
-        return every, slice(0, half), False
-    # A later rank: both its chunks lie between our first chunk and our second.
-    return slice(half, None), every, False
-
-
-def _visiting_blocks(ring, xp, k, v):
-    """Yields (step, (k, v) block in hand) for the ring's steps, starting with this rank's own. While the
-    caller works on one block the next is in flight: the one in hand goes to rank + 1 and the next comes
-    from rank - 1 into one of two buffers, waited for when the caller asks for it."""
+def _visiting_blocks(ring, xp, k, v, steps):
+    """Yields (step, (k, v) block in hand) for the first ``steps`` ring steps, starting with this rank's
+    own block. While the caller works on one block the next is in flight: the one in hand goes to
+    rank + 1 and the next comes from rank - 1 into one of two buffers, waited for when the caller asks
+    for it."""
     block = (xp.ascontiguousarray(k), xp.ascontiguousarray(v))
-    buffers = [(xp.empty_like(block[0]), xp.empty_like(block[1])) for _ in range(min(ring.world - 1, 2))]
-    for step in range(ring.world):
+    buffers = [(xp.empty_like(block[0]), xp.empty_like(block[1])) for _ in range(min(steps - 1, 2))]
+    for step in range(steps):
         pending = None
-        if step < ring.world - 1:
+        if step < steps - 1:
             arriving = buffers[step % 2]
             pending = ring.exchange(block, arriving, "kv")
         yield step, block
@@ -261,61 +339,62 @@ def _visiting_blocks(ring, xp, k, v):
             block = arriving
 
 
-def ring_forward(q, k, v, ring, xp, causal, softmax_scale, layout):
+def ring_forward(q, k, v, ring, xp, softmax_scale, geometry):
     """(out, lse) of this rank's queries over every rank's keys (validated inputs)."""
     from ._api import flash_attention, merge_attention_states
 
     acc = _validate.lse_dtype(q.dtype)
-    world, rows = ring.world, q.shape[1]
+    batch, rows, heads = q.shape[:3]
     out = lse = None
-    for step, block in _visiting_blocks(ring, xp, k, v):
-        pair = _pairs(ring.rank, step, world, causal, layout, rows)
-        if pair is not None:
-            rows_q, rows_k, masked = pair
-            part, part_lse = flash_attention(q[:, rows_q], block[0][:, rows_k], block[1][:, rows_k], causal=masked,
-                                             softmax_scale=softmax_scale, return_lse=True)
-            if out is None:  # step 0: the rank's own block, every row
+    for step, block in _visiting_blocks(ring, xp, k, v, geometry.steps):
+        for rows_q, rows_k, window in geometry.calls(ring.rank, step):
+            part, part_lse = flash_attention(q[:, rows_q], block[0][:, rows_k], block[1][:, rows_k],
+                                             softmax_scale=softmax_scale, window_size=window, return_lse=True)
+            if out is None and rows_q == slice(0, rows):  # the first call on every row: nothing to merge
                 out, lse = part.astype(acc), part_lse
-            else:
-                merged, merged_lse = merge_attention_states(out[:, rows_q], lse[:, :, rows_q], part.astype(acc),
-                                                            part_lse)
-                out[:, rows_q], lse[:, :, rows_q] = merged, merged_lse
+                continue
+            if out is None:
+                out = xp.zeros((batch, rows, heads, v.shape[3]), acc)
+                lse = xp.full((batch, heads, rows), -numpy.inf, acc)
+            merged, merged_lse = merge_attention_states(out[:, rows_q], lse[:, :, rows_q], part.astype(acc), part_lse)
+            out[:, rows_q], lse[:, :, rows_q] = merged, merged_lse
     return out.astype(q.dtype), lse
 
 
-def ring_backward(dout, q, k, v, out, lse, ring, xp, causal, softmax_scale, layout, deterministic):
-    """(dq, dk, dv) of this rank's shard. Each block's partial gradients come from the block backward
+def ring_backward(dout, q, k, v, out, lse, ring, xp, softmax_scale, geometry, deterministic):
+    """(dq, dk, dv) of this rank's shard. Each call's partial gradients come from the block backward
     given the global out and lse (so its probabilities are the global softmax's); dK and dV accumulate
-    in the block's travelling accumulators, which reach the block's owner after a full turn."""
+    in the block's travelling accumulators, which go home after the last step."""
     from ._api import flash_attention_backward
 
     acc = _validate.acc_dtype(q.dtype)
-    world, rows = ring.world, q.shape[1]
-    # The accumulators move every step (the last move brings each block's home): two buffers alternate.
-    grad_buffers = [(xp.empty(k.shape, acc), xp.empty(v.shape, acc)) for _ in range(2 if world > 1 else 0)]
+    world, steps = ring.world, geometry.steps
+    # The accumulators move after every step, the last move taking each block's home (a full turn, or
+    # straight back from where a shortened ring stopped): two buffers alternate.
+    grad_buffers = [(xp.empty(k.shape, acc), xp.empty(v.shape, acc)) for _ in range(2 if steps > 1 else 0)]
     dq = xp.zeros(q.shape, acc)
     grads = (xp.zeros(k.shape, acc), xp.zeros(v.shape, acc))
-    grads_pending = grad_arriving = None
-    for step, block in _visiting_blocks(ring, xp, k, v):
-        pair = _pairs(ring.rank, step, world, causal, layout, rows)
-        part = None
-        if pair is not None:
-            rows_q, rows_k, masked = pair
-            part = flash_attention_backward(dout[:, rows_q], q[:, rows_q], block[0][:, rows_k], block[1][:, rows_k],
-                                            out[:, rows_q], lse[:, :, rows_q], causal=masked,
-                                            softmax_scale=softmax_scale, deterministic=deterministic)
-        if grads_pending is not None:
+    pending = arriving = None
+    for step, block in _visiting_blocks(ring, xp, k, v, steps):
+        parts = [(rows_q, rows_k,
+                  flash_attention_backward(dout[:, rows_q], q[:, rows_q], block[0][:, rows_k], block[1][:, rows_k],
+                                           out[:, rows_q], lse[:, :, rows_q], softmax_scale=softmax_scale,
+                                           window_size=window, deterministic=deterministic))
+                 for rows_q, rows_k, window in geometry.calls(ring.rank, step)]
+        if pending is not None:
             # The accumulators of the block now in hand, from the rank that held it last.
-            grads_pending.wait()
-            grads = grad_arriving
-        if part is not None:
-            dq[:, rows_q] += part[0].astype(acc)
-            grads[0][:, rows_k] += part[1].astype(acc)
-            grads[1][:, rows_k] += part[2].astype(acc)
-        if world > 1:
-            grad_arriving = grad_buffers[step % 2]
-            grads_pending = ring.exchange(grads, grad_arriving, "dkv")
-    if grads_pending is not None:
-        grads_pending.wait()  # our own block's, after a full turn
-        grads = grad_arriving
+            pending.wait()
+            grads = arriving
+        for rows_q, rows_k, (dq_part, dk_part, dv_part) in parts:
+            dq[:, rows_q] += dq_part.astype(acc)
+            grads[0][:, rows_k] += dk_part.astype(acc)
+            grads[1][:, rows_k] += dv_part.astype(acc)
+        # On to the next holder of this block, or home (owner = rank - step) after the last step.
+        hops = 1 if step < steps - 1 else world - step
+        if hops % world:
+            arriving = grad_buffers[step % 2]
+            pending = ring.exchange(grads, arriving, "dkv" if step < steps - 1 else "dkv home", hops)
+    if pending is not None:
+        pending.wait()  # our own block's
+        grads = arriving
     return dq.astype(q.dtype), grads[0].astype(q.dtype), grads[1].astype(q.dtype)

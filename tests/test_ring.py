@@ -44,13 +44,13 @@ def _layout_functions(xp, layout, world, seqlen):
     return shard, lambda xs, axis=1: xp.concatenate(xs, axis=axis)
 
 
-def _check_ring(xp, dtype, world, causal, layout, sizes=(2, 4, 2, 16, 8), seqlen=24):
+def _check_ring(xp, dtype, world, causal, layout, window=(-1, -1), sizes=(2, 4, 2, 16, 8), seqlen=24):
     batch, heads, heads_k, headdim, headdim_v = sizes
     q, k, v = random_qkv(xp, batch, seqlen, seqlen, heads, heads_k, headdim, headdim_v, DTYPES[dtype],
-                         seed_from(dtype, world, causal, layout))
+                         seed_from(dtype, world, causal, layout, window))
     dout = xp.asarray(np.random.default_rng(1).standard_normal((batch, seqlen, heads, headdim_v)).astype(DTYPES[dtype]))
     shard, unshard = _layout_functions(xp, layout, world, seqlen)
-    options = dict(causal=causal, layout=layout)
+    options = dict(causal=causal, layout=layout, window_size=window)
 
     def rank(ring):
         r = ring.rank
@@ -62,8 +62,8 @@ def _check_ring(xp, dtype, world, causal, layout, sizes=(2, 4, 2, 16, 8), seqlen
     results = cupyflash.VirtualRing.run(world, rank)
     got = {"out": unshard([r[0] for r in results]), "lse": unshard([r[1] for r in results], 2)}
     got.update({name: unshard([r[2 + i] for r in results]) for i, name in enumerate(("dq", "dk", "dv"))})
-    want = oracle(q, k, v, causal, dout=dout)
-    base = plain(q, k, v, causal, dout=dout)
+    want = oracle(q, k, v, causal, dout=dout, window_size=window)
+    base = plain(q, k, v, causal, dout=dout, window_size=window)
     lse_dtype = np.float64 if np.dtype(DTYPES[dtype]).itemsize >= 4 else np.float32
     for name, value in got.items():
         assert value.dtype == (lse_dtype if name == "lse" else DTYPES[dtype]), name
@@ -72,28 +72,124 @@ def _check_ring(xp, dtype, world, causal, layout, sizes=(2, 4, 2, 16, 8), seqlen
 
 
 CASES = [
-    ("float64", 3, True, "zigzag"),
-    ("float32", 2, False, None),
-    ("float32", 4, True, "zigzag"),
-    ("float32", 3, True, "contiguous"),
-    ("bfloat16", 3, True, "zigzag"),
-    ("float16", 1, True, "zigzag"),
+    ("float64", 3, True, "zigzag", (-1, -1)),
+    ("float32", 2, False, None, (-1, -1)),
+    ("float32", 4, True, "zigzag", (-1, -1)),
+    ("float32", 3, True, "contiguous", (-1, -1)),
+    ("bfloat16", 3, True, "zigzag", (-1, -1)),
+    ("float16", 1, True, "zigzag", (-1, -1)),
+    # Sliding windows: shorter than a shard (the contiguous ring stops after one step), reaching two
+    # shards back, one-sided, and across the zigzag chunks.
+    ("float64", 4, False, "contiguous", (3, 2)),
+    ("float32", 3, True, "contiguous", (10, -1)),
+    ("float32", 3, False, "contiguous", (-1, 5)),
+    ("float32", 4, True, "zigzag", (4, -1)),
+    ("bfloat16", 3, False, "zigzag", (2, 6)),
 ]
-IDS = [f"{d}-world{w}-{layout or 'full'}" for d, w, _, layout in CASES]
+IDS = [f"{d}-world{w}-{layout or 'full'}" + ("" if window == (-1, -1) else f"-window{window[0]},{window[1]}")
+       for d, w, _, layout, window in CASES]
+GPU_CASES = [(c, i) for c, i in zip(CASES, IDS) if c[0] in ("bfloat16", "float32") and c[1] > 1][:4] + [
+    (c, i) for c, i in zip(CASES, IDS) if c[4] != (-1, -1) and c[0] == "bfloat16"]
 
 
-@pytest.mark.parametrize("dtype, world, causal, layout", CASES, ids=IDS)
-def test_virtual_ring_numpy(dtype, world, causal, layout):
-    _check_ring(np, dtype, world, causal, layout)
+@pytest.mark.parametrize("dtype, world, causal, layout, window", CASES, ids=IDS)
+def test_virtual_ring_numpy(dtype, world, causal, layout, window):
+    _check_ring(np, dtype, world, causal, layout, window)
 
 
-@pytest.mark.parametrize("dtype, world, causal, layout", [c for c in CASES if c[0] in ("bfloat16", "float32")],
-                         ids=[i for c, i in zip(CASES, IDS) if c[0] in ("bfloat16", "float32")])
+@pytest.mark.parametrize("dtype, world, causal, layout, window", [c for c, _ in GPU_CASES],
+                         ids=[i for _, i in GPU_CASES])
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="no CUDA GPU available")
 @pytest.mark.usefixtures("compiled_kernels")
-def test_virtual_ring_cupy(dtype, world, causal, layout):
-    _check_ring(cupy, dtype, world, causal, layout, sizes=(2, 8, 2, 128, 128), seqlen=384)
+def test_virtual_ring_cupy(dtype, world, causal, layout, window):
+    # Windows scaled with the sequence (16x): a few hundred keys wide.
+    window = tuple(w if w < 0 else 16 * w for w in window)
+    _check_ring(cupy, dtype, world, causal, layout, window, sizes=(2, 8, 2, 128, 128), seqlen=384)
+
+
+def _window_mask(rows_q, rows_k, left, right):
+    """flash_attention's mask: window aligned to the bottom-right corner, -1 unbounded."""
+    i, j = np.arange(rows_q)[:, None], np.arange(rows_k)[None, :]
+    distance = j - i - (rows_k - rows_q)
+    return ((left < 0) | (distance >= -left)) & ((right < 0) | (distance <= right))
+
+
+def _positions(rank, world, rows, layout):
+    if layout == "zigzag":
+        half = rows // 2
+        return np.concatenate([np.arange(rank * half, (rank + 1) * half),
+                               np.arange((2 * world - 1 - rank) * half, (2 * world - rank) * half)])
+    return np.arange(rank * rows, (rank + 1) * rows)
+
+
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+def test_ring_calls_cover_the_global_mask_once(layout):
+    # The planner alone, exhaustively over small rings: the calls of (rank, step) must cover exactly the
+    # visible pairs of the global mask, each once, with windows flash_attention accepts.
+    from cupyflash import _ring
+
+    for world in (1, 2, 3, 5):
+        for rows in (2, 6, 7):
+            if layout == "zigzag" and rows % 2:
+                continue
+            for left in (-1, 0, 1, 4, 9, 40):
+                for right in (-1, 0, 2, 5, 13):
+                    geometry = _ring._Geometry(world, layout, rows, rows, left, right)
+                    for rank in range(world):
+                        for step in range(world):
+                            owner = (rank - step) % world
+                            i = _positions(rank, world, rows, layout)[:, None]
+                            j = _positions(owner, world, rows, layout)[None, :]
+                            want = ((left < 0) | (j - i >= -left)) & ((right < 0) | (j - i <= right))
+                            covered = np.zeros(want.shape, int)
+                            calls = geometry.calls(rank, step) if step < geometry.steps else []
+                            for rows_q, rows_k, (sub_left, sub_right) in calls:
+                                assert sub_left >= -1 and sub_right >= -1
+                                sub = covered[rows_q, rows_k]
+                                sub += _window_mask(*sub.shape, sub_left, sub_right)
+                            case = (world, rows, left, right, rank, step)
+                            np.testing.assert_array_equal(covered, want.astype(int), err_msg=str(case))
+
+
+def test_bounded_windows_shorten_the_ring():
+    from cupyflash import _ring
+
+    # Contiguous shards of 8 rows: a backward window within one shard needs the previous rank's block
+    # only; one that looks forward needs the next rank's, which comes last.
+    assert _ring._Geometry(6, "contiguous", 8, 8, 3, 0).steps == 2
+    assert _ring._Geometry(6, "contiguous", 8, 8, 3, 2).steps == 6
+    assert _ring._Geometry(6, "contiguous", 8, 8, 9, 0).steps == 3  # reaches two shards back
+    assert _ring._Geometry(6, "contiguous", 8, 8, 0, 0).steps == 1  # the diagonal alone: no exchange
+    assert _ring._Geometry(6, "contiguous", 8, 8, -1, 0).steps == 6
+    assert _ring._Geometry(6, "zigzag", 8, 8, 3, 0).steps == 6  # neighbours on both sides of the ring
+
+
+def test_shortened_ring_sends_less():
+    # A counting ring: a window inside a shard costs one K/V exchange and one accumulator return.
+    q, k, v = random_qkv(np, 1, 32, 32, 2, 1, 8, 8, np.float32, 5)
+    dout = np.random.default_rng(2).standard_normal(q.shape).astype(np.float32)
+    sent = []
+
+    class Counting(cupyflash.VirtualRing):
+        def exchange(self, send, recv, tag, hops=1):
+            sent.append((self.rank, tag, hops))
+            return super().exchange(send, recv, tag, hops)
+
+    def rank(ring):
+        rows = slice(8 * ring.rank, 8 * ring.rank + 8)
+        out, vjp = cupyflash.ring_flash_attention_vjp(q[:, rows], k[:, rows], v[:, rows], ring, causal=True,
+                                                      window_size=(3, 0), layout="contiguous")
+        return (out, *vjp(dout[:, rows]))
+
+    results = Counting.run(4, rank)
+    assert sorted(sent) == sorted([(r, tag, hops) for r in range(4)
+                                   for tag, hops in (("kv", 1), ("kv", 1), ("dkv", 1), ("dkv home", 3))])
+    want = oracle(q, k, v, True, dout=dout, window_size=(3, 0))
+    base = plain(q, k, v, True, dout=dout, window_size=(3, 0))
+    for index, name in enumerate(("out", "dq", "dk", "dv")):
+        got = np.concatenate([r[index] for r in results], axis=1)
+        assert_within_rule(name, got, want[name], base[name], OUTPUT_FACTOR if name == "out" else GRAD_FACTOR)
 
 
 def test_lse_dtype_and_shapes():
@@ -131,10 +227,13 @@ def test_zigzag_shard_needs_whole_chunks():
     [
         (dict(causal=True), ValueError, "a causal ring needs layout='zigzag'"),
         (dict(causal=True, layout="spiral"), ValueError, "layout must be one of"),
-        (dict(window_size=(4, 0)), ValueError, "no sliding window yet"),
+        (dict(window_size=(4, 0)), ValueError, "a ring with a sliding window needs layout="),
+        (dict(window_size=(-2, 0), layout="contiguous"), ValueError, "window_size left must be -1"),
+        (dict(window_size=4, layout="contiguous"), TypeError, "window_size must be a pair"),
         (dict(causal=1, layout="zigzag"), TypeError, "causal must be a bool"),
     ],
-    ids=["causal-without-layout", "bad-layout", "window", "causal-int"],
+    ids=["causal-without-layout", "bad-layout", "window-without-layout", "window-negative", "window-int",
+         "causal-int"],
 )
 def test_validation(options, error, match):
     q, k, v = random_qkv(np, 1, 4, 4, 2, 1, 8, 8, np.float32, 0)
