@@ -137,6 +137,38 @@ def worker(rank, world, unique_id, args, results):
     results.put((rank, payload))
 
 
+def plot(report, gpus, path):
+    """Bars of the ring's TFLOP/s beside twice the single-GPU rate and the 0.9x target; False when
+    matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    names = [n for n in report if n != "problem"]
+    problem = report.get("problem", {"seqlen": 131072, "heads": 16, "headdim": 128})
+    figure, axes = plt.subplots(figsize=(6, 4))
+    ring = [report[n]["ring_tflops"] for n in names]
+    ideal = [gpus * report[n]["single_tflops"] for n in names]
+    axes.bar([i - 0.2 for i in range(len(names))], ring, 0.4, label=f"ring on {gpus} GPUs")
+    axes.bar([i + 0.2 for i in range(len(names))], ideal, 0.4, label=f"{gpus} x one GPU")
+    for i, value in enumerate(ideal):
+        axes.plot([i - 0.4, i + 0.4], [0.9 * value] * 2, color="black", linestyle="--", linewidth=1,
+                  label="target 0.9x" if i == 0 else None)
+        axes.text(i - 0.2, ring[i], f"{ring[i] / value:.2f}x", ha="center", va="bottom", fontsize=8)
+    axes.set_xticks(range(len(names)))
+    axes.set_xticklabels(["non-causal" if n == "full" else "causal (zigzag)" for n in names])
+    axes.set_ylabel("forward + backward, TFLOP/s")
+    axes.set_title(f"Ring attention, {problem['seqlen'] // 1024}k tokens, {problem['heads']} heads, "
+                   f"head dim {problem['headdim']}, bf16")
+    axes.legend(fontsize=8, loc="lower right")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    return True
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, default=2)
@@ -146,7 +178,12 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--check", action="store_true", help="compare with single-GPU attention (4096 tokens)")
     parser.add_argument("--json", type=Path, help="write the errors (--check) or rates here")
+    parser.add_argument("--plot", type=Path, help="write a bar chart of the scaling run here (needs matplotlib)")
+    parser.add_argument("--plot-from", type=Path, help="only plot the rates of an earlier --json scaling run")
     args = parser.parse_args()
+    if args.plot_from:
+        plot(json.loads(args.plot_from.read_text()), args.gpus, args.plot or args.plot_from.with_suffix(".png"))
+        return
     if args.check:
         args.seqlen = 4096
     from cupy.cuda import nccl
@@ -174,7 +211,7 @@ def main():
     sys.path.insert(0, str(REPO_ROOT))
     import cupyflash
 
-    report = {}
+    report = {} if args.check else {"problem": {"seqlen": args.seqlen, "heads": args.heads, "headdim": args.headdim}}
     for name, causal, layout, window in CONFIGS if args.check else CONFIGS[:2]:
         if args.check:
             single = payloads[0][("single", name)]
@@ -198,6 +235,8 @@ def main():
               f"high-water {memory:.1f} q shards per rank")
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
+    if args.plot and not args.check and not plot(report, args.gpus, args.plot):
+        print("no plot: matplotlib missing")
 
 
 if __name__ == "__main__":

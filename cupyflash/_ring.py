@@ -6,7 +6,8 @@ a stream of its own, overlapped with the attention of the block in hand) and for
 as threads of one process, NumPy or CuPy arrays), which the CPU tests use.
 
 Memory per rank: its shard, two K/V blocks (the one in hand and the one arriving) and, in the backward,
-float32 (float64 for float64 inputs) dQ, dK and dV accumulators of shard size.
+float32 (float64 for float64 inputs) accumulators of shard size: dQ, and two sets of dK and dV (the one
+in hand and the one arriving).
 """
 
 import functools
@@ -370,10 +371,12 @@ def ring_backward(dout, q, k, v, out, lse, ring, xp, softmax_scale, geometry, de
     acc = _validate.acc_dtype(q.dtype)
     world, steps = ring.world, geometry.steps
     # The accumulators move after every step, the last move taking each block's home (a full turn, or
-    # straight back from where a shortened ring stopped): two buffers alternate.
-    grad_buffers = [(xp.empty(k.shape, acc), xp.empty(v.shape, acc)) for _ in range(2 if steps > 1 else 0)]
+    # straight back from where a shortened ring stopped). Two sets alternate: the one in hand is sent
+    # while the next arrives in the other, which the send before last has finished reading (the sends
+    # and receives of a rank are ordered on one stream; a virtual ring copies at the send).
     dq = xp.zeros(q.shape, acc)
     grads = (xp.zeros(k.shape, acc), xp.zeros(v.shape, acc))
+    grad_buffers = [grads, (xp.empty(k.shape, acc), xp.empty(v.shape, acc))] if steps > 1 else []
     pending = arriving = None
     for step, block in _visiting_blocks(ring, xp, k, v, steps):
         parts = [(rows_q, rows_k,
@@ -392,7 +395,7 @@ def ring_backward(dout, q, k, v, out, lse, ring, xp, softmax_scale, geometry, de
         # On to the next holder of this block, or home (owner = rank - step) after the last step.
         hops = 1 if step < steps - 1 else world - step
         if hops % world:
-            arriving = grad_buffers[step % 2]
+            arriving = grad_buffers[(step + 1) % 2]
             pending = ring.exchange(grads, arriving, "dkv" if step < steps - 1 else "dkv home", hops)
     if pending is not None:
         pending.wait()  # our own block's
