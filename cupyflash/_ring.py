@@ -370,10 +370,10 @@ def ring_backward(dout, q, k, v, out, lse, ring, xp, softmax_scale, geometry, de
 
     acc = _validate.acc_dtype(q.dtype)
     world, steps = ring.world, geometry.steps
-    # The accumulators move after every step, the last move taking each block's home (a full turn, or
-    # straight back from where a shortened ring stopped). Two sets alternate: the one in hand is sent
-    # while the next arrives in the other, which the send before last has finished reading (the sends
-    # and receives of a rank are ordered on one stream; a virtual ring copies at the send).
+    # The accumulators move after every step but the last, then go home (a full turn, or straight back
+    # from where a shortened ring stopped). Two sets alternate: the one in hand is sent while the next
+    # arrives in the other, which the send before last has finished reading (the sends and receives of
+    # a rank are ordered on one stream; a virtual ring copies at the send).
     dq = xp.zeros(q.shape, acc)
     grads = (xp.zeros(k.shape, acc), xp.zeros(v.shape, acc))
     grad_buffers = [grads, (xp.empty(k.shape, acc), xp.empty(v.shape, acc))] if steps > 1 else []
@@ -389,15 +389,19 @@ def ring_backward(dout, q, k, v, out, lse, ring, xp, softmax_scale, geometry, de
             pending.wait()
             grads = arriving
         for rows_q, rows_k, (dq_part, dk_part, dv_part) in parts:
-            dq[:, rows_q] += dq_part.astype(acc)
-            grads[0][:, rows_k] += dk_part.astype(acc)
-            grads[1][:, rows_k] += dv_part.astype(acc)
-        # On to the next holder of this block, or home (owner = rank - step) after the last step.
-        hops = 1 if step < steps - 1 else world - step
-        if hops % world:
+            # One pass each: the parts are widened to the accumulator's dtype inside the addition.
+            dq[:, rows_q] += dq_part
+            grads[0][:, rows_k] += dk_part
+            grads[1][:, rows_k] += dv_part
+        if step < steps - 1:  # on to the next holder of this block
             arriving = grad_buffers[(step + 1) % 2]
-            pending = ring.exchange(grads, arriving, "dkv" if step < steps - 1 else "dkv home", hops)
-    if pending is not None:
-        pending.wait()  # our own block's
-        grads = arriving
-    return dq.astype(q.dtype), grads[0].astype(q.dtype), grads[1].astype(q.dtype)
+            pending = ring.exchange(grads, arriving, "dkv", 1)
+    # The sums are complete: they go home (to owner = rank - last step) in the output dtype, which
+    # halves the only transfer no computation hides, for 16-bit inputs.
+    grads = tuple(g.astype(q.dtype) for g in grads)
+    hops = world - (steps - 1)
+    if hops % world:
+        home = (xp.empty_like(grads[0]), xp.empty_like(grads[1]))
+        ring.exchange(grads, home, "dkv home", hops).wait()
+        grads = home
+    return dq.astype(q.dtype), grads[0], grads[1]
