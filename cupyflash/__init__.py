@@ -24,7 +24,7 @@ from ._block_mask import BlockMask
 from ._ring import VirtualRing, zigzag_shard, zigzag_unshard
 from ._validate import SUPPORTED_DTYPES
 
-__version__ = "0.8.0"
+__version__ = "0.9.0"
 
 __all__ = [
     "BlockMask",
