@@ -483,8 +483,8 @@ _RING_DOC = """
         Sliding window over the global sequence, as in :func:`flash_attention` (query i sees key j iff
         ``i - left <= j <= i + right``, -1 unbounded). Needs ``layout``. The ring stops after the last
         step that brings a visible block to some rank: with ``layout="contiguous"`` and a window that
-        looks back only (causal, or right = 0) less than a shard, after one step (the previous rank's
-        block) instead of world - 1. (Blocks ahead of a shard, and a zigzag shard's neighbours, arrive
+        reaches less than a shard back and none forward (``left >= 0`` with ``right = 0`` or
+        ``causal``), after one step (the previous rank's block) instead of world - 1. (Blocks ahead of a shard, and a zigzag shard's neighbours, arrive
         last: every step.)
     layout : "zigzag", "contiguous" or None, keyword-only
         How the global sequence is sharded, for a causal or windowed ring: "zigzag" (rank r holds
