@@ -2,7 +2,7 @@
 
 A :class:`Kernel` is one C++ template of ``kernels_cu/``: its source file, the dtypes it is built for and
 its template parameters (integer tile parameters, then boolean flags). A :class:`Variant` fixes every
-parameter; its ``key`` names them all (``tc_fwd_bf16_d128_n32_m2_mod_0``) and is used for logs, errors
+parameter; its ``key`` names them all (``sm80_fwd_bf16_d128_n32_m2_mod_0``) and is used for logs, errors
 and test ids, and its ``name_expression`` instantiates it through NVRTC's ``name_expressions``. The
 kernel families (``cupyflash/_families``) declare their kernels; ``cupyflash._families.VARIANTS`` is
 the union of their tables.
@@ -90,7 +90,7 @@ class Variant:
 
     @property
     def key(self):
-        """Name used for caches, logs, errors and test ids, e.g. ``tc_fwd_bf16_d128_n32_m2_mod_0``."""
+        """Name used for caches, logs, errors and test ids, e.g. ``sm80_fwd_bf16_d128_n32_m2_mod_0``."""
         key = self.kernel.name + (f"_{SHORT_DTYPE[self.dtype]}" if self.dtype else "")
         key += "".join(f"_{_KEY_PREFIX[n]}{v}" for n, v in zip(self.kernel.tile_params, self.tile))
         key += "".join(f"_{_KEY_PREFIX[n]}_{int(v)}" for n, v in zip(self.kernel.flags, self.flags))
@@ -112,7 +112,7 @@ def kernel_dir():
     """Directory holding the CUDA sources (inside the installed package, or beside it in a checkout)."""
     here = os.path.dirname(os.path.abspath(__file__))
     for candidate in (os.path.join(here, "kernels_cu"), os.path.join(os.path.dirname(here), "kernels_cu")):
-        if os.path.isfile(os.path.join(candidate, "dtypes.cuh")):
+        if os.path.isfile(os.path.join(candidate, "common", "dtypes.cuh")):
             return candidate
     raise RuntimeError(f"cupyflash: CUDA sources (kernels_cu/) not found next to {here}; the installation is broken")
 
@@ -121,11 +121,13 @@ def kernel_dir():
 def _sources():
     directory = kernel_dir()
     files = {}
-    for name in sorted(os.listdir(directory)):
-        if name.endswith((".cu", ".cuh")):
-            with open(os.path.join(directory, name), encoding="utf-8") as f:
-                files[name] = f.read()
-    return files
+    for folder, _, names in sorted(os.walk(directory)):
+        for name in sorted(names):
+            if name.endswith((".cu", ".cuh")):
+                path = os.path.join(folder, name)
+                with open(path, encoding="utf-8") as f:
+                    files[os.path.relpath(path, directory).replace(os.sep, "/")] = f.read()
+    return dict(sorted(files.items()))
 
 
 def source(source_file):

@@ -37,7 +37,7 @@ SM90_SPILL_CEILING = {
 SM90_BWD_SPILL_CEILING = {(64, 64, False): 1024, (64, 64, True): 864, (128, 128, False): 832, (128, 128, True): 696}
 #: Variants per NVRTC program, and the relative compile cost of the large kernels.
 _CHUNK = 6
-_COST = {"tc_bwd": 8, "tc_fwd": 5, "sm90_fwd": 6, "sm90_bwd": 6}
+_COST = {"sm80_bwd": 8, "sm80_fwd": 5, "sm90_fwd": 6, "sm90_bwd": 6}
 
 
 def _archs(variant):
@@ -152,7 +152,7 @@ def test_hopper_variants_run_on_hgmma(reports):
 
 
 def test_generated_wgmma_header_is_current():
-    """kernels_cu/wgmma_ops.cuh is what tools/gen_wgmma.py writes."""
+    """kernels_cu/generated/wgmma_ops.cuh is what tools/gen_wgmma.py writes."""
     import importlib.util
 
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "gen_wgmma.py")
@@ -175,14 +175,14 @@ def test_variant_table_is_closed_and_named():
     assert general.key == "general_fwd_fp32"
     assert general.name_expression == "cupyflash::general_fwd<float>"
     tc = sm80.FWD.variant("bfloat16", (128, 32, 2), score_mod=True)
-    assert tc.key == "tc_fwd_bf16_d128_n32_m2_mod_1"
-    assert tc.name_expression == "cupyflash::tc_fwd<__nv_bfloat16, 128, 32, 2, true>"
+    assert tc.key == "sm80_fwd_bf16_d128_n32_m2_mod_1"
+    assert tc.name_expression == "cupyflash::sm80_fwd<__nv_bfloat16, 128, 32, 2, true>"
     bwd = sm80.BWD.variant("float16", (64, 128, 64, 2))
-    assert bwd.key == "tc_bwd_fp16_d64_n128_q64_s2_mod_0"
-    assert bwd.name_expression == "cupyflash::tc_bwd<__half, 64, 128, 64, 2, false>"
+    assert bwd.key == "sm80_bwd_fp16_d64_n128_q64_s2_mod_0"
+    assert bwd.name_expression == "cupyflash::sm80_bwd<__half, 64, 128, 64, 2, false>"
     convert = sm80.DQ_CONVERT.variant("bfloat16")
-    assert convert.key == "tc_bwd_dq_convert_bf16"
-    assert convert.name_expression == "cupyflash::tc_bwd_dq_convert<__nv_bfloat16>"
+    assert convert.key == "sm80_bwd_dq_convert_bf16"
+    assert convert.name_expression == "cupyflash::sm80_bwd_dq_convert<__nv_bfloat16>"
     with pytest.raises(ValueError, match="no flags"):
         sm80.FWD.variant("float16", (128, 32, 2), causal=True)
 
@@ -203,7 +203,7 @@ def test_header_edit_changes_compile_options(tmp_path, monkeypatch):
     _kernels.source_hash.cache_clear()
     try:
         before = _kernels.compile_options()
-        with open(copy / "softmax.cuh", "a", encoding="utf-8") as f:
+        with open(copy / "common" / "softmax.cuh", "a", encoding="utf-8") as f:
             f.write("\n// edited\n")
         _kernels._sources.cache_clear()
         _kernels.source_hash.cache_clear()
@@ -233,21 +233,21 @@ def _static_asserts(lines, includes, arch=None):
 
 def test_python_smem_sizes_match_the_traits():
     """The host sizes the dynamic shared memory of the tensor-core kernels from Python formulas that
-    mirror TcFwdTraits/TcBwdTraits; NVRTC checks each against the C++ value, so drift fails here, in CI,
+    mirror Sm80FwdTraits/Sm80BwdTraits; NVRTC checks each against the C++ value, so drift fails here, in CI,
     instead of trapping on a GPU."""
     lines = [f"static_assert(cupyflash::kCtaStateBytes == {sm80.CTA_STATE_BYTES}, \"state reserve\");"]
     for v in _families.VARIANTS:
         if v.kernel is sm80.FWD:
             d, n, m = v.tile
-            traits, size = f"TcFwdTraits<__half, {d}, {n}, {m}>", sm80.fwd_smem_bytes(v)
+            traits, size = f"Sm80FwdTraits<__half, {d}, {n}, {m}>", sm80.fwd_smem_bytes(v)
             threads = f"static_assert(cupyflash::{traits}::kThreads == {sm80.fwd_threads(v)}, \"{v.key}\");"
             lines.append(threads)
         elif v.kernel is sm80.BWD:
-            traits, size = f"TcBwdTraits<__half, {', '.join(map(str, v.tile))}>", sm80.bwd_smem_bytes(v)
+            traits, size = f"Sm80BwdTraits<__half, {', '.join(map(str, v.tile))}>", sm80.bwd_smem_bytes(v)
         else:
             continue
         lines.append(f'static_assert(cupyflash::{traits}::kSmemBytes == {size}, "{v.key}");')
-    _static_asserts(lines, ("tc_tile.cuh", "tc_bwd_tile.cuh"))
+    _static_asserts(lines, ("sm80/tile.cuh", "sm80/bwd_tile.cuh"))
 
 
 def test_sm90_sizes_match_the_traits():
@@ -270,11 +270,11 @@ def test_sm90_sizes_match_the_traits():
         lines.append(f'static_assert({traits}::kThreads == {sm90.BWD_THREADS}, "{v.key}");')
         lines.append(f'static_assert({traits}::kBlockN == {sm90.BWD_BLOCK_N}, "{v.key}");')
     lines.append(f'static_assert(sizeof(cupyflash::Sm90BwdMaps) == {sm90.BWD_MAPS.itemsize}, "backward maps");')
-    _static_asserts(lines, ("sm90_fwd.cu", "sm90_bwd.cu"), arch="90a")
+    _static_asserts(lines, ("sm90/fwd.cu", "sm90/bwd.cu"), arch="90a")
 
 
 def test_argument_structs_match_params_cuh():
-    """Every struct of kernels_cu/params.cuh has the size, and every field the offset, of its NumPy
+    """Every struct of kernels_cu/common/params.cuh has the size, and every field the offset, of its NumPy
     mirror in cupyflash/_params.py (CuPy copies the NumPy bytes into the launch as they are).
 
     NVRTC has no constant offsetof, so a kernel stores the values and ptxas' constant folding puts them
@@ -282,7 +282,7 @@ def test_argument_structs_match_params_cuh():
     from cupy_backends.cuda.libs import nvrtc
 
     expected = []
-    lines = ['#include <cuda/std/cstddef>', '#include "params.cuh"', "using namespace cupyflash;",
+    lines = ['#include <cuda/std/cstddef>', '#include "common/params.cuh"', "using namespace cupyflash;",
              'extern "C" __global__ void layout(unsigned long long* out) {']
     for name, dtype in _params.STRUCTS.items():
         expected.append((f"sizeof {name}", dtype.itemsize))

@@ -128,7 +128,7 @@ def _selected(families, dtype, headdim, headdim_v, device=H200, causal=True):
 
 @pytest.mark.parametrize(
     "dtype, headdim, headdim_v, device, expected",
-    [("bfloat16", 128, 128, A100, "tc_fwd_bf16_d128_n32_m2_mod_0"), ("float16", 40, 200, A100, "tc_fwd_fp16_d224_n32_m1_mod_0"),
+    [("bfloat16", 128, 128, A100, "sm80_fwd_bf16_d128_n32_m2_mod_0"), ("float16", 40, 200, A100, "sm80_fwd_fp16_d224_n32_m1_mod_0"),
      ("bfloat16", 128, 128, H200, "sm90_fwd_bf16_d128_v128_n128_s3_mod_0"),
      ("float16", 40, 200, H200, "sm90_fwd_fp16_d256_v256_n80_s2_mod_0"),
      ("float16", 257, 64, H200, None), ("float32", 64, 64, H200, None)],
@@ -141,11 +141,11 @@ def test_forward_dispatch(dtype, headdim, headdim_v, device, expected):
 
 @pytest.mark.parametrize(
     "dtype, headdim, headdim_v, device, expected",
-    [("bfloat16", 128, 128, A100, "tc_bwd_bf16_d128_n128_q64_s1_mod_0"),
+    [("bfloat16", 128, 128, A100, "sm80_bwd_bf16_d128_n128_q64_s1_mod_0"),
      ("bfloat16", 128, 128, H200, "sm90_bwd_bf16_d128_v128_q64_s2_mod_0"),
      ("float16", 40, 100, H200, "sm90_bwd_fp16_d128_v128_q64_s2_mod_0"),
-     ("float16", 160, 64, H200, "tc_bwd_fp16_d160_n64_q64_s2_mod_0"),
-     ("bfloat16", 256, 256, H200, "tc_bwd_bf16_d256_n64_q64_s2_mod_0"),
+     ("float16", 160, 64, H200, "sm80_bwd_fp16_d160_n64_q64_s2_mod_0"),
+     ("bfloat16", 256, 256, H200, "sm80_bwd_bf16_d256_n64_q64_s2_mod_0"),
      ("float16", 257, 64, H200, None), ("float64", 64, 64, H200, None)],
 )
 def test_backward_dispatch(dtype, headdim, headdim_v, device, expected):

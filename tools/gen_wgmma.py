@@ -1,4 +1,4 @@
-"""Writes kernels_cu/wgmma_ops.cuh: the wgmma.mma_async instructions of the sm90 kernels.
+"""Writes kernels_cu/generated/wgmma_ops.cuh: the wgmma.mma_async instructions of the sm90 kernels.
 
 An inline-PTX wgmma names every accumulator register as its own operand (N / 2 of them for m64nNk16), a
 list that C++ templates cannot spell, so this script writes one specialization per (form, N) and the
@@ -22,8 +22,8 @@ HEADER = """\
 //   WgmmaSSMn<T, N>::mma(d, desc_a, desc_b, accumulate): A and B from shared-memory descriptors, both
 //       MN-major (A stored K rows of M, B stored K rows of N: both transpose flags set);
 //   WgmmaRS<T, N>::mma(d, a, desc_b, accumulate): A from four registers of packed pairs (the K-major
-//       fragment of sm90.cuh), B MN-major (stored K rows of N, the transpose flag set).
-// d is the accumulator in the mma.sync C layout per warp (sm90.cuh): register r is d[r / 4][r % 4].
+//       fragment of sm90/primitives.cuh), B MN-major (stored K rows of N, the transpose flag set).
+// d is the accumulator in the mma.sync C layout per warp (sm90/primitives.cuh): register r is d[r / 4][r % 4].
 // accumulate = 0 overwrites D (the scale-d predicate). The SS forms also have overwrite(d, desc_a,
 // desc_b), the first k-step of a fresh product: its accumulators are outputs only, so the compiler
 // knows their earlier values are dead (with mma(..., 0) they stay live, as inputs, up to the product).
@@ -99,7 +99,7 @@ def generate():
 
 
 def path():
-    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernels_cu", "wgmma_ops.cuh")
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernels_cu", "generated", "wgmma_ops.cuh")
 
 
 if __name__ == "__main__":

@@ -178,7 +178,7 @@ def flat_rows(args, p):
     return flat
 
 
-DELTA = _kernels.Kernel("general_bwd_delta", "general_bwd.cu", _kernels.ALL_DTYPES)
+DELTA = _kernels.Kernel("general_bwd_delta", "general/bwd.cu", _kernels.ALL_DTYPES)
 
 
 def launch_delta(p, args):
@@ -188,10 +188,10 @@ def launch_delta(p, args):
            flat_rows(args, p))
 
 
-#: The device-side check of a packed batch (kernels_cu/varlen_check.cu), for calls that must not
+#: The device-side check of a packed batch (kernels_cu/common/checks.cu), for calls that must not
 #: synchronize with the host.
-VARLEN_CHECK = _kernels.Kernel("varlen_check", "varlen_check.cu", ())
-FILL_NAN_IF = _kernels.Kernel("fill_nan_if", "varlen_check.cu", _kernels.ALL_DTYPES)
+VARLEN_CHECK = _kernels.Kernel("varlen_check", "common/checks.cu", ())
+FILL_NAN_IF = _kernels.Kernel("fill_nan_if", "common/checks.cu", _kernels.ALL_DTYPES)
 _FILL_THREADS = 256
 
 

@@ -1,5 +1,5 @@
 """The general family: SIMT kernels for every dtype, head dim and GPU (the correctness baseline, and the
-path of float32, float64, head dims above 256 and GPUs older than sm_80). kernels_cu/general_tile.cuh
+path of float32, float64, head dims above 256 and GPUs older than sm_80). kernels_cu/general/tile.cuh
 describes the tiles; every kernel is deterministic."""
 
 import cupy
@@ -18,9 +18,9 @@ CHUNK = 64
 # serve both only because they are square.
 assert BLOCK_M == BLOCK_N
 
-FWD = _kernels.Kernel("general_fwd", "general_fwd.cu", _kernels.ALL_DTYPES)
-DQ = _kernels.Kernel("general_bwd_dq", "general_bwd.cu", _kernels.ALL_DTYPES)
-DKDV = _kernels.Kernel("general_bwd_dkdv", "general_bwd.cu", _kernels.ALL_DTYPES)
+FWD = _kernels.Kernel("general_fwd", "general/fwd.cu", _kernels.ALL_DTYPES)
+DQ = _kernels.Kernel("general_bwd_dq", "general/bwd.cu", _kernels.ALL_DTYPES)
+DKDV = _kernels.Kernel("general_bwd_dkdv", "general/bwd.cu", _kernels.ALL_DTYPES)
 
 
 class GeneralForward:

@@ -1,4 +1,4 @@
-"""The KV-cache kernels (kernels_cu/kvcache.cu): appending new keys and values with the rotary embedding,
+"""The KV-cache kernels (kernels_cu/kvcache/kvcache.cu): appending new keys and values with the rotary embedding,
 the decode kernel with its split-KV combine, and the general path's per-entry lengths and poisoning.
 cupyflash/_kvcache.py validates the calls and picks between the decode kernel and the general path."""
 
@@ -31,11 +31,11 @@ MAX_SPLITS = 256
 #: take many splits, since a CTA's first tile waits a DRAM round trip however few it has.
 MIN_TILES_PER_SPLIT = 2
 
-APPEND = _kernels.Kernel("kvc_append", "kvcache.cu", _kernels.ALL_DTYPES)
-DECODE = _kernels.Kernel("kvc_fwd", "kvcache.cu", _kernels.HALF_DTYPES, ("headdim",), tuple((d,) for d in DECODE_BUCKETS))
-COMBINE = _kernels.Kernel("kvc_combine", "kvcache.cu", _kernels.HALF_DTYPES)
-LENGTHS = _kernels.Kernel("kvc_lengths", "kvcache.cu", ())
-POISON = _kernels.Kernel("kvc_poison", "kvcache.cu", _kernels.ALL_DTYPES)
+APPEND = _kernels.Kernel("kvc_append", "kvcache/kvcache.cu", _kernels.ALL_DTYPES)
+DECODE = _kernels.Kernel("kvc_fwd", "kvcache/kvcache.cu", _kernels.HALF_DTYPES, ("headdim",), tuple((d,) for d in DECODE_BUCKETS))
+COMBINE = _kernels.Kernel("kvc_combine", "kvcache/kvcache.cu", _kernels.HALF_DTYPES)
+LENGTHS = _kernels.Kernel("kvc_lengths", "kvcache/kvcache.cu", ())
+POISON = _kernels.Kernel("kvc_poison", "kvcache/kvcache.cu", _kernels.ALL_DTYPES)
 KERNELS = (APPEND, DECODE, COMBINE, LENGTHS, POISON)
 
 

@@ -1,5 +1,5 @@
 """The sm80 family: tensor-core kernels (mma.sync, ldmatrix, cp.async) for float16 and bfloat16 with
-head dims up to 256, on compute capability 8.0 and newer. kernels_cu/tc_tile.cuh and tc_bwd_tile.cuh
+head dims up to 256, on compute capability 8.0 and newer. kernels_cu/sm80/tile.cuh and bwd_tile.cuh
 describe the tiles; bench/NOTES.md has the measurements behind the tile tables below."""
 
 import cupy
@@ -51,15 +51,15 @@ ROW_THREADS = 256
 DETERMINISTIC_DQ_SPLITS = 2
 
 FWD = _kernels.Kernel(
-    "tc_fwd", "tc_fwd.cu", _kernels.HALF_DTYPES, ("headdim", "block_n", "m_tiles"),
+    "sm80_fwd", "sm80/fwd.cu", _kernels.HALF_DTYPES, ("headdim", "block_n", "m_tiles"),
     tuple((d, *tile) for d, choices in FWD_TILES.items() for tile in choices), ("score_mod",),
 )
 BWD = _kernels.Kernel(
-    "tc_bwd", "tc_bwd.cu", _kernels.HALF_DTYPES, ("headdim", "block_n", "block_m", "stages"),
+    "sm80_bwd", "sm80/bwd.cu", _kernels.HALF_DTYPES, ("headdim", "block_n", "block_m", "stages"),
     tuple((d, *tile) for d, choices in BWD_TILES.items() for tile in choices), ("score_mod",),
 )
-DQ_CONVERT = _kernels.Kernel("tc_bwd_dq_convert", "tc_bwd.cu", _kernels.HALF_DTYPES)
-DELTA = _kernels.Kernel("tc_bwd_delta", "tc_bwd.cu", _kernels.HALF_DTYPES)
+DQ_CONVERT = _kernels.Kernel("sm80_bwd_dq_convert", "sm80/bwd.cu", _kernels.HALF_DTYPES)
+DELTA = _kernels.Kernel("sm80_bwd_delta", "sm80/bwd.cu", _kernels.HALF_DTYPES)
 #: Grid cap of the row-walking kernels (delta, dQ conversion): grid-stride loops cover the rest.
 ROW_KERNEL_MAX_CTAS = 1 << 16
 

@@ -1,5 +1,5 @@
 """The sm90 family: Hopper kernels (TMA, wgmma, warp specialization) for float16 and bfloat16, built for
-``sm_90a`` and run only on compute capability 9.0 exactly (kernels_cu/sm90_fwd.cu describes the design;
+``sm_90a`` and run only on compute capability 9.0 exactly (kernels_cu/sm90/fwd.cu describes the design;
 bench/NOTES.md has the measurements behind the tile table).
 
 The kernels read q, k and v through TMA tensor maps, which this module builds on the host with the
@@ -49,11 +49,11 @@ BWD_TILES = {
 }
 
 FWD = _kernels.Kernel(
-    "sm90_fwd", "sm90_fwd.cu", _kernels.HALF_DTYPES, ("headdim", "headdim_v", "block_n", "stages"),
+    "sm90_fwd", "sm90/fwd.cu", _kernels.HALF_DTYPES, ("headdim", "headdim_v", "block_n", "stages"),
     tuple((*dims, *tile) for dims, tile in FWD_TILES.items()), ("score_mod",), arch="90a",
 )
 BWD = _kernels.Kernel(
-    "sm90_bwd", "sm90_bwd.cu", _kernels.HALF_DTYPES, ("headdim", "headdim_v", "block_m", "stages"),
+    "sm90_bwd", "sm90/bwd.cu", _kernels.HALF_DTYPES, ("headdim", "headdim_v", "block_m", "stages"),
     tuple((*dims, *tile) for dims, tile in BWD_TILES.items()), ("score_mod",), arch="90a",
 )
 

@@ -10,20 +10,9 @@
 // matrix i, and each lane receives element [lane / 4][2 * (lane % 4), +1] of each matrix (with .trans,
 // element [2 * (lane % 4), +1][lane / 4]), which is exactly the A/B fragment layout above.
 #pragma once
-#include "dtypes.cuh"
+#include "common/dtypes.cuh"
 
 namespace cupyflash {
-
-// Two floats rounded to nearest even into one register of two 16-bit values (lo in the low half).
-template <typename T> __device__ __forceinline__ unsigned pack2(float lo, float hi);
-template <> __device__ __forceinline__ unsigned pack2<__half>(float lo, float hi) {
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<unsigned*>(&h);
-}
-template <> __device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float lo, float hi) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<unsigned*>(&h);
-}
 
 // d += a * b on one 16x8x16 tile.
 template <typename T> __device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4], const unsigned* b);
@@ -74,12 +63,5 @@ __device__ __forceinline__ void cp_async_16(unsigned dst, const void* src) {
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(kPending)); }
-
-// 2^x on the special-function unit (ftz; -inf gives 0).
-__device__ __forceinline__ float fast_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
 
 }  // namespace cupyflash

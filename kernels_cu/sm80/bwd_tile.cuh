@@ -8,11 +8,11 @@
 //   2. dQ_part = dS K (kBlockM x kHeadDim), added into a float32 buffer in device memory;
 //   3. dV += P^T dO and dK += dS^T Q (kBlockN x kHeadDim), in registers for the CTA's whole life.
 // Shared memory: K and V (resident), kStages buffers of Q, dO and their rows' lse and delta (with 2, the
-// next block loads while this one is computed), P^T and dS^T, and the per-CTA state (tc_bwd.cu). Tile rows are padded by 16 bytes
-// (see tc_tile.cuh) so the 8 rows one ldmatrix phase reads fall in 8 different bank groups.
+// next block loads while this one is computed), P^T and dS^T, and the per-CTA state (sm80_bwd.cu). Tile rows are padded by 16 bytes
+// (see sm80/tile.cuh) so the 8 rows one ldmatrix phase reads fall in 8 different bank groups.
 #pragma once
-#include "mma.cuh"
-#include "tc_tile.cuh"
+#include "sm80/mma.cuh"
+#include "sm80/tile.cuh"
 
 namespace cupyflash {
 
@@ -46,7 +46,7 @@ constexpr bool dq_passes_fit(int dkv_floats, int dq_floats, int headdim, int pas
 }
 
 template <int kBlockN, int kBlockM, int kHeadDim>
-struct TcBwdPasses {
+struct Sm80BwdPasses {
     static constexpr int kFloatBudget = 144;
     static constexpr int kDkvFloats = 2 * kBlockN * kHeadDim / 256;
     static constexpr int kSdp = kDkvFloats + 2 * kBlockN * kBlockM / 256 <= kFloatBudget ? 1 : 2;
@@ -57,7 +57,7 @@ struct TcBwdPasses {
 };
 
 template <typename T, int kHeadDim_, int kBlockN_, int kBlockM_, int kStages_>
-struct TcBwdTraits {
+struct Sm80BwdTraits {
     static constexpr int kHeadDim = kHeadDim_;
     static constexpr int kBlockN = kBlockN_;  // keys owned by the CTA
     static constexpr int kBlockM = kBlockM_;  // queries per iteration
@@ -66,7 +66,7 @@ struct TcBwdTraits {
     static constexpr int kThreads = 32 * kWarps;
     static constexpr int kLd = kHeadDim + 8;  // padded row of the K, V, Q and dO tiles
     static constexpr int kLdP = kBlockM + 8;  // padded row of the P^T and dS^T tiles
-    using Passes = TcBwdPasses<kBlockN, kBlockM, kHeadDim>;
+    using Passes = Sm80BwdPasses<kBlockN, kBlockM, kHeadDim>;
     using SdpGrid = WarpGrid<kBlockN, kBlockM / Passes::kSdp>;  // phase 1, per pass
     using DqGrid = WarpGrid<kBlockM, kHeadDim / Passes::kDq>;   // phase 2, per pass
     using DkvGrid = WarpGrid<kBlockN, kHeadDim>;                // phase 3

@@ -3,42 +3,16 @@
 // The scaled score s = softmax_scale * (q . k) is rounded once. For each row the forward pass keeps a
 // running maximum m of s and a running sum l = sum_j exp(s_j - m), and returns
 //     lse = ln(sum_j exp(s_j)) = m + ln(l),
-// exactly m when a single key carries the row (l = 1); lse is stored in lse_t (dtypes.cuh). The backward pass recomputes P_ij = exp(s_ij - lse_i)
-// from the same rounded s, so P carries only the rounding of lse. (Working in log2 units with
-// LOG2E folded into the scale saves a multiply per score but adds three roundings of the size of |s|:
-// s * (scale * LOG2E), LN2 * (m + log2 l) and LOG2E * lse. At float64 with large logits those put the
-// gradients outside the same-precision tolerance, so the accuracy-first general path does not do it.)
+// exactly m when a single key carries the row (l = 1); lse is stored in lse_t (dtypes.cuh). The backward
+// pass recomputes P_ij = exp(s_ij - lse_i) from the same rounded s, so P carries only the rounding of
+// lse. (Working in log2 units with LOG2E folded into the scale saves a multiply per score but adds three
+// roundings of the size of |s|: s * (scale * LOG2E), LN2 * (m + log2 l) and LOG2E * lse. At float64 with
+// large logits those put the gradients outside the same-precision tolerance, so the accuracy-first
+// general path does not do it; fragment/softmax.cuh is the base-2 version of the tensor-core paths.)
 #pragma once
+#include "common/math.cuh"
 
 namespace cupyflash {
-
-template <typename Acc> struct Consts;
-template <> struct Consts<float> {
-    static __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
-};
-template <> struct Consts<double> {
-    static __device__ __forceinline__ double neg_inf() { return __longlong_as_double(0xfff0000000000000ll); }
-};
-
-// s = softmax_scale * dot, rounded here and nowhere else: the _rn intrinsics keep the compiler from
-// contracting the product into a later subtraction (an FMA), which would give the forward and the
-// backward pass differently rounded scores.
-__device__ __forceinline__ float scale_score(float dot, float scale) { return __fmul_rn(dot, scale); }
-__device__ __forceinline__ double scale_score(double dot, double scale) { return __dmul_rn(dot, scale); }
-
-__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
-__device__ __forceinline__ float sub_rn(float a, float b) { return __fsub_rn(a, b); }
-__device__ __forceinline__ double sub_rn(double a, double b) { return __dsub_rn(a, b); }
-__device__ __forceinline__ float div_rn(float a, float b) { return __fdiv_rn(a, b); }
-__device__ __forceinline__ double div_rn(double a, double b) { return __ddiv_rn(a, b); }
-__device__ __forceinline__ float tanh_acc(float x) { return tanhf(x); }
-__device__ __forceinline__ double tanh_acc(double x) { return tanh(x); }
-
-__device__ __forceinline__ float exp_acc(float x) { return expf(x); }
-__device__ __forceinline__ double exp_acc(double x) { return exp(x); }
-__device__ __forceinline__ float log_acc(float x) { return logf(x); }
-__device__ __forceinline__ double log_acc(double x) { return log(x); }
 
 // Running max and sum of one row of scaled scores.
 template <typename Acc>

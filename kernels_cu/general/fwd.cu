@@ -5,13 +5,15 @@
 // Grid: x = query tiles * batch * heads (query tiles fastest), y = ceil(headdim_v / kChunk).
 // Every chunk recomputes the scores of its query tile (cheap next to never refusing a head dim);
 // chunk 0 writes the log-sum-exp.
-#include "dtypes.cuh"
-#include "general_tile.cuh"
-#include "params.cuh"
-#include "policy.cuh"
-#include "reduce.cuh"
-#include "scheduler.cuh"
-#include "softmax.cuh"
+#include "common/dtypes.cuh"
+#include "common/mask.cuh"
+#include "common/params.cuh"
+#include "common/reduce.cuh"
+#include "common/scheduler.cuh"
+#include "common/score_mod.cuh"
+#include "common/sequence.cuh"
+#include "common/softmax.cuh"
+#include "general/tile.cuh"
 
 namespace cupyflash {
 

@@ -3,11 +3,10 @@
 // scaled per row, rounded to T and written to a tensor within the sequence's rows and the real columns.
 // A warpgroup's wgmma accumulators have the same layout per warp, so later kernels reuse these.
 #pragma once
-#include "dtypes.cuh"
-#include "mma.cuh"
-#include "params.cuh"
-#include "policy.cuh"
-#include "tc_softmax.cuh"
+#include "common/dtypes.cuh"
+#include "common/params.cuh"
+#include "common/sequence.cuh"
+#include "fragment/softmax.cuh"
 
 namespace cupyflash {
 

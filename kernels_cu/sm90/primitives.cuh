@@ -1,5 +1,5 @@
 // Hopper (sm_90a) primitives: TMA tensor copies, mbarriers, named barriers, register reallocation and the
-// shared-memory descriptors of wgmma (wgmma_ops.cuh holds the instructions). ../shared/HOPPER.md in the
+// shared-memory descriptors of wgmma (generated/wgmma_ops.cuh holds the instructions). ../shared/HOPPER.md in the
 // developers' notes lists the sources of each encoding; the layouts below were checked against a
 // float64 reference on an H200.
 //

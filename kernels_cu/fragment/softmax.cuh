@@ -9,14 +9,10 @@
 // (The general path works in natural-log units for float32/float64 accuracy; for float16/bfloat16 the
 // storage rounding dominates and the folded scale is the cheaper choice.)
 #pragma once
-#include "mma.cuh"
-#include "reduce.cuh"
-#include "softmax.cuh"
+#include "common/math.cuh"
+#include "common/reduce.cuh"
 
 namespace cupyflash {
-
-constexpr float kLog2eF = 1.4426950408889634f;
-constexpr float kLn2F = 0.6931471805599453f;
 
 template <int kNTiles>
 struct FragmentSoftmax {

@@ -2,7 +2,8 @@
 //
 // float16, bfloat16 and float32 accumulate in float32 (float32 in true float32: no TF32 anywhere);
 // float64 accumulates in float64. acc_t<T> is that accumulator type; to_acc/from_acc convert
-// (from_acc rounds to nearest even); lse_t<T> is the type of the saved log-sum-exp.
+// (from_acc rounds to nearest even); lse_t<T> is the type of the saved log-sum-exp; pack2 rounds two
+// floats into one register of 16-bit values (the operand format of the tensor-core products).
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -34,5 +35,16 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(flo
 }
 template <> __device__ __forceinline__ float from_acc<float>(float x) { return x; }
 template <> __device__ __forceinline__ double from_acc<double>(double x) { return x; }
+
+// Two floats rounded to nearest even into one register of two 16-bit values (lo in the low half).
+template <typename T> __device__ __forceinline__ unsigned pack2(float lo, float hi);
+template <> __device__ __forceinline__ unsigned pack2<__half>(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<unsigned*>(&h);
+}
+template <> __device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<unsigned*>(&h);
+}
 
 }  // namespace cupyflash

@@ -1,7 +1,7 @@
 // Hopper backward (float16/bfloat16, sm_90a only): TMA loads, wgmma products and warp specialization.
-// After tc_bwd_delta (delta = rowsum(dO * O)), one CTA per kBlockN = 128 keys of one (batch entry,
+// After sm80_bwd_delta (delta = rowsum(dO * O)), one CTA per kBlockN = 128 keys of one (batch entry,
 // kv head) keeps K and V in shared memory and walks the query tiles (kBlockM rows) of every query head
-// of its GQA group, as tc_bwd does; tc_bwd_dq_convert finishes dQ. Three warpgroups:
+// of its GQA group, as sm80_bwd does; sm80_bwd_dq_convert finishes dQ. Three warpgroups:
 //   - the producer (warpgroup 0): thread 0 loads K and V once, then each query tile's Q and dO with TMA
 //     into a ring of kStages stages (q_full), publishing the tile's head and list entry beside them;
 //     warp 1 copies the tile's lse (as lse * LOG2E, +inf for rows without probability) and delta into
@@ -31,23 +31,24 @@
 // the TMA past the tensor's end.
 //
 // With deterministic != 0 the CTAs of a (batch entry, kv head) add into each query tile of the buffer
-// in a fixed key-tile order, as tc_bwd does (ordered_sum.cuh); the reducing thread waits for the turns,
+// in a fixed key-tile order, as sm80_bwd does (ordered_sum.cuh); the reducing thread waits for the turns,
 // one tile of slack away from the consumers.
 //
 // Grid: x = ceil(seqlen_k / kBlockN) * batch * heads_k (scheduler.cuh). Dynamic shared memory:
 // Sm90BwdTraits::kSmemBytes.
-#include "bwd_mask.cuh"
-#include "dtypes.cuh"
-#include "epilogue.cuh"
-#include "mma.cuh"
-#include "ordered_sum.cuh"
-#include "params.cuh"
-#include "policy.cuh"
-#include "scheduler.cuh"
-#include "sm90.cuh"
-#include "tc_softmax.cuh"
-#include "tc_tile.cuh"
-#include "wgmma_ops.cuh"
+#include "common/dtypes.cuh"
+#include "common/launch.cuh"
+#include "common/mask.cuh"
+#include "common/ordered_sum.cuh"
+#include "common/params.cuh"
+#include "common/scheduler.cuh"
+#include "common/score_mod.cuh"
+#include "common/sequence.cuh"
+#include "fragment/epilogue.cuh"
+#include "fragment/scores.cuh"
+#include "fragment/softmax.cuh"
+#include "generated/wgmma_ops.cuh"
+#include "sm90/primitives.cuh"
 
 namespace cupyflash {
 
@@ -121,7 +122,7 @@ struct Sm90BwdState {
     unsigned long long dq_full;                // the dQ tile is stored: one arrival per consumer thread
     unsigned long long dq_empty;               // its reductions have read it
     int head[kMaxStages];                      // query head of the stage's tile; -1: the walk is over
-    int entry[kMaxStages];                     // its tile-list entry (policy.cuh)
+    int entry[kMaxStages];                     // its tile-list entry (common/mask.cuh)
 };
 
 template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kStages, bool kScoreMod>

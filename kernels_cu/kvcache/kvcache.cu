@@ -18,13 +18,16 @@
 // negative or leaves no room for its new keys, or whose cache_batch_idx is not an entry of the cache,
 // reads and writes none of it; a page index outside the cache, among the pages an entry uses, is read
 // as page 0 and not written. Such an entry's output rows and lse are NaN (cupyflash/_api.py).
-#include "dtypes.cuh"
-#include "mma.cuh"
-#include "params.cuh"
-#include "policy.cuh"
-#include "reduce.cuh"
-#include "tc_softmax.cuh"
-#include "tc_tile.cuh"
+#include "common/dtypes.cuh"
+#include "common/launch.cuh"
+#include "common/mask.cuh"
+#include "common/params.cuh"
+#include "common/reduce.cuh"
+#include "common/score_mod.cuh"
+#include "common/sequence.cuh"
+#include "fragment/softmax.cuh"
+#include "sm80/mma.cuh"
+#include "sm80/tile.cuh"
 
 namespace cupyflash {
 
@@ -147,7 +150,7 @@ struct KvcTraits {
     static constexpr int kThreads = 32 * kWarps;
     static constexpr int kRows = 16;            // (query, head) rows per CTA: one mma.sync m-tile
     static constexpr int kBlockN = 16 * kWarps; // keys per stage, 16 per warp
-    static constexpr int kLd = kHeadDim + 8;    // padded shared row (tc_tile.cuh)
+    static constexpr int kLd = kHeadDim + 8;    // padded shared row (sm80/tile.cuh)
     static constexpr int kStageBytes = 2 * kBlockN * kLd * static_cast<int>(sizeof(T));
     // Stages in flight: decoding is bound by DRAM bandwidth, and with two CTAs per SM up to head dim
     // 128 (one at 256) these keep 100-200 KB of K/V requests in flight per SM, several times the

@@ -5,8 +5,8 @@
 //                 for (the attention kernels clamp such sequences, so nothing is read or written out
 //                 of bounds, but the results would be meaningless);
 //   fill_nan_if   then turns a result into NaN, so that a malformed batch cannot pass unnoticed.
-#include "dtypes.cuh"
-#include "params.cuh"
+#include "common/dtypes.cuh"
+#include "common/params.cuh"
 
 namespace cupyflash {
 

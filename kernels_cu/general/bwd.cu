@@ -8,12 +8,14 @@
 // 1 - tanh^2. Each gradient element is written by exactly one CTA with a fixed summation order, so
 // the general backward is deterministic, and GQA/MQA sums dK/dV over the group inside the CTA
 // instead of materializing per-head copies.
-#include "dtypes.cuh"
-#include "general_tile.cuh"
-#include "params.cuh"
-#include "policy.cuh"
-#include "scheduler.cuh"
-#include "softmax.cuh"
+#include "common/dtypes.cuh"
+#include "common/mask.cuh"
+#include "common/params.cuh"
+#include "common/scheduler.cuh"
+#include "common/score_mod.cuh"
+#include "common/sequence.cuh"
+#include "common/softmax.cuh"
+#include "general/tile.cuh"
 
 namespace cupyflash {
 

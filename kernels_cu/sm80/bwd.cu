@@ -1,33 +1,35 @@
-// Tensor-core backward (float16/bfloat16, sm_80+, head dims up to 256): after tc_bwd_delta,
-//   tc_bwd             one CTA per kBlockN keys of one (batch entry, kv head): dK and dV stay in
+// Tensor-core backward (float16/bfloat16, sm_80+, head dims up to 256): after sm80_bwd_delta,
+//   sm80_bwd             one CTA per kBlockN keys of one (batch entry, kv head): dK and dV stay in
 //                      registers while the CTA walks the query tiles of every query head of its GQA
 //                      group (so the group's sum needs no per-head copies), and each tile's dQ share is
 //                      added into a float32 buffer;
-//   tc_bwd_dq_convert  dQ = softmax_scale * buffer, rounded to T.
+//   sm80_bwd_dq_convert  dQ = softmax_scale * buffer, rounded to T.
 // Per query tile the CTA recomputes S^T = K Q^T and P^T = exp2(S^T * scale * LOG2E - LOG2E * lse)
 // from the saved lse (no probability is stored between passes), then dP^T = V dO^T,
 // dS^T = P^T * (dP^T - delta), dQ += dS K, dV += P^T dO and dK += dS^T Q: five matrix products.
-// Phases and warp tiles: tc_bwd_tile.cuh; which query tiles, and which need the mask: policy.cuh.
+// Phases and warp tiles: sm80/bwd_tile.cuh; which query tiles, and which need the mask: common/mask.cuh.
 // With deterministic != 0 the CTAs of a (batch entry, kv head) add into each query tile of the buffer
 // in a fixed key-tile order (ordered_sum.cuh), so dQ is bitwise reproducible; dK and dV always are
 // (one CTA writes each element once).
-#include "bwd_mask.cuh"
-#include "dtypes.cuh"
-#include "epilogue.cuh"
-#include "mma.cuh"
-#include "ordered_sum.cuh"
-#include "params.cuh"
-#include "policy.cuh"
-#include "scheduler.cuh"
-#include "tc_bwd_tile.cuh"
-#include "tc_softmax.cuh"
-#include "tc_tile.cuh"
-#include "tile_queue.cuh"
+#include "common/dtypes.cuh"
+#include "common/mask.cuh"
+#include "common/ordered_sum.cuh"
+#include "common/params.cuh"
+#include "common/scheduler.cuh"
+#include "common/score_mod.cuh"
+#include "common/sequence.cuh"
+#include "common/tile_queue.cuh"
+#include "fragment/epilogue.cuh"
+#include "fragment/scores.cuh"
+#include "fragment/softmax.cuh"
+#include "sm80/bwd_tile.cuh"
+#include "sm80/mma.cuh"
+#include "sm80/tile.cuh"
 
 namespace cupyflash {
 
 // Per-CTA values, in shared memory (the fragments need all 255 registers of the larger tiles).
-struct TcBwdState {
+struct Sm80BwdState {
     static constexpr int kRing = 32;
     Sequence seq;
     Mask mask;
@@ -38,14 +40,14 @@ struct TcBwdState {
 };
 
 // Grid: x = ceil(seqlen_k / kBlockN) * batch * heads_k, key tiles fastest (the ordered sum needs each
-// CTA's predecessors launched before it). Dynamic shared memory: TcBwdTraits::kSmemBytes.
+// CTA's predecessors launched before it). Dynamic shared memory: Sm80BwdTraits::kSmemBytes.
 // dq_accum: dq_splits zeroed float32 buffers of rows of dq_ld >= headdim (even) floats; key tile j adds
 // into buffer j % dq_splits. dq_turns: zeroed int32 (dq_splits, batch, heads, ceil(seqlen_q / kBlockM)),
 // read only when deterministic != 0.
 template <typename T, int kHeadDim, int kBlockN, int kBlockM, int kStages, bool kScoreMod>
 __global__ void __launch_bounds__(256, 1)
-tc_bwd(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
-    using Tr = TcBwdTraits<T, kHeadDim, kBlockN, kBlockM, kStages>;
+sm80_bwd(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
+    using Tr = Sm80BwdTraits<T, kHeadDim, kBlockN, kBlockM, kStages>;
     using Sdp = typename Tr::SdpGrid;
     using Dq = typename Tr::DqGrid;
     using Dkv = typename Tr::DkvGrid;
@@ -65,8 +67,8 @@ tc_bwd(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
     float* sLse2 = reinterpret_cast<float*>(sdS + Tr::kProbTileElems);  // kStages x kBlockM, lse * LOG2E
     float* sDelta = sLse2 + kStages * kBlockM;                           // kStages x kBlockM
 
-    static_assert(sizeof(TcBwdState) <= Tr::kStateBytes, "the per-CTA state must fit its reserve");
-    TcBwdState& st = *reinterpret_cast<TcBwdState*>(smem_raw + Tr::kSmemBytes - Tr::kStateBytes);
+    static_assert(sizeof(Sm80BwdState) <= Tr::kStateBytes, "the per-CTA state must fit its reserve");
+    Sm80BwdState& st = *reinterpret_cast<Sm80BwdState*>(smem_raw + Tr::kSmemBytes - Tr::kStateBytes);
 
     // Scheduler. Tiles are of keys, heads are kv heads. Key tiles launch last-first under the ordered
     // sum (see the turn below), first-first otherwise (under a causal mask the first ones work longest).
@@ -282,7 +284,7 @@ tc_bwd(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
             add_dq_share(dq_part, r0, c0);
             if (turn != nullptr) pass_turn(turn);
         } else {
-            // Column passes (see TcBwdPasses): each share is added as soon as it is computed.
+            // Column passes (see Sm80BwdPasses): each share is added as soon as it is computed.
 #pragma unroll
             for (int pass = 0; pass < Tr::Passes::kDq; ++pass) {
                 const int r0 = Dq::row0(warp), c0 = pass * (kHeadDim / Tr::Passes::kDq) + Dq::col0(warp);
@@ -318,7 +320,7 @@ tc_bwd(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
 // threads; `lanes` is that group size (cupyflash/_families/sm80.py).
 template <typename T>
 __global__ void __launch_bounds__(256)
-tc_bwd_delta(const CUPYFLASH_GRID_CONSTANT BwdArgs args, int lanes) {
+sm80_bwd_delta(const CUPYFLASH_GRID_CONSTANT BwdArgs args, int lanes) {
     const AttnArgs& a = args.attn;
     const long long rows = static_cast<long long>(a.batch) * a.heads * a.seqlen_q;
     const int lane = threadIdx.x % lanes;
@@ -360,7 +362,7 @@ tc_bwd_delta(const CUPYFLASH_GRID_CONSTANT BwdArgs args, int lanes) {
 // aligned) and write them as one 32-bit store where the head dim is even.
 template <typename T>
 __global__ void __launch_bounds__(256)
-tc_bwd_dq_convert(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
+sm80_bwd_dq_convert(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
     const AttnArgs& a = args.attn;
     const long long rows = static_cast<long long>(a.batch) * a.heads * a.seqlen_q;
     const float* accum = static_cast<const float*>(args.dq_accum.ptr);

@@ -14,17 +14,14 @@ struct TileWork {
     int h;     // head
 };
 
-// reverse hands out the last tiles first. tc_fwd (tiles of queries) always does: under a causal mask
+// reverse hands out the last tiles first. sm80_fwd (tiles of queries) always does: under a causal mask
 // the last query tiles see the most keys, so the longest CTAs start early and the tail of the launch is
-// short. tc_bwd (tiles of keys) does under its ordered sum, which needs the last key tiles launched
+// short. sm80_bwd (tiles of keys) does under its ordered sum, which needs the last key tiles launched
 // first. The general kernels do not.
 __device__ __forceinline__ TileWork schedule_tile(int num_tiles, int heads, bool reverse) {
     const int index = static_cast<int>(blockIdx.x % num_tiles);
     const int bh = static_cast<int>(blockIdx.x / num_tiles);
     return {reverse ? num_tiles - 1 - index : index, bh / heads, bh % heads};
 }
-
-// The kv head that query head h reads under GQA/MQA.
-__device__ __forceinline__ int kv_head(int h, int heads, int heads_k) { return h / (heads / heads_k); }
 
 }  // namespace cupyflash

@@ -11,17 +11,14 @@
 // one ldmatrix phase reads then fall into eight different bank groups for every bucket (row stride mod 128
 // bytes is 16 or 80), and cp.async writes stay 16-byte aligned.
 #pragma once
-#include "dtypes.cuh"
-#include "mma.cuh"
+#include "common/dtypes.cuh"
+#include "common/launch.cuh"
+#include "sm80/mma.cuh"
 
 namespace cupyflash {
 
-// Shared memory reserved at the end of a tensor-core kernel's dynamic shared memory for its per-CTA
-// state (the sequence, mask and tile queue, read where needed so that registers go to the fragments).
-constexpr int kCtaStateBytes = 1024;
-
 template <typename T, int kHeadDim_, int kBlockN_, int kMTiles_>
-struct TcFwdTraits {
+struct Sm80FwdTraits {
     static constexpr int kHeadDim = kHeadDim_;
     static constexpr int kBlockN = kBlockN_;    // keys per iteration
     static constexpr int kMTiles = kMTiles_;    // 16-row m-tiles per warp: each K/V fragment feeds kMTiles mmas
@@ -35,7 +32,7 @@ struct TcFwdTraits {
     // so warps drift apart and one warp's softmax overlaps another's mma.
     static constexpr int kSmemBytesPerStageSet = 2 * kBlockN * kLd * static_cast<int>(sizeof(T));
     static constexpr int kQSmemBytes = kBlockM * kLd * static_cast<int>(sizeof(T));
-    // Per-CTA values and the tile queue (tc_fwd.cu), at the end of the dynamic shared memory.
+    // Per-CTA values and the tile queue (sm80_fwd.cu), at the end of the dynamic shared memory.
     static constexpr int kStateBytes = kCtaStateBytes;
     static constexpr int kStages = kQSmemBytes + 3 * kSmemBytesPerStageSet + kStateBytes <= 99 * 1024 ? 3 : 2;
     // Q stays in registers as the A operand of every q.k product while it costs at most 32 registers;
@@ -48,15 +45,6 @@ struct TcFwdTraits {
     static_assert(kBlockN % 16 == 0, "keys are consumed 16 at a time");
     static_assert(kBlockM % (16 * kMTiles) == 0, "the CTA's rows must split evenly among its warps");
 };
-
-// Traps when the launch gave less dynamic shared memory than the traits lay out (a host/traits mismatch
-// would otherwise read and write past the allocation).
-template <int kBytes>
-__device__ __forceinline__ void require_dynamic_smem() {
-    unsigned given;
-    asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(given));
-    if (given < kBytes) __trap();
-}
 
 // Stages rows [r0, r0 + kRows) of a (rows x cols) row-major slice (row stride in elements) into shared
 // memory dst[kRows][kLd], zero-filling rows >= rows and columns >= cols up to kCols. With vec (the host

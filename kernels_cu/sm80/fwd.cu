@@ -3,28 +3,30 @@
 //
 // Scheduler: schedule_tile (scheduler.cuh), the query tiles with the most keys first. Main loop, per key
 // tile: S = Q K^T with mma.sync (Q from registers or shared memory, K fragments by ldmatrix), the score
-// modifications (kScoreMod: softcap, ALiBi), the mask on the tiles that need it (policy.cuh), the online
+// modifications (kScoreMod: softcap, ALiBi), the mask on the tiles that need it (common/mask.cuh), the online
 // softmax in registers, then O += P V with P converted in registers into the A operand and V fragments
-// by ldmatrix.trans. K/V tiles are multi-buffered with cp.async (TcFwdTraits::kStages): tile j + 1 loads
+// by ldmatrix.trans. K/V tiles are multi-buffered with cp.async (Sm80FwdTraits::kStages): tile j + 1 loads
 // while tile j is computed. Epilogue: O / l and the log-sum-exp (epilogue.cuh). The per-CTA values
-// (sequence, mask, the queue of key tiles) live in shared memory (TcFwdState): the fragments need all
+// (sequence, mask, the queue of key tiles) live in shared memory (Sm80FwdState): the fragments need all
 // 255 registers of the larger tiles.
 //
-// Grid: x = query tiles * batch * heads. Dynamic shared memory: TcFwdTraits::kSmemBytes.
-#include "dtypes.cuh"
-#include "epilogue.cuh"
-#include "mma.cuh"
-#include "params.cuh"
-#include "policy.cuh"
-#include "scheduler.cuh"
-#include "tc_softmax.cuh"
-#include "tc_tile.cuh"
-#include "tile_queue.cuh"
+// Grid: x = query tiles * batch * heads. Dynamic shared memory: Sm80FwdTraits::kSmemBytes.
+#include "common/dtypes.cuh"
+#include "common/mask.cuh"
+#include "common/params.cuh"
+#include "common/scheduler.cuh"
+#include "common/score_mod.cuh"
+#include "common/sequence.cuh"
+#include "common/tile_queue.cuh"
+#include "fragment/epilogue.cuh"
+#include "fragment/softmax.cuh"
+#include "sm80/mma.cuh"
+#include "sm80/tile.cuh"
 
 namespace cupyflash {
 
 // Per-CTA values, in shared memory.
-struct TcFwdState {
+struct Sm80FwdState {
     static constexpr int kRing = 32;
     Sequence seq;
     Mask mask;
@@ -68,8 +70,8 @@ __device__ __forceinline__ void mask_fragments(float (&s)[kMTiles][kNTiles][4], 
 }
 
 template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod>
-struct TcFwdMainloop {
-    using Tr = TcFwdTraits<T, kHeadDim, kBlockN, kMTiles>;
+struct Sm80FwdMainloop {
+    using Tr = Sm80FwdTraits<T, kHeadDim, kBlockN, kMTiles>;
     static constexpr int kLd = Tr::kLd;
     static constexpr int kNTiles = kBlockN / 8;   // score n-tiles per m-tile
     static constexpr int kOTiles = kHeadDim / 8;  // output n-tiles per m-tile
@@ -80,11 +82,11 @@ struct TcFwdMainloop {
     // Masked tiles test elements against per-row key intervals (cheaper than Mask::visible), except in
     // the largest tile, 256 columns by 64 keys, where the intervals' registers spilled 16-24 bytes.
     static constexpr bool kRowIntervals = kHeadDim * kBlockN < 256 * 64;
-    static_assert(sizeof(TcFwdState) <= Tr::kStateBytes, "the per-CTA state must fit its reserve");
+    static_assert(sizeof(Sm80FwdState) <= Tr::kStateBytes, "the per-CTA state must fit its reserve");
 
     // Warp 0: the state of the CTA's tile (query tile qt of batch entry b, head h).
     __device__ __forceinline__ static void init_state(const AttnArgs& a, const Sequence& seq, int b, int h, int qt,
-                                                      TcFwdState& st) {
+                                                      Sm80FwdState& st) {
         const Mask mask(a, seq);
         const BlockLayout layout(a, b, h);
         if (threadIdx.x == 0) {
@@ -101,7 +103,7 @@ struct TcFwdMainloop {
     }
 
     // Leaves O (unnormalized) and the row statistics of the CTA's rows in o and softmax.
-    __device__ __forceinline__ static void run(const AttnArgs& a, TcFwdState& st, int m0, unsigned char* smem,
+    __device__ __forceinline__ static void run(const AttnArgs& a, Sm80FwdState& st, int m0, unsigned char* smem,
                                                float (&o)[kMTiles][kOTiles][4],
                                                FragmentSoftmax<kNTiles> (&softmax)[kMTiles]) {
         T* sQ = reinterpret_cast<T*>(smem);
@@ -253,16 +255,16 @@ struct TcFwdMainloop {
 };
 
 template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod>
-__global__ void __launch_bounds__(TcFwdTraits<T, kHeadDim, kBlockN, kMTiles>::kThreads,
-                                  TcFwdTraits<T, kHeadDim, kBlockN, kMTiles>::kMinCtasPerSm)
-tc_fwd(const CUPYFLASH_GRID_CONSTANT FwdArgs args) {
-    using Tr = TcFwdTraits<T, kHeadDim, kBlockN, kMTiles>;
-    using Mainloop = TcFwdMainloop<T, kHeadDim, kBlockN, kMTiles, kScoreMod>;
+__global__ void __launch_bounds__(Sm80FwdTraits<T, kHeadDim, kBlockN, kMTiles>::kThreads,
+                                  Sm80FwdTraits<T, kHeadDim, kBlockN, kMTiles>::kMinCtasPerSm)
+sm80_fwd(const CUPYFLASH_GRID_CONSTANT FwdArgs args) {
+    using Tr = Sm80FwdTraits<T, kHeadDim, kBlockN, kMTiles>;
+    using Mainloop = Sm80FwdMainloop<T, kHeadDim, kBlockN, kMTiles, kScoreMod>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     require_dynamic_smem<Tr::kSmemBytes>();
     const AttnArgs& a = args.attn;
     require_sparse_tiles(a, Tr::kBlockM, kBlockN);
-    TcFwdState& st = *reinterpret_cast<TcFwdState*>(smem_raw + Tr::kSmemBytes - Tr::kStateBytes);
+    Sm80FwdState& st = *reinterpret_cast<Sm80FwdState*>(smem_raw + Tr::kSmemBytes - Tr::kStateBytes);
 
     // Scheduler.
     const TileWork work = schedule_tile(ceil_div(a.seqlen_q, Tr::kBlockM), a.heads, true);

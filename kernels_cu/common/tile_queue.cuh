@@ -1,7 +1,7 @@
 // The tiles a CTA visits, staged in shared memory.
 //
 // A CTA walks one or more segments of tiles (the forward: the key tiles of its query tile; the
-// backward: the query tiles of every query head of its GQA group), each a TileRange (policy.cuh). The
+// backward: the query tiles of every query head of its GQA group), each a TileRange (mask.cuh). The
 // walk is staged kRing entries at a time into one half of a two-half ring, one chunk ahead, by warp 0;
 // the main loop reads entry `it` from shared memory. So the loop carries one counter in registers,
 // whether the tiles come from a range or from a block-sparse list, and a list's load latency is paid
@@ -13,7 +13,7 @@
 // iterations c * kRing + 1 ... (c + 1) * kRing - 2 (at least one for kRing >= 3; a loop may have no
 // other barrier per iteration).
 #pragma once
-#include "policy.cuh"
+#include "common/mask.cuh"
 
 namespace cupyflash {
 
@@ -21,7 +21,7 @@ template <int kRing>
 struct TileQueue {
     static_assert(kRing >= 3 && kRing % 32 == 0, "whole warps stage the ring, one chunk ahead");
     int segment[2 * kRing];  // -1 past the end of the walk
-    int entry[2 * kRing];    // tile * 2 + partial (policy.cuh)
+    int entry[2 * kRing];    // tile * 2 + partial (mask.cuh)
     // The walk's position after the last staged entry (written by warp 0 only).
     int next_segment;
     int next_index;

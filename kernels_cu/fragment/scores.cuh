@@ -1,8 +1,8 @@
 // The element mask of the backward kernels, on transposed score fragments (rows are keys, columns
 // queries: S^T = K Q^T in the mma.sync C layout, which wgmma accumulators share per warp).
 #pragma once
-#include "params.cuh"
-#include "policy.cuh"
+#include "common/mask.cuh"
+#include "common/params.cuh"
 
 namespace cupyflash {
 

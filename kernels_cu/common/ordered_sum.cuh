@@ -1,7 +1,8 @@
 // Sums into float32 device memory from many CTAs: relaxed vector reductions, and a per-block counter
 // that, when asked, makes the CTAs add in a fixed order so the float32 result is bitwise reproducible.
 #pragma once
-#include "policy.cuh"
+#include "common/mask.cuh"
+#include "common/params.cuh"
 
 namespace cupyflash {
 

@@ -17,21 +17,21 @@
 // products in turns, so one's products run while the other computes its softmax. setmaxnreg gives the
 // consumers 240 registers and the producer 24.
 //
-// The producer publishes each stage's tile-list entry (policy.cuh) beside the data, so the consumers
+// The producer publishes each stage's tile-list entry (common/mask.cuh) beside the data, so the consumers
 // follow any walk (a key range or a block-sparse list) without computing it. Work order: Sm90Schedule.
 // Epilogue: fwd_epilogue (epilogue.cuh), straight from the accumulators.
 //
 // Grid: x = min(work tiles, SMs). Dynamic shared memory: Sm90FwdTraits::kSmemBytes.
-#include "dtypes.cuh"
-#include "epilogue.cuh"
-#include "mma.cuh"
-#include "params.cuh"
-#include "policy.cuh"
-#include "scheduler.cuh"
-#include "sm90.cuh"
-#include "tc_softmax.cuh"
-#include "tc_tile.cuh"
-#include "wgmma_ops.cuh"
+#include "common/dtypes.cuh"
+#include "common/launch.cuh"
+#include "common/mask.cuh"
+#include "common/params.cuh"
+#include "common/score_mod.cuh"
+#include "common/sequence.cuh"
+#include "fragment/epilogue.cuh"
+#include "fragment/softmax.cuh"
+#include "generated/wgmma_ops.cuh"
+#include "sm90/primitives.cuh"
 
 namespace cupyflash {
 
@@ -64,7 +64,7 @@ struct Sm90FwdTraits {
     static constexpr int kProducerRegs = 24;
     static constexpr int kConsumerRegs = 240;
     static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= kThreads * 168, "registers over budget");
-    // Tiles are stored in 64-column atoms (sm90.cuh); columns past the real head dims are zero (TMA).
+    // Tiles are stored in 64-column atoms (sm90/primitives.cuh); columns past the real head dims are zero (TMA).
     static constexpr int kAtomsQK = (kHeadDim + 63) / 64;
     static constexpr int kAtomsV = (kHeadDimV + 63) / 64;
     static constexpr int kQBytes = kBlockM * 128 * kAtomsQK;
@@ -296,7 +296,7 @@ struct Sm90FwdKernel {
         }
     }
 
-    // The online softmax of one block (tc_softmax.cuh); the scale is folded into the exponent unless the
+    // The online softmax of one block (fragment/softmax.cuh); the scale is folded into the exponent unless the
     // modifications already applied it. The host takes the kScoreMod kernels for softmax_scale <= 0.
     __device__ __forceinline__ static bool fold(FragmentSoftmax<Tr::kNTiles>& softmax, float (&s)[Tr::kNTiles][4],
                                                 float (&rescale)[2], float scale_log2) {

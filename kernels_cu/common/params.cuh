@@ -89,7 +89,7 @@ struct BwdArgs {
     int deterministic;
 };
 
-// Attention of queries to a KV cache (kvcache.cu). attn.q holds the queries: kvc_append reads them
+// Attention of queries to a KV cache (kvcache/kvcache.cu). attn.q holds the queries: kvc_append reads them
 // there and writes them rotated to q_rot (rotary_dim > 0), which the attention is then given as attn.q.
 // attn.k and attn.v are the caches: dense (batch_cache,
 // cache_len, heads_k, dim), or paged (num_pages, page_size, heads_k, dim) with batch_stride the page

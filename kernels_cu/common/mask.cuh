@@ -1,6 +1,7 @@
-// Sequences and masks, for every kernel: where a batch entry's rows are, which tiles a CTA visits and
-// which of those need the element mask, the element mask itself, and the score modifications (softcap,
-// ALiBi). cupyflash/_policy.py states the same rules for the NumPy twin and the host.
+// The mask, for every kernel: which pairs of a batch entry are visible, which tiles a CTA visits and
+// which of those need the element mask. cupyflash/_policy.py states the same rules for the NumPy twin
+// and the host; the score modifications are score_mod.cuh's, and the loops that apply both to a tile
+// of scores live with each accumulator layout (fragment/scores.cuh, general/tile.cuh).
 //
 // The mask. Rows i and keys j count from the start of their sequence. Query i sees key j iff
 //     i < seqlen_q, j < seqlen_k, lo <= j - i <= hi, and the block layout (if any) sets block (i, j),
@@ -13,48 +14,11 @@
 // bound tests; only tiles that are not full, or that a block-sparse list marks partial, evaluate the
 // element mask. Tiles that no pair can see are never visited.
 #pragma once
-#include "mma.cuh"
-#include "params.cuh"
-#include "softmax.cuh"
+#include "common/math.cuh"
+#include "common/params.cuh"
+#include "common/sequence.cuh"
 
 namespace cupyflash {
-
-__device__ __forceinline__ int clamp_int(int x, int lo, int hi) { return min(max(x, lo), hi); }
-__device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
-
-// Where batch entry b's rows are: offsets into packed tensors (0 for dense batches) and lengths.
-struct Sequence {
-    int q_start, k_start;
-    int seqlen_q, seqlen_k;
-
-    Sequence() = default;
-    __device__ __forceinline__ Sequence(const AttnArgs& a, int b) {
-        if (a.cu_seqlens_q != nullptr) {
-            // Clamped into the packed tensors and the longest length, so a malformed cu_seqlens cannot
-            // reach outside them (the host checks it, or poisons the outputs when it was not asked to).
-            q_start = clamp_int(a.cu_seqlens_q[b], 0, a.total_q);
-            seqlen_q = min(clamp_int(a.cu_seqlens_q[b + 1], q_start, a.total_q) - q_start, a.seqlen_q);
-            k_start = clamp_int(a.cu_seqlens_k[b], 0, a.total_k);
-            seqlen_k = min(clamp_int(a.cu_seqlens_k[b + 1], k_start, a.total_k) - k_start, a.seqlen_k);
-        } else {
-            q_start = k_start = 0;
-            seqlen_q = a.seqlen_q;
-            // A KV cache's entries use a prefix of its capacity (clamped into it, so no access leaves it).
-            seqlen_k = a.seqused_k != nullptr ? clamp_int(a.seqused_k[b], 0, a.seqlen_k) : a.seqlen_k;
-        }
-    }
-};
-
-// Row 0 of sequence `start` (the first row of a batch entry), batch entry b, head h of a tensor.
-template <typename T>
-__device__ __forceinline__ T* head_rows(const TensorArg& t, long long b, int start, long long h) {
-    return static_cast<T*>(t.ptr) + b * t.batch_stride + start * t.row_stride + h * t.head_stride;
-}
-
-// Index of row 0 of (b, h) in per-row values (lse, delta) or accumulator rows.
-__device__ __forceinline__ long long rows_index(const RowsArg& r, long long b, long long h, int start) {
-    return b * r.batch_stride + h * r.head_stride + start;
-}
 
 // The window and sequence bounds of one batch entry (the same for all its heads).
 struct Mask {
@@ -245,98 +209,5 @@ __device__ __forceinline__ TileRange query_tiles(const AttnArgs& a, const Mask& 
     const int* list = layout.cells != nullptr ? layout.q_list(a, kt, &n) : nullptr;
     return tile_range(begin, end, kTileQ, list, n);
 }
-
-// Score modifications of FlashAttention-2, in its order: the scaled score s = softmax_scale * q . k
-// becomes softcap * tanh(s / softcap) (Gemma 2), then gets the ALiBi bias -slope * |i + seqlen_k -
-// seqlen_q - j| added, then the mask. The backward needs ds_mod/ds = 1 - tanh^2 of the softcap.
-struct ScoreModArgs {
-    float slope;  // ALiBi slope of this (batch, head)
-    int offset;   // seqlen_k - seqlen_q
-    bool softcap;
-    bool alibi;
-
-    ScoreModArgs() = default;
-    __device__ __forceinline__ ScoreModArgs(const AttnArgs& a, const Sequence& s, long long b, long long h)
-        : slope(a.alibi_slopes != nullptr ? a.alibi_slopes[b * a.alibi_batch_stride + h] : 0.0f),
-          offset(s.seqlen_k - s.seqlen_q), softcap(a.softcap != 0.0), alibi(a.alibi_slopes != nullptr) {}
-
-    // |i + seqlen_k - seqlen_q - j|, exact in float up to 2^24.
-    __device__ __forceinline__ int distance(int i, int j) const { return abs(i + offset - j); }
-};
-
-// The tensor-core path works in base 2 with the scale folded in (tc_softmax.cuh): from the raw product
-// x = q . k it computes s2 = LOG2E * (modified score).
-struct Log2Scores {
-    float scale_log2;  // softmax_scale * LOG2E
-    float cap_in;      // softmax_scale / softcap
-    float cap_out;     // softcap * LOG2E
-    float bias_log2;   // -slope * LOG2E
-    ScoreModArgs mod;
-
-    Log2Scores() = default;
-    __device__ __forceinline__ Log2Scores(const AttnArgs& a, const Sequence& s, long long b, long long h)
-        : mod(a, s, b, h) {
-        constexpr float kLog2e = 1.4426950408889634f;
-        scale_log2 = static_cast<float>(a.softmax_scale) * kLog2e;
-        cap_in = mod.softcap ? static_cast<float>(a.softmax_scale / a.softcap) : 0.0f;
-        cap_out = static_cast<float>(a.softcap) * kLog2e;
-        bias_log2 = -mod.slope * kLog2e;
-    }
-
-    // tanh(y) = 1 - 2 / (2^(2 LOG2E y) + 1): one ex2 and one fast division, about 1e-7 absolute error,
-    // so the score softcap * tanh is off by about 1e-7 * softcap, far below its rounding to 16 bits
-    // (tanh.approx's 2^-11 relative error, times the softcap, would not be). Saturates to +-1 through
-    // ex2 = inf (the division gives 0) and ex2 = 0.
-    __device__ __forceinline__ static float fast_tanh(float y) {
-        return 1.0f - __fdividef(2.0f, fast_exp2(y * (2.0f * 1.4426950408889634f)) + 1.0f);
-    }
-
-    // s2 of pair (i, j); *tanh_out receives tanh(s / softcap) (0 without a softcap) for the backward's
-    // 1 - tanh^2.
-    __device__ __forceinline__ float modified(float x, int i, int j, float* tanh_out) const {
-        float s2;
-        float t = 0.0f;
-        if (mod.softcap) {
-            t = fast_tanh(x * cap_in);
-            s2 = t * cap_out;
-        } else {
-            s2 = x * scale_log2;
-        }
-        if (mod.alibi) s2 += bias_log2 * static_cast<float>(mod.distance(i, j));
-        *tanh_out = t;
-        return s2;
-    }
-};
-
-// The general path works in natural-log units with the scaled score rounded once (softmax.cuh). Every
-// step is rounded on its own (the _rn operations), so the forward and backward kernels, compiled
-// separately, compute bitwise the same modified score.
-template <typename Acc>
-struct NaturalScores {
-    Acc scale;
-    Acc softcap;
-    Acc slope;
-    ScoreModArgs mod;
-
-    __device__ __forceinline__ NaturalScores(const AttnArgs& a, const Sequence& s, long long b, long long h)
-        : scale(static_cast<Acc>(a.softmax_scale)), softcap(static_cast<Acc>(a.softcap)), mod(a, s, b, h) {
-        slope = static_cast<Acc>(mod.slope);
-    }
-
-    // The modified score of pair (i, j) from the raw product x; *grad receives its derivative with
-    // respect to the scaled score (1 - tanh^2 under a softcap, else 1).
-    __device__ __forceinline__ Acc modified(Acc x, int i, int j, Acc* grad) const {
-        Acc s = scale_score(x, scale);
-        Acc g = Acc(1);
-        if (mod.softcap) {
-            const Acc t = tanh_acc(div_rn(s, softcap));
-            s = mul_rn(softcap, t);
-            g = Acc(1) - t * t;
-        }
-        if (mod.alibi) s = sub_rn(s, mul_rn(slope, static_cast<Acc>(mod.distance(i, j))));
-        *grad = g;
-        return s;
-    }
-};
 
 }  // namespace cupyflash

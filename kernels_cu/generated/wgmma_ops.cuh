@@ -5,8 +5,8 @@
 //   WgmmaSSMn<T, N>::mma(d, desc_a, desc_b, accumulate): A and B from shared-memory descriptors, both
 //       MN-major (A stored K rows of M, B stored K rows of N: both transpose flags set);
 //   WgmmaRS<T, N>::mma(d, a, desc_b, accumulate): A from four registers of packed pairs (the K-major
-//       fragment of sm90.cuh), B MN-major (stored K rows of N, the transpose flag set).
-// d is the accumulator in the mma.sync C layout per warp (sm90.cuh): register r is d[r / 4][r % 4].
+//       fragment of sm90/primitives.cuh), B MN-major (stored K rows of N, the transpose flag set).
+// d is the accumulator in the mma.sync C layout per warp (sm90/primitives.cuh): register r is d[r / 4][r % 4].
 // accumulate = 0 overwrites D (the scale-d predicate). The SS forms also have overwrite(d, desc_a,
 // desc_b), the first k-step of a fresh product: its accumulators are outputs only, so the compiler
 // knows their earlier values are dead (with mma(..., 0) they stay live, as inputs, up to the product).

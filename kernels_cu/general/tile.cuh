@@ -8,7 +8,7 @@
 // dim works with a fixed register budget; each CTA writes one kChunk-wide column chunk of its output
 // (the grid walks the chunks), which bounds the accumulator registers for head dims up to 512 and beyond.
 #pragma once
-#include "dtypes.cuh"
+#include "common/dtypes.cuh"
 
 namespace cupyflash {
 
