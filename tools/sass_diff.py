@@ -29,6 +29,8 @@ import tempfile
 
 _INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;")
 _LABEL = re.compile(r"\.L_x_\d+")
+#: A relative return names the kernel's mangled name, which a renamed kernel changes.
+_SELF = re.compile(r"`\(_Z\w+\)")
 
 
 def _nvdisasm():
@@ -59,6 +61,7 @@ def _functions(cubin):
                 body = stripped
             else:
                 continue
+            body = _SELF.sub("`(self)", body)
             lines.append(_LABEL.sub(lambda m: labels.setdefault(m.group(0), f".L{len(labels)}"), body))
         functions[name] = lines
     return functions
@@ -109,6 +112,9 @@ def _compare(old_path, new_path, renames, show):
         return key
 
     old = {renamed(k): v for k, v in old.items()}
+    for dump in (old, new):  # dumps written before _SELF existed
+        for entry in dump.values():
+            entry["sass"] = [_SELF.sub("`(self)", line) for line in entry["sass"]]
     same, changed = [], []
     for key in sorted(set(old) & set(new)):
         a, b = old[key], new[key]

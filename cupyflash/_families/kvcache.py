@@ -32,7 +32,8 @@ MAX_SPLITS = 256
 MIN_TILES_PER_SPLIT = 2
 
 APPEND = _kernels.Kernel("kvc_append", "kvcache/kvcache.cu", _kernels.ALL_DTYPES)
-DECODE = _kernels.Kernel("kvc_fwd", "kvcache/kvcache.cu", _kernels.HALF_DTYPES, ("headdim",), tuple((d,) for d in DECODE_BUCKETS))
+DECODE = _kernels.Kernel("kvc_fwd", "kvcache/kvcache.cu", _kernels.HALF_DTYPES, ("headdim",), tuple((d,) for d in DECODE_BUCKETS),
+                         ("score_mod",))
 COMBINE = _kernels.Kernel("kvc_combine", "kvcache/kvcache.cu", _kernels.HALF_DTYPES)
 LENGTHS = _kernels.Kernel("kvc_lengths", "kvcache/kvcache.cu", ())
 POISON = _kernels.Kernel("kvc_poison", "kvcache/kvcache.cu", _kernels.ALL_DTYPES)
@@ -95,7 +96,7 @@ def decode_variant(c, device):
     rows = c.seqlen_q * (c.heads // c.heads_k)
     if c.block_table is None and rows > DECODE_MAX_ROWS or c.batch * c.seqlen_q * c.heads >= 2**31:
         return None  # (the combine's grid has a CTA per output row)
-    variant = DECODE.variant(common.dtype_name(c.dtype), (bucket,))
+    variant = DECODE.variant(common.dtype_name(c.dtype), (bucket,), score_mod=c.softcap != 0.0 or c.alibi_slopes is not None)
     return variant if decode_smem_bytes(variant) <= device.smem_optin else None
 
 

@@ -146,6 +146,14 @@ struct BlockLayout {
     }
 };
 
+// Whether pair (query i, key j) of a tile is visible, one element at a time (the SIMT kernels of
+// general/): every pair of a full tile is (full: not partial and Mask::tile_is_full); otherwise the
+// window and bounds test and, where a block-sparse list marks the tile partial, the block layout.
+__device__ __forceinline__ bool pair_visible(const AttnArgs& a, const Mask& mask, const BlockLayout& layout, int i,
+                                             int j, bool full, bool partial) {
+    return full || (mask.visible(i, j) && (!partial || layout.allows(a, i, j)));
+}
+
 // Traps when a kernel is given block-sparse lists built for another tile shape.
 __device__ __forceinline__ void require_sparse_tiles(const AttnArgs& a, int tile_q, int tile_k) {
     if (a.sparse.kv_index != nullptr && (a.sparse.tile_q != tile_q || a.sparse.tile_k != tile_k)) __trap();

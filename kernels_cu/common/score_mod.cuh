@@ -53,9 +53,11 @@ struct Log2Scores {
         return 1.0f - __fdividef(2.0f, fast_exp2(y * (2.0f * kLog2eF)) + 1.0f);
     }
 
-    // s2 of pair (i, j); *tanh_out receives tanh(s / softcap) (0 without a softcap) for the backward's
-    // 1 - tanh^2.
-    __device__ __forceinline__ float modified(float x, int i, int j, float* tanh_out) const {
+    // s2 of query i and key j, from the raw product x; bias is the ALiBi bias of the query's head,
+    // -slope * LOG2E (bias_log2 for the head these scores were made for; the decode kernel's rows
+    // belong to several heads). *tanh_out receives tanh(s / softcap) (0 without a softcap) for the
+    // backward's 1 - tanh^2.
+    __device__ __forceinline__ float modified(float x, int i, int j, float bias, float* tanh_out) const {
         float s2;
         float t = 0.0f;
         if (mod.softcap) {
@@ -64,14 +66,14 @@ struct Log2Scores {
         } else {
             s2 = x * scale_log2;
         }
-        if (mod.alibi) s2 += bias_log2 * static_cast<float>(mod.distance(i, j));
+        if (mod.alibi) s2 += bias * static_cast<float>(mod.distance(i, j));
         *tanh_out = t;
         return s2;
     }
 };
 
-// The general path works in natural-log units with the scaled score rounded once (common/softmax.cuh). Every
-// step is rounded on its own (the _rn operations), so the forward and backward kernels, compiled
+// The general path works in natural-log units with the scaled score rounded once (common/softmax.cuh).
+// Every step is rounded on its own (the _rn operations), so the forward and backward kernels, compiled
 // separately, compute bitwise the same modified score.
 template <typename Acc>
 struct NaturalScores {

@@ -1,19 +1,106 @@
-// The element mask of the backward kernels, on transposed score fragments (rows are keys, columns
-// queries: S^T = K Q^T in the mma.sync C layout, which wgmma accumulators share per warp).
+// The one place where the scores of an accumulator fragment are modified and masked: every forward and
+// decode kernel of the tensor-core families (sm80, sm90, kvcache) calls modify_rows and mask_tile_rows
+// on its products, every backward probabilities_cols and mask_tile_cols, so a new score modification or
+// mask is added here (and in common/score_mod.cuh or common/mask.cuh, which define them per pair) and
+// nowhere else.
+//
+// A fragment [kMTiles][kNTiles][4] is the mma.sync C layout (sm80/mma.cuh), which wgmma accumulators
+// share per warp: element [mt][nt][e] of a thread lies in row g + 16 mt + 8 (e / 2) and column
+// col_t + 8 nt + e % 2 of the warp's tile (g = lane / 4, col_t = 2 (lane % 4)). In a row fragment
+// (S = Q K^T: forward, decode) rows are queries and columns keys; in a column fragment (S^T = K Q^T:
+// the backward) rows are keys and columns queries. Callers say which query (or key) each of a thread's
+// rows is with a function of (mt, r), r = e / 2: a row of one (batch entry, head), or in the decode
+// kernel one of the (query, head) pairs of a GQA group, each with its own ALiBi bias.
 #pragma once
 #include "common/mask.cuh"
+#include "common/math.cuh"
 #include "common/params.cuh"
+#include "common/score_mod.cuh"
 
 namespace cupyflash {
 
+// s = -inf where the mask hides the pair (query row_of(mt, r), key n0 + col_t + 8 nt + e % 2) of row
+// fragment element [mt][nt][e]; with kLayout also where the block layout does, read as one word of bits
+// per row and 64 keys. With kRowIntervals, per row the interval of keys it sees and per element two
+// compares and a select; otherwise Mask::visible per element, which needs fewer registers.
+template <bool kLayout, bool kRowIntervals, int kMTiles, int kNTiles, typename RowOf>
+__device__ __forceinline__ void mask_rows(float (&s)[kMTiles][kNTiles][4], const Mask& mask, const BlockLayout& layout,
+                                          const AttnArgs& a, const RowOf& row_of, int n0, int col_t) {
+    // Keys whose layout cells one word of bits holds: the whole tile up to 64 keys, else 64 per word.
+    constexpr int kWordKeys = kNTiles * 8 <= 64 ? kNTiles * 8 : 64;
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = row_of(mt, r);
+            int begin, end;
+            if constexpr (kRowIntervals) mask.keys_of(row, n0, &begin, &end);
+#pragma unroll
+            for (int chunk = 0; chunk < (kNTiles + 7) / 8; ++chunk) {
+                const unsigned long long bits = kLayout ? layout.key_bits(a, row, n0 + 64 * chunk, kWordKeys) : 0;
+#pragma unroll
+                for (int nt = 8 * chunk; nt < kNTiles && nt < 8 * chunk + 8; ++nt) {
+#pragma unroll
+                    for (int c = 0; c < 2; ++c) {
+                        const int offset = col_t + 8 * nt + c;
+                        bool visible = kRowIntervals ? offset >= begin && offset < end : mask.visible(row, n0 + offset);
+                        if constexpr (kLayout) visible &= ((bits >> (offset - 64 * chunk)) & 1) != 0;
+                        float& x = s[mt][nt][2 * r + c];
+                        x = visible ? x : Consts<float>::neg_inf();
+                    }
+                }
+            }
+        }
+    }
+}
+
+// The scores of a row fragment from the raw products x = q . k, in log2 units: with kScoreMod the score
+// modifications (Log2Scores::modified; bias_of(mt, r) is the row's ALiBi bias, -slope * LOG2E), else
+// x * softmax_scale * LOG2E, or x itself with kRawScale (the softmax then applies the scale, which needs
+// softmax_scale > 0: raw and scaled scores order alike).
+template <bool kScoreMod, bool kRawScale, int kMTiles, int kNTiles, typename RowOf, typename BiasOf>
+__device__ __forceinline__ void modify_rows(float (&s)[kMTiles][kNTiles][4], const Log2Scores& scores,
+                                            const RowOf& row_of, const BiasOf& bias_of, int n0, int col_t) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                if constexpr (kScoreMod) {
+                    float unused_tanh;
+                    s[mt][nt][e] = scores.modified(s[mt][nt][e], row_of(mt, e / 2), n0 + 8 * nt + col_t + e % 2,
+                                                   bias_of(mt, e / 2), &unused_tanh);
+                } else if constexpr (!kRawScale) {
+                    s[mt][nt][e] *= scores.scale_log2;
+                }
+            }
+        }
+    }
+}
+
+// The mask of a row fragment's tile (mask_rows), for a tile that needs the element mask: one that is not
+// full, or that a block-sparse list marks partial. Callers test that in a uniform branch of its own,
+// which keeps the tiles inside the mask free of its predicates.
+template <bool kRowIntervals, int kMTiles, int kNTiles, typename RowOf>
+__device__ __forceinline__ void mask_tile_rows(float (&s)[kMTiles][kNTiles][4], const Mask& mask,
+                                               const BlockLayout& layout, const AttnArgs& a, const RowOf& row_of,
+                                               int n0, int col_t, bool partial) {
+    const Mask m = mask;
+    if (partial) {
+        mask_rows<true, kRowIntervals>(s, m, layout, a, row_of, n0, col_t);
+    } else {
+        mask_rows<false, kRowIntervals>(s, m, layout, a, row_of, n0, col_t);
+    }
+}
+
 // p = 0 where the mask hides the pair of query m0 + col_t + 8 nt + e % 2 and key key_g + 16 mt + 8 (e / 2)
-// of the transposed fragment element [mt][nt][e]; with kLayout also where the block layout does, read as
-// one word of bits per key and 64 queries. Per key, the interval of queries that see it; per element,
-// two compares and a select.
+// of column fragment element [mt][nt][e]; with kLayout also where the block layout does, read as one
+// word of bits per key and 64 queries. Per key, the interval of queries that see it; per element, two
+// compares and a select.
 template <bool kLayout, int kMTiles, int kNTiles>
-__device__ __forceinline__ void mask_fragments_t(float (&p)[kMTiles][kNTiles][4], const Mask& mask,
-                                                 const BlockLayout& layout, const AttnArgs& a, int key_g, int m0,
-                                                 int col_t) {
+__device__ __forceinline__ void mask_cols(float (&p)[kMTiles][kNTiles][4], const Mask& mask, const BlockLayout& layout,
+                                          const AttnArgs& a, int key_g, int m0, int col_t) {
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -34,6 +121,76 @@ __device__ __forceinline__ void mask_fragments_t(float (&p)[kMTiles][kNTiles][4]
                         float& x = p[mt][nt][2 * r + c];
                         x = visible ? x : 0.0f;
                     }
+                }
+            }
+        }
+    }
+}
+
+// The backward's probabilities P^T in place of the raw products S^T of a column fragment (keys
+// key_g + 16 mt + 8 r, queries m0 + col_t + 8 nt + e % 2): P = 2^(s2 - lse2) with s2 the modified score in
+// log2 units and lse2 = lse * LOG2E of the query (+inf for a query without probability mass, so its P is
+// 0). lse2_pair(nt) and delta_pair(nt) give the values of queries col_t + 8 nt and col_t + 8 nt + 1.
+// With kScoreMod, dP^T becomes (dP^T - delta) * (1 - tanh^2), the softcap's derivative, which needs the
+// tanh of the score; without, dP^T is not touched (it may still be in flight: score_gradients finishes
+// it). The mask follows, where the tile needs it (mask_tile_cols).
+template <bool kScoreMod, int kMTiles, int kNTiles, typename Lse2Pair, typename DeltaPair>
+__device__ __forceinline__ void probabilities_cols(float (&s)[kMTiles][kNTiles][4], float (&dp)[kMTiles][kNTiles][4],
+                                                   const Log2Scores& scores, const Lse2Pair& lse2_pair,
+                                                   const DeltaPair& delta_pair, int key_g, int m0, int col_t) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+            const float2 l = lse2_pair(nt);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float lse_e = e % 2 ? l.y : l.x;
+                if constexpr (kScoreMod) {
+                    const float2 d = delta_pair(nt);
+                    float tanh_v;
+                    const float s2 = scores.modified(s[mt][nt][e], m0 + 8 * nt + col_t + e % 2,
+                                                     key_g + 16 * mt + 8 * (e / 2), scores.bias_log2, &tanh_v);
+                    s[mt][nt][e] = fast_exp2(s2 - lse_e);
+                    dp[mt][nt][e] = (dp[mt][nt][e] - (e % 2 ? d.y : d.x)) * (1.0f - tanh_v * tanh_v);
+                } else {
+                    s[mt][nt][e] = fast_exp2(fmaf(s[mt][nt][e], scores.scale_log2, -lse_e));
+                }
+            }
+        }
+    }
+}
+
+// The mask of a column fragment's tile (mask_cols), for a tile that needs the element mask (see
+// mask_tile_rows).
+template <int kMTiles, int kNTiles>
+__device__ __forceinline__ void mask_tile_cols(float (&p)[kMTiles][kNTiles][4], const Mask& mask,
+                                               const BlockLayout& layout, const AttnArgs& a, int key_g, int m0,
+                                               int col_t, bool partial) {
+    const Mask m = mask;
+    if (partial) {
+        mask_cols<true>(p, m, layout, a, key_g, m0, col_t);
+    } else {
+        mask_cols<false>(p, m, layout, a, key_g, m0, col_t);
+    }
+}
+
+// dS^T = P^T * (dP^T - delta) in place of dP^T, after the mask (with kScoreMod, probabilities_cols applied
+// delta and the softcap's derivative already: only the product with P^T is left).
+template <bool kScoreMod, int kMTiles, int kNTiles, typename DeltaPair>
+__device__ __forceinline__ void score_gradients(float (&dp)[kMTiles][kNTiles][4], const float (&p)[kMTiles][kNTiles][4],
+                                                const DeltaPair& delta_pair) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+            const float2 d = delta_pair(nt);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                if constexpr (kScoreMod) {
+                    dp[mt][nt][e] *= p[mt][nt][e];
+                } else {
+                    dp[mt][nt][e] = p[mt][nt][e] * (dp[mt][nt][e] - (e % 2 ? d.y : d.x));
                 }
             }
         }

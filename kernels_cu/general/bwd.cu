@@ -94,7 +94,7 @@ general_bwd_dq(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
 #pragma unroll
         for (int j = 0; j < Tr::kScoresPerThread; ++j) {
             const int col = n0 + lane + Tr::kLanesPerRow * j;
-            const bool visible = full || (mask.visible(i, col) && (!partial || layout.allows(a, i, col)));
+            const bool visible = pair_visible(a, mask, layout, i, col, full, partial);
             Acc grad;
             const Acc s = scores.modified(p[j], i, col, &grad);
             p[j] = recompute_prob(s, lse_i, visible);
@@ -172,7 +172,7 @@ general_bwd_dkdv(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
                 const bool in_range = i < seq.seqlen_q;
                 const Lse lse_i = in_range ? lse_h[i] : Consts<Lse>::neg_inf();
                 const Acc delta_i = in_range ? delta_h[i] : Acc(0);
-                const bool visible = full || (mask.visible(i, n) && (!partial || layout.allows(a, i, n)));
+                const bool visible = pair_visible(a, mask, layout, i, n, full, partial);
                 Acc grad;
                 const Acc s = scores.modified(p[j], i, n, &grad);
                 p[j] = recompute_prob(s, lse_i, visible);

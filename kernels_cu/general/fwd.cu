@@ -64,7 +64,7 @@ general_fwd(const CUPYFLASH_GRID_CONSTANT FwdArgs args) {
             const int col = n0 + lane + Tr::kLanesPerRow * j;
             Acc unused_grad;
             s[j] = scores.modified(s[j], i, col, &unused_grad);
-            if (!full && !(mask.visible(i, col) && (!partial || layout.allows(a, i, col)))) s[j] = Consts<Acc>::neg_inf();
+            if (!pair_visible(a, mask, layout, i, col, full, partial)) s[j] = Consts<Acc>::neg_inf();
             block_max = fmax(block_max, s[j]);
         }
         Acc rescale;

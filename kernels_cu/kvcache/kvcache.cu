@@ -25,6 +25,8 @@
 #include "common/reduce.cuh"
 #include "common/score_mod.cuh"
 #include "common/sequence.cuh"
+#include "fragment/operand.cuh"
+#include "fragment/scores.cuh"
 #include "fragment/softmax.cuh"
 #include "sm80/mma.cuh"
 #include "sm80/tile.cuh"
@@ -164,7 +166,7 @@ struct KvcTraits {
     static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head-dim buckets are multiples of 16 up to 256");
 };
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kScoreMod>
 __global__ void __launch_bounds__(KvcTraits<T, kHeadDim>::kThreads, 2)
 kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
     using Tr = KvcTraits<T, kHeadDim>;
@@ -192,7 +194,6 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
     seq.seqlen_q = a.seqlen_q;
     seq.seqlen_k = entry.keys;
     const Mask mask(a, seq);
-    const int alibi_offset = seq.seqlen_k - seq.seqlen_q;  // ALiBi distance |i + offset - j|
 
     // The queries of the CTA's rows, the keys they see, and this split's share of those key tiles.
     const int i0 = r0 / group, i1 = min(r0 + Tr::kRows, rows) - 1;
@@ -344,18 +345,20 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
     }
 
     // Per-row score modifications: a row's query and head.
-    Log2Scores scores(a, seq, b, hk * group);
-    float bias_log2[2];
+    const Log2Scores scores(a, seq, b, hk * group);
+    float bias_log2[2] = {0.0f, 0.0f};
     int query[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int r = r0 + g + 8 * half;
         query[half] = r / group;
         const int h = hk * group + r % group;
-        bias_log2[half] = a.alibi_slopes != nullptr ? -a.alibi_slopes[b * a.alibi_batch_stride + min(h, a.heads - 1)] *
-                                                         kLog2eF
-                                                   : 0.0f;
+        if (kScoreMod && a.alibi_slopes != nullptr) {
+            bias_log2[half] = -a.alibi_slopes[b * a.alibi_batch_stride + min(h, a.heads - 1)] * kLog2eF;
+        }
     }
+    const auto query_of = [&](int, int r) { return query[r]; };
+    const BlockLayout no_layout{};  // caches have no block mask
 
     float o[kOTiles][4];
 #pragma unroll
@@ -387,32 +390,16 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
             mma_16816<T>(s[0], qa, bk);
             mma_16816<T>(s[1], qa, bk + 2);
         }
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float x = scores.mod.softcap ? Log2Scores::fast_tanh(s[nt][e] * scores.cap_in) * scores.cap_out
-                                             : s[nt][e] * scores.scale_log2;
-                if (a.alibi_slopes != nullptr) {
-                    x += bias_log2[e / 2] * static_cast<float>(abs(query[e / 2] + alibi_offset - (n0 + 8 * nt + 2 * t + e % 2)));
-                }
-                s[nt][e] = x;
-            }
-        }
+        auto& rows = reinterpret_cast<float(&)[1][2][4]>(s);
+        modify_rows<kScoreMod, false>(rows, scores, query_of, [&](int, int r) { return bias_log2[r]; }, n0, 2 * t);
         // The element mask only where the warp's keys are not all visible to all the CTA's queries.
         if (!mask.tile_is_full(i0, i_last - i0 + 1, n0, 16)) {
-#pragma unroll
-            for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    if (!mask.visible(query[e / 2], n0 + 8 * nt + 2 * t + e % 2)) s[nt][e] = Consts<float>::neg_inf();
-                }
-            }
+            mask_tile_rows<true>(rows, mask, no_layout, a, query_of, n0, 2 * t, false);
         }
         softmax.step(s, o);
 
-        unsigned p[4] = {pack2<T>(s[0][0], s[0][1]), pack2<T>(s[0][2], s[0][3]), pack2<T>(s[1][0], s[1][1]),
-                         pack2<T>(s[1][2], s[1][3])};
+        unsigned p[4];
+        pack_a_fragment<T>(p, s[0], s[1]);
 #pragma unroll
         for (int cp = 0; cp < kOTiles / 2; ++cp) {
             unsigned bv[4];

@@ -173,41 +173,17 @@ sm80_bwd(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
             warp_abt2<Sdp::kMTiles, Sdp::kNTiles, kHeadDim, kLd>(sd, sK, sQs, sV, sdOs, r0, c0);
             auto& p = sd[0];
             auto& ds = sd[1];
-#pragma unroll
-            for (int mt = 0; mt < Sdp::kMTiles; ++mt) {
-#pragma unroll
-                for (int nt = 0; nt < Sdp::kNTiles; ++nt) {
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int col = c0 + 8 * nt + 2 * t + e % 2;
-                        float s2;
-                        if constexpr (kScoreMod) {
-                            float tanh_v;
-                            s2 = scores.modified(p[mt][nt][e], m0 + col, n0 + r0 + 16 * mt + g + 8 * (e / 2), &tanh_v);
-                            ds[mt][nt][e] = (ds[mt][nt][e] - delta_s[col]) * (1.0f - tanh_v * tanh_v);
-                        } else {
-                            s2 = p[mt][nt][e] * scores.scale_log2;
-                            ds[mt][nt][e] -= delta_s[col];
-                        }
-                        p[mt][nt][e] = fast_exp2(s2 - lse2[col]);
-                    }
-                }
-            }
-            if (needs_mask) {
-                const Mask mask = st.mask;
-                if (partial) {
-                    mask_fragments_t<true>(p, mask, layout, a, n0 + r0 + g, m0 + c0, 2 * t);
-                } else {
-                    mask_fragments_t<false>(p, mask, layout, a, n0 + r0 + g, m0 + c0, 2 * t);
-                }
-            }
+            // The rows' lse * LOG2E and delta, by pairs of this thread's query columns.
+            const auto lse2_pair = [&](int nt) { return *reinterpret_cast<const float2*>(lse2 + c0 + 8 * nt + 2 * t); };
+            const auto delta_pair = [&](int nt) { return *reinterpret_cast<const float2*>(delta_s + c0 + 8 * nt + 2 * t); };
+            probabilities_cols<kScoreMod>(p, ds, scores, lse2_pair, delta_pair, n0 + r0 + g, m0 + c0, 2 * t);
+            if (needs_mask) mask_tile_cols(p, st.mask, layout, a, n0 + r0 + g, m0 + c0, 2 * t, partial);
+            score_gradients<kScoreMod>(ds, p, delta_pair);
 #pragma unroll
             for (int mt = 0; mt < Sdp::kMTiles; ++mt) {
 #pragma unroll
                 for (int nt = 0; nt < Sdp::kNTiles; ++nt) {
                     const int col = c0 + 8 * nt + 2 * t;
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) ds[mt][nt][e] *= p[mt][nt][e];
 #pragma unroll
                     for (int r = 0; r < 2; ++r) {
                         const int row = r0 + 16 * mt + g + 8 * r;

@@ -19,6 +19,8 @@
 #include "common/sequence.cuh"
 #include "common/tile_queue.cuh"
 #include "fragment/epilogue.cuh"
+#include "fragment/operand.cuh"
+#include "fragment/scores.cuh"
 #include "fragment/softmax.cuh"
 #include "sm80/mma.cuh"
 #include "sm80/tile.cuh"
@@ -37,37 +39,6 @@ struct Sm80FwdState {
     int b, h;
     TileQueue<kRing> tiles;  // key tiles, one segment
 };
-
-// s = -inf where the mask hides the pair (row_g + 16 mt + 8 (e / 2), n0 + col_t + 8 nt + e % 2) of
-// fragment element [mt][nt][e]; with kLayout also where the block layout does (through one word of
-// bits per row). With kRowIntervals, per row the interval of keys it sees and per element two compares
-// and a select; otherwise Mask::visible per element, which needs fewer registers.
-template <bool kLayout, bool kRowIntervals, int kBlockN, int kMTiles, int kNTiles>
-__device__ __forceinline__ void mask_fragments(float (&s)[kMTiles][kNTiles][4], const Mask& mask,
-                                               const BlockLayout& layout, const AttnArgs& a, int row_g, int n0,
-                                               int col_t) {
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const int row = row_g + 16 * mt + 8 * r;
-            const unsigned long long bits = kLayout ? layout.key_bits(a, row, n0, kBlockN) : 0;
-            int begin, end;
-            if constexpr (kRowIntervals) mask.keys_of(row, n0, &begin, &end);
-#pragma unroll
-            for (int nt = 0; nt < kNTiles; ++nt) {
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    const int offset = col_t + 8 * nt + c;
-                    bool visible = kRowIntervals ? offset >= begin && offset < end : mask.visible(row, n0 + offset);
-                    if constexpr (kLayout) visible &= ((bits >> offset) & 1) != 0;
-                    float& x = s[mt][nt][2 * r + c];
-                    x = visible ? x : Consts<float>::neg_inf();
-                }
-            }
-        }
-    }
-}
 
 template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod>
 struct Sm80FwdMainloop {
@@ -198,29 +169,10 @@ struct Sm80FwdMainloop {
 
             // Into log2 units (with the score modifications), then the mask where the tile needs one: a
             // uniform branch of its own, which keeps the unmasked tiles free of the mask's predicates.
-#pragma unroll
-            for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-                for (int nt = 0; nt < kNTiles; ++nt) {
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        if constexpr (kScoreMod) {
-                            float unused_tanh;
-                            s[mt][nt][e] = st.scores.modified(s[mt][nt][e], row_g + 16 * mt + 8 * (e / 2),
-                                                           n0 + 8 * nt + 2 * t + e % 2, &unused_tanh);
-                        } else {
-                            s[mt][nt][e] *= st.scores.scale_log2;
-                        }
-                    }
-                }
-            }
+            const auto row_of = [&](int mt, int r) { return row_g + 16 * mt + 8 * r; };
+            modify_rows<kScoreMod, false>(s, st.scores, row_of, [&](int, int) { return st.scores.bias_log2; }, n0, 2 * t);
             if (partial || !st.mask.tile_is_full(m0, Tr::kBlockM, n0, kBlockN)) {
-                const Mask mask = st.mask;
-                if (partial) {
-                    mask_fragments<true, kRowIntervals, kBlockN>(s, mask, st.layout, a, row_g, n0, 2 * t);
-                } else {
-                    mask_fragments<false, kRowIntervals, kBlockN>(s, mask, st.layout, a, row_g, n0, 2 * t);
-                }
+                mask_tile_rows<kRowIntervals>(s, st.mask, st.layout, a, row_of, n0, 2 * t, partial);
             }
 #pragma unroll
             for (int mt = 0; mt < kMTiles; ++mt) softmax[mt].step(s[mt], o[mt]);
@@ -230,12 +182,7 @@ struct Sm80FwdMainloop {
             for (int kk = 0; kk < kBlockN / 16; ++kk) {
                 unsigned p[kMTiles][4];
 #pragma unroll
-                for (int mt = 0; mt < kMTiles; ++mt) {
-                    p[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-                    p[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-                    p[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-                    p[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-                }
+                for (int mt = 0; mt < kMTiles; ++mt) pack_a_fragment<T>(p[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
 #pragma unroll
                 for (int cp = 0; cp < kOTiles / 2; ++cp) {
                     unsigned bv[4];

@@ -1,0 +1,519 @@
+// The Hopper backward's main loop (float16/bfloat16, sm_90a): for one CTA's 128 keys, the producer's
+// TMA loads, the consumers' products and the dQ reductions. sm90/bwd.cu assembles it with an epilogue.
+//
+// After sm80_bwd_delta (delta = rowsum(dO * O)), one CTA per kBlockN = 128 keys of one (batch entry,
+// kv head) keeps K and V in shared memory and walks the query tiles (kBlockM rows) of every query head
+// of its GQA group, as sm80_bwd does; sm80_bwd_dq_convert finishes dQ. Three warpgroups:
+//   - the producer (warpgroup 0): thread 0 loads K and V once, then each query tile's Q and dO with TMA
+//     into a ring of kStages stages (q_full), publishing the tile's head and list entry beside them;
+//     warp 1 copies the tile's lse (as lse * LOG2E, +inf for rows without probability) and delta into
+//     the same stage (rows_full). Both refill a stage once the consumers release it (empty);
+//   - two consumer warpgroups, one per 64 keys. Per query tile each computes
+//         S^T = K Q^T and dP^T = V dO^T               (wgmma, both operands in shared memory),
+//         P^T = exp2(S^T * scale * LOG2E - lse * LOG2E),  dS^T = P^T * (dP^T - delta)   (registers),
+//         dV += P^T dO and dK += dS^T Q                (wgmma, P^T and dS^T from registers),
+//     and writes dS^T to shared memory (two buffers, ds_full / ds_free). In the next tile's iteration,
+//     once both halves of this tile's dS^T are stored,
+//         dQ_part = dS K                               (wgmma, dS^T and K read transposed)
+//     for its half of the tile (its 64 query rows when kBlockM = 128, else its half of the head dim),
+//     stored to a float32 tile in shared memory. A producer thread of warp 2 adds that tile into the
+//     float32 buffer with TMA reductions (cp.reduce.async.bulk.tensor, done in L2), so the consumers
+//     never wait on device memory.
+// Issuing dQ one tile late means a warpgroup never waits for the other's dS^T of the tile it is on, so
+// the two can take turns issuing their product blocks (pingpong, as the forward does): one's products
+// run on the tensor cores while the other computes P^T and dS^T. P^T is also computed while its own
+// dP^T is still in flight. P^T and dS^T never leave the CTA; dK and dV live in the consumers' registers
+// for the CTA's whole life (dK = softmax_scale * dS^T Q, scaled once in the epilogue). setmaxnreg gives
+// the consumers 240 registers and the producer 24. Every product completes within its loop iteration:
+// ptxas serializes wgmma whose accumulators stay in flight across a loop's back edge.
+//
+// Packed (varlen) batches: a TMA box that runs past a sequence's end holds the next sequence's rows. The
+// consumers zero those rows of K and V (once) and of Q and dO (per tile) before any product reads them,
+// so no inf or NaN of another sequence reaches this one through a 0 * inf. Dense batches get zeros from
+// the TMA past the tensor's end.
+//
+// With deterministic != 0 the CTAs of a (batch entry, kv head) add into each query tile of the buffer
+// in a fixed key-tile order, as sm80_bwd does (ordered_sum.cuh); the reducing thread waits for the turns,
+// one tile of slack away from the consumers.
+#pragma once
+#include "common/dtypes.cuh"
+#include "common/launch.cuh"
+#include "common/mask.cuh"
+#include "common/ordered_sum.cuh"
+#include "common/params.cuh"
+#include "common/scheduler.cuh"
+#include "common/score_mod.cuh"
+#include "common/sequence.cuh"
+#include "fragment/operand.cuh"
+#include "fragment/scores.cuh"
+#include "fragment/softmax.cuh"
+#include "generated/wgmma_ops.cuh"
+#include "sm90/pipeline.cuh"
+#include "sm90/primitives.cuh"
+
+namespace cupyflash {
+
+// Tensor maps of q, k, v and dout (cupyflash/_families/sm90.py builds them): 4-D views (headdim, rows,
+// heads, batch) with a box of 64 columns, kBlockM rows for q and dout and kBlockN rows for k and v.
+// dq_accum: the float32 dQ buffers as a 5-D view (dq_ld, rows, heads, batch, buffer) with a box of 32
+// columns by kBlockM rows, 128-byte swizzle (the layout of the shared dQ tile).
+struct Sm90BwdMaps {
+    TmaDesc q, k, v, dout, dq_accum;
+};
+
+template <typename T, int kHeadDim_, int kHeadDimV_, int kBlockM_, int kStages_>
+struct Sm90BwdTraits {
+    static constexpr int kHeadDim = kHeadDim_;    // q.k columns, a multiple of 64
+    static constexpr int kHeadDimV = kHeadDimV_;  // v and dout columns, a multiple of 64
+    static constexpr int kBlockM = kBlockM_;      // queries per tile: 64 or 128
+    static constexpr int kBlockN = 128;           // keys per CTA: two consumer warpgroups of 64
+    static constexpr int kStages = kStages_;      // Q/dO ring
+    static constexpr int kConsumers = 2;
+    static constexpr int kThreads = 128 * (1 + kConsumers);
+    // As in the forward: the registers asked for across the CTA must fit 65536 / 384 = 168 per thread.
+    static constexpr int kProducerRegs = 24;
+    static constexpr int kConsumerRegs = 240;
+    static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= kThreads * 168, "registers over budget");
+    static constexpr int kAtomsQK = kHeadDim / 64;
+    static constexpr int kAtomsV = kHeadDimV / 64;
+    static constexpr int kKBytes = kBlockN * 128 * kAtomsQK;
+    static constexpr int kVBytes = kBlockN * 128 * kAtomsV;
+    static constexpr int kQBytes = kBlockM * 128 * kAtomsQK;
+    static constexpr int kDoBytes = kBlockM * 128 * kAtomsV;
+    // dS^T [kBlockN keys][kBlockM queries] in atoms of 64 queries, two buffers (see consume).
+    static constexpr int kDsBytes = kBlockN * kBlockM * 2;
+    static constexpr int kKOffset = 0;
+    static constexpr int kVOffset = kKOffset + kKBytes;
+    static constexpr int kQOffset = kVOffset + kVBytes;
+    static constexpr int kDoOffset = kQOffset + kStages * kQBytes;
+    static constexpr int kDsOffset = kDoOffset + kStages * kDoBytes;
+    // The float32 dQ share of one tile (kBlockM rows of kHeadDim) in atoms of 32 columns (128 bytes per
+    // row) with the 128-byte swizzle, as the dq_accum map's boxes are: one TMA reduction per atom adds it
+    // into the buffer, and a half-warp's 8-byte fragment stores (4 rows x 4 pairs) cover the 32 banks once.
+    static constexpr int kDqAtoms = kHeadDim / 32;
+    static constexpr int kDqOffset = kDsOffset + 2 * kDsBytes;
+    static constexpr int kRowsOffset = kDqOffset + kBlockM * kHeadDim * 4;  // per stage: lse * LOG2E, delta
+    static constexpr int kStateOffset = kRowsOffset + kStages * 2 * kBlockM * 4;
+    static constexpr int kSmemBytes = 1024 + kStateOffset + kCtaStateBytes;  // 1024: alignment slack
+    // dQ_part = dS K (kBlockM x kHeadDim) splits between the consumers: by rows when kBlockM = 128 (each
+    // takes its 64 queries), else by columns (each takes kHeadDim / 2, whole atoms of K).
+    static constexpr bool kDqByRows = kBlockM == 128;
+    static constexpr int kDqCols = kDqByRows ? kHeadDim : kHeadDim / 2;
+    static constexpr int kSTiles = kBlockM / 8;   // 8-query n-tiles of S^T and dP^T
+    static constexpr int kQSteps = kBlockM / 16;  // k-steps of dV += P^T dO and dK += dS^T Q
+    static constexpr int kDkTiles = kHeadDim / 8;
+    static constexpr int kDvTiles = kHeadDimV / 8;
+    static constexpr int kDqTiles = kDqCols / 8;
+    static_assert(kBlockM == 64 || kBlockM == 128, "query tiles of 64 or 128 rows");
+    static_assert(kHeadDim % 64 == 0 && kHeadDimV % 64 == 0 && kHeadDim <= 256 && kHeadDimV <= 256,
+                  "head dims are whole 64-column atoms up to 256");
+    static_assert(kDqByRows || kDqCols % 64 == 0, "each consumer's dQ columns are whole atoms of K");
+    static_assert(kStages >= 2 && kStages <= 4, "2 to 4 stages");
+};
+
+// The pipeline's barriers and the published values, in shared memory.
+struct Sm90BwdState {
+    static constexpr int kMaxStages = 4;
+    unsigned long long kv_full;
+    unsigned long long q_full[kMaxStages];     // Q and dO of the stage, and its head and entry
+    unsigned long long rows_full[kMaxStages];  // lse and delta of the stage: one arrival per lane of warp 1
+    unsigned long long empty[kMaxStages];      // one arrival per consumer warp
+    unsigned long long ds_full[2];             // dS^T buffer stored: one arrival per consumer thread
+    unsigned long long ds_free[2];             // its dQ product is done: one arrival per consumer thread
+    unsigned long long dq_full;                // the dQ tile is stored: one arrival per consumer thread
+    unsigned long long dq_empty;               // its reductions have read it
+    int head[kMaxStages];                      // query head of the stage's tile; -1: the walk is over
+    int entry[kMaxStages];                     // its tile-list entry (common/mask.cuh)
+};
+
+template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kStages, bool kScoreMod>
+struct Sm90BwdMainloop {
+    using Tr = Sm90BwdTraits<T, kHeadDim, kHeadDimV, kBlockM, kStages>;
+    static constexpr int kBlockN = Tr::kBlockN;
+    // Named barrier of the 256 consumer threads (id 0 is __syncthreads); the turns take 2 and 3.
+    static constexpr int kConsumerBarrier = 1;
+    using Turns = Pingpong<2>;
+
+    // The CTA's walk: f(query head, entry) for the query tiles of each head of the GQA group, heads in
+    // order, each head's tiles ascending. Every producer thread walks it alike.
+    template <typename F>
+    __device__ __forceinline__ static void walk(const AttnArgs& a, const Mask& mask, const TileWork& work, F&& f) {
+        const int group = a.heads / a.heads_k;
+        for (int g = 0; g < group; ++g) {
+            const int h = work.h * group + g;
+            const TileRange tiles = query_tiles<kBlockM, kBlockN>(a, mask, BlockLayout(a, work.b, h), work.tile);
+            for (int j = 0; j < tiles.count; ++j) f(h, tiles.entry(j));
+        }
+    }
+
+    // Producer thread 0: K and V, then Q and dO of every tile of the walk, then the end marker.
+    __device__ __forceinline__ static void load_tiles(const AttnArgs& a, const Sm90BwdMaps& maps, Sm90BwdState& st,
+                                                      unsigned char* smem, const Sequence& seq, const TileWork& work) {
+        tma_prefetch_desc(maps.q);
+        tma_prefetch_desc(maps.dout);
+        // Packed (varlen) tensors are one batch entry whose rows start at the sequence's offset.
+        const int k_batch = a.cu_seqlens_k != nullptr ? 0 : work.b;
+        const int q_batch = a.cu_seqlens_q != nullptr ? 0 : work.b;
+        const int key_row = seq.k_start + work.tile * kBlockN;
+        mbarrier_arrive_expect_tx(&st.kv_full, Tr::kKBytes + Tr::kVBytes);
+#pragma unroll
+        for (int atom = 0; atom < Tr::kAtomsQK; ++atom) {
+            tma_load_4d(smem + Tr::kKOffset + atom * kBlockN * 128, maps.k, &st.kv_full, 64 * atom, key_row, work.h, k_batch);
+        }
+#pragma unroll
+        for (int atom = 0; atom < Tr::kAtomsV; ++atom) {
+            tma_load_4d(smem + Tr::kVOffset + atom * kBlockN * 128, maps.v, &st.kv_full, 64 * atom, key_row, work.h, k_batch);
+        }
+        int i = 0;  // stages filled
+        auto next_stage = [&]() {
+            const int stage = i % kStages;
+            // The consumers release round r of a stage in phase r; the first round needs no wait.
+            if (i >= kStages) mbarrier_wait(&st.empty[stage], (i / kStages - 1) & 1);
+            return stage;
+        };
+        walk(a, Mask(a, seq), work, [&](int h, int entry) {
+            const int stage = next_stage();
+            st.head[stage] = h;  // released to the consumers by the arrival below
+            st.entry[stage] = entry;
+            const int row = seq.q_start + entry_tile(entry) * kBlockM;
+            mbarrier_arrive_expect_tx(&st.q_full[stage], Tr::kQBytes + Tr::kDoBytes);
+            unsigned char* q_tile = smem + Tr::kQOffset + stage * Tr::kQBytes;
+            unsigned char* do_tile = smem + Tr::kDoOffset + stage * Tr::kDoBytes;
+#pragma unroll
+            for (int atom = 0; atom < Tr::kAtomsQK; ++atom) {
+                tma_load_4d(q_tile + atom * kBlockM * 128, maps.q, &st.q_full[stage], 64 * atom, row, h, q_batch);
+            }
+#pragma unroll
+            for (int atom = 0; atom < Tr::kAtomsV; ++atom) {
+                tma_load_4d(do_tile + atom * kBlockM * 128, maps.dout, &st.q_full[stage], 64 * atom, row, h, q_batch);
+            }
+            ++i;
+        });
+        const int stage = next_stage();
+        st.head[stage] = -1;
+        mbarrier_arrive(&st.q_full[stage]);
+    }
+
+    // Producer warp 1: each tile's lse and delta rows. A row with no probability mass (past the
+    // sequence, or lse = -inf: a row that saw no key) gets +inf, so every exp2(s - lse) of it is 0
+    // without a test per element; NaN stays NaN.
+    __device__ __forceinline__ static void load_rows(const BwdArgs& args, Sm90BwdState& st, unsigned char* smem,
+                                                     const Sequence& seq, const TileWork& work) {
+        const AttnArgs& a = args.attn;
+        const int lane = threadIdx.x % 32;
+        int i = 0;
+        walk(a, Mask(a, seq), work, [&](int h, int entry) {
+            const int stage = i % kStages;
+            if (i >= kStages) mbarrier_wait(&st.empty[stage], (i / kStages - 1) & 1);
+            const int m0 = entry_tile(entry) * kBlockM;
+            const float* lse = static_cast<const float*>(args.lse.ptr) + rows_index(args.lse, work.b, h, seq.q_start) + m0;
+            const float* delta =
+                static_cast<const float*>(args.delta.ptr) + rows_index(args.delta, work.b, h, seq.q_start) + m0;
+            float* lse2 = reinterpret_cast<float*>(smem + Tr::kRowsOffset) + stage * 2 * kBlockM;
+#pragma unroll
+            for (int r = lane; r < kBlockM; r += 32) {
+                const bool in_range = m0 + r < seq.seqlen_q;
+                const float l = in_range ? lse[r] : Consts<float>::neg_inf();
+                lse2[r] = l == Consts<float>::neg_inf() ? -Consts<float>::neg_inf() : l * kLog2eF;
+                lse2[kBlockM + r] = in_range ? delta[r] : 0.0f;
+            }
+            mbarrier_arrive(&st.rows_full[stage]);
+            ++i;
+        });
+    }
+
+    // d = A B^T over `steps` k-steps, A (kBlockN rows, this warpgroup's 64 from row a_row) and B (kBlockM
+    // rows) both K-major in shared memory: S^T = K Q^T and dP^T = V dO^T. Issued and committed.
+    __device__ __forceinline__ static void issue_transposed_scores(float (&d)[Tr::kSTiles][4], unsigned a_tile, int a_row,
+                                                                   unsigned b_tile, int steps) {
+        const unsigned long long a_desc = kmajor_desc(a_tile, a_row);
+        const unsigned long long b_desc = kmajor_desc(b_tile, 0);
+        wgmma_fence();
+        WgmmaSS<T, kBlockM>::overwrite(d, a_desc, b_desc);
+#pragma unroll
+        for (int kk = 1; kk < steps; ++kk) {
+            WgmmaSS<T, kBlockM>::mma(d, desc_advance(a_desc, kmajor_step<kBlockN>(kk)),
+                                     desc_advance(b_desc, kmajor_step<kBlockM>(kk)), 1);
+        }
+        wgmma_commit();
+    }
+
+    // d += A B with A (64 keys x kBlockM queries: P^T or dS^T) from registers and B (kBlockM rows of a Q
+    // or dO tile) read transposed from shared memory. Issued, not committed.
+    template <int kN>
+    __device__ __forceinline__ static void issue_key_gradient(float (&d)[kN / 8][4], const unsigned (&a)[Tr::kQSteps][4],
+                                                              unsigned b_tile) {
+        const unsigned long long b_desc = mnmajor_desc<kBlockM>(b_tile);
+#pragma unroll
+        for (int kk = 0; kk < Tr::kQSteps; ++kk) WgmmaRS<T, kN>::mma(d, a[kk], desc_advance(b_desc, mnmajor_step(kk)), 1);
+    }
+
+    // dQ_part = dS K for this warpgroup's share: A = dS from the dS^T buffer (queries contiguous) and
+    // B = K (head-dim columns contiguous), both read transposed, over the CTA's kBlockN keys.
+    __device__ __forceinline__ static void issue_query_gradient(float (&dq)[Tr::kDqTiles][4], unsigned ds_tile,
+                                                                unsigned k_tile, int wg) {
+        const unsigned long long a_desc = mnmajor_desc<kBlockN>(ds_tile + (Tr::kDqByRows ? wg * kBlockN * 128 : 0));
+        const unsigned long long b_desc =
+            mnmajor_desc<kBlockN>(k_tile + (Tr::kDqByRows ? 0 : wg * (Tr::kDqCols / 64) * kBlockN * 128));
+        wgmma_fence();
+        WgmmaSSMn<T, Tr::kDqCols>::overwrite(dq, a_desc, b_desc);
+#pragma unroll
+        for (int kk = 1; kk < kBlockN / 16; ++kk) {
+            WgmmaSSMn<T, Tr::kDqCols>::mma(dq, desc_advance(a_desc, mnmajor_step(kk)), desc_advance(b_desc, mnmajor_step(kk)), 1);
+        }
+        wgmma_commit();
+    }
+
+    // P^T in place of S^T and, with kScoreMod, (dP^T - delta) * (1 - tanh^2) in place of dP^T
+    // (fragment/scores.cuh): this thread's keys key_g, key_g + 8 and queries m0 + 8 nt + col_t + e % 2.
+    // rows: the stage's lse * LOG2E, then delta. A uniform branch per warpgroup: tiles that every pair
+    // sees skip the element mask.
+    __device__ __forceinline__ static void probabilities(float (&s)[Tr::kSTiles][4], float (&dp)[Tr::kSTiles][4],
+                                                         const AttnArgs& a, const Mask& mask, const Log2Scores& scores,
+                                                         const float* rows, int h, int b, int entry, int m0, int key_g,
+                                                         int key0, int col_t) {
+        auto& p = reinterpret_cast<float(&)[1][Tr::kSTiles][4]>(s);
+        probabilities_cols<kScoreMod>(
+            p, reinterpret_cast<float(&)[1][Tr::kSTiles][4]>(dp), scores,
+            [&](int nt) { return *reinterpret_cast<const float2*>(rows + 8 * nt + col_t); },
+            [&](int nt) { return *reinterpret_cast<const float2*>(rows + kBlockM + 8 * nt + col_t); }, key_g, m0, col_t);
+        const bool partial = entry_partial(entry);
+        if (partial || !mask.tile_is_full(m0, kBlockM, key0, 64)) {
+            mask_tile_cols(p, mask, BlockLayout(a, b, h), a, key_g, m0, col_t, partial);
+        }
+    }
+
+    // This thread's dS^T fragments into the dS^T buffer: key row kr = key_row + 8 (reg % 2) and query
+    // column 16 kk + 8 (reg / 2) + col_t, stored at atom (column / 64), row kr, 16-byte chunk
+    // ((column % 64) / 8) ^ (kr % 8) (the 128-byte swizzle). The 8 rows of a warp's store hit 8 chunks.
+    __device__ __forceinline__ static void store_ds(unsigned char* ds_tile, const unsigned (&f)[Tr::kQSteps][4],
+                                                    int key_row, int col_t) {
+        const int g = key_row % 8;
+#pragma unroll
+        for (int kk = 0; kk < Tr::kQSteps; ++kk) {
+#pragma unroll
+            for (int reg = 0; reg < 4; ++reg) {
+                const int row = key_row + 8 * (reg % 2);
+                const int col = 16 * kk + 8 * (reg / 2);  // + col_t
+                const int chunk = ((col % 64) / 8) ^ g;
+                *reinterpret_cast<unsigned*>(ds_tile + (col / 64) * kBlockN * 128 + row * 128 + chunk * 16 + col_t * 2) =
+                    f[kk][reg];
+            }
+        }
+    }
+
+    // Zeroes the rows of a Q and dO stage past a packed sequence's end (see the top of the file); all
+    // 256 consumer threads call it for every tile, and they meet at a barrier when there is work.
+    __device__ __forceinline__ static void clear_foreign_queries(unsigned char* smem, const Sequence& seq, int stage,
+                                                                 int m0, int thread) {
+        if (seq.seqlen_q - m0 >= kBlockM) return;
+        zero_tile_rows(smem + Tr::kQOffset + stage * Tr::kQBytes, kBlockM, seq.seqlen_q - m0, Tr::kAtomsQK, thread, 256);
+        zero_tile_rows(smem + Tr::kDoOffset + stage * Tr::kDoBytes, kBlockM, seq.seqlen_q - m0, Tr::kAtomsV, thread, 256);
+        fence_proxy_async();
+        named_barrier_sync(kConsumerBarrier, 256);
+    }
+
+    // This warpgroup's dQ share into the shared float32 tile: rows (64 wg when kDqByRows) + 16 warp + g
+    // + 8 r, columns (wg * kDqCols otherwise) + 8 nt + 2 t, at atom column / 32, row, 16-byte chunk
+    // ((column % 32) / 4) ^ (row % 8).
+    __device__ __forceinline__ static void store_query_gradient(unsigned char* tile, const float (&dq)[Tr::kDqTiles][4],
+                                                                int wg, int warp, int lane) {
+        const int row0 = (Tr::kDqByRows ? 64 * wg : 0) + 16 * warp + lane / 4;
+        const int col0 = (Tr::kDqByRows ? 0 : wg * Tr::kDqCols) + 2 * (lane % 4);
+        const int g = lane / 4;  // row % 8
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+#pragma unroll
+            for (int nt = 0; nt < Tr::kDqTiles; ++nt) {
+                const int col = col0 + 8 * nt;
+                const int chunk = ((col % 32) / 4) ^ g;
+                *reinterpret_cast<float2*>(tile + (col / 32) * kBlockM * 128 + (row0 + 8 * r) * 128 + chunk * 16 +
+                                           (col % 4) * 4) = make_float2(dq[nt][2 * r], dq[nt][2 * r + 1]);
+            }
+        }
+    }
+
+    // dQ_part of tile j = dS_j K once both warpgroups have stored their halves of dS^T_j (buffer j % 2),
+    // then to the shared float32 tile once the reducing thread has read the previous one. Called holding
+    // the turn, right after the dV and dK products of tile j + 1 (or last): passes the turn once dQ is
+    // issued. Those products complete first; after_key_gradients runs then (the caller releases that
+    // tile's stage).
+    template <typename AfterKeyGradients>
+    __device__ __forceinline__ static void finish_query_gradient(Sm90BwdState& st, unsigned char* smem, int j, int wg,
+                                                                 int warp, int lane,
+                                                                 const AfterKeyGradients& after_key_gradients) {
+        const unsigned base = shared_addr(smem);
+        mbarrier_wait(&st.ds_full[j % 2], (j / 2) & 1);
+        float dq[Tr::kDqTiles][4];
+        issue_query_gradient(dq, base + Tr::kDsOffset + (j % 2) * Tr::kDsBytes, base + Tr::kKOffset, wg);
+        Turns::pass_turn(wg);
+        wgmma_wait<1>();
+        after_key_gradients();
+        wgmma_wait<0>();
+        fence_fragments(dq);
+        mbarrier_arrive(&st.ds_free[j % 2]);
+        if (j > 0) mbarrier_wait(&st.dq_empty, (j - 1) & 1);
+        store_query_gradient(smem + Tr::kDqOffset, dq, wg, warp, lane);
+        fence_proxy_async();
+        mbarrier_arrive(&st.dq_full);
+    }
+
+    // A consumer warpgroup (wg = 0, 1): dK (without the softmax scale) and dV of keys [n0 + 64 wg,
+    // n0 + 64 wg + 64) through the walk.
+    __device__ __forceinline__ static void mma(const BwdArgs& args, Sm90BwdState& st, unsigned char* smem,
+                                               const Sequence& seq, const TileWork& work, int wg,
+                                               float (&dk)[Tr::kDkTiles][4], float (&dv)[Tr::kDvTiles][4]) {
+        const AttnArgs& a = args.attn;
+        const int thread = threadIdx.x - 128;  // among the 256 consumers
+        const int warp = (threadIdx.x / 32) % 4;
+        const int lane = threadIdx.x % 32;
+        const int col_t = 2 * (lane % 4);
+        const int n0 = work.tile * kBlockN;
+        const int key0 = n0 + 64 * wg;                   // the warpgroup's first key
+        const int key_g = key0 + 16 * warp + lane / 4;   // this thread's keys: key_g and key_g + 8
+        const unsigned base = shared_addr(smem);
+        const unsigned k_tile = base + Tr::kKOffset;
+        const unsigned v_tile = base + Tr::kVOffset;
+        const Mask mask(a, seq);
+        const bool packed_q = a.cu_seqlens_q != nullptr;
+        // The plain kernels need only the scale; the score modifications are per (batch entry, head).
+        Log2Scores scores;
+        scores.scale_log2 = static_cast<float>(a.softmax_scale) * kLog2eF;
+
+        mbarrier_wait(&st.kv_full, 0);
+        if (a.cu_seqlens_k != nullptr && seq.seqlen_k - n0 < kBlockN) {
+            zero_tile_rows(smem + Tr::kKOffset, kBlockN, seq.seqlen_k - n0, Tr::kAtomsQK, thread, 256);
+            zero_tile_rows(smem + Tr::kVOffset, kBlockN, seq.seqlen_k - n0, Tr::kAtomsV, thread, 256);
+            fence_proxy_async();
+            named_barrier_sync(kConsumerBarrier, 256);
+        }
+
+        if (wg == 1) Turns::pass_turn(1);  // warpgroup 0 issues first
+#pragma unroll
+        for (int c = 0; c < Tr::kDkTiles; ++c) dk[c][0] = dk[c][1] = dk[c][2] = dk[c][3] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < Tr::kDvTiles; ++c) dv[c][0] = dv[c][1] = dv[c][2] = dv[c][3] = 0.0f;
+
+        int tiles = 0;  // tiles whose dS^T is stored
+        for (int i = 0;; ++i) {
+            const int stage = i % kStages;
+            const int parity = (i / kStages) & 1;
+            mbarrier_wait(&st.q_full[stage], parity);
+            const int h = st.head[stage];
+            if (h < 0) break;
+            const int entry = st.entry[stage];
+            const int m0 = entry_tile(entry) * kBlockM;
+            const unsigned q_tile = base + Tr::kQOffset + stage * Tr::kQBytes;
+            const unsigned do_tile = base + Tr::kDoOffset + stage * Tr::kDoBytes;
+            if (packed_q) clear_foreign_queries(smem, seq, stage, m0, thread);
+            if constexpr (kScoreMod) scores = Log2Scores(a, seq, work.b, h);
+
+            // S^T and dP^T; P^T while dP^T is still in flight (with kScoreMod both are needed at once),
+            // then dS^T.
+            float s[Tr::kSTiles][4];
+            float dp[Tr::kSTiles][4];
+            Turns::take_turn(wg);
+            issue_transposed_scores(s, k_tile, 64 * wg, q_tile, kHeadDim / 16);
+            issue_transposed_scores(dp, v_tile, 64 * wg, do_tile, kHeadDimV / 16);
+            Turns::pass_turn(wg);
+            const float* rows = reinterpret_cast<const float*>(smem + Tr::kRowsOffset) + stage * 2 * kBlockM;
+            mbarrier_wait(&st.rows_full[stage], parity);
+            if constexpr (kScoreMod) {
+                wgmma_wait<0>();
+                fence_fragments(dp);
+            } else {
+                wgmma_wait<1>();
+            }
+            fence_fragments(s);
+            probabilities(s, dp, a, mask, scores, rows, h, work.b, entry, m0, key_g, key0, col_t);
+            wgmma_wait<0>();
+            fence_fragments(dp);
+            score_gradients<kScoreMod>(
+                reinterpret_cast<float(&)[1][Tr::kSTiles][4]>(dp), reinterpret_cast<const float(&)[1][Tr::kSTiles][4]>(s),
+                [&](int nt) { return *reinterpret_cast<const float2*>(rows + kBlockM + 8 * nt + col_t); });
+            unsigned p_op[Tr::kQSteps][4];
+            unsigned ds_op[Tr::kQSteps][4];
+            to_operand<T>(p_op, s);
+            to_operand<T>(ds_op, dp);
+
+            // dS^T_i into buffer i % 2 once both warpgroups' dQ_{i-2} (issued in iteration i - 1) has
+            // read it.
+            unsigned char* ds_tile = smem + Tr::kDsOffset + (i % 2) * Tr::kDsBytes;
+            if (i >= 2) mbarrier_wait(&st.ds_free[i % 2], ((i - 2) / 2) & 1);
+            store_ds(ds_tile, ds_op, 64 * wg + 16 * warp + lane / 4, col_t);
+            fence_proxy_async();
+            mbarrier_arrive(&st.ds_full[i % 2]);
+
+            // dV += P^T dO, dK += dS^T Q, then the previous tile's dQ.
+            Turns::take_turn(wg);
+            wgmma_fence();
+            issue_key_gradient<kHeadDimV>(dv, p_op, do_tile);
+            issue_key_gradient<kHeadDim>(dk, ds_op, q_tile);
+            wgmma_commit();
+            if (i > 0) {
+                finish_query_gradient(st, smem, i - 1, wg, warp, lane, [&]() { release_stage(&st.empty[stage]); });
+            } else {
+                Turns::pass_turn(wg);
+                wgmma_wait<0>();
+                release_stage(&st.empty[stage]);
+            }
+            ++tiles;
+        }
+        if (tiles > 0) {
+            Turns::take_turn(wg);
+            finish_query_gradient(st, smem, tiles - 1, wg, warp, lane, []() {});
+        }
+        // Warpgroup 1 passed the turn once more than warpgroup 0 took it (it started by passing).
+        if (wg == 0) Turns::take_turn(0);
+        fence_fragments(dk);
+        fence_fragments(dv);
+    }
+
+    // Producer thread 64 (warp 2): adds each tile's dQ share (stored by the consumers) into buffer
+    // `split` of the float32 accumulator, one TMA reduction per 32 columns. The rows of a tile past its
+    // sequence's end hold exact zeros (their probabilities are 0 and their Q and dO rows zero), so in a
+    // packed batch adding them to the next sequence's rows changes nothing; past the tensor the TMA
+    // drops them. Under the ordered sum, after the CTAs of the later key tiles (ordered_sum.cuh), and
+    // the turn is handed on once the additions are written.
+    __device__ __forceinline__ static void reduce_queries(const BwdArgs& args, const Sm90BwdMaps& maps, Sm90BwdState& st,
+                                                          unsigned char* smem, const Sequence& seq, const TileWork& work) {
+        const AttnArgs& a = args.attn;
+        tma_prefetch_desc(maps.dq_accum);
+        const int split = work.tile % args.dq_splits;
+        const int batch = a.cu_seqlens_q != nullptr ? 0 : work.b;
+        const Mask mask(a, seq);
+        int i = 0;
+        walk(a, mask, work, [&](int h, int entry) {
+            const int m0 = entry_tile(entry) * kBlockM;
+            int* turn = nullptr;
+            if (args.deterministic) {
+                const int q_tile = m0 / kBlockM;
+                turn = dq_turn_counter<kBlockM>(args, work.b, h, q_tile, split);
+                wait_for_turn(turn, later_key_tiles<kBlockM, kBlockN>(a, mask, BlockLayout(a, work.b, h), q_tile, work.tile,
+                                                                      args.dq_splits));
+                fence_proxy_async_global();  // the earlier CTAs' additions before this one's
+            }
+            mbarrier_wait(&st.dq_full, i & 1);
+#pragma unroll
+            for (int atom = 0; atom < Tr::kDqAtoms; ++atom) {
+                if (32 * atom < args.dq_ld) {
+                    tma_reduce_add_5d(maps.dq_accum, smem + Tr::kDqOffset + atom * kBlockM * 128, 32 * atom,
+                                      seq.q_start + m0, h, batch, split);
+                }
+            }
+            bulk_commit();
+            if (turn != nullptr) {
+                bulk_wait();
+                fence_proxy_async_global();
+                hand_on_turn(turn);
+            } else {
+                bulk_wait_read();
+            }
+            mbarrier_arrive(&st.dq_empty);
+            ++i;
+        });
+        bulk_wait();  // the last additions are written before the CTA ends
+    }
+};
+
+}  // namespace cupyflash

@@ -1,0 +1,308 @@
+// The Hopper forward's main loop (float16/bfloat16, sm_90a): for one work tile (kBlockM = 128 query rows
+// of one batch entry and head), the producer's TMA loads of Q and of the K and V tiles of its walk, and
+// the consumers' products and online softmax. sm90/fwd.cu assembles it with a scheduler and an epilogue.
+//
+// Loads: Q with TMA into its own buffer; K and V of each key tile into a ring of kStages stages, each
+// completing on its own mbarrier (k_full, v_full). The producer refills a stage's K once the consumers
+// have computed S with it (empty_k) and its V once O += P V has read it (empty_v), and publishes each
+// stage's tile-list entry (common/mask.cuh) beside the data, so the consumers follow any walk (a key
+// range or a block-sparse list) without computing it.
+//
+// Products: two consumer warpgroups of 64 rows each compute S = Q K^T (wgmma, both operands in shared
+// memory), the score modifications and the mask (fragment/scores.cuh) and the online softmax in
+// registers, then O += P V (wgmma with P from registers, V read transposed from shared memory). Inside a
+// consumer, S = Q K_j^T is issued before O += P_{j-1} V_{j-1}, and the softmax of S_j runs while that
+// second product is in flight; O is rescaled after it completes. The two consumers issue their products
+// in turns (Pingpong), so one's products run while the other computes its softmax.
+#pragma once
+#include "common/dtypes.cuh"
+#include "common/launch.cuh"
+#include "common/mask.cuh"
+#include "common/params.cuh"
+#include "common/score_mod.cuh"
+#include "common/sequence.cuh"
+#include "fragment/operand.cuh"
+#include "fragment/scores.cuh"
+#include "fragment/softmax.cuh"
+#include "generated/wgmma_ops.cuh"
+#include "sm90/pipeline.cuh"
+#include "sm90/primitives.cuh"
+
+namespace cupyflash {
+
+// Tensor maps of q, k and v (cupyflash/_families/sm90.py builds them): 4-D views (headdim, rows, heads,
+// batch) with a box of 64 columns, kBlockM rows for q and kBlockN rows for k and v, 128-byte swizzle.
+struct Sm90FwdMaps {
+    TmaDesc q, k, v;
+};
+
+template <typename T, int kHeadDim_, int kHeadDimV_, int kBlockN_, int kStages_>
+struct Sm90FwdTraits {
+    static constexpr int kHeadDim = kHeadDim_;    // q.k columns, a multiple of 16
+    static constexpr int kHeadDimV = kHeadDimV_;  // v and output columns, a multiple of 16
+    static constexpr int kBlockN = kBlockN_;      // keys per tile
+    static constexpr int kStages = kStages_;      // K/V ring
+    static constexpr int kBlockM = 128;           // query rows per CTA: two consumer warpgroups of 64
+    static constexpr int kConsumers = 2;
+    static constexpr int kThreads = 128 * (1 + kConsumers);
+    // Registers after setmaxnreg. Their sum over the CTA must not pass what it was launched with
+    // (65536 / 384 threads = 168 each): a larger request waits forever for registers.
+    static constexpr int kProducerRegs = 24;
+    static constexpr int kConsumerRegs = 240;
+    static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= kThreads * 168, "registers over budget");
+    // Tiles are stored in 64-column atoms (sm90/primitives.cuh); columns past the real head dims are zero (TMA).
+    static constexpr int kAtomsQK = (kHeadDim + 63) / 64;
+    static constexpr int kAtomsV = (kHeadDimV + 63) / 64;
+    static constexpr int kQBytes = kBlockM * 128 * kAtomsQK;
+    static constexpr int kKBytes = kBlockN * 128 * kAtomsQK;
+    static constexpr int kVBytes = kBlockN * 128 * kAtomsV;
+    static constexpr int kKOffset = kQBytes;
+    static constexpr int kVOffset = kKOffset + kStages * kKBytes;
+    static constexpr int kStateOffset = kVOffset + kStages * kVBytes;
+    // 1024 bytes of slack: the swizzled tiles need a 1024-byte aligned base, the dynamic shared memory
+    // only promises 16.
+    static constexpr int kSmemBytes = 1024 + kStateOffset + kCtaStateBytes;
+    static constexpr int kDSteps = kHeadDim / 16;   // k-steps of S = Q K^T
+    static constexpr int kKeySteps = kBlockN / 16;  // k-steps of O += P V
+    static constexpr int kNTiles = kBlockN / 8;     // 8-column n-tiles of S per warp
+    static constexpr int kOTiles = kHeadDimV / 8;   // of O
+    static_assert(kHeadDim % 16 == 0 && kHeadDimV % 16 == 0 && kHeadDim <= 256 && kHeadDimV <= 256,
+                  "head dims are multiples of 16 up to 256 (one wgmma width)");
+    static_assert(kBlockN % 16 == 0 && kBlockN <= 256 && kBlockN % 8 == 0, "key tiles are multiples of 16 up to 256");
+    static_assert(kStages >= 2 && kStages <= 4, "2 to 4 stages");
+};
+
+// One work tile as the producer publishes it.
+struct Sm90FwdTile {
+    Sequence seq;
+    Mask mask;
+    BlockLayout layout;
+    TileRange keys;  // the key tiles the walk visits
+    int b, h, m0;
+    int done;        // 1: no work is left (the other fields are unset)
+};
+
+// The pipeline's barriers and the published values, in shared memory.
+struct Sm90FwdState {
+    static constexpr int kMaxStages = 4;
+    unsigned long long published;  // the state of work tile t, t = 0, 1, ..., for the K/V loader
+    unsigned long long q_full;     // the state and the Q tile of work tile t, for the consumers
+    unsigned long long q_empty;  // Q read by every S of the current work tile: one arrival per consumer warp
+    unsigned long long k_full[kMaxStages];
+    unsigned long long v_full[kMaxStages];
+    unsigned long long empty_k[kMaxStages];  // one arrival per consumer warp
+    unsigned long long empty_v[kMaxStages];
+    int entry[kMaxStages];                   // the stage's tile-list entry
+    Sm90FwdTile tile[2];                     // work tile t in tile[t % 2]
+};
+
+template <typename T, int kHeadDim, int kHeadDimV, int kBlockN, int kStages, bool kScoreMod>
+struct Sm90FwdMainloop {
+    using Tr = Sm90FwdTraits<T, kHeadDim, kHeadDimV, kBlockN, kStages>;
+    using Softmax = FragmentSoftmax<Tr::kNTiles>;
+    using Turns = Pingpong<1>;
+    static constexpr int kBlockM = Tr::kBlockM;
+
+    // Producer: the Q tile of work tile (b, h, m0) of sequence seq, counted on q_full. Packed (varlen)
+    // tensors are one batch entry whose rows start at the sequence's offset.
+    __device__ __forceinline__ static void load_queries(const AttnArgs& a, const Sm90FwdMaps& maps, Sm90FwdState& st,
+                                                        unsigned char* smem, const Sequence& seq, int b, int h,
+                                                        int m0) {
+#pragma unroll
+        for (int atom = 0; atom < Tr::kAtomsQK; ++atom) {
+            tma_load_4d(smem + atom * kBlockM * 128, maps.q, &st.q_full, 64 * atom, seq.q_start + m0, h,
+                        a.cu_seqlens_q != nullptr ? 0 : b);
+        }
+    }
+
+    // Producer: the K and V tiles of a work tile's walk, through the ring (i: ring slots filled so far,
+    // over all work tiles).
+    __device__ __forceinline__ static void load_keys(const AttnArgs& a, const Sm90FwdMaps& maps, Sm90FwdState& st,
+                                                     unsigned char* smem, const Sm90FwdTile& tile, int& i) {
+        const TileRange keys = tile.keys;
+        const int k_start = tile.seq.k_start;
+        const int kvh = kv_head(tile.h, a.heads, a.heads_k);
+        const int batch = a.cu_seqlens_k != nullptr ? 0 : tile.b;
+        for (int j = 0; j < keys.count; ++j, ++i) {
+            const int stage = i % kStages;
+            // The consumers release a stage's K after S = Q K^T and its V after O += P V (round
+            // i / kStages - 1); K of the next tile loads while the last V is still being read.
+            const int round_parity = (i / kStages - 1) & 1;
+            if (i >= kStages) mbarrier_wait(&st.empty_k[stage], round_parity);
+            const int entry = keys.entry(j);
+            st.entry[stage] = entry;  // released to the consumers by the arrival below
+            const int row = k_start + entry_tile(entry) * kBlockN;
+            unsigned char* k_tile = smem + Tr::kKOffset + stage * Tr::kKBytes;
+            unsigned char* v_tile = smem + Tr::kVOffset + stage * Tr::kVBytes;
+            mbarrier_arrive_expect_tx(&st.k_full[stage], Tr::kKBytes);
+#pragma unroll
+            for (int atom = 0; atom < Tr::kAtomsQK; ++atom) {
+                tma_load_4d(k_tile + atom * kBlockN * 128, maps.k, &st.k_full[stage], 64 * atom, row, kvh, batch);
+            }
+            if (i >= kStages) mbarrier_wait(&st.empty_v[stage], round_parity);
+            mbarrier_arrive_expect_tx(&st.v_full[stage], Tr::kVBytes);
+#pragma unroll
+            for (int atom = 0; atom < Tr::kAtomsV; ++atom) {
+                tma_load_4d(v_tile + atom * kBlockN * 128, maps.v, &st.v_full[stage], 64 * atom, row, kvh, batch);
+            }
+        }
+    }
+
+    // S = Q K^T of this warpgroup's 64 rows (Q row offset q_row) and the key tile in `stage`, issued.
+    __device__ __forceinline__ static void issue_scores(float (&s)[Tr::kNTiles][4], unsigned q_tile, int q_row,
+                                                        unsigned k_tile) {
+        const unsigned long long q_desc = kmajor_desc(q_tile, q_row);
+        const unsigned long long k_desc = kmajor_desc(k_tile, 0);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < Tr::kDSteps; ++kk) {
+            WgmmaSS<T, kBlockN>::mma(s, desc_advance(q_desc, kmajor_step<kBlockM>(kk)),
+                                     desc_advance(k_desc, kmajor_step<kBlockN>(kk)), kk > 0);
+        }
+        wgmma_commit();
+    }
+
+    // O += P V with P (probabilities rounded to T) as the register operand, issued.
+    __device__ __forceinline__ static void issue_values(float (&o)[Tr::kOTiles][4],
+                                                        const unsigned (&p)[Tr::kKeySteps][4], unsigned v_tile) {
+        const unsigned long long v_desc = mnmajor_desc<kBlockN>(v_tile);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < Tr::kKeySteps; ++kk) {
+            WgmmaRS<T, kHeadDimV>::mma(o, p[kk], desc_advance(v_desc, mnmajor_step(kk)), 1);
+        }
+        wgmma_commit();
+    }
+
+    // Scores of key tile `entry` (fragment/scores.cuh): with kScoreMod in log2 units with the
+    // modifications, else raw products (the softmax applies the scale). Rows row_g and row_g + 8 of this
+    // thread, rows [w0, w0 + 64) of its warpgroup; a uniform branch per warpgroup skips the element mask
+    // on tiles inside the window.
+    __device__ __forceinline__ static void modify_and_mask(float (&s)[Tr::kNTiles][4], const AttnArgs& a,
+                                                           const Sm90FwdTile& st, const Log2Scores& scores,
+                                                           int entry, int row_g, int w0, int col_t) {
+        const int n0 = entry_tile(entry) * kBlockN;
+        auto& rows = reinterpret_cast<float(&)[1][Tr::kNTiles][4]>(s);
+        const auto row_of = [&](int, int r) { return row_g + 8 * r; };
+        modify_rows<kScoreMod, true>(rows, scores, row_of, [&](int, int) { return scores.bias_log2; }, n0, col_t);
+        const bool partial = entry_partial(entry);
+        if (partial || !st.mask.tile_is_full(w0, 64, n0, kBlockN)) {
+            mask_tile_rows<true>(rows, st.mask, st.layout, a, row_of, n0, col_t, partial);
+        }
+    }
+
+    // The online softmax of one block (fragment/softmax.cuh); the scale is folded into the exponent
+    // unless the modifications already applied it. The host takes the kScoreMod kernels for
+    // softmax_scale <= 0.
+    __device__ __forceinline__ static bool fold(Softmax& softmax, float (&s)[Tr::kNTiles][4], float (&rescale)[2],
+                                                float scale_log2) {
+        bool moved;
+        if constexpr (kScoreMod) {
+            moved = softmax.update_max(s, rescale);
+            softmax.exponentiate(s);
+        } else {
+            moved = softmax.update_max(s, rescale, scale_log2);
+            softmax.exponentiate(s, scale_log2);
+        }
+        return moved;
+    }
+
+    // Packed batches and KV caches (seqused_k): the V tile of a key tile that runs past its sequence's
+    // end holds the next sequence's rows or unused cache rows (a TMA box reads whatever the tensor has
+    // there). Their probabilities are 0, but 0 * inf or NaN would still reach this sequence's output, so
+    // the warpgroup zeroes those rows before its O += P V reads them. Both warpgroups zero the same rows;
+    // the second writes zeros over zeros.
+    __device__ __forceinline__ static void clear_foreign_values(unsigned char* v_tile, const AttnArgs& a,
+                                                                const Sm90FwdTile& tile, int entry, int wg) {
+        if (a.cu_seqlens_k == nullptr && a.seqused_k == nullptr) return;
+        const int first = tile.seq.seqlen_k - entry_tile(entry) * kBlockN;  // first row past the sequence
+        if (first >= kBlockN) return;
+        zero_tile_rows(v_tile, kBlockN, first, Tr::kAtomsV, threadIdx.x % 128, 128);
+        fence_proxy_async();
+        named_barrier_sync(3 + wg, 128);
+    }
+
+    // Consumer warpgroup wg (0, 1): O (unnormalized) and the row statistics of its 64 rows of a work tile,
+    // through the tile's walk (i: ring slots consumed so far, over all work tiles). Releases the Q tile
+    // after the tile's last S.
+    __device__ __forceinline__ static void mma(const AttnArgs& a, Sm90FwdState& st, unsigned char* smem,
+                                               const Sm90FwdTile& tile, int wg, int& i, float (&o)[1][Tr::kOTiles][4],
+                                               Softmax (&softmax)[1]) {
+        const int warp = (threadIdx.x / 32) % 4;
+        const int lane = threadIdx.x % 32;
+        const int col_t = 2 * (lane % 4);
+        const unsigned q_tile = shared_addr(smem);
+        const unsigned k_tiles = q_tile + Tr::kKOffset;
+        const unsigned v_tiles = q_tile + Tr::kVOffset;
+        const float scale_log2 = static_cast<float>(a.softmax_scale) * kLog2eF;
+        const int w0 = tile.m0 + 64 * wg;             // the warpgroup's first row
+        const int row_g = w0 + 16 * warp + lane / 4;  // this thread's rows: row_g and row_g + 8
+        const int count = tile.keys.count;
+        // The score modifications of this (batch entry, head); the plain kernels need only the scale.
+        const Log2Scores scores = kScoreMod ? Log2Scores(a, tile.seq, tile.b, tile.h) : Log2Scores();
+
+#pragma unroll
+        for (int c = 0; c < Tr::kOTiles; ++c) o[0][c][0] = o[0][c][1] = o[0][c][2] = o[0][c][3] = 0.0f;
+        if (count == 0) {
+            release_stage(&st.q_empty);
+            return;
+        }
+        float s[Tr::kNTiles][4];
+        unsigned p[Tr::kKeySteps][4];
+        float rescale[2];
+        // Key tile 0: S only.
+        int stage = i % kStages;
+        mbarrier_wait(&st.k_full[stage], (i / kStages) & 1);
+        int entry = st.entry[stage];
+        Turns::take_turn(wg);
+        issue_scores(s, q_tile, 64 * wg, k_tiles + stage * Tr::kKBytes);
+        Turns::pass_turn(wg);
+        wgmma_wait<0>();
+        fence_fragments(s);
+        release_stage(&st.empty_k[stage]);
+        if (count == 1) release_stage(&st.q_empty);
+        modify_and_mask(s, a, tile, scores, entry, row_g, w0, col_t);
+        fold(softmax[0], s, rescale, scale_log2);  // O is still 0: nothing to rescale
+        to_operand<T>(p, s);
+        int v_entry = entry;  // the key tile whose probabilities p holds
+        for (int j = 1; j < count; ++j) {
+            const int prev = stage;
+            const int prev_parity = (i / kStages) & 1;
+            ++i;
+            stage = i % kStages;
+            mbarrier_wait(&st.k_full[stage], (i / kStages) & 1);
+            entry = st.entry[stage];
+            // S_j = Q K_j^T, then O += P_{j-1} V_{j-1}; the softmax of S_j overlaps the second
+            // product, and the other warpgroup's products run during this one's softmax.
+            Turns::take_turn(wg);
+            issue_scores(s, q_tile, 64 * wg, k_tiles + stage * Tr::kKBytes);
+            mbarrier_wait(&st.v_full[prev], prev_parity);
+            clear_foreign_values(smem + Tr::kVOffset + prev * Tr::kVBytes, a, tile, v_entry, wg);
+            issue_values(o[0], p, v_tiles + prev * Tr::kVBytes);
+            Turns::pass_turn(wg);
+            wgmma_wait<1>();
+            fence_fragments(s);
+            release_stage(&st.empty_k[stage]);
+            if (j == count - 1) release_stage(&st.q_empty);  // the next work tile's Q may load
+            modify_and_mask(s, a, tile, scores, entry, row_g, w0, col_t);
+            const bool moved = fold(softmax[0], s, rescale, scale_log2);
+            wgmma_wait<0>();
+            fence_fragments(o[0]);
+            release_stage(&st.empty_v[prev]);
+            if (__any_sync(0xffffffffu, moved)) Softmax::rescale_rows(o[0], rescale);
+            to_operand<T>(p, s);
+            v_entry = entry;
+        }
+        mbarrier_wait(&st.v_full[stage], (i / kStages) & 1);
+        Turns::take_turn(wg);
+        clear_foreign_values(smem + Tr::kVOffset + stage * Tr::kVBytes, a, tile, entry, wg);
+        issue_values(o[0], p, v_tiles + stage * Tr::kVBytes);
+        Turns::pass_turn(wg);
+        wgmma_wait<0>();
+        fence_fragments(o[0]);
+        release_stage(&st.empty_v[stage]);
+        ++i;
+    }
+};
+
+}  // namespace cupyflash

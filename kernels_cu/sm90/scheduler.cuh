@@ -1,0 +1,52 @@
+// Which work tiles the CTAs of a persistent Hopper kernel take, and in which order.
+//
+// The grid has at most one CTA per SM; CTA c starts with work tile c and asks for its next one while
+// the current one runs. Work tiles are of kBlockM query rows of one (batch entry, head); their index w
+// in [0, work_count) decodes, by the schedule, into the tile's batch entry, head and first row.
+#pragma once
+#include "common/math.cuh"
+#include "common/params.cuh"
+
+namespace cupyflash {
+
+// The order in which the persistent CTAs take work tiles (cupyflash/_families/sm90.py chooses it).
+struct Sm90Schedule {
+    // 0: the tiles of one (batch entry, head) together, CTA c taking tiles c, c + gridDim.x, ... (equal
+    // tiles: the CTAs running at once share one head's K and V in L2). 1: the tiles with the most keys
+    // of every head first, handed out as CTAs become free (causal and other masks, packed batches).
+    int longest_first;
+    int* next_work;  // zeroed before the launch: tiles handed out after each CTA's first (longest_first)
+};
+
+template <int kBlockM>
+struct Sm90QueryTileScheduler {
+    int num_tiles;   // query tiles of the longest sequence
+    int heads;       // batch * heads
+    int work_count;  // below 2^31: the host limits the grid of every kernel
+
+    __device__ __forceinline__ explicit Sm90QueryTileScheduler(const AttnArgs& a)
+        : num_tiles(ceil_div(a.seqlen_q, kBlockM)), heads(a.batch * a.heads), work_count(num_tiles * heads) {}
+
+    __device__ __forceinline__ static int first() { return static_cast<int>(blockIdx.x); }
+
+    // The work tile after w, asked for when w starts, so the atomic's latency passes during w. Every call
+    // counts once in next_work: work_count + gridDim.x increments per launch.
+    __device__ __forceinline__ static int next(const Sm90Schedule& schedule, int w) {
+        return static_cast<int>(gridDim.x) + (schedule.longest_first ? atomicAdd(schedule.next_work, 1) : w);
+    }
+
+    __device__ __forceinline__ bool finished(int w) const { return w >= work_count; }
+
+    // Batch entry, head and first row of work tile w < work_count. Query tiles count from the last: under
+    // a causal mask it sees the most keys.
+    __device__ __forceinline__ void decode(const Sm90Schedule& schedule, const AttnArgs& a, int w, int* b, int* h,
+                                           int* m0) const {
+        const int rank = schedule.longest_first ? w / heads : w % num_tiles;
+        const int bh = schedule.longest_first ? w % heads : w / num_tiles;
+        *b = bh / a.heads;
+        *h = bh % a.heads;
+        *m0 = (num_tiles - 1 - rank) * kBlockM;
+    }
+};
+
+}  // namespace cupyflash
