@@ -445,15 +445,13 @@ def flash_attention_with_kvcache(q, k_cache, v_cache, *, k=None, v=None, cache_s
         named["cache_seqlens"] = cache_seqlens
     checked = dict(zip(named, _validate.arrays(**named)))
     return_lse = _validate.check_flag("return_lse", return_lse)
-    from ._families.kvcache import MAX_SPLITS
-
     call = _kvcache.check(
         checked["q"], checked["k_cache"], checked["v_cache"], k=checked.get("k"), v=checked.get("v"),
         cache_seqlens=checked.get("cache_seqlens", cache_seqlens), cache_batch_idx=checked.get("cache_batch_idx"),
         block_table=checked.get("block_table"), rotary_cos=checked.get("rotary_cos"),
         rotary_sin=checked.get("rotary_sin"), rotary_interleaved=rotary_interleaved, causal=causal,
         window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, softmax_scale=softmax_scale,
-        num_splits=num_splits, max_splits=MAX_SPLITS)
+        num_splits=num_splits, max_splits=_kvcache.MAX_SPLITS)
     if call.xp is numpy:
         out, lse = _kvcache.numpy_call(call)
     elif call.batch == 0 or call.heads == 0:

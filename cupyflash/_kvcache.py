@@ -16,6 +16,10 @@ import numpy
 
 from . import _validate
 
+#: Largest num_splits: the combine kernel loops over the splits of a row. Here, not beside the kernels
+#: (cupyflash/_families/kvcache.py), because the checks of a NumPy call need it and must not import CuPy.
+MAX_SPLITS = 256
+
 
 @dataclasses.dataclass(frozen=True)
 class KvCacheCall:
