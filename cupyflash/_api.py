@@ -472,7 +472,13 @@ _RING_DOC = """
     comm : cupy.cuda.nccl.NcclCommunicator or cupyflash.VirtualRing
         The ring: rank ``comm.rank_id()`` of ``comm.size()`` (CuPy arrays on the communicator's GPU, which
         must be the current device), or one rank of a :class:`cupyflash.VirtualRing` (ranks as threads of
-        one process). Blocks go to rank + 1 and come from rank - 1; every rank must make the same call.
+        one process). Blocks go to rank + 1 and come from rank - 1. Every rank must make the same ring
+        calls, in the same order, with the same options (``causal``, ``window_size``, ``layout``,
+        ``softmax_scale``), dtype and shard shapes. A VirtualRing rank checks this at the start of every
+        call (ValueError naming the ranks and the values that differ), and a rank that waits for a block
+        that cannot come raises instead of hanging (see :class:`cupyflash.VirtualRing`). An NCCL ring is
+        not checked: that would take a collective and a host synchronization in every call. There a
+        mismatch gives wrong results, an NCCL error or a hang.
     causal : bool, keyword-only
         Causal over the global sequence. Needs ``layout``.
     softmax_scale : float or None, keyword-only
@@ -510,7 +516,8 @@ def ring_flash_attention(q, k, v, comm, *, causal=False, softmax_scale=None, win
     """
     q, k, v = _validate.arrays(q=q, k=k, v=v)
     p = _validate.forward_problem(q, k, v, softmax_scale=softmax_scale)
-    xp, ring, geometry = _ring._check({"q": q, "k": k, "v": v}, comm, causal, window_size, layout)
+    xp, ring, geometry = _ring._check("ring_flash_attention", {"q": q, "k": k, "v": v}, comm, causal, window_size,
+                                      layout, p.softmax_scale)
     return_lse = _validate.check_flag("return_lse", return_lse)
     out, lse = _ring.ring_forward(q, k, v, ring, xp, p.softmax_scale, geometry)
     return (out, lse) if return_lse else out
@@ -536,8 +543,9 @@ def ring_flash_attention_backward(dout, q, k, v, out, lse, comm, *, causal=False
     """
     dout, q, k, v, out, lse = _validate.arrays(dout=dout, q=q, k=k, v=v, out=out, lse=lse)
     p = _validate.backward_problem(dout, q, k, v, out, lse, softmax_scale=softmax_scale)
-    xp, ring, geometry = _ring._check({"dout": dout, "q": q, "k": k, "v": v, "out": out, "lse": lse}, comm, causal,
-                                      window_size, layout)
+    xp, ring, geometry = _ring._check("ring_flash_attention_backward",
+                                      {"dout": dout, "q": q, "k": k, "v": v, "out": out, "lse": lse}, comm, causal,
+                                      window_size, layout, p.softmax_scale)
     deterministic = _validate.check_flag("deterministic", deterministic)
     lse = lse.astype(_validate.lse_dtype(p.dtype), copy=False)
     return _ring.ring_backward(dout, q, k, v, out, lse, ring, xp, p.softmax_scale, geometry, deterministic)
