@@ -26,14 +26,41 @@ from . import _validate
 LAYOUTS = ("zigzag", "contiguous")
 
 
+def _axis(axis, name, x):
+    """``axis`` of array ``x`` (argument ``name``) as a non-negative index; negative axes count from the end."""
+    if not _validate._is_int(axis):
+        raise TypeError(f"axis must be an int, got {type(axis).__name__} {axis!r}")
+    if not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"axis {axis} is out of range for {name}, a {x.ndim}-dimensional array of shape {x.shape}; "
+                         f"expected -{x.ndim} <= axis < {x.ndim}")
+    return int(axis) % x.ndim
+
+
 def zigzag_shard(x, world, rank, axis=1):
-    """Rank ``rank``'s shard of the full sequence ``x`` in the zigzag layout: chunks ``rank`` and
-    ``2 * world - 1 - rank`` of ``2 * world`` equal chunks along ``axis`` (1 for q, k, v, out and dout,
-    2 for lse), concatenated. The length along ``axis`` must be a multiple of ``2 * world``."""
+    """Rank ``rank``'s shard of the full sequence ``x`` in the zigzag layout.
+
+    Parameters
+    ----------
+    x : numpy.ndarray or cupy.ndarray
+        The full sequence: q, k, v, out or dout (batch, seqlen, heads, headdim), or lse (batch, heads,
+        seqlen).
+    world, rank : int
+        The ranks of the ring and this one, ``0 <= rank < world``.
+    axis : int
+        The sequence axis: 1 for q, k, v, out and dout, 2 (or -1) for lse. Its length must be a
+        multiple of ``2 * world``.
+
+    Returns
+    -------
+    array of x's kind and dtype
+        Chunks ``rank`` and ``2 * world - 1 - rank`` of ``2 * world`` equal chunks along ``axis``,
+        concatenated: every rank of a causal ring gets the same work.
+    """
     xp = _validate._array_module({"x": x})
-    length = x.shape[axis]
     if not _validate._is_int(world) or not _validate._is_int(rank) or world < 1 or not 0 <= rank < world:
         raise ValueError(f"need 0 <= rank < world, got rank {rank!r}, world {world!r}")
+    axis = _axis(axis, "x", x)
+    length = x.shape[axis]
     if length % (2 * world):
         raise ValueError(f"the sequence axis ({length}) must be a multiple of 2 * world = {2 * world}")
     chunk = length // (2 * world)
@@ -47,15 +74,38 @@ def zigzag_shard(x, world, rank, axis=1):
 
 
 def zigzag_unshard(shards, axis=1):
-    """The full sequence from every rank's zigzag shard (``shards[r]`` from rank r), the inverse of
-    :func:`zigzag_shard`."""
+    """The full sequence from every rank's zigzag shard, the inverse of :func:`zigzag_shard`.
+
+    Parameters
+    ----------
+    shards : sequence of arrays, all NumPy or all CuPy
+        ``shards[r]`` from rank r (``world = len(shards)`` of them), each of one shape and an even length
+        along ``axis``: the two chunks of :func:`zigzag_shard`.
+    axis : int
+        The sequence axis, as given to :func:`zigzag_shard`: 1 for q, k, v, out, dout and the
+        gradients, 2 (or -1) for lse.
+
+    Returns
+    -------
+    array of the shards' kind and dtype
+        The ``2 * world`` chunks in sequence order, concatenated along ``axis``.
+    """
     world = len(shards)
     if world < 1:
         raise ValueError("need at least one shard")
     xp = _validate._array_module({f"shards[{r}]": s for r, s in enumerate(shards)})
+    for r, shard in enumerate(shards):
+        if shard.shape != shards[0].shape:
+            raise ValueError(f"every rank's shard must have one shape; shards[{r}] has shape {shard.shape}, shards[0] "
+                             f"{shards[0].shape}")
+    axis = _axis(axis, "shards[0]", shards[0])
+    rows = shards[0].shape[axis]
+    if rows % 2:
+        raise ValueError(f"a zigzag shard holds two equal chunks, so its length along axis {axis} must be even; the "
+                         f"shards have shape {shards[0].shape}")
     chunks = [None] * (2 * world)
     for r, shard in enumerate(shards):
-        half = shard.shape[axis] // 2
+        half = rows // 2
         index = [slice(None)] * shard.ndim
         index[axis] = slice(0, half)
         chunks[r] = shard[tuple(index)]

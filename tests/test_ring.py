@@ -224,6 +224,42 @@ def test_zigzag_shard_needs_whole_chunks():
         cupyflash.zigzag_shard(np.zeros((1, 12, 1)), 3, 3)
 
 
+def test_zigzag_unshard_refuses_unequal_shards():
+    """Regression: shards of different lengths came back in a wrong order, without an error."""
+    x = np.arange(10).reshape(1, 10, 1)
+    with pytest.raises(ValueError, match=r"every rank's shard must have one shape; shards\[1\] has shape \(1, 6, 1\), "
+                       r"shards\[0\] \(1, 4, 1\)"):
+        cupyflash.zigzag_unshard([x[:, :4], x[:, 4:]])
+    with pytest.raises(ValueError, match=r"shards\[1\] has shape \(1, 4, 2\), shards\[0\] \(1, 4, 1\)"):
+        cupyflash.zigzag_unshard([x[:, :4], np.zeros((1, 4, 2))])
+
+
+def test_zigzag_unshard_refuses_odd_shards():
+    """Regression: odd-length shards (no two equal chunks) came back in a wrong order, without an error."""
+    x = np.arange(10).reshape(1, 10, 1)
+    with pytest.raises(ValueError, match=r"its length along axis 1 must be even; the shards have shape \(1, 5, 1\)"):
+        cupyflash.zigzag_unshard([x[:, :5], x[:, 5:]])
+
+
+def test_zigzag_axis_out_of_range_is_a_value_error():
+    """Regression: an axis past x's last raised IndexError from inside zigzag_shard."""
+    x = np.zeros((2, 12, 3))
+    with pytest.raises(ValueError, match=r"axis 5 is out of range for x, a 3-dimensional array of shape \(2, 12, 3\); "
+                       r"expected -3 <= axis < 3"):
+        cupyflash.zigzag_shard(x, 3, 0, axis=5)
+    with pytest.raises(ValueError, match=r"axis -4 is out of range for shards\[0\], a 3-dimensional array"):
+        cupyflash.zigzag_unshard([x, x], axis=-4)
+    with pytest.raises(TypeError, match="axis must be an int, got float 1.0"):
+        cupyflash.zigzag_shard(x, 3, 0, axis=1.0)
+
+
+def test_zigzag_negative_axis_counts_from_the_end():
+    lse = np.arange(2 * 3 * 12).reshape(2, 3, 12)
+    shards = [cupyflash.zigzag_shard(lse, 3, r, axis=-1) for r in range(3)]
+    assert (shards[1] == np.concatenate([lse[..., 2:4], lse[..., 8:10]], axis=-1)).all()
+    assert (cupyflash.zigzag_unshard(shards, axis=-1) == lse).all()
+
+
 @pytest.mark.parametrize(
     "options, error, match",
     [
