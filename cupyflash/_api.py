@@ -342,19 +342,26 @@ def merge_attention_states(out_a, lse_a, out_b, lse_b):
     return _merge.merge(xp, [out_a, out_b], [lse_a, lse_b], packed)
 
 
-def merge_attention_states_stacked(out, lse):
+def merge_attention_states_stacked(out, lse, *, packed=False):
     """Attention over the union of n disjoint key sets, from the attention over each, stacked.
     {merge}
 
     Parameters
     ----------
-    out : cupy.ndarray or numpy.ndarray, shape (n, ...): n >= 1 parts stacked along a new first axis
-        (float16, bfloat16, float32 or float64)
-    lse : array of the same kind, float32 or float64, shape (n, ...): each part's log-sum-exp
+    out : cupy.ndarray or numpy.ndarray, n >= 1 parts stacked along a new first axis
+        (float16, bfloat16, float32 or float64): shape (n, batch, seqlen_q, heads, headdim_v), or with
+        ``packed=True`` (n, total_q, heads, headdim_v)
+    lse : array of the same kind, float32 or float64: each part's log-sum-exp, shape (n, batch, heads,
+        seqlen_q), or with ``packed=True`` (n, heads, total_q)
+    packed : bool, keyword-only
+        The parts are in the packed (varlen) layout. It must be said: a 4-dimensional ``out`` is either
+        packed parts or, by mistake, one unstacked (batch, seqlen_q, heads, headdim_v) result whose batch
+        entries would be merged as parts; so without ``packed=True`` it is refused.
     {merge_returns}
     """
     out, lse = _validate.arrays(out=out, lse=lse)
-    xp, packed, parts = _validate.merge_stacked(out, lse)
+    packed = _validate.check_flag("packed", packed)
+    xp, parts = _validate.merge_stacked(out, lse, packed)
     return _merge.merge(xp, [out[i] for i in range(parts)], [lse[i] for i in range(parts)], packed)
 
 

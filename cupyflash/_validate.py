@@ -519,13 +519,21 @@ def merge_parts(outs, lses):
     return xp, packed
 
 
-def merge_stacked(out, lse):
+def merge_stacked(out, lse, packed):
     """Checks the stacked form of a merge: out and lse with a leading axis of n >= 1 parts, each part as
-    in :func:`merge_parts`. Returns (array module, packed, n)."""
-    if out.ndim not in (4, 5):
+    in :func:`merge_parts`, in the packed layout when ``packed``. Returns (array module, n)."""
+    parts_axes = "(parts, total_q, heads, headdim_v)" if packed else "(parts, batch, seqlen_q, heads, headdim_v)"
+    if not packed and out.ndim == 4:
         raise ValueError(
-            f"out: {out.ndim}-dimensional array given. Array must be 5-dimensional (parts, batch, seqlen_q, heads, "
-            "headdim_v) or, for packed sequences, 4-dimensional (parts, total_q, heads, headdim_v)"
+            "out: 4-dimensional array given. Array must be 5-dimensional (parts, batch, seqlen_q, heads, headdim_v), "
+            "or 4-dimensional (parts, total_q, heads, headdim_v) with packed=True. A 4-dimensional out is either "
+            "packed parts (pass packed=True) or a single (batch, seqlen_q, heads, headdim_v) result, whose batch "
+            "entries would be merged as parts (stack the parts instead: xp.stack([out_a, out_b]))"
+        )
+    if out.ndim != (4 if packed else 5):
+        raise ValueError(
+            f"out: {out.ndim}-dimensional array given. Array must be {4 if packed else 5}-dimensional {parts_axes}"
+            + (" with packed=True" if packed else "")
         )
     if lse.ndim != out.ndim - 1 or lse.shape[:1] != out.shape[:1]:
         raise ValueError(
@@ -534,5 +542,5 @@ def merge_stacked(out, lse):
         )
     if out.shape[0] == 0:
         raise ValueError("out has 0 parts along its first axis; merging needs at least one")
-    xp, packed = merge_parts({"out[0]": out[0]}, {"lse[0]": lse[0]})
-    return xp, packed, out.shape[0]
+    xp, _ = merge_parts({"out[0]": out[0]}, {"lse[0]": lse[0]})
+    return xp, out.shape[0]
