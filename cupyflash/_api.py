@@ -63,7 +63,10 @@ _MASK_DOC = """
         (Gemma 2); the gradient goes exactly through the tanh. 0 means none.
     alibi_slopes : float32 array of q's kind, shape (heads,) or (batch, heads), or None, keyword-only
         ALiBi: ``-slope[b, h] * |i + seqlen_k - seqlen_q - j|`` is added to each scaled (and capped)
-        score of query head h, FlashAttention-2's definition."""
+        score of query head h, FlashAttention-2's definition. NumPy slopes must be finite (ValueError
+        otherwise). CuPy slopes are not checked, since reading them would synchronize with the host: a
+        NaN or infinite slope makes every row of its head (and batch entry, for (batch, heads) slopes)
+        that sees a key NaN, in out and lse."""
 
 _BLOCK_MASK_DOC = """
     block_mask : cupyflash.BlockMask or None, keyword-only
@@ -391,7 +394,9 @@ def flash_attention_with_kvcache(q, k_cache, v_cache, *, k=None, v=None, cache_s
         Dense: (batch_cache, cache_len, heads_k, headdim) and (..., headdim_v), entry ``b`` (or
         ``cache_batch_idx[b]``) serving batch entry ``b``. Paged (with ``block_table``): (num_pages,
         page_size, heads_k, headdim), any page size from 1. heads must be a multiple of heads_k (GQA);
-        the query heads that share a kv head are computed together, so the cache is read once.
+        the query heads that share a kv head are computed together, so the cache is read once. With
+        ``k`` and ``v`` both caches are written, so both must be writable: a read-only NumPy cache
+        raises ValueError before anything is written.
     k, v : arrays, shape (batch, seqlen_new, heads_k, headdim) and (..., headdim_v), keyword-only
         New keys and values to append, or None.
     cache_seqlens : int, int32 array of shape (batch,), or None, keyword-only

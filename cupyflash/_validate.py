@@ -272,6 +272,12 @@ def _alibi_slopes(slopes, xp, batch, heads):
         raise TypeError(f"alibi_slopes has dtype {slopes.dtype}; expected float32")
     if slopes.shape not in ((heads,), (batch, heads)):
         raise ValueError(f"alibi_slopes must have shape ({heads},) or ({batch}, {heads}) (batch, heads), got {slopes.shape}")
+    # Host values are free to check; CuPy slopes are not (it would synchronize): there a NaN or an inf
+    # makes the rows of its head that see a key NaN.
+    if xp is numpy and not numpy.isfinite(slopes).all():
+        bad = numpy.argwhere(~numpy.isfinite(slopes))
+        raise ValueError(f"alibi_slopes must be finite; got {slopes[tuple(bad[0])]} at index {tuple(int(i) for i in bad[0])} "
+                         f"({len(bad)} non-finite of {slopes.size})")
     _check_devices(xp, {"alibi_slopes": slopes})
     return xp.ascontiguousarray(slopes)
 

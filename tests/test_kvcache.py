@@ -291,6 +291,42 @@ def test_validation(change, error, match):
                                                                          if x is not None})
 
 
+@pytest.mark.parametrize("read_only", ["k_cache", "v_cache"])
+def test_read_only_cache_is_refused_before_anything_is_written(read_only):
+    """Regression: a read-only NumPy v_cache let the call write k_cache, then fail with numpy's
+    "assignment destination is read-only"."""
+    (q, k_cache, v_cache), arrays = _inputs(np, "float32", batch=2, seqlen_q=1, heads=2, heads_k=1, headdim=8,
+                                            headdim_v=8, capacity=16, lengths=[3, 4], new=1)
+    caches = {"k_cache": k_cache, "v_cache": v_cache}
+    caches[read_only].flags.writeable = False
+    before = {n: x.copy() for n, x in caches.items()}
+    with pytest.raises(ValueError, match=rf"{read_only} is read-only; the new keys and values \(k, v\) are written into "
+                       r"k_cache and v_cache in place, so both must be writable"):
+        cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **arrays)
+    for name, x in caches.items():
+        np.testing.assert_array_equal(x, before[name], err_msg=f"{name} was written")
+
+
+def test_read_only_cache_without_new_keys_is_read():
+    (q, k_cache, v_cache), arrays = _inputs(np, "float32", batch=2, seqlen_q=1, heads=2, heads_k=1, headdim=8,
+                                            headdim_v=8, capacity=16, lengths=[3, 4])
+    for x in (k_cache, v_cache):
+        x.flags.writeable = False
+    out = cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **arrays)
+    want = reference.attention_with_kvcache(q, k_cache, v_cache, **arrays)[0]
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_alibi_slopes_are_refused(bad):
+    """Regression: a NaN slope was taken silently (a NaN softcap is refused)."""
+    (q, k_cache, v_cache), arrays = _inputs(np, "float32", batch=2, seqlen_q=1, heads=2, heads_k=1, headdim=8,
+                                            headdim_v=8, capacity=16, lengths=[3, 4])
+    slopes = np.array([[0.5, 0.25], [0.5, bad]], np.float32)
+    with pytest.raises(ValueError, match=rf"alibi_slopes must be finite; got {bad} at index \(1, 1\) \(1 non-finite of 4\)"):
+        cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, alibi_slopes=slopes, **arrays)
+
+
 def test_rotary_needs_new_keys():
     (q, k_cache, v_cache), arrays = _inputs(np, "float32", batch=1, seqlen_q=1, heads=1, heads_k=1, headdim=8,
                                             headdim_v=8, capacity=8, lengths=[3], rotary_dim=4)

@@ -234,6 +234,22 @@ def test_bad_alibi_slopes():
         cupyflash.flash_attention(q, k, v, alibi_slopes=[1.0] * 4)
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_alibi_slopes_are_refused(bad):
+    """Regression: a NaN slope was taken silently (a NaN softcap is refused)."""
+    q, k, v = _qkv()  # batch 2, heads 4
+    slopes = np.array([0.5, 0.25, bad, 0.125], np.float32)
+    message = rf"alibi_slopes must be finite; got {bad} at index \(2,\) \(1 non-finite of 4\)"
+    with pytest.raises(ValueError, match=message):
+        cupyflash.flash_attention(q, k, v, alibi_slopes=slopes)
+    out, lse = cupyflash.flash_attention(q, k, v, return_lse=True)
+    with pytest.raises(ValueError, match=message):
+        cupyflash.flash_attention_backward(out, q, k, v, out, lse, alibi_slopes=slopes)
+    cu = np.array([0, 5], np.int32)
+    with pytest.raises(ValueError, match=r"alibi_slopes must be finite; got .* at index \(0, 2\)"):
+        cupyflash.flash_attention_varlen(q[0], k[0, :5], v[0, :5], cu, cu, alibi_slopes=slopes[None])
+
+
 def test_bad_block_mask():
     q, k, v = _qkv()  # batch 2, seqlen_q 5, seqlen_k 7, heads 4
     with pytest.raises(TypeError, match=r"block_mask must be a cupyflash.BlockMask \(see BlockMask.from_dense\), got numpy.ndarray"):
