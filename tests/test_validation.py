@@ -373,3 +373,28 @@ def test_block_mask_builders_check_their_arguments():
         cupyflash.BlockMask.longformer(0)
     with pytest.raises(ValueError, match=r"random_blocks must be non-negative, got -1"):
         cupyflash.BlockMask.bigbird(100, random_blocks=-1)
+
+
+@pytest.mark.parametrize("seed, error, match", [
+    ("a", TypeError, r"seed must be an int, got str 'a'"),
+    (1.5, TypeError, r"seed must be an int, got float 1.5"),
+    (None, TypeError, r"seed must be an int, got NoneType None"),
+    (True, TypeError, r"seed must be an int, got bool True"),
+    (-1, ValueError, r"seed must be non-negative, got -1"),
+])
+def test_bigbird_seed_must_be_an_int(seed, error, match):
+    """Regression: a str seed failed inside NumPy ("SeedSequence expects int or sequence of ints for entropy")."""
+    with pytest.raises(error, match=match):
+        cupyflash.BlockMask.bigbird(256, block_size=(64, 64), seed=seed)
+
+
+def test_bigbird_seed_draws_from_default_rng():
+    """The documented draw: numpy.random.default_rng(seed).choice per head and query block, after Longformer's."""
+    mask = cupyflash.BlockMask.bigbird(512, block_size=(64, 64), window_blocks=0, global_blocks=0, random_blocks=2,
+                                       heads=2, seed=np.int64(7))
+    rng = np.random.default_rng(7)
+    want = np.repeat(np.eye(8, dtype=bool)[None, None], 2, axis=1)
+    for h in range(2):
+        for r in range(8):
+            want[0, h, r, rng.choice(8, 2, replace=False)] = True
+    np.testing.assert_array_equal(mask.layout, want)
