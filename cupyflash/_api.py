@@ -87,11 +87,12 @@ _DETERMINISTIC_DOC = """
         False (the default): the float16/bfloat16 tensor-core backward adds each key tile's share of
         dq into a float32 buffer with atomic additions, in whatever order the tiles finish, so dq can
         differ from run to run in its last bits (dk and dv never do). True: the tiles add in a fixed
-        order, so dq is bitwise identical from run to run on the same device, for 8-14% more time and a
-        second float32 dq buffer (see bench/NOTES.md). The default is the faster mode because the
-        run-to-run differences are far below the rounding error of the result; training that must
-        replay exactly should pass True. Every other path (float32, float64, NumPy arrays) is
-        deterministic either way."""
+        order, so dq is bitwise identical from run to run on the same device, at the cost of a second
+        float32 dq buffer and of time: 4-19% more on the H200's Hopper backward (14% or less except at
+        seqlen 1024; bench/NOTES.md). The default is the faster mode because the run-to-run
+        differences are far below the rounding error of the result; training that must replay exactly
+        should pass True. Every other path (float32, float64, NumPy arrays) is deterministic either
+        way."""
 
 _NOTES_DOC = """
     CuPy arrays run on CuPy's current device and stream; NumPy arrays run the same tiled algorithm on
@@ -571,11 +572,13 @@ def ring_flash_attention_vjp(q, k, v, comm, *, causal=False, softmax_scale=None,
     Parameters
     ----------{ring}
     deterministic : bool, keyword-only
+        As in :func:`flash_attention_backward`.
 
     Returns
     -------
     out : array, this rank's rows
     vjp : callable
+        ``vjp(dout) -> (dq, dk, dv)`` of this rank's shard (:func:`ring_flash_attention_backward`).
     """
     options = dict(causal=causal, softmax_scale=softmax_scale, window_size=window_size, layout=layout)
     out, lse = ring_flash_attention(q, k, v, comm, return_lse=True, **options)

@@ -97,6 +97,11 @@ class BlockMask:
             ``k_blocks = ceil(seqlen_k / block_k)``.
         block_size : (int, int)
             (block_q, block_k), the queries and keys per block.
+
+        Returns
+        -------
+        BlockMask
+            On the layout's device, with its own copy of the layout (read-only for NumPy).
         """
         block_size = _block_size(block_size)
         cupy = _cupy()

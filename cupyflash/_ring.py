@@ -226,9 +226,24 @@ class VirtualRing:
     @classmethod
     def run(cls, world, fn, timeout=DEFAULT_TIMEOUT):
         """``[fn(ring) for each rank]``, every rank in its own thread (the ranks wait on each other's
-        blocks). An exception in any rank is raised here, after every thread has stopped: the first
-        rank's own error, not the other ranks' giving up. A rank that waits for a block from a rank whose
-        ``fn`` has returned raises RuntimeError at once; ``timeout`` is as in :meth:`create`."""
+        blocks).
+
+        Parameters
+        ----------
+        world : int
+            Ranks, at least 1.
+        fn : callable
+            ``fn(ring)`` for each rank ``ring`` of a new ring (``ring.rank``, ``ring.world``).
+        timeout : float or None
+            As in :meth:`create`. A rank that waits for a block from a rank whose ``fn`` has returned
+            raises RuntimeError at once.
+
+        Returns
+        -------
+        list
+            ``fn``'s results, rank r's at index r. An exception in any rank is raised instead, after
+            every thread has stopped: the first rank's own error, not the other ranks' giving up.
+        """
         members = cls.create(world, timeout)
         shared = members[0]._shared
         results, errors = [None] * world, []
