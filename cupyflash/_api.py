@@ -192,8 +192,8 @@ def flash_attention_vjp(q, k, v, *, causal=False, softmax_scale=None, window_siz
         ``vjp(dout) -> (dq, dk, dv)``; keeps q, k, v, out and lse alive until it is released.
     """
     deterministic = _validate.check_flag("deterministic", deterministic)
-    options = dict(causal=causal, softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
-                   alibi_slopes=alibi_slopes, block_mask=block_mask)
+    options = {"causal": causal, "softmax_scale": softmax_scale, "window_size": window_size, "softcap": softcap,
+               "alibi_slopes": alibi_slopes, "block_mask": block_mask}
     out, lse = flash_attention(q, k, v, return_lse=True, **options)
 
     def vjp(dout):
@@ -277,8 +277,8 @@ def flash_attention_varlen_vjp(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqle
         ``vjp(dout) -> (dq, dk, dv)``; keeps the inputs, out and lse alive until it is released.
     """
     deterministic = _validate.check_flag("deterministic", deterministic)
-    options = dict(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal, softmax_scale=softmax_scale,
-                   window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
+    options = {"max_seqlen_q": max_seqlen_q, "max_seqlen_k": max_seqlen_k, "causal": causal, "softmax_scale": softmax_scale,
+               "window_size": window_size, "softcap": softcap, "alibi_slopes": alibi_slopes}
     out, lse = flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, return_lse=True, **options)
 
     def vjp(dout):
@@ -501,8 +501,8 @@ _RING_DOC = """
         ``i - left <= j <= i + right``, -1 unbounded). Needs ``layout``. The ring stops after the last
         step that brings a visible block to some rank: with ``layout="contiguous"`` and a window that
         reaches less than a shard back and none forward (``left >= 0`` with ``right = 0`` or
-        ``causal``), after one step (the previous rank's block) instead of world - 1. (Blocks ahead of a shard, and a zigzag shard's neighbours, arrive
-        last: every step.)
+        ``causal``), after one step (the previous rank's block) instead of world - 1. (Blocks ahead of a
+        shard, and a zigzag shard's neighbours, arrive last: every step.)
     layout : "zigzag", "contiguous" or None, keyword-only
         How the global sequence is sharded, for a causal or windowed ring: "zigzag" (rank r holds
         chunks r and 2 * world - 1 - r of 2 * world, see :func:`cupyflash.zigzag_shard`: every rank
@@ -580,7 +580,7 @@ def ring_flash_attention_vjp(q, k, v, comm, *, causal=False, softmax_scale=None,
     vjp : callable
         ``vjp(dout) -> (dq, dk, dv)`` of this rank's shard (:func:`ring_flash_attention_backward`).
     """
-    options = dict(causal=causal, softmax_scale=softmax_scale, window_size=window_size, layout=layout)
+    options = {"causal": causal, "softmax_scale": softmax_scale, "window_size": window_size, "layout": layout}
     out, lse = ring_flash_attention(q, k, v, comm, return_lse=True, **options)
 
     def vjp(dout):

@@ -462,7 +462,7 @@ def _sub_block(q_run, k_run, left, right):
 
 def _joined(ranges):
     """The union of sorted ``ranges`` when they tile one interval, else None."""
-    if all(a[1] == b[0] for a, b in zip(ranges, ranges[1:])):
+    if all(a[1] == b[0] for a, b in zip(ranges, ranges[1:])):  # noqa: RUF007 (itertools.pairwise needs Python 3.10)
         return ranges[0][0], ranges[-1][1]
     return None
 

@@ -373,8 +373,8 @@ def forward_problem(q, k, v, *, causal=False, softmax_scale=None, window_size=(-
     _check_sizes((("seqlen_q", seqlen_q), ("seqlen_k", seqlen_k), ("headdim", headdim), ("headdim_v", headdim_v)))
     _check_grid(batch, seqlen_q, seqlen_k, heads, heads_k, batch * seqlen_q)
     _check_devices(xp, named)
-    p = dict(xp=xp, dtype=dtype, batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads=heads, heads_k=heads_k,
-             headdim=headdim, headdim_v=headdim_v, softmax_scale=_softmax_scale(softmax_scale, headdim, dtype))
+    p = {"xp": xp, "dtype": dtype, "batch": batch, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k, "heads": heads, "heads_k": heads_k,
+         "headdim": headdim, "headdim_v": headdim_v, "softmax_scale": _softmax_scale(softmax_scale, headdim, dtype)}
     return _options(p, causal, window_size, softcap, alibi_slopes, block_mask)
 
 
@@ -450,9 +450,9 @@ def varlen_forward_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=
                   ("max_seqlen_q", max_q), ("max_seqlen_k", max_k)))
     _check_grid(batch, max_q, max_k, heads, heads_k, total_q)
     _check_devices(xp, named)
-    p = dict(xp=xp, dtype=dtype, batch=batch, seqlen_q=max_q, seqlen_k=max_k, heads=heads, heads_k=heads_k,
-             headdim=headdim, headdim_v=headdim_v, softmax_scale=_softmax_scale(softmax_scale, headdim, dtype),
-             cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, total_q=total_q, total_k=total_k, check_on_device=on_device)
+    p = {"xp": xp, "dtype": dtype, "batch": batch, "seqlen_q": max_q, "seqlen_k": max_k, "heads": heads, "heads_k": heads_k,
+         "headdim": headdim, "headdim_v": headdim_v, "softmax_scale": _softmax_scale(softmax_scale, headdim, dtype),
+         "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k, "total_q": total_q, "total_k": total_k, "check_on_device": on_device}
     return _options(p, causal, window_size, softcap, alibi_slopes, None)
 
 

@@ -42,7 +42,7 @@ def _split_attention(xp, sizes, dtype, splits, seed):
     q, k, v = random_qkv(xp, batch, seqlen_q, seqlen_k, heads, heads_k, headdim, headdim_v, DTYPES[dtype], seed)
     bounds = [0, *splits, seqlen_k]
     parts = [cupyflash.flash_attention(q, k[:, a:b], v[:, a:b], return_lse=True, softmax_scale=headdim**-0.5)
-             for a, b in zip(bounds[:-1], bounds[1:])]
+             for a, b in zip(bounds[:-1], bounds[1:])]  # noqa: RUF007 (itertools.pairwise needs Python 3.10)
     return q, k, v, parts
 
 

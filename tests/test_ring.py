@@ -52,7 +52,7 @@ def _check_ring(xp, dtype, world, causal, layout, window=(-1, -1), sizes=(2, 4, 
                          seed_from(dtype, world, causal, layout, window))
     dout = xp.asarray(np.random.default_rng(1).standard_normal((batch, seqlen, heads, headdim_v)).astype(DTYPES[dtype]))
     shard, unshard = _layout_functions(xp, layout, world, seqlen)
-    options = dict(causal=causal, layout=layout, window_size=window)
+    options = {"causal": causal, "layout": layout, "window_size": window}
 
     def rank(ring):
         r = ring.rank
@@ -263,12 +263,12 @@ def test_zigzag_negative_axis_counts_from_the_end():
 @pytest.mark.parametrize(
     "options, error, match",
     [
-        (dict(causal=True), ValueError, "a causal ring needs layout='zigzag'"),
-        (dict(causal=True, layout="spiral"), ValueError, "layout must be one of"),
-        (dict(window_size=(4, 0)), ValueError, "a ring with a sliding window needs layout="),
-        (dict(window_size=(-2, 0), layout="contiguous"), ValueError, "window_size left must be -1"),
-        (dict(window_size=4, layout="contiguous"), TypeError, "window_size must be a pair"),
-        (dict(causal=1, layout="zigzag"), TypeError, "causal must be a bool"),
+        ({"causal": True}, ValueError, "a causal ring needs layout='zigzag'"),
+        ({"causal": True, "layout": "spiral"}, ValueError, "layout must be one of"),
+        ({"window_size": (4, 0)}, ValueError, "a ring with a sliding window needs layout="),
+        ({"window_size": (-2, 0), "layout": "contiguous"}, ValueError, "window_size left must be -1"),
+        ({"window_size": 4, "layout": "contiguous"}, TypeError, "window_size must be a pair"),
+        ({"causal": 1, "layout": "zigzag"}, TypeError, "causal must be a bool"),
     ],
     ids=["causal-without-layout", "bad-layout", "window-without-layout", "window-negative", "window-int",
          "causal-int"],
@@ -378,10 +378,10 @@ def test_virtual_ring_timeout_is_checked():
 @pytest.mark.parametrize(
     "rank1_options, match",
     [
-        (dict(causal=False), r"causal True on rank 0, False on rank 1"),
-        (dict(layout="contiguous"), r"layout 'zigzag' on rank 0, 'contiguous' on rank 1"),
-        (dict(window_size=(3, -1)), r"window_size \(-1, -1\) on rank 0, \(3, -1\) on rank 1"),
-        (dict(softmax_scale=0.5), r"softmax_scale 0.3535\d* on rank 0, 0.5 on rank 1"),
+        ({"causal": False}, r"causal True on rank 0, False on rank 1"),
+        ({"layout": "contiguous"}, r"layout 'zigzag' on rank 0, 'contiguous' on rank 1"),
+        ({"window_size": (3, -1)}, r"window_size \(-1, -1\) on rank 0, \(3, -1\) on rank 1"),
+        ({"softmax_scale": 0.5}, r"softmax_scale 0.3535\d* on rank 0, 0.5 on rank 1"),
     ],
     ids=["causal", "layout", "window", "scale"],
 )
@@ -390,7 +390,7 @@ def test_virtual_ring_ranks_with_different_options_raise(rank1_options, match):
     shards = _shards(2)
 
     def rank(ring):
-        options = dict(causal=True, layout="zigzag")
+        options = {"causal": True, "layout": "zigzag"}
         if ring.rank == 1:
             options.update(rank1_options)
         return cupyflash.ring_flash_attention(*shards[ring.rank], ring, **options)

@@ -140,7 +140,7 @@ def without_cupy(tmp_path_factory):
     (folder / "child.py").write_text(_MAIN_JOB + _EVERY_FUNCTION)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(folder), _PACKAGE_ROOT]))
     return subprocess.run([sys.executable, "child.py"], env=env, cwd=folder, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, check=False)
 
 
 def test_main_job_runs_without_cupy(without_cupy):
