@@ -16,8 +16,9 @@ import numpy
 
 from . import _validate
 
-#: Largest num_splits: the combine kernel loops over the splits of a row. Here, not beside the kernels
-#: (cupyflash/_families/kvcache.py), because the checks of a NumPy call need it and must not import CuPy.
+#: Largest num_splits: the combine kernel loops over the splits of a row (kvc_combine's kMaxSplits).
+#: Here, not beside the kernels (cupyflash/_families/kvcache.py), because the checks of a NumPy call
+#: need it and must not import CuPy.
 MAX_SPLITS = 256
 
 

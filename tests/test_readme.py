@@ -22,7 +22,7 @@ def _blocks():
 def test_every_marker_has_its_block():
     """A marker whose block was moved or lost its fence would silently drop out of the test below."""
     text, blocks = _blocks()
-    assert len(blocks) == text.count(MARKER) == 3
+    assert len(blocks) == text.count(MARKER) > 0
     body = "\n".join(blocks)
     for name in ("flash_attention(", "flash_attention_backward(", "flash_attention_vjp(", "window_size=",
                  "block_mask=", "flash_attention_varlen(", "flash_attention_with_kvcache(", "merge_attention_states(",
