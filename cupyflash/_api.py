@@ -63,7 +63,10 @@ _MASK_DOC = """
         (Gemma 2); the gradient goes exactly through the tanh. 0 means none.
     alibi_slopes : float32 array of q's kind, shape (heads,) or (batch, heads), or None, keyword-only
         ALiBi: ``-slope[b, h] * |i + seqlen_k - seqlen_q - j|`` is added to each scaled (and capped)
-        score of query head h, FlashAttention-2's definition."""
+        score of query head h, FlashAttention-2's definition. NumPy slopes must be finite (ValueError
+        otherwise). CuPy slopes are not checked, since reading them would synchronize with the host: a
+        NaN or infinite slope makes every row of its head (and batch entry, for (batch, heads) slopes)
+        that sees a key NaN, in out and lse."""
 
 _BLOCK_MASK_DOC = """
     block_mask : cupyflash.BlockMask or None, keyword-only
@@ -84,11 +87,12 @@ _DETERMINISTIC_DOC = """
         False (the default): the float16/bfloat16 tensor-core backward adds each key tile's share of
         dq into a float32 buffer with atomic additions, in whatever order the tiles finish, so dq can
         differ from run to run in its last bits (dk and dv never do). True: the tiles add in a fixed
-        order, so dq is bitwise identical from run to run on the same device, for 8-14% more time and a
-        second float32 dq buffer (see bench/NOTES.md). The default is the faster mode because the
-        run-to-run differences are far below the rounding error of the result; training that must
-        replay exactly should pass True. Every other path (float32, float64, NumPy arrays) is
-        deterministic either way."""
+        order, so dq is bitwise identical from run to run on the same device, at the cost of a second
+        float32 dq buffer and of time: 4-19% more on the H200's Hopper backward (14% or less except at
+        seqlen 1024; bench/NOTES.md). The default is the faster mode because the run-to-run
+        differences are far below the rounding error of the result; training that must replay exactly
+        should pass True. Every other path (float32, float64, NumPy arrays) is deterministic either
+        way."""
 
 _NOTES_DOC = """
     CuPy arrays run on CuPy's current device and stream; NumPy arrays run the same tiled algorithm on
@@ -188,8 +192,8 @@ def flash_attention_vjp(q, k, v, *, causal=False, softmax_scale=None, window_siz
         ``vjp(dout) -> (dq, dk, dv)``; keeps q, k, v, out and lse alive until it is released.
     """
     deterministic = _validate.check_flag("deterministic", deterministic)
-    options = dict(causal=causal, softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
-                   alibi_slopes=alibi_slopes, block_mask=block_mask)
+    options = {"causal": causal, "softmax_scale": softmax_scale, "window_size": window_size, "softcap": softcap,
+               "alibi_slopes": alibi_slopes, "block_mask": block_mask}
     out, lse = flash_attention(q, k, v, return_lse=True, **options)
 
     def vjp(dout):
@@ -273,8 +277,8 @@ def flash_attention_varlen_vjp(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqle
         ``vjp(dout) -> (dq, dk, dv)``; keeps the inputs, out and lse alive until it is released.
     """
     deterministic = _validate.check_flag("deterministic", deterministic)
-    options = dict(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal, softmax_scale=softmax_scale,
-                   window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
+    options = {"max_seqlen_q": max_seqlen_q, "max_seqlen_k": max_seqlen_k, "causal": causal, "softmax_scale": softmax_scale,
+               "window_size": window_size, "softcap": softcap, "alibi_slopes": alibi_slopes}
     out, lse = flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, return_lse=True, **options)
 
     def vjp(dout):
@@ -342,19 +346,26 @@ def merge_attention_states(out_a, lse_a, out_b, lse_b):
     return _merge.merge(xp, [out_a, out_b], [lse_a, lse_b], packed)
 
 
-def merge_attention_states_stacked(out, lse):
+def merge_attention_states_stacked(out, lse, *, packed=False):
     """Attention over the union of n disjoint key sets, from the attention over each, stacked.
     {merge}
 
     Parameters
     ----------
-    out : cupy.ndarray or numpy.ndarray, shape (n, ...): n >= 1 parts stacked along a new first axis
-        (float16, bfloat16, float32 or float64)
-    lse : array of the same kind, float32 or float64, shape (n, ...): each part's log-sum-exp
+    out : cupy.ndarray or numpy.ndarray, n >= 1 parts stacked along a new first axis
+        (float16, bfloat16, float32 or float64): shape (n, batch, seqlen_q, heads, headdim_v), or with
+        ``packed=True`` (n, total_q, heads, headdim_v)
+    lse : array of the same kind, float32 or float64: each part's log-sum-exp, shape (n, batch, heads,
+        seqlen_q), or with ``packed=True`` (n, heads, total_q)
+    packed : bool, keyword-only
+        The parts are in the packed (varlen) layout. It must be said: a 4-dimensional ``out`` is either
+        packed parts or, by mistake, one unstacked (batch, seqlen_q, heads, headdim_v) result whose batch
+        entries would be merged as parts; so without ``packed=True`` it is refused.
     {merge_returns}
     """
     out, lse = _validate.arrays(out=out, lse=lse)
-    xp, packed, parts = _validate.merge_stacked(out, lse)
+    packed = _validate.check_flag("packed", packed)
+    xp, parts = _validate.merge_stacked(out, lse, packed)
     return _merge.merge(xp, [out[i] for i in range(parts)], [lse[i] for i in range(parts)], packed)
 
 
@@ -384,7 +395,9 @@ def flash_attention_with_kvcache(q, k_cache, v_cache, *, k=None, v=None, cache_s
         Dense: (batch_cache, cache_len, heads_k, headdim) and (..., headdim_v), entry ``b`` (or
         ``cache_batch_idx[b]``) serving batch entry ``b``. Paged (with ``block_table``): (num_pages,
         page_size, heads_k, headdim), any page size from 1. heads must be a multiple of heads_k (GQA);
-        the query heads that share a kv head are computed together, so the cache is read once.
+        the query heads that share a kv head are computed together, so the cache is read once. With
+        ``k`` and ``v`` both caches are written, so both must be writable: a read-only NumPy cache
+        raises ValueError before anything is written.
     k, v : arrays, shape (batch, seqlen_new, heads_k, headdim) and (..., headdim_v), keyword-only
         New keys and values to append, or None.
     cache_seqlens : int, int32 array of shape (batch,), or None, keyword-only
@@ -445,15 +458,13 @@ def flash_attention_with_kvcache(q, k_cache, v_cache, *, k=None, v=None, cache_s
         named["cache_seqlens"] = cache_seqlens
     checked = dict(zip(named, _validate.arrays(**named)))
     return_lse = _validate.check_flag("return_lse", return_lse)
-    from ._families.kvcache import MAX_SPLITS
-
     call = _kvcache.check(
         checked["q"], checked["k_cache"], checked["v_cache"], k=checked.get("k"), v=checked.get("v"),
         cache_seqlens=checked.get("cache_seqlens", cache_seqlens), cache_batch_idx=checked.get("cache_batch_idx"),
         block_table=checked.get("block_table"), rotary_cos=checked.get("rotary_cos"),
         rotary_sin=checked.get("rotary_sin"), rotary_interleaved=rotary_interleaved, causal=causal,
         window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, softmax_scale=softmax_scale,
-        num_splits=num_splits, max_splits=MAX_SPLITS)
+        num_splits=num_splits, max_splits=_kvcache.MAX_SPLITS)
     if call.xp is numpy:
         out, lse = _kvcache.numpy_call(call)
     elif call.batch == 0 or call.heads == 0:
@@ -474,7 +485,13 @@ _RING_DOC = """
     comm : cupy.cuda.nccl.NcclCommunicator or cupyflash.VirtualRing
         The ring: rank ``comm.rank_id()`` of ``comm.size()`` (CuPy arrays on the communicator's GPU, which
         must be the current device), or one rank of a :class:`cupyflash.VirtualRing` (ranks as threads of
-        one process). Blocks go to rank + 1 and come from rank - 1; every rank must make the same call.
+        one process). Blocks go to rank + 1 and come from rank - 1. Every rank must make the same ring
+        calls, in the same order, with the same options (``causal``, ``window_size``, ``layout``,
+        ``softmax_scale``), dtype and shard shapes. A VirtualRing rank checks this at the start of every
+        call (ValueError naming the ranks and the values that differ), and a rank that waits for a block
+        that cannot come raises instead of hanging (see :class:`cupyflash.VirtualRing`). An NCCL ring is
+        not checked: that would take a collective and a host synchronization in every call. There a
+        mismatch gives wrong results, an NCCL error or a hang.
     causal : bool, keyword-only
         Causal over the global sequence. Needs ``layout``.
     softmax_scale : float or None, keyword-only
@@ -484,8 +501,8 @@ _RING_DOC = """
         ``i - left <= j <= i + right``, -1 unbounded). Needs ``layout``. The ring stops after the last
         step that brings a visible block to some rank: with ``layout="contiguous"`` and a window that
         reaches less than a shard back and none forward (``left >= 0`` with ``right = 0`` or
-        ``causal``), after one step (the previous rank's block) instead of world - 1. (Blocks ahead of a shard, and a zigzag shard's neighbours, arrive
-        last: every step.)
+        ``causal``), after one step (the previous rank's block) instead of world - 1. (Blocks ahead of a
+        shard, and a zigzag shard's neighbours, arrive last: every step.)
     layout : "zigzag", "contiguous" or None, keyword-only
         How the global sequence is sharded, for a causal or windowed ring: "zigzag" (rank r holds
         chunks r and 2 * world - 1 - r of 2 * world, see :func:`cupyflash.zigzag_shard`: every rank
@@ -512,7 +529,8 @@ def ring_flash_attention(q, k, v, comm, *, causal=False, softmax_scale=None, win
     """
     q, k, v = _validate.arrays(q=q, k=k, v=v)
     p = _validate.forward_problem(q, k, v, softmax_scale=softmax_scale)
-    xp, ring, geometry = _ring._check({"q": q, "k": k, "v": v}, comm, causal, window_size, layout)
+    xp, ring, geometry = _ring._check("ring_flash_attention", {"q": q, "k": k, "v": v}, comm, causal, window_size,
+                                      layout, p.softmax_scale)
     return_lse = _validate.check_flag("return_lse", return_lse)
     out, lse = _ring.ring_forward(q, k, v, ring, xp, p.softmax_scale, geometry)
     return (out, lse) if return_lse else out
@@ -538,8 +556,9 @@ def ring_flash_attention_backward(dout, q, k, v, out, lse, comm, *, causal=False
     """
     dout, q, k, v, out, lse = _validate.arrays(dout=dout, q=q, k=k, v=v, out=out, lse=lse)
     p = _validate.backward_problem(dout, q, k, v, out, lse, softmax_scale=softmax_scale)
-    xp, ring, geometry = _ring._check({"dout": dout, "q": q, "k": k, "v": v, "out": out, "lse": lse}, comm, causal,
-                                      window_size, layout)
+    xp, ring, geometry = _ring._check("ring_flash_attention_backward",
+                                      {"dout": dout, "q": q, "k": k, "v": v, "out": out, "lse": lse}, comm, causal,
+                                      window_size, layout, p.softmax_scale)
     deterministic = _validate.check_flag("deterministic", deterministic)
     lse = lse.astype(_validate.lse_dtype(p.dtype), copy=False)
     return _ring.ring_backward(dout, q, k, v, out, lse, ring, xp, p.softmax_scale, geometry, deterministic)
@@ -553,13 +572,15 @@ def ring_flash_attention_vjp(q, k, v, comm, *, causal=False, softmax_scale=None,
     Parameters
     ----------{ring}
     deterministic : bool, keyword-only
+        As in :func:`flash_attention_backward`.
 
     Returns
     -------
     out : array, this rank's rows
     vjp : callable
+        ``vjp(dout) -> (dq, dk, dv)`` of this rank's shard (:func:`ring_flash_attention_backward`).
     """
-    options = dict(causal=causal, softmax_scale=softmax_scale, window_size=window_size, layout=layout)
+    options = {"causal": causal, "softmax_scale": softmax_scale, "window_size": window_size, "layout": layout}
     out, lse = ring_flash_attention(q, k, v, comm, return_lse=True, **options)
 
     def vjp(dout):

@@ -97,6 +97,11 @@ class BlockMask:
             ``k_blocks = ceil(seqlen_k / block_k)``.
         block_size : (int, int)
             (block_q, block_k), the queries and keys per block.
+
+        Returns
+        -------
+        BlockMask
+            On the layout's device, with its own copy of the layout (read-only for NumPy).
         """
         block_size = _block_size(block_size)
         cupy = _cupy()
@@ -129,9 +134,28 @@ class BlockMask:
 
         Query block r sees key block c iff ``|r - c| <= window_blocks``, or c < global_blocks (global
         keys every query sees), or r < global_blocks (global queries that see every key). The same
-        layout serves every batch entry and head. Move it to the device with
-        ``BlockMask.from_dense(cupy.asarray(mask.layout), mask.block_size)``, or let the first GPU call
-        copy it (once).
+        layout serves every batch entry and head.
+
+        Parameters
+        ----------
+        seqlen_q : int
+            Queries of the calls the mask is for, at least 1.
+        seqlen_k : int or None
+            Keys, at least 1; None: seqlen_q.
+        block_size : (int, int), keyword-only
+            (block_q, block_k), the queries and keys per block.
+        window_blocks : int, keyword-only
+            Blocks on each side of the diagonal block that a query block sees, at least 0.
+        global_blocks : int, keyword-only
+            The first global_blocks key blocks are seen by every query block, and the first
+            global_blocks query blocks see every key block; at least 0.
+
+        Returns
+        -------
+        BlockMask
+            A NumPy layout of shape (1, 1, ceil(seqlen_q / block_q), ceil(seqlen_k / block_k)). Move it
+            to the device with ``BlockMask.from_dense(cupy.asarray(mask.layout), mask.block_size)``, or
+            let the first GPU call copy it (once).
         """
         rows, cols, block_size = cls._grid(seqlen_q, seqlen_k, block_size)
         window_blocks = cls._count("window_blocks", window_blocks)
@@ -144,18 +168,33 @@ class BlockMask:
     @classmethod
     def bigbird(cls, seqlen_q, seqlen_k=None, *, block_size=(128, 128), window_blocks=1, global_blocks=1,
                 random_blocks=2, heads=1, seed=0):
-        """Longformer's pattern plus ``random_blocks`` random key blocks per query block (BigBird).
+        """Longformer's pattern plus random key blocks for each query block (BigBird), on the host.
 
-        The random blocks are drawn per head (``heads`` layouts; 1 shares one) with
-        ``numpy.random.default_rng(seed)``, so a seed gives the same mask everywhere.
+        Parameters
+        ----------
+        seqlen_q, seqlen_k, block_size, window_blocks, global_blocks
+            As in :meth:`longformer`.
+        random_blocks : int, keyword-only
+            Key blocks drawn at random (without replacement, at most all of them) for each query block,
+            on top of Longformer's; at least 0.
+        heads : int, keyword-only
+            Layouts drawn, one per query head, at least 1; 1 shares one layout among all heads.
+        seed : int, keyword-only
+            Seed of ``numpy.random.default_rng``, a non-negative int: a seed gives the same mask in
+            every process (every rank of a ring, every run).
+
+        Returns
+        -------
+        BlockMask
+            A NumPy layout of shape (1, heads, ceil(seqlen_q / block_q), ceil(seqlen_k / block_k)).
         """
         base = cls.longformer(seqlen_q, seqlen_k, block_size=block_size, window_blocks=window_blocks,
                               global_blocks=global_blocks)
         random_blocks = cls._count("random_blocks", random_blocks)
         if cls._count("heads", heads) < 1:
             raise ValueError(f"heads must be at least 1, got {heads}")
+        rng = numpy.random.default_rng(cls._count("seed", seed))
         rows, cols = base.layout.shape[-2:]
-        rng = numpy.random.default_rng(seed)
         layout = numpy.repeat(base.layout, heads, axis=1)
         picks = min(random_blocks, cols)
         for h in range(heads):

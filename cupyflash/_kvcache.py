@@ -16,6 +16,11 @@ import numpy
 
 from . import _validate
 
+#: Largest num_splits: the combine kernel loops over the splits of a row (kvc_combine's kMaxSplits).
+#: Here, not beside the kernels (cupyflash/_families/kvcache.py), because the checks of a NumPy call
+#: need it and must not import CuPy.
+MAX_SPLITS = 256
+
 
 @dataclasses.dataclass(frozen=True)
 class KvCacheCall:
@@ -152,6 +157,11 @@ def check(q, k_cache, v_cache, *, k, v, cache_seqlens, cache_batch_idx, block_ta
         seqlen_new = k.shape[1]
         if seqlen_new > capacity:
             raise ValueError(f"{seqlen_new} new keys do not fit a cache of {capacity} keys per batch entry")
+        # Both caches, before anything is written: a read-only v_cache must not leave k_cache half updated.
+        for name in ("k_cache", "v_cache"):
+            if xp is numpy and not floating[name].flags.writeable:
+                raise ValueError(f"{name} is read-only; the new keys and values (k, v) are written into k_cache and "
+                                 f"v_cache in place, so both must be writable (pass a writable array, e.g. {name}.copy())")
 
     value = 0
     if cache_seqlens is None:

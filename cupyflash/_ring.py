@@ -11,8 +11,10 @@ in hand and the one arriving).
 """
 
 import functools
+import numbers
 import queue
 import threading
+import time
 
 import numpy
 
@@ -24,14 +26,41 @@ from . import _validate
 LAYOUTS = ("zigzag", "contiguous")
 
 
+def _axis(axis, name, x):
+    """``axis`` of array ``x`` (argument ``name``) as a non-negative index; negative axes count from the end."""
+    if not _validate._is_int(axis):
+        raise TypeError(f"axis must be an int, got {type(axis).__name__} {axis!r}")
+    if not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"axis {axis} is out of range for {name}, a {x.ndim}-dimensional array of shape {x.shape}; "
+                         f"expected -{x.ndim} <= axis < {x.ndim}")
+    return int(axis) % x.ndim
+
+
 def zigzag_shard(x, world, rank, axis=1):
-    """Rank ``rank``'s shard of the full sequence ``x`` in the zigzag layout: chunks ``rank`` and
-    ``2 * world - 1 - rank`` of ``2 * world`` equal chunks along ``axis`` (1 for q, k, v, out and dout,
-    2 for lse), concatenated. The length along ``axis`` must be a multiple of ``2 * world``."""
+    """Rank ``rank``'s shard of the full sequence ``x`` in the zigzag layout.
+
+    Parameters
+    ----------
+    x : numpy.ndarray or cupy.ndarray
+        The full sequence: q, k, v, out or dout (batch, seqlen, heads, headdim), or lse (batch, heads,
+        seqlen).
+    world, rank : int
+        The ranks of the ring and this one, ``0 <= rank < world``.
+    axis : int
+        The sequence axis: 1 for q, k, v, out and dout, 2 (or -1) for lse. Its length must be a
+        multiple of ``2 * world``.
+
+    Returns
+    -------
+    array of x's kind and dtype
+        Chunks ``rank`` and ``2 * world - 1 - rank`` of ``2 * world`` equal chunks along ``axis``,
+        concatenated: every rank of a causal ring gets the same work.
+    """
     xp = _validate._array_module({"x": x})
-    length = x.shape[axis]
     if not _validate._is_int(world) or not _validate._is_int(rank) or world < 1 or not 0 <= rank < world:
         raise ValueError(f"need 0 <= rank < world, got rank {rank!r}, world {world!r}")
+    axis = _axis(axis, "x", x)
+    length = x.shape[axis]
     if length % (2 * world):
         raise ValueError(f"the sequence axis ({length}) must be a multiple of 2 * world = {2 * world}")
     chunk = length // (2 * world)
@@ -45,15 +74,38 @@ def zigzag_shard(x, world, rank, axis=1):
 
 
 def zigzag_unshard(shards, axis=1):
-    """The full sequence from every rank's zigzag shard (``shards[r]`` from rank r), the inverse of
-    :func:`zigzag_shard`."""
+    """The full sequence from every rank's zigzag shard, the inverse of :func:`zigzag_shard`.
+
+    Parameters
+    ----------
+    shards : sequence of arrays, all NumPy or all CuPy
+        ``shards[r]`` from rank r (``world = len(shards)`` of them), each of one shape and an even length
+        along ``axis``: the two chunks of :func:`zigzag_shard`.
+    axis : int
+        The sequence axis, as given to :func:`zigzag_shard`: 1 for q, k, v, out, dout and the
+        gradients, 2 (or -1) for lse.
+
+    Returns
+    -------
+    array of the shards' kind and dtype
+        The ``2 * world`` chunks in sequence order, concatenated along ``axis``.
+    """
     world = len(shards)
     if world < 1:
         raise ValueError("need at least one shard")
     xp = _validate._array_module({f"shards[{r}]": s for r, s in enumerate(shards)})
+    for r, shard in enumerate(shards):
+        if shard.shape != shards[0].shape:
+            raise ValueError(f"every rank's shard must have one shape; shards[{r}] has shape {shard.shape}, shards[0] "
+                             f"{shards[0].shape}")
+    axis = _axis(axis, "shards[0]", shards[0])
+    rows = shards[0].shape[axis]
+    if rows % 2:
+        raise ValueError(f"a zigzag shard holds two equal chunks, so its length along axis {axis} must be even; the "
+                         f"shards have shape {shards[0].shape}")
     chunks = [None] * (2 * world)
     for r, shard in enumerate(shards):
-        half = shard.shape[axis] // 2
+        half = rows // 2
         index = [slice(None)] * shard.ndim
         index[axis] = slice(0, half)
         chunks[r] = shard[tuple(index)]
@@ -75,48 +127,136 @@ class _Pending:
         self._wait()
 
 
+#: Seconds a VirtualRing rank waits for one block from its neighbour before it raises TimeoutError
+#: (VirtualRing.create, VirtualRing.run). Generous, because a NumPy step of a big problem can take minutes.
+DEFAULT_TIMEOUT = 300.0
+#: Seconds between a waiting rank's looks at whether its ring failed or its sender returned.
+_POLL = 0.05
+#: What the exchanges of a ring call carry, by tag, for a VirtualRing's errors: the n-th exchange of a
+#: call under a tag brings what ring step n works on (step 0 is a rank's own block).
+_CARRIED = {"kv": "the K/V block of step {n}", "dkv": "the dK/dV accumulators of step {n}",
+            "dkv home": "the finished dK/dV sums of its own block"}
+
+
+class _PeerFailed(RuntimeError):
+    """A rank of a virtual ring stopped waiting because another rank raised (VirtualRing.run raises that
+    rank's error instead)."""
+
+
+class _RingState:
+    """What the ranks of one virtual ring share."""
+
+    def __init__(self, timeout):
+        self.timeout = timeout
+        self.lock = threading.Lock()
+        self.failed = threading.Event()  # a rank raised: the others stop waiting
+        self.returned = set()  # ranks whose function has returned (VirtualRing.run)
+        self.calls = {}  # ring call number -> {rank: signature}, until every rank has made that call
+
+
+def _timeout(value):
+    if value is None:
+        return None
+    if isinstance(value, (bool, numpy.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"timeout must be a positive number of seconds or None, got {type(value).__name__} {value!r}")
+    if not value > 0:  # NaN too
+        raise ValueError(f"timeout must be a positive number of seconds or None, got {value!r}")
+    return float(value)
+
+
 class VirtualRing:
     """One rank of a ring of ``world`` ranks in one process (threads), for NumPy or CuPy arrays: the
     same ring algorithm as an NCCL communicator runs, with the blocks handed over through queues.
 
     >>> results = VirtualRing.run(4, lambda ring: cupyflash.ring_flash_attention(q[ring.rank], ...,
     ...                                                                          ring))
+
+    Every rank must make the same ring calls, in the same order, each rank from its own thread. A rank
+    checks each call against the other ranks' same call (the function, the options and the shard
+    shapes) and raises ValueError naming the ranks and the values that differ. A rank that waits for a
+    block that cannot come raises instead of hanging: at once when :meth:`run` knows the sender has
+    returned, else TimeoutError after ``timeout`` seconds without the block.
     """
 
-    def __init__(self, rank, members, failed):
+    def __init__(self, rank, members, shared):
+        """Use :meth:`create` or :meth:`run`."""
         self.rank = rank
         self._members = members
-        self._failed = failed  # set when a rank of the ring raised: the others stop waiting
+        self._shared = shared
         self._inbox = {}
         self._lock = threading.Lock()
+        self._calls = 0  # ring calls this rank has begun
+        self._call_name = None
+        self._exchanges = {}  # tag -> exchanges of the current ring call
 
     @property
     def world(self):
         return len(self._members)
 
+    @property
+    def timeout(self):
+        """Seconds a rank waits for one block before it raises TimeoutError; None: no limit."""
+        return self._shared.timeout
+
     @classmethod
-    def create(cls, world):
-        """The ``world`` ranks of a new virtual ring."""
+    def create(cls, world, timeout=DEFAULT_TIMEOUT):
+        """The ``world`` ranks of a new virtual ring; run each in its own thread (or use :meth:`run`).
+
+        Parameters
+        ----------
+        world : int
+            Ranks, at least 1.
+        timeout : float or None
+            Seconds a rank waits for one block from its neighbour before it raises TimeoutError, naming
+            itself, the ring call and what it waited for (default 300: a NumPy step of a big problem can
+            take minutes). None waits without limit.
+
+        Returns
+        -------
+        list of VirtualRing
+            Rank r at index r.
+        """
         if not _validate._is_int(world) or world < 1:
             raise ValueError(f"world must be a positive int, got {world!r}")
-        members, failed = [], threading.Event()
-        members.extend(cls(r, members, failed) for r in range(world))
+        shared = _RingState(_timeout(timeout))
+        members = []
+        members.extend(cls(r, members, shared) for r in range(world))
         return members
 
     @classmethod
-    def run(cls, world, fn):
+    def run(cls, world, fn, timeout=DEFAULT_TIMEOUT):
         """``[fn(ring) for each rank]``, every rank in its own thread (the ranks wait on each other's
-        blocks). An exception in any rank is raised here (after every thread has stopped)."""
-        members = cls.create(world)
+        blocks).
+
+        Parameters
+        ----------
+        world : int
+            Ranks, at least 1.
+        fn : callable
+            ``fn(ring)`` for each rank ``ring`` of a new ring (``ring.rank``, ``ring.world``).
+        timeout : float or None
+            As in :meth:`create`. A rank that waits for a block from a rank whose ``fn`` has returned
+            raises RuntimeError at once.
+
+        Returns
+        -------
+        list
+            ``fn``'s results, rank r's at index r. An exception in any rank is raised instead, after
+            every thread has stopped: the first rank's own error, not the other ranks' giving up.
+        """
+        members = cls.create(world, timeout)
+        shared = members[0]._shared
         results, errors = [None] * world, []
-        failed = members[0]._failed
 
         def body(ring):
             try:
                 results[ring.rank] = fn(ring)
-            except BaseException as exc:  # reported below; the ranks waiting on this one give up
+            except BaseException as exc:  # reported below; the ranks waiting on this one give up  # noqa: BLE001
                 errors.append(exc)
-                failed.set()
+                shared.failed.set()
+            finally:
+                with shared.lock:
+                    shared.returned.add(ring.rank)
 
         threads = [threading.Thread(target=body, args=(m,)) for m in members]
         for t in threads:
@@ -124,8 +264,40 @@ class VirtualRing:
         for t in threads:
             t.join()
         if errors:
-            raise errors[0]
+            raise next((e for e in errors if not isinstance(e, _PeerFailed)), errors[0])
         return results
+
+    def _where(self):
+        if self._call_name is None:
+            return f"VirtualRing rank {self.rank} of {self.world}"
+        return f"VirtualRing rank {self.rank} of {self.world} (its ring call {self._calls}, {self._call_name})"
+
+    def _begin(self, name, signature):
+        """Starts this rank's next ring call, ``name`` with ``signature`` (field -> value: options and
+        shard shapes), and checks it against the same call of the ranks that have begun it already. Every
+        rank compares before it sends anything, so no rank receives a block of a call that differs."""
+        self._calls += 1
+        self._call_name = name
+        self._exchanges = {}
+        shared = self._shared
+        with shared.lock:
+            posted = shared.calls.setdefault(self._calls, {})
+            earlier = sorted(posted.items())
+            posted[self.rank] = signature
+            if len(posted) == self.world:
+                del shared.calls[self._calls]
+        if not earlier:
+            return
+        # The earlier ranks agree with each other (each compared on its turn): one of them stands for all.
+        (a, first), (b, second) = sorted([earlier[0], (self.rank, signature)], key=lambda item: item[0])
+        fields = list(first) + [f for f in second if f not in first]
+        differences = [f"{f} {first.get(f, 'absent')!r} on rank {a}, {second.get(f, 'absent')!r} on rank {b}"
+                       for f in fields if first.get(f, "absent") != second.get(f, "absent")]
+        if differences:
+            shared.failed.set()
+            raise ValueError(f"the ranks of a VirtualRing make different ring calls (call {self._calls}): "
+                             f"{'; '.join(differences)}. Every rank must make the same ring calls, in the same order, "
+                             "with the same options and shard shapes")
 
     def _box(self, tag):
         with self._lock:
@@ -133,21 +305,44 @@ class VirtualRing:
 
     def exchange(self, send, recv, tag, hops=1):
         """Sends copies of ``send`` to rank + ``hops`` and, on wait(), fills ``recv`` from rank - ``hops``."""
+        source = (self.rank - hops) % self.world
+        count = self._exchanges[tag] = self._exchanges.get(tag, 0) + 1
+        what = _CARRIED.get(tag, "its {tag!r} message {n}").format(n=count, tag=tag)
         self._members[(self.rank + hops) % self.world]._box(tag).put([x.copy() for x in send])
 
         def wait():
-            box = self._box(tag)
-            while True:
-                try:
-                    received = box.get(timeout=0.05)
-                    break
-                except queue.Empty:
-                    if self._failed.is_set():
-                        raise RuntimeError("another rank of the virtual ring failed") from None
-            for dst, src in zip(recv, received):
+            for dst, src in zip(recv, self._receive(tag, source, what)):
                 dst[...] = src
 
         return _Pending(wait)
+
+    def _receive(self, tag, source, what):
+        """The next arrays from ``source`` under ``tag``; raises when they cannot come."""
+        box, shared = self._box(tag), self._shared
+        deadline = None if shared.timeout is None else time.monotonic() + shared.timeout
+        while True:
+            try:
+                return box.get(timeout=_POLL)
+            except queue.Empty:
+                pass
+            if shared.failed.is_set():
+                raise _PeerFailed(f"{self._where()} stopped waiting: another rank of the virtual ring failed")
+            if source in shared.returned:
+                # The sender put everything it sent before it returned: one last look.
+                try:
+                    return box.get_nowait()
+                except queue.Empty:
+                    raise RuntimeError(
+                        f"{self._where()} waits for {what} from rank {source}, which has returned without sending "
+                        "it: every rank must make the same ring calls, in the same order") from None
+            if deadline is not None and time.monotonic() >= deadline:
+                shared.failed.set()
+                raise TimeoutError(
+                    f"{self._where()} waited {shared.timeout:g} s for {what} from rank {source}, which did not send "
+                    "it: every rank must make the same ring calls, in the same order, each rank from its own thread "
+                    "(VirtualRing.run(world, fn) runs them so). If a rank's steps take longer than that, raise the "
+                    "limit: VirtualRing.create(world, timeout=...) or VirtualRing.run(world, fn, timeout=...); None "
+                    "waits without limit")
 
 
 class _NcclRing:
@@ -267,7 +462,7 @@ def _sub_block(q_run, k_run, left, right):
 
 def _joined(ranges):
     """The union of sorted ``ranges`` when they tile one interval, else None."""
-    if all(a[1] == b[0] for a, b in zip(ranges, ranges[1:])):
+    if all(a[1] == b[0] for a, b in zip(ranges, ranges[1:])):  # noqa: RUF007 (itertools.pairwise needs Python 3.10)
         return ranges[0][0], ranges[-1][1]
     return None
 
@@ -300,8 +495,10 @@ def _steps(world, layout, rows, left, right):
     return 1
 
 
-def _check(named, comm, causal, window_size, layout):
-    """Common checks of the ring calls; returns (array module, ring, geometry)."""
+def _check(function, named, comm, causal, window_size, layout, softmax_scale):
+    """Common checks of the ring calls; returns (array module, ring, geometry). ``function`` names the
+    call and ``named`` holds its arrays; a VirtualRing rank also checks that its call agrees with the
+    other ranks' (an NCCL rank cannot without a host synchronization)."""
     xp = _validate._array_module(named)
     ring = _ring_of(comm, xp)
     causal = _validate.check_flag("causal", causal)
@@ -310,16 +507,24 @@ def _check(named, comm, causal, window_size, layout):
         raise ValueError(f"layout must be one of {LAYOUTS} or None, got {layout!r}")
     rows_q, rows_k = named["q"].shape[1], named["k"].shape[1]
     if left < 0 and right < 0:
-        return xp, ring, _Geometry(ring.world, None, rows_q, rows_k, -1, -1)
-    what = "a causal ring" if causal else "a ring with a sliding window"
-    if layout is None:
-        raise ValueError(f"{what} needs layout='zigzag' (shards from cupyflash.zigzag_shard, the same work on every "
-                         "rank) or layout='contiguous' (rank r holds chunk r)")
-    if rows_q != rows_k:
-        raise ValueError(f"{what} shards q and k alike; got {rows_q} query and {rows_k} key rows")
-    if layout == "zigzag" and rows_q % 2:
-        raise ValueError(f"a zigzag shard holds two equal chunks; got {rows_q} rows")
-    return xp, ring, _Geometry(ring.world, layout, rows_q, rows_k, left, right)
+        geometry = _Geometry(ring.world, None, rows_q, rows_k, -1, -1)
+    else:
+        what = "a causal ring" if causal else "a ring with a sliding window"
+        if layout is None:
+            raise ValueError(f"{what} needs layout='zigzag' (shards from cupyflash.zigzag_shard, the same work on "
+                             "every rank) or layout='contiguous' (rank r holds chunk r)")
+        if rows_q != rows_k:
+            raise ValueError(f"{what} shards q and k alike; got {rows_q} query and {rows_k} key rows")
+        if layout == "zigzag" and rows_q % 2:
+            raise ValueError(f"a zigzag shard holds two equal chunks; got {rows_q} rows")
+        geometry = _Geometry(ring.world, layout, rows_q, rows_k, left, right)
+    if isinstance(ring, VirtualRing):
+        signature = {"function": function, "arrays": xp.__name__, "dtype": str(named["q"].dtype), "causal": causal,
+                     "window_size": tuple(int(w) for w in window_size), "layout": layout,
+                     "softmax_scale": softmax_scale}
+        signature.update((f"{name} shape", tuple(x.shape)) for name, x in named.items())
+        ring._begin(function, signature)
+    return xp, ring, geometry
 
 
 def _visiting_blocks(ring, xp, k, v, steps):

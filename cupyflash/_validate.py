@@ -272,6 +272,12 @@ def _alibi_slopes(slopes, xp, batch, heads):
         raise TypeError(f"alibi_slopes has dtype {slopes.dtype}; expected float32")
     if slopes.shape not in ((heads,), (batch, heads)):
         raise ValueError(f"alibi_slopes must have shape ({heads},) or ({batch}, {heads}) (batch, heads), got {slopes.shape}")
+    # Host values are free to check; CuPy slopes are not (it would synchronize): there a NaN or an inf
+    # makes the rows of its head that see a key NaN.
+    if xp is numpy and not numpy.isfinite(slopes).all():
+        bad = numpy.argwhere(~numpy.isfinite(slopes))
+        raise ValueError(f"alibi_slopes must be finite; got {slopes[tuple(bad[0])]} at index {tuple(int(i) for i in bad[0])} "
+                         f"({len(bad)} non-finite of {slopes.size})")
     _check_devices(xp, {"alibi_slopes": slopes})
     return xp.ascontiguousarray(slopes)
 
@@ -367,8 +373,8 @@ def forward_problem(q, k, v, *, causal=False, softmax_scale=None, window_size=(-
     _check_sizes((("seqlen_q", seqlen_q), ("seqlen_k", seqlen_k), ("headdim", headdim), ("headdim_v", headdim_v)))
     _check_grid(batch, seqlen_q, seqlen_k, heads, heads_k, batch * seqlen_q)
     _check_devices(xp, named)
-    p = dict(xp=xp, dtype=dtype, batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads=heads, heads_k=heads_k,
-             headdim=headdim, headdim_v=headdim_v, softmax_scale=_softmax_scale(softmax_scale, headdim, dtype))
+    p = {"xp": xp, "dtype": dtype, "batch": batch, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k, "heads": heads, "heads_k": heads_k,
+         "headdim": headdim, "headdim_v": headdim_v, "softmax_scale": _softmax_scale(softmax_scale, headdim, dtype)}
     return _options(p, causal, window_size, softcap, alibi_slopes, block_mask)
 
 
@@ -444,9 +450,9 @@ def varlen_forward_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=
                   ("max_seqlen_q", max_q), ("max_seqlen_k", max_k)))
     _check_grid(batch, max_q, max_k, heads, heads_k, total_q)
     _check_devices(xp, named)
-    p = dict(xp=xp, dtype=dtype, batch=batch, seqlen_q=max_q, seqlen_k=max_k, heads=heads, heads_k=heads_k,
-             headdim=headdim, headdim_v=headdim_v, softmax_scale=_softmax_scale(softmax_scale, headdim, dtype),
-             cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, total_q=total_q, total_k=total_k, check_on_device=on_device)
+    p = {"xp": xp, "dtype": dtype, "batch": batch, "seqlen_q": max_q, "seqlen_k": max_k, "heads": heads, "heads_k": heads_k,
+         "headdim": headdim, "headdim_v": headdim_v, "softmax_scale": _softmax_scale(softmax_scale, headdim, dtype),
+         "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k, "total_q": total_q, "total_k": total_k, "check_on_device": on_device}
     return _options(p, causal, window_size, softcap, alibi_slopes, None)
 
 
@@ -519,13 +525,21 @@ def merge_parts(outs, lses):
     return xp, packed
 
 
-def merge_stacked(out, lse):
+def merge_stacked(out, lse, packed):
     """Checks the stacked form of a merge: out and lse with a leading axis of n >= 1 parts, each part as
-    in :func:`merge_parts`. Returns (array module, packed, n)."""
-    if out.ndim not in (4, 5):
+    in :func:`merge_parts`, in the packed layout when ``packed``. Returns (array module, n)."""
+    parts_axes = "(parts, total_q, heads, headdim_v)" if packed else "(parts, batch, seqlen_q, heads, headdim_v)"
+    if not packed and out.ndim == 4:
         raise ValueError(
-            f"out: {out.ndim}-dimensional array given. Array must be 5-dimensional (parts, batch, seqlen_q, heads, "
-            "headdim_v) or, for packed sequences, 4-dimensional (parts, total_q, heads, headdim_v)"
+            "out: 4-dimensional array given. Array must be 5-dimensional (parts, batch, seqlen_q, heads, headdim_v), "
+            "or 4-dimensional (parts, total_q, heads, headdim_v) with packed=True. A 4-dimensional out is either "
+            "packed parts (pass packed=True) or a single (batch, seqlen_q, heads, headdim_v) result, whose batch "
+            "entries would be merged as parts (stack the parts instead: xp.stack([out_a, out_b]))"
+        )
+    if out.ndim != (4 if packed else 5):
+        raise ValueError(
+            f"out: {out.ndim}-dimensional array given. Array must be {4 if packed else 5}-dimensional {parts_axes}"
+            + (" with packed=True" if packed else "")
         )
     if lse.ndim != out.ndim - 1 or lse.shape[:1] != out.shape[:1]:
         raise ValueError(
@@ -534,5 +548,5 @@ def merge_stacked(out, lse):
         )
     if out.shape[0] == 0:
         raise ValueError("out has 0 parts along its first axis; merging needs at least one")
-    xp, packed = merge_parts({"out[0]": out[0]}, {"lse[0]": lse[0]})
-    return xp, packed, out.shape[0]
+    xp, _ = merge_parts({"out[0]": out[0]}, {"lse[0]": lse[0]})
+    return xp, out.shape[0]

@@ -109,8 +109,8 @@ def _check(xp, dtype, options=None, **sizes):
 
 # Cases: (dtype, sizes, options). Decode rows (seqlen_q 1, GQA) take the decode kernel on the GPU for
 # 16-bit dtypes; longer chunks of a dense cache and float32/float64 the general path.
-DECODE = dict(batch=3, seqlen_q=1, heads=8, heads_k=2, headdim=128, headdim_v=128, capacity=700,
-              lengths=[699, 37, 0], new=1)
+DECODE = {"batch": 3, "seqlen_q": 1, "heads": 8, "heads_k": 2, "headdim": 128, "headdim_v": 128, "capacity": 700,
+          "lengths": [699, 37, 0], "new": 1}
 CASES = [
     ("bfloat16", DECODE, {}),
     ("float16", dict(DECODE, new=0, lengths=[700, 1, 333]), {"num_splits": 5}),
@@ -183,8 +183,8 @@ def test_empty_cache_and_no_queries(xp_name):
 def test_out_of_range_values_poison_only_their_entry(dtype, paged):
     """A CuPy call checks cache_seqlens and the block table on the device: the entries with
     out-of-range values come out NaN (and, for a bad length, their caches unchanged); the others are exact."""
-    sizes = dict(batch=4, seqlen_q=1, heads=4, heads_k=2, headdim=64, headdim_v=64, capacity=64,
-                 lengths=[10, 63, 20, 5], new=1, page_size=16 if paged else 0)
+    sizes = {"batch": 4, "seqlen_q": 1, "heads": 4, "heads_k": 2, "headdim": 64, "headdim_v": 64, "capacity": 64,
+             "lengths": [10, 63, 20, 5], "new": 1, "page_size": 16 if paged else 0}
     (q, k_cache, v_cache), arrays = _inputs(cupy, dtype, **sizes, seed=5)
     lengths = arrays["cache_seqlens"]
     lengths[1] = 64  # no room for the new token
@@ -231,8 +231,8 @@ def test_numpy_and_int_values_are_checked_on_the_host(xp_name):
 def test_cuda_graph_capture_and_replay(paged):
     """A decode step (append one token, attend, split-KV merge) captured in a CUDA graph, replayed
     with new queries, new tokens and longer caches written into the captured arrays."""
-    sizes = dict(batch=2, seqlen_q=1, heads=8, heads_k=2, headdim=128, headdim_v=128, capacity=2048,
-                 lengths=[1000, 2047 - 8], new=1, page_size=16 if paged else 0)
+    sizes = {"batch": 2, "seqlen_q": 1, "heads": 8, "heads_k": 2, "headdim": 128, "headdim_v": 128, "capacity": 2048,
+             "lengths": [1000, 2047 - 8], "new": 1, "page_size": 16 if paged else 0}
     (q, k_cache, v_cache), arrays = _inputs(cupy, "bfloat16", **sizes, seed=7)
     lengths = arrays["cache_seqlens"]
     call = dict(arrays, num_splits=4, return_lse=True)
@@ -260,23 +260,23 @@ def test_cuda_graph_capture_and_replay(paged):
 @pytest.mark.parametrize(
     "change, error, match",
     [
-        (dict(k=None), ValueError, "k and v must be given together"),
-        (dict(rotary_sin=None), ValueError, "rotary_cos and rotary_sin"),
-        (dict(cache_seqlens=np.zeros(3, np.int32)), ValueError, r"cache_seqlens must be an int or have shape \(2,\)"),
-        (dict(cache_seqlens=np.zeros(2, np.int64)), TypeError, "cache_seqlens has dtype int64; expected int32"),
-        (dict(block_table=np.zeros((2, 4), np.int64)), TypeError, "block_table has dtype int64"),
-        (dict(block_table=np.zeros((3, 4), np.int32)), ValueError, r"block_table must have shape \(2, max_pages\)"),
-        (dict(cache_batch_idx=np.zeros(2, np.int32)), ValueError, "cache_batch_idx is for dense caches"),
-        (dict(num_splits=-1), ValueError, r"num_splits must be in \[0, 256\]"),
-        (dict(num_splits=2.0), TypeError, "num_splits must be an int"),
-        (dict(rotary_cos=np.zeros((4, 2), np.float32), rotary_sin=np.zeros((4, 2), np.float32)), ValueError,
+        ({"k": None}, ValueError, "k and v must be given together"),
+        ({"rotary_sin": None}, ValueError, "rotary_cos and rotary_sin"),
+        ({"cache_seqlens": np.zeros(3, np.int32)}, ValueError, r"cache_seqlens must be an int or have shape \(2,\)"),
+        ({"cache_seqlens": np.zeros(2, np.int64)}, TypeError, "cache_seqlens has dtype int64; expected int32"),
+        ({"block_table": np.zeros((2, 4), np.int64)}, TypeError, "block_table has dtype int64"),
+        ({"block_table": np.zeros((3, 4), np.int32)}, ValueError, r"block_table must have shape \(2, max_pages\)"),
+        ({"cache_batch_idx": np.zeros(2, np.int32)}, ValueError, "cache_batch_idx is for dense caches"),
+        ({"num_splits": -1}, ValueError, r"num_splits must be in \[0, 256\]"),
+        ({"num_splits": 2.0}, TypeError, "num_splits must be an int"),
+        ({"rotary_cos": np.zeros((4, 2), np.float32), "rotary_sin": np.zeros((4, 2), np.float32)}, ValueError,
          "rotary_cos has 4 positions"),
-        (dict(rotary_cos=np.zeros((16, 5), np.float32), rotary_sin=np.zeros((16, 5), np.float32)), ValueError,
+        ({"rotary_cos": np.zeros((16, 5), np.float32), "rotary_sin": np.zeros((16, 5), np.float32)}, ValueError,
          "rotary_dim = 2 \\* that must be in"),
-        (dict(rotary_cos=np.zeros((16, 2), np.float64), rotary_sin=np.zeros((16, 2), np.float64)), TypeError,
+        ({"rotary_cos": np.zeros((16, 2), np.float64), "rotary_sin": np.zeros((16, 2), np.float64)}, TypeError,
          "rotary_cos has dtype float64"),
-        (dict(k=np.zeros((2, 1, 2, 8), np.float32)), ValueError, "k and v must have shapes"),
-        (dict(return_lse=1), TypeError, "return_lse must be a bool"),
+        ({"k": np.zeros((2, 1, 2, 8), np.float32)}, ValueError, "k and v must have shapes"),
+        ({"return_lse": 1}, TypeError, "return_lse must be a bool"),
     ],
     ids=["k-alone", "cos-alone", "seqlens-shape", "seqlens-dtype", "table-dtype", "table-shape", "batch-idx-paged",
          "splits-negative", "splits-float", "rotary-short", "rotary-wide", "rotary-dtype", "k-shape", "lse-flag"],
@@ -289,6 +289,42 @@ def test_validation(change, error, match):
     with pytest.raises(error, match=match):
         cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **{n: x for n, x in call.items()
                                                                          if x is not None})
+
+
+@pytest.mark.parametrize("read_only", ["k_cache", "v_cache"])
+def test_read_only_cache_is_refused_before_anything_is_written(read_only):
+    """Regression: a read-only NumPy v_cache let the call write k_cache, then fail with numpy's
+    "assignment destination is read-only"."""
+    (q, k_cache, v_cache), arrays = _inputs(np, "float32", batch=2, seqlen_q=1, heads=2, heads_k=1, headdim=8,
+                                            headdim_v=8, capacity=16, lengths=[3, 4], new=1)
+    caches = {"k_cache": k_cache, "v_cache": v_cache}
+    caches[read_only].flags.writeable = False
+    before = {n: x.copy() for n, x in caches.items()}
+    with pytest.raises(ValueError, match=rf"{read_only} is read-only; the new keys and values \(k, v\) are written into "
+                       r"k_cache and v_cache in place, so both must be writable"):
+        cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **arrays)
+    for name, x in caches.items():
+        np.testing.assert_array_equal(x, before[name], err_msg=f"{name} was written")
+
+
+def test_read_only_cache_without_new_keys_is_read():
+    (q, k_cache, v_cache), arrays = _inputs(np, "float32", batch=2, seqlen_q=1, heads=2, heads_k=1, headdim=8,
+                                            headdim_v=8, capacity=16, lengths=[3, 4])
+    for x in (k_cache, v_cache):
+        x.flags.writeable = False
+    out = cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **arrays)
+    want = reference.attention_with_kvcache(q, k_cache, v_cache, **arrays)[0]
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_alibi_slopes_are_refused(bad):
+    """Regression: a NaN slope was taken silently (a NaN softcap is refused)."""
+    (q, k_cache, v_cache), arrays = _inputs(np, "float32", batch=2, seqlen_q=1, heads=2, heads_k=1, headdim=8,
+                                            headdim_v=8, capacity=16, lengths=[3, 4])
+    slopes = np.array([[0.5, 0.25], [0.5, bad]], np.float32)
+    with pytest.raises(ValueError, match=rf"alibi_slopes must be finite; got {bad} at index \(1, 1\) \(1 non-finite of 4\)"):
+        cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, alibi_slopes=slopes, **arrays)
 
 
 def test_rotary_needs_new_keys():

@@ -42,7 +42,7 @@ def _split_attention(xp, sizes, dtype, splits, seed):
     q, k, v = random_qkv(xp, batch, seqlen_q, seqlen_k, heads, heads_k, headdim, headdim_v, DTYPES[dtype], seed)
     bounds = [0, *splits, seqlen_k]
     parts = [cupyflash.flash_attention(q, k[:, a:b], v[:, a:b], return_lse=True, softmax_scale=headdim**-0.5)
-             for a, b in zip(bounds[:-1], bounds[1:])]
+             for a, b in zip(bounds[:-1], bounds[1:])]  # noqa: RUF007 (itertools.pairwise needs Python 3.10)
     return q, k, v, parts
 
 
@@ -150,6 +150,25 @@ def test_packed_layout(module):
     full = cupyflash.flash_attention_varlen(q, k, v, xp.asarray(cu_q), xp.asarray(cu_k), return_lse=True)
     np.testing.assert_allclose(to_host(out), to_host(full[0]), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(to_host(lse), to_host(full[1]), rtol=1e-5, atol=1e-5)
+    stacked_out, stacked_lse = cupyflash.merge_attention_states_stacked(
+        xp.stack([p[0] for p in parts]), xp.stack([p[1] for p in parts]), packed=True)
+    np.testing.assert_allclose(to_host(stacked_out), to_host(full[0]), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(to_host(stacked_lse), to_host(full[1]), rtol=1e-5, atol=1e-5)
+
+
+def test_stacked_refuses_an_unstacked_dense_result():
+    """Regression: one unstacked (batch, seqlen_q, heads, headdim_v) result and its lse passed to the
+    stacked merge were read as packed parts, and the batch entries were merged with each other."""
+    q, k, v = random_qkv(np, 2, 5, 7, 3, 3, 8, 8, DTYPES["float32"], seed=8)
+    out, lse = cupyflash.flash_attention(q, k, v, return_lse=True)
+    with pytest.raises(ValueError, match=r"out: 4-dimensional array given. Array must be 5-dimensional \(parts, batch, "
+                       r"seqlen_q, heads, headdim_v\), or 4-dimensional \(parts, total_q, heads, headdim_v\) with "
+                       r"packed=True. A 4-dimensional out is either packed parts \(pass packed=True\) or a single"):
+        cupyflash.merge_attention_states_stacked(out, lse)
+    # Stacked as one part, the merge is the identity.
+    merged, merged_lse = cupyflash.merge_attention_states_stacked(out[None], lse[None])
+    np.testing.assert_allclose(merged, out, rtol=1e-6)
+    np.testing.assert_array_equal(merged_lse, lse)
 
 
 def test_validation():
@@ -171,6 +190,13 @@ def test_validation():
         cupyflash.merge_attention_states_stacked(np.zeros((0, 1, 4, 2, 8)), np.zeros((0, 1, 2, 4)))
     with pytest.raises(ValueError, match="lse has shape"):
         cupyflash.merge_attention_states_stacked(np.stack([out, out]), np.stack([lse, lse, lse]))
+    with pytest.raises(ValueError, match=r"out: 5-dimensional array given. Array must be 4-dimensional \(parts, total_q, "
+                       r"heads, headdim_v\) with packed=True"):
+        cupyflash.merge_attention_states_stacked(np.stack([out, out]), np.stack([lse, lse]), packed=True)
+    with pytest.raises(ValueError, match="out: 3-dimensional array given. Array must be 5-dimensional"):
+        cupyflash.merge_attention_states_stacked(out[0], lse[0])
+    with pytest.raises(TypeError, match="packed must be a bool, got int 1"):
+        cupyflash.merge_attention_states_stacked(np.stack([out, out]), np.stack([lse, lse]), packed=1)
     packed_out, packed_lse = np.zeros((5, 2, 8), np.float32), np.zeros((2, 5))
     assert cupyflash.merge_attention_states(packed_out, packed_lse, packed_out, packed_lse)[0].shape == (5, 2, 8)
     with pytest.raises(ValueError, match=r"expected \(2, 5\), \(heads, total_q\)"):

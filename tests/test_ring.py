@@ -4,6 +4,8 @@ tolerance rule: forward (out, lse) and backward, causal (zigzag and contiguous s
 headdim_v != headdim; the zigzag helpers; validation. NumPy always; CuPy arrays on a GPU (virtual ranks
 on one device). The NCCL ring across GPUs is bench/ring.py's, run on a machine with two GPUs."""
 
+import time
+
 import numpy as np
 import pytest
 from helpers import (
@@ -50,7 +52,7 @@ def _check_ring(xp, dtype, world, causal, layout, window=(-1, -1), sizes=(2, 4, 
                          seed_from(dtype, world, causal, layout, window))
     dout = xp.asarray(np.random.default_rng(1).standard_normal((batch, seqlen, heads, headdim_v)).astype(DTYPES[dtype]))
     shard, unshard = _layout_functions(xp, layout, world, seqlen)
-    options = dict(causal=causal, layout=layout, window_size=window)
+    options = {"causal": causal, "layout": layout, "window_size": window}
 
     def rank(ring):
         r = ring.rank
@@ -222,15 +224,51 @@ def test_zigzag_shard_needs_whole_chunks():
         cupyflash.zigzag_shard(np.zeros((1, 12, 1)), 3, 3)
 
 
+def test_zigzag_unshard_refuses_unequal_shards():
+    """Regression: shards of different lengths came back in a wrong order, without an error."""
+    x = np.arange(10).reshape(1, 10, 1)
+    with pytest.raises(ValueError, match=r"every rank's shard must have one shape; shards\[1\] has shape \(1, 6, 1\), "
+                       r"shards\[0\] \(1, 4, 1\)"):
+        cupyflash.zigzag_unshard([x[:, :4], x[:, 4:]])
+    with pytest.raises(ValueError, match=r"shards\[1\] has shape \(1, 4, 2\), shards\[0\] \(1, 4, 1\)"):
+        cupyflash.zigzag_unshard([x[:, :4], np.zeros((1, 4, 2))])
+
+
+def test_zigzag_unshard_refuses_odd_shards():
+    """Regression: odd-length shards (no two equal chunks) came back in a wrong order, without an error."""
+    x = np.arange(10).reshape(1, 10, 1)
+    with pytest.raises(ValueError, match=r"its length along axis 1 must be even; the shards have shape \(1, 5, 1\)"):
+        cupyflash.zigzag_unshard([x[:, :5], x[:, 5:]])
+
+
+def test_zigzag_axis_out_of_range_is_a_value_error():
+    """Regression: an axis past x's last raised IndexError from inside zigzag_shard."""
+    x = np.zeros((2, 12, 3))
+    with pytest.raises(ValueError, match=r"axis 5 is out of range for x, a 3-dimensional array of shape \(2, 12, 3\); "
+                       r"expected -3 <= axis < 3"):
+        cupyflash.zigzag_shard(x, 3, 0, axis=5)
+    with pytest.raises(ValueError, match=r"axis -4 is out of range for shards\[0\], a 3-dimensional array"):
+        cupyflash.zigzag_unshard([x, x], axis=-4)
+    with pytest.raises(TypeError, match="axis must be an int, got float 1.0"):
+        cupyflash.zigzag_shard(x, 3, 0, axis=1.0)
+
+
+def test_zigzag_negative_axis_counts_from_the_end():
+    lse = np.arange(2 * 3 * 12).reshape(2, 3, 12)
+    shards = [cupyflash.zigzag_shard(lse, 3, r, axis=-1) for r in range(3)]
+    assert (shards[1] == np.concatenate([lse[..., 2:4], lse[..., 8:10]], axis=-1)).all()
+    assert (cupyflash.zigzag_unshard(shards, axis=-1) == lse).all()
+
+
 @pytest.mark.parametrize(
     "options, error, match",
     [
-        (dict(causal=True), ValueError, "a causal ring needs layout='zigzag'"),
-        (dict(causal=True, layout="spiral"), ValueError, "layout must be one of"),
-        (dict(window_size=(4, 0)), ValueError, "a ring with a sliding window needs layout="),
-        (dict(window_size=(-2, 0), layout="contiguous"), ValueError, "window_size left must be -1"),
-        (dict(window_size=4, layout="contiguous"), TypeError, "window_size must be a pair"),
-        (dict(causal=1, layout="zigzag"), TypeError, "causal must be a bool"),
+        ({"causal": True}, ValueError, "a causal ring needs layout='zigzag'"),
+        ({"causal": True, "layout": "spiral"}, ValueError, "layout must be one of"),
+        ({"window_size": (4, 0)}, ValueError, "a ring with a sliding window needs layout="),
+        ({"window_size": (-2, 0), "layout": "contiguous"}, ValueError, "window_size left must be -1"),
+        ({"window_size": 4, "layout": "contiguous"}, TypeError, "window_size must be a pair"),
+        ({"causal": 1, "layout": "zigzag"}, TypeError, "causal must be a bool"),
     ],
     ids=["causal-without-layout", "bad-layout", "window-without-layout", "window-negative", "window-int",
          "causal-int"],
@@ -258,3 +296,149 @@ def test_a_failing_rank_releases_the_others():
 
     with pytest.raises(KeyError, match="rank 1 fails"):
         cupyflash.VirtualRing.run(3, rank)
+
+
+# ------------------------------------------------------------------------------------------------
+# Mismatched ranks (issue 19): a VirtualRing raises a clear error instead of hanging or broadcasting.
+
+def _shards(world, rows=4, heads=2, seed=0):
+    q, k, v = random_qkv(np, 1, rows * world, rows * world, heads, 1, 8, 8, np.float32, seed)
+    return [tuple(x[:, rows * r:rows * (r + 1)] for x in (q, k, v)) for r in range(world)]
+
+
+def _raises_soon(error, match, fn, limit=2.0):
+    """``fn()`` raises ``error`` matching ``match`` within ``limit`` seconds."""
+    start = time.monotonic()
+    with pytest.raises(error, match=match):
+        fn()
+    assert time.monotonic() - start < limit
+
+
+def test_virtual_ring_rank_that_returns_without_calling_fails_its_neighbour_at_once():
+    shards = _shards(3)
+
+    def rank(ring):
+        if ring.rank == 1:
+            return None
+        return cupyflash.ring_flash_attention(*shards[ring.rank], ring)
+
+    _raises_soon(RuntimeError, r"VirtualRing rank 2 of 3 \(its ring call 1, ring_flash_attention\) waits for the K/V "
+                 r"block of step 1 from rank 1, which has returned without sending it",
+                 lambda: cupyflash.VirtualRing.run(3, rank, timeout=60))
+
+
+def test_virtual_ring_rank_that_calls_twice_fails_at_once():
+    shards = _shards(2)
+
+    def rank(ring):
+        out = cupyflash.ring_flash_attention(*shards[ring.rank], ring)
+        if ring.rank == 0:
+            out = cupyflash.ring_flash_attention(*shards[ring.rank], ring)
+        return out
+
+    _raises_soon(RuntimeError, r"VirtualRing rank 0 of 2 \(its ring call 2, ring_flash_attention\) waits for the K/V "
+                 r"block of step 1 from rank 1, which has returned",
+                 lambda: cupyflash.VirtualRing.run(2, rank, timeout=60))
+
+
+def test_virtual_ring_used_from_one_thread_times_out():
+    """Ranks of create(2) called one after the other from one thread: rank 0 waits for rank 1's block."""
+    ring = cupyflash.VirtualRing.create(2, timeout=0.3)
+    assert ring[0].timeout == 0.3
+    shards = _shards(2)
+    _raises_soon(TimeoutError, r"VirtualRing rank 0 of 2 \(its ring call 1, ring_flash_attention\) waited 0.3 s for "
+                 r"the K/V block of step 1 from rank 1, which did not send it: .*each rank from its own thread.*"
+                 r"VirtualRing.create\(world, timeout=...\)",
+                 lambda: cupyflash.ring_flash_attention(*shards[0], ring[0]))
+
+
+def test_virtual_ring_backward_timeout_names_the_call():
+    """A forward on both ranks, then the backward on rank 0 alone."""
+    shards = _shards(2)
+    results = cupyflash.VirtualRing.run(2, lambda ring: cupyflash.ring_flash_attention(
+        *shards[ring.rank], ring, return_lse=True))
+    ring = cupyflash.VirtualRing.create(2, timeout=0.2)
+    out, lse = results[0]
+    _raises_soon(TimeoutError, r"rank 0 of 2 \(its ring call 1, ring_flash_attention_backward\) waited 0.2 s for the "
+                 r"K/V block of step 1 from rank 1",
+                 lambda: cupyflash.ring_flash_attention_backward(out, *shards[0], out, lse, ring[0]))
+
+
+def test_virtual_ring_timeout_is_checked():
+    with pytest.raises(ValueError, match="timeout must be a positive number of seconds or None, got 0"):
+        cupyflash.VirtualRing.create(2, timeout=0)
+    with pytest.raises(ValueError, match="timeout must be a positive number of seconds or None, got nan"):
+        cupyflash.VirtualRing.run(2, lambda ring: None, timeout=float("nan"))
+    with pytest.raises(TypeError, match="timeout must be a positive number of seconds or None, got str '1'"):
+        cupyflash.VirtualRing.create(2, timeout="1")
+    assert cupyflash.VirtualRing.create(1, timeout=None)[0].timeout is None
+    assert cupyflash.VirtualRing.create(1)[0].timeout == 300
+
+
+@pytest.mark.parametrize(
+    "rank1_options, match",
+    [
+        ({"causal": False}, r"causal True on rank 0, False on rank 1"),
+        ({"layout": "contiguous"}, r"layout 'zigzag' on rank 0, 'contiguous' on rank 1"),
+        ({"window_size": (3, -1)}, r"window_size \(-1, -1\) on rank 0, \(3, -1\) on rank 1"),
+        ({"softmax_scale": 0.5}, r"softmax_scale 0.3535\d* on rank 0, 0.5 on rank 1"),
+    ],
+    ids=["causal", "layout", "window", "scale"],
+)
+def test_virtual_ring_ranks_with_different_options_raise(rank1_options, match):
+    """Regression: ranks that passed different options returned wrong values without an error."""
+    shards = _shards(2)
+
+    def rank(ring):
+        options = {"causal": True, "layout": "zigzag"}
+        if ring.rank == 1:
+            options.update(rank1_options)
+        return cupyflash.ring_flash_attention(*shards[ring.rank], ring, **options)
+
+    _raises_soon(ValueError, r"the ranks of a VirtualRing make different ring calls \(call 1\): " + match +
+                 r"\. Every rank must make the same ring calls", lambda: cupyflash.VirtualRing.run(2, rank, timeout=60))
+
+
+def test_virtual_ring_ranks_with_unequal_shards_raise():
+    """Regression: unequal shards failed with a broadcasting error from inside the ring."""
+    shards = _shards(2, rows=6)
+    shards[1] = tuple(x[:, :4] for x in shards[1])
+    _raises_soon(ValueError, r"q shape \(1, 6, 2, 8\) on rank 0, \(1, 4, 2, 8\) on rank 1; k shape \(1, 6, 1, 8\) on "
+                 r"rank 0, \(1, 4, 1, 8\) on rank 1",
+                 lambda: cupyflash.VirtualRing.run(2, lambda ring: cupyflash.ring_flash_attention(*shards[ring.rank],
+                                                                                                   ring), timeout=60))
+
+
+def test_virtual_ring_ranks_with_unequal_head_counts_raise():
+    shards = [_shards(2, heads=2)[0], _shards(2, heads=4)[1]]
+    _raises_soon(ValueError, r"q shape \(1, 4, 2, 8\) on rank 0, \(1, 4, 4, 8\) on rank 1",
+                 lambda: cupyflash.VirtualRing.run(2, lambda ring: cupyflash.ring_flash_attention(*shards[ring.rank],
+                                                                                                   ring), timeout=60))
+
+
+def test_virtual_ring_ranks_making_different_calls_raise():
+    shards = _shards(2)
+
+    def rank(ring):
+        out, lse = cupyflash.ring_flash_attention(*shards[ring.rank], ring, return_lse=True)
+        if ring.rank == 0:
+            return cupyflash.ring_flash_attention(*shards[ring.rank], ring)
+        return cupyflash.ring_flash_attention_backward(out, *shards[ring.rank], out, lse, ring)
+
+    _raises_soon(ValueError, r"\(call 2\): function 'ring_flash_attention' on rank 0, 'ring_flash_attention_backward' "
+                 r"on rank 1", lambda: cupyflash.VirtualRing.run(2, rank, timeout=60))
+
+
+def test_virtual_ring_block_sent_before_returning_still_arrives():
+    """A sender that has returned fails its receiver only when the block is not in the queue."""
+
+    def rank(ring):
+        received = [np.zeros(3)]
+        pending = ring.exchange([np.full(3, 1.0 + ring.rank)], received, "x")
+        if ring.rank == 1:
+            return None  # returns without waiting; its block is on the way to rank 0
+        time.sleep(0.2)
+        pending.wait()
+        return received[0]
+
+    np.testing.assert_array_equal(cupyflash.VirtualRing.run(2, rank, timeout=60)[0], np.full(3, 2.0))

@@ -4,6 +4,7 @@ what was received. Runs on NumPy inputs (the checks are shared with the CuPy pat
 import ml_dtypes
 import numpy as np
 import pytest
+from helpers import gpu_available
 
 import cupyflash
 
@@ -146,18 +147,17 @@ def test_backward_dout_dtype():
 
 
 def test_backward_non_array():
-    dout, q, k, v, out, lse = _backward_inputs()
+    dout, q, k, v, out, _ = _backward_inputs()
     with pytest.raises(TypeError, match=r"lse must be a cupy.ndarray or numpy.ndarray, got builtins.NoneType"):
         cupyflash.flash_attention_backward(dout, q, k, v, out, None)
 
 
 def test_mixed_numpy_and_cupy_is_type_error():
     cupy = pytest.importorskip("cupy")
-    try:
-        kk = cupy.zeros((2, 7, 2, 8), cupy.float32)
-    except Exception:
+    if not gpu_available():
         pytest.skip("no CUDA GPU available")
-    q, k, v = _qkv()
+    kk = cupy.zeros((2, 7, 2, 8), cupy.float32)
+    q, _, v = _qkv()
     with pytest.raises(TypeError, match=r"inputs must all be cupy arrays or all numpy arrays; got q is numpy, k is cupy, v is numpy"):
         cupyflash.flash_attention(q, kk, v)
 
@@ -232,6 +232,22 @@ def test_bad_alibi_slopes():
         cupyflash.flash_attention(q, k, v, alibi_slopes=np.ones(2, np.float32))
     with pytest.raises(TypeError, match=r"alibi_slopes must be a cupy.ndarray or numpy.ndarray, got builtins.list"):
         cupyflash.flash_attention(q, k, v, alibi_slopes=[1.0] * 4)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_alibi_slopes_are_refused(bad):
+    """Regression: a NaN slope was taken silently (a NaN softcap is refused)."""
+    q, k, v = _qkv()  # batch 2, heads 4
+    slopes = np.array([0.5, 0.25, bad, 0.125], np.float32)
+    message = rf"alibi_slopes must be finite; got {bad} at index \(2,\) \(1 non-finite of 4\)"
+    with pytest.raises(ValueError, match=message):
+        cupyflash.flash_attention(q, k, v, alibi_slopes=slopes)
+    out, lse = cupyflash.flash_attention(q, k, v, return_lse=True)
+    with pytest.raises(ValueError, match=message):
+        cupyflash.flash_attention_backward(out, q, k, v, out, lse, alibi_slopes=slopes)
+    cu = np.array([0, 5], np.int32)
+    with pytest.raises(ValueError, match=r"alibi_slopes must be finite; got .* at index \(0, 2\)"):
+        cupyflash.flash_attention_varlen(q[0], k[0, :5], v[0, :5], cu, cu, alibi_slopes=slopes[None])
 
 
 def test_bad_block_mask():
@@ -357,3 +373,28 @@ def test_block_mask_builders_check_their_arguments():
         cupyflash.BlockMask.longformer(0)
     with pytest.raises(ValueError, match=r"random_blocks must be non-negative, got -1"):
         cupyflash.BlockMask.bigbird(100, random_blocks=-1)
+
+
+@pytest.mark.parametrize("seed, error, match", [
+    ("a", TypeError, r"seed must be an int, got str 'a'"),
+    (1.5, TypeError, r"seed must be an int, got float 1.5"),
+    (None, TypeError, r"seed must be an int, got NoneType None"),
+    (True, TypeError, r"seed must be an int, got bool True"),
+    (-1, ValueError, r"seed must be non-negative, got -1"),
+])
+def test_bigbird_seed_must_be_an_int(seed, error, match):
+    """Regression: a str seed failed inside NumPy ("SeedSequence expects int or sequence of ints for entropy")."""
+    with pytest.raises(error, match=match):
+        cupyflash.BlockMask.bigbird(256, block_size=(64, 64), seed=seed)
+
+
+def test_bigbird_seed_draws_from_default_rng():
+    """The documented draw: numpy.random.default_rng(seed).choice per head and query block, after Longformer's."""
+    mask = cupyflash.BlockMask.bigbird(512, block_size=(64, 64), window_blocks=0, global_blocks=0, random_blocks=2,
+                                       heads=2, seed=np.int64(7))
+    rng = np.random.default_rng(7)
+    want = np.repeat(np.eye(8, dtype=bool)[None, None], 2, axis=1)
+    for h in range(2):
+        for r in range(8):
+            want[0, h, r, rng.choice(8, 2, replace=False)] = True
+    np.testing.assert_array_equal(mask.layout, want)

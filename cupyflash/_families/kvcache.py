@@ -9,6 +9,7 @@ import numpy
 from cupy.cuda import driver
 
 from .. import _kernels, _params, _validate
+from .._kvcache import MAX_SPLITS
 from . import common
 
 #: Query rows per kv head (seqlen_q * heads / heads_k) up to which a dense cache takes the decode
@@ -25,8 +26,6 @@ DECODE_BLOCK_N = 64
 APPEND_THREADS = 128
 COMBINE_THREADS = 128
 POISON_THREADS = 256
-#: Largest num_splits: the combine loops over the splits of a row.
-MAX_SPLITS = 256
 #: The heuristic keeps at least this many key tiles (of DECODE_BLOCK_N keys) per split: short caches
 #: take many splits, since a CTA's first tile waits a DRAM round trip however few it has.
 MIN_TILES_PER_SPLIT = 2
