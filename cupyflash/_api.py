@@ -408,7 +408,8 @@ def flash_attention_with_kvcache(q, k_cache, v_cache, *, k=None, v=None, cache_s
         A paged cache: position ``t`` of batch entry ``b`` is row ``t % page_size`` of page
         ``block_table[b, t // page_size]``. Capacity is ``max_pages * page_size``.
     rotary_cos, rotary_sin : arrays of q's dtype, shape (max_position, rotary_dim / 2), keyword-only
-        Rotary embedding, with ``k`` only (max_position at least the capacity): new key ``i`` is
+        Rotary embedding, with ``k`` only (max_position at least the capacity, and with ``causal`` or a
+        window at least capacity - seqlen_new + seqlen_q, the last query's position): new key ``i`` is
         rotated at position ``cache_seqlens[b] + i`` before it is stored; the queries at
         ``cache_seqlens[b] + i`` with ``causal`` or a window, else all at ``cache_seqlens[b]``
         (FlashAttention-2's convention). See :func:`cupyflash.reference.apply_rotary`.

@@ -188,12 +188,18 @@ def check(q, k_cache, v_cache, *, k, v, cache_seqlens, cache_batch_idx, block_ta
         if not 0 < rotary_dim <= headdim:
             raise ValueError(f"rotary_cos has {rotary_cos.shape[1]} columns: rotary_dim = 2 * that must be in [2, headdim "
                              f"= {headdim}]")
-        if rotary_cos.shape[0] < capacity:
-            raise ValueError(f"rotary_cos has {rotary_cos.shape[0]} positions; the cache holds {capacity} keys per batch "
-                             "entry, and every position needs its angles")
     rotary_interleaved = _validate.check_flag("rotary_interleaved", rotary_interleaved)
     causal = _validate.check_flag("causal", causal)
     window_left, window_right = _validate._window(window_size, causal)
+    if rotary_cos is not None:
+        # Keys rotate at positions up to capacity - 1; with causal or a window query i rotates at
+        # cache_seqlens + i, which reaches capacity - seqlen_new + seqlen_q - 1.
+        q_at_row = causal or window_left >= 0 or window_right >= 0
+        positions = max(capacity, capacity - seqlen_new + (seqlen_q if q_at_row else 1))
+        if rotary_cos.shape[0] < positions:
+            queries = f", and query i rotates at cache_seqlens + i for {seqlen_q} queries" if q_at_row else ""
+            raise ValueError(f"rotary_cos has {rotary_cos.shape[0]} positions; {positions} are needed (the cache holds "
+                             f"{capacity} keys per batch entry{queries}), and every position needs its angles")
     scale = _validate._softmax_scale(softmax_scale, headdim, dtype)
     softcap = _validate._softcap(softcap, dtype, scale)
     alibi_slopes = _validate._alibi_slopes(alibi_slopes, xp, batch, heads)

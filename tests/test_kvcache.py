@@ -291,6 +291,20 @@ def test_validation(change, error, match):
                                                                          if x is not None})
 
 
+def test_rotary_table_must_reach_the_last_query():
+    """Regression: with causal, query i rotates at cache_seqlens + i, which passes the cache capacity
+    when there are more queries than new keys; the table was checked against the capacity only, so
+    the NumPy path failed with an IndexError and the kernels silently clamped the position."""
+    (q, k_cache, v_cache), arrays = _inputs(np, "float32", batch=1, seqlen_q=2, heads=1, heads_k=1, headdim=4,
+                                            headdim_v=4, capacity=4, lengths=[3], new=1, rotary_dim=4)
+    cos, sin = (np.ones((4, 2), np.float32) for _ in range(2))
+    call = dict(arrays, cache_seqlens=3, rotary_cos=cos, rotary_sin=sin)
+    with pytest.raises(ValueError, match=r"rotary_cos has 4 positions; 5 are needed .* for 2 queries"):
+        cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, causal=True, **call)
+    # Without causal or a window every query rotates at cache_seqlens: 4 positions are enough.
+    cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **call)
+
+
 @pytest.mark.parametrize("read_only", ["k_cache", "v_cache"])
 def test_read_only_cache_is_refused_before_anything_is_written(read_only):
     """Regression: a read-only NumPy v_cache let the call write k_cache, then fail with numpy's

@@ -9,6 +9,16 @@
 
 namespace cupyflash {
 
+// The ALiBi slope of (batch entry b, head h), 0 without ALiBi. A non-finite slope becomes NaN, so every
+// score of its head is NaN and every row of that head that sees a key comes out NaN (an infinite slope
+// would otherwise hide every key but the diagonal's without a sign): NumPy slopes are checked on the
+// host, CuPy ones cannot be without a synchronization.
+__device__ __forceinline__ float alibi_slope(const AttnArgs& a, long long b, long long h) {
+    if (a.alibi_slopes == nullptr) return 0.0f;
+    const float slope = a.alibi_slopes[b * a.alibi_batch_stride + h];
+    return isfinite(slope) ? slope : __int_as_float(0x7fc00000);
+}
+
 // Score modifications of FlashAttention-2, in its order: the scaled score s = softmax_scale * q . k
 // becomes softcap * tanh(s / softcap) (Gemma 2), then gets the ALiBi bias -slope * |i + seqlen_k -
 // seqlen_q - j| added, then the mask. The backward needs ds_mod/ds = 1 - tanh^2 of the softcap.
@@ -20,7 +30,7 @@ struct ScoreModArgs {
 
     ScoreModArgs() = default;
     __device__ __forceinline__ ScoreModArgs(const AttnArgs& a, const Sequence& s, long long b, long long h)
-        : slope(a.alibi_slopes != nullptr ? a.alibi_slopes[b * a.alibi_batch_stride + h] : 0.0f),
+        : slope(alibi_slope(a, b, h)),
           offset(s.seqlen_k - s.seqlen_q), softcap(a.softcap != 0.0), alibi(a.alibi_slopes != nullptr) {}
 
     // |i + seqlen_k - seqlen_q - j|, exact in float up to 2^24.

@@ -1,5 +1,5 @@
-// General-path backward, three kernels:
-//   general_bwd_delta  delta_i = sum_c dO_ic * O_ic (accumulator precision), one warp per row;
+// General-path backward: after bwd_delta (common/bwd_rows.cu: delta_i = sum_c dO_ic * O_ic, in the
+// accumulator precision), two kernels:
 //   general_bwd_dq     one CTA per (query tile, batch entry, head) and dQ column chunk, over key tiles;
 //   general_bwd_dkdv   one CTA per (key tile, batch entry, kv head) and dK/dV column chunk, over the
 //                      query heads that share the kv head and their query tiles.
@@ -18,30 +18,6 @@
 #include "general/tile.cuh"
 
 namespace cupyflash {
-
-// Rows r of (batch, heads, seqlen_q) (packed batches: batch 1, seqlen_q = total_q); grid: ceil(rows / 4)
-// CTAs of 128 threads. delta has the layout of lse.
-template <typename T>
-__global__ void __launch_bounds__(128)
-general_bwd_delta(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
-    using Acc = acc_t<T>;
-    const AttnArgs& a = args.attn;
-    constexpr int kWarpsPerCta = 4;
-    const long long rows = static_cast<long long>(a.batch) * a.heads * a.seqlen_q;
-    const long long r = static_cast<long long>(blockIdx.x) * kWarpsPerCta + threadIdx.x / 32;
-    if (r >= rows) return;
-    const int lane = threadIdx.x % 32;
-    const int i = static_cast<int>(r % a.seqlen_q);
-    const long long bh = r / a.seqlen_q;
-    const long long h = bh % a.heads, b = bh / a.heads;
-    const T* o_row = head_rows<const T>(args.out, b, i, h);
-    const T* do_row = head_rows<const T>(args.dout, b, i, h);
-    Acc acc = 0;
-    for (int c = lane; c < a.headdim_v; c += 32) acc += to_acc(o_row[c]) * to_acc(do_row[c]);
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
-    if (lane == 0) static_cast<Acc*>(args.delta.ptr)[rows_index(args.delta, b, h, i)] = acc;
-}
 
 // Grid: x = query tiles * batch * heads, y = ceil(headdim / kChunk).
 template <typename T>

@@ -19,6 +19,7 @@
 // reads and writes none of it; a page index outside the cache, among the pages an entry uses, is read
 // as page 0 and not written. Such an entry's output rows and lse are NaN (cupyflash/_api.py).
 #include "common/dtypes.cuh"
+#include "kvcache/cache.cuh"
 #include "common/launch.cuh"
 #include "common/mask.cuh"
 #include "common/params.cuh"
@@ -32,45 +33,6 @@
 #include "sm80/tile.cuh"
 
 namespace cupyflash {
-
-// Where batch entry b's keys are, and whether its values are in range.
-struct CacheEntry {
-    int keys;      // cache_seqlens[b] + seqlen_new when in range, else 0
-    int cached;    // cache_seqlens[b]
-    int entry;     // dense: the cache entry of b
-    bool bad;
-
-    __device__ __forceinline__ CacheEntry(const KvCacheArgs& c, int b) {
-        cached = c.cache_seqlens != nullptr ? c.cache_seqlens[b] : c.cache_seqlens_value;
-        const long long total = static_cast<long long>(cached) + c.seqlen_new;
-        bad = cached < 0 || total > c.attn.seqlen_k;
-        entry = b;
-        if (c.block_table == nullptr && c.cache_batch_idx != nullptr) {
-            entry = c.cache_batch_idx[b];
-            bad = bad || entry < 0 || entry >= c.cache_entries;
-        }
-        keys = bad ? 0 : static_cast<int>(total);
-    }
-
-    // Element offset of cached row `pos` (< keys) of kv head hk in a cache tensor; *bad_page is set
-    // (and page 0 read) when the block table names a page outside the cache.
-    __device__ __forceinline__ long long row_offset(const KvCacheArgs& c, const TensorArg& t, int b, int pos, int hk,
-                                                    bool* bad_page) const {
-        long long page, row;
-        if (c.block_table != nullptr) {
-            page = c.block_table[b * c.block_table_stride + pos / c.page_size];
-            row = pos % c.page_size;
-            if (page < 0 || page >= c.cache_entries) {
-                *bad_page = true;
-                page = 0;
-            }
-        } else {
-            page = entry;
-            row = pos;
-        }
-        return page * t.batch_stride + row * t.row_stride + hk * t.head_stride;
-    }
-};
 
 // ------------------------------------------------------------------------------------------------
 // Append (and rotary).
@@ -242,20 +204,17 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
     // Decoding is bound by the instructions that issue the copies as much as by DRAM: a dense cache
     // walks this thread's rows with pointer increments; a paged one splits positions with a shift
     // where the page size is a power of two (a division otherwise).
-    const int page_size = c.page_size;
-    const int* table_row = c.block_table != nullptr ? c.block_table + b * c.block_table_stride : nullptr;
-    const int page_shift = table_row != nullptr && (page_size & (page_size - 1)) == 0 ? __ffs(page_size) - 1 : -1;
+    const PageTable pages(c, b);
     const T* k_rows = k_base + static_cast<long long>(entry.entry) * a.k.batch_stride + my_row * a.k.row_stride + my_col;
     const T* v_rows = v_base + static_cast<long long>(entry.entry) * a.v.batch_stride + my_row * a.v.row_stride + my_col;
     const long long k_pass_step = kRowsPerPass * a.k.row_stride, v_pass_step = kRowsPerPass * a.v.row_stride;
     // Paged: the pages of this thread's rows of tile `tile` (0 past the entry's keys).
     auto lookup = [&](int tile, int (&page)[kPasses]) {
-        if (table_row == nullptr) return;
+        if (pages.row == nullptr) return;
 #pragma unroll
         for (int pass = 0; pass < kPasses; ++pass) {
             const int pos = tile * kBlockN + my_row + pass * kRowsPerPass;
-            const int index = page_shift >= 0 ? pos >> page_shift : pos / page_size;
-            page[pass] = pos < entry.keys ? table_row[index] : 0;
+            page[pass] = pos < entry.keys ? pages.page(pos) : 0;
         }
     };
     // Key tile `tile` into stage `stage`: rows past the entry's keys and columns past the head dims are
@@ -266,7 +225,7 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
         const int pos0 = tile * kBlockN + my_row;
         // Every row of the tile a key and every chunk inside the head dims: whole-chunk copies.
         const bool whole = (tile + 1) * kBlockN <= entry.keys && k_bytes == 16 && v_bytes == 16;
-        if (table_row == nullptr && whole) {
+        if (pages.row == nullptr && whole) {
             const T* k_src = k_rows + static_cast<long long>(tile) * kBlockN * a.k.row_stride;
             const T* v_src = v_rows + static_cast<long long>(tile) * kBlockN * a.v.row_stride;
 #pragma unroll
@@ -274,7 +233,7 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
                 cp_async_16(smem_addr(dk + pass * kRowsPerPass * kLd), k_src + pass * k_pass_step);
                 cp_async_16(smem_addr(dv + pass * kRowsPerPass * kLd), v_src + pass * v_pass_step);
             }
-        } else if (table_row == nullptr) {
+        } else if (pages.row == nullptr) {
             const T* k_src = k_rows + static_cast<long long>(tile) * kBlockN * a.k.row_stride;
             const T* v_src = v_rows + static_cast<long long>(tile) * kBlockN * a.v.row_stride;
 #pragma unroll
@@ -292,11 +251,11 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
             for (int pass = 0; pass < kPasses; ++pass) {
                 const int pos = pos0 + pass * kRowsPerPass;
                 int at = page[pass];
-                if (static_cast<unsigned>(at) >= static_cast<unsigned>(c.cache_entries)) {
+                if (!pages.valid(at)) {
                     bad_page = true;
                     at = 0;
                 }
-                const int row = page_shift >= 0 ? pos & (page_size - 1) : pos % page_size;
+                const int row = pages.row_in_page(pos);
                 cp_async_16(smem_addr(dk + pass * kRowsPerPass * kLd),
                             k_base + at * a.k.batch_stride + row * a.k.row_stride + my_col);
                 cp_async_16(smem_addr(dv + pass * kRowsPerPass * kLd),
@@ -308,11 +267,11 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
                 const int pos = pos0 + pass * kRowsPerPass;
                 const bool valid = pos < entry.keys;
                 int at = page[pass];
-                if (static_cast<unsigned>(at) >= static_cast<unsigned>(c.cache_entries)) {
+                if (!pages.valid(at)) {
                     bad_page = bad_page || valid;
                     at = 0;
                 }
-                const int row = page_shift >= 0 ? pos & (page_size - 1) : pos % page_size;
+                const int row = pages.row_in_page(pos);
                 const T* k_src = k_base + at * a.k.batch_stride + row * a.k.row_stride + my_col;
                 const T* v_src = v_base + at * a.v.batch_stride + row * a.v.row_stride + my_col;
                 cp_async_16(smem_addr(dk + pass * kRowsPerPass * kLd), valid && k_bytes ? k_src : k_base,
@@ -354,7 +313,7 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
         query[half] = r / group;
         const int h = hk * group + r % group;
         if (kScoreMod && a.alibi_slopes != nullptr) {
-            bias_log2[half] = -a.alibi_slopes[b * a.alibi_batch_stride + min(h, a.heads - 1)] * kLog2eF;
+            bias_log2[half] = -alibi_slope(a, b, min(h, a.heads - 1)) * kLog2eF;
         }
     }
     const auto query_of = [&](int, int r) { return query[r]; };
@@ -558,9 +517,9 @@ __global__ void __launch_bounds__(128) kvc_lengths(const CUPYFLASH_GRID_CONSTANT
     const CacheEntry e(c, b);
     bool bad_page = false;
     if (c.block_table != nullptr && !e.bad) {
+        const PageTable pages(c, b);
         for (int page = threadIdx.x; page * c.page_size < e.keys; page += blockDim.x) {
-            const int index = c.block_table[b * c.block_table_stride + page];
-            bad_page = bad_page || index < 0 || index >= c.cache_entries;
+            bad_page = bad_page || !pages.valid(pages.row[page]);
         }
     }
     const bool bad = __syncthreads_or(bad_page) || e.bad;

@@ -1,9 +1,10 @@
-// Tensor-core backward (float16/bfloat16, sm_80+, head dims up to 256): after sm80_bwd_delta,
+// Tensor-core backward (float16/bfloat16, sm_80+, head dims up to 256): after bwd_delta
+// (common/bwd_rows.cu: delta = rowsum(dO * O), the float32 dQ buffers zeroed),
 //   sm80_bwd             one CTA per kBlockN keys of one (batch entry, kv head): dK and dV stay in
 //                      registers while the CTA walks the query tiles of every query head of its GQA
 //                      group (so the group's sum needs no per-head copies), and each tile's dQ share is
 //                      added into a float32 buffer;
-//   sm80_bwd_dq_convert  dQ = softmax_scale * buffer, rounded to T.
+// and bwd_dq_convert (common/bwd_rows.cu): dQ = softmax_scale * buffer, rounded to T.
 // Per query tile the CTA recomputes S^T = K Q^T and P^T = exp2(S^T * scale * LOG2E - LOG2E * lse)
 // from the saved lse (no probability is stored between passes), then dP^T = V dO^T,
 // dS^T = P^T * (dP^T - delta), dQ += dS K, dV += P^T dO and dK += dS^T Q: five matrix products.
@@ -287,85 +288,6 @@ sm80_bwd(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
                        a.headdim, dk_acc, static_cast<float>(a.softmax_scale));
     store_fragments<T>(head_rows<T>(args.dv, st.b, st.seq.k_start, st.hk), args.dv.row_stride, r0, st.seq.seqlen_k, c0,
                        a.headdim_v, dv_acc, 1.0f);
-}
-
-// delta_r = sum_c dO_rc * O_rc in float32 for the rows r of (batch, heads, seqlen_q) (packed batches:
-// batch 1, seqlen_q = total_q), written with the layout of lse. A row takes the lanes of a power-of-two
-// group that cover headdim_v with 8 elements (16 bytes) each, so short rows share a warp; rows whose
-// addresses are not 16-byte aligned fall back to element loads. Grid-stride over the warps of 256
-// threads; `lanes` is that group size (cupyflash/_families/sm80.py).
-template <typename T>
-__global__ void __launch_bounds__(256)
-sm80_bwd_delta(const CUPYFLASH_GRID_CONSTANT BwdArgs args, int lanes) {
-    const AttnArgs& a = args.attn;
-    const long long rows = static_cast<long long>(a.batch) * a.heads * a.seqlen_q;
-    const int lane = threadIdx.x % lanes;
-    const long long groups = static_cast<long long>(gridDim.x) * (blockDim.x / lanes);
-    // Every lane of a warp runs the same number of steps (the shuffles below need the whole group).
-    for (long long r = static_cast<long long>(blockIdx.x) * (blockDim.x / lanes) + threadIdx.x / lanes;
-         r - threadIdx.x % 32 / lanes < rows; r += groups) {
-        float acc = 0.0f;
-        long long b = 0, h = 0;
-        int i = 0;
-        if (r < rows) {
-            i = static_cast<int>(r % a.seqlen_q);
-            const long long bh = r / a.seqlen_q;
-            h = bh % a.heads;
-            b = bh / a.heads;
-            const T* o_row = head_rows<const T>(args.out, b, i, h);
-            const T* do_row = head_rows<const T>(args.dout, b, i, h);
-            if ((reinterpret_cast<size_t>(o_row) | reinterpret_cast<size_t>(do_row)) % 16 == 0 && a.headdim_v % 8 == 0) {
-                for (int c = 8 * lane; c < a.headdim_v; c += 8 * lanes) {
-                    const uint4 o = *reinterpret_cast<const uint4*>(o_row + c);
-                    const uint4 d = *reinterpret_cast<const uint4*>(do_row + c);
-                    const T* ov = reinterpret_cast<const T*>(&o);
-                    const T* dv = reinterpret_cast<const T*>(&d);
-#pragma unroll
-                    for (int e = 0; e < 8; ++e) acc += to_acc(ov[e]) * to_acc(dv[e]);
-                }
-            } else {
-                for (int c = lane; c < a.headdim_v; c += lanes) acc += to_acc(o_row[c]) * to_acc(do_row[c]);
-            }
-        }
-        for (int offset = lanes / 2; offset > 0; offset /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
-        if (r < rows && lane == 0) static_cast<float*>(args.delta.ptr)[rows_index(args.delta, b, h, i)] = acc;
-    }
-}
-
-// dq[b, s, h, c] = softmax_scale * (sum over the dq_splits buffers, in order, of the accumulator row
-// (b, h, s)), rounded to T. One warp per row of (batch, heads, seqlen_q), grid-stride; packed batches
-// pass batch 1 and seqlen_q = total_q. Lanes read column pairs (dq_ld is even, so each pair is 8-byte
-// aligned) and write them as one 32-bit store where the head dim is even.
-template <typename T>
-__global__ void __launch_bounds__(256)
-sm80_bwd_dq_convert(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
-    const AttnArgs& a = args.attn;
-    const long long rows = static_cast<long long>(a.batch) * a.heads * a.seqlen_q;
-    const float* accum = static_cast<const float*>(args.dq_accum.ptr);
-    const float scale = static_cast<float>(a.softmax_scale);
-    const int lane = threadIdx.x % 32;
-    for (long long r = static_cast<long long>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; r < rows;
-         r += static_cast<long long>(gridDim.x) * (blockDim.x / 32)) {
-        const int s = static_cast<int>(r % a.seqlen_q);
-        const long long bh = r / a.seqlen_q;
-        const long long h = bh % a.heads, b = bh / a.heads;
-        const float* row = accum + rows_index(args.dq_accum, b, h, s) * args.dq_ld;
-        T* dst = head_rows<T>(args.dq, b, s, h);
-        for (int c = 2 * lane; c < a.headdim; c += 64) {
-            float2 sum = *reinterpret_cast<const float2*>(row + c);
-            for (int split = 1; split < args.dq_splits; ++split) {
-                const float2 part = *reinterpret_cast<const float2*>(row + split * args.dq_split_stride + c);
-                sum.x += part.x;
-                sum.y += part.y;
-            }
-            if (a.headdim % 2 == 0) {
-                *reinterpret_cast<unsigned*>(dst + c) = pack2<T>(sum.x * scale, sum.y * scale);
-            } else {
-                dst[c] = from_acc<T>(sum.x * scale);
-                if (c + 1 < a.headdim) dst[c + 1] = from_acc<T>(sum.y * scale);
-            }
-        }
-    }
 }
 
 }  // namespace cupyflash
