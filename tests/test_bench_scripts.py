@@ -4,8 +4,8 @@ Each script answers ``--help`` without CuPy, and without a GPU, or without CuPy,
 missing, what it needs) and exits with status 2, never a traceback. Those runs happen in two subprocesses
 (this machine's CuPy, and a CuPy that does not import), each running every script as ``__main__`` in
 turn, so that CuPy's import (a second or more) is paid once. The rest runs the scripts' host-side pieces
-in this process with fake timings: the harness's FLOP counts and tables, and the rows and reports of
-bench.py, masks.py and decode.py.
+in this process with fake timings: the harness's FLOP counts and tables, the rows and reports of bench.py,
+masks.py, decode.py and host.py, and host.py's calls on cupyflash's NumPy twin.
 """
 
 import concurrent.futures
@@ -22,7 +22,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
-SCRIPTS = ("bench", "masks", "decode", "ring", "compile_time")
+SCRIPTS = ("bench", "masks", "decode", "ring", "host", "compile_time")
 #: Arguments of a run that would need the GPU, by script (none needs any).
 RUN_ARGS = {}
 #: A stand-in for CuPy that cannot be imported, for the "no CuPy" runs.
@@ -132,7 +132,7 @@ def test_no_cupy_exits_with_one_line(runs, script):
 @pytest.fixture(scope="module")
 def bench_modules():
     """bench/'s scripts imported as modules (bench/ first on sys.path, as ``python bench/x.py`` has it)."""
-    names = ("harness", "bench", "masks", "decode", "ring")
+    names = ("harness", "bench", "masks", "host", "decode", "ring")
     saved = {name: sys.modules.pop(name) for name in names if name in sys.modules}
     sys.path.insert(0, str(BENCH))
     try:
@@ -226,3 +226,88 @@ def test_grouped_table_notes(bench_modules):
                             note=lambda label, item: "n/a (none)" if label == "A" and item == "cd" else None)
     assert lines[1] == "name   |    x    y"
     assert lines[2] == "ab     |    1    2" and lines[3] == "cd     | n/a (none)"
+
+
+def test_host_rows_and_table(bench_modules):
+    host, h = bench_modules.host, bench_modules.harness
+    assert [row.key for row in host.ROWS] == ["fwd", "fwd_512", "bwd", "bwd_det", "varlen", "decode_append", "decode",
+                                              "decode_paged"]
+    assert {row.key: row.target_us for row in host.ROWS}["decode_paged"] == 15
+    results = {"fwd": {"cupyflash": {"us": 20.0, "gpu_us": 3.0, "loops_us": [20.0]},
+                       "torch_fa2": {"us": 15.5, "gpu_us": 3.0, "loops_us": [15.5]}},
+               "bwd": {"cupyflash": {"us": 50.0, "gpu_us": 45.0, "loops_us": [50.0]}},
+               "varlen": {"cupyflash": h.failed(RuntimeError("boom"))}}
+    lines = host.table_lines(host.ROWS, results, 500, 5)
+    fwd = next(line for line in lines if line.startswith("forward (1, 128"))
+    assert fwd.split()[-8:] == ["20.0", "3.0", "25", "0.80", "15.5", "3.0", "-", "-"]
+    bwd = next(line for line in lines if line.startswith("backward (1, 128"))
+    assert "1.25*" in bwd
+    assert "targets met: 1 of 8" in lines
+    assert any("bwd: device time 45.0 us" in line for line in lines)
+    assert any("varlen: n/a (RuntimeError: boom)" in line for line in lines)
+    stats = {("~", 0, "<built-in method cupy.cuda.driver.launchKernel>"): (1000, 1000, 0.1, 0.1, {}),
+             ("/lib/cupy/_creation/basic.py", 7, "empty"): (1500, 1500, 0.1, 0.1, {}),
+             ("/lib/ctypes/__init__.py", 9, "cast"): (500, 500, 0.1, 0.1, {}),
+             ("/repo/cupyflash/_api.py", 1, "flash_attention"): (500, 500, 0.1, 0.1, {}), ("x.py", 1, "f"): (1, 1, 0, 0, {})}
+    assert host.driver_call_lines(stats, list(stats), 500) == [
+        "    3.00  /lib/cupy/_creation/basic.py:7(empty)", "    2.00  {built-in method cupy.cuda.driver.launchKernel}",
+        "    1.00  /lib/ctypes/__init__.py:9(cast)"]
+    assert host.parse_args(["--profile", "bwd"]).profile == "bwd"
+    with pytest.raises(SystemExit):
+        host.parse_args(["--profile", "nothing"])
+
+
+# ------------------------------------------------------------------- the calls, on cupyflash's NumPy twin
+
+
+@pytest.fixture
+def numpy_as_cupy(bench_modules, monkeypatch):
+    """CuPy replaced by NumPy (the calls then run cupyflash's NumPy twin) and the harness's device steps by
+    stand-ins that call the timed function once: what ab.py and host.py build and call, checked against the
+    public API on the CPU. cupyflash modules first imported under the stand-in are dropped afterwards."""
+    fake = types.ModuleType("cupy")
+    fake.__path__ = []  # a package, for cupyflash's `from cupy.cuda import function`
+    fake.ndarray = type("NoDeviceArray", (), {})  # no array is a CuPy array: cupyflash takes the NumPy path
+    fake.asarray, fake.asnumpy, fake.full = numpy.asarray, numpy.asarray, numpy.full
+    fake.random = types.SimpleNamespace(RandomState=numpy.random.default_rng)
+    fake.cuda = types.ModuleType("cupy.cuda")
+    fake.cuda.function = fake.cuda.driver = types.SimpleNamespace()  # imported by cupyflash._families
+    fake.cuda.runtime = types.SimpleNamespace(getDeviceProperties=lambda device: {"l2CacheSize": 0}, getDevice=lambda: 0)
+    fake.cuda.Device = lambda: types.SimpleNamespace(id=0)
+    loaded = {name for name in sys.modules if name.split(".")[0] == "cupyflash"}
+    package = sys.modules.get("cupyflash")
+    attributes = set(vars(package)) if package is not None else set()
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setitem(sys.modules, "cupy.cuda", fake.cuda)
+    h = bench_modules.harness
+    timed = []
+
+    def time_queued(call, calls, host_ms):
+        call()
+        timed.append(calls)
+        return [1.0] * calls
+
+    for name, stand_in in (("synchronize", lambda: None), ("release_cached_memory", lambda peers=None: None),
+                           ("host_ms_per_call", lambda call: (call(), 0.01)[1]), ("time_queued", time_queued),
+                           ("host_loop", lambda call, calls: (call(), 2e-5)[1])):
+        monkeypatch.setattr(h, name, stand_in)
+    yield bench_modules, timed
+    for name in [name for name in sys.modules if name.split(".")[0] == "cupyflash" and name not in loaded]:
+        del sys.modules[name]
+    for attribute in set(vars(package)) - attributes if package is not None else ():
+        delattr(package, attribute)
+
+
+def test_host_rows_call_the_public_api(numpy_as_cupy, monkeypatch):
+    import dataclasses
+
+    modules, _ = numpy_as_cupy
+    host = modules.host
+    monkeypatch.setattr(host, "WARMUP", 0)
+    for row in host.ROWS:
+        small = dataclasses.replace(row, shape=(1, 64, 2, 64)) if row.kind in ("fwd", "bwd") else row
+        entry = host.measure(small, "cupyflash", None, calls=2, repeats=2)
+        assert entry == {"us": 20.0, "loops_us": [20.0, 20.0], "gpu_us": 1000.0}, (row.key, entry)
+    lines = host.profile(dataclasses.replace(host.ROWS[0], shape=(1, 64, 2, 64)), calls=2)
+    assert sum("by tottime" in line or "by cumulative" in line for line in lines) == 2
+    assert lines[-1].startswith("CuPy and ctypes functions of those lists, calls per call (2 calls):")
