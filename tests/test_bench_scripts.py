@@ -5,7 +5,9 @@ missing, what it needs) and exits with status 2, never a traceback. Those runs h
 (this machine's CuPy, and a CuPy that does not import), each running every script as ``__main__`` in
 turn, so that CuPy's import (a second or more) is paid once. The rest runs the scripts' host-side pieces
 in this process with fake timings: the harness's FLOP counts and tables, the rows and reports of bench.py,
-masks.py, decode.py and host.py, and host.py's calls on cupyflash's NumPy twin.
+masks.py, decode.py, host.py and ab.py, the calls host.py and ab.py make (on cupyflash's NumPy twin), and
+ab.py's supervision of its worker processes (crashes, hangs, a process that cannot start, a wrong tree)
+with fake workers.
 """
 
 import concurrent.futures
@@ -22,9 +24,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
-SCRIPTS = ("bench", "masks", "decode", "ring", "host", "compile_time")
-#: Arguments of a run that would need the GPU, by script (none needs any).
-RUN_ARGS = {}
+SCRIPTS = ("bench", "masks", "decode", "ring", "host", "ab", "compile_time")
+#: Arguments of a run that would need the GPU (ab.py needs two source trees first).
+RUN_ARGS = {"ab": ["--old", str(ROOT), "--new", str(ROOT)]}
 #: A stand-in for CuPy that cannot be imported, for the "no CuPy" runs.
 NO_CUPY = 'raise ImportError("No module named \'cupy\' (hidden by the test)")\n'
 #: Runs the scripts as __main__ one after the other in one interpreter, as ``python bench/x.py`` would (bench/
@@ -132,7 +134,7 @@ def test_no_cupy_exits_with_one_line(runs, script):
 @pytest.fixture(scope="module")
 def bench_modules():
     """bench/'s scripts imported as modules (bench/ first on sys.path, as ``python bench/x.py`` has it)."""
-    names = ("harness", "bench", "masks", "host", "decode", "ring")
+    names = ("harness", "bench", "masks", "host", "ab", "decode", "ring")
     saved = {name: sys.modules.pop(name) for name in names if name in sys.modules}
     sys.path.insert(0, str(BENCH))
     try:
@@ -257,6 +259,160 @@ def test_host_rows_and_table(bench_modules):
         host.parse_args(["--profile", "nothing"])
 
 
+def test_ab_rows(bench_modules):
+    ab, h = bench_modules.ab, bench_modules.harness
+    assert len(ab.ROWS) == len(ab.ROWS_BY_KEY) == 35
+    for group in {row.group for row in ab.ROWS}:
+        assert len({row.family for row in ab.ROWS if row.group == group}) == 1, group
+    assert {row.family for row in ab.ROWS if row.key.startswith("sm80_")} == {"sm80"}
+    assert [row.key for row in ab.select_rows(True, None)] == list(ab.QUICK)
+    assert [row.key for row in ab.select_rows(False, ("bwd_d128*",))] == ["bwd_d128", "bwd_d128_causal",
+                                                                          "bwd_d128_causal_det", "bwd_d128_causal_window"]
+    with pytest.raises(ValueError, match="matches no row"):
+        ab.select_rows(True, ("bwd_d64",))
+    rows = ab.ROWS_BY_KEY
+    assert rows["fwd_d128_causal"].work == (h.pair_flops(4 * 16 * 4096 * 4097 // 2, 128), "FLOP")
+    assert rows["bwd_d64"].work[0] == 2.5 * 4 * 4 * 32 * 4096 * 4096 * 64
+    assert rows["decode_b8_32k"].work == (8 * 32768 * 8 * 128 * 2 * 2, "B")
+    assert rows["prefill_512_32k"].visible_pairs == 32 * (512 * (32768 - 512) + 512 * 513 // 2)
+    assert rows["bwd_d128_causal_window"].visible_pairs == 4 * 16 * h.window_pairs(4096, 4096, 1024, 0)
+    assert rows["fwd_gqa"].kv_heads == 8 and "h32/8" in rows["fwd_gqa"].label
+    assert rows["decode_b1_131k"].rate_text(0.134) == "4.01 TB/s"
+    assert rows["fwd_d128"].rate_text(1.0) == "550 TF/s"
+    assert ab.input_set_count(64 << 20, 50 << 20) == 3 and ab.input_set_count(1 << 20, 50 << 20) == ab.MAX_INPUT_SETS
+    assert ab.input_set_count(1 << 30, 0) == 1
+    assert ab.timed_calls(1.0) == 50 and ab.timed_calls(100.0) == ab.MIN_CALLS and ab.timed_calls(0.0) == ab.MAX_CALLS
+    assert ab.alibi_slopes(8)[-1] == numpy.float32(2.0**-8)
+    with pytest.raises(SystemExit):
+        ab.parse_args(["--old", str(ROOT)])
+    with pytest.raises(SystemExit):
+        ab.parse_args(["--old", str(ROOT), "--new", str(BENCH)])  # bench/ holds no cupyflash/
+
+
+def _entry(ms, sample=(1.0, 2.0)):
+    return {"median_ms": ms, "times_ms": [ms], "sample": list(sample)}
+
+
+def test_ab_report(bench_modules):
+    ab = bench_modules.ab
+    rows = [ab.ROWS_BY_KEY[key] for key in ("fwd_d128", "bwd_d128", "decode_b8_32k", "general_fwd_fp32")]
+    rounds = {
+        "fwd_d128": {"old": [_entry(1.0), _entry(1.01), _entry(0.99)], "new": [_entry(0.9)] * 3},
+        "bwd_d128": {"old": [_entry(2.0)] * 3, "new": [_entry(2.1), _entry(2.1), _entry(2.1, (1.0, 3.0))]},
+        "decode_b8_32k": {"old": [_entry(0.27)] * 3, "new": [_entry(0.2754, (1.0, 2.001))] * 3},
+        "general_fwd_fp32": {"old": [_entry(0.4)] * 3, "new": [{"error": "RuntimeError: no kernel"}] * 3},
+    }
+    summaries = {row.key: ab.summarize(row, rounds[row.key]) for row in rows}
+    fwd, bwd, decode, general = (summaries[row.key] for row in rows)
+    assert fwd["ratio"] == pytest.approx(0.9) and not fwd["slower"] and fwd["old"]["spread"] == pytest.approx(0.02)
+    assert bwd["slower"] and not bwd["noisy"] and bwd["difference"] == 0.0
+    assert decode["ratio"] == pytest.approx(1.02) and not decode["slower"]
+    assert decode["difference"] == pytest.approx(0.001 / 5**0.5) and not decode["mismatch"]
+    assert general["ratio"] is None and general["new"]["errors"] == ["RuntimeError: no kernel"]
+    lines = ab.table_lines(rows, summaries, 3)
+    assert lines[-1].startswith("slowest row: bwd_d128 (bwd bf16 d128 s4096 b4 h16): new/old 1.050")
+    assert "rows slower by more than 2%: 1 of 3 compared: bwd_d128" in lines
+    assert any("general_fwd_fp32 (new): RuntimeError: no kernel" in line for line in lines)
+    bwd_line = next(line for line in lines if line.startswith("bwd bf16 d128"))
+    assert "SLOWER" in bwd_line and "2.000" in bwd_line and "2.100" in bwd_line
+    assert "new failed" in next(line for line in lines if line.startswith("general fwd fp32"))
+    mismatch = ab.summarize(rows[0], {"old": [_entry(1.0, (1.0, 2.0))], "new": [_entry(1.0, (1.0, float("nan")))]})
+    assert mismatch["mismatch"] and "MISMATCH" in ab.flag_text(mismatch)
+    versions = {name: ab.Version(name, ROOT, ROOT / "cache") for name in ab.VERSIONS}
+    compiled = {"old": {"fwd_d128": {"first_call_s": 2.5}}, "new": {}}
+    document = json.loads(json.dumps(ab.record(types.SimpleNamespace(rounds=3), versions, rows, compiled, rounds,
+                                               {"old": {"default": {"device": "fake"}}}, 12.0)))
+    assert [row["key"] for row in document["rows"]] == [row.key for row in rows]
+    assert document["rows"][0]["compile"] == {"old": {"first_call_s": 2.5}, "new": None}
+    assert "sample" not in document["rows"][0]["rounds"]["old"][0]
+    assert document["rows"][1]["summary"]["slower"] and document["versions"]["old"]["environment"]["default"]
+
+
+#: A fake ab.py worker: ``python -c FAKE_WORKER progress key...``; each key says what the row does.
+FAKE_WORKER = r"""
+import json, os, sys, time
+progress, keys = sys.argv[1], sys.argv[2:]
+with open(progress, "a") as f:
+    def emit(**event):
+        f.write(json.dumps(event) + "\n")
+        f.flush()
+    if keys[0] == "unstartable":
+        print("ImportError: the tree is broken")
+        sys.exit(1)
+    if keys[0] == "wrong_tree":
+        emit(event="fatal", error="cupyflash was imported from elsewhere")
+        sys.exit(4)
+    emit(event="env", device="fake", family=os.environ.get("CUPYFLASH_FAMILY", ""))
+    for key in keys:
+        emit(event="start", row=key)
+        if key.startswith("crash"):
+            print("Segmentation fault (fake)")
+            os._exit(139)
+        if key.startswith("hang"):
+            time.sleep(60)
+        emit(event="result", row=key, median_ms=1.0)
+"""
+
+
+@pytest.fixture
+def fake_workers(bench_modules, monkeypatch, tmp_path):
+    ab = bench_modules.ab
+    monkeypatch.setattr(ab, "worker_command", lambda version, mode, progress, keys: [sys.executable, "-c", FAKE_WORKER,
+                                                                                     str(progress), *keys])
+    monkeypatch.setattr(ab, "ROW_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(ab, "POLL_S", 0.05)
+    return ab, ab.Version("new", tmp_path, tmp_path / "cache")
+
+
+def _rows(*keys, family=""):
+    return [types.SimpleNamespace(key=key, family=family) for key in keys]
+
+
+def test_ab_worker_restarts_after_a_crash_and_a_hang(fake_workers, tmp_path):
+    ab, version = fake_workers
+    environment, results = ab.run_worker(version, _rows("a", "crash1", "b", "hang1", "c", family="sm80"), "time",
+                                         tmp_path, "t")
+    assert environment == {"device": "fake", "family": "sm80"}
+    assert [results[key].get("median_ms") for key in ("a", "b", "c")] == [1.0, 1.0, 1.0]
+    assert results["crash1"]["broken"]
+    assert "exit status 139 during this row: Segmentation fault (fake)" in results["crash1"]["error"]
+    assert results["hang1"]["broken"] and "killed after 1.0 s without progress" in results["hang1"]["error"]
+
+
+def test_ab_worker_that_cannot_start(fake_workers, tmp_path):
+    ab, version = fake_workers
+    _, results = ab.run_worker(version, _rows("unstartable", "a"), "time", tmp_path, "t")
+    assert all("before its first row: ImportError: the tree is broken" in results[key]["error"] for key in ("unstartable", "a"))
+    _, results = ab.run_worker(version, _rows("wrong_tree", "a"), "time", tmp_path, "t")
+    assert results["a"] == {"error": "cupyflash was imported from elsewhere", "broken": True}
+
+
+def test_ab_rounds_skip_broken_rows(fake_workers, tmp_path, capsys):
+    ab, version = fake_workers
+    rows = _rows("a", "crash1")
+    rounds, environments = ab.run_rounds({"old": version, "new": version}, rows, 2, tmp_path)
+    assert [len(rounds["a"][name]) for name in ("old", "new")] == [2, 2]
+    assert [len(rounds["crash1"][name]) for name in ("old", "new")] == [1, 1]
+    assert environments["old"]["default"]["device"] == "fake"
+    assert "round 2/2 new" in capsys.readouterr().out
+
+
+def test_ab_version_environment(bench_modules, tmp_path, monkeypatch):
+    ab = bench_modules.ab
+    other = tmp_path / "other"
+    (other / "cupyflash").mkdir(parents=True)
+    (other / "cupyflash" / "__init__.py").write_text("")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(other), "/some/lib"]))
+    monkeypatch.setenv("CUPYFLASH_FAMILY", "general")
+    version = ab.Version("old", tmp_path / "tree", tmp_path / "cache")
+    env = version.environment("")
+    assert env["PYTHONPATH"] == os.pathsep.join([str(tmp_path / "tree"), "/some/lib"])
+    assert env["CUPY_CACHE_DIR"] == str(tmp_path / "cache") and "CUPYFLASH_FAMILY" not in env
+    assert version.environment("sm80")["CUPYFLASH_FAMILY"] == "sm80"
+    assert ab.tree_problem(ROOT) is None and "no cupyflash" in ab.tree_problem(tmp_path)
+    assert len(ab.tree_digest(ROOT)) == 64
+
+
 # ------------------------------------------------------------------- the calls, on cupyflash's NumPy twin
 
 
@@ -298,6 +454,31 @@ def numpy_as_cupy(bench_modules, monkeypatch):
         delattr(package, attribute)
 
 
+def _small(row):
+    """The row at a size NumPy computes in milliseconds, its kind, options, dtype and head dim kept."""
+    import dataclasses
+
+    heads = {"heads": 2, "heads_k": 1} if row.heads_k else {"heads": 1}
+    if row.op in ("decode", "prefill"):
+        return dataclasses.replace(row, batch=2, context=64, seqlen=8, **heads)
+    return dataclasses.replace(row, batch=1, seqlen=128, lengths=(50, 17, 61) if row.lengths else (), **heads)
+
+
+def test_ab_rows_call_the_public_api(numpy_as_cupy, monkeypatch):
+    modules, timed = numpy_as_cupy
+    ab = modules.ab
+    monkeypatch.setattr(ab, "WARMUP", 0)
+    for row in ab.ROWS:
+        entry = ab.run_row(_small(row), "time")
+        assert "error" not in entry, (row.key, entry)
+        assert entry["median_ms"] == 1.0 and entry["sets"] == 1
+        assert 0 < len(entry["sample"]) <= ab.SAMPLES and all(numpy.isfinite(entry["sample"])), row.key
+    assert timed[:2] == [ab.ESTIMATE_CALLS, 50]  # 1 ms estimated: 50 calls for 50 ms
+    row = _small(ab.ROWS_BY_KEY["bwd_varlen"])
+    assert ab.run_row(row, "time")["sample"] == ab.output_sample(ab.make_call(row, 0)[0]())  # inputs from the row's seed
+    assert set(ab.run_row(row, "compile")) == {"first_call_s"}
+
+
 def test_host_rows_call_the_public_api(numpy_as_cupy, monkeypatch):
     import dataclasses
 
@@ -311,3 +492,25 @@ def test_host_rows_call_the_public_api(numpy_as_cupy, monkeypatch):
     lines = host.profile(dataclasses.replace(host.ROWS[0], shape=(1, 64, 2, 64)), calls=2)
     assert sum("by tottime" in line or "by cumulative" in line for line in lines) == 2
     assert lines[-1].startswith("CuPy and ctypes functions of those lists, calls per call (2 calls):")
+
+
+def test_ab_worker_main(numpy_as_cupy, monkeypatch, tmp_path):
+    modules, _ = numpy_as_cupy
+    ab, h = modules.ab, modules.harness
+    keys = ("fwd_d64_causal", "decode_b8_32k_paged16")
+    monkeypatch.setattr(ab, "ROWS_BY_KEY", {key: _small(ab.ROWS_BY_KEY[key]) for key in keys})
+    monkeypatch.setattr(ab, "WARMUP", 0)
+    monkeypatch.setattr(h, "require_gpu", lambda *args, **kwargs: None)
+    monkeypatch.setattr(h, "environment", lambda torch: {"device": "numpy", "command": "x", "torch": None})
+    progress = tmp_path / "progress.jsonl"
+    import cupyflash
+
+    tree = Path(cupyflash.__file__).resolve().parent.parent
+    assert ab.worker_main("time", str(tree), progress, keys) == 0
+    events = ab.read_events(progress)
+    assert [e["event"] for e in events] == ["env", "start", "result", "start", "result"]
+    assert events[0]["device"] == "numpy" and "command" not in events[0]
+    assert [e["row"] for e in events[1:]] == [keys[0], keys[0], keys[1], keys[1]]
+    assert all("median_ms" in e for e in events[2::2])
+    assert ab.worker_main("time", str(tmp_path), tmp_path / "wrong.jsonl", keys) == ab.EXIT_WRONG_TREE
+    assert ab.read_events(tmp_path / "wrong.jsonl")[0]["event"] == "fatal"
