@@ -1,6 +1,6 @@
 """Benchmark cupyflash against plain CuPy attention, FlashAttention-2 and cuDNN (the last two through torch).
 
-Run from the repository root::
+Run from the repository root (cupyflash installed, or ``PYTHONPATH=$PWD``)::
 
     python bench/bench.py            # full grid (48 rows) and the memory report
     python bench/bench.py --quick    # 8 rows, for a device session with little time
@@ -8,45 +8,29 @@ Run from the repository root::
 
 The grid is FlashAttention's benchmark grid: batch * seqlen = 16384 tokens and heads * headdim = 2048.
 Each row times cupyflash (forward, backward and deterministic backward), plain CuPy attention
-(forward) and, when torch with CUDA is importable, ``torch.nn.functional.scaled_dot_product_attention`` restricted to its FlashAttention-2
-and its cuDNN backend (forward and backward). Times are medians of CUDA-event timings; FLOPs follow
-FlashAttention's convention (see :func:`forward_flops`). ``bench/README.md`` describes the output.
+(forward) and, when torch with CUDA is importable, ``torch.nn.functional.scaled_dot_product_attention``
+restricted to its FlashAttention-2 and its cuDNN backend (forward and backward). Times are medians of
+CUDA-event timings of calls enqueued back to back (``--per-call``: of calls made alone, host time
+included); FLOPs follow FlashAttention's convention (:func:`harness.forward_flops`). ``bench/README.md``
+describes the output.
 """
 
 import argparse
 import dataclasses
-import datetime
 import importlib.util
-import json
-import platform
-import subprocess
 import sys
 import time
-import warnings
 from pathlib import Path
-from typing import Callable, NamedTuple
 
-import cupy
-import ml_dtypes
+import harness
 import numpy
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-try:
-    import cupyflash
-except ImportError:
-    sys.path.insert(0, str(REPO_ROOT))
-    import cupyflash
 
 #: Tokens per row: batch * seqlen (FlashAttention's benchmark grid).
 TOTAL_TOKENS = 16384
 #: Model width per row: heads * headdim.
 MODEL_DIM = 2048
-#: Benchmarked dtypes by command-line name.
-DTYPES = {
-    "bf16": numpy.dtype(ml_dtypes.bfloat16),
-    "fp16": numpy.dtype(numpy.float16),
-    "fp32": numpy.dtype(numpy.float32),
-}
+#: Benchmarked dtypes (keys of harness.DTYPE_BYTES).
+DTYPES = ("bf16", "fp16", "fp32")
 #: The default grid.
 FULL_GRID = {
     "dtypes": ("bf16", "fp16"),
@@ -63,11 +47,7 @@ QUICK_GRID = {
 }
 DEFAULT_WARMUP = 3
 DEFAULT_REPEATS = 20
-DEFAULT_OUT = REPO_ROOT / "bench" / "results"
-#: Multiply-adds per score element: q.k and p.v, two FLOPs each.
-FORWARD_FLOPS_PER_SCORE_DIM = 4
-#: Backward FLOPs per forward FLOP (FlashAttention's convention).
-BACKWARD_FLOP_FACTOR = 2.5
+DEFAULT_OUT = harness.REPO_ROOT / "bench" / "results"
 #: Plain CuPy attention runs when its float32 score matrix is at most this fraction of free memory.
 PLAIN_CUPY_MEMORY_FRACTION = 0.4
 #: Bytes per element of the float32 score matrix of plain CuPy attention.
@@ -84,9 +64,6 @@ PLAIN_CUPY_MEMORY_DTYPE = "fp16"
 COMPILE_SEQLEN = 256
 #: Seed of the input generator; each row and array draws fresh values.
 SEED = 0
-#: Error texts kept in results.json and shown in progress lines.
-ERROR_CHARS_JSON = 600
-ERROR_CHARS_PROGRESS = 150
 GIB = 2**30
 
 #: System keys, in table order, with their display names.
@@ -96,13 +73,10 @@ SYSTEMS = {
     "torch_fa2": "torch SDPA FlashAttention-2",
     "torch_cudnn": "torch SDPA cuDNN",
 }
-#: torch.nn.attention.SDPBackend member of each torch system.
-TORCH_BACKENDS = {"torch_fa2": "FLASH_ATTENTION", "torch_cudnn": "CUDNN_ATTENTION"}
+#: The torch systems (keys of harness.TORCH_BACKENDS).
+TORCH_SYSTEMS = ("torch_fa2", "torch_cudnn")
 #: Short names in the progress lines and the final table.
 SHORT_NAMES = {"cupyflash": "cupyflash", "cupy": "CuPy", "torch_fa2": "FA2", "torch_cudnn": "cuDNN"}
-
-#: The FLOP convention, as printed and stored.
-FLOP_CONVENTION = "forward 4 * batch * heads * seqlen_q * seqlen_k * headdim, halved when causal; backward 2.5x forward"
 
 
 # ----------------------------------------------------------------------------------------------- grid
@@ -126,13 +100,13 @@ class Row:
 
     @property
     def flops_fwd(self):
-        """Forward FLOPs, see :func:`forward_flops`."""
-        return forward_flops(self.batch, self.heads, self.seqlen, self.seqlen, self.headdim, self.causal)
+        """Forward FLOPs, see :func:`harness.forward_flops`."""
+        return harness.forward_flops(self.batch, self.heads, self.seqlen, self.seqlen, self.headdim, self.causal)
 
     @property
     def flops_bwd(self):
-        """Backward FLOPs: :data:`BACKWARD_FLOP_FACTOR` times the forward's."""
-        return BACKWARD_FLOP_FACTOR * self.flops_fwd
+        """Backward FLOPs: 2.5 times the forward's."""
+        return harness.backward_flops(self.flops_fwd)
 
     @property
     def score_bytes(self):
@@ -149,45 +123,9 @@ class Row:
         return {**dataclasses.asdict(self), "flops_fwd": self.flops_fwd, "flops_bwd": self.flops_bwd}
 
 
-def forward_flops(batch, heads, seqlen_q, seqlen_k, headdim, causal):
-    """FlashAttention's forward FLOP count.
-
-    Parameters
-    ----------
-    batch, heads, seqlen_q, seqlen_k, headdim : int
-        Problem sizes.
-    causal : bool
-        Halves the count (the masked half of the score matrix is not computed).
-
-    Returns
-    -------
-    float
-        ``4 * batch * heads * seqlen_q * seqlen_k * headdim``, halved when causal: two matrix
-        products (q k^T and p v) of two FLOPs per multiply-add.
-    """
-    flops = float(FORWARD_FLOPS_PER_SCORE_DIM * batch * heads * seqlen_q * seqlen_k * headdim)
-    return flops / 2 if causal else flops
-
-
 def build_grid(dtypes, headdims, causal, seqlens):
-    """Rows of the grid in table order (dtype, headdim, causal, seqlen).
-
-    Parameters
-    ----------
-    dtypes : sequence of str
-        Keys of :data:`DTYPES`.
-    headdims : sequence of int
-        Head dims; ``heads = MODEL_DIM // headdim``.
-    causal : sequence of bool
-        Mask settings.
-    seqlens : sequence of int
-        seqlen_q = seqlen_k; ``batch = TOTAL_TOKENS // seqlen``.
-
-    Returns
-    -------
-    list of Row
-        ``batch = TOTAL_TOKENS // seqlen`` and ``heads = MODEL_DIM // headdim``, each at least 1.
-    """
+    """Rows of the grid in table order (dtype, headdim, causal, seqlen): ``batch = TOTAL_TOKENS // seqlen``
+    and ``heads = MODEL_DIM // headdim``, each at least 1; seqlen_q = seqlen_k."""
     return [
         Row(dtype, headdim, is_causal, seqlen, max(1, TOTAL_TOKENS // seqlen), max(1, MODEL_DIM // headdim))
         for dtype in dtypes
@@ -195,146 +133,6 @@ def build_grid(dtypes, headdims, causal, seqlens):
         for is_causal in causal
         for seqlen in seqlens
     ]
-
-
-# --------------------------------------------------------------------------------------------- timing
-
-
-class EventClock(NamedTuple):
-    """CUDA events of one library: ``event()`` makes a timing event, ``elapsed_ms(start, stop)`` reads it."""
-
-    event: Callable
-    elapsed_ms: Callable
-
-
-CUPY_CLOCK = EventClock(cupy.cuda.Event, cupy.cuda.get_elapsed_time)
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    """Options that apply to every row."""
-
-    warmup: int
-    repeats: int
-    backward: bool
-    peers: bool
-
-
-def synchronize_device():
-    """Wait for all work on the current device, on every stream (CuPy's and torch's)."""
-    cupy.cuda.Device().synchronize()
-
-
-def time_calls(call, settings, clock):
-    """Time ``call`` with CUDA events.
-
-    Parameters
-    ----------
-    call : callable
-        Launches the work on the current stream; takes no argument.
-    settings : Settings
-        ``warmup`` untimed calls, then ``repeats`` timed ones.
-    clock : EventClock
-        Events recorded on the stream that ``call`` launches on.
-
-    Returns
-    -------
-    list of float
-        Milliseconds of each timed call. The calls are enqueued back to back between their event
-        pairs, so each time is the device time of one call; the device is synchronized before the
-        first and after the last.
-    """
-    for _ in range(settings.warmup):
-        call()
-    synchronize_device()
-    events = [(clock.event(), clock.event()) for _ in range(settings.repeats)]
-    for start, stop in events:
-        start.record()
-        call()
-        stop.record()
-    synchronize_device()
-    return [clock.elapsed_ms(start, stop) for start, stop in events]
-
-
-def measured(times_ms, flops):
-    """A successful measurement: median time, TFLOP/s and every time, as a JSON-ready dict."""
-    median_ms = float(numpy.median(times_ms))
-    return {"median_ms": median_ms, "tflops": flops / median_ms / 1e9, "times_ms": [float(t) for t in times_ms]}
-
-
-def failed(exc, caught_warnings=()):
-    """A measurement whose call raised: the exception and any warnings (torch explains there), one line."""
-    text = " ".join(f"{type(exc).__name__}: {exc}".split())
-    reasons = " | ".join(" ".join(str(w.message).split()) for w in caught_warnings)
-    return {"error": (f"{text} [warnings: {reasons}]" if reasons else text)[:ERROR_CHARS_JSON]}
-
-
-def skipped(reason):
-    """A measurement that was not attempted, with the reason."""
-    return {"skipped": reason}
-
-
-def measure(make_call, flops, settings, clock=CUPY_CLOCK):
-    """Build a call, run it once untimed (compilation, lazy initialization), then time it.
-
-    Parameters
-    ----------
-    make_call : callable
-        Returns the zero-argument call to time; may do untimed setup (e.g. a forward pass before a
-        backward one).
-    flops : float
-        FLOPs of one call.
-    settings : Settings
-        Warm-up and repeat counts.
-    clock : EventClock
-        Events of the library that launches the call.
-
-    Returns
-    -------
-    dict
-        :func:`measured`, or :func:`failed` when the setup or the call raised (unsupported input,
-        out of memory), so one failing system never stops the benchmark.
-    """
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            call = make_call()
-            call()
-            return measured(time_calls(call, settings, clock), flops)
-        except Exception as exc:  # any backend error becomes an n/a entry
-            return failed(exc, caught)
-
-
-def release_cached_memory(peers):
-    """Return the memory cached by CuPy's default pool (and torch's allocator) to the device."""
-    synchronize_device()
-    cupy.get_default_memory_pool().free_all_blocks()
-    if peers is not None:
-        peers.torch.cuda.empty_cache()
-
-
-# --------------------------------------------------------------------------------------------- inputs
-
-
-def make_inputs(shape, dtype, seed):
-    """Fresh standard-normal ``q, k, v, dout`` on the device.
-
-    Parameters
-    ----------
-    shape : tuple of int
-        (batch, seqlen, heads, headdim), the same for all four arrays.
-    dtype : numpy.dtype
-        Drawn in float32, then cast on the device.
-    seed : int
-        Seed of the device generator; the four arrays are successive draws.
-
-    Returns
-    -------
-    tuple of cupy.ndarray
-        q, k, v, dout.
-    """
-    rng = cupy.random.RandomState(seed)
-    return tuple(rng.standard_normal(shape, dtype=numpy.float32).astype(dtype) for _ in range(4))
 
 
 # -------------------------------------------------------------------------------------------- systems
@@ -359,6 +157,8 @@ def plain_cupy_attention(q, k, v, causal):
         ``q k^T`` by cupy.matmul in the input dtype on (batch, heads, seqlen, headdim) views, scaled
         by 1/sqrt(headdim) and softmaxed in float32 (in place), cast back, times v.
     """
+    import cupy
+
     qt, kt, vt = (x.transpose(0, 2, 1, 3) for x in (q, k, v))
     scores = cupy.matmul(qt, kt.transpose(0, 1, 3, 2))
     probs = scores.astype(numpy.float32)
@@ -376,6 +176,8 @@ def plain_cupy_attention(q, k, v, causal):
 
 def bench_cupyflash(row, inputs, settings):
     """cupyflash forward (without lse) and backward (from a forward with lse run before timing)."""
+    import cupyflash
+
     q, k, v, dout = inputs
 
     def make_forward():
@@ -387,106 +189,29 @@ def bench_cupyflash(row, inputs, settings):
             dout, q, k, v, out, lse, causal=row.causal, deterministic=deterministic
         )
 
-    results = {"fwd": measure(make_forward, row.flops_fwd, settings)}
+    results = {"fwd": harness.measure(make_forward, row.flops_fwd, settings)}
     if settings.backward:
-        results["bwd"] = measure(lambda: make_backward(False), row.flops_bwd, settings)
-        results["bwd_det"] = measure(lambda: make_backward(True), row.flops_bwd, settings)
+        results["bwd"] = harness.measure(lambda: make_backward(False), row.flops_bwd, settings)
+        results["bwd_det"] = harness.measure(lambda: make_backward(True), row.flops_bwd, settings)
     return results
 
 
 def bench_plain_cupy(row, inputs, settings):
     """Plain CuPy attention, forward only; skipped when its score matrix would crowd the device."""
+    import cupy
+
     q, k, v, _ = inputs
     if row.dtype not in PLAIN_CUPY_DTYPES:
-        return {"fwd": skipped(f"CuPy has no {row.dtype} matmul")}
+        return {"fwd": harness.skipped(f"CuPy has no {row.dtype} matmul")}
     free_bytes = cupy.cuda.runtime.memGetInfo()[0]
     if row.score_bytes > PLAIN_CUPY_MEMORY_FRACTION * free_bytes:
         return {
-            "fwd": skipped(
+            "fwd": harness.skipped(
                 f"score matrix {row.score_bytes / GIB:.1f} GiB > {PLAIN_CUPY_MEMORY_FRACTION:.0%} "
                 f"of free memory ({free_bytes / GIB:.1f} GiB)"
             )
         }
-
-    def make_forward():
-        return lambda: plain_cupy_attention(q, k, v, row.causal)
-
-    return {"fwd": measure(make_forward, row.flops_fwd, settings)}
-
-
-@dataclasses.dataclass(frozen=True)
-class TorchPeers:
-    """torch pieces used to time its SDPA backends."""
-
-    torch: object
-    sdpa: Callable  # torch.nn.functional.scaled_dot_product_attention
-    sdpa_kernel: Callable  # torch.nn.attention.sdpa_kernel
-    backends: dict  # system key -> SDPBackend member, or None when this torch lacks it
-    clock: EventClock
-
-
-def load_torch():
-    """Import torch for the peer systems, if it is there and sees a GPU.
-
-    Returns
-    -------
-    peers : TorchPeers or None
-    description : str
-        torch's version (with CUDA and cuDNN versions), or why the torch systems do not run.
-    """
-    try:
-        import torch
-        import torch.nn.functional
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-    except (ImportError, OSError) as exc:  # OSError: torch present but its CUDA libraries fail to load
-        return None, f"torch not importable ({exc})"
-    if not torch.cuda.is_available():
-        return None, f"torch {torch.__version__}: torch.cuda.is_available() is False"
-    torch.cuda.set_device(cupy.cuda.Device().id)
-    peers = TorchPeers(
-        torch=torch,
-        sdpa=torch.nn.functional.scaled_dot_product_attention,
-        sdpa_kernel=sdpa_kernel,
-        backends={key: getattr(SDPBackend, name, None) for key, name in TORCH_BACKENDS.items()},
-        clock=EventClock(lambda: torch.cuda.Event(enable_timing=True), lambda start, stop: start.elapsed_time(stop)),
-    )
-    return peers, f"torch {torch.__version__} (CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()})"
-
-
-def bench_torch(system, row, inputs, settings, peers):
-    """torch SDPA restricted to one backend, on zero-copy (batch, heads, seqlen, headdim) views.
-
-    The backward time is that of ``out.backward(dout, retain_graph=True)`` alone: the forward with
-    ``requires_grad`` runs once before timing, and the gradients are reset (no kernel) before each call.
-    """
-    backend = peers.backends[system]
-    if backend is None:
-        reason = f"this torch has no SDPBackend.{TORCH_BACKENDS[system]}"
-        return {key: skipped(reason) for key in (("fwd", "bwd") if settings.backward else ("fwd",))}
-    torch = peers.torch
-    q, k, v, dout = inputs
-
-    def make_forward():
-        qt, kt, vt = (torch.from_dlpack(x).transpose(1, 2) for x in (q, k, v))
-        return lambda: peers.sdpa(qt, kt, vt, is_causal=row.causal)
-
-    def make_backward():
-        leaves = [torch.from_dlpack(x).requires_grad_() for x in (q, k, v)]
-        out = peers.sdpa(*(x.transpose(1, 2) for x in leaves), is_causal=row.causal)
-        dout_t = torch.from_dlpack(dout).transpose(1, 2)
-
-        def backward():
-            for leaf in leaves:
-                leaf.grad = None
-            out.backward(dout_t, retain_graph=True)
-
-        return backward
-
-    with peers.sdpa_kernel([backend]):
-        results = {"fwd": measure(make_forward, row.flops_fwd, settings, peers.clock)}
-        if settings.backward:
-            results["bwd"] = measure(make_backward, row.flops_bwd, settings, peers.clock)
-    return results
+    return {"fwd": harness.measure(lambda: (lambda: plain_cupy_attention(q, k, v, row.causal)), row.flops_fwd, settings)}
 
 
 def bench_row(row, seed, settings, peers):
@@ -498,17 +223,18 @@ def bench_row(row, seed, settings, peers):
         System key -> {"fwd": measurement, "bwd": measurement}; the torch systems are present only
         when torch runs, "bwd" only when the backward pass is timed.
     """
-    inputs = make_inputs(row.shape, DTYPES[row.dtype], seed)
-    release_cached_memory(peers)
+    inputs = harness.make_inputs(row.shape, harness.dtype(row.dtype), seed)
+    harness.release_cached_memory(peers)
     results = {"cupyflash": bench_cupyflash(row, inputs, settings)}
     if settings.peers:
-        release_cached_memory(peers)
+        harness.release_cached_memory(peers)
         results["cupy"] = bench_plain_cupy(row, inputs, settings)
         if peers is not None:
-            for system in TORCH_BACKENDS:
-                release_cached_memory(peers)
-                results[system] = bench_torch(system, row, inputs, settings, peers)
-    release_cached_memory(peers)
+            for system in TORCH_SYSTEMS:
+                harness.release_cached_memory(peers)
+                results[system] = harness.time_sdpa(peers, system, inputs, row.causal, row.flops_fwd, row.flops_bwd,
+                                                    settings)
+    harness.release_cached_memory(peers)
     return results
 
 
@@ -530,10 +256,12 @@ def pool_usage(compute):
     returned : dict
         name -> nbytes of each returned array.
     """
+    import cupy
+
     pool = cupy.cuda.MemoryPool()
     with cupy.cuda.using_allocator(pool.malloc):
         arrays = compute()
-        synchronize_device()
+        harness.synchronize()
     pool_bytes = pool.total_bytes()
     returned = {name: int(array.nbytes) for name, array in arrays.items()}
     del arrays
@@ -563,7 +291,9 @@ def cupyflash_memory():
 
     A small call with the same dtype, head dim and mask compiles the kernels first, outside the pool.
     """
-    causal, dtype = MEMORY_PROBLEM["causal"], DTYPES[MEMORY_PROBLEM["dtype"]]
+    import cupyflash
+
+    causal, dtype = MEMORY_PROBLEM["causal"], harness.dtype(MEMORY_PROBLEM["dtype"])
 
     def forward_backward(q, k, v, dout):
         out, lse = cupyflash.flash_attention(q, k, v, causal=causal, return_lse=True)
@@ -571,21 +301,23 @@ def cupyflash_memory():
         return {"out": out, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
 
     try:
-        forward_backward(*make_inputs(memory_shape(COMPILE_SEQLEN), dtype, SEED))
-        inputs = make_inputs(memory_shape(MEMORY_PROBLEM["seqlen"]), dtype, SEED + 1)
+        forward_backward(*harness.make_inputs(memory_shape(COMPILE_SEQLEN), dtype, SEED))
+        inputs = harness.make_inputs(memory_shape(MEMORY_PROBLEM["seqlen"]), dtype, SEED + 1)
         return memory_entry(MEMORY_PROBLEM["seqlen"], *pool_usage(lambda: forward_backward(*inputs)))
-    except Exception as exc:  # reported next to the other numbers instead of ending the run
-        return failed(exc)
+    except Exception as exc:  # noqa: BLE001 (reported next to the other numbers instead of ending the run)
+        return harness.failed(exc)
 
 
 def plain_cupy_pool_usage(seqlen):
     """:func:`pool_usage` of one plain CuPy attention forward on the memory report's problem at ``seqlen``."""
-    q, k, v, _ = make_inputs(memory_shape(seqlen), DTYPES[PLAIN_CUPY_MEMORY_DTYPE], SEED + 2)
+    q, k, v, _ = harness.make_inputs(memory_shape(seqlen), harness.dtype(PLAIN_CUPY_MEMORY_DTYPE), SEED + 2)
     return pool_usage(lambda: {"out": plain_cupy_attention(q, k, v, MEMORY_PROBLEM["causal"])})
 
 
 def plain_cupy_memory():
     """Extra memory of plain CuPy attention's forward at the largest seqlen that fits (one call each)."""
+    import cupy
+
     out_of_memory = []
     for seqlen in PLAIN_CUPY_MEMORY_SEQLENS:
         entry = None
@@ -593,9 +325,9 @@ def plain_cupy_memory():
             entry = {**memory_entry(seqlen, *plain_cupy_pool_usage(seqlen)), "out_of_memory_at": out_of_memory}
         except cupy.cuda.memory.OutOfMemoryError:
             out_of_memory.append(seqlen)
-        except Exception as exc:  # reported next to the other numbers instead of ending the run
-            entry = failed(exc)
-        release_cached_memory(None)
+        except Exception as exc:  # noqa: BLE001 (reported next to the other numbers instead of ending the run)
+            entry = harness.failed(exc)
+        harness.release_cached_memory()
         if entry is not None:
             return entry
     return {"error": f"out of memory at every seqlen in {PLAIN_CUPY_MEMORY_SEQLENS}"}
@@ -603,12 +335,12 @@ def plain_cupy_memory():
 
 def memory_report(peers, with_plain_cupy):
     """Measure cupyflash's memory (and plain CuPy's); the report for results.json and :func:`memory_lines`."""
-    release_cached_memory(peers)
+    harness.release_cached_memory(peers)
     report = {"problem": MEMORY_PROBLEM, "cupyflash": cupyflash_memory()}
     if with_plain_cupy:
-        release_cached_memory(peers)
+        harness.release_cached_memory(peers)
         report["cupy"] = plain_cupy_memory()
-    release_cached_memory(peers)
+    harness.release_cached_memory(peers)
     return report
 
 
@@ -616,8 +348,8 @@ def memory_lines(report):
     """Text lines of a memory report."""
     p = report["problem"]
     lines = [
-        f"memory ({p['dtype']}, batch {p['batch']}, heads {p['heads']}, headdim {p['headdim']}, "
-        f"{'causal' if p['causal'] else 'non-causal'}; fresh cupy.cuda.MemoryPool, inputs outside it):"
+        (f"memory ({p['dtype']}, batch {p['batch']}, heads {p['heads']}, headdim {p['headdim']}, "
+         f"{'causal' if p['causal'] else 'non-causal'}; fresh cupy.cuda.MemoryPool, inputs outside it):")
     ]
     labels = {"cupyflash": "cupyflash fwd+bwd", "cupy": f"plain CuPy fwd ({PLAIN_CUPY_MEMORY_DTYPE})"}
     for system, label in labels.items():
@@ -625,7 +357,7 @@ def memory_lines(report):
         if entry is None:
             continue
         if "error" in entry:
-            lines.append(f"  {label}: n/a ({entry['error'][:ERROR_CHARS_PROGRESS]})")
+            lines.append(f"  {label}: n/a ({entry['error'][:harness.ERROR_CHARS_PROGRESS]})")
             continue
         oom = entry.get("out_of_memory_at")
         oom_text = f" ({', '.join(map(str, oom))}: out of memory)" if oom else ""
@@ -640,50 +372,24 @@ def memory_lines(report):
 # ------------------------------------------------------------------------------------------ reporting
 
 
-def tflops_of(results, system, direction):
-    """TFLOP/s of one measurement, or None when it is missing, skipped or failed."""
-    return results.get(system, {}).get(direction, {}).get("tflops")
-
-
 def cell(results, system, direction):
     """Table cell: TFLOP/s, ``n/a`` (raised), ``skip`` (not attempted) or ``-`` (not run)."""
-    entry = results.get(system, {}).get(direction)
-    if entry is None:
-        return "-"
-    if "tflops" in entry:
-        return f"{entry['tflops']:.1f}"
-    return "n/a" if "error" in entry else "skip"
+    return harness.rate_cell(results.get(system, {}).get(direction))
 
 
 def ratio_cell(results, peer, direction):
     """cupyflash TFLOP/s over a peer's, or ``-``."""
-    ours, theirs = tflops_of(results, "cupyflash", direction), tflops_of(results, peer, direction)
+    ours, theirs = harness.tflops_of(results, "cupyflash", direction), harness.tflops_of(results, peer, direction)
     return f"{ours / theirs:.2f}" if ours is not None and theirs else "-"
 
 
 def progress_line(index, total, row, results, seconds):
     """One line per finished row: each system's times and TFLOP/s."""
-    parts = []
-    for system, by_direction in results.items():
-        texts = []
-        for direction, entry in by_direction.items():
-            if "median_ms" in entry:
-                texts.append(f"{direction} {entry['median_ms']:.3f} ms {entry['tflops']:.1f} TF/s")
-            else:
-                texts.append(f"{direction} {'n/a' if 'error' in entry else 'skip'}")
-        parts.append(f"{SHORT_NAMES[system]} {', '.join(texts)}")
+    parts = [
+        f"{SHORT_NAMES[system]} {', '.join(harness.progress_text(d, e) for d, e in by_direction.items())}"
+        for system, by_direction in results.items()
+    ]
     return f"[{index:>2}/{total}] {row.describe():<30} | {' | '.join(parts)} ({seconds:.1f} s)"
-
-
-def note_lines(results):
-    """Indented lines giving why each n/a or skip happened."""
-    lines = []
-    for system, by_direction in results.items():
-        for direction, entry in by_direction.items():
-            reason = entry.get("error") or entry.get("skipped")
-            if reason:
-                lines.append(f"    {SHORT_NAMES[system]} {direction}: {reason[:ERROR_CHARS_PROGRESS]}")
-    return lines
 
 
 def tflops_column(system, direction, width):
@@ -724,27 +430,21 @@ TABLE_GROUPS = (
 )
 
 
+def timing_text(settings):
+    """``median of 20 CUDA-event timings`` (or ``per-call timings``)."""
+    kind = "per-call" if settings.timing == "per-call" else "CUDA-event"
+    return f"median of {settings.repeats} {kind} timings"
+
+
 def table_lines(rows, all_results, settings):
     """The final table: one line per row, TFLOP/s of each system and cupyflash's ratios to the peers."""
-
-    def span(columns):
-        return sum(width for _, width, _ in columns) + len(columns) - 1
-
-    def group_text(columns, texts):
-        return " ".join(f"{text:>{width}}" for text, (_, width, _) in zip(texts, columns))
-
-    lines = [
-        f"TFLOP/s, median of {settings.repeats} CUDA-event timings. FLOPs: forward 4*b*h*s_q*s_k*d "
-        f"(halved when causal), backward {BACKWARD_FLOP_FACTOR}x forward.",
-        "flash/FA2, flash/cuDNN: cupyflash's TFLOP/s over that system's. n/a: raised, skip: not attempted "
-        "(reasons in results.json), -: not run.",
-        " | ".join(f"{label:^{span(columns)}}" for label, columns in TABLE_GROUPS),
-        " | ".join(group_text(columns, [header for header, _, _ in columns]) for _, columns in TABLE_GROUPS),
+    return [
+        (f"TFLOP/s, {timing_text(settings)}. FLOPs: forward 4*b*h*s_q*s_k*d "
+         f"(halved when causal), backward {harness.BACKWARD_FLOP_FACTOR}x forward."),
+        ("flash/FA2, flash/cuDNN: cupyflash's TFLOP/s over that system's. n/a: raised, skip: not attempted "
+         "(reasons in results.json), -: not run."),
+        *harness.grouped_table(TABLE_GROUPS, list(zip(rows, all_results))),
     ]
-    for row, results in zip(rows, all_results):
-        texts = [[text(row, results) for _, _, text in columns] for _, columns in TABLE_GROUPS]
-        lines.append(" | ".join(group_text(columns, t) for (_, columns), t in zip(TABLE_GROUPS, texts)))
-    return lines
 
 
 def plan_lines(rows, settings, run_memory, out_dir):
@@ -753,19 +453,19 @@ def plan_lines(rows, settings, run_memory, out_dir):
     systems = ["cupyflash fwd" + ("+bwd" if settings.backward else "")]
     if settings.peers:
         systems.append("plain CuPy fwd")
-        systems += [f"{SYSTEMS[key]} fwd" + ("+bwd" if settings.backward else "") for key in TORCH_BACKENDS]
+        systems += [f"{SYSTEMS[key]} fwd" + ("+bwd" if settings.backward else "") for key in TORCH_SYSTEMS]
     lines = [
-        f"plan (dry run, no GPU touched): {len(rows)} rows; warm-up {settings.warmup}, median of "
-        f"{settings.repeats} CUDA-event timings; results in {out_dir}",
+        (f"plan (dry run, no GPU touched): {len(rows)} rows; warm-up {settings.warmup}, {timing_text(settings)}; "
+         f"results in {out_dir}"),
         f"systems: {', '.join(systems)}" + (f" ({torch_state})" if settings.peers else ""),
-        f"FLOPs: {FLOP_CONVENTION}",
-        f"{'#':>3} {'dtype':>5} {'hd':>4} {'causal':>6} {'seqlen':>6} {'batch':>5} {'heads':>5} "
-        f"{'q, k, v, dout shape':>22} {'fwd GFLOP':>10} {'bwd GFLOP':>10} {'CuPy scores GiB':>16}",
+        f"FLOPs: {harness.FLOP_CONVENTION}",
+        (f"{'#':>3} {'dtype':>5} {'hd':>4} {'causal':>6} {'seqlen':>6} {'batch':>5} {'heads':>5} "
+         f"{'q, k, v, dout shape':>22} {'fwd GFLOP':>10} {'bwd GFLOP':>10} {'CuPy scores GiB':>16}"),
     ]
     for index, row in enumerate(rows, 1):
         lines.append(
             f"{index:>3} {row.dtype:>5} {row.headdim:>4} {'yes' if row.causal else 'no':>6} {row.seqlen:>6} "
-            f"{row.batch:>5} {row.heads:>5} {str(row.shape):>22} {row.flops_fwd / 1e9:>10.1f} "
+            f"{row.batch:>5} {row.heads:>5} {row.shape!s:>22} {row.flops_fwd / 1e9:>10.1f} "
             f"{row.flops_bwd / 1e9:>10.1f} {row.score_bytes / GIB:>16.2f}"
         )
     if run_memory:
@@ -773,56 +473,11 @@ def plan_lines(rows, settings, run_memory, out_dir):
         lines.append(
             f"memory report: cupyflash fwd+bwd at {p['dtype']} batch {p['batch']} seqlen {p['seqlen']} heads "
             f"{p['heads']} headdim {p['headdim']} causal {p['causal']}"
-            + (
-                f"; plain CuPy fwd at the largest seqlen of {PLAIN_CUPY_MEMORY_SEQLENS} that fits"
-                if settings.peers
-                else ""
-            )
+            + (f"; plain CuPy fwd at the largest seqlen of {PLAIN_CUPY_MEMORY_SEQLENS} that fits" if settings.peers else "")
         )
     else:
         lines.append("memory report: not run (add --memory)")
     return lines
-
-
-def git_revision():
-    """``git describe --always --dirty`` of the repository, or None where git or .git is missing."""
-    try:
-        result = subprocess.run(
-            ["git", "-C", str(REPO_ROOT), "describe", "--always", "--dirty"], capture_output=True, text=True, check=True
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return result.stdout.strip()
-
-
-def environment(torch_description):
-    """Device and versions for results.json."""
-    device = cupy.cuda.Device()
-    props = cupy.cuda.runtime.getDeviceProperties(device.id)
-    return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": props["name"].decode(),
-        "compute_capability": f"{props['major']}.{props['minor']}",
-        "device_memory_bytes": int(props["totalGlobalMem"]),
-        "cuda_runtime": cupy.cuda.runtime.runtimeGetVersion(),
-        "cuda_driver": cupy.cuda.runtime.driverGetVersion(),
-        "cupy": cupy.__version__,
-        "numpy": numpy.__version__,
-        "cupyflash": cupyflash.__version__,
-        "cupyflash_path": str(Path(cupyflash.__file__).parent),
-        "git": git_revision(),
-        "torch": torch_description,
-        "python": platform.python_version(),
-        "command": " ".join(sys.argv),
-    }
-
-
-def write_json(path, document):
-    """Write results.json (rewritten after every row, so a cut-short run keeps what it measured)."""
-    path.write_text(json.dumps(document, indent=1) + "\n")
-
-
-# ------------------------------------------------------------------------------------------- plotting
 
 
 def plot(rows, all_results, settings, path):
@@ -833,12 +488,8 @@ def plot(rows, all_results, settings, path):
     bool
         False when matplotlib is not importable (nothing is written).
     """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = harness.pyplot()
+    if plt is None:
         return False
     directions = ("fwd", "bwd") if settings.backward else ("fwd",)
     panel_rows = list(dict.fromkeys((row.dtype, row.headdim) for row in rows))
@@ -855,7 +506,7 @@ def plot(rows, all_results, settings, path):
                 if (row.dtype, row.headdim, row.causal) == (dtype, headdim, causal)
             ]
             for color, (system, label) in enumerate(SYSTEMS.items()):
-                points = [(s, tflops_of(res, system, direction)) for s, res in selected]
+                points = [(s, harness.tflops_of(res, system, direction)) for s, res in selected]
                 points = [(s, t) for s, t in points if t is not None]
                 if points:
                     ax.plot(*zip(*points), marker="o", color=f"C{color}", label=label)
@@ -883,28 +534,6 @@ def plot(rows, all_results, settings, path):
 # ----------------------------------------------------------------------------------------------- main
 
 
-def parse_list(text, convert, allowed=None):
-    """Parse a comma-separated option value; raises argparse.ArgumentTypeError with the bad item."""
-    items = []
-    for item in text.split(","):
-        try:
-            value = convert(item.strip())
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"bad item {item!r} in {text!r}") from None
-        if allowed is not None and value not in allowed:
-            raise argparse.ArgumentTypeError(f"{item!r} is not one of {', '.join(map(str, allowed))}")
-        items.append(value)
-    return tuple(dict.fromkeys(items))
-
-
-def positive_int(text):
-    """Convert an option item to an int >= 1 (ValueError otherwise)."""
-    value = int(text)
-    if value < 1:
-        raise ValueError(text)
-    return value
-
-
 def causal_flag(text):
     """Convert an option item 0 or 1 to a bool (ValueError otherwise)."""
     if text not in ("0", "1"):
@@ -917,11 +546,12 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(
         description="Benchmark cupyflash against plain CuPy attention and torch SDPA (FlashAttention-2, cuDNN).",
     )
-    parser.add_argument("--dtypes", type=lambda t: parse_list(t, str, DTYPES), help="e.g. bf16,fp16 (also fp32)")
-    parser.add_argument("--headdims", type=lambda t: parse_list(t, positive_int), help="e.g. 64,128")
-    parser.add_argument("--causal", type=lambda t: parse_list(t, causal_flag), help="0, 1 or 0,1")
+    parser.add_argument("--dtypes", type=lambda t: harness.parse_list(t, str, DTYPES), help="e.g. bf16,fp16 (also fp32)")
+    parser.add_argument("--headdims", type=lambda t: harness.parse_list(t, harness.positive_int), help="e.g. 64,128")
+    parser.add_argument("--causal", type=lambda t: harness.parse_list(t, causal_flag), help="0, 1 or 0,1")
     parser.add_argument(
-        "--seqlens", type=lambda t: parse_list(t, positive_int), help="e.g. 1024,16384 (batch = 16384 // seqlen)"
+        "--seqlens", type=lambda t: harness.parse_list(t, harness.positive_int),
+        help="e.g. 1024,16384 (batch = 16384 // seqlen)",
     )
     parser.add_argument(
         "--quick",
@@ -931,14 +561,15 @@ def parse_args(argv):
     parser.add_argument("--no-backward", action="store_true", help="time forward passes only")
     parser.add_argument("--no-peers", action="store_true", help="time cupyflash only (no plain CuPy, no torch)")
     parser.add_argument("--memory", action="store_true", help="add the memory report (on by default for the full grid)")
-    parser.add_argument("--repeats", type=positive_int, default=DEFAULT_REPEATS, help="timed calls (median)")
-    parser.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="untimed calls before timing")
+    parser.add_argument("--repeats", type=harness.positive_int, default=DEFAULT_REPEATS, help="timed calls (median)")
+    parser.add_argument("--warmup", type=harness.non_negative_int, default=DEFAULT_WARMUP,
+                        help="untimed calls before timing")
+    parser.add_argument("--per-call", action="store_true",
+                        help="time each call alone, from a synchronize to the end of its work (host time included), "
+                        "instead of CUDA events around calls enqueued back to back")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory (default bench/results)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit without touching the GPU")
-    args = parser.parse_args(argv)
-    if args.warmup < 0:
-        parser.error("--warmup must be >= 0")
-    return args
+    return parser.parse_args(argv)
 
 
 def resolve(args):
@@ -946,18 +577,10 @@ def resolve(args):
     base = QUICK_GRID if args.quick else FULL_GRID
     axes = {name: getattr(args, name) or base[name] for name in FULL_GRID}
     full_default = not args.quick and all(getattr(args, name) is None for name in FULL_GRID)
-    settings = Settings(args.warmup, args.repeats, not args.no_backward, not args.no_peers)
+    settings = harness.Settings(args.warmup, args.repeats, not args.no_backward, not args.no_peers,
+                                "per-call" if args.per_call else "back-to-back")
     rows = build_grid(axes["dtypes"], axes["headdims"], axes["causal"], axes["seqlens"])
     return axes, rows, settings, args.memory or full_default
-
-
-def gpu_problem():
-    """Why CuPy cannot use a GPU here, or None when it can."""
-    try:
-        count = cupy.cuda.runtime.getDeviceCount()
-    except cupy.cuda.runtime.CUDARuntimeError as exc:
-        return f"no CUDA driver or device ({exc})"
-    return None if count else "no CUDA device"
 
 
 def main(argv=None):
@@ -967,20 +590,17 @@ def main(argv=None):
     if args.dry_run:
         print("\n".join(plan_lines(rows, settings, run_memory, args.out)))
         return 0
-    problem = gpu_problem()
-    if problem:
-        print(f"bench.py needs a CUDA GPU: {problem}. --dry-run prints the plan without one.", file=sys.stderr)
-        return 1
+    harness.require_gpu("bench.py", "--dry-run prints the plan without one.")
 
-    peers, torch_description = load_torch() if settings.peers else (None, "not run (--no-peers)")
+    peers, torch_description = harness.load_torch() if settings.peers else (None, "not run (--no-peers)")
     args.out.mkdir(parents=True, exist_ok=True)
     json_path, plot_path, table_path = args.out / "results.json", args.out / "tflops.png", args.out / "table.txt"
     document = {
-        "environment": environment(torch_description),
+        "environment": harness.environment(torch_description),
         "grid": {**axes, "total_tokens": TOTAL_TOKENS, "model_dim": MODEL_DIM, "quick": args.quick},
         "settings": dataclasses.asdict(settings),
-        "flops": FLOP_CONVENTION,
-        "timing": "CUDA events around each call, enqueued back to back after the warm-up; median in ms",
+        "flops": harness.FLOP_CONVENTION,
+        "timing": harness.TIMINGS[settings.timing],
         "systems": SYSTEMS,
         "rows": [],
         "memory": None,
@@ -988,9 +608,9 @@ def main(argv=None):
     env = document["environment"]
     revision = f" ({env['git']})" if env["git"] else ""
     print(f"cupyflash {env['cupyflash']}{revision} on {env['device']}; CuPy {env['cupy']}; {torch_description}")
-    print(
-        f"{len(rows)} rows; warm-up {settings.warmup}, median of {settings.repeats}; results in {args.out}", flush=True
-    )
+    per_call = " per-call timings" if settings.timing == "per-call" else ""
+    print(f"{len(rows)} rows; warm-up {settings.warmup}, median of {settings.repeats}{per_call}; results in {args.out}",
+          flush=True)
 
     all_results = []
     for index, row in enumerate(rows, 1):
@@ -998,14 +618,15 @@ def main(argv=None):
         results = bench_row(row, SEED + index, settings, peers)
         all_results.append(results)
         document["rows"].append({**row.to_json(), "results": results})
-        write_json(json_path, document)
-        for line in [progress_line(index, len(rows), row, results, time.perf_counter() - start), *note_lines(results)]:
-            print(line, flush=True)
+        harness.write_json(json_path, document)
+        lines = [progress_line(index, len(rows), row, results, time.perf_counter() - start),
+                 *harness.note_lines(results, SHORT_NAMES)]
+        print("\n".join(lines), flush=True)
 
     memory_text = []
     if run_memory:
         document["memory"] = memory_report(peers, settings.peers)
-        write_json(json_path, document)
+        harness.write_json(json_path, document)
         memory_text = memory_lines(document["memory"])
         print("\n".join(memory_text), flush=True)
 

@@ -13,12 +13,12 @@ visible area only (see :func:`Row.visible_pairs`), so a mask that skips its hidd
 the TFLOP/s of dense attention; the ``vs dense`` ratio measures how close it gets. ``bench/README.md``
 describes the output.
 
-Only NumPy is imported at module level: ``--dry-run`` needs no GPU. A run imports ``bench.py`` (CuPy,
-cupyflash) and reuses its timing (:func:`bench.measure`), inputs (:func:`bench.make_inputs`), torch
-loading (:func:`bench.load_torch`, :func:`bench.bench_torch`) and environment record.
+Only NumPy is imported at module level: ``--dry-run`` needs no GPU. Timing, inputs, the torch peers and the
+environment record are the harness's (``bench/harness.py``), shared with ``bench.py``.
 """
 
 import argparse
+import contextlib
 import dataclasses
 import importlib.util
 import math
@@ -26,10 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+import harness
 import numpy
-
-BENCH_DIR = Path(__file__).resolve().parent
-REPO_ROOT = BENCH_DIR.parent
 
 #: The problem of every row.
 DTYPE = "bf16"
@@ -51,22 +49,13 @@ VARLEN_LENGTHS = (128, 2048)
 SEED = 0
 #: The issue's target for the masked rows: TFLOP/s at least this fraction of dense attention's.
 TARGET_RATIO = 0.9
-#: FLOP convention (bench.py's, on the visible area): 4 * headdim per visible (query, key) pair forward.
-FORWARD_FLOPS_PER_PAIR_DIM = 4
-BACKWARD_FLOP_FACTOR = 2.5
-FLOP_CONVENTION = (
-    "forward 4 * headdim * visible (query, key) pairs summed over batch and heads; backward 2.5x forward"
-)
 DEFAULT_WARMUP = 3
 DEFAULT_REPEATS = 20
-DEFAULT_OUT = REPO_ROOT / "bench" / "results" / "masks"
-#: Error texts kept in results.json and shown in progress lines.
-ERROR_CHARS_JSON = 600
-ERROR_CHARS_PROGRESS = 150
+DEFAULT_OUT = harness.REPO_ROOT / "bench" / "results" / "masks"
 #: A peer's output farther than this (max abs difference, bf16) from cupyflash's is flagged in the notes.
 DIFF_WARN = 0.05
 
-#: torch device of the peers' masks and offsets (the current CUDA device, which bench.load_torch sets).
+#: torch device of the peers' masks and offsets (the current CUDA device, which harness.load_torch sets).
 TORCH_DEVICE = "cuda"
 #: System keys, in table order, with their short names.
 SYSTEMS = {"cupyflash": "cupyflash", "flex": "Flex", "fa2": "FA2"}
@@ -132,8 +121,8 @@ class Row:
         if self.kind == "varlen":
             return self.heads * sum(int(n) * int(n) for n in self.lengths)
         if self.kind == "block":
-            return block_pairs(self.layout, BLOCK_SIZE, self.seqlen, self.seqlen, self.batch, self.heads)
-        return self.batch * self.heads * window_pairs(self.seqlen, self.seqlen, *self.window)
+            return harness.block_pairs(self.layout, BLOCK_SIZE, self.seqlen, self.seqlen, self.batch, self.heads)
+        return self.batch * self.heads * harness.window_pairs(self.seqlen, self.seqlen, *self.window)
 
     @property
     def area(self):
@@ -145,11 +134,13 @@ class Row:
 
     @property
     def flops_fwd(self):
-        return float(FORWARD_FLOPS_PER_PAIR_DIM * self.headdim * self.visible_pairs)
+        """Forward FLOPs on the visible area: 4 * headdim per visible pair."""
+        return harness.pair_flops(self.visible_pairs, self.headdim)
 
     @property
     def flops_bwd(self):
-        return BACKWARD_FLOP_FACTOR * self.flops_fwd
+        """Backward FLOPs: 2.5 times the forward's."""
+        return harness.backward_flops(self.flops_fwd)
 
     @property
     def causal(self):
@@ -229,47 +220,6 @@ class Row:
         return entry
 
 
-def window_pairs(seqlen_q, seqlen_k, left, right):
-    """Visible pairs of one (batch entry, head) under a bottom-right aligned window.
-
-    Query i sees key j iff ``d - left <= j <= d + right`` with ``d = i + seqlen_k - seqlen_q``; -1 leaves a
-    side unbounded, so (-1, -1) is dense and (-1, 0) causal. For seqlen_q = seqlen_k = S: dense S^2, causal
-    S (S + 1) / 2, window (w, 0) the sum over i of min(i, w) + 1.
-    """
-    diagonal = numpy.arange(seqlen_q, dtype=numpy.int64) + (seqlen_k - seqlen_q)
-    low = numpy.zeros_like(diagonal) if left < 0 else numpy.maximum(diagonal - left, 0)
-    high = numpy.full_like(diagonal, seqlen_k - 1) if right < 0 else numpy.minimum(diagonal + right, seqlen_k - 1)
-    return int(numpy.clip(high - low + 1, 0, None).sum())
-
-
-def block_pairs(layout, block_size, seqlen_q, seqlen_k, batch, heads):
-    """Visible pairs of a block layout (batch or 1, heads or 1, q_blocks, k_blocks), no other mask.
-
-    Each set block counts its area, ``min(block_q, rows left) * min(block_k, keys left)``; a leading
-    layout axis of size 1 counts once per batch entry (head).
-    """
-    block_q, block_k = block_size
-    rows = numpy.minimum(block_q, seqlen_q - block_q * numpy.arange(layout.shape[-2], dtype=numpy.int64))
-    cols = numpy.minimum(block_k, seqlen_k - block_k * numpy.arange(layout.shape[-1], dtype=numpy.int64))
-    per_layout = int(numpy.einsum("bhrc,r,c->", layout.astype(numpy.int64), rows, cols))
-    return per_layout * (batch // layout.shape[0]) * (heads // layout.shape[1])
-
-
-def random_layout(density, seed, heads, q_blocks, k_blocks):
-    """Random block layout (1, heads, q_blocks, k_blocks): each block set with probability ``density``
-    (``numpy.random.default_rng(seed).random(shape) < density``), the diagonal blocks always set so no
-    query row is empty. With one seed, a lower density's layout is a subset of a higher one's."""
-    layout = numpy.random.default_rng(seed).random((1, heads, q_blocks, k_blocks)) < density
-    diagonal = numpy.arange(min(q_blocks, k_blocks))
-    layout[:, :, diagonal, diagonal] = True
-    return layout
-
-
-def varlen_lengths(count, low, high, seed):
-    """``count`` lengths uniform in [low, high] from ``numpy.random.default_rng(seed)``."""
-    return tuple(int(n) for n in numpy.random.default_rng(seed).integers(low, high, size=count, endpoint=True))
-
-
 def build_rows(quick):
     """The rows in table order; ``quick`` leaves out the 25% block-sparse row."""
     q_blocks = math.ceil(LONG_SEQLEN / BLOCK_SIZE[0])
@@ -285,10 +235,10 @@ def build_rows(quick):
             continue
         rows.append(
             Row(f"block{round(density * 100)}", f"block-sparse {density:.0%}", "block", 1, LONG_SEQLEN,
-                density=density, layout=random_layout(density, SEED, HEADS, q_blocks, k_blocks), reference="dense",
+                density=density, layout=harness.random_block_layout(density, SEED, HEADS, q_blocks, k_blocks), reference="dense",
                 target=TARGET_RATIO)
         )
-    lengths = varlen_lengths(VARLEN_COUNT, *VARLEN_LENGTHS, SEED)
+    lengths = harness.varlen_lengths(VARLEN_COUNT, *VARLEN_LENGTHS, SEED)
     rows += [
         Row("dense1024", f"dense {SHORT_SEQLEN}", "dense", SHORT_BATCH, SHORT_SEQLEN),
         Row("varlen", f"varlen {VARLEN_COUNT} x U({VARLEN_LENGTHS[0]}, {VARLEN_LENGTHS[1]})", "varlen",
@@ -297,25 +247,7 @@ def build_rows(quick):
     return rows
 
 
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    """Options that apply to every row (the fields bench.measure and bench.bench_torch read)."""
-
-    warmup: int
-    repeats: int
-    backward: bool
-    peers: bool
-
-
 # ---------------------------------------------------------------------------------------------- plan
-
-
-def si(value):
-    """Compact count, e.g. 4.29G."""
-    for factor, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if value >= factor:
-            return f"{value / factor:.3g}{suffix}"
-    return str(value)
 
 
 def peer_plan(settings):
@@ -338,17 +270,17 @@ def plan_lines(rows, settings, out_dir):
     """The --dry-run output: settings, peers and every row with its shape, mask, visible pairs and FLOPs."""
     directions = "fwd+bwd" if settings.backward else "fwd"
     lines = [
-        f"plan (dry run, no GPU touched): {len(rows)} rows, {directions}; warm-up {settings.warmup}, median of "
-        f"{settings.repeats} CUDA-event timings",
+        (f"plan (dry run, no GPU touched): {len(rows)} rows, {directions}; warm-up {settings.warmup}, median of "
+         f"{settings.repeats} {'per-call' if settings.timing == 'per-call' else 'CUDA-event'} timings"),
         f"results in {out_dir}",
-        f"all rows: {DTYPE}, headdim {HEADDIM}, {HEADS} query heads = {HEADS} kv heads, standard-normal inputs "
-        f"(seed {SEED} + row number)",
-        f"FLOPs: {FLOP_CONVENTION}",
+        (f"all rows: {DTYPE}, headdim {HEADDIM}, {HEADS} query heads = {HEADS} kv heads, standard-normal inputs "
+         f"(seed {SEED} + row number)"),
+        f"FLOPs: {harness.VISIBLE_FLOP_CONVENTION}",
         f"vs dense: TFLOP/s over that of the reference row; target >= {TARGET_RATIO} where marked",
         *peer_plan(settings),
         "",
-        f"{'#':>2} {'row':<24} {'q, k, v, dout shape':>22} {'visible pairs':>14} {'of area':>8} "
-        f"{'fwd GFLOP':>10} {'bwd GFLOP':>10} {'vs':>9} {'target':>6}",
+        (f"{'#':>2} {'row':<24} {'q, k, v, dout shape':>22} {'visible pairs':>14} {'of area':>8} "
+         f"{'fwd GFLOP':>10} {'bwd GFLOP':>10} {'vs':>9} {'target':>6}"),
     ]
     for index, row in enumerate(rows, 1):
         lines.append(
@@ -366,71 +298,42 @@ def plan_lines(rows, settings, out_dir):
 # -------------------------------------------------------------------------------------------- running
 
 
-def import_bench():
-    """bench.py as a module (imports CuPy, ml_dtypes and cupyflash)."""
-    if str(BENCH_DIR) not in sys.path:
-        sys.path.insert(0, str(BENCH_DIR))
-    import bench
-
-    return bench
-
-
 @dataclasses.dataclass
 class Peers:
-    """What runs next to cupyflash: bench.TorchPeers plus FlexAttention and the flash_attn package."""
+    """What runs next to cupyflash: harness.TorchPeers plus FlexAttention and the flash_attn package."""
 
-    torch: object  # bench.TorchPeers or None
+    torch: object  # harness.TorchPeers or None
     flex: object  # the torch.compile'd flex_attention, or None
     create_block_mask: object
     flash_attn: object  # the flash_attn module, or None
     description: list  # header lines: versions, or why a peer does not run
 
 
-def load_peers(bench, settings):
-    """torch (bench.load_torch), FlexAttention compiled once, and flash_attn if importable."""
+def load_peers(settings):
+    """torch (harness.load_torch), FlexAttention compiled once, and flash_attn if importable."""
     if not settings.peers:
         return Peers(None, None, None, None, ["peers: not run (--no-peers); Flex and FA2 show -"])
-    torch_peers, torch_text = bench.load_torch()
+    torch_peers, torch_text = harness.load_torch()
     if torch_peers is None:
         return Peers(None, None, None, None, [f"peers: {torch_text}; Flex and FA2 show -"])
-    torch = torch_peers.torch
-    lines = [f"peers: {torch_text}"]
-    flex = create_block_mask = None
-    try:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-        dynamo = torch._dynamo.config
-        # Every row is a new shape or mask_mod: compile each statically, and allow the recompiles.
-        for name, value in (("automatic_dynamic_shapes", False), ("cache_size_limit", 1000),
-                            ("recompile_limit", 1000)):
-            if hasattr(dynamo, name):
-                setattr(dynamo, name, value)
-        flex = torch.compile(flex_attention, dynamic=False)
-        lines.append("  Flex: torch.compile(flex_attention, dynamic=False), compiled at each row's first call "
-                     "(untimed)")
-    except Exception as exc:  # an old torch without flex_attention
-        lines.append(f"  Flex: not run ({type(exc).__name__}: {exc}); its columns show -")
-    flash_attn = None
-    try:
-        import flash_attn
-
-        lines.append(f"  FA2: torch SDPA FLASH_ATTENTION (dense rows); flash_attn {flash_attn.__version__} "
-                     "(window, varlen)")
-    except Exception as exc:  # not installed, or built for another torch
-        lines.append(f"  FA2: torch SDPA FLASH_ATTENTION (dense rows only; flash_attn not importable: "
-                     f"{type(exc).__name__})")
-    return Peers(torch_peers, flex, create_block_mask, flash_attn, lines)
+    flex, create_block_mask, flex_line = harness.load_flex(torch_peers)
+    flash_attn, fa_line = harness.load_flash_attn()
+    return Peers(torch_peers, flex, create_block_mask, flash_attn, [f"peers: {torch_text}", flex_line, fa_line])
 
 
-def cupyflash_calls(row, cupy, cupyflash):
+def cupyflash_calls(row):
     """(forward(q, k, v, lse=False), backward(dout, q, k, v, out, lse)) of cupyflash for one row.
 
     The BlockMask and cu_seqlens are built here, once, outside the timing; the varlen calls get both
     max_seqlen so they never copy cu_seqlens to the host.
     """
+    import cupy
+
+    import cupyflash
+
     if row.kind == "varlen":
         cu_seqlens = cupy.asarray(row.cu_seqlens)
-        lengths = dict(max_seqlen_q=row.max_seqlen, max_seqlen_k=row.max_seqlen)
+        lengths = {"max_seqlen_q": row.max_seqlen, "max_seqlen_k": row.max_seqlen}
 
         def forward(q, k, v, lse=False):
             return cupyflash.flash_attention_varlen(q, k, v, cu_seqlens, cu_seqlens, return_lse=lse, **lengths)
@@ -459,7 +362,7 @@ def cupyflash_calls(row, cupy, cupyflash):
     return forward, backward
 
 
-def bench_cupyflash(bench, row, inputs, settings, forward, backward):
+def bench_cupyflash(row, inputs, settings, forward, backward):
     """cupyflash forward (no lse) and backward (out and lse from an untimed forward)."""
     q, k, v, dout = inputs
 
@@ -467,56 +370,22 @@ def bench_cupyflash(bench, row, inputs, settings, forward, backward):
         out, lse = forward(q, k, v, lse=True)
         return lambda: backward(dout, q, k, v, out, lse)
 
-    results = {"fwd": bench.measure(lambda: (lambda: forward(q, k, v)), row.flops_fwd, settings)}
+    results = {"fwd": harness.measure(lambda: (lambda: forward(q, k, v)), row.flops_fwd, settings)}
     if settings.backward:
-        results["bwd"] = bench.measure(make_backward, row.flops_bwd, settings)
+        results["bwd"] = harness.measure(make_backward, row.flops_bwd, settings)
     return results
 
 
-def bench_torch_function(bench, peers, row, inputs, settings, attention, layout):
-    """A torch attention function: forward, backward (``out.backward(dout, retain_graph=True)``, as bench.py
-    times torch) and its output, on zero-copy views of the CuPy inputs.
-
-    Parameters
-    ----------
-    attention : callable
-        ``attention(q, k, v) -> out`` on torch tensors in the layout ``layout`` gives; ``out`` has dout's.
-    layout : callable
-        torch tensor of a CuPy array's shape -> the view ``attention`` takes (no copy).
-
-    Returns
-    -------
-    results : dict
-        {"fwd": measurement, "bwd": measurement}.
-    out : torch.Tensor or None
-        One untimed forward's output (None when it raised), for the comparison with cupyflash.
-    """
+def bench_torch_function(peers, row, inputs, settings, attention, layout):
+    """A torch attention function timed by :func:`harness.time_torch` (forward, and backward through
+    ``out.backward(dout, retain_graph=True)``), and one untimed forward's output (None when it raised) for
+    the comparison with cupyflash."""
     torch = peers.torch.torch
-    q, k, v, dout = inputs
-
-    def make_forward():
-        qt, kt, vt = (layout(torch.from_dlpack(x)) for x in (q, k, v))
-        return lambda: attention(qt, kt, vt)
-
-    def make_backward():
-        leaves = [torch.from_dlpack(x).requires_grad_() for x in (q, k, v)]
-        out = attention(*(layout(leaf) for leaf in leaves))
-        dout_t = layout(torch.from_dlpack(dout))
-
-        def backward():
-            for leaf in leaves:
-                leaf.grad = None
-            out.backward(dout_t, retain_graph=True)
-
-        return backward
-
-    results = {"fwd": bench.measure(make_forward, row.flops_fwd, settings, peers.torch.clock)}
-    if settings.backward:
-        results["bwd"] = bench.measure(make_backward, row.flops_bwd, settings, peers.torch.clock)
+    results = harness.time_torch(peers.torch, attention, layout, inputs, row.flops_fwd, row.flops_bwd, settings)
     try:
         with torch.no_grad():
-            out = attention(*(layout(torch.from_dlpack(x)) for x in (q, k, v)))
-    except Exception:  # already recorded by the forward's measurement
+            out = attention(*(layout(torch.from_dlpack(x)) for x in inputs[:3]))
+    except Exception:  # noqa: BLE001 (already recorded by the forward's measurement)
         out = None
     return results, out
 
@@ -525,7 +394,7 @@ def flex_layout(row):
     """torch view of a row's array in FlexAttention's (batch, heads, seqlen, headdim) layout."""
     if row.kind == "varlen":
         return lambda t: t.unsqueeze(0).transpose(1, 2)  # (total, heads, d) -> (1, heads, total, d)
-    return lambda t: t.transpose(1, 2)
+    return harness.heads_second
 
 
 def same_layout(t):
@@ -580,7 +449,8 @@ def make_flex_block_mask(peers, row):
         return None, {"block_mask": None}
     mask_mod, (batch, heads, q_len, kv_len) = spec
     start = time.perf_counter()
-    arguments = dict(B=batch, H=heads, Q_LEN=q_len, KV_LEN=kv_len, device=TORCH_DEVICE, BLOCK_SIZE=BLOCK_SIZE[0])
+    arguments = {"B": batch, "H": heads, "Q_LEN": q_len, "KV_LEN": kv_len, "device": TORCH_DEVICE,
+                 "BLOCK_SIZE": BLOCK_SIZE[0]}
     try:
         block_mask = peers.create_block_mask(mask_mod, _compile=True, **arguments)
     except TypeError:  # a torch whose create_block_mask has no _compile
@@ -588,36 +458,31 @@ def make_flex_block_mask(peers, row):
     if TORCH_DEVICE == "cuda":
         torch.cuda.synchronize()
     info = {"block_mask": mask_mod.__name__, "create_block_mask_s": time.perf_counter() - start}
-    try:
+    with contextlib.suppress(Exception):  # informative only
         info["flex_sparsity_percent"] = float(block_mask.sparsity())
-    except Exception:  # informative only
-        pass
     return block_mask, info
 
 
-def bench_flex(bench, peers, row, inputs, settings):
+def bench_flex(peers, row, inputs, settings):
     """FlexAttention with the row's mask; returns (results, out, info)."""
     try:
         block_mask, info = make_flex_block_mask(peers, row)
-    except Exception as exc:  # the mask could not be built: n/a for both directions
-        entry = bench.failed(exc)
+    except Exception as exc:  # noqa: BLE001 (the mask could not be built: n/a for both directions)
+        entry = harness.failed(exc)
         return {d: entry for d in directions_of(settings)}, None, {"block_mask_error": entry["error"]}
     results, out = bench_torch_function(
-        bench, peers, row, inputs, settings,
-        lambda q, k, v: peers.flex(q, k, v, block_mask=block_mask),
-        flex_layout(row),
+        peers, row, inputs, settings, lambda q, k, v: peers.flex(q, k, v, block_mask=block_mask), flex_layout(row)
     )
     return results, out, info
 
 
-def bench_fa2(bench, peers, row, inputs, settings):
+def bench_fa2(peers, row, inputs, settings):
     """FlashAttention-2: SDPA's FLASH_ATTENTION backend on the dense rows, the flash_attn package (when
     importable) on the window and varlen rows. Returns (results, out or None, info)."""
     torch = peers.torch.torch
     if row.kind in ("dense", "causal"):
-        return bench.bench_torch("torch_fa2", row, inputs, settings, peers.torch), None, {
-            "via": "torch SDPA, sdpa_kernel([SDPBackend.FLASH_ATTENTION])"
-        }
+        results = harness.time_sdpa(peers.torch, "torch_fa2", inputs, row.causal, row.flops_fwd, row.flops_bwd, settings)
+        return results, None, {"via": "torch SDPA, sdpa_kernel([SDPBackend.FLASH_ATTENTION])"}
     fa = peers.flash_attn
     if row.kind == "block":
         cell = "n/a (no block mask in FA2)"
@@ -629,17 +494,15 @@ def bench_fa2(bench, peers, row, inputs, settings):
                  "flash_attn package is not importable"
     elif row.kind == "window":
         results, out = bench_torch_function(
-            bench, peers, row, inputs, settings,
-            lambda q, k, v: fa.flash_attn_func(q, k, v, window_size=row.window),
+            peers, row, inputs, settings, lambda q, k, v: fa.flash_attn_func(q, k, v, window_size=row.window),
             same_layout,
         )
         return results, out, {"via": f"flash_attn.flash_attn_func(window_size={row.window})"}
     else:
         cu_seqlens = torch.from_numpy(row.cu_seqlens).to(TORCH_DEVICE)
         results, out = bench_torch_function(
-            bench, peers, row, inputs, settings,
-            lambda q, k, v: fa.flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, row.max_seqlen,
-                                                      row.max_seqlen),
+            peers, row, inputs, settings,
+            lambda q, k, v: fa.flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, row.max_seqlen, row.max_seqlen),
             same_layout,
         )
         return results, out, {"via": "flash_attn.flash_attn_varlen_func"}
@@ -648,6 +511,7 @@ def bench_fa2(bench, peers, row, inputs, settings):
 
 
 def directions_of(settings):
+    """The timed directions: fwd, and bwd unless --no-backward."""
     return DIRECTIONS if settings.backward else DIRECTIONS[:1]
 
 
@@ -657,7 +521,7 @@ def max_abs_diff(torch, peer_out, ours, layout):
     return float((peer_out.float() - reference).abs().max())
 
 
-def bench_row(bench, row, number, settings, peers):
+def bench_row(row, number, settings, peers):
     """Every system on one row: fresh inputs shared by all, cached memory released between systems.
 
     Returns
@@ -667,60 +531,48 @@ def bench_row(bench, row, number, settings, peers):
     info : dict
         Per peer: how it ran (Flex's mask, FA2's route) and its max abs difference from cupyflash's output.
     """
-    import cupy
-    import cupyflash
-
     torch_peers = peers.torch
-    inputs = bench.make_inputs(row.shape, bench.DTYPES[row.dtype], SEED + number)
-    bench.release_cached_memory(torch_peers)
-    forward, backward = cupyflash_calls(row, cupy, cupyflash)
-    results = {"cupyflash": bench_cupyflash(bench, row, inputs, settings, forward, backward)}
+    inputs = harness.make_inputs(row.shape, harness.dtype(row.dtype), SEED + number)
+    harness.release_cached_memory(torch_peers)
+    forward, backward = cupyflash_calls(row)
+    results = {"cupyflash": bench_cupyflash(row, inputs, settings, forward, backward)}
     info = {}
     if torch_peers is not None:
         torch = torch_peers.torch
         try:
             ours = forward(*inputs[:3])
-        except Exception:  # cupyflash's n/a is recorded already
+        except Exception:  # noqa: BLE001 (cupyflash's n/a is recorded already)
             ours = None
         systems = [("flex", bench_flex, flex_layout(row))] if peers.flex is not None else []
         systems.append(("fa2", bench_fa2, same_layout))
         for system, run, layout in systems:
-            bench.release_cached_memory(torch_peers)
-            results[system], out, info[system] = run(bench, peers, row, inputs, settings)
+            harness.release_cached_memory(torch_peers)
+            results[system], out, info[system] = run(peers, row, inputs, settings)
             if out is not None and ours is not None:
                 try:
                     info[system]["max_abs_diff_vs_cupyflash"] = max_abs_diff(torch, out, ours, layout)
-                except Exception as exc:  # informative only
-                    info[system]["max_abs_diff_vs_cupyflash"] = f"{type(exc).__name__}: {exc}"[:ERROR_CHARS_JSON]
+                except Exception as exc:  # noqa: BLE001 (informative only)
+                    info[system]["max_abs_diff_vs_cupyflash"] = harness.one_line(exc)[:harness.ERROR_CHARS_JSON]
             del out
         del ours
-    bench.release_cached_memory(torch_peers)
+    harness.release_cached_memory(torch_peers)
     return results, info
 
 
 # ------------------------------------------------------------------------------------------ reporting
 
 
-def tflops_of(results, system, direction):
-    return (results or {}).get(system, {}).get(direction, {}).get("tflops")
-
-
 def cell(results, system, direction):
     """TFLOP/s, ``n/a`` (raised or unsupported), ``skip`` or ``-`` (not run)."""
-    entry = (results or {}).get(system, {}).get(direction)
-    if entry is None:
-        return "-"
-    if "tflops" in entry:
-        return f"{entry['tflops']:.1f}"
-    return "n/a" if "error" in entry or "cell" in entry else "skip"
+    return harness.rate_cell((results or {}).get(system, {}).get(direction))
 
 
 def ratio(row, results, by_key, direction):
     """cupyflash's TFLOP/s on this row over that on its reference row, or None."""
     if row.reference is None:
         return None
-    ours = tflops_of(results, "cupyflash", direction)
-    dense = tflops_of(by_key.get(row.reference), "cupyflash", direction)
+    ours = harness.tflops_of(results, "cupyflash", direction)
+    dense = harness.tflops_of(by_key.get(row.reference), "cupyflash", direction)
     return ours / dense if ours is not None and dense else None
 
 
@@ -749,7 +601,7 @@ def table_groups(by_key, references):
         ("", (
             ("row", -24, lambda row, res: row.label),
             ("seqlen", 8, lambda row, res: row.seqlen_text()),
-            ("visible", 7, lambda row, res: si(row.visible_pairs)),
+            ("visible", 7, lambda row, res: harness.si(row.visible_pairs)),
         )),
         ("cupyflash", (
             ("fwd", 6, lambda row, res: cell(res, "cupyflash", "fwd")),
@@ -770,39 +622,26 @@ def table_groups(by_key, references):
     )
 
 
+#: The table group of each peer system, whose cells a note may replace.
+SYSTEM_OF_GROUP = {"cupyflash": "cupyflash", "Flex": "flex", "FA2": "fa2"}
+
+
 def table_lines(rows, all_results, settings, peer_lines):
     """The final table: TFLOP/s per system and direction, cupyflash's ratio to dense attention."""
     by_key = {row.key: res for row, res in zip(rows, all_results)}
     groups = table_groups(by_key, {row.reference for row in rows})
-    system_of_group = {"cupyflash": "cupyflash", "Flex": "flex", "FA2": "fa2"}
-
-    def span(columns):
-        return sum(abs(width) for _, width, _ in columns) + len(columns) - 1
-
-    def fmt(text, width):
-        return f"{text:<{-width}}" if width < 0 else f"{text:>{width}}"
-
-    def group_text(label, columns, row, results):
-        note = group_note(results, system_of_group.get(label)) if row is not None else None
-        if note is not None:
-            return f"{note:<{span(columns)}}"
-        texts = [header if row is None else text(row, results) for header, _, text in columns]
-        return " ".join(fmt(t, width) for t, (_, width, _) in zip(texts, columns))
-
-    lines = [
-        f"TFLOP/s on the visible area (forward 4 * headdim * visible pairs, backward {BACKWARD_FLOP_FACTOR}x), "
-        f"median of {settings.repeats} timings;",
-        f"{DTYPE}, headdim {HEADDIM}, {HEADS} heads. vs dense: cupyflash's TFLOP/s over the `dense` row's "
-        f"(`dense {SHORT_SEQLEN}` for varlen);",
+    timings = "per-call timings" if settings.timing == "per-call" else "timings"
+    return [
+        (f"TFLOP/s on the visible area (forward 4 * headdim * visible pairs, backward {harness.BACKWARD_FLOP_FACTOR}x), "
+         f"median of {settings.repeats} {timings};"),
+        (f"{DTYPE}, headdim {HEADDIM}, {HEADS} heads. vs dense: cupyflash's TFLOP/s over the `dense` row's "
+         f"(`dense {SHORT_SEQLEN}` for varlen);"),
         f"* below the target {TARGET_RATIO}. n/a: raised or unsupported, -: not run (reasons in results.json).",
         *peer_lines,
-        " | ".join(f"{label:^{span(columns)}}" for label, columns in groups).rstrip(),
-        " | ".join(group_text(label, columns, None, None) for label, columns in groups),
+        *harness.grouped_table(groups, list(zip(rows, all_results)),
+                               note=lambda label, row, res: group_note(res, SYSTEM_OF_GROUP.get(label))),
+        *target_lines(rows, by_key, settings),
     ]
-    for row, results in zip(rows, all_results):
-        lines.append(" | ".join(group_text(label, columns, row, results) for label, columns in groups).rstrip())
-    lines += target_lines(rows, by_key, settings)
-    return lines
 
 
 def target_checks(rows, by_key, settings):
@@ -834,19 +673,14 @@ def target_lines(rows, by_key, settings):
 
 
 def progress_line(number, total, row, results, by_key, seconds):
+    """One line per finished row: each system's times and TFLOP/s, and cupyflash's ratio to its reference."""
     parts = []
     for system, by_direction in results.items():
         note = group_note(results, system)
         if note is not None:
             parts.append(f"{SYSTEMS[system]} {note}")
             continue
-        texts = []
-        for direction, entry in by_direction.items():
-            if "median_ms" in entry:
-                texts.append(f"{direction} {entry['median_ms']:.3f} ms {entry['tflops']:.1f} TF/s")
-            else:
-                texts.append(f"{direction} {entry.get('cell') or ('n/a' if 'error' in entry else 'skip')}")
-        parts.append(f"{SYSTEMS[system]} {', '.join(texts)}")
+        parts.append(f"{SYSTEMS[system]} {', '.join(harness.progress_text(d, e) for d, e in by_direction.items())}")
         if system == "cupyflash" and row.reference is not None:
             ratios = [ratio(row, results, by_key, d) for d in by_direction]
             parts.append("vs dense " + ", ".join("-" if r is None else f"{r:.2f}" for r in ratios))
@@ -855,30 +689,21 @@ def progress_line(number, total, row, results, by_key, seconds):
 
 def note_lines(results, info):
     """Indented lines: why each n/a happened, and peers whose output differs from cupyflash's."""
-    lines = []
-    for system, by_direction in results.items():
-        for direction, entry in by_direction.items():
-            reason = entry.get("error") or (entry.get("skipped") if "cell" not in entry else None)
-            if reason:
-                lines.append(f"    {SYSTEMS[system]} {direction}: {reason[:ERROR_CHARS_PROGRESS]}")
+    lines = harness.note_lines(results, SYSTEMS)
     for system, details in info.items():
         diff = details.get("max_abs_diff_vs_cupyflash")
         if isinstance(diff, float) and not diff <= DIFF_WARN:
             lines.append(f"    {SYSTEMS[system]}: output differs from cupyflash's by up to {diff:.3g} "
                          f"(> {DIFF_WARN}): check the mask")
         if "block_mask_error" in details:
-            lines.append(f"    Flex: create_block_mask failed: {details['block_mask_error'][:ERROR_CHARS_PROGRESS]}")
+            lines.append(f"    Flex: create_block_mask failed: {details['block_mask_error'][:harness.ERROR_CHARS_PROGRESS]}")
     return lines
 
 
 def plot(rows, all_results, settings, path):
     """Bar chart of TFLOP/s per row, one bar per system, one panel per direction; False without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = harness.pyplot()
+    if plt is None:
         return False
     directions = directions_of(settings)
     figure, axes = plt.subplots(1, len(directions), figsize=(6.5 * len(directions), 4.2), squeeze=False)
@@ -886,7 +711,7 @@ def plot(rows, all_results, settings, path):
     width = 0.8 / len(SYSTEMS)
     for ax, direction in zip(axes[0], directions):
         for index, (system, name) in enumerate(SYSTEMS.items()):
-            values = [tflops_of(results, system, direction) for results in all_results]
+            values = [harness.tflops_of(results, system, direction) for results in all_results]
             heights = [0.0 if value is None else value for value in values]
             if not any(value is not None for value in values):
                 continue
@@ -907,27 +732,18 @@ def plot(rows, all_results, settings, path):
 # ----------------------------------------------------------------------------------------------- main
 
 
-def positive_int(text):
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text}")
-    return value
-
-
-def non_negative_int(text):
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an int >= 0, got {text}")
-    return value
-
-
 def parse_args(argv):
+    """Command-line options."""
     parser = argparse.ArgumentParser(
         description="Benchmark cupyflash's masked (causal, window, block-sparse) and variable-length attention "
         "against dense attention, FlexAttention and FlashAttention-2.",
     )
-    parser.add_argument("--repeats", type=positive_int, default=DEFAULT_REPEATS, help="timed calls (median)")
-    parser.add_argument("--warmup", type=non_negative_int, default=DEFAULT_WARMUP, help="untimed calls before timing")
+    parser.add_argument("--repeats", type=harness.positive_int, default=DEFAULT_REPEATS, help="timed calls (median)")
+    parser.add_argument("--warmup", type=harness.non_negative_int, default=DEFAULT_WARMUP,
+                        help="untimed calls before timing")
+    parser.add_argument("--per-call", action="store_true",
+                        help="time each call alone, from a synchronize to the end of its work (host time included), "
+                        "instead of CUDA events around calls enqueued back to back")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory (default bench/results/masks)")
     parser.add_argument("--no-peers", action="store_true", help="time cupyflash only (no torch)")
     parser.add_argument("--no-backward", action="store_true", help="time forward passes only")
@@ -940,27 +756,24 @@ def main(argv=None):
     """Run the benchmark (or print its plan); returns the exit status."""
     args = parse_args(argv)
     rows = build_rows(args.quick)
-    settings = Settings(args.warmup, args.repeats, not args.no_backward, not args.no_peers)
+    settings = harness.Settings(args.warmup, args.repeats, not args.no_backward, not args.no_peers,
+                                "per-call" if args.per_call else "back-to-back")
     if args.dry_run:
         print("\n".join(plan_lines(rows, settings, args.out)))
         return 0
-    bench = import_bench()
-    problem = bench.gpu_problem()
-    if problem:
-        print(f"masks.py needs a CUDA GPU: {problem}. --dry-run prints the plan without one.", file=sys.stderr)
-        return 1
+    harness.require_gpu("masks.py", "--dry-run prints the plan without one.")
 
-    peers = load_peers(bench, settings)
+    peers = load_peers(settings)
     args.out.mkdir(parents=True, exist_ok=True)
     json_path, plot_path, table_path = args.out / "results.json", args.out / "masks.png", args.out / "table.txt"
     torch_description = peers.description[0].removeprefix("peers: ")
     document = {
-        "environment": bench.environment(torch_description),
+        "environment": harness.environment(torch_description),
         "peers": peers.description,
         "settings": {**dataclasses.asdict(settings), "quick": args.quick, "seed": SEED},
-        "flops": FLOP_CONVENTION,
-        "timing": "CUDA events around each call, enqueued back to back after one untimed call and the warm-up; "
-        "median in ms. Masks, cu_seqlens and Flex block masks are built before the untimed call",
+        "flops": harness.VISIBLE_FLOP_CONVENTION,
+        "timing": harness.TIMINGS[settings.timing] + ", after one untimed call. Masks, cu_seqlens and Flex block "
+        "masks are built before the untimed call",
         "ratio": f"vs dense: cupyflash TFLOP/s over the reference row's; target >= {TARGET_RATIO}",
         "systems": SYSTEMS,
         "rows": [],
@@ -970,30 +783,31 @@ def main(argv=None):
     revision = f" ({env['git']})" if env["git"] else ""
     print(f"cupyflash {env['cupyflash']}{revision} on {env['device']}; CuPy {env['cupy']}")
     print("\n".join(peers.description))
-    print(f"{len(rows)} rows; warm-up {settings.warmup}, median of {settings.repeats}; results in {args.out}",
+    per_call = " per-call timings" if settings.timing == "per-call" else ""
+    print(f"{len(rows)} rows; warm-up {settings.warmup}, median of {settings.repeats}{per_call}; results in {args.out}",
           flush=True)
 
     all_results, by_key = [], {}
     run_start = time.perf_counter()
     for number, row in enumerate(rows, 1):
         start = time.perf_counter()
-        results, info = bench_row(bench, row, number, settings, peers)
+        results, info = bench_row(row, number, settings, peers)
         all_results.append(results)
         by_key[row.key] = results
         ratios = {d: ratio(row, results, by_key, d) for d in directions_of(settings)}
         document["rows"].append({**row.to_json(), "results": results, "vs_dense": ratios, "peers": info,
                                  "seconds": time.perf_counter() - start})
-        bench.write_json(json_path, document)
-        for line in [progress_line(number, len(rows), row, results, by_key, time.perf_counter() - start),
-                     *note_lines(results, info)]:
-            print(line, flush=True)
+        harness.write_json(json_path, document)
+        lines = [progress_line(number, len(rows), row, results, by_key, time.perf_counter() - start),
+                 *note_lines(results, info)]
+        print("\n".join(lines), flush=True)
 
     document["targets"] = [
         {"row": row.key, "direction": direction, "vs_dense": value, "target": row.target, "met": ok}
         for row, direction, value, ok in target_checks(rows, by_key, settings)
     ]
     document["seconds"] = time.perf_counter() - run_start
-    bench.write_json(json_path, document)
+    harness.write_json(json_path, document)
     table = table_lines(rows, all_results, settings, peers.description)
     table_path.write_text("\n".join(table) + "\n")
     plotted = plot(rows, all_results, settings, plot_path)

@@ -2,7 +2,8 @@
 unique id made by the parent and handed to the children), a check against single-GPU attention, and the
 scaling benchmark.
 
-Run from the repository root on a machine with N GPUs (CuPy's NCCL comes from the nvidia-nccl wheel)::
+Run from the repository root on a machine with N GPUs (cupyflash installed, or ``PYTHONPATH=$PWD``; CuPy's
+NCCL comes from the nvidia-nccl wheel)::
 
     python bench/ring.py --gpus 2 --check      # ring == single-GPU flash_attention, causal and not
     python bench/ring.py --gpus 2              # scaling: 128k tokens, forward + backward, bf16, d128
@@ -17,6 +18,10 @@ Scaling measure: TFLOP/s of the whole problem (forward 4 * batch * heads * seqle
 when causal; backward 2.5x) on the ring against twice the single-GPU rate of the same problem on one GPU
 (the target: at least 0.9x), and each rank's memory high-water mark during a ring forward and backward
 beyond its inputs, in units of one shard of q.
+
+The workers are started with multiprocessing's spawn: each is a new interpreter that gets the parent's
+``sys.path`` (this directory first, then ``PYTHONPATH``) and environment, so it imports this file, the
+harness and cupyflash from the same places as the parent.
 """
 
 import argparse
@@ -24,22 +29,14 @@ import json
 import multiprocessing
 import queue
 import sys
-import time
+import warnings
 from pathlib import Path
 
+import harness
 import numpy
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def _setup(rank):
-    sys.path.insert(0, str(REPO_ROOT))
-    import cupy
-
-    cupy.cuda.Device(rank).use()
-    return cupy
-
-
+#: Untimed calls before each timing.
+WARMUP_CALLS = 2
 #: (name, causal, layout, window_size) of the rings checked against one GPU; the scaling run times the
 #: first two (the issue's target).
 CONFIGS = [
@@ -75,13 +72,14 @@ def _unshard(cupyflash, shards, layout, axis=1):
 def worker(rank, world, unique_id, args, results):
     """One rank: its shards of the same random problem on every rank, the ring forward and backward,
     and (rank 0) the single-GPU reference or timing. Puts (rank, payload) on ``results``."""
-    cupy = _setup(rank)
-    import ml_dtypes
+    import cupy
+
+    cupy.cuda.Device(rank).use()  # before cupyflash touches a device
     from cupy.cuda import nccl
 
     import cupyflash
 
-    dtype = numpy.dtype(ml_dtypes.bfloat16)
+    dtype = harness.dtype("bf16")
     comm = nccl.NcclCommunicator(world, unique_id, rank)
     pool = cupy.get_default_memory_pool()
     payload = {}
@@ -89,19 +87,15 @@ def worker(rank, world, unique_id, args, results):
     configs = CONFIGS if args.check else CONFIGS[:2]
 
     def timed(fn):
-        for _ in range(2):
+        """Seconds per call, the mean of ``--repeats`` calls after two warm-up calls."""
+        for _ in range(WARMUP_CALLS):
             fn()
-        cupy.cuda.Device().synchronize()
-        start = time.perf_counter()
-        for _ in range(args.repeats):
-            fn()
-        cupy.cuda.Device().synchronize()
-        return (time.perf_counter() - start) / args.repeats
+        return harness.host_loop(fn, args.repeats)
 
     # Every rank runs the ring calls in the same order; rank 0's single-GPU runs come after all of them,
     # so no rank waits in NCCL for them.
     for name, causal, layout, window in configs:
-        options = dict(causal=causal, layout=layout, window_size=window)
+        options = {"causal": causal, "layout": layout, "window_size": window}
         shard = [_shard(cupyflash, x, world, rank, layout) for x in (q, k, v, dout)]
         if args.check:
             out, lse = cupyflash.ring_flash_attention(*shard[:3], comm, return_lse=True, **options)
@@ -109,7 +103,7 @@ def worker(rank, world, unique_id, args, results):
             payload[name] = [x.get() for x in (out, lse, *grads)]
             continue
 
-        def ring_step():
+        def ring_step(shard=shard, options=options):
             out, vjp = cupyflash.ring_flash_attention_vjp(*shard[:3], comm, **options)
             return out, vjp(shard[3])
 
@@ -123,9 +117,9 @@ def worker(rank, world, unique_id, args, results):
         payload[(name, "memory")] = (pool.total_bytes() - before) / shard[0].nbytes
         payload[name] = timed(ring_step)
     for name, causal, layout, window in configs if rank == 0 else ():
-        options = dict(causal=causal, window_size=window)
+        options = {"causal": causal, "window_size": window}
 
-        def single():
+        def single(options=options):
             out, lse = cupyflash.flash_attention(q, k, v, return_lse=True, **options)
             return out, lse, cupyflash.flash_attention_backward(dout, q, k, v, out, lse, **options)
 
@@ -140,12 +134,8 @@ def worker(rank, world, unique_id, args, results):
 def plot(report, gpus, path):
     """Bars of the ring's TFLOP/s beside twice the single-GPU rate and the 0.9x target; False when
     matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = harness.pyplot()
+    if plt is None:
         return False
     names = [n for n in report if n != "problem"]
     problem = report.get("problem", {"seqlen": 131072, "heads": 16, "headdim": 128})
@@ -166,26 +156,28 @@ def plot(report, gpus, path):
     axes.legend(fontsize=8, loc="lower right")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
+    plt.close(figure)
     return True
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gpus", type=int, default=2)
-    parser.add_argument("--seqlen", type=int, default=131072, help="tokens of the whole sequence")
-    parser.add_argument("--heads", type=int, default=16)
-    parser.add_argument("--headdim", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--check", action="store_true", help="compare with single-GPU attention (4096 tokens)")
-    parser.add_argument("--json", type=Path, help="write the errors (--check) or rates here")
-    parser.add_argument("--plot", type=Path, help="write a bar chart of the scaling run here (needs matplotlib)")
-    parser.add_argument("--plot-from", type=Path, help="only plot the rates of an earlier --json scaling run")
-    args = parser.parse_args()
-    if args.plot_from:
-        plot(json.loads(args.plot_from.read_text()), args.gpus, args.plot or args.plot_from.with_suffix(".png"))
-        return
-    if args.check:
-        args.seqlen = 4096
+def nccl_problem(gpus):
+    """Why the ring cannot run here with ``gpus`` GPUs (too few, or no NCCL in CuPy), or None."""
+    import cupy
+
+    count = cupy.cuda.runtime.getDeviceCount()
+    if count < gpus:
+        return f"--gpus {gpus} needs {gpus} CUDA GPUs; this machine has {count}"
+    with warnings.catch_warnings():  # CuPy warns at import when the NCCL library is missing
+        warnings.simplefilter("ignore")
+        from cupy.cuda import nccl
+    if not getattr(nccl, "available", False):
+        return "needs CuPy's NCCL (cupy.cuda.nccl is not available): install nvidia-nccl-cu12 or nvidia-nccl-cu13"
+    return None
+
+
+def run_ranks(args):
+    """Start one spawned worker per GPU and collect their payloads {rank: payload}; a rank that fails stops
+    the others (they would wait for it in NCCL) and ends the launcher with its exit code."""
     from cupy.cuda import nccl
 
     unique_id = nccl.get_unique_id()
@@ -202,17 +194,44 @@ def main():
             payloads[rank] = payload
         except queue.Empty:
             failed = [p.exitcode for p in processes if p.exitcode]
-            if failed:  # the other ranks wait for it in NCCL: stop them
+            if failed:
                 for p in processes:
                     p.terminate()
                 raise SystemExit(f"a rank failed with exit code {failed[0]}") from None
     for p in processes:
         p.join()
-    sys.path.insert(0, str(REPO_ROOT))
+    return payloads
+
+
+def main(argv=None):
+    """Run the check or the scaling benchmark (or redraw a saved run); returns the exit status."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpus", type=harness.positive_int, default=2, help="ranks, one per GPU (default 2)")
+    parser.add_argument("--seqlen", type=harness.positive_int, default=131072, help="tokens of the whole sequence")
+    parser.add_argument("--heads", type=harness.positive_int, default=16)
+    parser.add_argument("--headdim", type=harness.positive_int, default=128)
+    parser.add_argument("--repeats", type=harness.positive_int, default=5, help="timed calls (mean), after 2 warm-up calls")
+    parser.add_argument("--check", action="store_true", help="compare with single-GPU attention (4096 tokens)")
+    parser.add_argument("--json", type=Path, help="write the errors (--check) or rates here")
+    parser.add_argument("--plot", type=Path, help="write a bar chart of the scaling run here (needs matplotlib)")
+    parser.add_argument("--plot-from", type=Path, help="only plot the rates of an earlier --json scaling run (no GPU needed)")
+    args = parser.parse_args(argv)
+    if args.plot_from:
+        if not plot(json.loads(args.plot_from.read_text()), args.gpus, args.plot or args.plot_from.with_suffix(".png")):
+            print("no plot: matplotlib missing")
+        return 0
+    harness.require_gpu("ring.py", "--plot-from redraws a saved run without one.")
+    problem = nccl_problem(args.gpus)
+    if problem:
+        print(f"ring.py {problem}.", file=sys.stderr)
+        return harness.EXIT_CANNOT_RUN
+    if args.check:
+        args.seqlen = 4096
+    payloads = run_ranks(args)
     import cupyflash
 
     report = {} if args.check else {"problem": {"seqlen": args.seqlen, "heads": args.heads, "headdim": args.headdim}}
-    for name, causal, layout, window in CONFIGS if args.check else CONFIGS[:2]:
+    for name, causal, layout, _ in CONFIGS if args.check else CONFIGS[:2]:
         if args.check:
             single = payloads[0][("single", name)]
             for i, label in enumerate(("out", "lse", "dq", "dk", "dv")):
@@ -223,7 +242,8 @@ def main():
                 report[f"{name}_{label}"] = error
                 print(f"{name:14} {label:4} max |ring - single| / max |single| = {error:.2e}")
             continue
-        flops = 3.5 * 4 * args.heads * args.seqlen**2 * args.headdim / (2 if causal else 1)
+        forward = harness.forward_flops(1, args.heads, args.seqlen, args.seqlen, args.headdim, causal)
+        flops = forward + harness.backward_flops(forward)
         ring_time = max(payloads[r][name] for r in range(args.gpus))
         single_time = payloads[0][("single", name)]
         ring_rate, single_rate = flops / ring_time / 1e12, flops / single_time / 1e12
@@ -237,7 +257,8 @@ def main():
         args.json.write_text(json.dumps(report, indent=1))
     if args.plot and not args.check and not plot(report, args.gpus, args.plot):
         print("no plot: matplotlib missing")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
