@@ -22,7 +22,7 @@ from ._api import (
 )
 from ._block_mask import BlockMask
 from ._ring import VirtualRing, zigzag_shard, zigzag_unshard
-from ._validate import SUPPORTED_DTYPES
+from ._problem import SUPPORTED_DTYPES
 
 __version__ = "0.9.0"
 

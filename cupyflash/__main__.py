@@ -11,7 +11,7 @@ import time
 
 import numpy
 
-from . import __version__, _validate, reference
+from . import __version__, _problem, reference
 from ._api import flash_attention, flash_attention_backward, flash_attention_with_kvcache
 
 # Self-check tolerance: the error against float64 relative to the output's scale, per dtype (the tests
@@ -48,7 +48,7 @@ def self_check(xp):
     base = [rng.standard_normal(s) for s in ((b, sq, h, d), (b, sk, hk, d), (b, sk, hk, dv), (b, sq, h, dv))]
     ok = True
     print(f"self-check (batch {b}, seqlen_q {sq}, seqlen_k {sk}, heads {h}/{hk}, headdim {d}/{dv}, causal):")
-    for name, dtype in _validate.SUPPORTED_DTYPES.items():
+    for name, dtype in _problem.SUPPORTED_DTYPES.items():
         q, k, v, dout = (xp.asarray(x.astype(dtype)) for x in base)
         out, lse = flash_attention(q, k, v, causal=True, return_lse=True)
         grads = flash_attention_backward(dout, q, k, v, out, lse, causal=True)
@@ -79,7 +79,7 @@ def kvcache_check(xp):
                                              (batch, 1, heads_k, d))]
     ok = True
     for name in ("bfloat16", "float32"):
-        dtype = _validate.SUPPORTED_DTYPES[name]
+        dtype = _problem.SUPPORTED_DTYPES[name]
         q, k_cache, v_cache, k, v = (x.astype(dtype) for x in base)
         want = reference.attention_with_kvcache(q, k_cache, v_cache, k=k, v=v, cache_seqlens=lengths, block_table=table,
                                                 causal=True)[0]

@@ -1,8 +1,11 @@
-"""The public functions: validation, then the CUDA kernels (CuPy arrays) or the NumPy twin."""
+"""The public functions: a call whose layout has a plan runs it at once (cupyflash/_keys.py,
+_plan.py); any other is checked (cupyflash/_problem.py, the only checks of a call) and computed
+(cupyflash/_compute.py), and a CuPy call keeps the plan it built for the next call of its layout."""
 
-import numpy
+from . import _compute, _keys, _kvcache, _merge, _plan, _problem, _ring
 
-from . import _kvcache, _merge, _numpy_impl, _ring, _validate
+#: The plans of the dense and packed functions' calls, by key (cupyflash/_keys.py).
+PLANS = _plan.PlanCache()
 
 _SHAPES_DOC = """
     q : cupy.ndarray or numpy.ndarray, shape (batch, seqlen_q, heads, headdim)
@@ -100,28 +103,28 @@ _NOTES_DOC = """
     A NaN (or an inf that makes one) in q or k reaches exactly the rows that see it."""
 
 
-def _compute_forward(q, k, v, p):
-    if p.is_empty:
-        xp = p.xp
-        return xp.zeros(p.out_shape, dtype=p.dtype), xp.full(p.lse_shape, -numpy.inf, dtype=_validate.lse_dtype(p.dtype))
-    if p.xp is numpy:
-        return _numpy_impl.forward(q, k, v, p)
+def _forward(key, p, q, k, v, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None):
+    """(out, lse) of a checked forward call; a CuPy call's plan is kept under ``key``."""
+    if key is None or not _compute.plannable(p):
+        return _compute.forward(p, q, k, v)
     from . import _cuda
 
-    return _cuda.forward(q, k, v, p)
+    plan = _cuda.forward_plan(p, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
+    PLANS.put(key, plan)
+    return plan(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None)
 
 
-def _compute_backward(dout, q, k, v, out, lse, p, deterministic):
-    deterministic = _validate.check_flag("deterministic", deterministic)
-    if p.is_empty:
-        xp = p.xp
-        return tuple(xp.zeros(x.shape, p.dtype) for x in (q, k, v))
-    lse = lse.astype(_validate.lse_dtype(p.dtype), copy=False)
-    if p.xp is numpy:
-        return _numpy_impl.backward(dout, q, k, v, out, lse, p)
+def _backward(key, p, dout, q, k, v, out, lse, deterministic, alibi_slopes=None, cu_seqlens_q=None,
+              cu_seqlens_k=None):
+    """(dq, dk, dv) of a checked backward call; a CuPy call's plan is kept under ``key``."""
+    deterministic = _problem.check_flag("deterministic", deterministic)
+    if key is None or not _compute.plannable(p):
+        return _compute.backward(p, dout, q, k, v, out, lse, deterministic)
     from . import _cuda
 
-    return _cuda.backward(dout, q, k, v, out, lse, p, deterministic)
+    plan = _cuda.backward_plan(p, dout, q, k, v, out, lse, deterministic, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
+    PLANS.put(key, plan)
+    return plan(dout, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None)
 
 
 def flash_attention(q, k, v, *, causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0,
@@ -142,11 +145,16 @@ def flash_attention(q, k, v, *, causal=False, softmax_scale=None, window_size=(-
     Notes
     -----{notes}
     """
-    q, k, v = _validate.arrays(q=q, k=k, v=v)
-    p = _validate.forward_problem(q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window_size,
-                                  softcap=softcap, alibi_slopes=alibi_slopes, block_mask=block_mask)
-    return_lse = _validate.check_flag("return_lse", return_lse)
-    out, lse = _compute_forward(q, k, v, p)
+    key = _keys.forward(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes, block_mask, return_lse)
+    plan = PLANS.get(key) if key is not None else None
+    if plan is not None:
+        out, lse = plan(q, k, v, alibi_slopes, None, None, None)
+        return (out, lse) if return_lse else out
+    q, k, v = _problem.arrays(q=q, k=k, v=v)
+    p = _problem.forward_problem(q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window_size,
+                                 softcap=softcap, alibi_slopes=alibi_slopes, block_mask=block_mask)
+    return_lse = _problem.check_flag("return_lse", return_lse)
+    out, lse = _forward(key, p, q, k, v, alibi_slopes)
     return (out, lse) if return_lse else out
 
 
@@ -171,11 +179,16 @@ def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, softmax_s
         With GQA/MQA, dk and dv are summed over the query heads that share a kv head. Rows that see no
         key contribute nothing (their dq is 0).
     """
-    dout, q, k, v, out, lse = _validate.arrays(dout=dout, q=q, k=k, v=v, out=out, lse=lse)
-    p = _validate.backward_problem(dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
-                                   window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
-                                   block_mask=block_mask)
-    return _compute_backward(dout, q, k, v, out, lse, p, deterministic)
+    key = _keys.backward(dout, q, k, v, out, lse, causal, softmax_scale, window_size, softcap, alibi_slopes, block_mask,
+                         deterministic)
+    plan = PLANS.get(key) if key is not None else None
+    if plan is not None:
+        return plan(dout, q, k, v, out, lse, alibi_slopes, None, None, None)
+    dout, q, k, v, out, lse = _problem.arrays(dout=dout, q=q, k=k, v=v, out=out, lse=lse)
+    p = _problem.backward_problem(dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
+                                  window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                                  block_mask=block_mask)
+    return _backward(key, p, dout, q, k, v, out, lse, deterministic, alibi_slopes)
 
 
 def flash_attention_vjp(q, k, v, *, causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0,
@@ -191,7 +204,7 @@ def flash_attention_vjp(q, k, v, *, causal=False, softmax_scale=None, window_siz
     vjp : callable
         ``vjp(dout) -> (dq, dk, dv)``; keeps q, k, v, out and lse alive until it is released.
     """
-    deterministic = _validate.check_flag("deterministic", deterministic)
+    deterministic = _problem.check_flag("deterministic", deterministic)
     options = {"causal": causal, "softmax_scale": softmax_scale, "window_size": window_size, "softcap": softcap,
                "alibi_slopes": alibi_slopes, "block_mask": block_mask}
     out, lse = flash_attention(q, k, v, return_lse=True, **options)
@@ -226,13 +239,19 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=
     Notes
     -----{notes}
     """
-    q, k, v, cu_seqlens_q, cu_seqlens_k = _validate.arrays(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q,
-                                                           cu_seqlens_k=cu_seqlens_k)
-    p = _validate.varlen_forward_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                                         max_seqlen_k=max_seqlen_k, causal=causal, softmax_scale=softmax_scale,
-                                         window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
-    return_lse = _validate.check_flag("return_lse", return_lse)
-    out, lse = _compute_forward(q, k, v, p)
+    key = _keys.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
+                               window_size, softcap, alibi_slopes, return_lse)
+    plan = PLANS.get(key) if key is not None else None
+    if plan is not None:
+        out, lse = plan(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None)
+        return (out, lse) if return_lse else out
+    q, k, v, cu_seqlens_q, cu_seqlens_k = _problem.arrays(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q,
+                                                          cu_seqlens_k=cu_seqlens_k)
+    p = _problem.varlen_forward_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                                        max_seqlen_k=max_seqlen_k, causal=causal, softmax_scale=softmax_scale,
+                                        window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
+    return_lse = _problem.check_flag("return_lse", return_lse)
+    out, lse = _forward(key, p, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
     return (out, lse) if return_lse else out
 
 
@@ -252,14 +271,19 @@ def flash_attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_se
     -------
     dq, dk, dv : arrays with the shapes and dtype of q, k and v
     """
-    dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = _validate.arrays(
+    key = _keys.varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                causal, softmax_scale, window_size, softcap, alibi_slopes, deterministic)
+    plan = PLANS.get(key) if key is not None else None
+    if plan is not None:
+        return plan(dout, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None)
+    dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = _problem.arrays(
         dout=dout, q=q, k=k, v=v, out=out, lse=lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k
     )
-    p = _validate.varlen_backward_problem(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
-                                          max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
-                                          softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
-                                          alibi_slopes=alibi_slopes)
-    return _compute_backward(dout, q, k, v, out, lse, p, deterministic)
+    p = _problem.varlen_backward_problem(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                                         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
+                                         softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
+                                         alibi_slopes=alibi_slopes)
+    return _backward(key, p, dout, q, k, v, out, lse, deterministic, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
 
 
 def flash_attention_varlen_vjp(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None,
@@ -276,7 +300,7 @@ def flash_attention_varlen_vjp(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqle
     vjp : callable
         ``vjp(dout) -> (dq, dk, dv)``; keeps the inputs, out and lse alive until it is released.
     """
-    deterministic = _validate.check_flag("deterministic", deterministic)
+    deterministic = _problem.check_flag("deterministic", deterministic)
     options = {"max_seqlen_q": max_seqlen_q, "max_seqlen_k": max_seqlen_k, "causal": causal, "softmax_scale": softmax_scale,
                "window_size": window_size, "softcap": softcap, "alibi_slopes": alibi_slopes}
     out, lse = flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, return_lse=True, **options)
@@ -341,8 +365,8 @@ def merge_attention_states(out_a, lse_a, out_b, lse_b):
     lse_a, lse_b : arrays of the same kind, float32 or float64: the log-sum-exp of out_a and out_b
     {merge_returns}
     """
-    out_a, lse_a, out_b, lse_b = _validate.arrays(out_a=out_a, lse_a=lse_a, out_b=out_b, lse_b=lse_b)
-    xp, packed = _validate.merge_parts({"out_a": out_a, "out_b": out_b}, {"lse_a": lse_a, "lse_b": lse_b})
+    out_a, lse_a, out_b, lse_b = _problem.arrays(out_a=out_a, lse_a=lse_a, out_b=out_b, lse_b=lse_b)
+    xp, packed = _problem.merge_parts({"out_a": out_a, "out_b": out_b}, {"lse_a": lse_a, "lse_b": lse_b})
     return _merge.merge(xp, [out_a, out_b], [lse_a, lse_b], packed)
 
 
@@ -363,9 +387,9 @@ def merge_attention_states_stacked(out, lse, *, packed=False):
         entries would be merged as parts; so without ``packed=True`` it is refused.
     {merge_returns}
     """
-    out, lse = _validate.arrays(out=out, lse=lse)
-    packed = _validate.check_flag("packed", packed)
-    xp, parts = _validate.merge_stacked(out, lse, packed)
+    out, lse = _problem.arrays(out=out, lse=lse)
+    packed = _problem.check_flag("packed", packed)
+    xp, parts = _problem.merge_stacked(out, lse, packed)
     return _merge.merge(xp, [out[i] for i in range(parts)], [lse[i] for i in range(parts)], packed)
 
 
@@ -443,40 +467,9 @@ def flash_attention_with_kvcache(q, k_cache, v_cache, *, k=None, v=None, cache_s
     CuPy calls run on the current stream with no allocation outside CuPy's memory pool. Keep the
     returned arrays referenced while a captured graph that wrote them may replay.
     """
-    key = _kvcache.plan_key(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos,
-                            rotary_sin, rotary_interleaved, causal, window_size, softcap, alibi_slopes, softmax_scale,
-                            num_splits, return_lse)
-    plan = _kvcache.PLANS.get(key) if key is not None else None
-    if plan is not None:
-        lengths, value = _kvcache.plan_lengths(plan, cache_seqlens)
-        out, lse = plan(q, k_cache, v_cache, k, v, lengths, cache_batch_idx, block_table, rotary_cos, rotary_sin,
-                        alibi_slopes, value)
-        return (out, lse) if return_lse else out
-    named = {"q": q, "k_cache": k_cache, "v_cache": v_cache}
-    named.update({n: x for n, x in (("k", k), ("v", v), ("cache_batch_idx", cache_batch_idx), ("block_table", block_table),
-                                   ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)) if x is not None})
-    if cache_seqlens is not None and not _validate._is_int(cache_seqlens):
-        named["cache_seqlens"] = cache_seqlens
-    checked = dict(zip(named, _validate.arrays(**named)))
-    return_lse = _validate.check_flag("return_lse", return_lse)
-    call = _kvcache.check(
-        checked["q"], checked["k_cache"], checked["v_cache"], k=checked.get("k"), v=checked.get("v"),
-        cache_seqlens=checked.get("cache_seqlens", cache_seqlens), cache_batch_idx=checked.get("cache_batch_idx"),
-        block_table=checked.get("block_table"), rotary_cos=checked.get("rotary_cos"),
-        rotary_sin=checked.get("rotary_sin"), rotary_interleaved=rotary_interleaved, causal=causal,
-        window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, softmax_scale=softmax_scale,
-        num_splits=num_splits, max_splits=_kvcache.MAX_SPLITS)
-    if call.xp is numpy:
-        out, lse = _kvcache.numpy_call(call)
-    elif call.batch == 0 or call.heads == 0:
-        out = call.xp.zeros(call.out_shape, call.dtype)
-        lse = call.xp.full(call.lse_shape, -numpy.inf, _validate.lse_dtype(call.dtype))
-    else:
-        from ._families import kvcache
-
-        (out, lse), plan = kvcache.run(call)
-        _kvcache.remember(key, plan)
-    return (out, lse) if return_lse else out
+    return _kvcache.attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos,
+                              rotary_sin, rotary_interleaved, causal, window_size, softcap, alibi_slopes, softmax_scale,
+                              num_splits, return_lse)
 
 
 _RING_DOC = """
@@ -528,12 +521,12 @@ def ring_flash_attention(q, k, v, comm, *, causal=False, softmax_scale=None, win
     lse : array, (batch, heads, seqlen / world); only with ``return_lse=True``
         Equal, within rounding, to the rows of :func:`flash_attention` on the unsharded sequence.
     """
-    q, k, v = _validate.arrays(q=q, k=k, v=v)
-    p = _validate.forward_problem(q, k, v, softmax_scale=softmax_scale)
-    xp, ring, geometry = _ring._check("ring_flash_attention", {"q": q, "k": k, "v": v}, comm, causal, window_size,
+    q, k, v = _problem.arrays(q=q, k=k, v=v)
+    p = _problem.forward_problem(q, k, v, softmax_scale=softmax_scale)
+    _, ring, geometry = _ring._check("ring_flash_attention", {"q": q, "k": k, "v": v}, comm, causal, window_size,
                                       layout, p.softmax_scale)
-    return_lse = _validate.check_flag("return_lse", return_lse)
-    out, lse = _ring.ring_forward(q, k, v, ring, xp, p.softmax_scale, geometry)
+    return_lse = _problem.check_flag("return_lse", return_lse)
+    out, lse = _ring.ring_forward(p, q, k, v, ring, geometry)
     return (out, lse) if return_lse else out
 
 
@@ -555,14 +548,14 @@ def ring_flash_attention_backward(dout, q, k, v, out, lse, comm, *, causal=False
     -------
     dq, dk, dv : arrays with the shapes and dtype of this rank's q, k and v
     """
-    dout, q, k, v, out, lse = _validate.arrays(dout=dout, q=q, k=k, v=v, out=out, lse=lse)
-    p = _validate.backward_problem(dout, q, k, v, out, lse, softmax_scale=softmax_scale)
-    xp, ring, geometry = _ring._check("ring_flash_attention_backward",
+    dout, q, k, v, out, lse = _problem.arrays(dout=dout, q=q, k=k, v=v, out=out, lse=lse)
+    p = _problem.backward_problem(dout, q, k, v, out, lse, softmax_scale=softmax_scale)
+    _, ring, geometry = _ring._check("ring_flash_attention_backward",
                                       {"dout": dout, "q": q, "k": k, "v": v, "out": out, "lse": lse}, comm, causal,
                                       window_size, layout, p.softmax_scale)
-    deterministic = _validate.check_flag("deterministic", deterministic)
-    lse = lse.astype(_validate.lse_dtype(p.dtype), copy=False)
-    return _ring.ring_backward(dout, q, k, v, out, lse, ring, xp, p.softmax_scale, geometry, deterministic)
+    deterministic = _problem.check_flag("deterministic", deterministic)
+    lse = lse.astype(_problem.lse_dtype(p.dtype), copy=False)
+    return _ring.ring_backward(p, dout, q, k, v, out, lse, ring, geometry, deterministic)
 
 
 def ring_flash_attention_vjp(q, k, v, comm, *, causal=False, softmax_scale=None, window_size=(-1, -1), layout=None,

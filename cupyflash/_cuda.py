@@ -1,41 +1,81 @@
-"""The CUDA path: operands, outputs, and dispatch to the first kernel family that supports the problem
-(cupyflash/_families) on CuPy's current device and stream."""
+"""The CUDA path of validated, non-empty problems: each call is a plan (cupyflash/_plan.py) of the first
+kernel family that supports it (cupyflash/_families) on CuPy's current device, run on its current
+stream. The public functions keep the plans they build (cupyflash/_api.py); the compute layer's other
+callers (ring attention, the KV-cache paths) run one and drop it."""
+
+import dataclasses
 
 import cupy
 
-from . import _families
+from . import _families, _plan
 from ._families import common
-from ._validate import lse_dtype
-
-
-def forward(q, k, v, p):
-    """Forward of a validated, non-empty problem: (out, lse)."""
-    q, k, v = (common.operand(x) for x in (q, k, v))
-    out = cupy.empty(p.out_shape, dtype=p.dtype)
-    lse = cupy.empty(p.lse_shape, dtype=lse_dtype(p.dtype))
-    bad = common.varlen_check(p, q, k, v)
-    if _launchable(p):
-        family, variant = _families.select(_families.FORWARD, p, common.current_device())
-        family.run(variant, p, q, k, v, out, lse)
-    common.fill_nan_if(bad, out, lse)
-    return out, lse
-
-
-def backward(dout, q, k, v, out, lse, p, deterministic):
-    """Backward of a validated, non-empty problem: (dq, dk, dv)."""
-    dout, q, k, v, out = (common.operand(x) for x in (dout, q, k, v, out))
-    lse = cupy.ascontiguousarray(lse)  # already in lse_dtype(p.dtype) (see _api)
-    bad = common.varlen_check(p, q, k, v)
-    if _launchable(p):
-        family, variant = _families.select(_families.BACKWARD, p, common.current_device())
-        grads = family.run(variant, p, dout, q, k, v, out, lse, deterministic)
-    else:
-        grads = tuple(cupy.empty(x.shape, dtype=p.dtype) for x in (q, k, v))
-    common.fill_nan_if(bad, *grads)
-    return grads
+from ._problem import lse_dtype
 
 
 def _launchable(p):
     """False only for a packed batch whose given max_seqlen is 0 while it has rows: no grid to launch, and
     the device check finds a sequence longer than its max, so every output becomes NaN."""
     return p.seqlen_q > 0 and p.seqlen_k > 0
+
+
+def _problem_inputs(b, p, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k):
+    """The problem's own arrays as plan inputs (in this order), and the problem with their slots."""
+    slots = {name: b.input(*common.contiguous(x)) if x is not None else b.input(None)
+             for name, x in (("alibi_slopes", alibi_slopes), ("cu_seqlens_q", cu_seqlens_q),
+                             ("cu_seqlens_k", cu_seqlens_k), ("seqused_k", seqused_k))}
+    return dataclasses.replace(p, **slots)
+
+
+def forward_plan(p, q, k, v, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None):
+    """The plan of the forward of problem ``p`` for operands as the call gives them (the plan converts
+    what the kernels cannot read as it is, on every run). Its run takes ``(q, k, v, alibi_slopes,
+    cu_seqlens_q, cu_seqlens_k, seqused_k)`` and returns ``(out, lse)``."""
+    device = common.current_device()
+    b = _plan.PlanBuilder()
+    operands = tuple(b.input(*common.readable(x)) for x in (q, k, v))
+    ps = _problem_inputs(b, p, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k)
+    bad = common.plan_varlen_check(b, ps, *operands)
+    if _launchable(p):
+        family, variant = _families.select(_families.FORWARD, ps, device, operands)
+        out, lse = family.plan(b, variant, ps, *operands, device)
+    else:
+        out, lse = b.output(p.out_shape, p.dtype), b.output(p.lse_shape, lse_dtype(p.dtype))
+    common.plan_fill_nan_if(b, bad, out, lse)
+    return b.build((out, lse))
+
+
+def backward_plan(p, dout, q, k, v, out, lse, deterministic, alibi_slopes=None, cu_seqlens_q=None,
+                  cu_seqlens_k=None):
+    """The plan of the backward of problem ``p`` (see :func:`forward_plan`). Its run takes ``(dout, q, k,
+    v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None)`` and returns ``(dq, dk, dv)``; lse may
+    be float32 or float64 (the plan converts it to the precision of the forward's)."""
+    device = common.current_device()
+    b = _plan.PlanBuilder()
+    operands = tuple(b.input(*common.readable(x)) for x in (dout, q, k, v, out))
+    dtype = lse_dtype(p.dtype)
+    if lse.dtype == dtype and lse.flags.c_contiguous:
+        lse_slot = b.input(lse)
+    else:
+        lse_slot = b.input(cupy.ascontiguousarray(lse.astype(dtype)), lambda x: cupy.ascontiguousarray(x.astype(dtype)))
+    ps = _problem_inputs(b, p, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None)
+    dout_s, q_s, k_s, v_s, out_s = operands
+    bad = common.plan_varlen_check(b, ps, q_s, k_s, v_s)
+    if _launchable(p):
+        family, variant = _families.select(_families.BACKWARD, ps, device, (q_s, k_s, v_s, dout_s))
+        grads = family.plan(b, variant, ps, dout_s, q_s, k_s, v_s, out_s, lse_slot, deterministic, device)
+    else:
+        grads = tuple(b.output(x.shape, p.dtype) for x in (q_s, k_s, v_s))
+    common.plan_fill_nan_if(b, bad, *grads)
+    return b.build(grads)
+
+
+def forward(p, q, k, v):
+    """``(out, lse)`` of a validated, non-empty problem whose arrays are its own."""
+    plan = forward_plan(p, q, k, v, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k)
+    return plan(q, k, v, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k)
+
+
+def backward(p, dout, q, k, v, out, lse, deterministic):
+    """``(dq, dk, dv)`` of a validated, non-empty problem."""
+    plan = backward_plan(p, dout, q, k, v, out, lse, deterministic, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k)
+    return plan(dout, q, k, v, out, lse, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k, None)

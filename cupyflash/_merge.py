@@ -15,7 +15,7 @@ is a few elementwise kernels on the current stream, with no host synchronization
 
 import numpy
 
-from . import _validate
+from . import _problem
 
 
 def _to_rows(lse, packed):
@@ -27,7 +27,7 @@ def _to_rows(lse, packed):
 def merge(xp, outs, lses, packed):
     """(out, lse) of the parts ``outs[i]``, ``lses[i]`` (at least one, validated; ``xp`` their module)."""
     out_dtype = outs[0].dtype
-    acc = _validate.lse_dtype(out_dtype)
+    acc = _problem.lse_dtype(out_dtype)
     lses = [lse.astype(acc, copy=False) for lse in lses]
     top = lses[0]
     for lse in lses[1:]:

@@ -9,7 +9,7 @@ heads at once; grouped-query attention is handled by reshaping the query heads t
 so that one key/value tile broadcasts over its group. Packed (varlen) batches run one sequence at a
 time.
 
-Inputs are validated by the caller (a :class:`cupyflash._validate.Problem`). They are upcast to the
+Inputs are validated by the caller (a :class:`cupyflash._problem.Problem`). They are upcast to the
 accumulation dtype before any arithmetic: NumPy's ``einsum`` rejects bfloat16, ``matmul`` on bfloat16
 silently returns float32, and ``matmul`` on float16 bypasses BLAS (about 100 times slower than
 float32). Results are C-contiguous, as on the GPU.
@@ -20,7 +20,7 @@ import dataclasses
 import numpy as np
 
 from ._policy import Window, layout_cells, modify_scores, tiles_of
-from ._validate import acc_dtype, lse_dtype
+from ._problem import acc_dtype, lse_dtype
 
 
 def _split_heads(x, heads_k, acc):
@@ -153,7 +153,7 @@ def forward(q, k, v, p, block_m=64, block_n=64):
     ----------
     q, k, v : ndarray
         Validated inputs of problem ``p``: (batch, seqlen, heads, dim), or packed (total, heads, dim).
-    p : cupyflash._validate.Problem
+    p : cupyflash._problem.Problem
     block_m, block_n : int, optional
         Query rows and key columns per tile.
 
@@ -162,7 +162,7 @@ def forward(q, k, v, p, block_m=64, block_n=64):
     out : ndarray, shape ``p.out_shape``
         In the input dtype; rows seeing no key are 0.
     lse : ndarray, shape ``p.lse_shape``
-        Natural-log log-sum-exp of the modified scores, in ``_validate.lse_dtype`` (float64 for
+        Natural-log log-sum-exp of the modified scores, in ``_problem.lse_dtype`` (float64 for
         float32/float64 inputs, float32 for 16-bit ones); ``-inf`` for rows seeing no key.
     """
     if p.varlen:
@@ -207,7 +207,7 @@ def forward(q, k, v, p, block_m=64, block_n=64):
         l_safe = np.where(seen, l_i, acc.type(1))
         out[..., m0:m1, :] = np.where(seen[..., None], acc_o / l_safe[..., None], acc.type(0))
         # lse = ln(sum_j exp(s_j)) = m + ln(l), exactly m when one key dominates, evaluated in the lse
-        # dtype (float64 for float32 inputs, as the kernels do: see _validate.lse_dtype).
+        # dtype (float64 for float32 inputs, as the kernels do: see _problem.lse_dtype).
         lse[..., m0:m1] = np.where(seen, m_i.astype(lse_dt) + np.log(l_safe.astype(lse_dt)), -np.inf)
     return _merge_heads(out, q.dtype), lse.reshape(batch, heads_k * group, seqlen_q)
 

@@ -1,4 +1,5 @@
-"""The kernels' argument structs (``kernels_cu/params.cuh``) as NumPy structured dtypes.
+"""The kernels' argument structs (``kernels_cu/common/params.cuh`` and the structs of single kernels) as
+NumPy structured dtypes.
 
 Each kernel takes one struct by value; CuPy copies the bytes of a size-1 NumPy array of these dtypes
 into the launch. ``align=True`` lays the fields out as a C compiler does; tests/test_compile.py checks
@@ -62,6 +63,12 @@ KV_CACHE_ARGS = numpy.dtype(
     align=True,
 )
 
+#: NanFill (kernels_cu/common/checks.cu): up to three results, each ``words`` elements of ``width``
+#: bytes whose NaN is the bit pattern ``nan``.
+NAN_FILL = numpy.dtype(
+    [("ptr", _PTR, (3,)), ("words", _I64, (3,)), ("nan", numpy.uint64, (3,)), ("width", _I32, (3,))], align=True
+)
+
 #: C++ struct name -> dtype, for the layout test.
 STRUCTS = {
     "TensorArg": TENSOR_ARG,
@@ -71,6 +78,7 @@ STRUCTS = {
     "FwdArgs": FWD_ARGS,
     "BwdArgs": BWD_ARGS,
     "KvCacheArgs": KV_CACHE_ARGS,
+    "NanFill": NAN_FILL,
 }
 
 

@@ -10,6 +10,7 @@ float32 (float64 for float64 inputs) accumulators of shard size: dQ, and two set
 in hand and the one arriving).
 """
 
+import dataclasses
 import functools
 import numbers
 import queue
@@ -18,7 +19,7 @@ import time
 
 import numpy
 
-from . import _validate
+from . import _compute, _merge, _problem
 
 #: Shard layouts of a causal ring. "zigzag": rank r holds chunks r and 2 * world - 1 - r of the sequence
 #: cut into 2 * world chunks (zigzag_shard), so every rank does the same work; "contiguous": rank r holds
@@ -28,7 +29,7 @@ LAYOUTS = ("zigzag", "contiguous")
 
 def _axis(axis, name, x):
     """``axis`` of array ``x`` (argument ``name``) as a non-negative index; negative axes count from the end."""
-    if not _validate._is_int(axis):
+    if not _problem.is_int(axis):
         raise TypeError(f"axis must be an int, got {type(axis).__name__} {axis!r}")
     if not -x.ndim <= axis < x.ndim:
         raise ValueError(f"axis {axis} is out of range for {name}, a {x.ndim}-dimensional array of shape {x.shape}; "
@@ -56,8 +57,8 @@ def zigzag_shard(x, world, rank, axis=1):
         Chunks ``rank`` and ``2 * world - 1 - rank`` of ``2 * world`` equal chunks along ``axis``,
         concatenated: every rank of a causal ring gets the same work.
     """
-    xp = _validate._array_module({"x": x})
-    if not _validate._is_int(world) or not _validate._is_int(rank) or world < 1 or not 0 <= rank < world:
+    xp = _problem.array_module({"x": x})
+    if not _problem.is_int(world) or not _problem.is_int(rank) or world < 1 or not 0 <= rank < world:
         raise ValueError(f"need 0 <= rank < world, got rank {rank!r}, world {world!r}")
     axis = _axis(axis, "x", x)
     length = x.shape[axis]
@@ -93,7 +94,7 @@ def zigzag_unshard(shards, axis=1):
     world = len(shards)
     if world < 1:
         raise ValueError("need at least one shard")
-    xp = _validate._array_module({f"shards[{r}]": s for r, s in enumerate(shards)})
+    xp = _problem.array_module({f"shards[{r}]": s for r, s in enumerate(shards)})
     for r, shard in enumerate(shards):
         if shard.shape != shards[0].shape:
             raise ValueError(f"every rank's shard must have one shape; shards[{r}] has shape {shard.shape}, shards[0] "
@@ -216,7 +217,7 @@ class VirtualRing:
         list of VirtualRing
             Rank r at index r.
         """
-        if not _validate._is_int(world) or world < 1:
+        if not _problem.is_int(world) or world < 1:
             raise ValueError(f"world must be a positive int, got {world!r}")
         shared = _RingState(_timeout(timeout))
         members = []
@@ -499,10 +500,10 @@ def _check(function, named, comm, causal, window_size, layout, softmax_scale):
     """Common checks of the ring calls; returns (array module, ring, geometry). ``function`` names the
     call and ``named`` holds its arrays; a VirtualRing rank also checks that its call agrees with the
     other ranks' (an NCCL rank cannot without a host synchronization)."""
-    xp = _validate._array_module(named)
+    xp = _problem.array_module(named)
     ring = _ring_of(comm, xp)
-    causal = _validate.check_flag("causal", causal)
-    left, right = _validate._window(window_size, causal)
+    causal = _problem.check_flag("causal", causal)
+    left, right = _problem.check_window(window_size, causal)
     if layout is not None and layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS} or None, got {layout!r}")
     rows_q, rows_k = named["q"].shape[1], named["k"].shape[1]
@@ -545,35 +546,42 @@ def _visiting_blocks(ring, xp, k, v, steps):
             block = arriving
 
 
-def ring_forward(q, k, v, ring, xp, softmax_scale, geometry):
-    """(out, lse) of this rank's queries over every rank's keys (validated inputs)."""
-    from ._api import flash_attention, merge_attention_states
+def _block_problem(p, q, k, window):
+    """The problem of one call of a ring step: problem ``p`` of the rank's shard on the query and key rows
+    ``q`` and ``k`` of a block, with ``window`` (checked by the planner, cupyflash/_ring.py)."""
+    return dataclasses.replace(p, seqlen_q=q.shape[1], seqlen_k=k.shape[1], window_left=window[0],
+                               window_right=window[1])
 
-    acc = _validate.lse_dtype(q.dtype)
+
+def ring_forward(p, q, k, v, ring, geometry):
+    """(out, lse) of this rank's queries over every rank's keys: the compute layer on each block, merged
+    (validated inputs of problem ``p``)."""
+    xp = p.xp
+    acc = _problem.lse_dtype(q.dtype)
     batch, rows, heads = q.shape[:3]
     out = lse = None
     for step, block in _visiting_blocks(ring, xp, k, v, geometry.steps):
         for rows_q, rows_k, window in geometry.calls(ring.rank, step):
-            part, part_lse = flash_attention(q[:, rows_q], block[0][:, rows_k], block[1][:, rows_k],
-                                             softmax_scale=softmax_scale, window_size=window, return_lse=True)
+            q_part, k_part, v_part = q[:, rows_q], block[0][:, rows_k], block[1][:, rows_k]
+            part, part_lse = _compute.forward(_block_problem(p, q_part, k_part, window), q_part, k_part, v_part)
             if out is None and rows_q == slice(0, rows):  # the first call on every row: nothing to merge
                 out, lse = part.astype(acc), part_lse
                 continue
             if out is None:
                 out = xp.zeros((batch, rows, heads, v.shape[3]), acc)
                 lse = xp.full((batch, heads, rows), -numpy.inf, acc)
-            merged, merged_lse = merge_attention_states(out[:, rows_q], lse[:, :, rows_q], part.astype(acc), part_lse)
+            merged, merged_lse = _merge.merge(xp, [out[:, rows_q], part.astype(acc)], [lse[:, :, rows_q], part_lse], False)
             out[:, rows_q], lse[:, :, rows_q] = merged, merged_lse
     return out.astype(q.dtype), lse
 
 
-def ring_backward(dout, q, k, v, out, lse, ring, xp, softmax_scale, geometry, deterministic):
-    """(dq, dk, dv) of this rank's shard. Each call's partial gradients come from the block backward
-    given the global out and lse (so its probabilities are the global softmax's); dK and dV accumulate
-    in the block's travelling accumulators, which go home after the last step."""
-    from ._api import flash_attention_backward
-
-    acc = _validate.acc_dtype(q.dtype)
+def ring_backward(p, dout, q, k, v, out, lse, ring, geometry, deterministic):
+    """(dq, dk, dv) of this rank's shard (validated inputs of problem ``p``). Each call's partial gradients
+    come from the block backward given the global out and lse (so its probabilities are the global
+    softmax's); dK and dV accumulate in the block's travelling accumulators, which go home after the last
+    step."""
+    xp = p.xp
+    acc = _problem.acc_dtype(q.dtype)
     world, steps = ring.world, geometry.steps
     # The accumulators move after every step but the last, then go home (a full turn, or straight back
     # from where a shortened ring stopped). Two sets alternate: the one in hand is sent while the next
@@ -585,9 +593,9 @@ def ring_backward(dout, q, k, v, out, lse, ring, xp, softmax_scale, geometry, de
     pending = arriving = None
     for step, block in _visiting_blocks(ring, xp, k, v, steps):
         parts = [(rows_q, rows_k,
-                  flash_attention_backward(dout[:, rows_q], q[:, rows_q], block[0][:, rows_k], block[1][:, rows_k],
-                                           out[:, rows_q], lse[:, :, rows_q], softmax_scale=softmax_scale,
-                                           window_size=window, deterministic=deterministic))
+                  _compute.backward(_block_problem(p, q[:, rows_q], block[0][:, rows_k], window), dout[:, rows_q],
+                                    q[:, rows_q], block[0][:, rows_k], block[1][:, rows_k], out[:, rows_q],
+                                    lse[:, :, rows_q], deterministic))
                  for rows_q, rows_k, window in geometry.calls(ring.rank, step)]
         if pending is not None:
             # The accumulators of the block now in hand, from the rank that held it last.

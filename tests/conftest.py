@@ -1,5 +1,5 @@
-"""Pytest configuration: make ``tests/helpers.py`` importable as ``helpers``, and the fixtures the test
-modules share."""
+"""Pytest configuration: make ``tests/helpers.py`` importable as ``helpers``, the options, and the fixtures
+the test modules share."""
 
 import os
 import sys
@@ -7,6 +7,13 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--all-variants", action="store_true",
+                     help="test_compile: build every kernel variant for every architecture (see its docstring)")
+    parser.addoption("--compile-report", action="store_true",
+                     help="test_compile: print registers, stack frame and spill bytes of every build")
 
 
 @pytest.fixture(scope="session")

@@ -3,20 +3,16 @@
 gather and poison) on dense and paged caches, with out-of-range cache_seqlens, cache_batch_idx and
 block_table entries among valid ones. Run on a GPU:
 
-    compute-sanitizer --tool memcheck --error-exitcode 1 python3 tests/sanitize_kvcache.py
+    PYTHONPATH=$PWD compute-sanitizer --tool memcheck --error-exitcode 1 python3 tests/sanitize_kvcache.py
 
 It checks nothing itself (tests/test_kvcache.py does); memcheck reports any access outside an
 allocation. Sizes are small so the instrumented run takes seconds."""
-
-import os
-import sys
 
 import cupy
 import ml_dtypes
 import numpy
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import cupyflash  # noqa: E402
+import cupyflash
 
 rng = numpy.random.default_rng(0)
 

@@ -1,12 +1,19 @@
-"""NVRTC compiles every kernel variant to a cubin for sm_80 and sm_90 (the sm90 family's for sm_90a
-only), on any machine (no GPU needed), and checks what the host and the kernels must agree on.
+"""NVRTC compiles the kernel variants to cubins for sm_80 and sm_90 (the sm90 family's for sm_90a only),
+on any machine (no GPU needed), and checks what the host and the kernels must agree on.
 
 The options are those cupy.RawModule uses at run time (see _kernels.runtime_nvrtc_options), so ptxas
-checks every instruction the runtime would load. The report lists registers, stack frame and spill
-bytes per variant; every variant is required to be spill-free. The sm_90a variants must also compile
-without ptxas' warnings that wgmma was serialized or setmaxnreg ignored, and their SASS (nvdisasm, from
-the test extras) must show the HGMMA instructions. Variants of one source file and dtype compile as one
-program, which parses the sources once.
+checks every instruction the runtime would load. Every variant must be spill-free (the Hopper kernels:
+at most their recorded spills). The sm_90a variants must also compile without ptxas' warnings that
+wgmma was serialized or setmaxnreg ignored, and their SASS (nvdisasm, from the test extras) must show
+the HGMMA instructions. ``pytest --compile-report`` prints registers, stack frame and spill bytes per
+variant.
+
+Which builds run: a variant is built for the architectures whose devices dispatch can give it to (the
+sm80 family's fallback tiles, for devices with less shared memory than the H100's, only for sm_80), and
+the variants of a 16-bit kernel differ in their dtype only by an instruction's type, with the same
+registers, so bfloat16 is built for every tile and float16 for each kernel's first tile. That keeps the
+suite within minutes on two cores; ``pytest --all-variants`` builds every variant for both
+architectures, and the GPU suite compiles every variant for its device anyway (conftest.py).
 """
 
 import concurrent.futures
@@ -16,8 +23,8 @@ import re
 
 import pytest
 
-from cupyflash import _families, _kernels, _params
-from cupyflash._families import sm80, sm90
+from cupyflash import _families, _kernels, _params, _problem
+from cupyflash._families import common, general, sm80, sm90
 
 ARCHS = (80, 90)
 #: ptxas warnings that mean a wgmma pipeline was serialized (C7509-C7515) or setmaxnreg ignored (C7508).
@@ -40,9 +47,36 @@ _CHUNK = 6
 _COST = {"sm80_bwd": 8, "sm80_fwd": 5, "sm90_fwd": 6, "sm90_bwd": 6}
 
 
-def _archs(variant):
-    """The devices a variant is compiled for: its own target's, or every one of ARCHS."""
-    return tuple(a for a in ARCHS if _kernels.builds_for(variant, a))
+#: The H100/H200's per-block shared memory: the sm80 family's tiles that do not fit it serve smaller devices.
+_SM90_SMEM = 227 * 1024
+
+
+def _archs(variant, everything=False):
+    """The architectures a variant is built for: its own target's, or those of ARCHS whose devices can
+    select it (see the module docstring)."""
+    archs = tuple(a for a in ARCHS if _kernels.builds_for(variant, a))
+    if everything or variant.kernel not in (sm80.FWD, sm80.BWD):
+        return archs
+    tiles = sm80.FWD_TILES if variant.kernel is sm80.FWD else sm80.BWD_TILES
+    bucket = variant.param("headdim")
+    first_fit = next(t for t in tiles[bucket] if _smem(variant.kernel.variant(variant.dtype, (bucket, *t))) <= _SM90_SMEM)
+    return archs if variant.tile[1:] == first_fit else (80,)
+
+
+def _smem(variant):
+    return (sm80.fwd_smem_bytes if variant.kernel is sm80.FWD else sm80.bwd_smem_bytes)(variant)
+
+
+def _built(variants, everything):
+    """The (variant, architecture) builds of the suite (see the module docstring)."""
+    if everything:
+        return [(v, a) for v in variants for a in _archs(v, True)]
+    builds = []
+    for v in variants:
+        if v.kernel.dtypes == _kernels.HALF_DTYPES and v.dtype == "float16" and v.tile != v.kernel.tiles[0]:
+            continue
+        builds += [(v, a) for a in _archs(v)]
+    return builds
 
 
 def _nvdisasm():
@@ -109,33 +143,53 @@ def _consumer_local_accesses(sass):
 
 
 @pytest.fixture(scope="module")
-def reports():
-    def group(v):
-        return (v.source_file, v.dtype or "")
+def builds(request):
+    return _built(_families.VARIANTS, request.config.getoption("--all-variants"))
 
-    groups = [tuple(vs) for _, vs in itertools.groupby(sorted(_families.VARIANTS, key=group), key=group)]
+
+@pytest.fixture(scope="module")
+def reports(builds):
+    def group(build):
+        v, arch = build
+        return (v.source_file, v.dtype or "", arch)
+
+    groups = [[v for v, _ in bs] for _, bs in itertools.groupby(sorted(builds, key=group), key=group)]
+    archs = [arch for (_, _, arch), _ in itertools.groupby(sorted(builds, key=group), key=group)]
     # Programs of a few variants each keep every core busy to the end; the largest kernels go first.
-    chunks = [vs[i : i + _CHUNK] for vs in groups for i in range(0, len(vs), _CHUNK)]
-    chunks.sort(key=lambda vs: -sum(_COST.get(v.kernel.name, 1) for v in vs))
-    jobs = [(vs, arch) for vs in chunks for arch in _archs(vs[0])]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+    jobs = [(vs[i : i + _CHUNK], arch) for vs, arch in zip(groups, archs) for i in range(0, len(vs), _CHUNK)]
+    jobs.sort(key=lambda job: -sum(_COST.get(v.kernel.name, 1) for v in job[0]))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(os.sched_getaffinity(0)) or 2) as pool:
         results = list(pool.map(lambda job: _report(*job), jobs))
     return {key: r for result in results for key, r in result.items()}
 
 
-def test_every_variant_compiles_without_spills(reports, capsys):
-    with capsys.disabled():
-        print("\nvariant                                  arch  regs  stack  spill  consumer-local")
-        for (key, arch), r in sorted(reports.items()):
-            local = "" if r.get("consumer_local") is None else f"  {r['consumer_local']:>5}"
-            print(f"{key:<40} sm_{arch}  {r['registers']:>4}  {r['stack_bytes']:>5}  {r['spill_bytes']:>5}{local}")
+def test_every_variant_compiles_without_spills(reports, builds, request, capsys):
+    if request.config.getoption("--compile-report"):
+        with capsys.disabled():
+            print("\nvariant                                  arch  regs  stack  spill  consumer-local")
+            for (key, arch), r in sorted(reports.items()):
+                local = "" if r.get("consumer_local") is None else f"  {r['consumer_local']:>5}"
+                print(f"{key:<40} sm_{arch}  {r['registers']:>4}  {r['stack_bytes']:>5}  {r['spill_bytes']:>5}{local}")
     ceiling = {v.key: table[(v.param("headdim"), v.param("headdim_v"), v.param("score_mod"))]
                for kernel, table in ((sm90.FWD, SM90_SPILL_CEILING), (sm90.BWD, SM90_BWD_SPILL_CEILING))
                for v in kernel.variants()}
     spilled = {k: r for k, r in reports.items()
                if (r["spill_bytes"] or r["stack_bytes"]) and r["spill_bytes"] > ceiling.get(k[0], 0)}
     assert not spilled, f"variants with spills or stack frames (above the sm90 ceilings): {spilled}"
-    assert len(reports) == sum(len(_archs(v)) for v in _families.VARIANTS)
+    assert len(reports) == len(builds)
+
+
+def test_every_kernel_and_dtype_is_built():
+    """The suite's selection still builds every kernel of every dtype, every tile and flag of every
+    kernel, and every sm80 tile where the H100's shared memory selects it."""
+    builds = _built(_families.VARIANTS, everything=False)
+    built = {(v.kernel.name, v.dtype, a) for v, a in builds}
+    for v in _families.VARIANTS:
+        assert (v.kernel.name, v.dtype, _archs(v)[0]) in built, v.key
+        assert any((w.kernel, w.tile, w.flags) == (v.kernel, v.tile, v.flags) for w, _ in builds), v.key
+    first_tiles = {(d, tiles[0]) for d, tiles in sm80.FWD_TILES.items()}
+    assert all(a == 80 or (v.param("headdim"), v.tile[1:]) in first_tiles
+               for v, a in builds if v.kernel is sm80.FWD)
 
 
 @pytest.mark.skipif(_nvdisasm() is None, reason="no nvdisasm (pip install nvidia-cuda-nvdisasm)")
@@ -180,9 +234,9 @@ def test_variant_table_is_closed_and_named():
     bwd = sm80.BWD.variant("float16", (64, 128, 64, 2))
     assert bwd.key == "sm80_bwd_fp16_d64_n128_q64_s2_mod_0"
     assert bwd.name_expression == "cupyflash::sm80_bwd<__half, 64, 128, 64, 2, false>"
-    convert = sm80.DQ_CONVERT.variant("bfloat16")
-    assert convert.key == "sm80_bwd_dq_convert_bf16"
-    assert convert.name_expression == "cupyflash::sm80_bwd_dq_convert<__nv_bfloat16>"
+    convert = common.DQ_CONVERT.variant("bfloat16")
+    assert convert.key == "bwd_dq_convert_bf16"
+    assert convert.name_expression == "cupyflash::bwd_dq_convert<__nv_bfloat16>"
     with pytest.raises(ValueError, match="no flags"):
         sm80.FWD.variant("float16", (128, 32, 2), causal=True)
 
@@ -231,46 +285,19 @@ def _static_asserts(lines, includes, arch=None):
         nvrtc.destroyProgram(program)
 
 
-def test_python_smem_sizes_match_the_traits():
-    """The host sizes the dynamic shared memory of the tensor-core kernels from Python formulas that
-    mirror Sm80FwdTraits/Sm80BwdTraits; NVRTC checks each against the C++ value, so drift fails here, in CI,
-    instead of trapping on a GPU."""
-    lines = [f"static_assert(cupyflash::kCtaStateBytes == {sm80.CTA_STATE_BYTES}, \"state reserve\");"]
-    for v in _families.VARIANTS:
-        if v.kernel is sm80.FWD:
-            d, n, m = v.tile
-            traits, size = f"Sm80FwdTraits<__half, {d}, {n}, {m}>", sm80.fwd_smem_bytes(v)
-            threads = f"static_assert(cupyflash::{traits}::kThreads == {sm80.fwd_threads(v)}, \"{v.key}\");"
-            lines.append(threads)
-        elif v.kernel is sm80.BWD:
-            traits, size = f"Sm80BwdTraits<__half, {', '.join(map(str, v.tile))}>", sm80.bwd_smem_bytes(v)
-        else:
-            continue
-        lines.append(f'static_assert(cupyflash::{traits}::kSmemBytes == {size}, "{v.key}");')
-    _static_asserts(lines, ("sm80/tile.cuh", "sm80/bwd_tile.cuh"))
+def test_family_facts_match_the_kernels():
+    """Each family states its constants once in Python (tiles, threads, shared memory of every variant,
+    limits) and once in C++; NVRTC checks every pair with a static_assert, so drift fails here, in CI,
+    instead of trapping or reading out of bounds on a GPU."""
+    from cupyflash._kvcache import device as kvcache
 
-
-def test_sm90_sizes_match_the_traits():
-    """The sm90 family's shared memory, block rows and threads (Python) against Sm90FwdTraits and
-    Sm90BwdTraits (C++), and
-    the sizes of its extra kernel parameters (the driver copies each parameter's bytes to its offset, so
-    the host buffers need no particular alignment)."""
-    lines = []
-    for v in sm90.FWD.variants():
-        traits = f"cupyflash::Sm90FwdTraits<__half, {', '.join(map(str, v.tile))}>"
-        lines.append(f'static_assert({traits}::kSmemBytes == {sm90.fwd_smem_bytes(v)}, "{v.key}");')
-        lines.append(f'static_assert({traits}::kThreads == {sm90.FWD_THREADS}, "{v.key}");')
-        lines.append(f'static_assert({traits}::kBlockM == {sm90.FWD_BLOCK_M}, "{v.key}");')
-    lines.append(f'static_assert(sizeof(cupyflash::Sm90FwdMaps) == {sm90.MAPS.itemsize}, "maps");')
-    lines.append(f'static_assert(sizeof(cupyflash::Sm90Schedule) == {sm90.SCHEDULE.itemsize}, "schedule");')
-    lines.append(f'static_assert(alignof(cupyflash::Sm90Schedule) == {sm90.SCHEDULE.alignment}, "schedule");')
-    for v in sm90.BWD.variants():
-        traits = f"cupyflash::Sm90BwdTraits<__half, {', '.join(map(str, v.tile))}>"
-        lines.append(f'static_assert({traits}::kSmemBytes == {sm90.bwd_smem_bytes(v)}, "{v.key}");')
-        lines.append(f'static_assert({traits}::kThreads == {sm90.BWD_THREADS}, "{v.key}");')
-        lines.append(f'static_assert({traits}::kBlockN == {sm90.BWD_BLOCK_N}, "{v.key}");')
-    lines.append(f'static_assert(sizeof(cupyflash::Sm90BwdMaps) == {sm90.BWD_MAPS.itemsize}, "backward maps");')
-    _static_asserts(lines, ("sm90/fwd.cu", "sm90/bwd.cu"), arch="90a")
+    for facts, arch in ((general.cxx_facts(), None), (sm80.cxx_facts(), None), (kvcache.cxx_facts(), None),
+                        (sm90.cxx_facts(), "90a")):
+        headers, values = facts
+        lines = [f'static_assert({expr} == {value}, "{expr}");' for expr, value in values.items()]
+        _static_asserts(lines, headers, arch)
+    # The fewest rows a CTA takes, which the checks size the grid limit with, is the general family's.
+    assert _problem.GRID_TILE_ROWS == min(general.BLOCK_M, sm80.FWD_BLOCK_M, sm90.FWD_BLOCK_M, sm90.BWD_BLOCK_N)
 
 
 def test_argument_structs_match_params_cuh():
@@ -282,7 +309,8 @@ def test_argument_structs_match_params_cuh():
     from cupy_backends.cuda.libs import nvrtc
 
     expected = []
-    lines = ['#include <cuda/std/cstddef>', '#include "common/params.cuh"', "using namespace cupyflash;",
+    lines = ['#include <cuda/std/cstddef>', '#include "common/params.cuh"', '#include "common/checks.cu"',
+             "using namespace cupyflash;",
              'extern "C" __global__ void layout(unsigned long long* out) {']
     for name, dtype in _params.STRUCTS.items():
         expected.append((f"sizeof {name}", dtype.itemsize))
@@ -298,6 +326,8 @@ def test_argument_structs_match_params_cuh():
         ptx = nvrtc.getPTX(program).decode()
     finally:
         nvrtc.destroyProgram(program)
+    start = ptx.index(".entry layout(")  # the kernels of the included sources are in the PTX too
+    ptx = ptx[start:ptx.index("\n}\n", start)]
     constants = dict(re.findall(r"mov\.u64\s+(%rd\d+), (\d+);", ptx))
     stores = re.findall(r"st\.global\.u64\s+\[%rd\d+\+?(\d*)\], (%rd\d+|\d+);", ptx)
     stored = {int(at or 0) // 8: int(constants.get(value, value)) for at, value in stores}

@@ -5,17 +5,29 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from cupyflash import _families, _validate
+from cupyflash import _families, _plan
+from cupyflash import _problem as problems
 from cupyflash._families import common, sm90
 
 H200 = common.Device(90, 227 * 1024, 132)
 A100 = common.Device(80, 163 * 1024, 108)
 
 
+def _operands(p):
+    """q, k and v of problem ``p`` as contiguous, aligned plan slots (what select sees of a call's arrays)."""
+    shapes = ((p.batch, p.seqlen_q, p.heads, p.headdim), (p.batch, p.seqlen_k, p.heads_k, p.headdim),
+              (p.batch, p.seqlen_k, p.heads_k, p.headdim_v))
+    return tuple(_plan.Slot(i, shape, p.dtype) for i, shape in enumerate(shapes))
+
+
+def _with_operands(p, device):
+    return p, device, _operands(p)
+
+
 def _problem(headdim=128, headdim_v=None, dtype=ml_dtypes.bfloat16, **options):
     q = np.zeros((1, 8, 2, headdim), dtype)
     v = np.zeros((1, 8, 2, headdim if headdim_v is None else headdim_v), dtype)
-    return _validate.forward_problem(q, q, v, **options)
+    return problems.forward_problem(q, q, v, **options)
 
 
 @pytest.mark.parametrize("headdim, headdim_v, expected", [
@@ -28,10 +40,10 @@ def test_sm90_buckets_cover_both_head_dims_at_least_cost(headdim, headdim_v, exp
 
 def test_sm90_only_on_compute_capability_9_0():
     p = _problem()
-    assert sm90.FORWARD.select(p, H200).key == "sm90_fwd_bf16_d128_v128_n128_s3_mod_0"
-    assert sm90.FORWARD.select(p, A100) is None
-    assert sm90.FORWARD.select(p, common.Device(100, 227 * 1024, 148)) is None
-    assert sm90.FORWARD.select(_problem(dtype=np.float32), H200) is None
+    assert sm90.FORWARD.select(p, H200, _operands(p)).key == "sm90_fwd_bf16_d128_v128_n128_s3_mod_0"
+    assert sm90.FORWARD.select(p, A100, _operands(p)) is None
+    assert sm90.FORWARD.select(p, common.Device(100, 227 * 1024, 148), _operands(p)) is None
+    assert sm90.FORWARD.select(*_with_operands(_problem(dtype=np.float32), H200)) is None
 
 
 @pytest.mark.parametrize("headdim, headdim_v, expected", [
@@ -40,40 +52,40 @@ def test_sm90_only_on_compute_capability_9_0():
     (128, 128, "sm90_bwd_bf16_d128_v128_q64_s2_mod_0"), (160, 160, None), (256, 256, None),
 ])
 def test_sm90_backward_buckets(headdim, headdim_v, expected):
-    variant = sm90.BACKWARD.select(_problem(headdim, headdim_v), H200)
+    variant = sm90.BACKWARD.select(*_with_operands(_problem(headdim, headdim_v), H200))
     assert (variant.key if variant is not None else None) == expected
-    assert sm90.BACKWARD.select(_problem(headdim, headdim_v), A100) is None
-    assert sm90.BACKWARD.select(_problem(headdim, headdim_v, dtype=np.float32), H200) is None
+    assert sm90.BACKWARD.select(*_with_operands(_problem(headdim, headdim_v), A100)) is None
+    assert sm90.BACKWARD.select(*_with_operands(_problem(headdim, headdim_v, dtype=np.float32), H200)) is None
 
 
 def test_backward_score_mod_only_for_modifications():
     """The backward's exponent takes any scale: only softcap and ALiBi need the score_mod kernel."""
-    assert not sm90.BACKWARD.select(_problem(softmax_scale=-0.5), H200).param("score_mod")
-    assert sm90.BACKWARD.select(_problem(softcap=5.0), H200).param("score_mod")
+    assert not sm90.BACKWARD.select(*_with_operands(_problem(softmax_scale=-0.5), H200)).param("score_mod")
+    assert sm90.BACKWARD.select(*_with_operands(_problem(softcap=5.0), H200)).param("score_mod")
 
 
 def test_non_positive_scale_takes_the_score_mod_kernel():
     """The plain kernels fold the scale in after the row maximum, which needs softmax_scale > 0."""
-    assert not sm90.FORWARD.select(_problem(softmax_scale=0.5), H200).param("score_mod")
-    assert sm90.FORWARD.select(_problem(softmax_scale=-0.5), H200).param("score_mod")
-    assert sm90.FORWARD.select(_problem(softmax_scale=0.0), H200).param("score_mod")
-    assert sm90.FORWARD.select(_problem(softcap=5.0), H200).param("score_mod")
+    assert not sm90.FORWARD.select(*_with_operands(_problem(softmax_scale=0.5), H200)).param("score_mod")
+    assert sm90.FORWARD.select(*_with_operands(_problem(softmax_scale=-0.5), H200)).param("score_mod")
+    assert sm90.FORWARD.select(*_with_operands(_problem(softmax_scale=0.0), H200)).param("score_mod")
+    assert sm90.FORWARD.select(*_with_operands(_problem(softcap=5.0), H200)).param("score_mod")
 
 
 def test_family_variable_starts_dispatch_at_the_named_family(monkeypatch):
     p = _problem()
-    assert _families.select(_families.FORWARD, p, H200)[0].name == "sm90"
+    assert _families.select(_families.FORWARD, p, H200, _operands(p))[0].name == "sm90"
     monkeypatch.setenv("CUPYFLASH_FAMILY", "sm80")
-    assert _families.select(_families.FORWARD, p, H200)[0].name == "sm80"
+    assert _families.select(_families.FORWARD, p, H200, _operands(p))[0].name == "sm80"
     monkeypatch.setenv("CUPYFLASH_FAMILY", "general")
-    assert _families.select(_families.FORWARD, p, H200)[0].name == "general"
+    assert _families.select(_families.FORWARD, p, H200, _operands(p))[0].name == "general"
     monkeypatch.setenv("CUPYFLASH_FAMILY", "sm90")
-    assert _families.select(_families.BACKWARD, p, H200)[0].name == "sm90"
+    assert _families.select(_families.BACKWARD, p, H200, _operands(p))[0].name == "sm90"
     # A family that does not support the problem hands it on: the sm90 backward stops at head dim 128.
-    assert _families.select(_families.BACKWARD, _problem(headdim=256), H200)[0].name == "sm80"
+    assert _families.select(_families.BACKWARD, *_with_operands(_problem(headdim=256), H200))[0].name == "sm80"
     monkeypatch.setenv("CUPYFLASH_FAMILY", "sm100")
     with pytest.raises(ValueError, match="CUPYFLASH_FAMILY='sm100': expected one of sm90, sm80, general"):
-        _families.select(_families.FORWARD, p, H200)
+        _families.select(_families.FORWARD, p, H200, _operands(p))
 
 
 class _DevicePointer:

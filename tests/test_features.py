@@ -11,7 +11,7 @@ from cases import DENSE, VARLEN, build, dense_ids, varlen_ids
 from helpers import check_dense, check_varlen, oracle, random_layout, random_qkv
 
 import cupyflash
-from cupyflash import _numpy_impl, _policy, _validate, reference
+from cupyflash import _numpy_impl, _policy, _problem, reference
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -48,7 +48,7 @@ def test_tile_edges(pair, options, blocks):
         shape = (2, 4, -(-seqlen_q // block[0]), -(-seqlen_k // block[1]))
         built["block_mask"] = cupyflash.BlockMask.from_dense(random_layout(shape, 0.4, 3), block)
     for causal in (False, True):
-        p = _validate.forward_problem(q, k, v, causal=causal, **built)
+        p = _problem.forward_problem(q, k, v, causal=causal, **built)
         out, lse = _numpy_impl.forward(q, k, v, p, *blocks)
         grads = _numpy_impl.backward(dout, q, k, v, out, lse, p, *blocks)
         ref = oracle(q, k, v, causal, dout=dout, **built)

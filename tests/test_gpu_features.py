@@ -119,13 +119,13 @@ def test_nan_propagates_like_the_reference(dtype, where):
 
 
 def test_score_modifications_take_the_tensor_core_kernels():
-    from cupyflash import _validate
+    from cupyflash import _problem
 
     q, k, v = random_qkv(cupy, 1, 3, 3, 2, 2, 64, 64, DTYPES["float16"], seed=3)
     slopes = cupy.ones(2, cupy.float32)
-    p = _validate.forward_problem(q, k, v, softcap=3.0, alibi_slopes=slopes)
+    p = _problem.forward_problem(q, k, v, softcap=3.0, alibi_slopes=slopes)
     device = _families.common.current_device()
-    family, variant = _families.select(_families.FORWARD, p, device)
+    family, variant = _families.select(_families.FORWARD, p, device, (q, k, v))
     expected = "sm90_fwd_fp16_d64_v64_n128_s4_mod_1" if device.capability == 90 else "sm80_fwd_fp16_d64_n64_m2_mod_1"
     assert variant.key == expected
 

@@ -11,7 +11,7 @@ import pytest
 from helpers import DTYPES, GPU_MARKS, check_dense, gpu_available, random_qkv
 
 import cupyflash
-from cupyflash import _families, _validate
+from cupyflash import _families, _problem
 from cupyflash._families import common, sm80, sm90
 
 pytestmark = GPU_MARKS
@@ -65,8 +65,8 @@ def test_matches_oracle(case, monkeypatch):
 ])
 def test_dispatch_picks_sm90_on_hopper(headdim, headdim_v, expected):
     q, k, v = random_qkv(cupy, 1, 8, 8, 2, 2, headdim, headdim_v, DTYPES["bfloat16"], seed=0)
-    p = _validate.forward_problem(q, k, v)
-    family, variant = _families.select(_families.FORWARD, p, common.current_device())
+    p = _problem.forward_problem(q, k, v)
+    family, variant = _families.select(_families.FORWARD, p, common.current_device(), (q, k, v))
     assert family is sm90.FORWARD
     assert (variant.param("headdim"), variant.param("headdim_v")) == expected
 
@@ -79,8 +79,8 @@ def test_dispatch_picks_sm90_on_hopper(headdim, headdim_v, expected):
 def test_backward_dispatch_on_hopper(headdim, headdim_v, expected):
     """Head dims up to 128 take the sm90 backward, wider ones the sm80 one."""
     q, k, v = random_qkv(cupy, 1, 8, 8, 2, 2, headdim, headdim_v, DTYPES["float16"], seed=0)
-    p = _validate.forward_problem(q, k, v)
-    family, variant = _families.select(_families.BACKWARD, p, common.current_device())
+    p = _problem.forward_problem(q, k, v)
+    family, variant = _families.select(_families.BACKWARD, p, common.current_device(), (q, k, v))
     if expected is None:
         assert family is sm80.BACKWARD
     else:

@@ -364,13 +364,15 @@ def test_split_heuristic_fills_the_sms():
     """num_splits=0: enough splits that batch x kv heads x splits CTAs fill an H200's 132 SMs once
     (twice for a paged cache), none shorter than MIN_TILES_PER_SPLIT tiles; none when the batch fills
     them already; a call's own count."""
-    from cupyflash._families import common, kvcache
+    from cupyflash._families import common
+    from cupyflash._kvcache import call as kvcache_call
+    from cupyflash._kvcache import device as kvcache
 
     device = common.Device(90, 227 * 1024, 132)
 
     (q, k_cache, v_cache), _ = _inputs(np, "bfloat16", batch=1, seqlen_q=1, heads=32, heads_k=8, headdim=128,
                                        headdim_v=128, capacity=16, lengths=[0])
-    small = cupyflash._kvcache.check(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, cache_batch_idx=None,
+    small = kvcache_call.check(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, cache_batch_idx=None,
                                      block_table=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=True,
                                      causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                                      softmax_scale=None, num_splits=0, max_splits=256)

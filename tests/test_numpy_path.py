@@ -25,7 +25,8 @@ from helpers import (
     seed_from,
 )
 
-from cupyflash import _numpy_impl, _validate, reference
+from cupyflash import _numpy_impl, reference
+from cupyflash import _problem as problems
 
 # Any NumPy floating-point warning (0/0, -inf - -inf, log(0)) fails a test:
 # the implementations must guard their numerics, not merely mask NaNs away.
@@ -65,7 +66,7 @@ def make_problem(batch, seqlen_q, seqlen_k, heads, heads_k, headdim, headdim_v, 
 
 def _problem(q, k, v, causal, softmax_scale):
     """The validated problem the public functions would pass to the NumPy path."""
-    return _validate.forward_problem(q, k, v, causal=causal, softmax_scale=softmax_scale)
+    return problems.forward_problem(q, k, v, causal=causal, softmax_scale=softmax_scale)
 
 
 def run_numpy_path(q, k, v, dout, causal, softmax_scale, block_m=64, block_n=64):
@@ -85,7 +86,7 @@ def check_numpy_path(sizes, dtype_name, causal, block_m=64, block_n=64, softmax_
     got = run_numpy_path(q, k, v, dout, causal, softmax_scale, block_m, block_n)
     expected = oracle(q, k, v, causal, softmax_scale, dout)
     baseline = plain(q, k, v, causal, softmax_scale, dout)
-    # float64 lse for float32/float64 inputs (cupyflash._validate.lse_dtype).
+    # float64 lse for float32/float64 inputs (cupyflash._problem.lse_dtype).
     lse_dtype = np.float64 if np.dtype(dtype).itemsize >= 4 else np.float32
     assert got["lse"].dtype == lse_dtype
     for name, like in (("out", dout), ("dq", q), ("dk", k), ("dv", v)):

@@ -180,12 +180,12 @@ def test_sizes_beyond_32_bit_kernel_indices():
         cupyflash.flash_attention(q, k, v)
 
 
-def test_delta_grid_limit():
-    """Regression: batch * heads * seqlen_q / 4 rows of the backward preprocess must fit one grid axis."""
-    q = np.lib.stride_tricks.as_strided(np.zeros(8, np.float16), (2**20, 2**12, 4, 8), (0, 0, 0, 2))
-    k = v = np.lib.stride_tricks.as_strided(np.zeros(8, np.float16), (2**20, 4, 4, 8), (0, 0, 0, 2))
-    with pytest.raises(ValueError, match=r"problem too large for one launch"):
-        cupyflash.flash_attention(q, k, v)
+def test_grid_limit():
+    """Query tiles * batch * heads must fit one grid axis of 2^31 - 1 CTAs: 2^24 entries of 4096 rows
+    (128 tiles of 32) and 4 heads are 2^33."""
+    q = np.lib.stride_tricks.as_strided(np.zeros(8, np.float16), (2**24, 2**12, 4, 8), (0, 0, 0, 2))
+    with pytest.raises(ValueError, match=r"problem too large for one launch: 8589934592 blocks"):
+        cupyflash.flash_attention(q, q, q)
 
 
 # ------------------------------------------------------------------------- masks and score modifications

@@ -1,9 +1,10 @@
-"""Kernel families: one object per family and direction says what it supports for a problem on a
-device (``select`` returns a variant or None), and runs it (shared memory, grid, argument struct).
-Dispatch tries the families in order; a new family (a Hopper kernel, a split-KV combine) is a new
-module here and an entry in these tuples.
+"""Kernel families: one object per family and direction says what it supports for a problem and its
+operands on a device (``select`` returns a variant or None) and plans it (``plan`` writes its buffers,
+argument structs and launches into a cupyflash._plan.PlanBuilder). Dispatch takes the first family that
+supports the problem, before anything is planned: a family never hands a problem on once chosen. A new
+family (a Hopper kernel, an FP8 one) is a new module here and an entry in these tuples.
 
-Importing this package needs no GPU: the tables and variants are plain data.
+Importing this package needs CuPy but no GPU: the tables and variants are plain data.
 
 The environment variable ``CUPYFLASH_FAMILY`` (``sm90``, ``sm80`` or ``general``) makes dispatch start at
 that family, skipping the ones before it: the tests and the benchmark run one problem on several paths
@@ -12,7 +13,7 @@ of one GPU with it. A family that does not support the problem still hands it on
 
 import os
 
-from . import common, general, kvcache, sm80, sm90
+from . import common, general, sm80, sm90
 
 #: Environment variable naming the first family dispatch may use, and the families' names in dispatch
 #: order (a direction without the named family starts at the next one it has).
@@ -25,6 +26,8 @@ BACKWARD = (sm90.BACKWARD, sm80.BACKWARD, general.BACKWARD)
 
 
 def _kernels():
+    from .._kvcache import device as kvcache
+
     seen = {}
     others = [common.VARLEN_CHECK, common.FILL_NAN_IF, *kvcache.KERNELS]
     for kernel in [k for family in FORWARD + BACKWARD for k in family.kernels] + others:
@@ -49,11 +52,12 @@ def forced(families):
     return tuple(f for f in families if f.name not in skipped)
 
 
-def select(families, problem, device):
+def select(families, problem, device, operands):
     """The first family of ``families`` (from the one ``CUPYFLASH_FAMILY`` names) that supports ``problem``
-    on ``device``, and its variant."""
+    and its ``operands`` (arrays or plan slots, as the kernels will read them) on ``device``, and its
+    variant."""
     for family in forced(families):
-        variant = family.select(problem, device)
+        variant = family.select(problem, device, operands)
         if variant is not None:
             return family, variant
     raise AssertionError("the general family supports every problem")

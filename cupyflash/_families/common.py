@@ -1,15 +1,15 @@
-"""What the kernel families share: device limits, operands, launches, and the argument structs' common
-part (``AttnArgs``), built once from a validated problem."""
+"""What the kernel families share: the device facts dispatch reads, the operands as the kernels take
+them, the argument structs (``AttnArgs`` and the structs of each direction, written into a plan under
+construction, cupyflash/_plan.py), and the small kernels of every family's calls: the backward's row
+kernels (kernels_cu/common/bwd_rows.cu) and the device checks of packed batches (common/checks.cu)."""
 
 import dataclasses
 import functools
 
 import cupy
 import numpy
-from cupy.cuda import function
 
-from .. import _kernels, _params
-from .._validate import DELTA_ROWS_PER_CTA
+from .. import _kernels, _params, _plan
 
 
 def cdiv(a, b):
@@ -42,47 +42,37 @@ def dtype_name(dtype):
     return numpy.dtype(dtype).name
 
 
-def operand(x):
-    """``x`` itself when its last axis is contiguous (any other strides are fine), else one copy."""
+def readable(x):
+    """``(x as the kernels read it, the conversion a plan repeats or None)``: ``x`` itself when its last
+    axis is contiguous (any other strides are fine), else one contiguous copy."""
     itemsize = x.dtype.itemsize
     if all(s % itemsize == 0 for s in x.strides) and (x.shape[-1] == 1 or x.strides[-1] == itemsize):
-        return x
-    return cupy.ascontiguousarray(x)
+        return x, None
+    return cupy.ascontiguousarray(x), cupy.ascontiguousarray
+
+
+def contiguous(x):
+    """``(x, None)`` for a C-contiguous ``x`` (or None), else its contiguous copy and the conversion."""
+    if x is None or x.flags.c_contiguous:
+        return x, None
+    return cupy.ascontiguousarray(x), cupy.ascontiguousarray
 
 
 def vec_loads(*arrays):
     """1 when every base pointer and row and head stride is 16-byte aligned (cp.async), else 0."""
-    return int(all(x.data.ptr % 16 == 0 and all(s % 16 == 0 for s in x.strides[:-1]) for x in arrays))
+    return int(all(_plan.aligned16(x) and all(s % 16 == 0 for s in x.strides[:-1]) for x in arrays))
 
 
-def launch(variant, grid, threads, args, smem=0):
-    """Launches ``variant`` with its argument struct (or a tuple of arguments) and ``smem`` bytes of
-    dynamic shared memory."""
-    kernel = prepare(variant, smem)
-    kernel(grid, (threads, 1, 1), tuple(by_address(a) for a in (args if isinstance(args, tuple) else (args,))),
-           shared_mem=smem)
-
-
-def prepare(variant, smem=0):
-    """The compiled kernel of ``variant``, allowed ``smem`` bytes of dynamic shared memory."""
+def function(variant, smem=0):
+    """The driver function of ``variant`` on the current device, allowed ``smem`` bytes of dynamic shared
+    memory."""
     kernel = _kernels.get_kernel(variant)
     # Reading the attribute asks the driver each time: remember what each kernel was given.
     if smem > _smem_set.get(id(kernel), 0):
         if kernel.max_dynamic_shared_size_bytes < smem:
             kernel.max_dynamic_shared_size_bytes = smem
         _smem_set[id(kernel)] = smem
-    return kernel
-
-
-def by_address(arg):
-    """A kernel argument as CuPy should see it: a NumPy array (an argument struct, passed by value) as a
-    pointer to its bytes. CuPy would read the address through ``__array_interface__``, which builds the
-    description of a nested structured dtype anew on every call: about 70 us for a BwdArgs, most of
-    the host time of a call. The array must live until the launch returns (the driver copies the
-    bytes then)."""
-    if isinstance(arg, numpy.ndarray):
-        return function.CPointer(arg.ctypes.data)
-    return arg
+    return kernel.kernel.ptr
 
 
 #: id of a compiled kernel (they live as long as the process) -> dynamic shared memory it allows.
@@ -90,9 +80,9 @@ _smem_set = {}
 
 
 def attn(p, q, k, v, lists=None, vec=None):
-    """An ``AttnArgs`` as a tuple of its fields, from problem ``p`` and its operands; ``lists`` are the
-    block mask's :class:`~cupyflash._block_mask.TileLists` at the kernel's tile shape (None without a
-    block mask); ``vec`` overrides vec_loads(q, k, v)."""
+    """An ``AttnArgs`` as a tuple of its fields, from problem ``p`` (its arrays may be plan slots) and its
+    operands; ``lists`` are the block mask's :class:`~cupyflash._block_mask.TileLists` at the kernel's
+    tile shape (None without a block mask); ``vec`` overrides vec_loads(q, k, v)."""
     batched = not p.varlen
     alibi, alibi_batch_stride = 0, 0
     if p.alibi_slopes is not None:
@@ -100,16 +90,11 @@ def attn(p, q, k, v, lists=None, vec=None):
         alibi_batch_stride = p.heads if p.alibi_slopes.ndim == 2 else 0
     return (
         _params.tensor(q, batched), _params.tensor(k, batched), _params.tensor(v, batched),
-        _params.pointer(p.cu_seqlens_q), _params.pointer(p.cu_seqlens_k), _params.pointer(p.seqused_k), alibi, alibi_batch_stride,
-        p.softmax_scale, p.softcap, p.batch, p.heads, p.heads_k, p.headdim, p.headdim_v, p.seqlen_q, p.seqlen_k,
-        p.total_q, p.total_k, p.window_left, p.window_right, vec_loads(q, k, v) if vec is None else vec,
-        sparse(p.block_mask, lists) if lists is not None else _NO_SPARSE,
+        _params.pointer(p.cu_seqlens_q), _params.pointer(p.cu_seqlens_k), _params.pointer(p.seqused_k), alibi,
+        alibi_batch_stride, p.softmax_scale, p.softcap, p.batch, p.heads, p.heads_k, p.headdim, p.headdim_v,
+        p.seqlen_q, p.seqlen_k, p.total_q, p.total_k, p.window_left, p.window_right,
+        vec_loads(q, k, v) if vec is None else vec, sparse(p.block_mask, lists) if lists is not None else _NO_SPARSE,
     )
-
-
-def set_attn(field, p, q, k, v, lists=None):
-    """Fills an ``AttnArgs`` (see :func:`attn`)."""
-    field[...] = attn(p, q, k, v, lists)
 
 
 def sparse(mask, lists):
@@ -127,11 +112,14 @@ def sparse(mask, lists):
 _NO_SPARSE = (0,) * len(_params.BLOCK_SPARSE_ARG.names)
 
 
-def sparse_lists(p, tile_q, tile_k):
-    """The block mask's lists at a kernel's tile shape, or None without a block mask."""
+def sparse_lists(b, p, tile_q, tile_k):
+    """The block mask's lists at a kernel's tile shape, or None without a block mask; plan ``b`` keeps them
+    (and the mask's device layout) alive."""
     if p.block_mask is None:
         return None
-    return p.block_mask.tile_lists(cupy, tile_q, tile_k)
+    lists = p.block_mask.tile_lists(cupy, tile_q, tile_k)
+    b.keep(lists, p.block_mask.layout_on(cupy))
+    return lists
 
 
 def lse_strides(p):
@@ -141,9 +129,9 @@ def lse_strides(p):
     return p.heads * p.seqlen_q, p.seqlen_q
 
 
-def fwd_args(p, q, k, v, out, lse, lists):
-    """The ``FwdArgs`` of a forward call."""
-    args = numpy.empty(1, _params.FWD_ARGS)
+def fwd_args(b, p, q, k, v, out, lse, lists):
+    """The ``FwdArgs`` of a forward call, a struct of plan ``b``."""
+    args = b.struct(_params.FWD_ARGS)
     args[0] = (attn(p, q, k, v, lists), _params.tensor(out, not p.varlen), _params.rows(lse, *lse_strides(p)))
     return args
 
@@ -152,14 +140,13 @@ def fwd_args(p, q, k, v, out, lse, lists):
 NO_DQ_ACCUM = ((0, 0, 0), 0, 0, 0, 0, 0, 0)
 
 
-def bwd_args(p, dout, q, k, v, out, lse, delta, dq, dk, dv, lists, dq_fields=NO_DQ_ACCUM):
-    """The ``BwdArgs`` of a backward call, filled by one tuple assignment (field by field took about
-    50 us, a fifth of a short call's host time). ``dq_fields``: the tensor-core families' dQ buffer
-    fields, (dq_accum RowsArg tuple, dq_turns, dq_split_stride, turns_split_stride, dq_ld, dq_splits,
-    deterministic)."""
+def bwd_args(b, p, dout, q, k, v, out, lse, delta, dq, dk, dv, lists, dq_fields=NO_DQ_ACCUM):
+    """The ``BwdArgs`` of a backward call, a struct of plan ``b``, filled by one tuple assignment.
+    ``dq_fields``: the tensor-core families' dQ buffer fields, (dq_accum RowsArg tuple, dq_turns,
+    dq_split_stride, turns_split_stride, dq_ld, dq_splits, deterministic)."""
     batched = not p.varlen
     strides = lse_strides(p)
-    args = numpy.empty(1, _params.BWD_ARGS)
+    args = b.struct(_params.BWD_ARGS)
     # The backward streams dO with cp.async too.
     args[0] = (attn(p, q, k, v, lists, vec=vec_loads(q, k, v, dout)),
                *(_params.tensor(x, batched) for x in (out, dout, dq, dk, dv)),
@@ -167,49 +154,87 @@ def bwd_args(p, dout, q, k, v, out, lse, delta, dq, dk, dv, lists, dq_fields=NO_
     return args
 
 
-def flat_rows(args, p):
-    """A copy of ``args`` for the kernels that walk rows, not sequences (delta, dQ conversion): a packed
-    problem is one batch entry of total_q rows."""
+def flat_rows(b, args, p):
+    """``args`` for the kernels that walk rows, not sequences (delta, dQ conversion): a packed problem is
+    one batch entry of total_q rows (a copy, in plan ``b``)."""
     if not p.varlen:
         return args
-    flat = args.copy()
+    flat = b.struct(_params.BWD_ARGS)
+    flat[...] = args
     flat["attn"]["batch"] = 1
     flat["attn"]["seqlen_q"] = p.total_q
     return flat
 
 
-DELTA = _kernels.Kernel("general_bwd_delta", "general/bwd.cu", _kernels.ALL_DTYPES)
+#: The backward's row kernels (kernels_cu/common/bwd_rows.cu): CTAs of ROW_THREADS threads, grid-stride
+#: loops over at most ROW_KERNEL_MAX_CTAS of them.
+DELTA = _kernels.Kernel("bwd_delta", "common/bwd_rows.cu", _kernels.ALL_DTYPES)
+DQ_CONVERT = _kernels.Kernel("bwd_dq_convert", "common/bwd_rows.cu", _kernels.HALF_DTYPES)
+ROW_THREADS = 256
+ROW_KERNEL_MAX_CTAS = 1 << 16
 
 
-def launch_delta(p, args):
-    """delta = rowsum(dO * O) into args' delta, for either backward family."""
-    rows = p.heads * p.query_rows
-    launch(DELTA.variant(dtype_name(p.dtype)), (cdiv(rows, DELTA_ROWS_PER_CTA), 1, 1), 32 * DELTA_ROWS_PER_CTA,
-           flat_rows(args, p))
+def int32_arg(b, value):
+    """An int32 kernel argument of plan ``b``."""
+    arg = b.struct(numpy.dtype(numpy.int32))
+    arg[0] = value
+    return arg
 
 
-#: The device-side check of a packed batch (kernels_cu/common/checks.cu), for calls that must not
-#: synchronize with the host.
+def plan_delta(b, p, args):
+    """delta = rowsum(dO * O) into args' delta (and, where args hold them, the dQ buffers and turn
+    counters zeroed): a power-of-two group of lanes per row, 16 bytes each."""
+    per_lane = 16 // p.dtype.itemsize
+    lanes = 1
+    while lanes < 32 and per_lane * lanes < p.headdim_v:
+        lanes *= 2
+    ctas = min(cdiv(p.heads * p.query_rows, ROW_THREADS // lanes), ROW_KERNEL_MAX_CTAS)
+    b.launch(function(DELTA.variant(dtype_name(p.dtype))), (ctas, 1, 1), ROW_THREADS,
+             (flat_rows(b, args, p), int32_arg(b, lanes)))
+
+
+def plan_dq_convert(b, p, args):
+    """dQ = softmax_scale * (the sum of the float32 buffers), rounded to the inputs' dtype: a warp per row."""
+    ctas = min(cdiv(p.heads * p.query_rows, ROW_THREADS // 32), ROW_KERNEL_MAX_CTAS)
+    b.launch(function(DQ_CONVERT.variant(dtype_name(p.dtype))), (ctas, 1, 1), ROW_THREADS, (flat_rows(b, args, p),))
+
+
+#: The device-side check of a packed batch and the NaN fill it drives (kernels_cu/common/checks.cu), for
+#: calls that must not synchronize with the host.
 VARLEN_CHECK = _kernels.Kernel("varlen_check", "common/checks.cu", ())
-FILL_NAN_IF = _kernels.Kernel("fill_nan_if", "common/checks.cu", _kernels.ALL_DTYPES)
-_FILL_THREADS = 256
+FILL_NAN_IF = _kernels.Kernel("fill_nan_if", "common/checks.cu", ())
+CHECK_THREADS = 256
+FILL_MAX_CTAS = 1024
+#: The bit pattern of a quiet NaN of each dtype, by itemsize and name.
+_NAN_BITS = {"float16": 0x7E00, "bfloat16": 0x7FC0, "float32": 0x7FC00000, "float64": 0x7FF8000000000000}
 
 
-def varlen_check(p, q, k, v):
-    """A device flag set when the problem's cu_seqlens is malformed, or None when the host checked it."""
+def plan_varlen_check(b, p, q, k, v):
+    """A device flag (a workspace slot of plan ``b``) that the plan sets when the problem's cu_seqlens is
+    malformed, or None when the host checked it."""
     if not p.check_on_device:
         return None
-    bad = cupy.zeros(1, numpy.int32)
-    args = _params.new(_params.ATTN_ARGS)
-    set_attn(args, p, q, k, v)
-    launch(VARLEN_CHECK.variant(), (1, 1, 1), _FILL_THREADS, (args, bad))
+    bad = b.workspace((1,), numpy.int32)  # written by the kernel whatever it held
+    args = b.struct(_params.ATTN_ARGS)
+    args[0] = attn(p, q, k, v)
+    pointer = b.struct(numpy.dtype(numpy.uint64))
+    pointer[0] = bad.data.ptr
+    b.launch(function(VARLEN_CHECK.variant()), (1, 1, 1), CHECK_THREADS, (args, pointer))
     return bad
 
 
-def fill_nan_if(bad, *arrays):
-    """Turns every element of the (contiguous) ``arrays`` into NaN when the device flag ``bad`` is set."""
+def plan_fill_nan_if(b, bad, *results):
+    """Every element of up to three contiguous ``results`` (slots of plan ``b``) becomes NaN when the
+    device flag ``bad`` is set; nothing without a flag."""
     if bad is None:
         return
-    for x in arrays:
-        kernel = _kernels.get_kernel(FILL_NAN_IF.variant(dtype_name(x.dtype)))
-        kernel((min(cdiv(x.size, _FILL_THREADS), 1024), 1, 1), (_FILL_THREADS, 1, 1), (bad, x, numpy.int64(x.size)))
+    fill = b.struct(_params.NAN_FILL)
+    for i, x in enumerate(results):
+        fill["ptr"][0, i] = x.data.ptr
+        fill["words"][0, i] = x.size
+        fill["nan"][0, i] = _NAN_BITS[x.dtype.name]
+        fill["width"][0, i] = x.dtype.itemsize
+    pointer = b.struct(numpy.dtype(numpy.uint64))
+    pointer[0] = bad.data.ptr
+    ctas = min(cdiv(max(x.size for x in results), CHECK_THREADS), FILL_MAX_CTAS)
+    b.launch(function(FILL_NAN_IF.variant()), (max(ctas, 1), 1, 1), CHECK_THREADS, (pointer, fill))

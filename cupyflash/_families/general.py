@@ -2,10 +2,8 @@
 path of float32, float64, head dims above 256 and GPUs older than sm_80). kernels_cu/general/tile.cuh
 describes the tiles; every kernel is deterministic."""
 
-import cupy
-
 from .. import _kernels
-from .._validate import acc_dtype
+from .._problem import acc_dtype, lse_dtype
 from . import common
 
 #: Threads per CTA, score-tile rows (queries of the forward and dQ, keys of dK/dV) and columns, and
@@ -22,6 +20,16 @@ FWD = _kernels.Kernel("general_fwd", "general/fwd.cu", _kernels.ALL_DTYPES)
 DQ = _kernels.Kernel("general_bwd_dq", "general/bwd.cu", _kernels.ALL_DTYPES)
 DKDV = _kernels.Kernel("general_bwd_dkdv", "general/bwd.cu", _kernels.ALL_DTYPES)
 
+def cxx_facts():
+    """The family's constants as the kernels state them: (headers, {C++ expression: value}) for
+    tests/test_compile.py."""
+    facts = {}
+    for ctype in ("__half", "float", "double"):
+        traits = f"cupyflash::GeneralTraits<{ctype}>"
+        facts.update({f"{traits}::kThreads": THREADS, f"{traits}::kBlockM": BLOCK_M, f"{traits}::kBlockN": BLOCK_N,
+                      f"{traits}::kChunk": CHUNK})
+    return ("general/tile.cuh",), facts
+
 
 class GeneralForward:
     """Supports every problem on every device."""
@@ -29,13 +37,15 @@ class GeneralForward:
     name = "general"
     kernels = (FWD,)
 
-    def select(self, p, device):
+    def select(self, p, device, operands):
         return FWD.variant(common.dtype_name(p.dtype))
 
-    def run(self, variant, p, q, k, v, out, lse):
-        args = common.fwd_args(p, q, k, v, out, lse, common.sparse_lists(p, BLOCK_M, BLOCK_N))
+    def plan(self, b, variant, p, q, k, v, device):
+        out, lse = b.output(p.out_shape, p.dtype), b.output(p.lse_shape, lse_dtype(p.dtype))
+        args = common.fwd_args(b, p, q, k, v, out, lse, common.sparse_lists(b, p, BLOCK_M, BLOCK_N))
         grid = (common.cdiv(p.seqlen_q, BLOCK_M) * p.batch * p.heads, common.cdiv(p.headdim_v, CHUNK), 1)
-        common.launch(variant, grid, THREADS, args)
+        b.launch(common.function(variant), grid, THREADS, (args,))
+        return out, lse
 
 
 class GeneralBackward:
@@ -44,19 +54,21 @@ class GeneralBackward:
     name = "general"
     kernels = (common.DELTA, DQ, DKDV)
 
-    def select(self, p, device):
+    def select(self, p, device, operands):
         return DQ.variant(common.dtype_name(p.dtype))
 
-    def run(self, variant, p, dout, q, k, v, out, lse, deterministic):
-        dq, dk, dv = (cupy.empty(x.shape, dtype=p.dtype) for x in (q, k, v))
-        delta = cupy.empty(p.lse_shape, dtype=acc_dtype(p.dtype))
-        args = common.bwd_args(p, dout, q, k, v, out, lse, delta, dq, dk, dv, common.sparse_lists(p, BLOCK_M, BLOCK_N))
-        common.launch_delta(p, args)
+    def plan(self, b, variant, p, dout, q, k, v, out, lse, deterministic, device):
+        dq, dk, dv = (b.output(x.shape, p.dtype) for x in (q, k, v))
+        delta = b.workspace(p.lse_shape, acc_dtype(p.dtype))
+        lists = common.sparse_lists(b, p, BLOCK_M, BLOCK_N)
+        args = common.bwd_args(b, p, dout, q, k, v, out, lse, delta, dq, dk, dv, lists)
+        common.plan_delta(b, p, args)
         dtype = common.dtype_name(p.dtype)
         grid_dq = (common.cdiv(p.seqlen_q, BLOCK_M) * p.batch * p.heads, common.cdiv(p.headdim, CHUNK), 1)
-        common.launch(DQ.variant(dtype), grid_dq, THREADS, args)
-        grid_dkdv = (common.cdiv(p.seqlen_k, BLOCK_M) * p.batch * p.heads_k, common.cdiv(max(p.headdim, p.headdim_v), CHUNK), 1)
-        common.launch(DKDV.variant(dtype), grid_dkdv, THREADS, args)
+        b.launch(common.function(DQ.variant(dtype)), grid_dq, THREADS, (args,))
+        grid_dkdv = (common.cdiv(p.seqlen_k, BLOCK_M) * p.batch * p.heads_k,
+                     common.cdiv(max(p.headdim, p.headdim_v), CHUNK), 1)
+        b.launch(common.function(DKDV.variant(dtype)), grid_dkdv, THREADS, (args,))
         return dq, dk, dv
 
 

@@ -2,7 +2,6 @@
 head dims up to 256, on compute capability 8.0 and newer. kernels_cu/sm80/tile.cuh and bwd_tile.cuh
 describe the tiles; bench/NOTES.md has the measurements behind the tile tables below."""
 
-import cupy
 import numpy
 
 from .. import _kernels, _params
@@ -26,7 +25,7 @@ FWD_TILES = {
     224: ((64, 1), (32, 1)),
     256: ((64, 1), (32, 1)),
 }
-#: Query rows per CTA of the forward (TcFwdTraits::kBlockM).
+#: Query rows per CTA of the forward (Sm80FwdTraits::kBlockM).
 FWD_BLOCK_M = 128
 
 #: Backward tiles: head-dim bucket -> (keys per CTA kBlockN, queries per iteration kBlockM, query buffers
@@ -43,9 +42,8 @@ BWD_TILES = {
     224: ((64, 64, 2), (64, 64, 1)),
     256: ((64, 64, 2), (64, 64, 1)),
 }
-#: Threads per CTA of the backward (TcBwdTraits::kThreads) and of its row kernels (delta, dQ conversion).
+#: Threads per CTA of the backward (Sm80BwdTraits::kThreads).
 BWD_THREADS = 256
-ROW_THREADS = 256
 #: float32 dQ buffers of the deterministic backward: the ordered sum runs per buffer, so without a
 #: causal mask its start-up chain (one hand-over per key tile) is this many times shorter.
 DETERMINISTIC_DQ_SPLITS = 2
@@ -58,10 +56,6 @@ BWD = _kernels.Kernel(
     "sm80_bwd", "sm80/bwd.cu", _kernels.HALF_DTYPES, ("headdim", "block_n", "block_m", "stages"),
     tuple((d, *tile) for d, choices in BWD_TILES.items() for tile in choices), ("score_mod",),
 )
-DQ_CONVERT = _kernels.Kernel("sm80_bwd_dq_convert", "sm80/bwd.cu", _kernels.HALF_DTYPES)
-DELTA = _kernels.Kernel("sm80_bwd_delta", "sm80/bwd.cu", _kernels.HALF_DTYPES)
-#: Grid cap of the row-walking kernels (delta, dQ conversion): grid-stride loops cover the rest.
-ROW_KERNEL_MAX_CTAS = 1 << 16
 
 
 def headdim_bucket(headdim, headdim_v, buckets=tuple(FWD_TILES)):
@@ -71,7 +65,7 @@ def headdim_bucket(headdim, headdim_v, buckets=tuple(FWD_TILES)):
 
 
 def fwd_smem_bytes(variant):
-    """Dynamic shared memory of a forward variant (TcFwdTraits::kSmemBytes).
+    """Dynamic shared memory of a forward variant (Sm80FwdTraits::kSmemBytes).
 
     The Q tile plus 2 or 3 stages of K and V tiles (3 where they fit in 99 KB), rows padded by 8
     elements, and the per-CTA state. The kernel traps if launched with less than its traits require.
@@ -84,12 +78,12 @@ def fwd_smem_bytes(variant):
 
 
 def fwd_threads(variant):
-    """Threads per CTA of a forward variant (TcFwdTraits::kThreads)."""
+    """Threads per CTA of a forward variant (Sm80FwdTraits::kThreads)."""
     return 32 * FWD_BLOCK_M // (16 * variant.param("m_tiles"))
 
 
 def bwd_smem_bytes(variant):
-    """Dynamic shared memory of a backward variant (TcBwdTraits::kSmemBytes).
+    """Dynamic shared memory of a backward variant (Sm80BwdTraits::kSmemBytes).
 
     K and V tiles (block_n rows), ``stages`` buffers of Q and dO (block_m rows), rows padded by 8
     elements; P^T and dS^T (block_n x block_m, padded by 8); ``stages`` buffers of lse and delta; the
@@ -109,13 +103,29 @@ def _bucket(p, device, buckets):
     return headdim_bucket(p.headdim, p.headdim_v, buckets)
 
 
-class TcForward:
+def cxx_facts():
+    """The family's constants and the shared memory and threads of every variant, as the kernels state
+    them: (headers, {C++ expression: value}) for tests/test_compile.py."""
+    facts = {"cupyflash::kCtaStateBytes": CTA_STATE_BYTES}
+    for v in FWD.variants():
+        traits = f"cupyflash::Sm80FwdTraits<__half, {', '.join(map(str, v.tile))}>"
+        facts[f"{traits}::kSmemBytes"] = fwd_smem_bytes(v)
+        facts[f"{traits}::kThreads"] = fwd_threads(v)
+        facts[f"{traits}::kBlockM"] = FWD_BLOCK_M
+    for v in BWD.variants():
+        traits = f"cupyflash::Sm80BwdTraits<__half, {', '.join(map(str, v.tile))}>"
+        facts[f"{traits}::kSmemBytes"] = bwd_smem_bytes(v)
+        facts[f"{traits}::kThreads"] = BWD_THREADS
+    return ("sm80/tile.cuh", "sm80/bwd_tile.cuh"), facts
+
+
+class Sm80Forward:
     """float16/bfloat16, head dims up to 256, sm_80+: the first tile of the bucket that fits."""
 
     name = "sm80"
     kernels = (FWD,)
 
-    def select(self, p, device):
+    def select(self, p, device, operands):
         bucket = _bucket(p, device, tuple(FWD_TILES))
         if bucket is None:
             return None
@@ -125,14 +135,17 @@ class TcForward:
                 return variant
         return None
 
-    def run(self, variant, p, q, k, v, out, lse):
-        lists = common.sparse_lists(p, FWD_BLOCK_M, variant.param("block_n"))
-        args = common.fwd_args(p, q, k, v, out, lse, lists)
+    def plan(self, b, variant, p, q, k, v, device):
+        out, lse = b.output(p.out_shape, p.dtype), b.output(p.lse_shape, numpy.float32)
+        lists = common.sparse_lists(b, p, FWD_BLOCK_M, variant.param("block_n"))
+        args = common.fwd_args(b, p, q, k, v, out, lse, lists)
         grid = (common.cdiv(p.seqlen_q, FWD_BLOCK_M) * p.batch * p.heads, 1, 1)
-        common.launch(variant, grid, fwd_threads(variant), args, fwd_smem_bytes(variant))
+        smem = fwd_smem_bytes(variant)
+        b.launch(common.function(variant, smem), grid, fwd_threads(variant), (args,), smem)
+        return out, lse
 
 
-class TcBackward:
+class Sm80Backward:
     """float16/bfloat16, head dims up to 256, sm_80+: the first tile of the bucket that fits.
 
     dQ is summed over key tiles in float32 buffers of (batch, heads, seqlen_q, headdim rounded up to
@@ -142,9 +155,9 @@ class TcBackward:
     """
 
     name = "sm80"
-    kernels = (DELTA, BWD, DQ_CONVERT)
+    kernels = (common.DELTA, BWD, common.DQ_CONVERT)
 
-    def select(self, p, device):
+    def select(self, p, device, operands):
         bucket = _bucket(p, device, tuple(BWD_TILES))
         if bucket is None:
             return None
@@ -154,55 +167,40 @@ class TcBackward:
                 return variant
         return None
 
-    def run(self, variant, p, dout, q, k, v, out, lse, deterministic):
+    def plan(self, b, variant, p, dout, q, k, v, out, lse, deterministic, device):
         block_n, block_m = variant.param("block_n"), variant.param("block_m")
-        args, grads, _scratch = backward_args(p, dout, q, k, v, out, lse, block_m, block_n, deterministic)
+        args, grads, _ = backward_buffers(b, p, dout, q, k, v, out, lse, block_m, block_n, deterministic)
+        common.plan_delta(b, p, args)
         grid = (common.cdiv(p.seqlen_k, block_n) * p.batch * p.heads_k, 1, 1)
-        common.launch(variant, grid, BWD_THREADS, args, bwd_smem_bytes(variant))
-        convert_dq(args, p)
+        smem = bwd_smem_bytes(variant)
+        b.launch(common.function(variant, smem), grid, BWD_THREADS, (args,), smem)
+        common.plan_dq_convert(b, p, args)
         return grads
 
 
-def backward_args(p, dout, q, k, v, out, lse, block_m, block_n, deterministic, dq_align=2):
+def backward_buffers(b, p, dout, q, k, v, out, lse, block_m, block_n, deterministic, dq_align=2):
     """The ``BwdArgs`` of a tensor-core backward with tiles of ``block_m`` queries and ``block_n`` keys,
-    delta computed into it; the gradients (empty); and the scratch arrays it points at (delta, the
-    zeroed float32 dQ buffers, whose rows are the head dim rounded up to ``dq_align`` floats, and, with
-    ``deterministic``, the turn counters of the ordered sum), which the caller keeps referenced until its
-    last launch is enqueued. Used by the sm90 family too."""
-    dq, dk, dv = (cupy.empty(x.shape, dtype=p.dtype) for x in (q, k, v))
-    delta = cupy.empty(p.lse_shape, dtype=numpy.float32)
+    in plan ``b``; the gradients (outputs); and the float32 dQ buffers (workspace), whose rows are the
+    head dim rounded up to ``dq_align`` floats. The workspace also holds delta and, with
+    ``deterministic``, the turn counters of the ordered sum; the delta kernel zeroes the buffers and the
+    counters (common.plan_delta). Used by the sm90 family too."""
+    dq, dk, dv = (b.output(x.shape, p.dtype) for x in (q, k, v))
+    delta = b.workspace(p.lse_shape, numpy.float32)
     # Even rows keep every float32 pair of the buffer 8-byte aligned for the vector reductions.
     dq_ld = common.cdiv(p.headdim, dq_align) * dq_align
     splits = DETERMINISTIC_DQ_SPLITS if deterministic else 1
-    dq_accum = cupy.zeros((splits, p.heads * p.query_rows * dq_ld), dtype=numpy.float32)
+    dq_accum = b.workspace((splits, p.heads * p.query_rows * dq_ld), numpy.float32)
     # One turn counter per (buffer, batch, head, query tile) for the ordered sum; none otherwise (the
     # kernels read them only when deterministic).
     turns_per_split = p.batch * p.heads * common.cdiv(p.seqlen_q, block_m)
-    turns = cupy.zeros(splits * turns_per_split, numpy.int32) if deterministic else None
+    turns = b.workspace((splits * turns_per_split,), numpy.int32) if deterministic else None
     accum_strides = (0, p.total_q) if p.varlen else (p.heads * p.seqlen_q, p.seqlen_q)
     dq_fields = (_params.rows(dq_accum, *accum_strides), _params.pointer(turns), dq_accum.shape[1], turns_per_split,
                  dq_ld, splits, int(bool(deterministic)))
-    args = common.bwd_args(p, dout, q, k, v, out, lse, delta, dq, dk, dv, common.sparse_lists(p, block_m, block_n),
+    args = common.bwd_args(b, p, dout, q, k, v, out, lse, delta, dq, dk, dv, common.sparse_lists(b, p, block_m, block_n),
                            dq_fields)
-    launch_delta(p, args)
-    return args, (dq, dk, dv), (delta, dq_accum, turns)
+    return args, (dq, dk, dv), dq_accum
 
 
-def launch_delta(p, args):
-    """delta = rowsum(dO * O) into args' delta: a power-of-two group of lanes per row, 8 elements each."""
-    lanes = 1
-    while lanes < 32 and 8 * lanes < p.headdim_v:
-        lanes *= 2
-    ctas = min(common.cdiv(p.heads * p.query_rows, ROW_THREADS // lanes), ROW_KERNEL_MAX_CTAS)
-    common.launch(DELTA.variant(common.dtype_name(p.dtype)), (ctas, 1, 1), ROW_THREADS,
-                  (common.flat_rows(args, p), numpy.int32(lanes)))
-
-
-def convert_dq(args, p):
-    """dQ = softmax_scale * (the sum of the float32 buffers), rounded to the inputs' dtype: a warp per row."""
-    ctas = min(common.cdiv(p.heads * p.query_rows, ROW_THREADS // 32), ROW_KERNEL_MAX_CTAS)
-    common.launch(DQ_CONVERT.variant(common.dtype_name(p.dtype)), (ctas, 1, 1), ROW_THREADS, common.flat_rows(args, p))
-
-
-FORWARD = TcForward()
-BACKWARD = TcBackward()
+FORWARD = Sm80Forward()
+BACKWARD = Sm80Backward()

@@ -4,16 +4,15 @@ bench/NOTES.md has the measurements behind the tile table).
 
 The kernels read q, k and v through TMA tensor maps, which this module builds on the host with the
 driver's ``cuTensorMapEncodeTiled`` (through ctypes: CuPy does not wrap it). A TMA needs 16-byte aligned
-bases and strides; inputs that do not have them take the sm80 family's kernels.
+bases and strides; dispatch gives inputs that do not have them to the sm80 family.
 """
 
 import ctypes
 import functools
 
-import cupy
 import numpy
 
-from .. import _kernels
+from .. import _kernels, _plan
 from . import common, sm80
 
 #: The only compute capability whose cubins these are (sm_90a code runs nowhere else).
@@ -131,45 +130,33 @@ def _views(x, varlen):
 
 
 def tma_addressable(x, varlen):
-    """Whether a TMA can read ``x``: 16-byte aligned base, and every stride of an axis longer than one a
-    positive multiple of 16 bytes below 2^40 (so a contiguous 16-bit tensor needs headdim % 8 == 0)."""
+    """Whether a TMA can read ``x`` (an array or a plan slot): 16-byte aligned base, and every stride of
+    an axis longer than one a positive multiple of 16 bytes below 2^40 (so a contiguous 16-bit tensor
+    needs headdim % 8 == 0)."""
     dims, strides = _views(x, varlen)
-    if x.data.ptr % 16:
+    if not _plan.aligned16(x):
         return False
     return all(n == 1 or (0 < s < _TMA_MAX_STRIDE and s % 16 == 0) for n, s in zip(dims[1:], strides))
 
 
-#: Encoded maps by (address, dtype, dims, strides, box): a map depends on nothing else, and CuPy's
-#: memory pool hands the same addresses out again, so repeated calls skip the driver.
-_maps = {}
-_MAX_CACHED_MAPS = 256
-
-
-def tensor_map(x, varlen, box_rows):
-    """The 128-byte CUtensorMap of ``x`` with a box of 64 columns by ``box_rows`` rows, 128-byte swizzle,
-    out-of-bounds elements read as zeros."""
+def tensor_map(b, maps, field, x, varlen, box_rows):
+    """``maps[field]`` (a struct of plan ``b``) becomes the 128-byte CUtensorMap of slot ``x`` with a box of
+    64 columns by ``box_rows`` rows, 128-byte swizzle, out-of-bounds elements read as zeros."""
     dims, strides = _views(x, varlen)
-    return _cached_map(x.data.ptr, _TMA_DTYPE[x.dtype.name], dims, strides, (64, box_rows, 1, 1))
+    b.tensor_map(maps, field, x, functools.partial(_encode, dtype_code=_TMA_DTYPE[x.dtype.name], dims=dims,
+                                                   strides=strides, box=(64, box_rows, 1, 1)))
 
 
-def accum_map(dq_accum, p, dq_ld, box_rows):
-    """The CUtensorMap of the float32 dQ buffers (sm80.backward_args) as the 5-D view (dq_ld, rows,
-    heads, batch, buffer), with a box of 32 columns (128 bytes) by ``box_rows`` rows, 128-byte swizzle."""
+def accum_map(b, maps, field, dq_accum, p, dq_ld, box_rows):
+    """``maps[field]`` becomes the CUtensorMap of the float32 dQ buffers (sm80.backward_buffers) as the 5-D
+    view (dq_ld, rows, heads, batch, buffer), with a box of 32 columns (128 bytes) by ``box_rows`` rows,
+    128-byte swizzle."""
     rows, batch = (p.total_q, 1) if p.varlen else (p.seqlen_q, p.batch)
     row_bytes = dq_ld * 4
     dims = (dq_ld, rows, p.heads, batch, dq_accum.shape[0])
     strides = (row_bytes, rows * row_bytes, p.heads * rows * row_bytes, dq_accum.strides[0])
-    return _cached_map(dq_accum.data.ptr, _TMA_FLOAT32, dims, strides, (32, box_rows, 1, 1, 1))
-
-
-def _cached_map(ptr, dtype_code, dims, strides, box):
-    key = (ptr, dtype_code, dims, strides, box)
-    encoded = _maps.get(key)
-    if encoded is None:
-        if len(_maps) >= _MAX_CACHED_MAPS:
-            _maps.clear()
-        encoded = _maps[key] = _encode(ptr, dtype_code, dims, strides, box)
-    return encoded
+    b.tensor_map(maps, field, dq_accum, functools.partial(_encode, dtype_code=_TMA_FLOAT32, dims=dims, strides=strides,
+                                                          box=(32, box_rows, 1, 1, 1)))
 
 
 def _encode(ptr, dtype_code, dims, strides, box):
@@ -189,17 +176,35 @@ def _encode(ptr, dtype_code, dims, strides, box):
     return bytes(out)
 
 
+def cxx_facts():
+    """The family's constants, shared memory and extra kernel parameters as the kernels state them:
+    (headers, {C++ expression: value}) for tests/test_compile.py (the driver copies each parameter's
+    bytes to its offset, so the host buffers need no particular alignment)."""
+    facts = {"sizeof(cupyflash::Sm90FwdMaps)": MAPS.itemsize, "sizeof(cupyflash::Sm90Schedule)": SCHEDULE.itemsize,
+             "alignof(cupyflash::Sm90Schedule)": SCHEDULE.alignment, "sizeof(cupyflash::Sm90BwdMaps)": BWD_MAPS.itemsize}
+    for v in FWD.variants():
+        traits = f"cupyflash::Sm90FwdTraits<__half, {', '.join(map(str, v.tile))}>"
+        facts.update({f"{traits}::kSmemBytes": fwd_smem_bytes(v), f"{traits}::kThreads": FWD_THREADS,
+                      f"{traits}::kBlockM": FWD_BLOCK_M})
+    for v in BWD.variants():
+        traits = f"cupyflash::Sm90BwdTraits<__half, {', '.join(map(str, v.tile))}>"
+        facts.update({f"{traits}::kSmemBytes": bwd_smem_bytes(v), f"{traits}::kThreads": BWD_THREADS,
+                      f"{traits}::kBlockN": BWD_BLOCK_N})
+    return ("sm90/fwd.cu", "sm90/bwd.cu"), facts
+
+
 class Sm90Forward:
-    """float16/bfloat16 on compute capability 9.0, head dims up to 256."""
+    """float16/bfloat16 on compute capability 9.0, head dims up to 256, inputs a TMA can address (other
+    inputs take the sm80 family)."""
 
     name = "sm90"
     kernels = (FWD,)
 
-    def select(self, p, device):
+    def select(self, p, device, operands):
         if p.dtype.itemsize != 2 or device.capability != CAPABILITY:
             return None
         dims = bucket(p.headdim, p.headdim_v)
-        if dims is None:
+        if dims is None or not all(tma_addressable(x, p.varlen) for x in operands):
             return None
         # The plain kernels fold softmax_scale into the exponent after the row maximum, which needs a
         # positive scale; the score_mod kernels scale first.
@@ -207,62 +212,63 @@ class Sm90Forward:
         variant = FWD.variant(common.dtype_name(p.dtype), (*dims, *FWD_TILES[dims]), score_mod=score_mod)
         return variant if fwd_smem_bytes(variant) <= device.smem_optin else None
 
-    def run(self, variant, p, q, k, v, out, lse):
-        if not all(tma_addressable(x, p.varlen) for x in (q, k, v)):
-            fallback = sm80.FORWARD
-            return fallback.run(fallback.select(p, common.current_device()), p, q, k, v, out, lse)
+    def plan(self, b, variant, p, q, k, v, device):
         block_n = variant.param("block_n")
-        lists = common.sparse_lists(p, FWD_BLOCK_M, block_n)
-        args = common.fwd_args(p, q, k, v, out, lse, lists)
-        encoded = tensor_map(q, p.varlen, FWD_BLOCK_M) + tensor_map(k, p.varlen, block_n) + tensor_map(v, p.varlen, block_n)
-        maps = numpy.frombuffer(encoded, MAPS).copy()
+        out, lse = b.output(p.out_shape, p.dtype), b.output(p.lse_shape, numpy.float32)
+        lists = common.sparse_lists(b, p, FWD_BLOCK_M, block_n)
+        args = common.fwd_args(b, p, q, k, v, out, lse, lists)
+        maps = b.struct(MAPS)
+        for field, x, rows in (("q", q, FWD_BLOCK_M), ("k", k, block_n), ("v", v, block_n)):
+            tensor_map(b, maps, field, x, p.varlen, rows)
         # Persistent: one CTA per SM walks the work tiles (fewer CTAs when there are fewer tiles). Tiles
-        # of unequal length (a mask, packed sequences, KV caches) go longest first, to whichever CTA is free.
+        # of unequal length (a mask, packed sequences, KV caches) go longest first, to whichever CTA is free,
+        # through a counter zeroed before each launch.
         work = common.cdiv(p.seqlen_q, FWD_BLOCK_M) * p.batch * p.heads
-        grid = (min(work, common.current_device().sm_count), 1, 1)
-        schedule = numpy.zeros(1, SCHEDULE)
+        schedule = b.struct(SCHEDULE)
         if (p.varlen or p.seqused_k is not None or p.block_mask is not None or p.window_left >= 0
                 or p.window_right >= 0):
-            counter = cupy.zeros(1, numpy.int32)
             schedule["longest_first"] = 1
-            schedule["next_work"] = counter.data.ptr
-        common.launch(variant, grid, FWD_THREADS, (args, maps, schedule), fwd_smem_bytes(variant))
+            schedule["next_work"] = b.workspace((1,), numpy.int32, zeroed=True).data.ptr
+        smem = fwd_smem_bytes(variant)
+        b.launch(common.function(variant, smem), (min(work, device.sm_count), 1, 1), FWD_THREADS,
+                 (args, maps, schedule), smem)
+        return out, lse
 
 
 class Sm90Backward:
-    """float16/bfloat16 on compute capability 9.0, head dims up to 128 (BWD_TILES).
+    """float16/bfloat16 on compute capability 9.0, head dims up to 128 (BWD_TILES), inputs a TMA can
+    address.
 
     The argument setup, delta, the float32 dQ buffers, the ordered sum of the deterministic mode and
     the dQ conversion are the sm80 family's; only the main kernel differs.
     """
 
     name = "sm90"
-    kernels = (sm80.DELTA, BWD, sm80.DQ_CONVERT)
+    kernels = (common.DELTA, BWD, common.DQ_CONVERT)
 
-    def select(self, p, device):
+    def select(self, p, device, operands):
         if p.dtype.itemsize != 2 or device.capability != CAPABILITY:
             return None
         dims = bucket(p.headdim, p.headdim_v, tuple(BWD_TILES))
-        if dims is None:
+        if dims is None or not all(tma_addressable(x, p.varlen) for x in operands):
             return None
         variant = BWD.variant(common.dtype_name(p.dtype), (*dims, *BWD_TILES[dims]), score_mod=p.score_mod)
         return variant if bwd_smem_bytes(variant) <= device.smem_optin else None
 
-    def run(self, variant, p, dout, q, k, v, out, lse, deterministic):
-        if not all(tma_addressable(x, p.varlen) for x in (q, k, v, dout)):
-            fallback = sm80.BACKWARD
-            return fallback.run(fallback.select(p, common.current_device()), p, dout, q, k, v, out, lse, deterministic)
+    def plan(self, b, variant, p, dout, q, k, v, out, lse, deterministic, device):
         block_m = variant.param("block_m")
         # The TMA reductions need 16-byte rows in the dQ buffers.
-        args, grads, (_delta, dq_accum, _turns) = sm80.backward_args(p, dout, q, k, v, out, lse, block_m, BWD_BLOCK_N,
-                                                                     deterministic, dq_align=4)
-        encoded = (tensor_map(q, p.varlen, block_m) + tensor_map(k, p.varlen, BWD_BLOCK_N)
-                   + tensor_map(v, p.varlen, BWD_BLOCK_N) + tensor_map(dout, p.varlen, block_m)
-                   + accum_map(dq_accum, p, int(args["dq_ld"][0]), block_m))
-        maps = numpy.frombuffer(encoded, BWD_MAPS).copy()
+        args, grads, dq_accum = sm80.backward_buffers(b, p, dout, q, k, v, out, lse, block_m, BWD_BLOCK_N,
+                                                      deterministic, dq_align=4)
+        common.plan_delta(b, p, args)
+        maps = b.struct(BWD_MAPS)
+        for field, x, rows in (("q", q, block_m), ("k", k, BWD_BLOCK_N), ("v", v, BWD_BLOCK_N), ("dout", dout, block_m)):
+            tensor_map(b, maps, field, x, p.varlen, rows)
+        accum_map(b, maps, "dq_accum", dq_accum, p, int(args["dq_ld"][0]), block_m)
         grid = (common.cdiv(p.seqlen_k, BWD_BLOCK_N) * p.batch * p.heads_k, 1, 1)
-        common.launch(variant, grid, BWD_THREADS, (args, maps), bwd_smem_bytes(variant))
-        sm80.convert_dq(args, p)
+        smem = bwd_smem_bytes(variant)
+        b.launch(common.function(variant, smem), grid, BWD_THREADS, (args, maps), smem)
+        common.plan_dq_convert(b, p, args)
         return grads
 
 

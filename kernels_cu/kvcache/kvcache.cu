@@ -434,6 +434,10 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
 // ------------------------------------------------------------------------------------------------
 // Merging the splits.
 
+// Largest num_splits: the combine keeps every split's weight in shared memory (cupyflash/_kvcache/call.py
+// MAX_SPLITS).
+constexpr int kCombineMaxSplits = 256;
+
 // One CTA per output row (b, i, h): lse = ln sum_s exp(lse_s) and out = sum_s exp(lse_s - lse) out_s,
 // shifted by the largest lse_s. Splits that saw no key (lse_s = -inf) weigh 0; a row no split saw is 0
 // with lse -inf; a NaN lse_s makes the row NaN. The threads read the splits' lse together and keep
@@ -442,7 +446,7 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
 // the four warps' sums are added through shared memory.
 template <typename T>
 __global__ void __launch_bounds__(128) kvc_combine(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
-    constexpr int kWarps = 4, kMaxSplits = 256, kMaxCols = 256, kColsPerLane = kMaxCols / 32;
+    constexpr int kWarps = 4, kMaxSplits = kCombineMaxSplits, kMaxCols = 256, kColsPerLane = kMaxCols / 32;
     __shared__ float weights[kMaxSplits];
     __shared__ float reduce[kWarps];
     __shared__ float sums[kWarps][kMaxCols];

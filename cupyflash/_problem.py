@@ -1,9 +1,11 @@
-"""Input checks, run before anything is launched.
+"""The problem of a call: its checks, run once at the public boundary before anything is launched, and
+the :class:`Problem` they return, which the compute layer (cupyflash/_compute.py) and everything under
+it take as valid.
 
 TypeError for wrong kinds and dtypes, ValueError for wrong shapes, values and devices; each message
 names the argument, what was expected and what was received. :func:`arrays` normalizes the array
-arguments (big-endian NumPy arrays are converted, masked arrays refused); the problem functions return
-a :class:`Problem` that the NumPy and CUDA paths share.
+arguments (big-endian NumPy arrays are converted, masked arrays refused). The check_* functions are the
+checks of single arguments, for the other entry points (KV caches, rings, merges).
 """
 
 import dataclasses
@@ -22,12 +24,11 @@ SUPPORTED_DTYPES = {
 }
 _SUPPORTED_TEXT = "float16, bfloat16, float32 or float64"
 
-#: Query blocks * batch * heads (and key blocks * batch * kv heads) index one grid axis of 2^31 - 1 CTAs,
-#: as do the rows of the delta preprocess, 4 per CTA.
+#: Query tiles * batch * heads (and key tiles * batch * kv heads) index one grid axis of 2^31 - 1 CTAs.
+#: GRID_TILE_ROWS is the fewest rows (or keys) a CTA of any kernel takes: the general family's tiles
+#: (tests/test_compile.py checks it against every family's).
 _MAX_GRID_X = 2**31 - 1
-_GRID_ROWS = 32
-#: Rows of general_bwd_delta per CTA (one warp each).
-DELTA_ROWS_PER_CTA = 4
+GRID_TILE_ROWS = 32
 #: Sequence lengths and head dims are 32-bit in the kernels, with room for a block past the end.
 _MAX_SIZE = 2**31 - 1024
 #: Largest finite float32, and the smallest normal one.
@@ -121,7 +122,7 @@ class Problem:
         return 0 in (self.batch, self.seqlen_q, self.heads, self.seqlen_k)
 
 
-def _array_module(named):
+def array_module(named):
     """numpy or cupy for the arrays in ``named`` (name -> array); TypeError for anything else or a mix."""
     cupy = _cupy()
     kinds = {}
@@ -155,7 +156,7 @@ def arrays(**named):
     on native values either way, and the results come back in the native dtype. Returns the arrays in
     the order given.
     """
-    xp = _array_module(named)
+    xp = array_module(named)
     out = []
     for array in named.values():
         if xp is numpy and not array.dtype.isnative and array.dtype.newbyteorder("=") in SUPPORTED_DTYPES.values():
@@ -164,7 +165,7 @@ def arrays(**named):
     return out
 
 
-def _check_dtypes(named, dtype_of="q"):
+def check_dtypes(named, dtype_of="q"):
     reference = named[dtype_of].dtype
     if reference not in SUPPORTED_DTYPES.values():
         raise TypeError(f"{dtype_of} has dtype {reference}; expected {_SUPPORTED_TEXT}")
@@ -174,7 +175,7 @@ def _check_dtypes(named, dtype_of="q"):
     return reference
 
 
-def _check_rank(name, array, axes):
+def check_rank(name, array, axes):
     if array.ndim != len(axes):
         raise ValueError(
             f"{name}: {array.ndim}-dimensional array given. Array must be {len(axes)}-dimensional "
@@ -182,7 +183,7 @@ def _check_rank(name, array, axes):
         )
 
 
-def _check_devices(xp, named):
+def check_devices(xp, named):
     if xp is numpy:
         return
     current = xp.cuda.Device().id
@@ -194,7 +195,7 @@ def _check_devices(xp, named):
             )
 
 
-def _is_int(value):
+def is_int(value):
     return isinstance(value, numbers.Integral) and not isinstance(value, (bool, numpy.bool_))
 
 
@@ -205,7 +206,7 @@ def check_flag(name, value):
     return bool(value)
 
 
-def _softmax_scale(value, headdim, dtype):
+def check_softmax_scale(value, headdim, dtype):
     if value is None:
         return 1.0 / math.sqrt(headdim)
     if isinstance(value, (bool, numpy.bool_)) or not isinstance(value, numbers.Real):
@@ -222,13 +223,13 @@ def _softmax_scale(value, headdim, dtype):
     return value
 
 
-def _window(window_size, causal):
+def check_window(window_size, causal):
     """(left, right) with -1 for an unbounded side; causal caps right at 0."""
     if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
         raise TypeError(f"window_size must be a pair (left, right) of ints, got {window_size!r}")
     left, right = window_size
     for name, value in (("left", left), ("right", right)):
-        if not _is_int(value):
+        if not is_int(value):
             raise TypeError(f"window_size {name} must be an int, got {type(value).__name__} {value!r}")
         if value < -1:
             raise ValueError(f"window_size {name} must be -1 (unbounded) or at least 0, got {value}")
@@ -237,7 +238,7 @@ def _window(window_size, causal):
     return left, 0 if causal else right
 
 
-def _softcap(value, dtype, softmax_scale):
+def check_softcap(value, dtype, softmax_scale):
     if isinstance(value, (bool, numpy.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"softcap must be a real number, got {type(value).__name__} {value!r}")
     value = float(value)
@@ -257,10 +258,10 @@ def _softcap(value, dtype, softmax_scale):
     return value
 
 
-def _alibi_slopes(slopes, xp, batch, heads):
+def check_alibi_slopes(slopes, xp, batch, heads):
     if slopes is None:
         return None
-    kind = _array_module({"alibi_slopes": slopes})
+    kind = array_module({"alibi_slopes": slopes})
     if kind is not xp:
         raise TypeError(
             f"alibi_slopes must be a {'cupy' if xp is not numpy else 'numpy'} array like q, got a "
@@ -278,11 +279,11 @@ def _alibi_slopes(slopes, xp, batch, heads):
         bad = numpy.argwhere(~numpy.isfinite(slopes))
         raise ValueError(f"alibi_slopes must be finite; got {slopes[tuple(bad[0])]} at index {tuple(int(i) for i in bad[0])} "
                          f"({len(bad)} non-finite of {slopes.size})")
-    _check_devices(xp, {"alibi_slopes": slopes})
+    check_devices(xp, {"alibi_slopes": slopes})
     return xp.ascontiguousarray(slopes)
 
 
-def _block_mask(mask, batch, heads, seqlen_q, seqlen_k):
+def check_block_mask(mask, batch, heads, seqlen_q, seqlen_k):
     if mask is None:
         return None
     from ._block_mask import BlockMask
@@ -303,7 +304,7 @@ def _block_mask(mask, batch, heads, seqlen_q, seqlen_k):
     return mask
 
 
-def _check_heads(heads, heads_k):
+def check_heads(heads, heads_k):
     if heads_k == 0 and heads > 0 or heads_k > 0 and heads % heads_k != 0:
         raise ValueError(
             f"the number of query heads must be a multiple of the number of kv heads; got q {heads} heads, "
@@ -311,18 +312,14 @@ def _check_heads(heads, heads_k):
         )
 
 
-def _check_sizes(sizes):
+def check_sizes(sizes):
     for name, size in sizes:
         if size > _MAX_SIZE:
             raise ValueError(f"{name} must be at most {_MAX_SIZE} (32-bit kernel indices), got {size}")
 
 
-def _check_grid(batch, seqlen_q, seqlen_k, heads, heads_k, rows):
-    blocks = max(
-        -(-seqlen_q // _GRID_ROWS) * heads * batch,
-        -(-seqlen_k // _GRID_ROWS) * heads_k * batch,
-        -(-(rows * heads) // DELTA_ROWS_PER_CTA),
-    )
+def check_grid(batch, seqlen_q, seqlen_k, heads, heads_k):
+    blocks = max(-(-seqlen_q // GRID_TILE_ROWS) * heads * batch, -(-seqlen_k // GRID_TILE_ROWS) * heads_k * batch)
     if blocks > _MAX_GRID_X:
         raise ValueError(
             f"problem too large for one launch: {blocks} blocks of rows over batch * heads; at most {_MAX_GRID_X}"
@@ -331,13 +328,13 @@ def _check_grid(batch, seqlen_q, seqlen_k, heads, heads_k, rows):
 
 def _options(p, causal, window_size, softcap, alibi_slopes, block_mask):
     """Completes problem fields ``p`` (a dict) with the mask and the score modifications."""
-    p["window_left"], p["window_right"] = _window(window_size, check_flag("causal", causal))
-    p["softcap"] = _softcap(softcap, p["dtype"], p["softmax_scale"])
-    p["alibi_slopes"] = _alibi_slopes(alibi_slopes, p["xp"], p["batch"], p["heads"])
+    p["window_left"], p["window_right"] = check_window(window_size, check_flag("causal", causal))
+    p["softcap"] = check_softcap(softcap, p["dtype"], p["softmax_scale"])
+    p["alibi_slopes"] = check_alibi_slopes(alibi_slopes, p["xp"], p["batch"], p["heads"])
     if block_mask is not None:
         if p.get("cu_seqlens_q") is not None:
             raise TypeError("block_mask is not supported with packed (varlen) batches")
-        p["block_mask"] = _block_mask(block_mask, p["batch"], p["heads"], p["seqlen_q"], p["seqlen_k"])
+        p["block_mask"] = check_block_mask(block_mask, p["batch"], p["heads"], p["seqlen_q"], p["seqlen_k"])
     return Problem(**p)
 
 
@@ -351,7 +348,7 @@ def _heads_and_dims(q, k, v):
         raise ValueError(f"q and k must have the same headdim; got q {headdim}, k {k.shape[-1]}")
     if headdim < 1 or headdim_v < 1:
         raise ValueError(f"headdim must be at least 1; got q/k headdim {headdim}, v headdim {headdim_v}")
-    _check_heads(heads, heads_k)
+    check_heads(heads, heads_k)
     return heads, heads_k, headdim, headdim_v
 
 
@@ -359,10 +356,10 @@ def forward_problem(q, k, v, *, causal=False, softmax_scale=None, window_size=(-
                     alibi_slopes=None, block_mask=None):
     """Check the inputs of a forward call (after :func:`arrays`) and return its :class:`Problem`."""
     named = {"q": q, "k": k, "v": v}
-    xp = _array_module(named)
-    dtype = _check_dtypes(named)
+    xp = array_module(named)
+    dtype = check_dtypes(named)
     for name, array in named.items():
-        _check_rank(name, array, ("batch", "seqlen", "heads", "headdim"))
+        check_rank(name, array, ("batch", "seqlen", "heads", "headdim"))
     batch, seqlen_q = q.shape[:2]
     seqlen_k = k.shape[1]
     if k.shape[0] != batch or v.shape[0] != batch:
@@ -370,16 +367,16 @@ def forward_problem(q, k, v, *, causal=False, softmax_scale=None, window_size=(-
     if v.shape[1] != seqlen_k:
         raise ValueError(f"k and v must have the same seqlen; got k {seqlen_k}, v {v.shape[1]}")
     heads, heads_k, headdim, headdim_v = _heads_and_dims(q, k, v)
-    _check_sizes((("seqlen_q", seqlen_q), ("seqlen_k", seqlen_k), ("headdim", headdim), ("headdim_v", headdim_v)))
-    _check_grid(batch, seqlen_q, seqlen_k, heads, heads_k, batch * seqlen_q)
-    _check_devices(xp, named)
+    check_sizes((("seqlen_q", seqlen_q), ("seqlen_k", seqlen_k), ("headdim", headdim), ("headdim_v", headdim_v)))
+    check_grid(batch, seqlen_q, seqlen_k, heads, heads_k)
+    check_devices(xp, named)
     p = {"xp": xp, "dtype": dtype, "batch": batch, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k, "heads": heads, "heads_k": heads_k,
-         "headdim": headdim, "headdim_v": headdim_v, "softmax_scale": _softmax_scale(softmax_scale, headdim, dtype)}
+         "headdim": headdim, "headdim_v": headdim_v, "softmax_scale": check_softmax_scale(softmax_scale, headdim, dtype)}
     return _options(p, causal, window_size, softcap, alibi_slopes, block_mask)
 
 
 def _cu_seqlens(name, cu, xp, total, batch=None):
-    if _array_module({name: cu}) is not xp:
+    if array_module({name: cu}) is not xp:
         raise TypeError(f"{name} must be a {'cupy' if xp is not numpy else 'numpy'} array like q")
     if cu.dtype != numpy.int32:
         raise TypeError(f"{name} has dtype {cu.dtype}; expected int32")
@@ -387,14 +384,14 @@ def _cu_seqlens(name, cu, xp, total, batch=None):
         raise ValueError(f"{name} must be 1-dimensional of length batch + 1 >= 1, got shape {cu.shape}")
     if batch is not None and cu.shape[0] != batch + 1:
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must have the same length; got {batch + 1} and {cu.shape[0]}")
-    _check_devices(xp, {name: cu})
+    check_devices(xp, {name: cu})
     return xp.ascontiguousarray(cu)
 
 
 def _max_seqlen(name, value):
     if value is None:
         return None
-    if not _is_int(value):
+    if not is_int(value):
         raise TypeError(f"{name} must be an int or None, got {type(value).__name__} {value!r}")
     if value < 0:
         raise ValueError(f"{name} must be non-negative, got {value}")
@@ -426,10 +423,10 @@ def varlen_forward_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=
     cu_seqlens on the device, filling every result with NaN when it is malformed.
     """
     named = {"q": q, "k": k, "v": v}
-    xp = _array_module(named)
-    dtype = _check_dtypes(named)
+    xp = array_module(named)
+    dtype = check_dtypes(named)
     for name, array in named.items():
-        _check_rank(name, array, ("total", "heads", "headdim"))
+        check_rank(name, array, ("total", "heads", "headdim"))
     total_q, total_k = q.shape[0], k.shape[0]
     if v.shape[0] != total_k:
         raise ValueError(f"k and v must have the same number of rows; got k {total_k}, v {v.shape[0]}")
@@ -446,26 +443,26 @@ def varlen_forward_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=
         max_k = _check_cu_seqlens_on_host("cu_seqlens_k", host[1], total_k, max_k)
         if xp is numpy:
             cu_q, cu_k = host
-    _check_sizes((("total_q", total_q), ("total_k", total_k), ("headdim", headdim), ("headdim_v", headdim_v),
+    check_sizes((("total_q", total_q), ("total_k", total_k), ("headdim", headdim), ("headdim_v", headdim_v),
                   ("max_seqlen_q", max_q), ("max_seqlen_k", max_k)))
-    _check_grid(batch, max_q, max_k, heads, heads_k, total_q)
-    _check_devices(xp, named)
+    check_grid(batch, max_q, max_k, heads, heads_k)
+    check_devices(xp, named)
     p = {"xp": xp, "dtype": dtype, "batch": batch, "seqlen_q": max_q, "seqlen_k": max_k, "heads": heads, "heads_k": heads_k,
-         "headdim": headdim, "headdim_v": headdim_v, "softmax_scale": _softmax_scale(softmax_scale, headdim, dtype),
+         "headdim": headdim, "headdim_v": headdim_v, "softmax_scale": check_softmax_scale(softmax_scale, headdim, dtype),
          "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k, "total_q": total_q, "total_k": total_k, "check_on_device": on_device}
     return _options(p, causal, window_size, softcap, alibi_slopes, None)
 
 
 def _backward_arrays(problem, dout, q, out, lse):
     """Checks dout, out and lse against a forward problem."""
-    _check_dtypes({"q": q, "dout": dout, "out": out})
+    check_dtypes({"q": q, "dout": dout, "out": out})
     axes = ("total_q", "heads", "headdim_v") if problem.varlen else ("batch", "seqlen_q", "heads", "headdim_v")
     for name, array in (("dout", dout), ("out", out)):
-        _check_rank(name, array, axes)
+        check_rank(name, array, axes)
         if array.shape != problem.out_shape:
             raise ValueError(f"{name} must have shape {problem.out_shape} ({', '.join(axes)}), got {array.shape}")
     lse_axes = ("heads", "total_q") if problem.varlen else ("batch", "heads", "seqlen_q")
-    _check_rank("lse", lse, lse_axes)
+    check_rank("lse", lse, lse_axes)
     if lse.shape != problem.lse_shape:
         raise ValueError(f"lse must have shape {problem.lse_shape} ({', '.join(lse_axes)}), got {lse.shape}")
     if lse.dtype not in (numpy.float32, numpy.float64):
@@ -473,7 +470,7 @@ def _backward_arrays(problem, dout, q, out, lse):
             f"lse has dtype {lse.dtype}; expected float32 or float64 (flash_attention returns "
             f"{lse_dtype(problem.dtype)} for {problem.dtype} inputs)"
         )
-    _check_devices(problem.xp, {"dout": dout, "out": out, "lse": lse})
+    check_devices(problem.xp, {"dout": dout, "out": out, "lse": lse})
 
 
 def backward_problem(dout, q, k, v, out, lse, **options):
@@ -499,8 +496,8 @@ def merge_parts(outs, lses):
     :func:`cupyflash.flash_attention` (out (batch, seqlen_q, heads, headdim_v), lse (batch, heads,
     seqlen_q)) or of the varlen functions (out (total_q, heads, headdim_v), lse (heads, total_q)) with
     the same sizes in every part. Returns (array module, packed)."""
-    xp = _array_module({**outs, **lses})
-    _check_dtypes(outs, dtype_of=next(iter(outs)))
+    xp = array_module({**outs, **lses})
+    check_dtypes(outs, dtype_of=next(iter(outs)))
     for name, lse in lses.items():
         if lse.dtype not in _LSE_DTYPES:
             raise TypeError(f"{name} has dtype {lse.dtype}; expected float32 or float64 (the log-sum-exp)")
@@ -521,7 +518,7 @@ def merge_parts(outs, lses):
     for name, lse in lses.items():
         if lse.shape != expected:
             raise ValueError(f"{name} has shape {lse.shape}; expected {expected}, {axes} of {first_name}")
-    _check_devices(xp, {**outs, **lses})
+    check_devices(xp, {**outs, **lses})
     return xp, packed
 
 

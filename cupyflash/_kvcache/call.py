@@ -1,24 +1,15 @@
-"""flash_attention_with_kvcache: the checks of a call, the NumPy twin, and the plans of CUDA calls
-(their kernels and launches are cupyflash/_families/kvcache.py).
-
-CUDA: new keys and values (and the rotary embedding) go into the cache through kvc_append; then either
-the decode kernel (float16/bfloat16 caches with 16-byte aligned rows, head dims up to 256; every
-paged cache, and every call whose query rows per kv head, seqlen_q * heads / heads_k, are few) with
-its split-KV combine, or the general path: the ordinary forward families (sm90, sm80 or general) over
-the cache, as a prefix of every entry (an int cache_seqlens) or with per-entry key counts (seqused_k),
-after gathering a paged cache or the cache_batch_idx entries into a dense copy. A decode-kernel call
-leaves a plan keyed by its layout, which the next call of that layout runs without checks or setup."""
+"""The checks of a flash_attention_with_kvcache call and the :class:`KvCacheCall` they return; the host
+checks of a NumPy call's values. Needs no CuPy (a NumPy call imports only this and host.py)."""
 
 import dataclasses
-import threading
 
 import numpy
 
-from . import _validate
+from .. import _problem
 
-#: Largest num_splits: the combine kernel loops over the splits of a row (kvc_combine's kMaxSplits).
-#: Here, not beside the kernels (cupyflash/_families/kvcache.py), because the checks of a NumPy call
-#: need it and must not import CuPy.
+#: Largest num_splits: the combine kernel loops over the splits of a row (kvc_combine's kMaxSplits;
+#: device.cxx_facts checks it). Here, not beside the kernels, because the checks of a NumPy call need it
+#: and must not import CuPy.
 MAX_SPLITS = 256
 
 
@@ -71,18 +62,18 @@ class KvCacheCall:
 def _index_array(name, x, xp, shape_text, ndim):
     if x is None:
         return None
-    if _validate._array_module({name: x}) is not xp:
+    if _problem.array_module({name: x}) is not xp:
         raise TypeError(f"{name} must be a {'cupy' if xp is not numpy else 'numpy'} array like q")
     if x.dtype != numpy.int32:
         raise TypeError(f"{name} has dtype {x.dtype}; expected int32")
     if x.ndim != ndim:
         raise ValueError(f"{name} must have shape {shape_text}, got {x.shape}")
-    _validate._check_devices(xp, {name: x})
+    _problem.check_devices(xp, {name: x})
     return x
 
 
 def _count(name, value, low, high=None):
-    if not _validate._is_int(value):
+    if not _problem.is_int(value):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     value = int(value)
     if value < low or high is not None and value > high:
@@ -93,20 +84,20 @@ def _count(name, value, low, high=None):
 
 def check(q, k_cache, v_cache, *, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
           rotary_interleaved, causal, window_size, softcap, alibi_slopes, softmax_scale, num_splits, max_splits):
-    """Checks a flash_attention_with_kvcache call (arrays from :func:`_validate.arrays`); returns its
+    """Checks a flash_attention_with_kvcache call (arrays from :func:`_problem.arrays`); returns its
     :class:`KvCacheCall`. NumPy calls also check cache_seqlens, cache_batch_idx and block_table's values
     here; CuPy calls check array values on the device (see the decode kernel)."""
     floating = {"q": q, "k_cache": k_cache, "v_cache": v_cache}
     for name, x in (("k", k), ("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
         if x is not None:
             floating[name] = x
-    xp = _validate._array_module(floating)
-    dtype = _validate._check_dtypes(floating)
-    _validate._check_rank("q", q, ("batch", "seqlen_q", "heads", "headdim"))
+    xp = _problem.array_module(floating)
+    dtype = _problem.check_dtypes(floating)
+    _problem.check_rank("q", q, ("batch", "seqlen_q", "heads", "headdim"))
     paged = block_table is not None
     cache_axes = ("num_pages", "page_size", "heads_k", "headdim") if paged else ("batch_cache", "cache_len", "heads_k", "headdim")
     for name in ("k_cache", "v_cache"):
-        _validate._check_rank(name, floating[name], cache_axes)
+        _problem.check_rank(name, floating[name], cache_axes)
     if k_cache.shape[:3] != v_cache.shape[:3]:
         raise ValueError(f"k_cache and v_cache must agree on {', '.join(cache_axes[:3])}; got {k_cache.shape} and "
                          f"{v_cache.shape}")
@@ -116,7 +107,7 @@ def check(q, k_cache, v_cache, *, k, v, cache_seqlens, cache_batch_idx, block_ta
         raise ValueError(f"q and k_cache must have the same headdim; got q {headdim}, k_cache {k_cache.shape[3]}")
     if headdim < 1 or headdim_v < 1:
         raise ValueError(f"headdim must be at least 1; got q/k headdim {headdim}, v headdim {headdim_v}")
-    _validate._check_heads(heads, heads_k)
+    _problem.check_heads(heads, heads_k)
     for name in ("k_cache", "v_cache"):
         x = floating[name]
         if x.shape[3] > 1 and x.strides[3] != x.dtype.itemsize:
@@ -148,8 +139,8 @@ def check(q, k_cache, v_cache, *, k, v, cache_seqlens, cache_batch_idx, block_ta
         raise ValueError("k and v must be given together (the new keys and values), or both left None")
     seqlen_new = 0
     if k is not None:
-        _validate._check_rank("k", k, ("batch", "seqlen_new", "heads_k", "headdim"))
-        _validate._check_rank("v", v, ("batch", "seqlen_new", "heads_k", "headdim_v"))
+        _problem.check_rank("k", k, ("batch", "seqlen_new", "heads_k", "headdim"))
+        _problem.check_rank("v", v, ("batch", "seqlen_new", "heads_k", "headdim_v"))
         expected_k, expected_v = (batch, k.shape[1], heads_k, headdim), (batch, k.shape[1], heads_k, headdim_v)
         if k.shape != expected_k or v.shape != expected_v:
             raise ValueError(f"k and v must have shapes {expected_k} and {expected_v} (batch, seqlen_new, heads_k, "
@@ -166,7 +157,7 @@ def check(q, k_cache, v_cache, *, k, v, cache_seqlens, cache_batch_idx, block_ta
     value = 0
     if cache_seqlens is None:
         value = capacity - seqlen_new
-    elif _validate._is_int(cache_seqlens):
+    elif _problem.is_int(cache_seqlens):
         value = _count("cache_seqlens", cache_seqlens, 0, capacity - seqlen_new)
         cache_seqlens = None
     else:
@@ -181,16 +172,16 @@ def check(q, k_cache, v_cache, *, k, v, cache_seqlens, cache_batch_idx, block_ta
         if k is None:
             raise ValueError("rotary_cos/rotary_sin rotate the new keys: pass k and v with them")
         for name, x in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
-            _validate._check_rank(name, x, ("max_position", "rotary_dim / 2"))
+            _problem.check_rank(name, x, ("max_position", "rotary_dim / 2"))
         if rotary_cos.shape != rotary_sin.shape:
             raise ValueError(f"rotary_cos and rotary_sin must have one shape; got {rotary_cos.shape} and {rotary_sin.shape}")
         rotary_dim = 2 * rotary_cos.shape[1]
         if not 0 < rotary_dim <= headdim:
             raise ValueError(f"rotary_cos has {rotary_cos.shape[1]} columns: rotary_dim = 2 * that must be in [2, headdim "
                              f"= {headdim}]")
-    rotary_interleaved = _validate.check_flag("rotary_interleaved", rotary_interleaved)
-    causal = _validate.check_flag("causal", causal)
-    window_left, window_right = _validate._window(window_size, causal)
+    rotary_interleaved = _problem.check_flag("rotary_interleaved", rotary_interleaved)
+    causal = _problem.check_flag("causal", causal)
+    window_left, window_right = _problem.check_window(window_size, causal)
     if rotary_cos is not None:
         # Keys rotate at positions up to capacity - 1; with causal or a window query i rotates at
         # cache_seqlens + i, which reaches capacity - seqlen_new + seqlen_q - 1.
@@ -200,17 +191,17 @@ def check(q, k_cache, v_cache, *, k, v, cache_seqlens, cache_batch_idx, block_ta
             queries = f", and query i rotates at cache_seqlens + i for {seqlen_q} queries" if q_at_row else ""
             raise ValueError(f"rotary_cos has {rotary_cos.shape[0]} positions; {positions} are needed (the cache holds "
                              f"{capacity} keys per batch entry{queries}), and every position needs its angles")
-    scale = _validate._softmax_scale(softmax_scale, headdim, dtype)
-    softcap = _validate._softcap(softcap, dtype, scale)
-    alibi_slopes = _validate._alibi_slopes(alibi_slopes, xp, batch, heads)
+    scale = _problem.check_softmax_scale(softmax_scale, headdim, dtype)
+    softcap = _problem.check_softcap(softcap, dtype, scale)
+    alibi_slopes = _problem.check_alibi_slopes(alibi_slopes, xp, batch, heads)
     num_splits = _count("num_splits", num_splits, 0, max_splits)
-    _validate._check_sizes((("capacity", capacity), ("seqlen_q", seqlen_q), ("headdim", headdim),
+    _problem.check_sizes((("capacity", capacity), ("seqlen_q", seqlen_q), ("headdim", headdim),
                             ("headdim_v", headdim_v)))
     if batch > 65535 or heads_k > 65535:
         raise ValueError(f"batch and heads_k must be at most 65535 (grid axes); got {batch} and {heads_k}")
     named = {n: x for n, x in (("cache_batch_idx", cache_batch_idx), ("block_table", block_table),
                                ("cache_seqlens", cache_seqlens)) if x is not None}
-    _validate._check_devices(xp, {**floating, **named})
+    _problem.check_devices(xp, {**floating, **named})
     call = KvCacheCall(
         xp=xp, dtype=dtype, batch=batch, seqlen_q=seqlen_q, heads=heads, heads_k=heads_k, headdim=headdim,
         headdim_v=headdim_v, capacity=capacity, page_size=page_size, cache_entries=cache_entries,
@@ -224,15 +215,24 @@ def check(q, k_cache, v_cache, *, k, v, cache_seqlens, cache_batch_idx, block_ta
     return call
 
 
-def _cached_lengths(c):
+def cached_lengths(c):
     """cache_seqlens as an int64 NumPy array of the batch's entries (a NumPy call's)."""
     if c.cache_seqlens is None:
         return numpy.full(c.batch, c.cache_seqlens_value, numpy.int64)
     return c.cache_seqlens.astype(numpy.int64)
 
 
+def cache_positions(c, b, positions):
+    """(cache entry or page, row in it) index arrays of batch entry b's key positions, for a NumPy call:
+    the host's one map of positions to cache rows (kernels_cu/kvcache/cache.cuh is the kernels')."""
+    if c.block_table is not None:
+        return c.block_table[b, positions // c.page_size], positions % c.page_size
+    entry = b if c.cache_batch_idx is None else int(c.cache_batch_idx[b])
+    return numpy.full_like(positions, entry), positions
+
+
 def _check_values_on_host(c):
-    lengths = _cached_lengths(c)
+    lengths = cached_lengths(c)
     if ((lengths < 0) | (lengths + c.seqlen_new > c.capacity)).any():
         raise ValueError(f"cache_seqlens must lie in [0, {c.capacity - c.seqlen_new}] (the cache holds {c.capacity} keys "
                          f"per batch entry, {c.seqlen_new} of them new); got {numpy.array2string(lengths, threshold=12)}")
@@ -243,129 +243,8 @@ def _check_values_on_host(c):
                              f"{numpy.array2string(idx, threshold=12)}")
     if c.block_table is not None:
         for b in range(c.batch):
-            used = c.block_table[b, :-(-(lengths[b] + c.seqlen_new) // c.page_size)]
+            # One position per page the entry uses.
+            used, _ = cache_positions(c, b, numpy.arange(0, lengths[b] + c.seqlen_new, c.page_size))
             if ((used < 0) | (used >= c.cache_entries)).any():
                 raise ValueError(f"block_table row {b} names pages outside the cache's {c.cache_entries}: "
                                  f"{numpy.array2string(used, threshold=12)}")
-
-
-# ------------------------------------------------------------------------------------------------
-# The NumPy twin.
-
-def _positions(c, b, positions):
-    """(cache entry, row) index arrays of batch entry b's key positions."""
-    if c.block_table is not None:
-        return c.block_table[b, positions // c.page_size], positions % c.page_size
-    entry = b if c.cache_batch_idx is None else int(c.cache_batch_idx[b])
-    return numpy.full_like(positions, entry), positions
-
-
-def numpy_call(c):
-    """(out, lse) of a NumPy call; the new keys and values are written into the caches first."""
-    from . import _numpy_impl, reference
-
-    lengths = _cached_lengths(c)
-    q = c.q
-    if c.k_new is not None:
-        new_positions = lengths[:, None] + numpy.arange(c.seqlen_new)[None, :]
-        k_new = c.k_new
-        if c.rotary_dim:
-            k_new = reference.apply_rotary(k_new, c.rotary_cos, c.rotary_sin, new_positions, c.rotary_interleaved)
-            q_positions = lengths[:, None] + (numpy.arange(c.seqlen_q)[None, :] if c.rotary_q_at_row else 0)
-            q = reference.apply_rotary(q, c.rotary_cos, c.rotary_sin,
-                                       numpy.broadcast_to(q_positions, (c.batch, c.seqlen_q)),
-                                       c.rotary_interleaved).astype(c.dtype)
-        for b in range(c.batch):
-            entry, row = _positions(c, b, new_positions[b])
-            c.k_cache[entry, row] = k_new[b].astype(c.dtype)
-            c.v_cache[entry, row] = c.v_new[b]
-    keys = lengths + c.seqlen_new
-    gathered = [_positions(c, b, numpy.arange(keys[b])) for b in range(c.batch)]
-    k = numpy.concatenate([c.k_cache[e, r] for e, r in gathered]) if c.batch else c.k_cache[:0, 0]
-    v = numpy.concatenate([c.v_cache[e, r] for e, r in gathered]) if c.batch else c.v_cache[:0, 0]
-    cu_k = numpy.concatenate([[0], numpy.cumsum(keys)]).astype(numpy.int32)
-    cu_q = (numpy.arange(c.batch + 1) * c.seqlen_q).astype(numpy.int32)
-    packed_q = q.reshape(c.batch * c.seqlen_q, c.heads, c.headdim)
-    p = _validate.varlen_forward_problem(packed_q, k, v, cu_q, cu_k, softmax_scale=c.softmax_scale,
-                                         window_size=(c.window_left, c.window_right), softcap=c.softcap,
-                                         alibi_slopes=_per_entry_slopes(c))
-    if p.is_empty:
-        return (numpy.zeros(c.out_shape, c.dtype),
-                numpy.full(c.lse_shape, -numpy.inf, _validate.lse_dtype(c.dtype)))
-    out, lse = _numpy_impl.forward(packed_q, k, v, p)
-    lse = lse.reshape(c.heads, c.batch, c.seqlen_q).transpose(1, 0, 2)
-    return out.reshape(c.out_shape), numpy.ascontiguousarray(lse)
-
-
-def _per_entry_slopes(c):
-    """ALiBi slopes as (batch, heads), the packed problem's layout."""
-    if c.alibi_slopes is None or c.alibi_slopes.ndim == 2:
-        return c.alibi_slopes
-    return c.xp.ascontiguousarray(c.xp.broadcast_to(c.alibi_slopes, (c.batch, c.heads)))
-
-
-# ------------------------------------------------------------------------------------------------
-# Plans: a CuPy call of a layout already seen skips the checks and the setup.
-
-#: plan key -> DecodePlan; bounded (a key names shapes, not values, so a decoding loop reuses one).
-PLANS = {}
-PLAN_LIMIT = 512
-
-
-def _layout(x):
-    """What a call's checks and setup depend on of an array: kind, shape, strides, dtype, device and
-    16-byte alignment."""
-    if x is None:
-        return None
-    data = x.data
-    return type(x), x.shape, x.strides, x.dtype, data.device_id, data.ptr & 15 == 0
-
-
-def plan_key(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
-             rotary_interleaved, causal, window_size, softcap, alibi_slopes, softmax_scale, num_splits, return_lse):
-    """The key of a CuPy call's plan, or None (NumPy arrays, or an argument that is no hashable value).
-    Two calls with one key pass the same checks; scalars carry their type, so that True and 1 differ.
-    (Kept short: it is most of the host time of a decoding step.)"""
-    if type(q) is not _CUPY_NDARRAY:
-        return None
-    try:
-        seqlens = _layout(cache_seqlens) if hasattr(cache_seqlens, "data") else type(cache_seqlens)
-        key = (threading.get_ident(), _get_device(), _layout(q), _layout(k_cache), _layout(v_cache), seqlens,
-               _layout(block_table), window_size.__class__, *window_size, causal.__class__, causal, num_splits.__class__,
-               num_splits, return_lse.__class__, softcap.__class__, softcap, softmax_scale.__class__, softmax_scale,
-               None if k is None else (_layout(k), _layout(v)),
-               None if rotary_cos is None else (_layout(rotary_cos), _layout(rotary_sin), rotary_interleaved.__class__,
-                                                rotary_interleaved),
-               rotary_cos is None and rotary_interleaved.__class__,
-               _layout(cache_batch_idx), _layout(alibi_slopes))
-        hash(key)
-    except (AttributeError, TypeError):
-        return None
-    return key
-
-
-try:
-    import cupy as _cupy_module
-
-    _CUPY_NDARRAY = _cupy_module.ndarray
-    _get_device = _cupy_module.cuda.runtime.getDevice
-except ImportError:  # the NumPy path needs no CuPy
-    _CUPY_NDARRAY = None
-    _get_device = None
-
-
-def plan_lengths(plan, cache_seqlens):
-    """(cache_seqlens array or None, the int used without one) for a plan's call; an int is checked."""
-    if cache_seqlens is None:
-        return None, plan.capacity - plan.seqlen_new
-    if _validate._is_int(cache_seqlens):
-        return None, _count("cache_seqlens", cache_seqlens, 0, plan.capacity - plan.seqlen_new)
-    return cache_seqlens, 0
-
-
-def remember(key, plan):
-    if key is None or plan is None:
-        return
-    if len(PLANS) >= PLAN_LIMIT:
-        PLANS.clear()
-    PLANS[key] = plan

@@ -1,0 +1,56 @@
+"""flash_attention_with_kvcache, in one package: call.py (the checks of a call, the host checks of a NumPy
+call's values), host.py (the NumPy twin), device.py (the kernels, the decode plans and the general path
+on the GPU). A CuPy call that takes the decode kernel leaves a plan keyed by its layout
+(cupyflash/_keys.py), which the next call of that layout runs without checks or setup.
+
+Importing this package needs no CuPy: device.py is imported by the first CuPy call."""
+
+import numpy
+
+from .. import _keys, _plan, _problem
+from . import call as _call
+from . import host as _host
+
+MAX_SPLITS = _call.MAX_SPLITS
+
+#: The decode plans, by key.
+PLANS = _plan.PlanCache()
+
+
+def attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
+              rotary_interleaved, causal, window_size, softcap, alibi_slopes, softmax_scale, num_splits, return_lse):
+    """The body of cupyflash.flash_attention_with_kvcache (its docstring describes the arguments)."""
+    key = _keys.kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
+                        rotary_interleaved, causal, window_size, softcap, alibi_slopes, softmax_scale, num_splits,
+                        return_lse)
+    plan = PLANS.get(key) if key is not None else None
+    if plan is not None:
+        out, lse = plan(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
+                        alibi_slopes)
+        return (out, lse) if return_lse else out
+    named = {"q": q, "k_cache": k_cache, "v_cache": v_cache}
+    named.update({n: x for n, x in (("k", k), ("v", v), ("cache_batch_idx", cache_batch_idx), ("block_table", block_table),
+                                   ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)) if x is not None})
+    if cache_seqlens is not None and not _problem.is_int(cache_seqlens):
+        named["cache_seqlens"] = cache_seqlens
+    checked = dict(zip(named, _problem.arrays(**named)))
+    return_lse = _problem.check_flag("return_lse", return_lse)
+    c = _call.check(
+        checked["q"], checked["k_cache"], checked["v_cache"], k=checked.get("k"), v=checked.get("v"),
+        cache_seqlens=checked.get("cache_seqlens", cache_seqlens), cache_batch_idx=checked.get("cache_batch_idx"),
+        block_table=checked.get("block_table"), rotary_cos=checked.get("rotary_cos"),
+        rotary_sin=checked.get("rotary_sin"), rotary_interleaved=rotary_interleaved, causal=causal,
+        window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, softmax_scale=softmax_scale,
+        num_splits=num_splits, max_splits=MAX_SPLITS)
+    if c.xp is numpy:
+        out, lse = _host.attention(c)
+    elif c.batch == 0 or c.heads == 0:
+        out = c.xp.zeros(c.out_shape, c.dtype)
+        lse = c.xp.full(c.lse_shape, -numpy.inf, _problem.lse_dtype(c.dtype))
+    else:
+        from . import device
+
+        (out, lse), plan = device.attention(c, alibi_slopes)
+        if key is not None and plan is not None:
+            PLANS.put(key, plan)
+    return (out, lse) if return_lse else out

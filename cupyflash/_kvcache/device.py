@@ -1,0 +1,284 @@
+"""The KV-cache kernels (kernels_cu/kvcache/kvcache.cu) and a CuPy call's two paths: the decode kernel
+(float16/bfloat16 caches with 16-byte aligned rows, head dims up to 256; every paged cache, and every
+call whose query rows per kv head, seqlen_q * heads / heads_k, are few), planned once per layout (a
+:class:`DecodePlan`), or the general path: the forward families over the cache through the compute
+layer, as a prefix of every entry (an int cache_seqlens) or with per-entry key counts (seqused_k),
+after gathering a paged cache or the cache_batch_idx entries into a dense copy. New keys and values
+(and the rotary embedding) go into the cache first, through kvc_append."""
+
+import dataclasses
+
+import cupy
+import numpy
+from cupy.cuda import function as _function
+
+from .. import _compute, _kernels, _params, _plan, _problem
+from .._families import common
+from .call import MAX_SPLITS
+
+#: Query rows per kv head (seqlen_q * heads / heads_k) up to which a dense cache takes the decode
+#: kernel; longer chunks (chunked prefill) run the dense forward, which reuses each K/V tile for 128
+#: query rows instead of 16.
+DECODE_MAX_ROWS = 64
+#: Head-dim buckets of the decode kernel (KvcTraits::kHeadDim): the smallest covering both head dims.
+DECODE_BUCKETS = (64, 128, 256)
+#: Threads of the decode kernel (KvcTraits::kThreads), query rows per CTA (kRows), keys per stage (kBlockN).
+DECODE_THREADS = 128
+DECODE_ROWS = 16
+DECODE_BLOCK_N = 64
+#: Threads of the append, lengths and combine kernels (the combine runs a CTA per output row).
+APPEND_THREADS = 128
+COMBINE_THREADS = 128
+POISON_THREADS = 256
+#: The heuristic keeps at least this many key tiles (of DECODE_BLOCK_N keys) per split: short caches
+#: take many splits, since a CTA's first tile waits a DRAM round trip however few it has.
+MIN_TILES_PER_SPLIT = 2
+
+APPEND = _kernels.Kernel("kvc_append", "kvcache/kvcache.cu", _kernels.ALL_DTYPES)
+DECODE = _kernels.Kernel("kvc_fwd", "kvcache/kvcache.cu", _kernels.HALF_DTYPES, ("headdim",),
+                         tuple((d,) for d in DECODE_BUCKETS), ("score_mod",))
+COMBINE = _kernels.Kernel("kvc_combine", "kvcache/kvcache.cu", _kernels.HALF_DTYPES)
+LENGTHS = _kernels.Kernel("kvc_lengths", "kvcache/kvcache.cu", ())
+POISON = _kernels.Kernel("kvc_poison", "kvcache/kvcache.cu", _kernels.ALL_DTYPES)
+KERNELS = (APPEND, DECODE, COMBINE, LENGTHS, POISON)
+
+
+def decode_stages(headdim):
+    """K/V stages of the decode kernel (KvcTraits::kStages)."""
+    return 4 if headdim <= 64 else 3 if headdim <= 128 else 2
+
+
+def decode_smem_bytes(variant):
+    """Dynamic shared memory of a decode variant (KvcTraits::kSmemBytes): the Q rows and the K/V stages,
+    rows padded by 8 elements."""
+    ld = variant.param("headdim") + 8
+    return DECODE_ROWS * ld * 2 + decode_stages(variant.param("headdim")) * 2 * DECODE_BLOCK_N * ld * 2
+
+
+def cxx_facts():
+    """The path's constants as the kernels state them: (headers, {C++ expression: value}) for
+    tests/test_compile.py."""
+    facts = {}
+    for d in DECODE_BUCKETS:
+        traits = f"cupyflash::KvcTraits<__half, {d}>"
+        variant = DECODE.variant("float16", (d,))
+        facts.update({f"{traits}::kThreads": DECODE_THREADS, f"{traits}::kRows": DECODE_ROWS,
+                      f"{traits}::kBlockN": DECODE_BLOCK_N, f"{traits}::kStages": decode_stages(d),
+                      f"{traits}::kSmemBytes": decode_smem_bytes(variant)})
+    facts["cupyflash::kCombineMaxSplits"] = MAX_SPLITS
+    return ("kvcache/kvcache.cu",), facts
+
+
+# ------------------------------------------------------------------------------------------------
+# The argument struct of a checked call (cupyflash/_kvcache/call.py).
+
+def _problem_of(c, **fields):
+    """The attention problem of call ``c`` for the forward families' argument code: a dense batch whose
+    keys are the cache capacity (``fields`` override, e.g. seqlen_k or seqused_k)."""
+    sizes = dict(xp=cupy, dtype=c.dtype, batch=c.batch, seqlen_q=c.seqlen_q, seqlen_k=c.capacity, heads=c.heads,
+                 heads_k=c.heads_k, headdim=c.headdim, headdim_v=c.headdim_v, softmax_scale=c.softmax_scale,
+                 window_left=c.window_left, window_right=c.window_right, softcap=c.softcap,
+                 alibi_slopes=c.alibi_slopes)
+    return _problem.Problem(**{**sizes, **fields})
+
+
+def _fill_args(args, c, q, out, lse):
+    """Fills the ``KvCacheArgs`` ``args`` of call ``c`` (its arrays, or plan slots) with attn.q = ``q`` and
+    the outputs (None: no such output); the workspace fields are zero."""
+    p = _problem_of(c)
+    # The caches as (entries or pages, rows, heads_k, dim) tensors: batch_stride is the page stride.
+    attn = common.attn(p, q, c.k_cache, c.v_cache, vec=1)
+    empty = (0, 0, 0, 0)
+    new = (_params.tensor(c.k_new), _params.tensor(c.v_new)) if c.k_new is not None else (empty, empty)
+    table = c.block_table
+    args[0] = (
+        attn, _params.tensor(out) if out is not None else empty,
+        _params.rows(lse, *common.lse_strides(p)) if lse is not None else (0, 0, 0), *new, empty,
+        _params.pointer(c.rotary_cos), _params.pointer(c.rotary_sin), _params.pointer(c.cache_seqlens),
+        _params.pointer(c.cache_batch_idx), _params.pointer(table), 0, 0, 0, 0,
+        table.strides[0] // 4 if table is not None else 0, c.cache_seqlens_value, c.seqlen_new, c.page_size,
+        c.cache_entries, 1, c.rotary_dim, c.rotary_cos.shape[0] if c.rotary_dim else 0,
+        int(c.rotary_interleaved), int(c.rotary_q_at_row),
+    )
+    return args
+
+
+def decode_variant(c, device):
+    """The decode kernel's variant for call ``c``, or None when it does not take the call."""
+    if c.dtype.itemsize != 2 or device.capability < 80:
+        return None
+    bucket = next((d for d in DECODE_BUCKETS if d >= max(c.headdim, c.headdim_v)), None)
+    if bucket is None or not common.vec_loads(c.k_cache, c.v_cache):
+        return None
+    rows = c.seqlen_q * (c.heads // c.heads_k)
+    if c.block_table is None and rows > DECODE_MAX_ROWS or c.batch * c.seqlen_q * c.heads >= 2**31:
+        return None  # (the combine's grid has a CTA per output row)
+    score_mod = c.softcap != 0.0 or c.alibi_slopes is not None
+    variant = DECODE.variant(common.dtype_name(c.dtype), (bucket,), score_mod=score_mod)
+    return variant if decode_smem_bytes(variant) <= device.smem_optin else None
+
+
+def num_splits(c, variant, device, row_tiles):
+    """Splits of the keys: the call's own, or the fewest that fill the device's CTA slots as well as any
+    count can, each keeping at least MIN_TILES_PER_SPLIT key tiles. Sized for the capacity:
+    cache_seqlens is not read on the host, and a plan serves every cache_seqlens of its layout."""
+    if c.num_splits:
+        return c.num_splits
+    keys = c.capacity
+    base = row_tiles * c.heads_k * c.batch
+    # Dense caches: one CTA per SM draws as much bandwidth as two on the H200 (1 x 131072 tokens: 3.89
+    # TB/s with 128 CTAs, 3.81 with 264), and fewer splits leave less to merge. Paged caches: two, whose
+    # tiles take turns hiding each other's page lookups (one per SM: 2.8-2.95 TB/s).
+    slots = device.sm_count * (2 if c.block_table is not None else 1)
+    most = min(MAX_SPLITS, max(1, common.cdiv(keys, DECODE_BLOCK_N) // MIN_TILES_PER_SPLIT))
+    if base >= slots or most == 1:
+        return 1
+
+    def efficiency(splits):
+        ctas = base * splits
+        return ctas / (common.cdiv(ctas, slots) * slots)
+
+    # Efficiency peaks at the multiples of slots / base; none past the first whole wave does better.
+    counts = range(1, min(most, common.cdiv(slots, base)) + 1)
+    best = max(efficiency(s) for s in counts)
+    return next(s for s in counts if efficiency(s) >= 0.99 * best)
+
+
+class DecodePlan:
+    """A decode-kernel call prepared once for a layout (cupyflash/_plan.py): the append (new tokens, rotary),
+    the decode kernel and the split merge, with every size filled. Calling it with the arrays of a call of
+    that layout runs them on the current stream; ``cache_seqlens`` may be an int (checked against the
+    capacity, as the call's checks would) or the call's array. ``alibi_slopes`` is the call's own array
+    (the checks made ``c``'s contiguous; the plan repeats that where needed)."""
+
+    def __init__(self, c, variant, device, alibi_slopes):
+        self.capacity, self.seqlen_new = c.capacity, c.seqlen_new
+        b = _plan.PlanBuilder()
+        # Inputs, in the order __call__ takes them. The caches are written in place: never copied.
+        q = b.input(*common.readable(c.q))
+        k_cache, v_cache = b.input(c.k_cache), b.input(c.v_cache)
+        k_new, v_new = (b.input(*common.readable(x)) if x is not None else b.input(None) for x in (c.k_new, c.v_new))
+        slots = {name: b.input(*common.contiguous(x)) if x is not None else b.input(None)
+                 for name, x in (("cache_seqlens", c.cache_seqlens), ("cache_batch_idx", c.cache_batch_idx),
+                                 ("block_table", c.block_table), ("rotary_cos", c.rotary_cos),
+                                 ("rotary_sin", c.rotary_sin), ("alibi_slopes", alibi_slopes))}
+        cs = dataclasses.replace(c, q=q, k_cache=k_cache, v_cache=v_cache, k_new=k_new, v_new=v_new, **slots)
+        out = b.output(c.out_shape, c.dtype)
+        lse = b.output(c.lse_shape, numpy.float32)
+        rows = c.seqlen_q * (c.heads // c.heads_k)
+        row_tiles = common.cdiv(rows, DECODE_ROWS)
+        splits = num_splits(c, variant, device, row_tiles)
+        tokens = max(c.seqlen_new, c.seqlen_q if c.rotary_dim else 0) if c.k_new is not None else 0
+        q_rot = b.workspace(c.q.shape, c.dtype) if c.rotary_dim else None
+        if tokens:
+            append = _fill_args(b.struct(_params.KV_CACHE_ARGS), cs, q, None, None)
+            if q_rot is not None:
+                append["q_rot"] = _params.tensor(q_rot)
+            b.int32_field(append, ("cache_seqlens_value",))
+            b.launch(common.function(APPEND.variant(common.dtype_name(c.dtype))), (tokens, c.batch, 1), APPEND_THREADS,
+                     (append,))
+        main = _fill_args(b.struct(_params.KV_CACHE_ARGS), cs, q_rot if q_rot is not None else q, out, lse)
+        main["num_splits"] = splits
+        if splits > 1:
+            part_out = b.workspace((splits * c.batch * c.seqlen_q * c.heads * c.headdim_v,), numpy.float32)
+            part_lse = b.workspace((splits * c.batch * c.heads * c.seqlen_q,), numpy.float32)
+            main["part_out"], main["part_lse"] = part_out.data.ptr, part_lse.data.ptr
+        b.int32_field(main, ("cache_seqlens_value",))
+        smem = decode_smem_bytes(variant)
+        b.launch(common.function(variant, smem), (row_tiles * splits, c.heads_k, c.batch), DECODE_THREADS, (main,), smem)
+        if splits > 1:
+            b.launch(common.function(COMBINE.variant(common.dtype_name(c.dtype))), (c.batch * c.seqlen_q * c.heads, 1, 1),
+                     COMBINE_THREADS, (main,))
+        self.splits = splits
+        self.scalars = 2 if tokens else 1
+        self._plan = b.build((out, lse))
+
+    def __call__(self, q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
+                 alibi_slopes):
+        """(out, lse) of a call of the plan's layout."""
+        if cache_seqlens is None:
+            value, cache_seqlens = self.capacity - self.seqlen_new, None
+        elif _problem.is_int(cache_seqlens):
+            value = int(cache_seqlens)
+            if not 0 <= value <= self.capacity - self.seqlen_new:
+                raise ValueError(f"cache_seqlens must be in [0, {self.capacity - self.seqlen_new}], got {value}")
+            cache_seqlens = None
+        else:
+            value = 0
+        return self._plan(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
+                          alibi_slopes, scalars=(value,) * self.scalars)
+
+
+def launch(variant, grid, threads, args, smem=0):
+    """Launches ``variant`` now, with its argument struct (a NumPy size-1 array) or a tuple of arguments:
+    the general path's few launches, which no plan keeps."""
+    kernel = _kernels.get_kernel(variant)
+    common.function(variant, smem)  # allows the shared memory
+    args = args if isinstance(args, tuple) else (args,)
+    kernel(grid, (threads, 1, 1), tuple(_function.CPointer(a.ctypes.data) if isinstance(a, numpy.ndarray)
+                                        else a for a in args), shared_mem=smem)
+
+
+def attention(c, alibi_slopes):
+    """(out, lse) of a checked CuPy call ``c`` (``alibi_slopes``: the call's own array), the new keys and
+    values written into the caches, and the :class:`DecodePlan` that repeats the call for arrays of the
+    same layout (None when the call takes the general path)."""
+    device = common.current_device()
+    variant = decode_variant(c, device)
+    if variant is not None:
+        plan = DecodePlan(c, variant, device, alibi_slopes)
+        out, lse = plan(c.q, c.k_cache, c.v_cache, c.k_new, c.v_new,
+                        c.cache_seqlens if c.cache_seqlens is not None else c.cache_seqlens_value, c.cache_batch_idx,
+                        c.block_table, c.rotary_cos, c.rotary_sin, alibi_slopes)
+        return (out, lse), plan
+    q, _ = common.readable(c.q)
+    if c.k_new is not None:
+        c = dataclasses.replace(c, k_new=common.readable(c.k_new)[0], v_new=common.readable(c.v_new)[0],
+                                rotary_cos=common.contiguous(c.rotary_cos)[0], rotary_sin=common.contiguous(c.rotary_sin)[0])
+        args = _fill_args(numpy.zeros(1, _params.KV_CACHE_ARGS), c, q, None, None)
+        if c.rotary_dim:
+            q_rot = cupy.empty(q.shape, dtype=c.dtype)
+            args["q_rot"] = _params.tensor(q_rot)
+        tokens = max(c.seqlen_new, c.seqlen_q if c.rotary_dim else 0)
+        if tokens:
+            launch(APPEND.variant(common.dtype_name(c.dtype)), (tokens, c.batch, 1), APPEND_THREADS, args)
+        if c.rotary_dim:
+            q = q_rot
+    if c.seqlen_q == 0:
+        return (cupy.empty(c.out_shape, dtype=c.dtype), cupy.empty(c.lse_shape, dtype=_problem.lse_dtype(c.dtype))), None
+    return _general(c, q), None
+
+
+def _general(c, q):
+    """(out, lse): the cache as a dense batch of capacity keys with per-entry counts (seqused_k), through
+    the compute layer; the rows of entries with out-of-range values NaN."""
+    c = dataclasses.replace(c, cache_seqlens=common.contiguous(c.cache_seqlens)[0],
+                            cache_batch_idx=common.contiguous(c.cache_batch_idx)[0],
+                            block_table=common.contiguous(c.block_table)[0])
+    if c.cache_seqlens is None and c.block_table is None and c.cache_batch_idx is None:
+        # Every entry uses the same keys, checked on the host: the dense forward over the caches' first keys.
+        keys = c.cache_seqlens_value + c.seqlen_new
+        p = _problem_of(c, seqlen_k=keys)
+        return _compute.forward(p, q, c.k_cache[:c.batch, :keys], c.v_cache[:c.batch, :keys])
+    seqused = cupy.empty(c.batch, numpy.int32)
+    bad = cupy.empty(c.batch, numpy.int32)
+    args = _fill_args(numpy.zeros(1, _params.KV_CACHE_ARGS), c, q, None, None)
+    args["seqused_k"], args["bad"] = seqused.data.ptr, bad.data.ptr
+    launch(LENGTHS.variant(), (c.batch, 1, 1), APPEND_THREADS, args)
+    k, v = c.k_cache, c.v_cache
+    if c.block_table is not None:
+        # Clamped: a bad page makes the entry's rows NaN below, and must not make the gather fault.
+        pages = cupy.clip(c.block_table, 0, c.cache_entries - 1)
+        k = k[pages].reshape(c.batch, c.capacity, c.heads_k, c.headdim)
+        v = v[pages].reshape(c.batch, c.capacity, c.heads_k, c.headdim_v)
+    elif c.cache_batch_idx is not None:
+        entries = cupy.clip(c.cache_batch_idx, 0, c.cache_entries - 1)
+        k, v = k[entries], v[entries]
+    elif k.shape[0] != c.batch:
+        k, v = k[:c.batch], v[:c.batch]
+    out, lse = _compute.forward(_problem_of(c, seqused_k=seqused), q, k, v)
+    for x in (out, lse):
+        per_entry = x.size // c.batch
+        launch(POISON.variant(common.dtype_name(x.dtype)), (min(common.cdiv(x.size, POISON_THREADS), 4096), 1, 1),
+               POISON_THREADS, (bad, x, numpy.int64(per_entry), numpy.int64(x.size)))
+    return out, lse

@@ -1,0 +1,312 @@
+"""Plans: a CUDA call prepared once for its layout and launched for every call of that layout.
+
+A call's layout is what its checks and its setup depend on: the kinds, shapes, strides, dtypes,
+devices and 16-byte alignment of its arrays, and its other arguments with their types. A plan holds
+everything a call of one layout needs except the addresses of its arrays: the argument structs of its
+kernels with every size, stride and option filled, the tensor maps, the launches (function, grid,
+block, shared memory) and the sizes of the outputs and the workspace. Running it for arrays of that
+layout takes the outputs and the workspace from CuPy's pool in one allocation, writes the arrays'
+addresses into the structs and the tensor maps (cuTensorMapReplaceAddress where one changed), zeroes
+the workspace the kernels do not, and launches on the current stream through the driver: a few
+microseconds of host time, where the checks and the setup of a call take about a hundred.
+
+A plan is built by the code that would run the call (the families of cupyflash/_families): it writes
+its structs as always, but through :class:`Slot` placeholders, whose addresses are sentinels the
+builder finds again in the structs' bytes. So a plan never confuses two arrays that happened to share an
+address when it was built (``flash_attention(q, q, q)``), and an input the kernels cannot read as it is
+(a layout they copy) is copied again on every run.
+
+Plans are cached by the public API (cupyflash/_api.py) in a :class:`PlanCache` per thread and device:
+a plan's argument buffer is rewritten by every run, and its functions belong to one device.
+"""
+
+import ctypes
+import functools
+import threading
+
+import numpy
+
+#: Sentinel addresses: 0xFFF7A5A5 in the high word cannot be a device address, and as a pair of int32 or
+#: a double it is no value a struct field takes.
+_SENTINEL = 0xFFF7A5A5 << 32
+#: Alignment of the buffers inside a call's allocation (CuPy's pool aligns the allocation to 512), and of
+#: the structs inside a plan's argument buffer (a CUtensorMap is 64-byte aligned).
+_BUFFER_ALIGN = 256
+_STRUCT_ALIGN = 64
+
+
+def _aligned(n, alignment):
+    return -(-n // alignment) * alignment
+
+
+class _Address:
+    """What a kernel argument builder reads of ``x.data``: the address."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+
+class Slot:
+    """An array of a plan being built: an input (shape, strides and dtype of the array the kernels read,
+    after its conversion; ``aligned16`` from the first call's address) or an output or workspace buffer
+    (C-contiguous, at an offset of the call's allocation). Its address is a sentinel."""
+
+    def __init__(self, index, shape, dtype, strides=None, aligned16=True):
+        self.index = index
+        self.shape = tuple(shape)
+        self.dtype = numpy.dtype(dtype)
+        self.ndim = len(self.shape)
+        self.size = int(numpy.prod(self.shape, dtype=numpy.int64))
+        if strides is None:
+            strides, step = [], self.dtype.itemsize
+            for n in reversed(self.shape):
+                strides.append(step)
+                step *= max(n, 1)
+            strides = tuple(reversed(strides))
+        self.strides = tuple(strides)
+        self.nbytes = self.size * self.dtype.itemsize
+        self.aligned16 = aligned16
+        self.data = _Address(_SENTINEL + 8 * index)
+
+
+def aligned16(x):
+    """Whether the address of ``x`` (an array or a :class:`Slot`) is a multiple of 16 bytes."""
+    return x.aligned16 if isinstance(x, Slot) else x.data.ptr % 16 == 0
+
+
+class _TensorMap:
+    """A CUtensorMap in a plan's argument buffer, of the array in one slot: encoded for the first address
+    it is given, then moved to each new address with cuTensorMapReplaceAddress."""
+
+    __slots__ = ("address", "encode", "current")
+
+    def __init__(self, address, encode):
+        self.address = address  # of the 128 bytes in the argument buffer
+        self.encode = encode    # ptr -> the encoded map's 128 bytes
+        self.current = None
+
+    def point(self, ptr):
+        if ptr == self.current:
+            return
+        if self.current is None:
+            ctypes.memmove(self.address, self.encode(ptr), 128)
+        else:
+            result = _replace_address()(ctypes.c_void_p(self.address), ctypes.c_void_p(ptr))
+            if result != 0:
+                raise RuntimeError(f"cupyflash: cuTensorMapReplaceAddress failed with CUresult {result}")
+        self.current = ptr
+
+
+@functools.lru_cache(maxsize=None)
+def _replace_address():
+    function = ctypes.CDLL("libcuda.so.1").cuTensorMapReplaceAddress
+    function.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    function.restype = ctypes.c_int
+    return function
+
+
+class _Launch:
+    """One kernel launch: the driver function, the launch shape, and the kernelParams array of pointers
+    to its arguments in the plan's buffer (the driver copies their bytes at the launch)."""
+
+    __slots__ = ("function", "shape", "params", "params_address")
+
+    def __init__(self, function, grid, threads, smem, addresses):
+        self.function = function
+        self.shape = (*grid, threads, 1, 1, smem)
+        self.params = numpy.array(addresses, numpy.uint64)
+        self.params_address = self.params.ctypes.data
+
+
+class PlanBuilder:
+    """Collects a plan: its inputs (the order of :meth:`input` calls is the order a run takes them in),
+    outputs and workspace, argument structs, tensor maps and launches."""
+
+    def __init__(self):
+        self._slots = []         # every Slot, by index
+        self._converts = []      # per input: None, or the function that makes it readable
+        self._inputs = []        # slot indices of the inputs, in order
+        self._buffers = []       # (slot index, offset, zeroed)
+        self._nbytes = 0
+        self._structs = []       # numpy size-1 arrays, filled by the caller
+        self._maps = []          # (struct, field, slot index, encode)
+        self._launches = []      # (function, grid, threads, smem, structs)
+        self._int32_fields = []  # (struct, byte offset) of per-run int32 scalars
+        self._keep = []
+
+    def input(self, array=None, convert=None):
+        """A slot for the next input; ``convert`` (e.g. cupy.ascontiguousarray), when given, is applied to
+        the array on every run, and ``array`` is the first call's (already converted) array. None: the
+        call has no such array (a run is given None in its place); returns None."""
+        if array is None:
+            self._inputs.append(None)
+            self._converts.append(None)
+            return None
+        slot = Slot(len(self._slots), array.shape, array.dtype, array.strides, array.data.ptr % 16 == 0)
+        self._slots.append(slot)
+        self._inputs.append(slot.index)
+        self._converts.append(convert)
+        return slot
+
+    def output(self, shape, dtype):
+        """A buffer of the call's allocation that the run returns (:meth:`build` says in which order)."""
+        return self._buffer(shape, dtype, zeroed=False)
+
+    def workspace(self, shape, dtype, zeroed=False):
+        """A buffer of the call's allocation, zeroed before the launches when ``zeroed``."""
+        return self._buffer(shape, dtype, zeroed)
+
+    def _buffer(self, shape, dtype, zeroed):
+        slot = Slot(len(self._slots), shape, dtype)
+        self._slots.append(slot)
+        self._buffers.append((slot.index, self._nbytes, zeroed))
+        self._nbytes = _aligned(self._nbytes + max(slot.nbytes, 1), _BUFFER_ALIGN)
+        return slot
+
+    def struct(self, dtype):
+        """A zeroed argument struct (a size-1 array) for the caller to fill; its bytes are copied into the
+        plan's argument buffer by :meth:`build`."""
+        struct = numpy.zeros(1, dtype)
+        self._structs.append(struct)
+        return struct
+
+    def int32_field(self, struct, path):
+        """A per-run int32 argument: the field at ``path`` (names, outer first) of ``struct``. Returns its
+        position among the plan's scalars."""
+        dtype, offset = struct.dtype, 0
+        for name in path:
+            dtype, at = dtype.fields[name][:2]
+            offset += at
+        self._int32_fields.append((struct, offset))
+        return len(self._int32_fields) - 1
+
+    def tensor_map(self, struct, field, slot, encode):
+        """The CUtensorMap in ``struct[field]`` (128 bytes) addresses the array of ``slot``; ``encode(ptr)``
+        returns its bytes for an address."""
+        self._maps.append((struct, field, slot.index, encode))
+
+    def keep(self, *objects):
+        """Keeps objects whose device memory the structs point at (block-sparse lists) alive."""
+        self._keep.extend(objects)
+
+    def launch(self, function, grid, threads, structs, smem=0):
+        """A launch of the driver function ``function`` with the argument structs ``structs`` (in the
+        kernel's parameter order)."""
+        self._launches.append((function, tuple(int(g) for g in grid), int(threads), int(smem), tuple(structs)))
+
+    def build(self, outputs):
+        """The :class:`Plan`; a run returns the arrays of the output slots ``outputs``, in that order."""
+        return Plan(self, outputs)
+
+
+class Plan:
+    """A call prepared for one layout (see the module docstring). ``plan(*inputs, scalars=())`` runs it
+    on the current stream: ``inputs`` in the builder's order (None where the call has no such array),
+    ``scalars`` the int32 arguments of :meth:`PlanBuilder.int32_field`; returns the outputs."""
+
+    __slots__ = ("_buffer", "_u64", "_i32", "_inputs", "_buffers", "_zeros", "_maps", "_launches", "_outputs",
+                 "_nbytes", "_scalars", "_keep", "_cupy", "_driver", "_memset", "__weakref__")
+
+    def __init__(self, builder, outputs):
+        import cupy
+        from cupy.cuda import driver, runtime
+
+        self._cupy, self._driver, self._memset = cupy, driver, runtime.memsetAsync
+        # One argument buffer for every struct, each 64-byte aligned (the buffer too).
+        offsets, size = [], 0
+        for struct in builder._structs:
+            offsets.append(size)
+            size = _aligned(size + struct.nbytes, _STRUCT_ALIGN)
+        raw = numpy.zeros(size + _STRUCT_ALIGN, numpy.uint8)
+        start = (-raw.ctypes.data) % _STRUCT_ALIGN
+        self._buffer = raw[start:start + size]
+        base = self._buffer.ctypes.data
+        placed = {}
+        for struct, offset in zip(builder._structs, offsets):
+            self._buffer[offset:offset + struct.nbytes] = struct.view(numpy.uint8)
+            placed[id(struct)] = offset
+        self._u64 = self._buffer.view(numpy.uint64)
+        self._i32 = self._buffer.view(numpy.int32)
+        # Where each slot's address goes: the buffer's words that hold its sentinel.
+        words = {}
+        sentinels = self._u64 - numpy.uint64(_SENTINEL)
+        for index in numpy.flatnonzero(sentinels < numpy.uint64(8 * len(builder._slots))):
+            slot = int(sentinels[index]) // 8
+            if int(sentinels[index]) % 8 == 0:
+                words.setdefault(slot, []).append(int(index))
+        maps = {}
+        for struct, field, slot, encode in builder._maps:
+            address = base + placed[id(struct)] + struct.dtype.fields[field][1]
+            maps.setdefault(slot, []).append(_TensorMap(address, encode))
+        self._inputs = tuple((tuple(words.get(s, ())), tuple(maps.get(s, ())), convert)
+                             for s, convert in zip(builder._inputs, builder._converts))
+        self._buffers = tuple((tuple(words.get(s, ())), tuple(maps.get(s, ())), offset)
+                              for s, offset, _ in builder._buffers)
+        self._zeros = tuple((offset, builder._slots[s].nbytes) for s, offset, zeroed in builder._buffers if zeroed)
+        offset_of = {s: offset for s, offset, _ in builder._buffers}
+        self._outputs = tuple((slot.shape, slot.dtype, offset_of[slot.index]) for slot in outputs)
+        self._nbytes = max(builder._nbytes, 1)
+        self._scalars = tuple((placed[id(struct)] + offset) // 4 for struct, offset in builder._int32_fields)
+        self._launches = tuple(_Launch(function, grid, threads, smem, [base + placed[id(s)] for s in structs])
+                               for function, grid, threads, smem, structs in builder._launches)
+        self._keep = tuple(builder._keep)
+
+    def __call__(self, *inputs, scalars=()):
+        stream = self._cupy.cuda.get_current_stream().ptr
+        u64 = self._u64
+        converted = []
+        for x, (words, maps, convert) in zip(inputs, self._inputs):
+            if x is None:
+                continue
+            if convert is not None:
+                x = convert(x)
+                converted.append(x)
+            ptr = x.data.ptr
+            for word in words:
+                u64[word] = ptr
+            for tensor_map in maps:
+                tensor_map.point(ptr)
+        memory = self._cupy.cuda.alloc(self._nbytes)
+        base = memory.ptr
+        for words, maps, offset in self._buffers:
+            for word in words:
+                u64[word] = base + offset
+            for tensor_map in maps:
+                tensor_map.point(base + offset)
+        for index, value in zip(self._scalars, scalars):
+            self._i32[index] = value
+        for offset, nbytes in self._zeros:
+            self._memset(base + offset, 0, nbytes, stream)
+        launch = self._driver.launchKernel
+        for step in self._launches:
+            launch(step.function, *step.shape, stream, step.params_address, 0)
+        ndarray = self._cupy.ndarray
+        return tuple(ndarray(shape, dtype, memory + offset) for shape, dtype, offset in self._outputs)
+
+
+class PlanCache:
+    """Plans by key, at most ``limit`` of them (the oldest goes first): a key names a layout, not values,
+    so a training or decoding loop keeps reusing a few."""
+
+    def __init__(self, limit=256):
+        self.limit = limit
+        self._plans = {}
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        return self._plans.get(key)
+
+    def put(self, key, plan):
+        with self._lock:
+            if key not in self._plans and len(self._plans) >= self.limit:
+                del self._plans[next(iter(self._plans))]
+            self._plans[key] = plan
+
+    def clear(self):
+        with self._lock:
+            self._plans.clear()
+
+    def __len__(self):
+        return len(self._plans)

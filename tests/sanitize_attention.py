@@ -1,0 +1,87 @@
+"""The attention kernels under compute-sanitizer: odd shapes with masks, score modifications, GQA and packed
+batches (their device check included), forward and both backward modes, on every family (sm90, sm80 and
+general, forced with CUPYFLASH_FAMILY), each call twice so the second runs its plan with new arrays.
+Run on a GPU from the repository root:
+
+    PYTHONPATH=$PWD compute-sanitizer --tool memcheck --error-exitcode 1 python3 tests/sanitize_attention.py
+    PYTHONPATH=$PWD compute-sanitizer --tool racecheck --error-exitcode 1 python3 tests/sanitize_attention.py sm90
+
+It checks no values (the GPU tests do); the sanitizer reports any access outside an allocation, or any
+shared-memory race. Sizes are small so the instrumented run takes a minute or two. An argument names
+the families to run (default: all three).
+"""
+
+import os
+import sys
+
+import cupy
+import ml_dtypes
+import numpy
+
+import cupyflash
+
+rng = numpy.random.default_rng(0)
+
+
+def normal(shape, dtype):
+    return cupy.asarray(rng.standard_normal(shape).astype(dtype))
+
+
+def dense(dtype):
+    slopes = cupy.asarray(numpy.array([0.5, 0.25], numpy.float32))
+    for (sq, sk, h, hk, d, options) in ((113, 203, 4, 2, 64, {"causal": True}),
+                                         (203, 113, 2, 1, 128, {"window_size": (37, 5)}),
+                                         (257, 257, 2, 2, 96, {"causal": True, "softcap": 20.0}),
+                                         (130, 300, 2, 2, 256, {"alibi_slopes": slopes}),
+                                         (1, 77, 4, 4, 128, {})):
+        for _ in range(2):
+            q, k, v, do = (normal(s, dtype) for s in ((1, sq, h, d), (1, sk, hk, d), (1, sk, hk, d), (1, sq, h, d)))
+            out, lse = cupyflash.flash_attention(q, k, v, return_lse=True, **options)
+            for deterministic in (False, True):
+                cupyflash.flash_attention_backward(do, q, k, v, out, lse, deterministic=deterministic, **options)
+
+
+def packed(dtype):
+    lengths = numpy.array([0, 5, 130, 1, 77])
+    cu = cupy.asarray(numpy.concatenate([[0], numpy.cumsum(lengths)]).astype(numpy.int32))
+    total = int(lengths.sum())
+    options = {"max_seqlen_q": 130, "max_seqlen_k": 130, "causal": True}
+    for _ in range(2):
+        q, k, v, do = (normal(s, dtype) for s in ((total, 4, 128), (total, 2, 128), (total, 2, 128), (total, 4, 128)))
+        out, lse = cupyflash.flash_attention_varlen(q, k, v, cu, cu, return_lse=True, **options)
+        cupyflash.flash_attention_varlen_backward(do, q, k, v, out, lse, cu, cu, **options)
+    # A malformed cu_seqlens: the device check, and the NaN fill of every result.
+    bad = cu.copy()
+    bad[2] = 400
+    out, lse = cupyflash.flash_attention_varlen(q, k, v, bad, bad, return_lse=True, **options)
+    cupyflash.flash_attention_varlen_backward(do, q, k, v, out, lse, bad, bad, **options)
+
+
+def decode(dtype):
+    """The decode kernel with softcap and ALiBi (its score_mod variant), dense and paged."""
+    batch, heads, heads_k, d, capacity = 3, 8, 2, 128, 192
+    slopes = cupy.asarray(numpy.linspace(0.1, 0.8, heads).astype(numpy.float32))
+    for paged in (False, True):
+        for _ in range(2):
+            q = normal((batch, 1, heads, d), dtype)
+            k, v = normal((batch, 1, heads_k, d), dtype), normal((batch, 1, heads_k, d), dtype)
+            options = {"k": k, "v": v, "cache_seqlens": cupy.asarray(numpy.array([5, 100, 180], numpy.int32)),
+                       "softcap": 30.0, "alibi_slopes": slopes, "causal": True}
+            if paged:
+                k_cache = normal((batch * capacity // 16, 16, heads_k, d), dtype)
+                options["block_table"] = cupy.arange(batch * capacity // 16, dtype=cupy.int32).reshape(batch, -1)
+            else:
+                k_cache = normal((batch, capacity, heads_k, d), dtype)
+            cupyflash.flash_attention_with_kvcache(q, k_cache, k_cache.copy(), num_splits=3, **options)
+
+
+families = sys.argv[1:] or ["sm90", "sm80", "general"]
+for family in families:
+    os.environ["CUPYFLASH_FAMILY"] = family
+    for dtype in ((numpy.float32, numpy.float64) if family == "general" else (numpy.float16, ml_dtypes.bfloat16)):
+        dense(dtype)
+        packed(dtype)
+        if dtype != numpy.float64:
+            decode(dtype)
+cupy.cuda.Device().synchronize()
+print("sanitize_attention: done")
