@@ -103,15 +103,18 @@ _NOTES_DOC = """
     A NaN (or an inf that makes one) in q or k reaches exactly the rows that see it."""
 
 
-def _forward(key, p, q, k, v, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None):
-    """(out, lse) of a checked forward call; a CuPy call's plan is kept under ``key``."""
+def _forward(key, p, q, k, v, return_lse, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None):
+    """out, or (out, lse) with ``return_lse``, of a checked forward call; a CuPy call's plan is kept
+    under ``key``."""
     if key is None or not _compute.plannable(p):
-        return _compute.forward(p, q, k, v)
+        out, lse = _compute.forward(p, q, k, v)
+        return (out, lse) if return_lse else out
     from . import _cuda
 
-    plan = _cuda.forward_plan(p, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
+    plan = _cuda.forward_plan(p, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, return_lse=return_lse)
     PLANS.put(key, plan)
-    return plan(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None)
+    results = plan(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None)
+    return results if return_lse else results[0]
 
 
 def _backward(key, p, dout, q, k, v, out, lse, deterministic, alibi_slopes=None, cu_seqlens_q=None,
@@ -146,16 +149,15 @@ def flash_attention(q, k, v, *, causal=False, softmax_scale=None, window_size=(-
     -----{notes}
     """
     key = _keys.forward(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes, block_mask, return_lse)
-    plan = PLANS.get(key) if key is not None else None
+    plan = PLANS.get(key)
     if plan is not None:
-        out, lse = plan(q, k, v, alibi_slopes, None, None, None)
-        return (out, lse) if return_lse else out
+        results = plan(q, k, v, alibi_slopes, None, None, None)
+        return results if return_lse else results[0]
     q, k, v = _problem.arrays(q=q, k=k, v=v)
     p = _problem.forward_problem(q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window_size,
                                  softcap=softcap, alibi_slopes=alibi_slopes, block_mask=block_mask)
     return_lse = _problem.check_flag("return_lse", return_lse)
-    out, lse = _forward(key, p, q, k, v, alibi_slopes)
-    return (out, lse) if return_lse else out
+    return _forward(key, p, q, k, v, return_lse, alibi_slopes)
 
 
 def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=None, window_size=(-1, -1),
@@ -181,7 +183,7 @@ def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, softmax_s
     """
     key = _keys.backward(dout, q, k, v, out, lse, causal, softmax_scale, window_size, softcap, alibi_slopes, block_mask,
                          deterministic)
-    plan = PLANS.get(key) if key is not None else None
+    plan = PLANS.get(key)
     if plan is not None:
         return plan(dout, q, k, v, out, lse, alibi_slopes, None, None, None)
     dout, q, k, v, out, lse = _problem.arrays(dout=dout, q=q, k=k, v=v, out=out, lse=lse)
@@ -241,18 +243,17 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=
     """
     key = _keys.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
                                window_size, softcap, alibi_slopes, return_lse)
-    plan = PLANS.get(key) if key is not None else None
+    plan = PLANS.get(key)
     if plan is not None:
-        out, lse = plan(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None)
-        return (out, lse) if return_lse else out
+        results = plan(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None)
+        return results if return_lse else results[0]
     q, k, v, cu_seqlens_q, cu_seqlens_k = _problem.arrays(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q,
                                                           cu_seqlens_k=cu_seqlens_k)
     p = _problem.varlen_forward_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                                         max_seqlen_k=max_seqlen_k, causal=causal, softmax_scale=softmax_scale,
                                         window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
     return_lse = _problem.check_flag("return_lse", return_lse)
-    out, lse = _forward(key, p, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
-    return (out, lse) if return_lse else out
+    return _forward(key, p, q, k, v, return_lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
 
 
 def flash_attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
@@ -273,7 +274,7 @@ def flash_attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_se
     """
     key = _keys.varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                 causal, softmax_scale, window_size, softcap, alibi_slopes, deterministic)
-    plan = PLANS.get(key) if key is not None else None
+    plan = PLANS.get(key)
     if plan is not None:
         return plan(dout, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None)
     dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = _problem.arrays(

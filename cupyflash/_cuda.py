@@ -26,22 +26,22 @@ def _problem_inputs(b, p, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k):
     return dataclasses.replace(p, **slots)
 
 
-def forward_plan(p, q, k, v, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None):
+def forward_plan(p, q, k, v, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, return_lse=True):
     """The plan of the forward of problem ``p`` for operands as the call gives them (the plan converts
     what the kernels cannot read as it is, on every run). Its run takes ``(q, k, v, alibi_slopes,
-    cu_seqlens_q, cu_seqlens_k, seqused_k)`` and returns ``(out, lse)``."""
+    cu_seqlens_q, cu_seqlens_k, seqused_k)`` and returns ``(out, lse)``, or ``(out,)`` without
+    ``return_lse`` (the kernels still write lse, into the workspace)."""
     device = common.current_device()
     b = _plan.PlanBuilder()
     operands = tuple(b.input(*common.readable(x)) for x in (q, k, v))
     ps = _problem_inputs(b, p, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k)
-    bad = common.plan_varlen_check(b, ps, *operands)
     if _launchable(p):
         family, variant = _families.select(_families.FORWARD, ps, device, operands)
         out, lse = family.plan(b, variant, ps, *operands, device)
     else:
         out, lse = b.output(p.out_shape, p.dtype), b.output(p.lse_shape, lse_dtype(p.dtype))
-    common.plan_fill_nan_if(b, bad, out, lse)
-    return b.build((out, lse))
+    common.plan_varlen_check(b, ps, *operands, out, lse)
+    return b.build((out, lse) if return_lse else (out,))
 
 
 def backward_plan(p, dout, q, k, v, out, lse, deterministic, alibi_slopes=None, cu_seqlens_q=None,
@@ -59,13 +59,12 @@ def backward_plan(p, dout, q, k, v, out, lse, deterministic, alibi_slopes=None, 
         lse_slot = b.input(cupy.ascontiguousarray(lse.astype(dtype)), lambda x: cupy.ascontiguousarray(x.astype(dtype)))
     ps = _problem_inputs(b, p, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None)
     dout_s, q_s, k_s, v_s, out_s = operands
-    bad = common.plan_varlen_check(b, ps, q_s, k_s, v_s)
     if _launchable(p):
         family, variant = _families.select(_families.BACKWARD, ps, device, (q_s, k_s, v_s, dout_s))
         grads = family.plan(b, variant, ps, dout_s, q_s, k_s, v_s, out_s, lse_slot, deterministic, device)
     else:
         grads = tuple(b.output(x.shape, p.dtype) for x in (q_s, k_s, v_s))
-    common.plan_fill_nan_if(b, bad, *grads)
+    common.plan_varlen_check(b, ps, q_s, k_s, v_s, *grads)
     return b.build(grads)
 
 

@@ -206,14 +206,10 @@ class Plan:
     on the current stream: ``inputs`` in the builder's order (None where the call has no such array),
     ``scalars`` the int32 arguments of :meth:`PlanBuilder.int32_field`; returns the outputs."""
 
-    __slots__ = ("_buffer", "_u64", "_i32", "_inputs", "_buffers", "_zeros", "_maps", "_launches", "_outputs",
-                 "_nbytes", "_scalars", "_keep", "_cupy", "_driver", "_memset", "__weakref__")
+    __slots__ = ("_buffer", "_u64", "_i32", "_inputs", "_buffers", "_zeros", "_launches", "_outputs", "_nbytes",
+                 "_scalars", "_keep", "_run", "__weakref__")
 
     def __init__(self, builder, outputs):
-        import cupy
-        from cupy.cuda import driver, runtime
-
-        self._cupy, self._driver, self._memset = cupy, driver, runtime.memsetAsync
         # One argument buffer for every struct, each 64-byte aligned (the buffer too).
         offsets, size = [], 0
         for struct in builder._structs:
@@ -252,38 +248,58 @@ class Plan:
         self._launches = tuple(_Launch(function, grid, threads, smem, [base + placed[id(s)] for s in structs])
                                for function, grid, threads, smem, structs in builder._launches)
         self._keep = tuple(builder._keep)
+        self._run = self._compile()
 
     def __call__(self, *inputs, scalars=()):
-        stream = self._cupy.cuda.get_current_stream().ptr
-        u64 = self._u64
-        converted = []
-        for x, (words, maps, convert) in zip(inputs, self._inputs):
-            if x is None:
-                continue
+        return self._run(*inputs, scalars=scalars)
+
+    def _compile(self):
+        """The run as straight-line Python: every word, map, memset and launch of this plan spelled out, so a
+        run pays for no loop, unpacking or attribute lookup (a few microseconds a call). Every constant
+        it names is in the namespace it is compiled in."""
+        import cupy
+        from cupy.cuda import driver, runtime
+
+        names = {"get_stream": cupy.cuda.get_current_stream, "alloc": cupy.cuda.alloc, "ndarray": cupy.ndarray,
+                 "launch": driver.launchKernel, "memset": runtime.memsetAsync,
+                 "W": memoryview(self._buffer).cast("Q"), "I": memoryview(self._buffer).cast("i")}
+
+        def constant(value):
+            name = f"c{len(names)}"
+            names[name] = value
+            return name
+
+        params = [f"x{i}" for i in range(len(self._inputs))]
+        body = ["stream = get_stream().ptr"]
+        for x, (words, maps, convert) in zip(params, self._inputs):
+            if not words and not maps:
+                continue  # an input no kernel reads, or one the call does not have
             if convert is not None:
-                x = convert(x)
-                converted.append(x)
-            ptr = x.data.ptr
-            for word in words:
-                u64[word] = ptr
+                body.append(f"{x} = {constant(convert)}({x})")  # kept in the local until the launches
+            body.append(f"p = {x}.data.ptr")
+            body += [f"W[{w}] = p" for w in words]
             for tensor_map in maps:
-                tensor_map.point(ptr)
-        memory = self._cupy.cuda.alloc(self._nbytes)
-        base = memory.ptr
+                m = constant(tensor_map)
+                body.append(f"if p != {m}.current: {m}.point(p)")
+        body += [f"memory = alloc({self._nbytes})", "base = memory.ptr"]
         for words, maps, offset in self._buffers:
-            for word in words:
-                u64[word] = base + offset
+            if words or maps:
+                body.append(f"p = base + {offset}")
+            body += [f"W[{w}] = p" for w in words]
             for tensor_map in maps:
-                tensor_map.point(base + offset)
-        for index, value in zip(self._scalars, scalars):
-            self._i32[index] = value
-        for offset, nbytes in self._zeros:
-            self._memset(base + offset, 0, nbytes, stream)
-        launch = self._driver.launchKernel
+                m = constant(tensor_map)
+                body.append(f"if p != {m}.current: {m}.point(p)")
+        body += [f"I[{index}] = scalars[{i}]" for i, index in enumerate(self._scalars)]
+        body += [f"memset(base + {offset}, 0, {nbytes}, stream)" for offset, nbytes in self._zeros]
         for step in self._launches:
-            launch(step.function, *step.shape, stream, step.params_address, 0)
-        ndarray = self._cupy.ndarray
-        return tuple(ndarray(shape, dtype, memory + offset) for shape, dtype, offset in self._outputs)
+            body.append(f"launch({step.function}, {', '.join(map(str, step.shape))}, stream, {step.params_address}, 0)")
+        results = [f"ndarray({constant(shape)}, {constant(dtype)}, memory + {offset})"
+                   for shape, dtype, offset in self._outputs]
+        body.append(f"return ({', '.join(results)},)")
+        source = f"def run({', '.join(params + ['scalars=()'])}):\n" + "\n".join(f"    {line}" for line in body)
+        namespace = dict(names)
+        exec(compile(source, "<cupyflash plan>", "exec"), namespace)  # noqa: S102 (our own generated code)
+        return namespace["run"]
 
 
 class PlanCache:
@@ -296,9 +312,17 @@ class PlanCache:
         self._lock = threading.Lock()
 
     def get(self, key):
-        return self._plans.get(key)
+        """The plan of ``key``, or None (also for None and for a key holding an unhashable argument)."""
+        try:
+            return self._plans.get(key)
+        except TypeError:
+            return None
 
     def put(self, key, plan):
+        try:
+            hash(key)
+        except TypeError:
+            return
         with self._lock:
             if key not in self._plans and len(self._plans) >= self.limit:
                 del self._plans[next(iter(self._plans))]

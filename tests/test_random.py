@@ -524,8 +524,8 @@ def _run_dense(xp, pr, rng):
 
     grads = backward()
     got = dict(zip(("out", "lse", "dq", "dk", "dv"), (out, lse, *grads)))
-    q, k, v, dout = host  # the oracle reads the host copies: the same values
-    _judge(got, oracle(q, k, v, dout=dout, **options), plain(q, k, v, dout=dout, **options), dtype)
+    hq, hk, hv, hdout = host  # the oracle reads the host copies: the same values
+    _judge(got, oracle(hq, hk, hv, dout=hdout, **options), plain(hq, hk, hv, dout=hdout, **options), dtype)
     if pr.deterministic:
         _backward_again(xp, grads, backward)
 
@@ -550,9 +550,9 @@ def _run_varlen(xp, pr, rng):
 
     grads = backward()
     got = dict(zip(("out", "lse", "dq", "dk", "dv"), (out, lse, *grads)))
-    q, k, v, dout = host
-    ref = oracle(q, k, v, dout=dout, cu_seqlens=host_cu, **options)
-    _judge(got, ref, plain(q, k, v, dout=dout, cu_seqlens=host_cu, **options), dtype)
+    hq, hk, hv, hdout = host  # the oracle reads the host copies (backward() keeps the device ones)
+    ref = oracle(hq, hk, hv, dout=hdout, cu_seqlens=host_cu, **options)
+    _judge(got, ref, plain(hq, hk, hv, dout=hdout, cu_seqlens=host_cu, **options), dtype)
     if pr.deterministic:
         _backward_again(xp, grads, backward)
 

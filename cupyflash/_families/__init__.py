@@ -29,16 +29,23 @@ def _kernels():
     from .._kvcache import device as kvcache
 
     seen = {}
-    others = [common.VARLEN_CHECK, common.FILL_NAN_IF, *kvcache.KERNELS]
+    others = [common.VARLEN_CHECK_FILL, *kvcache.KERNELS]
     for kernel in [k for family in FORWARD + BACKWARD for k in family.kernels] + others:
         seen.setdefault(kernel.name, kernel)
     return tuple(seen.values())
 
 
-#: Every kernel template, and the closed table of their variants: dispatch, the compile-everything
-#: test and error messages use it.
-KERNELS = _kernels()
-VARIANTS = tuple(v for kernel in KERNELS for v in kernel.variants())
+def __getattr__(name):
+    """KERNELS, every kernel template, and VARIANTS, the closed table of their variants (dispatch, the
+    compile-everything test and error messages use it): built on first use, since they name the KV-cache
+    kernels, whose module imports this package."""
+    if name == "KERNELS":
+        globals()["KERNELS"] = _kernels()
+        return globals()["KERNELS"]
+    if name == "VARIANTS":
+        globals()["VARIANTS"] = tuple(v for kernel in __getattr__("KERNELS") for v in kernel.variants())
+        return globals()["VARIANTS"]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def forced(families):

@@ -199,42 +199,30 @@ def plan_dq_convert(b, p, args):
     b.launch(function(DQ_CONVERT.variant(dtype_name(p.dtype))), (ctas, 1, 1), ROW_THREADS, (flat_rows(b, args, p),))
 
 
-#: The device-side check of a packed batch and the NaN fill it drives (kernels_cu/common/checks.cu), for
-#: calls that must not synchronize with the host.
-VARLEN_CHECK = _kernels.Kernel("varlen_check", "common/checks.cu", ())
-FILL_NAN_IF = _kernels.Kernel("fill_nan_if", "common/checks.cu", ())
+#: The device-side check of a packed batch (kernels_cu/common/checks.cu), for calls that must not
+#: synchronize with the host: CTAs of CHECK_THREADS threads, at most FILL_MAX_CTAS of them, and few
+#: enough that all their checks read at most CHECK_MAX_READS entries of cu_seqlens.
+VARLEN_CHECK_FILL = _kernels.Kernel("varlen_check_fill", "common/checks.cu", ())
 CHECK_THREADS = 256
 FILL_MAX_CTAS = 1024
-#: The bit pattern of a quiet NaN of each dtype, by itemsize and name.
+CHECK_MAX_READS = 1 << 22
+#: The bit pattern of a quiet NaN of each dtype.
 _NAN_BITS = {"float16": 0x7E00, "bfloat16": 0x7FC0, "float32": 0x7FC00000, "float64": 0x7FF8000000000000}
 
 
-def plan_varlen_check(b, p, q, k, v):
-    """A device flag (a workspace slot of plan ``b``) that the plan sets when the problem's cu_seqlens is
-    malformed, or None when the host checked it."""
+def plan_varlen_check(b, p, q, k, v, *results):
+    """When the problem's cu_seqlens was not checked on the host, a launch of plan ``b`` after the call's
+    kernels that turns every element of up to three contiguous ``results`` (slots) into NaN if it is
+    malformed."""
     if not p.check_on_device:
-        return None
-    bad = b.workspace((1,), numpy.int32)  # written by the kernel whatever it held
+        return
     args = b.struct(_params.ATTN_ARGS)
     args[0] = attn(p, q, k, v)
-    pointer = b.struct(numpy.dtype(numpy.uint64))
-    pointer[0] = bad.data.ptr
-    b.launch(function(VARLEN_CHECK.variant()), (1, 1, 1), CHECK_THREADS, (args, pointer))
-    return bad
-
-
-def plan_fill_nan_if(b, bad, *results):
-    """Every element of up to three contiguous ``results`` (slots of plan ``b``) becomes NaN when the
-    device flag ``bad`` is set; nothing without a flag."""
-    if bad is None:
-        return
     fill = b.struct(_params.NAN_FILL)
     for i, x in enumerate(results):
         fill["ptr"][0, i] = x.data.ptr
         fill["words"][0, i] = x.size
         fill["nan"][0, i] = _NAN_BITS[x.dtype.name]
         fill["width"][0, i] = x.dtype.itemsize
-    pointer = b.struct(numpy.dtype(numpy.uint64))
-    pointer[0] = bad.data.ptr
-    ctas = min(cdiv(max(x.size for x in results), CHECK_THREADS), FILL_MAX_CTAS)
-    b.launch(function(FILL_NAN_IF.variant()), (max(ctas, 1), 1, 1), CHECK_THREADS, (pointer, fill))
+    ctas = min(cdiv(max(x.size for x in results), CHECK_THREADS), FILL_MAX_CTAS, CHECK_MAX_READS // (p.batch + 1))
+    b.launch(function(VARLEN_CHECK_FILL.variant()), (max(ctas, 1), 1, 1), CHECK_THREADS, (args, fill))

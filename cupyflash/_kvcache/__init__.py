@@ -23,7 +23,7 @@ def attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_t
     key = _keys.kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
                         rotary_interleaved, causal, window_size, softcap, alibi_slopes, softmax_scale, num_splits,
                         return_lse)
-    plan = PLANS.get(key) if key is not None else None
+    plan = PLANS.get(key)
     if plan is not None:
         out, lse = plan(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
                         alibi_slopes)
@@ -51,6 +51,6 @@ def attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_t
         from . import device
 
         (out, lse), plan = device.attention(c, alibi_slopes)
-        if key is not None and plan is not None:
+        if plan is not None:
             PLANS.put(key, plan)
     return (out, lse) if return_lse else out

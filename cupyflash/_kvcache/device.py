@@ -153,6 +153,7 @@ class DecodePlan:
 
     def __init__(self, c, variant, device, alibi_slopes):
         self.capacity, self.seqlen_new = c.capacity, c.seqlen_new
+        self.seqlens_array = c.cache_seqlens is not None
         b = _plan.PlanBuilder()
         # Inputs, in the order __call__ takes them. The caches are written in place: never copied.
         q = b.input(*common.readable(c.q))
@@ -195,16 +196,16 @@ class DecodePlan:
 
     def __call__(self, q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
                  alibi_slopes):
-        """(out, lse) of a call of the plan's layout."""
-        if cache_seqlens is None:
-            value, cache_seqlens = self.capacity - self.seqlen_new, None
-        elif _problem.is_int(cache_seqlens):
+        """(out, lse) of a call of the plan's layout (its key fixed cache_seqlens' type)."""
+        if self.seqlens_array:
+            value = 0
+        elif cache_seqlens is None:
+            value = self.capacity - self.seqlen_new
+        else:
             value = int(cache_seqlens)
             if not 0 <= value <= self.capacity - self.seqlen_new:
                 raise ValueError(f"cache_seqlens must be in [0, {self.capacity - self.seqlen_new}], got {value}")
             cache_seqlens = None
-        else:
-            value = 0
         return self._plan(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
                           alibi_slopes, scalars=(value,) * self.scalars)
 
