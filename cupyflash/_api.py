@@ -113,7 +113,7 @@ def _forward(key, p, q, k, v, return_lse, alibi_slopes=None, cu_seqlens_q=None, 
 
     plan = _cuda.forward_plan(p, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, return_lse=return_lse)
     PLANS.put(key, plan)
-    results = plan(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None)
+    results = plan.run(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None)
     return results if return_lse else results[0]
 
 
@@ -127,7 +127,7 @@ def _backward(key, p, dout, q, k, v, out, lse, deterministic, alibi_slopes=None,
 
     plan = _cuda.backward_plan(p, dout, q, k, v, out, lse, deterministic, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
     PLANS.put(key, plan)
-    return plan(dout, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None)
+    return plan.run(dout, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None)
 
 
 def flash_attention(q, k, v, *, causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0,
@@ -151,7 +151,7 @@ def flash_attention(q, k, v, *, causal=False, softmax_scale=None, window_size=(-
     key = _keys.forward(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes, block_mask, return_lse)
     plan = PLANS.get(key)
     if plan is not None:
-        results = plan(q, k, v, alibi_slopes, None, None, None)
+        results = plan.run(q, k, v, alibi_slopes, None, None, None)
         return results if return_lse else results[0]
     q, k, v = _problem.arrays(q=q, k=k, v=v)
     p = _problem.forward_problem(q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window_size,
@@ -185,7 +185,7 @@ def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, softmax_s
                          deterministic)
     plan = PLANS.get(key)
     if plan is not None:
-        return plan(dout, q, k, v, out, lse, alibi_slopes, None, None, None)
+        return plan.run(dout, q, k, v, out, lse, alibi_slopes, None, None, None)
     dout, q, k, v, out, lse = _problem.arrays(dout=dout, q=q, k=k, v=v, out=out, lse=lse)
     p = _problem.backward_problem(dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
                                   window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
@@ -245,7 +245,7 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=
                                window_size, softcap, alibi_slopes, return_lse)
     plan = PLANS.get(key)
     if plan is not None:
-        results = plan(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None)
+        results = plan.run(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None)
         return results if return_lse else results[0]
     q, k, v, cu_seqlens_q, cu_seqlens_k = _problem.arrays(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q,
                                                           cu_seqlens_k=cu_seqlens_k)
@@ -276,7 +276,7 @@ def flash_attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_se
                                 causal, softmax_scale, window_size, softcap, alibi_slopes, deterministic)
     plan = PLANS.get(key)
     if plan is not None:
-        return plan(dout, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None)
+        return plan.run(dout, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None)
     dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = _problem.arrays(
         dout=dout, q=q, k=k, v=v, out=out, lse=lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k
     )

@@ -7,8 +7,14 @@ kernels with every size, stride and option filled, the tensor maps, the launches
 block, shared memory) and the sizes of the outputs and the workspace. Running it for arrays of that
 layout takes the outputs and the workspace from CuPy's pool in one allocation, writes the arrays'
 addresses into the structs and the tensor maps (cuTensorMapReplaceAddress where one changed), zeroes
-the workspace the kernels do not, and launches on the current stream through the driver: a few
-microseconds of host time, where the checks and the setup of a call take about a hundred.
+the workspace the kernels do not, and launches on the current stream: a few microseconds of host
+time, where the checks and the setup of a call take about a hundred.
+
+The launches go as one CUDA graph (:class:`_Graph`): per run, each kernel node takes its arguments
+from the plan's buffer (cuGraphExecKernelNodeSetParams, about 1.2 us) and the graph is launched once
+(about 2.8 us for three kernels), where a launch per kernel costs about 4.5 us on the H200's host
+(bench/NOTES.md). A stream that is being captured into a user's graph gets the kernel launches
+themselves (a graph launch is not captured), with the zeroing on the call's own memory.
 
 A plan is built by the code that would run the call (the families of cupyflash/_families): it writes
 its structs as always, but through :class:`Slot` placeholders, whose addresses are sentinels the
@@ -120,6 +126,94 @@ class _Launch:
         self.params_address = self.params.ctypes.data
 
 
+class _KernelNodeParams(ctypes.Structure):
+    """CUDA_KERNEL_NODE_PARAMS (the v1 layout of cuGraphAddKernelNode and cuGraphExecKernelNodeSetParams)."""
+
+    _fields_ = [("func", ctypes.c_void_p), ("grid_x", ctypes.c_uint), ("grid_y", ctypes.c_uint),
+                ("grid_z", ctypes.c_uint), ("block_x", ctypes.c_uint), ("block_y", ctypes.c_uint),
+                ("block_z", ctypes.c_uint), ("smem", ctypes.c_uint), ("kernel_params", ctypes.c_void_p),
+                ("extra", ctypes.c_void_p)]
+
+
+class _MemsetNodeParams(ctypes.Structure):
+    """CUDA_MEMSET_NODE_PARAMS."""
+
+    _fields_ = [("dst", ctypes.c_uint64), ("pitch", ctypes.c_size_t), ("value", ctypes.c_uint),
+                ("element_size", ctypes.c_uint), ("width", ctypes.c_size_t), ("height", ctypes.c_size_t)]
+
+
+@functools.lru_cache(maxsize=None)
+def _graph_driver():
+    """The driver's graph functions, with their argument types."""
+    lib = ctypes.CDLL("libcuda.so.1")
+    p, pp, u64 = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_ulonglong
+    functions = {"cuGraphCreate": [pp, ctypes.c_uint], "cuGraphDestroy": [p],
+                 "cuGraphAddKernelNode": [pp, p, pp, ctypes.c_size_t, p],
+                 "cuGraphAddMemsetNode": [pp, p, pp, ctypes.c_size_t, p, p],
+                 "cuGraphInstantiateWithFlags": [pp, p, u64], "cuGraphExecDestroy": [p],
+                 "cuGraphExecKernelNodeSetParams": [p, p, p], "cuCtxGetCurrent": [pp]}
+    table = {}
+    for name, argtypes in functions.items():
+        function = getattr(lib, name)
+        function.argtypes, function.restype = argtypes, ctypes.c_int
+        table[name] = function
+    return table
+
+
+def _check(result, what):
+    if result != 0:
+        raise RuntimeError(f"cupyflash: {what} failed with CUresult {result}")
+
+
+class _Graph:
+    """A plan's launches as one executable CUDA graph on the current device: a memset node zeroing the
+    plan's own counters (memory it keeps: launches of one executable graph never overlap, so the
+    counters are never shared by two running launches), then the kernel nodes in launch order, each
+    after the one before. ``nodes`` are (graph exec, node, params) triples for
+    cuGraphExecKernelNodeSetParams, whose params point at the plan's kernelParams arrays."""
+
+    def __init__(self, launches, zeroed_nbytes):
+        import cupy
+
+        driver = _graph_driver()
+        self._driver = driver
+        self.counters = cupy.cuda.alloc(zeroed_nbytes) if zeroed_nbytes else None
+        self._graph, self.exec = ctypes.c_void_p(), ctypes.c_void_p()
+        _check(driver["cuGraphCreate"](ctypes.byref(self._graph), 0), "cuGraphCreate")
+        previous = None
+        if self.counters is not None:
+            context = ctypes.c_void_p()
+            _check(driver["cuCtxGetCurrent"](ctypes.byref(context)), "cuCtxGetCurrent")
+            memset = _MemsetNodeParams(self.counters.ptr, 0, 0, 1, zeroed_nbytes, 1)
+            previous = ctypes.c_void_p()
+            _check(driver["cuGraphAddMemsetNode"](ctypes.byref(previous), self._graph, None, 0, ctypes.byref(memset),
+                                                  context), "cuGraphAddMemsetNode")
+        self._params, nodes = [], []
+        for step in launches:
+            grid_x, grid_y, grid_z, block_x, block_y, block_z, smem = step.shape
+            params = _KernelNodeParams(step.function, grid_x, grid_y, grid_z, block_x, block_y, block_z, smem,
+                                       step.params_address, None)
+            node = ctypes.c_void_p()
+            after = ctypes.byref(previous) if previous is not None else None
+            _check(driver["cuGraphAddKernelNode"](ctypes.byref(node), self._graph, after, int(previous is not None),
+                                                  ctypes.byref(params)), "cuGraphAddKernelNode")
+            self._params.append(params)
+            nodes.append(node)
+            previous = node
+        _check(driver["cuGraphInstantiateWithFlags"](ctypes.byref(self.exec), self._graph, 0),
+               "cuGraphInstantiateWithFlags")
+        self.nodes = tuple((self.exec, node, ctypes.byref(params)) for node, params in zip(nodes, self._params))
+
+    def __del__(self):
+        try:
+            if self.exec:
+                self._driver["cuGraphExecDestroy"](self.exec)
+            if self._graph:
+                self._driver["cuGraphDestroy"](self._graph)
+        except Exception:  # noqa: BLE001 (at interpreter exit the driver may be gone)
+            pass
+
+
 class PlanBuilder:
     """Collects a plan: its inputs (the order of :meth:`input` calls is the order a run takes them in),
     outputs and workspace, argument structs, tensor maps and launches."""
@@ -204,10 +298,14 @@ class PlanBuilder:
 class Plan:
     """A call prepared for one layout (see the module docstring). ``plan(*inputs, scalars=())`` runs it
     on the current stream: ``inputs`` in the builder's order (None where the call has no such array),
-    ``scalars`` the int32 arguments of :meth:`PlanBuilder.int32_field`; returns the outputs."""
+    ``scalars`` the int32 arguments of :meth:`PlanBuilder.int32_field`; returns the outputs.
 
-    __slots__ = ("_buffer", "_u64", "_i32", "_inputs", "_buffers", "_zeros", "_launches", "_outputs", "_nbytes",
-                 "_scalars", "_keep", "_run", "__weakref__")
+    ``run`` is the same function without the method call (the public API's hot path calls it; it is
+    replaced once, when the plan makes its graph), ``source`` its generated Python and ``namespace``
+    the constants it names (for reading)."""
+
+    __slots__ = ("_buffer", "_inputs", "_buffers", "_zeroed", "_zeroed_nbytes", "_launches", "_outputs", "_nbytes",
+                 "_scalars", "_keep", "_graph", "run", "source", "namespace", "__weakref__")
 
     def __init__(self, builder, outputs):
         # One argument buffer for every struct, each 64-byte aligned (the buffer too).
@@ -223,11 +321,9 @@ class Plan:
         for struct, offset in zip(builder._structs, offsets):
             self._buffer[offset:offset + struct.nbytes] = struct.view(numpy.uint8)
             placed[id(struct)] = offset
-        self._u64 = self._buffer.view(numpy.uint64)
-        self._i32 = self._buffer.view(numpy.int32)
         # Where each slot's address goes: the buffer's words that hold its sentinel.
         words = {}
-        sentinels = self._u64 - numpy.uint64(_SENTINEL)
+        sentinels = self._buffer.view(numpy.uint64) - numpy.uint64(_SENTINEL)
         for index in numpy.flatnonzero(sentinels < numpy.uint64(8 * len(builder._slots))):
             slot = int(sentinels[index]) // 8
             if int(sentinels[index]) % 8 == 0:
@@ -239,8 +335,16 @@ class Plan:
         self._inputs = tuple((tuple(words.get(s, ())), tuple(maps.get(s, ())), convert)
                              for s, convert in zip(builder._inputs, builder._converts))
         self._buffers = tuple((tuple(words.get(s, ())), tuple(maps.get(s, ())), offset)
-                              for s, offset, _ in builder._buffers)
-        self._zeros = tuple((offset, builder._slots[s].nbytes) for s, offset, zeroed in builder._buffers if zeroed)
+                              for s, offset, zeroed in builder._buffers if not zeroed)
+        # Zeroed workspaces (counters): in the call's allocation when the launches are captured, else in
+        # the graph's own memory (_Graph), at these offsets.
+        zeroed, counters = [], 0
+        for s, offset, is_zeroed in builder._buffers:
+            if is_zeroed:
+                nbytes = builder._slots[s].nbytes
+                zeroed.append((tuple(words.get(s, ())), tuple(maps.get(s, ())), offset, counters, nbytes))
+                counters = _aligned(counters + max(nbytes, 1), _BUFFER_ALIGN)
+        self._zeroed, self._zeroed_nbytes = tuple(zeroed), counters
         offset_of = {s: offset for s, offset, _ in builder._buffers}
         self._outputs = tuple((slot.shape, slot.dtype, offset_of[slot.index]) for slot in outputs)
         self._nbytes = max(builder._nbytes, 1)
@@ -248,58 +352,94 @@ class Plan:
         self._launches = tuple(_Launch(function, grid, threads, smem, [base + placed[id(s)] for s in structs])
                                for function, grid, threads, smem, structs in builder._launches)
         self._keep = tuple(builder._keep)
-        self._run = self._compile()
+        # The graph is made by the first run outside a capture (making one may allocate).
+        self._graph = None
+        self.run = self._compile()
 
     def __call__(self, *inputs, scalars=()):
-        return self._run(*inputs, scalars=scalars)
+        return self.run(*inputs, scalars=scalars)
+
+    def _make_graph(self, *inputs, scalars=()):
+        """Makes the plan's graph, then runs the plan with it (a first run outside a capture)."""
+        self._graph = _Graph(self._launches, self._zeroed_nbytes)
+        self.run = self._compile()
+        return self.run(*inputs, scalars=scalars)
 
     def _compile(self):
         """The run as straight-line Python: every word, map, memset and launch of this plan spelled out, so a
         run pays for no loop, unpacking or attribute lookup (a few microseconds a call). Every constant
-        it names is in the namespace it is compiled in."""
+        it names is in the namespace it is compiled in. Without a graph yet, a run outside a capture
+        makes it (:meth:`_make_graph`)."""
         import cupy
         from cupy.cuda import driver, runtime
 
         names = {"get_stream": cupy.cuda.get_current_stream, "alloc": cupy.cuda.alloc, "ndarray": cupy.ndarray,
-                 "launch": driver.launchKernel, "memset": runtime.memsetAsync,
-                 "W": memoryview(self._buffer).cast("Q"), "I": memoryview(self._buffer).cast("i")}
+                 "launch": driver.launchKernel, "memset": runtime.memsetAsync, "capturing": runtime.streamIsCapturing,
+                 "graph_launch": runtime.graphLaunch, "W": memoryview(self._buffer).cast("Q"),
+                 "I": memoryview(self._buffer).cast("i")}
 
         def constant(value):
             name = f"c{len(names)}"
             names[name] = value
             return name
 
+        def point(words, maps, indent=""):
+            lines = [f"{indent}W[{w}] = p" for w in words]
+            for tensor_map in maps:
+                m = constant(tensor_map)
+                lines.append(f"{indent}if p != {m}.current: {m}.point(p)")
+            return lines
+
         params = [f"x{i}" for i in range(len(self._inputs))]
         body = ["stream = get_stream().ptr"]
+        if self._graph is None:
+            rerun = ", ".join(params + ["scalars=scalars"])
+            body.append(f"if not capturing(stream): return {constant(self._make_graph)}({rerun})")
         for x, (words, maps, convert) in zip(params, self._inputs):
             if not words and not maps:
                 continue  # an input no kernel reads, or one the call does not have
             if convert is not None:
                 body.append(f"{x} = {constant(convert)}({x})")  # kept in the local until the launches
             body.append(f"p = {x}.data.ptr")
-            body += [f"W[{w}] = p" for w in words]
-            for tensor_map in maps:
-                m = constant(tensor_map)
-                body.append(f"if p != {m}.current: {m}.point(p)")
+            body += point(words, maps)
         body += [f"memory = alloc({self._nbytes})", "base = memory.ptr"]
         for words, maps, offset in self._buffers:
             if words or maps:
                 body.append(f"p = base + {offset}")
-            body += [f"W[{w}] = p" for w in words]
-            for tensor_map in maps:
-                m = constant(tensor_map)
-                body.append(f"if p != {m}.current: {m}.point(p)")
+                body += point(words, maps)
         body += [f"I[{index}] = scalars[{i}]" for i, index in enumerate(self._scalars)]
-        body += [f"memset(base + {offset}, 0, {nbytes}, stream)" for offset, nbytes in self._zeros]
+        # Captured: the kernel launches themselves, the counters zeroed in the call's allocation.
+        direct = []
+        for words, maps, offset, _, nbytes in self._zeroed:
+            direct += [f"p = base + {offset}", *point(words, maps), f"memset(p, 0, {nbytes}, stream)"]
         for step in self._launches:
-            body.append(f"launch({step.function}, {', '.join(map(str, step.shape))}, stream, {step.params_address}, 0)")
+            direct.append(f"launch({step.function}, {', '.join(map(str, step.shape))}, stream, {step.params_address}, 0)")
+        if self._graph is None:
+            body += direct
+        else:
+            body.append("if capturing(stream):")
+            body += [f"    {line}" for line in direct]
+            body.append("else:")
+            counters = self._graph.counters.ptr if self._graph.counters is not None else 0
+            for words, maps, _, offset, _ in self._zeroed:
+                body += [f"    p = {counters + offset}", *point(words, maps, "    ")]
+            set_params = constant(_graph_driver()["cuGraphExecKernelNodeSetParams"])
+            calls = " or ".join(f"{set_params}({', '.join(constant(x) for x in node)})" for node in self._graph.nodes)
+            body.append(f"    result = {calls}")
+            body.append(f"    if result: {constant(_node_update_failed)}(result)")
+            body.append(f"    graph_launch({self._graph.exec.value}, stream)")
         results = [f"ndarray({constant(shape)}, {constant(dtype)}, memory + {offset})"
                    for shape, dtype, offset in self._outputs]
-        body.append(f"return ({', '.join(results)},)")
+        body.append(f"return ({', '.join(results)},)" if results else "return ()")
         source = f"def run({', '.join(params + ['scalars=()'])}):\n" + "\n".join(f"    {line}" for line in body)
+        self.source, self.namespace = source, names
         namespace = dict(names)
         exec(compile(source, "<cupyflash plan>", "exec"), namespace)  # noqa: S102 (our own generated code)
         return namespace["run"]
+
+
+def _node_update_failed(result):
+    raise RuntimeError(f"cupyflash: cuGraphExecKernelNodeSetParams failed with CUresult {result}")
 
 
 class PlanCache:

@@ -58,7 +58,21 @@ def test_sentinels_tell_apart_arrays_that_share_an_address():
     assert words[:3] == [(2,), (3,), (0,)]   # q in field b, k in c, v in a (8-byte words of the buffer)
     assert words[3] == ()                   # the absent input
     assert len(plan._buffers) == 1 and plan._buffers[0][0] == (4,)
-    assert plan._i32[2] == 7                # other fields are kept as written
+    assert plan._buffer.view(np.int32)[2] == 7  # other fields are kept as written
+
+
+def test_zeroed_workspaces_are_zeroed_on_both_paths():
+    """A zeroed workspace (a counter) is zeroed in the call's allocation by the captured path and lives in
+    the graph's memory otherwise; the plan's first run outside a capture makes the graph."""
+    b = _plan.PlanBuilder()
+    counter = b.workspace((1,), np.int32, zeroed=True)
+    struct = b.struct(np.dtype([("counter", np.uint64)]))
+    struct["counter"] = counter.data.ptr
+    b.launch(1234, (1, 1, 1), 32, (struct,))
+    plan = b.build(())
+    assert plan._buffers == () and plan._zeroed == (((0,), (), 0, 0, 4),)
+    assert "memset(p, 0, 4, stream)" in plan.source and "_make_graph" not in plan.source
+    assert "if not capturing(stream): return" in plan.source  # no graph yet
 
 
 def test_plan_cache_is_bounded_and_drops_the_oldest():
@@ -175,6 +189,29 @@ def test_a_planned_call_can_be_captured_in_a_graph():
         graph.launch(stream)
         stream.synchronize()
         assert_within_rule("out", out, oracle(q, k, v, True)["out"], plain(q, k, v, True)["out"], OUTPUT_FACTOR)
+
+
+@_gpu
+def test_a_plan_made_in_a_capture_launches_its_graph_afterwards():
+    """A plan first made while the stream is captured launches kernels there (a graph launch is not
+    captured); its first call outside a capture makes its graph, which the calls after that launch."""
+    q, k, v, _ = _inputs((1, 192, 2, 64), "bfloat16", 11)
+    cupyflash.flash_attention(q, k, v, causal=True)  # compiles outside the capture
+    _api.PLANS.clear()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        captured = cupyflash.flash_attention(q, k, v, causal=True)
+        graph = stream.end_capture()
+        (plan,) = _api.PLANS._plans.values()
+        assert plan._graph is None
+        graph.launch(stream)
+        eager = [cupyflash.flash_attention(q, k, v, causal=True) for _ in range(2)]
+        assert plan._graph is not None
+    stream.synchronize()
+    reference = oracle(q, k, v, True)["out"], plain(q, k, v, True)["out"]
+    for out in (captured, *eager):
+        assert_within_rule("out", out, *reference, OUTPUT_FACTOR)
 
 
 @_gpu

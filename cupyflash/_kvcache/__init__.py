@@ -25,9 +25,9 @@ def attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_t
                         return_lse)
     plan = PLANS.get(key)
     if plan is not None:
-        out, lse = plan(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
-                        alibi_slopes)
-        return (out, lse) if return_lse else out
+        results = plan(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
+                       alibi_slopes)
+        return results if return_lse else results[0]
     named = {"q": q, "k_cache": k_cache, "v_cache": v_cache}
     named.update({n: x for n, x in (("k", k), ("v", v), ("cache_batch_idx", cache_batch_idx), ("block_table", block_table),
                                    ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)) if x is not None})
@@ -50,7 +50,8 @@ def attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_t
     else:
         from . import device
 
-        (out, lse), plan = device.attention(c, alibi_slopes)
+        int_seqlens = cache_seqlens is not None and "cache_seqlens" not in named
+        (out, lse), plan = device.attention(c, alibi_slopes, return_lse, int_seqlens)
         if plan is not None:
             PLANS.put(key, plan)
     return (out, lse) if return_lse else out

@@ -146,14 +146,14 @@ def num_splits(c, variant, device, row_tiles):
 
 class DecodePlan:
     """A decode-kernel call prepared once for a layout (cupyflash/_plan.py): the append (new tokens, rotary),
-    the decode kernel and the split merge, with every size filled. Calling it with the arrays of a call of
-    that layout runs them on the current stream; ``cache_seqlens`` may be an int (checked against the
-    capacity, as the call's checks would) or the call's array. ``alibi_slopes`` is the call's own array
-    (the checks made ``c``'s contiguous; the plan repeats that where needed)."""
+    the decode kernel and the split merge, with every size filled. ``plan`` runs them on the current
+    stream for the arrays of a call of that layout, in :meth:`__call__`'s order, and returns (out,) or,
+    with ``return_lse``, (out, lse). ``capacity`` is the cache_seqlens bound of a call that passes it as
+    an int (checked on the host, as the call's checks would, then passed as the plan's scalar), None when
+    the plan's calls pass an array or None (the full cache: a constant of the plan)."""
 
-    def __init__(self, c, variant, device, alibi_slopes):
-        self.capacity, self.seqlen_new = c.capacity, c.seqlen_new
-        self.seqlens_array = c.cache_seqlens is not None
+    def __init__(self, c, variant, device, alibi_slopes, return_lse, int_seqlens):
+        self.capacity = c.capacity - c.seqlen_new if int_seqlens else None
         b = _plan.PlanBuilder()
         # Inputs, in the order __call__ takes them. The caches are written in place: never copied.
         q = b.input(*common.readable(c.q))
@@ -165,7 +165,7 @@ class DecodePlan:
                                  ("rotary_sin", c.rotary_sin), ("alibi_slopes", alibi_slopes))}
         cs = dataclasses.replace(c, q=q, k_cache=k_cache, v_cache=v_cache, k_new=k_new, v_new=v_new, **slots)
         out = b.output(c.out_shape, c.dtype)
-        lse = b.output(c.lse_shape, numpy.float32)
+        lse = b.output(c.lse_shape, numpy.float32) if return_lse else b.workspace(c.lse_shape, numpy.float32)
         rows = c.seqlen_q * (c.heads // c.heads_k)
         row_tiles = common.cdiv(rows, DECODE_ROWS)
         splits = num_splits(c, variant, device, row_tiles)
@@ -175,7 +175,8 @@ class DecodePlan:
             append = _fill_args(b.struct(_params.KV_CACHE_ARGS), cs, q, None, None)
             if q_rot is not None:
                 append["q_rot"] = _params.tensor(q_rot)
-            b.int32_field(append, ("cache_seqlens_value",))
+            if int_seqlens:
+                b.int32_field(append, ("cache_seqlens_value",))
             b.launch(common.function(APPEND.variant(common.dtype_name(c.dtype))), (tokens, c.batch, 1), APPEND_THREADS,
                      (append,))
         main = _fill_args(b.struct(_params.KV_CACHE_ARGS), cs, q_rot if q_rot is not None else q, out, lse)
@@ -184,30 +185,28 @@ class DecodePlan:
             part_out = b.workspace((splits * c.batch * c.seqlen_q * c.heads * c.headdim_v,), numpy.float32)
             part_lse = b.workspace((splits * c.batch * c.heads * c.seqlen_q,), numpy.float32)
             main["part_out"], main["part_lse"] = part_out.data.ptr, part_lse.data.ptr
-        b.int32_field(main, ("cache_seqlens_value",))
+        if int_seqlens:
+            b.int32_field(main, ("cache_seqlens_value",))
         smem = decode_smem_bytes(variant)
         b.launch(common.function(variant, smem), (row_tiles * splits, c.heads_k, c.batch), DECODE_THREADS, (main,), smem)
         if splits > 1:
             b.launch(common.function(COMBINE.variant(common.dtype_name(c.dtype))), (c.batch * c.seqlen_q * c.heads, 1, 1),
                      COMBINE_THREADS, (main,))
         self.splits = splits
-        self.scalars = 2 if tokens else 1
-        self._plan = b.build((out, lse))
+        self.scalars = 2 if tokens and int_seqlens else 1
+        self.plan = b.build((out, lse) if return_lse else (out,))
 
     def __call__(self, q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
                  alibi_slopes):
-        """(out, lse) of a call of the plan's layout (its key fixed cache_seqlens' type)."""
-        if self.seqlens_array:
-            value = 0
-        elif cache_seqlens is None:
-            value = self.capacity - self.seqlen_new
-        else:
-            value = int(cache_seqlens)
-            if not 0 <= value <= self.capacity - self.seqlen_new:
-                raise ValueError(f"cache_seqlens must be in [0, {self.capacity - self.seqlen_new}], got {value}")
-            cache_seqlens = None
-        return self._plan(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
-                          alibi_slopes, scalars=(value,) * self.scalars)
+        """The results of a call of the plan's layout (its key fixed cache_seqlens' type)."""
+        if self.capacity is None:
+            return self.plan.run(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos,
+                                 rotary_sin, alibi_slopes)
+        value = int(cache_seqlens)
+        if not 0 <= value <= self.capacity:
+            raise ValueError(f"cache_seqlens must be in [0, {self.capacity}], got {value}")
+        return self.plan.run(q, k_cache, v_cache, k, v, None, cache_batch_idx, block_table, rotary_cos, rotary_sin,
+                             alibi_slopes, scalars=(value,) * self.scalars)
 
 
 def launch(variant, grid, threads, args, smem=0):
@@ -220,18 +219,19 @@ def launch(variant, grid, threads, args, smem=0):
                                         else a for a in args), shared_mem=smem)
 
 
-def attention(c, alibi_slopes):
-    """(out, lse) of a checked CuPy call ``c`` (``alibi_slopes``: the call's own array), the new keys and
-    values written into the caches, and the :class:`DecodePlan` that repeats the call for arrays of the
-    same layout (None when the call takes the general path)."""
+def attention(c, alibi_slopes, return_lse, int_seqlens):
+    """(out, lse) of a checked CuPy call ``c`` (``alibi_slopes``: the call's own array; ``int_seqlens``:
+    the call passed cache_seqlens as an int; lse None without ``return_lse`` where the decode kernel runs), the new keys and values written into the caches, and the
+    :class:`DecodePlan` that repeats the call for arrays of the same layout (None when the call takes the
+    general path)."""
     device = common.current_device()
     variant = decode_variant(c, device)
     if variant is not None:
-        plan = DecodePlan(c, variant, device, alibi_slopes)
-        out, lse = plan(c.q, c.k_cache, c.v_cache, c.k_new, c.v_new,
-                        c.cache_seqlens if c.cache_seqlens is not None else c.cache_seqlens_value, c.cache_batch_idx,
-                        c.block_table, c.rotary_cos, c.rotary_sin, alibi_slopes)
-        return (out, lse), plan
+        plan = DecodePlan(c, variant, device, alibi_slopes, return_lse, int_seqlens)
+        results = plan(c.q, c.k_cache, c.v_cache, c.k_new, c.v_new,
+                       c.cache_seqlens if c.cache_seqlens is not None else c.cache_seqlens_value, c.cache_batch_idx,
+                       c.block_table, c.rotary_cos, c.rotary_sin, alibi_slopes)
+        return (results[0], results[1] if return_lse else None), plan
     q, _ = common.readable(c.q)
     if c.k_new is not None:
         c = dataclasses.replace(c, k_new=common.readable(c.k_new)[0], v_new=common.readable(c.v_new)[0],
