@@ -21,8 +21,8 @@ from ._api import (
     ring_flash_attention_vjp,
 )
 from ._block_mask import BlockMask
-from ._ring import VirtualRing, zigzag_shard, zigzag_unshard
 from ._problem import SUPPORTED_DTYPES
+from ._ring import VirtualRing, zigzag_shard, zigzag_unshard
 
 __version__ = "0.9.0"
 

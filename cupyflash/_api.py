@@ -2,7 +2,22 @@
 _plan.py); any other is checked (cupyflash/_problem.py, the only checks of a call) and computed
 (cupyflash/_compute.py), and a CuPy call keeps the plan it built for the next call of its layout."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Optional, Tuple, Union
+
 from . import _compute, _keys, _kvcache, _merge, _plan, _problem, _ring
+
+if TYPE_CHECKING:
+    import cupy
+    import numpy
+
+    from ._block_mask import BlockMask
+    from ._ring import VirtualRing
+
+    #: An input or result: a NumPy array (the CPU path) or a CuPy array (the GPU path).
+    Array = Union[numpy.ndarray, cupy.ndarray]
+    Grads = Tuple[Array, Array, Array]
 
 #: The plans of the dense and packed functions' calls, by key (cupyflash/_keys.py).
 PLANS = _plan.PlanCache()
@@ -130,8 +145,10 @@ def _backward(key, p, dout, q, k, v, out, lse, deterministic, alibi_slopes=None,
     return plan.run(dout, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None)
 
 
-def flash_attention(q, k, v, *, causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0,
-                    alibi_slopes=None, block_mask=None, return_lse=False):
+def flash_attention(q: Array, k: Array, v: Array, *, causal: bool = False, softmax_scale: Optional[float] = None,
+                    window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[Array] = None,
+                    block_mask: Optional[BlockMask] = None,
+                    return_lse: bool = False) -> Union[Array, Tuple[Array, Array]]:
     """Exact attention ``softmax(softmax_scale * q k^T) v``, tiled so no score matrix is stored.
 
     Parameters
@@ -160,8 +177,10 @@ def flash_attention(q, k, v, *, causal=False, softmax_scale=None, window_size=(-
     return _forward(key, p, q, k, v, return_lse, alibi_slopes)
 
 
-def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, softmax_scale=None, window_size=(-1, -1),
-                             softcap=0.0, alibi_slopes=None, block_mask=None, deterministic=False):
+def flash_attention_backward(dout: Array, q: Array, k: Array, v: Array, out: Array, lse: Array, *, causal: bool = False,
+                             softmax_scale: Optional[float] = None, window_size: Tuple[int, int] = (-1, -1),
+                             softcap: float = 0.0, alibi_slopes: Optional[Array] = None,
+                             block_mask: Optional[BlockMask] = None, deterministic: bool = False) -> Grads:
     """Gradients of :func:`flash_attention` with respect to q, k and v.
 
     Recomputes the attention probabilities from ``lse`` tile by tile: the extra memory is
@@ -193,8 +212,10 @@ def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, softmax_s
     return _backward(key, p, dout, q, k, v, out, lse, deterministic, alibi_slopes)
 
 
-def flash_attention_vjp(q, k, v, *, causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0,
-                        alibi_slopes=None, block_mask=None, deterministic=False):
+def flash_attention_vjp(q: Array, k: Array, v: Array, *, causal: bool = False, softmax_scale: Optional[float] = None,
+                        window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                        alibi_slopes: Optional[Array] = None, block_mask: Optional[BlockMask] = None,
+                        deterministic: bool = False) -> Tuple[Array, Callable[[Array], Grads]]:
     """Forward pass and a function that maps ``dout`` to ``(dq, dk, dv)``.
 
     Parameters
@@ -217,9 +238,11 @@ def flash_attention_vjp(q, k, v, *, causal=False, softmax_scale=None, window_siz
     return out, vjp
 
 
-def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None,
-                           causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           return_lse=False):
+def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu_seqlens_k: Array, *,
+                           max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None, causal: bool = False,
+                           softmax_scale: Optional[float] = None, window_size: Tuple[int, int] = (-1, -1),
+                           softcap: float = 0.0, alibi_slopes: Optional[Array] = None,
+                           return_lse: bool = False) -> Union[Array, Tuple[Array, Array]]:
     """:func:`flash_attention` over a batch of sequences of different lengths, packed without padding.
 
     Every sequence is its own problem: masks, windows and ALiBi distances are aligned to its own
@@ -256,9 +279,12 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=
     return _forward(key, p, q, k, v, return_lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
 
 
-def flash_attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
-                                    max_seqlen_k=None, causal=False, softmax_scale=None, window_size=(-1, -1),
-                                    softcap=0.0, alibi_slopes=None, deterministic=False):
+def flash_attention_varlen_backward(dout: Array, q: Array, k: Array, v: Array, out: Array, lse: Array,
+                                    cu_seqlens_q: Array, cu_seqlens_k: Array, *, max_seqlen_q: Optional[int] = None,
+                                    max_seqlen_k: Optional[int] = None, causal: bool = False,
+                                    softmax_scale: Optional[float] = None, window_size: Tuple[int, int] = (-1, -1),
+                                    softcap: float = 0.0, alibi_slopes: Optional[Array] = None,
+                                    deterministic: bool = False) -> Grads:
     """Gradients of :func:`flash_attention_varlen` with respect to q, k and v.
 
     Parameters
@@ -287,9 +313,12 @@ def flash_attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_se
     return _backward(key, p, dout, q, k, v, out, lse, deterministic, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
 
 
-def flash_attention_varlen_vjp(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None,
-                               causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                               deterministic=False):
+def flash_attention_varlen_vjp(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu_seqlens_k: Array, *,
+                               max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None,
+                               causal: bool = False, softmax_scale: Optional[float] = None,
+                               window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                               alibi_slopes: Optional[Array] = None,
+                               deterministic: bool = False) -> Tuple[Array, Callable[[Array], Grads]]:
     """Packed forward pass and a function that maps ``dout`` to ``(dq, dk, dv)``.
 
     Parameters
@@ -355,7 +384,7 @@ _MERGE_RETURNS_DOC = """
     on the current stream, without synchronizing with the host; NumPy arrays on the CPU."""
 
 
-def merge_attention_states(out_a, lse_a, out_b, lse_b):
+def merge_attention_states(out_a: Array, lse_a: Array, out_b: Array, lse_b: Array) -> Tuple[Array, Array]:
     """Attention over the union of two disjoint key sets, from the attention over each.
     {merge}
 
@@ -371,7 +400,7 @@ def merge_attention_states(out_a, lse_a, out_b, lse_b):
     return _merge.merge(xp, [out_a, out_b], [lse_a, lse_b], packed)
 
 
-def merge_attention_states_stacked(out, lse, *, packed=False):
+def merge_attention_states_stacked(out: Array, lse: Array, *, packed: bool = False) -> Tuple[Array, Array]:
     """Attention over the union of n disjoint key sets, from the attention over each, stacked.
     {merge}
 
@@ -398,10 +427,14 @@ for _function in (merge_attention_states, merge_attention_states_stacked):
     _function.__doc__ = _function.__doc__.replace("{merge}", _MERGE_DOC).replace("{merge_returns}", _MERGE_RETURNS_DOC)
 
 
-def flash_attention_with_kvcache(q, k_cache, v_cache, *, k=None, v=None, cache_seqlens=None, cache_batch_idx=None,
-                                 block_table=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=True,
-                                 causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, softmax_scale=None,
-                                 num_splits=0, return_lse=False):
+def flash_attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, *, k: Optional[Array] = None,
+                                 v: Optional[Array] = None, cache_seqlens: Union[int, Array, None] = None,
+                                 cache_batch_idx: Optional[Array] = None, block_table: Optional[Array] = None,
+                                 rotary_cos: Optional[Array] = None, rotary_sin: Optional[Array] = None,
+                                 rotary_interleaved: bool = True, causal: bool = False,
+                                 window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                                 alibi_slopes: Optional[Array] = None, softmax_scale: Optional[float] = None,
+                                 num_splits: int = 0, return_lse: bool = False) -> Union[Array, Tuple[Array, Array]]:
     """Attention of new queries to a KV cache, after appending new keys and values to it
     (FlashAttention-2's ``flash_attn_with_kvcache``): decoding, chunked prefill, speculative
     verification.
@@ -505,8 +538,10 @@ _RING_DOC = """
         same number of query and key rows on a rank. Ignored without a mask."""
 
 
-def ring_flash_attention(q, k, v, comm, *, causal=False, softmax_scale=None, window_size=(-1, -1), layout=None,
-                         return_lse=False):
+def ring_flash_attention(q: Array, k: Array, v: Array, comm: Union[VirtualRing, cupy.cuda.nccl.NcclCommunicator], *,
+                         causal: bool = False, softmax_scale: Optional[float] = None,
+                         window_size: Tuple[int, int] = (-1, -1), layout: Optional[str] = None,
+                         return_lse: bool = False) -> Union[Array, Tuple[Array, Array]]:
     """Attention over a sequence sharded across the ranks of a ring (ring attention): each rank's
     queries attend to every rank's keys and values as the K/V blocks pass around the ring, the partial
     results merged by their log-sum-exp. No rank holds more than its shard and two blocks.
@@ -531,8 +566,10 @@ def ring_flash_attention(q, k, v, comm, *, causal=False, softmax_scale=None, win
     return (out, lse) if return_lse else out
 
 
-def ring_flash_attention_backward(dout, q, k, v, out, lse, comm, *, causal=False, softmax_scale=None,
-                                  window_size=(-1, -1), layout=None, deterministic=False):
+def ring_flash_attention_backward(dout: Array, q: Array, k: Array, v: Array, out: Array, lse: Array,
+                                  comm: Union[VirtualRing, cupy.cuda.nccl.NcclCommunicator], *, causal: bool = False,
+                                  softmax_scale: Optional[float] = None, window_size: Tuple[int, int] = (-1, -1),
+                                  layout: Optional[str] = None, deterministic: bool = False) -> Grads:
     """Gradients of :func:`ring_flash_attention` for this rank's shard: dq of its queries, and dk, dv of
     its keys and values summed over every rank's queries (the accumulators travel with the blocks).
 
@@ -559,8 +596,10 @@ def ring_flash_attention_backward(dout, q, k, v, out, lse, comm, *, causal=False
     return _ring.ring_backward(p, dout, q, k, v, out, lse, ring, geometry, deterministic)
 
 
-def ring_flash_attention_vjp(q, k, v, comm, *, causal=False, softmax_scale=None, window_size=(-1, -1), layout=None,
-                             deterministic=False):
+def ring_flash_attention_vjp(q: Array, k: Array, v: Array, comm: Union[VirtualRing, cupy.cuda.nccl.NcclCommunicator],
+                             *, causal: bool = False, softmax_scale: Optional[float] = None,
+                             window_size: Tuple[int, int] = (-1, -1), layout: Optional[str] = None,
+                             deterministic: bool = False) -> Tuple[Array, Callable[[Array], Grads]]:
     """:func:`ring_flash_attention` and a function that maps this rank's ``dout`` to its ``(dq, dk, dv)``
     (a ring call too: every rank must make it).
 

@@ -34,7 +34,8 @@ ALL_DTYPES = tuple(CTYPES)
 HALF_DTYPES = ("float16", "bfloat16")
 
 #: Template parameters as they appear in variant keys.
-_KEY_PREFIX = {"headdim": "d", "headdim_v": "v", "block_n": "n", "m_tiles": "m", "block_m": "q", "stages": "s", "score_mod": "mod"}
+_KEY_PREFIX = {"headdim": "d", "headdim_v": "v", "block_n": "n", "m_tiles": "m", "block_m": "q", "stages": "s",
+               "score_mod": "mod"}
 
 
 @dataclasses.dataclass(frozen=True)

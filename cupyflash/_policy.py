@@ -1,5 +1,5 @@
-"""Sequences and masks on the host: the rules of ``kernels_cu/policy.cuh``, for the NumPy twin and for
-building block-sparse tile lists.
+"""Sequences and masks on the host: the rules of ``kernels_cu/common/sequence.cuh``, ``mask.cuh`` and
+``score_mod.cuh``, for the NumPy twin and for building block-sparse tile lists.
 
 Rows i and keys j count from the start of their sequence. Query i sees key j iff ``i < seqlen_q``,
 ``j < seqlen_k``, ``lo <= j - i <= hi`` and the block layout (if any) sets block
@@ -25,7 +25,7 @@ class Window:
 
     @classmethod
     def of(cls, seqlen_q, seqlen_k, window_left, window_right):
-        """Clamped into [-seqlen_q, seqlen_k], which holds every j - i of real pairs (see policy.cuh)."""
+        """Clamped into [-seqlen_q, seqlen_k], which holds every j - i of real pairs (see common/mask.cuh)."""
         offset = seqlen_k - seqlen_q
         lo = -seqlen_q if window_left < 0 else max(offset - window_left, -seqlen_q)
         hi = seqlen_k if window_right < 0 else min(offset + window_right, seqlen_k)
@@ -60,7 +60,7 @@ def tiles_of(begin, end, tile):
 
 
 def modify_scores(xp, s, rows, cols, softcap, slopes, offset):
-    """FlashAttention-2's score modifications in natural-log units, in its order (policy.cuh).
+    """FlashAttention-2's score modifications in natural-log units, in its order (common/score_mod.cuh).
 
     ``s`` holds scaled scores ``softmax_scale * q . k``; ``rows`` and ``cols`` broadcast against its last
     two axes and ``slopes`` (ALiBi, or None) against the rest. Returns the modified scores and their

@@ -65,7 +65,7 @@ class Problem:
     Packed (varlen) problems have ``cu_seqlens_q``/``cu_seqlens_k`` arrays and ``total_q``/``total_k``
     rows; their ``batch`` is the number of sequences and ``seqlen_q``/``seqlen_k`` the longest ones.
     The mask is the window (``window_left``, ``window_right``; -1 unbounded, causal being right = 0),
-    the block layout, and the score modifications ``softcap`` and ``alibi_slopes`` (kernels_cu/policy.cuh).
+    the block layout, and the score modifications ``softcap`` and ``alibi_slopes`` (kernels_cu/common/mask.cuh, score_mod.cuh).
     """
 
     xp: object  # numpy or cupy

@@ -340,7 +340,7 @@ def _probabilities(xp, s, store, acc):
         Probabilities, rounded through ``store``; rows seeing no key are 0.
     m : array, shape (batch, heads_k, group, seqlen_q)
         Row maxima of the scores (``-inf`` for rows seeing no key).
-    l : array, shape (batch, heads_k, group, seqlen_q)
+    total : array, shape (batch, heads_k, group, seqlen_q)
         Row sums of ``exp(scores - m)``: 0 exactly for rows seeing no key
         (every score ``-inf``), NaN for rows reached by a NaN input.
     """
@@ -354,11 +354,11 @@ def _probabilities(xp, s, store, acc):
     # exp(-inf - 0) = 0 where -inf - (-inf) would be NaN.
     m_base = xp.where(m == -np.inf, acc.type(0), m)
     e = xp.exp(s - m_base[..., None])
-    l = e.sum(axis=-1)
-    # Dividing by 1 where l == 0 avoids 0/0; those rows are all zeros anyway.
-    # The test is ``l != 0``, not ``l > 0``, so that a NaN sum stays NaN.
-    p = rnd(e / xp.where(l != 0, l, acc.type(1))[..., None])
-    return p, m, l
+    total = e.sum(axis=-1)
+    # Dividing by 1 where the sum is 0 avoids 0/0; those rows are all zeros anyway.
+    # The test is ``total != 0``, not ``total > 0``, so that a NaN sum stays NaN.
+    p = rnd(e / xp.where(total != 0, total, acc.type(1))[..., None])
+    return p, m, total
 
 
 def _prepare(q, k, v, compute_dtype):
@@ -436,12 +436,12 @@ def attention(q, k, v, causal=False, softmax_scale=None, *, window_size=(-1, -1)
     xp, store, acc, qh, kh, vh = _prepare(q, k, v, compute_dtype)
     rnd = _rounder(store, acc)
     s, _ = _scores(xp, qh, kh, causal, softmax_scale, window_size, softcap, alibi_slopes, block_mask, store, acc)
-    p, m, l = _probabilities(xp, s, store, acc)
+    p, m, total = _probabilities(xp, s, store, acc)
     out = rnd(xp.matmul(p, vh))
     # log(0) is avoided by the substitution; the where puts -inf back.  As in
-    # _probabilities, ``l != 0`` lets a NaN sum through to a NaN lse.
-    seen = l != 0
-    lse = xp.where(seen, m + xp.log(xp.where(seen, l, acc.type(1))), acc.type(-np.inf))
+    # _probabilities, ``total != 0`` lets a NaN sum through to a NaN lse.
+    seen = total != 0
+    lse = xp.where(seen, m + xp.log(xp.where(seen, total, acc.type(1))), acc.type(-np.inf))
     batch, heads_k, group, seqlen_q = lse.shape
     lse = lse.reshape(batch, heads_k * group, seqlen_q)
     return _merge_heads(out).astype(store), lse

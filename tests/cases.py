@@ -7,9 +7,9 @@ Options that hold arrays are recipes, built for the array module of the test by 
 """
 
 import numpy as np
+from helpers import alibi, random_layout
 
 import cupyflash
-from helpers import alibi, random_layout
 
 # (id, (batch, seqlen_q, seqlen_k, heads, heads_k, headdim, headdim_v), dtype, causal, options)
 DENSE = [

@@ -304,7 +304,6 @@ def gpu_available():
         return False
 
 
-#: Marks of the GPU test modules: skipped cleanly without a GPU, every kernel compiled once first.
 #: The kernel families a float16/bfloat16 case runs on (CUPYFLASH_FAMILY): the Hopper kernels where the
 #: GPU has them (elsewhere "sm90" falls through to sm80) and the mma.sync kernels; other dtypes have one.
 HALF_FAMILIES = ("sm90", "sm80")
@@ -324,13 +323,6 @@ def use_family(monkeypatch, family):
     """Dispatch from ``family`` on (see cupyflash._families.forced); "" leaves dispatch alone."""
     if family:
         monkeypatch.setenv("CUPYFLASH_FAMILY", family)
-
-
-GPU_MARKS = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not gpu_available(), reason="no CUDA GPU available"),
-    pytest.mark.usefixtures("compiled_kernels"),
-]
 
 
 def central_differences(loss, x, step):

@@ -25,7 +25,9 @@ def run(dtype, paged, page_size=16, heads=8, heads_k=2, d=128, seqlen_q=1, new=1
     batch, capacity = 4, 256
     q = normal((batch, seqlen_q, heads, d), dtype)
     k, v = normal((batch, new, heads_k, d), dtype), normal((batch, new, heads_k, d), dtype)
-    angles = numpy.arange(capacity)[:, None] * 0.01 * numpy.arange(1, d // 4 + 1)[None, :]
+    # Positions up to the last query's (causal): capacity - new + seqlen_q - 1.
+    positions = max(capacity, capacity - new + seqlen_q)
+    angles = numpy.arange(positions)[:, None] * 0.01 * numpy.arange(1, d // 4 + 1)[None, :]
     cos, sin = cupy.asarray(numpy.cos(angles).astype(dtype)), cupy.asarray(numpy.sin(angles).astype(dtype))
     # Entry 1 has no room for its new tokens, entry 3 a negative length; entry 2 a bad page or entry.
     lengths = cupy.asarray(numpy.array([10, capacity, 200, -5], numpy.int32))

@@ -72,7 +72,7 @@ def _brute_window(seqlen_q, seqlen_k, left, right):
 @pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (0, 0), (3, 1), (10, -1), (2, 40), (100, 100)])
 @pytest.mark.parametrize("pair", [(1, 1), (13, 13), (9, 30), (30, 9), (64, 64), (5, 0)])
 def test_policy_against_brute_force(pair, window):
-    """Window ranges, full tiles and element mask of cupyflash/_policy.py (the rules of policy.cuh)."""
+    """Window ranges, full tiles and element mask of cupyflash/_policy.py (the rules of kernels_cu/common/mask.cuh)."""
     seqlen_q, seqlen_k = pair
     w = _policy.Window.of(seqlen_q, seqlen_k, *window)
     visible = _brute_window(seqlen_q, seqlen_k, *window)
@@ -191,7 +191,8 @@ def test_nan_propagates_like_the_reference(causal, where, dtype):
 
 def test_numpy_results_are_c_contiguous():
     """Regression: the NumPy path returned out, dq and dk as non-contiguous views."""
-    q, k, v = (x.transpose(0, 2, 1, 3).copy().transpose(0, 2, 1, 3) for x in random_qkv(np, 2, 9, 7, 4, 2, 8, 6, np.float32, seed=3))
+    q, k, v = (x.transpose(0, 2, 1, 3).copy().transpose(0, 2, 1, 3)
+               for x in random_qkv(np, 2, 9, 7, 4, 2, 8, 6, np.float32, seed=3))
     out, lse = cupyflash.flash_attention(q, k, v, causal=True, return_lse=True)
     grads = cupyflash.flash_attention_backward(np.ones_like(out), q, k, v, out, lse, causal=True)
     for x in (out, lse, *grads):

@@ -7,7 +7,6 @@ import pytest
 from cases import DENSE, VARLEN, build, dense_ids, varlen_ids
 from helpers import (
     DTYPES,
-    GPU_MARKS,
     check_dense,
     check_varlen,
     gpu_available,
@@ -22,7 +21,7 @@ from helpers import (
 import cupyflash
 from cupyflash import _families, reference
 
-pytestmark = GPU_MARKS
+pytestmark = pytest.mark.gpu
 
 if gpu_available():
     import cupy

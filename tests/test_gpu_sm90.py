@@ -8,13 +8,13 @@ and varlen cases of test_gpu_features.py run on the sm90 kernels too (helpers.wi
 
 import numpy as np
 import pytest
-from helpers import DTYPES, GPU_MARKS, check_dense, gpu_available, random_qkv
+from helpers import DTYPES, check_dense, gpu_available, random_qkv
 
 import cupyflash
 from cupyflash import _families, _problem
 from cupyflash._families import common, sm80, sm90
 
-pytestmark = GPU_MARKS
+pytestmark = pytest.mark.gpu
 
 if gpu_available():
     import cupy

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from helpers import (
     DTYPES,
-    GPU_MARKS,
     OUTPUT_FACTOR,
     assert_within_rule,
     gpu_available,
@@ -28,8 +27,6 @@ else:
     cupy = None
 
 
-# The GPU marks for a param (which cannot carry the compile fixture; kernels then compile on first use).
-CUPY_MARKS = [m for m in GPU_MARKS if m.name != "usefixtures"]
 
 
 def _xp(name):
@@ -157,14 +154,12 @@ def test_numpy(case):
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 @pytest.mark.gpu
-@pytest.mark.skipif(not gpu_available(), reason="no CUDA GPU available")
-@pytest.mark.usefixtures("compiled_kernels")
 def test_cupy(case):
     dtype, sizes, options = _options(cupy, case)
     _check(cupy, dtype, options, **sizes)
 
 
-@pytest.mark.parametrize("xp_name", ["numpy", pytest.param("cupy", marks=CUPY_MARKS)])
+@pytest.mark.parametrize("xp_name", ["numpy", pytest.param("cupy", marks=pytest.mark.gpu)])
 def test_empty_cache_and_no_queries(xp_name):
     xp = _xp(xp_name)
     (q, k_cache, v_cache), arrays = _inputs(xp, "float32", batch=2, seqlen_q=2, heads=2, heads_k=1, headdim=8,
@@ -178,8 +173,6 @@ def test_empty_cache_and_no_queries(xp_name):
 @pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.gpu
-@pytest.mark.skipif(not gpu_available(), reason="no CUDA GPU available")
-@pytest.mark.usefixtures("compiled_kernels")
 def test_out_of_range_values_poison_only_their_entry(dtype, paged):
     """A CuPy call checks cache_seqlens and the block table on the device: the entries with
     out-of-range values come out NaN (and, for a bad length, their caches unchanged); the others are exact."""
@@ -207,7 +200,7 @@ def test_out_of_range_values_poison_only_their_entry(dtype, paged):
     np.testing.assert_allclose(out[good], want[0], atol=2e-2 if dtype == "bfloat16" else 1e-5)
 
 
-@pytest.mark.parametrize("xp_name", ["numpy", pytest.param("cupy", marks=CUPY_MARKS)])
+@pytest.mark.parametrize("xp_name", ["numpy", pytest.param("cupy", marks=pytest.mark.gpu)])
 def test_numpy_and_int_values_are_checked_on_the_host(xp_name):
     xp = _xp(xp_name)
     (q, k_cache, v_cache), arrays = _inputs(xp, "float32", batch=2, seqlen_q=1, heads=2, heads_k=1, headdim=8,
@@ -226,8 +219,6 @@ def test_numpy_and_int_values_are_checked_on_the_host(xp_name):
 
 @pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
 @pytest.mark.gpu
-@pytest.mark.skipif(not gpu_available(), reason="no CUDA GPU available")
-@pytest.mark.usefixtures("compiled_kernels")
 def test_cuda_graph_capture_and_replay(paged):
     """A decode step (append one token, attend, split-KV merge) captured in a CUDA graph, replayed
     with new queries, new tokens and longer caches written into the captured arrays."""

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 from helpers import (
     DTYPES,
-    GPU_MARKS,
     OUTPUT_FACTOR,
     assert_within_rule,
     gpu_available,
@@ -26,10 +25,7 @@ if gpu_available():
 else:
     cupy = None
 
-# The GPU marks without the kernel pre-compilation fixture (a param cannot carry one; the merge
-# compiles no cupyflash kernel of its own).
-MODULES = [pytest.param("numpy", id="numpy"),
-           pytest.param("cupy", id="cupy", marks=[m for m in GPU_MARKS if m.name != "usefixtures"])]
+MODULES = [pytest.param("numpy", id="numpy"), pytest.param("cupy", id="cupy", marks=pytest.mark.gpu)]
 
 
 def _xp(name):

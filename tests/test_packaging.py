@@ -37,7 +37,8 @@ def test_sdist_carries_the_test_support_files(sdist):
     wanted = {f"tests/{f}" for f in os.listdir(os.path.join(ROOT, "tests")) if f.endswith(".py")}
     assert {"tests/conftest.py", "tests/helpers.py", "tests/cases.py"} <= wanted
     assert wanted <= names, f"missing from the sdist: {sorted(wanted - names)}"
-    assert {"LICENSE", "README.md", "tools/gen_wgmma.py", "bench/ring.py", "kernels_cu/generated/wgmma_ops.cuh", "kernels_cu/sm90/fwd.cu"} <= names
+    assert {"LICENSE", "README.md", "tools/gen_wgmma.py", "bench/ring.py", "kernels_cu/generated/wgmma_ops.cuh",
+            "kernels_cu/sm90/fwd.cu"} <= names
     assert not [n for n in names if n.endswith(".pyc") or n.startswith("bench/runs/")]
 
 

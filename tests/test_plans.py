@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 from helpers import (
     DTYPES,
-    GPU_MARKS,
     GRAD_FACTOR,
     OUTPUT_FACTOR,
     assert_within_rule,
@@ -90,10 +89,7 @@ def test_numpy_calls_have_no_key():
     assert _keys.forward(q, q, q, False, None, (-1, -1), 0.0, None, None, False) is None
 
 
-def _gpu(function):
-    for mark in GPU_MARKS:
-        function = mark(function)
-    return function
+_gpu = pytest.mark.gpu
 
 
 def _judge(got, q, k, v, dout, **options):

@@ -55,7 +55,6 @@ import numpy as np
 import pytest
 from helpers import (
     DTYPES,
-    GPU_MARKS,
     GRAD_FACTOR,
     OUTPUT_FACTOR,
     assert_within_rule,
@@ -702,14 +701,7 @@ def test_cpu(pr):
     _check(np, pr, "cpu")
 
 
-def _gpu_test(function):
-    """helpers.GPU_MARKS on one test (the module's other tests run everywhere)."""
-    for mark in GPU_MARKS:
-        function = mark(function)
-    return function
-
-
-@_gpu_test
+@pytest.mark.gpu
 @pytest.mark.parametrize("pr", _params(_seeds(GPU_CASES), gpu=True))
 def test_gpu(pr, monkeypatch):
     use_family(monkeypatch, pr.family)

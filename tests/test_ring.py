@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from helpers import (
     DTYPES,
-    GPU_MARKS,
     GRAD_FACTOR,
     OUTPUT_FACTOR,
     assert_within_rule,
@@ -28,7 +27,7 @@ if gpu_available():
 else:
     cupy = None
 
-CUPY_MARKS = [m for m in GPU_MARKS if m.name != "usefixtures"]
+CUPY_MARKS = pytest.mark.gpu
 
 
 def _layout_functions(xp, layout, world, seqlen):
@@ -102,8 +101,6 @@ def test_virtual_ring_numpy(dtype, world, causal, layout, window):
 @pytest.mark.parametrize("dtype, world, causal, layout, window", [c for c, _ in GPU_CASES],
                          ids=[i for _, i in GPU_CASES])
 @pytest.mark.gpu
-@pytest.mark.skipif(not gpu_available(), reason="no CUDA GPU available")
-@pytest.mark.usefixtures("compiled_kernels")
 def test_virtual_ring_cupy(dtype, world, causal, layout, window):
     # Windows scaled with the sequence (16x): a few hundred keys wide.
     window = tuple(w if w < 0 else 16 * w for w in window)

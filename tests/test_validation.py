@@ -39,7 +39,8 @@ def test_mismatched_dtype_is_type_error():
 
 def test_wrong_rank_is_value_error():
     q, k, v = _qkv()
-    with pytest.raises(ValueError, match=r"q: 3-dimensional array given. Array must be 4-dimensional \(batch, seqlen, heads, headdim\)"):
+    with pytest.raises(ValueError, match=r"q: 3-dimensional array given. Array must be 4-dimensional "
+                                         r"\(batch, seqlen, heads, headdim\)"):
         cupyflash.flash_attention(q[0], k, v)
 
 
@@ -120,7 +121,8 @@ def _backward_inputs():
 
 def test_backward_dout_shape():
     dout, q, k, v, out, lse = _backward_inputs()
-    with pytest.raises(ValueError, match=r"dout must have shape \(2, 5, 4, 6\) \(batch, seqlen_q, heads, headdim_v\), got \(2, 5, 4, 5\)"):
+    with pytest.raises(ValueError, match=r"dout must have shape \(2, 5, 4, 6\) "
+                                         r"\(batch, seqlen_q, heads, headdim_v\), got \(2, 5, 4, 5\)"):
         cupyflash.flash_attention_backward(dout[..., :5], q, k, v, out, lse)
 
 
@@ -134,7 +136,8 @@ def test_backward_lse_shape_and_dtype():
     dout, q, k, v, out, lse = _backward_inputs()
     with pytest.raises(ValueError, match=r"lse must have shape \(2, 4, 5\) \(batch, heads, seqlen_q\), got \(2, 5, 4\)"):
         cupyflash.flash_attention_backward(dout, q, k, v, out, lse.transpose(0, 2, 1))
-    with pytest.raises(TypeError, match=r"lse has dtype float16; expected float32 or float64 \(flash_attention returns float64 for float32 inputs\)"):
+    with pytest.raises(TypeError, match=r"lse has dtype float16; expected float32 or float64 "
+                                        r"\(flash_attention returns float64 for float32 inputs\)"):
         cupyflash.flash_attention_backward(dout, q, k, v, out, lse.astype(np.float16))
     with pytest.raises(ValueError, match=r"lse: 2-dimensional array given. Array must be 3-dimensional"):
         cupyflash.flash_attention_backward(dout, q, k, v, out, lse[0])
@@ -158,7 +161,8 @@ def test_mixed_numpy_and_cupy_is_type_error():
         pytest.skip("no CUDA GPU available")
     kk = cupy.zeros((2, 7, 2, 8), cupy.float32)
     q, _, v = _qkv()
-    with pytest.raises(TypeError, match=r"inputs must all be cupy arrays or all numpy arrays; got q is numpy, k is cupy, v is numpy"):
+    with pytest.raises(TypeError, match=r"inputs must all be cupy arrays or all numpy arrays; "
+                                        r"got q is numpy, k is cupy, v is numpy"):
         cupyflash.flash_attention(q, kk, v)
 
 
@@ -252,10 +256,12 @@ def test_non_finite_alibi_slopes_are_refused(bad):
 
 def test_bad_block_mask():
     q, k, v = _qkv()  # batch 2, seqlen_q 5, seqlen_k 7, heads 4
-    with pytest.raises(TypeError, match=r"block_mask must be a cupyflash.BlockMask \(see BlockMask.from_dense\), got numpy.ndarray"):
+    with pytest.raises(TypeError, match=r"block_mask must be a cupyflash.BlockMask "
+                                        r"\(see BlockMask.from_dense\), got numpy.ndarray"):
         cupyflash.flash_attention(q, k, v, block_mask=np.ones((1, 1, 1, 1), bool))
     mask = cupyflash.BlockMask.from_dense(np.ones((1, 1, 2, 2), bool), (4, 4))
-    with pytest.raises(ValueError, match=r"block_mask has layout shape \(1, 3, 2, 2\) for blocks \(4, 4\); expected \(1 or 2, 1 or 4, 2, 2\)"):
+    with pytest.raises(ValueError, match=r"block_mask has layout shape \(1, 3, 2, 2\) for blocks \(4, 4\); "
+                                         r"expected \(1 or 2, 1 or 4, 2, 2\)"):
         cupyflash.flash_attention(q, k, v, block_mask=cupyflash.BlockMask.from_dense(np.ones((1, 3, 2, 2), bool), (4, 4)))
     with pytest.raises(ValueError, match=r"expected \(1 or 2, 1 or 4, 1, 2\) for seqlen_q 5, seqlen_k 7"):
         cupyflash.flash_attention(q, k, v, block_mask=cupyflash.BlockMask.from_dense(np.ones((1, 1, 2, 2), bool), (8, 4)))
@@ -286,7 +292,8 @@ def _packed(dtype=np.float32):
 
 
 @pytest.mark.parametrize("cu_q, message", [
-    (np.array([1, 4, 9], np.int32), r"cu_seqlens_q must be non-decreasing from 0 to 9 \(the rows of the packed tensor\), got \[1 4 9\]"),
+    (np.array([1, 4, 9], np.int32), r"cu_seqlens_q must be non-decreasing from 0 to 9 \(the rows of the packed tensor\), "
+                                       r"got \[1 4 9\]"),
     (np.array([0, 6, 4], np.int32), r"cu_seqlens_q must be non-decreasing from 0 to 9"),
     (np.array([0, 4, 8], np.int32), r"cu_seqlens_q must be non-decreasing from 0 to 9"),
 ])

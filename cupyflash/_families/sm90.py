@@ -3,8 +3,10 @@
 bench/NOTES.md has the measurements behind the tile table).
 
 The kernels read q, k and v through TMA tensor maps, which this module builds on the host with the
-driver's ``cuTensorMapEncodeTiled`` (through ctypes: CuPy does not wrap it). A TMA needs 16-byte aligned
-bases and strides; dispatch gives inputs that do not have them to the sm80 family.
+driver's ``cuTensorMapEncodeTiled`` (through ctypes: CuPy does not wrap it) once, when a plan is made; a
+plan's later runs move each map to the run's array with ``cuTensorMapReplaceAddress`` (cupyflash/_plan.py),
+since the layout, the only other thing a map encodes, is the plan's. A TMA needs 16-byte aligned bases
+and strides; dispatch gives inputs that do not have them to the sm80 family.
 """
 
 import ctypes

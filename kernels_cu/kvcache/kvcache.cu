@@ -304,7 +304,6 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
     }
 
     // Per-row score modifications: a row's query and head.
-    const Log2Scores scores(a, seq, b, hk * group);
     float bias_log2[2] = {0.0f, 0.0f};
     int query[2];
 #pragma unroll
@@ -350,10 +349,13 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
             mma_16816<T>(s[1], qa, bk + 2);
         }
         auto& rows = reinterpret_cast<float(&)[1][2][4]>(s);
+        // Made per tile from the kernel parameters: at head dim 256 the registers it would hold across
+        // the loop are the ones the output needs.
+        const Log2Scores scores(a, seq, b, hk * group);
         modify_rows<kScoreMod, false>(rows, scores, query_of, [&](int, int r) { return bias_log2[r]; }, n0, 2 * t);
         // The element mask only where the warp's keys are not all visible to all the CTA's queries.
         if (!mask.tile_is_full(i0, i_last - i0 + 1, n0, 16)) {
-            mask_tile_rows<true>(rows, mask, no_layout, a, query_of, n0, 2 * t, false);
+            mask_tile_rows<false>(rows, mask, no_layout, a, query_of, n0, 2 * t, false);
         }
         softmax.step(s, o);
 
