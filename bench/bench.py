@@ -561,12 +561,7 @@ def parse_args(argv):
     parser.add_argument("--no-backward", action="store_true", help="time forward passes only")
     parser.add_argument("--no-peers", action="store_true", help="time cupyflash only (no plain CuPy, no torch)")
     parser.add_argument("--memory", action="store_true", help="add the memory report (on by default for the full grid)")
-    parser.add_argument("--repeats", type=harness.positive_int, default=DEFAULT_REPEATS, help="timed calls (median)")
-    parser.add_argument("--warmup", type=harness.non_negative_int, default=DEFAULT_WARMUP,
-                        help="untimed calls before timing")
-    parser.add_argument("--per-call", action="store_true",
-                        help="time each call alone, from a synchronize to the end of its work (host time included), "
-                        "instead of CUDA events around calls enqueued back to back")
+    harness.add_timing_options(parser, DEFAULT_REPEATS, DEFAULT_WARMUP)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory (default bench/results)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit without touching the GPU")
     return parser.parse_args(argv)

@@ -748,6 +748,15 @@ def pyplot():
 # ---------------------------------------------------------------------------------------------- options
 
 
+def add_timing_options(parser, repeats, warmup):
+    """``--repeats``, ``--warmup`` and ``--per-call``, the timing options of the grid scripts."""
+    parser.add_argument("--repeats", type=positive_int, default=repeats, help="timed calls (median)")
+    parser.add_argument("--warmup", type=non_negative_int, default=warmup, help="untimed calls before timing")
+    parser.add_argument("--per-call", action="store_true",
+                        help="time each call alone, from a synchronize to the end of its work (host time included), "
+                        "instead of CUDA events around calls enqueued back to back")
+
+
 def positive_int(text):
     """An option value as an int >= 1."""
     value = int(text)

@@ -738,12 +738,7 @@ def parse_args(argv):
         description="Benchmark cupyflash's masked (causal, window, block-sparse) and variable-length attention "
         "against dense attention, FlexAttention and FlashAttention-2.",
     )
-    parser.add_argument("--repeats", type=harness.positive_int, default=DEFAULT_REPEATS, help="timed calls (median)")
-    parser.add_argument("--warmup", type=harness.non_negative_int, default=DEFAULT_WARMUP,
-                        help="untimed calls before timing")
-    parser.add_argument("--per-call", action="store_true",
-                        help="time each call alone, from a synchronize to the end of its work (host time included), "
-                        "instead of CUDA events around calls enqueued back to back")
+    harness.add_timing_options(parser, DEFAULT_REPEATS, DEFAULT_WARMUP)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory (default bench/results/masks)")
     parser.add_argument("--no-peers", action="store_true", help="time cupyflash only (no torch)")
     parser.add_argument("--no-backward", action="store_true", help="time forward passes only")
