@@ -5,6 +5,7 @@ Run from the repository root (cupyflash installed, or ``PYTHONPATH=$PWD``)::
     python bench/host.py                    # every row, cupyflash and (with torch) SDPA flash and cuDNN
     python bench/host.py --json host.json   # also write every loop's time
     python bench/host.py --profile bwd      # cProfile of --calls calls of one row, driver calls per call
+    python bench/host.py --breakdown        # the layers and operations of the decode calls, each timed
     python bench/host.py --dry-run          # the rows, shapes and targets; needs no GPU
 
 What is measured: the wall time per call of a loop of ``--calls`` (500) calls whose GPU work is a few
@@ -130,6 +131,15 @@ def cupyflash_call(row):
         longest = max(row.lengths)
         return lambda: cupyflash.flash_attention_varlen(q, k, v, cu_seqlens, cu_seqlens, max_seqlen_q=longest,
                                                         max_seqlen_k=longest, causal=True)
+    args, kwargs = decode_arguments(row)
+    return lambda: cupyflash.flash_attention_with_kvcache(*args, **kwargs)
+
+
+def decode_arguments(row):
+    """(q, k_cache, v_cache) and the keyword arguments of a decode row's call."""
+    import cupy
+
+    bf16 = harness.dtype("bf16")
     if row.page_size:
         pages = DECODE_CAPACITY // row.page_size
         cache_shape = (pages, row.page_size, HEADS_K, HEADDIM)
@@ -141,8 +151,7 @@ def cupyflash_call(row):
     k_new, v_new = harness.make_inputs((1, 1, HEADS_K, HEADDIM), bf16, SEED + 2, count=2) if row.append else (None, None)
     # The call does not move cache_seqlens, so every call appends at the same position.
     lengths = cupy.full((1,), DECODE_FILLED, numpy.int32)
-    return lambda: cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, k=k_new, v=v_new, cache_seqlens=lengths,
-                                                          block_table=table)
+    return (q, k_cache, v_cache), {"k": k_new, "v": v_new, "cache_seqlens": lengths, "block_table": table}
 
 
 def torch_call(row, peers):
@@ -226,6 +235,69 @@ def profile(row, calls):
     lines = stream.getvalue().splitlines()
     return lines + ["", f"CuPy and ctypes functions of those lists, calls per call ({calls} calls):",
                     *driver_call_lines(stats.stats, top, calls)]
+
+
+def breakdown(row, calls, repeats):
+    """Where a decode call's host time goes: the public call, then each layer beneath it called directly
+    with the same arrays (the key, the plan lookup, the decode plan, its generated run), the run again
+    with its graph calls stubbed out, and the single operations a run is made of. Returns the printed
+    lines (us per call, median of ``repeats`` loops of ``calls``)."""
+    import cupy
+    from cupy.cuda import runtime
+
+    import cupyflash
+    from cupyflash import _keys, _kvcache, _plan
+
+    (q, k_cache, v_cache), kw = decode_arguments(row)
+    for _ in range(3):  # a plan's second run generates its run and makes its graph
+        cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **kw)
+    positional = (q, k_cache, v_cache, kw["k"], kw["v"], kw["cache_seqlens"], None, kw["block_table"], None, None,
+                  True, False, (-1, -1), 0.0, None, None, 0, False)
+    key = _keys.kvcache(*positional)
+    decode = _kvcache.PLANS.get(key)
+    if decode is None:
+        return [f"{row.key}: the call left no plan"]
+    inputs = (q, k_cache, v_cache, kw["k"], kw["v"], kw["cache_seqlens"], None, kw["block_table"], None, None, None)
+    plan = decode.plan
+    stubbed = dict(plan.namespace)
+    set_params = _plan._graph_driver()["cuGraphExecKernelNodeSetParams"]
+    for name, value in plan.namespace.items():
+        if value is set_params:
+            stubbed[name] = lambda *args: 0
+    stubbed["graph_launch"] = lambda *args: None
+    exec(compile(plan.source, "<stubbed plan>", "exec"), stubbed)  # noqa: S102 (the plan's own source)
+    stubbed_run = stubbed["run"]
+    stream = cupy.cuda.get_current_stream()
+    node = plan._graph.nodes[0] if plan._graph is not None else None
+    memory = cupy.cuda.alloc(plan._nbytes)
+    shape, dtype = tuple(q.shape), q.dtype
+    pieces = {
+        "public call": lambda: cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **kw),
+        "_kvcache.attention (positional)": lambda: _kvcache.attention(*positional),
+        "key": lambda: _keys.kvcache(*positional),
+        "PLANS.get(key)": lambda: _kvcache.PLANS.get(key),
+        "DecodePlan(...)": lambda: decode(*inputs),
+        "plan.run": lambda: plan.run(*inputs),
+        "plan.run, graph calls stubbed": lambda: stubbed_run(*inputs),
+        "get_current_stream().ptr": lambda: stream.ptr,
+        "streamIsCapturing": lambda: runtime.streamIsCapturing(stream.ptr),
+        "x.data.ptr": lambda: q.data.ptr,
+        f"alloc({plan._nbytes})": lambda: cupy.cuda.alloc(plan._nbytes),
+        "ndarray(shape, dtype, memptr)": lambda: cupy.ndarray(shape, dtype, memory),
+        "cuGraphExecKernelNodeSetParams": (lambda: set_params(*node)) if node else None,
+        f"graph launch ({len(plan._launches)} kernels)": (
+            lambda: runtime.graphLaunch(plan._graph.exec.value, stream.ptr)) if node else None,
+    }
+    lines = [f"--- {row.label}: host us per call, median of {repeats} loops of {calls}; the plan has "
+             f"{len(plan._launches)} kernel(s), {decode.splits} split(s)"]
+    for name, call in pieces.items():
+        if call is None:
+            continue
+        for _ in range(WARMUP):
+            call()
+        loops = [harness.host_loop(call, calls) * 1e6 for _ in range(repeats)]
+        lines.append(f"  {name:<36} {harness.median(loops):7.2f}")
+    return lines
 
 
 #: Names of CuPy's and ctypes' functions in a profile: ``cupy/...py`` and ``cupy_backends/...`` files,
@@ -312,6 +384,8 @@ def parse_args(argv):
     parser.add_argument("--no-peers", action="store_true", help="time cupyflash only (no torch)")
     parser.add_argument("--profile", choices=ROW_KEYS, metavar="ROW",
                         help=f"cProfile --calls calls of one row instead ({', '.join(ROW_KEYS)})")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="time the layers and operations of the decode rows' calls instead")
     parser.add_argument("--dry-run", action="store_true", help="print the rows and exit without touching the GPU")
     return parser.parse_args(argv)
 
@@ -325,6 +399,11 @@ def main(argv=None):
     harness.require_gpu("host.py", "--dry-run prints the rows without one.")
     if args.profile:
         print("\n".join(profile(next(row for row in ROWS if row.key == args.profile), args.calls)))
+        return 0
+    if args.breakdown:
+        for row in ROWS:
+            if row.kind == "decode":
+                print("\n".join(breakdown(row, args.calls, args.repeats)), flush=True)
         return 0
     peers, torch_description = harness.load_torch() if not args.no_peers else (None, "not run (--no-peers)")
     env = harness.environment(torch_description)

@@ -56,7 +56,7 @@ KV_CACHE_ARGS = numpy.dtype(
         ("attn", ATTN_ARGS), ("out", TENSOR_ARG), ("lse", ROWS_ARG), ("k_new", TENSOR_ARG), ("v_new", TENSOR_ARG),
         ("q_rot", TENSOR_ARG), ("rotary_cos", _PTR), ("rotary_sin", _PTR), ("cache_seqlens", _PTR),
         ("cache_batch_idx", _PTR), ("block_table", _PTR), ("part_out", _PTR), ("part_lse", _PTR),
-        ("seqused_k", _PTR), ("bad", _PTR), ("block_table_stride", _I64), ("cache_seqlens_value", _I32),
+        ("seqused_k", _PTR), ("bad", _PTR), ("split_counters", _PTR), ("block_table_stride", _I64), ("cache_seqlens_value", _I32),
         ("seqlen_new", _I32), ("page_size", _I32), ("cache_entries", _I32), ("num_splits", _I32),
         ("rotary_dim", _I32), ("rotary_rows", _I32), ("rotary_interleaved", _I32), ("rotary_q_at_row", _I32),
     ],

@@ -16,6 +16,12 @@ from the plan's buffer (cuGraphExecKernelNodeSetParams, about 1.2 us) and the gr
 (bench/NOTES.md). A stream that is being captured into a user's graph gets the kernel launches
 themselves (a graph launch is not captured), with the zeroing on the call's own memory.
 
+Generating a run and making a graph pay off only for a plan that runs again, so a plan's first run
+is interpreted (loops over its words and launches, the kernels launched one by one): a plan that runs
+once (a ring step's, the KV-cache general path's) costs no more. Its second run generates the
+straight-line run and, outside a capture, makes the graph; a plan whose second run is captured makes
+its graph at the first run outside a capture after that.
+
 A plan is built by the code that would run the call (the families of cupyflash/_families): it writes
 its structs as always, but through :class:`Slot` placeholders, whose addresses are sentinels the
 builder finds again in the structs' bytes. So a plan never confuses two arrays that happened to share an
@@ -39,6 +45,12 @@ _SENTINEL = 0xFFF7A5A5 << 32
 #: the structs inside a plan's argument buffer (a CUtensorMap is 64-byte aligned).
 _BUFFER_ALIGN = 256
 _STRUCT_ALIGN = 64
+
+
+#: Kinds of workspace (PlanBuilder._buffers): zeroed before every launch of the plan's kernels, or
+#: zeroed once and left zero by them.
+ZEROED = "zeroed"
+KEPT_ZERO = "kept zero"
 
 
 def _aligned(n, alignment):
@@ -167,24 +179,29 @@ def _check(result, what):
 
 class _Graph:
     """A plan's launches as one executable CUDA graph on the current device: a memset node zeroing the
-    plan's own counters (memory it keeps: launches of one executable graph never overlap, so the
-    counters are never shared by two running launches), then the kernel nodes in launch order, each
-    after the one before. ``nodes`` are (graph exec, node, params) triples for
+    first ``memset_nbytes`` of the plan's own counters (memory it keeps: launches of one executable
+    graph never overlap, so the counters are never shared by two running launches), then the kernel
+    nodes in launch order, each after the one before. The rest of the ``counters_nbytes`` (counters the
+    kernels leave zero) is zeroed once, on ``stream``, before the graph's first launch there; later
+    launches on any stream come after that one. ``nodes`` are (graph exec, node, params) triples for
     cuGraphExecKernelNodeSetParams, whose params point at the plan's kernelParams arrays."""
 
-    def __init__(self, launches, zeroed_nbytes):
+    def __init__(self, launches, counters_nbytes, memset_nbytes, stream):
         import cupy
+        from cupy.cuda import runtime
 
         driver = _graph_driver()
         self._driver = driver
-        self.counters = cupy.cuda.alloc(zeroed_nbytes) if zeroed_nbytes else None
+        self.counters = cupy.cuda.alloc(counters_nbytes) if counters_nbytes else None
+        if counters_nbytes > memset_nbytes:
+            runtime.memsetAsync(self.counters.ptr + memset_nbytes, 0, counters_nbytes - memset_nbytes, stream)
         self._graph, self.exec = ctypes.c_void_p(), ctypes.c_void_p()
         _check(driver["cuGraphCreate"](ctypes.byref(self._graph), 0), "cuGraphCreate")
         previous = None
-        if self.counters is not None:
+        if memset_nbytes:
             context = ctypes.c_void_p()
             _check(driver["cuCtxGetCurrent"](ctypes.byref(context)), "cuCtxGetCurrent")
-            memset = _MemsetNodeParams(self.counters.ptr, 0, 0, 1, zeroed_nbytes, 1)
+            memset = _MemsetNodeParams(self.counters.ptr, 0, 0, 1, memset_nbytes, 1)
             previous = ctypes.c_void_p()
             _check(driver["cuGraphAddMemsetNode"](ctypes.byref(previous), self._graph, None, 0, ctypes.byref(memset),
                                                   context), "cuGraphAddMemsetNode")
@@ -222,7 +239,7 @@ class PlanBuilder:
         self._slots = []         # every Slot, by index
         self._converts = []      # per input: None, or the function that makes it readable
         self._inputs = []        # slot indices of the inputs, in order
-        self._buffers = []       # (slot index, offset, zeroed)
+        self._buffers = []       # (slot index, offset, kind: None, ZEROED or KEPT_ZERO)
         self._nbytes = 0
         self._structs = []       # numpy size-1 arrays, filled by the caller
         self._maps = []          # (struct, field, slot index, encode)
@@ -246,16 +263,23 @@ class PlanBuilder:
 
     def output(self, shape, dtype):
         """A buffer of the call's allocation that the run returns (:meth:`build` says in which order)."""
-        return self._buffer(shape, dtype, zeroed=False)
+        return self._buffer(shape, dtype, None)
 
     def workspace(self, shape, dtype, zeroed=False):
         """A buffer of the call's allocation, zeroed before the launches when ``zeroed``."""
-        return self._buffer(shape, dtype, zeroed)
+        return self._buffer(shape, dtype, ZEROED if zeroed else None)
 
-    def _buffer(self, shape, dtype, zeroed):
+    def counters(self, count):
+        """``count`` int32 counters that are zero before the launches and that the kernels leave zero (the
+        last CTA to count sets its counter back): the graph zeroes them once, when it is made, where a
+        zeroed workspace takes a memset node every launch. Zeroed in the call's allocation on the
+        kernel-launch path, as a zeroed workspace is."""
+        return self._buffer((count,), numpy.int32, KEPT_ZERO)
+
+    def _buffer(self, shape, dtype, kind):
         slot = Slot(len(self._slots), shape, dtype)
         self._slots.append(slot)
-        self._buffers.append((slot.index, self._nbytes, zeroed))
+        self._buffers.append((slot.index, self._nbytes, kind))
         self._nbytes = _aligned(self._nbytes + max(slot.nbytes, 1), _BUFFER_ALIGN)
         return slot
 
@@ -301,11 +325,12 @@ class Plan:
     ``scalars`` the int32 arguments of :meth:`PlanBuilder.int32_field`; returns the outputs.
 
     ``run`` is the same function without the method call (the public API's hot path calls it; it is
-    replaced once, when the plan makes its graph), ``source`` its generated Python and ``namespace``
-    the constants it names (for reading)."""
+    replaced after the first run, and again when the plan makes its graph), ``source`` the Python it
+    generated (None before the second run) and ``namespace`` the constants that names (for reading)."""
 
-    __slots__ = ("_buffer", "_inputs", "_buffers", "_zeroed", "_zeroed_nbytes", "_launches", "_outputs", "_nbytes",
-                 "_scalars", "_keep", "_graph", "run", "source", "namespace", "__weakref__")
+    __slots__ = ("_buffer", "_words", "_ints", "_inputs", "_buffers", "_zeroed", "_zeroed_nbytes", "_memset_nbytes",
+                 "_launches", "_outputs", "_nbytes", "_scalars", "_keep", "_graph", "run", "source", "namespace",
+                 "__weakref__")
 
     def __init__(self, builder, outputs):
         # One argument buffer for every struct, each 64-byte aligned (the buffer too).
@@ -316,6 +341,7 @@ class Plan:
         raw = numpy.zeros(size + _STRUCT_ALIGN, numpy.uint8)
         start = (-raw.ctypes.data) % _STRUCT_ALIGN
         self._buffer = raw[start:start + size]
+        self._words, self._ints = memoryview(self._buffer).cast("Q"), memoryview(self._buffer).cast("i")
         base = self._buffer.ctypes.data
         placed = {}
         for struct, offset in zip(builder._structs, offsets):
@@ -335,15 +361,18 @@ class Plan:
         self._inputs = tuple((tuple(words.get(s, ())), tuple(maps.get(s, ())), convert)
                              for s, convert in zip(builder._inputs, builder._converts))
         self._buffers = tuple((tuple(words.get(s, ())), tuple(maps.get(s, ())), offset)
-                              for s, offset, zeroed in builder._buffers if not zeroed)
-        # Zeroed workspaces (counters): in the call's allocation when the launches are captured, else in
-        # the graph's own memory (_Graph), at these offsets.
+                              for s, offset, kind in builder._buffers if kind is None)
+        # Zeroed workspaces and counters: in the call's allocation when the kernels are launched, else in
+        # the graph's own memory (_Graph) at these offsets, those its memset node zeroes first.
         zeroed, counters = [], 0
-        for s, offset, is_zeroed in builder._buffers:
-            if is_zeroed:
-                nbytes = builder._slots[s].nbytes
-                zeroed.append((tuple(words.get(s, ())), tuple(maps.get(s, ())), offset, counters, nbytes))
-                counters = _aligned(counters + max(nbytes, 1), _BUFFER_ALIGN)
+        for wanted in (ZEROED, KEPT_ZERO):
+            for s, offset, kind in builder._buffers:
+                if kind == wanted:
+                    nbytes = builder._slots[s].nbytes
+                    zeroed.append((tuple(words.get(s, ())), tuple(maps.get(s, ())), offset, counters, nbytes))
+                    counters = _aligned(counters + max(nbytes, 1), _BUFFER_ALIGN)
+            if wanted == ZEROED:
+                self._memset_nbytes = counters
         self._zeroed, self._zeroed_nbytes = tuple(zeroed), counters
         offset_of = {s: offset for s, offset, _ in builder._buffers}
         self._outputs = tuple((slot.shape, slot.dtype, offset_of[slot.index]) for slot in outputs)
@@ -352,18 +381,68 @@ class Plan:
         self._launches = tuple(_Launch(function, grid, threads, smem, [base + placed[id(s)] for s in structs])
                                for function, grid, threads, smem, structs in builder._launches)
         self._keep = tuple(builder._keep)
-        # The graph is made by the first run outside a capture (making one may allocate).
+        # The graph is made by the second run, or the first after it outside a capture (making one may
+        # allocate).
         self._graph = None
-        self.run = self._compile()
+        self.source = self.namespace = None
+        self.run = self._first_run
 
     def __call__(self, *inputs, scalars=()):
         return self.run(*inputs, scalars=scalars)
 
-    def _make_graph(self, *inputs, scalars=()):
-        """Makes the plan's graph, then runs the plan with it (a first run outside a capture)."""
-        self._graph = _Graph(self._launches, self._zeroed_nbytes)
+    def _first_run(self, *inputs, scalars=()):
+        """The first run, interpreted; the next one generates the plan's run."""
+        self.run = self._second_run
+        return self._interpret(inputs, scalars)
+
+    def _second_run(self, *inputs, scalars=()):
+        """Makes the graph (outside a capture) and the generated run, then runs it."""
+        import cupy
+        from cupy.cuda import runtime
+
+        stream = cupy.cuda.get_current_stream().ptr
+        if not runtime.streamIsCapturing(stream):
+            self._graph = _Graph(self._launches, self._zeroed_nbytes, self._memset_nbytes, stream)
         self.run = self._compile()
         return self.run(*inputs, scalars=scalars)
+
+    def _make_graph(self, *inputs, scalars=()):
+        """Makes the plan's graph, then runs the plan with it (the first run outside a capture of a plan
+        whose run was generated in one)."""
+        import cupy
+
+        self._graph = _Graph(self._launches, self._zeroed_nbytes, self._memset_nbytes,
+                             cupy.cuda.get_current_stream().ptr)
+        self.run = self._compile()
+        return self.run(*inputs, scalars=scalars)
+
+    def _interpret(self, inputs, scalars):
+        """A run that launches the kernels one by one, its words and maps written by loops: the direct
+        path of :meth:`_compile`'s code, without generating it."""
+        import cupy
+        from cupy.cuda import driver, runtime
+
+        stream = cupy.cuda.get_current_stream().ptr
+        words, converted = self._words, []
+        for x, (at, maps, convert) in zip(inputs, self._inputs):
+            if not at and not maps:
+                continue
+            if convert is not None:
+                x = convert(x)
+                converted.append(x)  # kept until the launches
+            _point(words, x.data.ptr, at, maps)
+        memory = cupy.cuda.alloc(self._nbytes)
+        base = memory.ptr
+        for at, maps, offset in self._buffers:
+            _point(words, base + offset, at, maps)
+        for index, value in zip(self._scalars, scalars):
+            self._ints[index] = value
+        for at, maps, offset, _, nbytes in self._zeroed:
+            _point(words, base + offset, at, maps)
+            runtime.memsetAsync(base + offset, 0, nbytes, stream)
+        for step in self._launches:
+            driver.launchKernel(step.function, *step.shape, stream, step.params_address, 0)
+        return tuple(cupy.ndarray(shape, dtype, memory + offset) for shape, dtype, offset in self._outputs)
 
     def _compile(self):
         """The run as straight-line Python: every word, map, memset and launch of this plan spelled out, so a
@@ -375,8 +454,7 @@ class Plan:
 
         names = {"get_stream": cupy.cuda.get_current_stream, "alloc": cupy.cuda.alloc, "ndarray": cupy.ndarray,
                  "launch": driver.launchKernel, "memset": runtime.memsetAsync, "capturing": runtime.streamIsCapturing,
-                 "graph_launch": runtime.graphLaunch, "W": memoryview(self._buffer).cast("Q"),
-                 "I": memoryview(self._buffer).cast("i")}
+                 "graph_launch": runtime.graphLaunch, "W": self._words, "I": self._ints}
 
         def constant(value):
             name = f"c{len(names)}"
@@ -436,6 +514,15 @@ class Plan:
         namespace = dict(names)
         exec(compile(source, "<cupyflash plan>", "exec"), namespace)  # noqa: S102 (our own generated code)
         return namespace["run"]
+
+
+def _point(words, ptr, at, maps):
+    """Writes address ``ptr`` into the argument buffer's 8-byte ``words`` at indices ``at`` and the tensor
+    maps ``maps`` (the interpreted run's form of the generated lines)."""
+    for index in at:
+        words[index] = ptr
+    for tensor_map in maps:
+        tensor_map.point(ptr)
 
 
 def _node_update_failed(result):

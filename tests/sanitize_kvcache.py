@@ -1,7 +1,7 @@
 """flash_attention_with_kvcache under compute-sanitizer (issue 11): every kernel of the KV-cache path
-(append with rotary, the decode kernel with and without splits, the combine, the general path's lengths,
-gather and poison) on dense and paged caches, with out-of-range cache_seqlens, cache_batch_idx and
-block_table entries among valid ones. Run on a GPU:
+(append with rotary, the decode kernel with and without splits, its split merge and its own append of
+unrotated tokens, the general path's lengths, gather and poison) on dense and paged caches, with
+out-of-range cache_seqlens, cache_batch_idx and block_table entries among valid ones. Run on a GPU:
 
     PYTHONPATH=$PWD compute-sanitizer --tool memcheck --error-exitcode 1 python3 tests/sanitize_kvcache.py
 
@@ -21,7 +21,7 @@ def normal(shape, dtype):
     return cupy.asarray(rng.standard_normal(shape).astype(dtype))
 
 
-def run(dtype, paged, page_size=16, heads=8, heads_k=2, d=128, seqlen_q=1, new=1):
+def run(dtype, paged, page_size=16, heads=8, heads_k=2, d=128, seqlen_q=1, new=1, rotary=True):
     batch, capacity = 4, 256
     q = normal((batch, seqlen_q, heads, d), dtype)
     k, v = normal((batch, new, heads_k, d), dtype), normal((batch, new, heads_k, d), dtype)
@@ -31,7 +31,9 @@ def run(dtype, paged, page_size=16, heads=8, heads_k=2, d=128, seqlen_q=1, new=1
     cos, sin = cupy.asarray(numpy.cos(angles).astype(dtype)), cupy.asarray(numpy.sin(angles).astype(dtype))
     # Entry 1 has no room for its new tokens, entry 3 a negative length; entry 2 a bad page or entry.
     lengths = cupy.asarray(numpy.array([10, capacity, 200, -5], numpy.int32))
-    options = dict(k=k, v=v, cache_seqlens=lengths, rotary_cos=cos, rotary_sin=sin, causal=True, return_lse=True)
+    options = dict(k=k, v=v, cache_seqlens=lengths, causal=True, return_lse=True)
+    if rotary:
+        options.update(rotary_cos=cos, rotary_sin=sin)
     if paged:
         pages = capacity // page_size
         k_cache = normal((batch * pages + 1, page_size, heads_k, d), dtype)
@@ -50,7 +52,8 @@ def run(dtype, paged, page_size=16, heads=8, heads_k=2, d=128, seqlen_q=1, new=1
 
 for dtype in (numpy.dtype(ml_dtypes.bfloat16), numpy.float32):
     for paged in (False, True):
-        run(dtype, paged)
+        for rotary in (True, False):
+            run(dtype, paged, rotary=rotary)
 run(numpy.float16, True, page_size=1, heads=4, heads_k=4, d=72, seqlen_q=5, new=3)
 run(numpy.float16, False, seqlen_q=40, new=40)  # dense chunk: the forward over the cache with seqused_k
 print("sanitize_kvcache: done")

@@ -170,6 +170,57 @@ def test_empty_cache_and_no_queries(xp_name):
     assert out.shape == (2, 0, 2, 8)
 
 
+def _misaligned_copy(x):
+    """A copy of CuPy array ``x`` (last axis contiguous) whose address is 2 bytes past a multiple of 16."""
+    buffer = cupy.empty(x.size * x.itemsize + 16, np.uint8)
+    copy = buffer[2:2 + x.size * x.itemsize].view(x.dtype).reshape(x.shape)
+    copy[...] = x
+    return copy
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
+@pytest.mark.parametrize("aligned", [True, False], ids=["decode-kernel-appends", "kvc-append"])
+@pytest.mark.gpu
+def test_new_keys_are_appended_by_the_decode_kernel_where_their_rows_allow(aligned, paged):
+    """Unrotated new keys and values with 16-byte aligned rows are appended by the decode kernel (its tiles
+    read them from k and v, its CTAs write them into the cache); others by kvc_append before it. Both
+    against the oracle, with several splits (merged by the decode kernel) and two row tiles."""
+    from cupyflash import _kvcache
+
+    sizes = {"batch": 2, "seqlen_q": 5, "heads": 8, "heads_k": 2, "headdim": 64, "headdim_v": 64, "capacity": 320,
+             "lengths": [250, 63], "new": 5, "page_size": 16 if paged else 0}
+    (q, k_cache, v_cache), arrays = _inputs(cupy, "bfloat16", **sizes, seed=13)
+    if not aligned:
+        arrays["k"], arrays["v"] = _misaligned_copy(arrays["k"]), _misaligned_copy(arrays["v"])
+    host = {n: to_host(x) for n, x in arrays.items()}
+    args = (to_host(q), to_host(k_cache), to_host(v_cache))
+    want = reference.attention_with_kvcache(*args, **host, causal=True)
+    base = reference.attention_with_kvcache(*args, **host, causal=True, compute_dtype=ml_dtypes.bfloat16)
+    _kvcache.PLANS.clear()
+    out, lse = cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **arrays, causal=True, return_lse=True)
+    (plan,) = _kvcache.PLANS._plans.values()
+    assert plan.fused_append is aligned and plan.splits > 1
+    assert_within_rule("out", out, want[0], base[0], OUTPUT_FACTOR)
+    assert_within_rule("lse", lse, want[1], base[1], OUTPUT_FACTOR)
+    np.testing.assert_array_equal(to_host(k_cache), want[2].astype(ml_dtypes.bfloat16))
+    np.testing.assert_array_equal(to_host(v_cache), want[3].astype(ml_dtypes.bfloat16))
+
+
+@pytest.mark.gpu
+def test_new_keys_without_queries_are_appended():
+    """Regression guard: a call with new tokens and no queries (seqlen_q 0) launches no decode CTA, so the
+    general path appends them."""
+    sizes = {"batch": 2, "seqlen_q": 0, "heads": 4, "heads_k": 2, "headdim": 64, "headdim_v": 64, "capacity": 100,
+             "lengths": [10, 90], "new": 3}
+    (q, k_cache, v_cache), arrays = _inputs(cupy, "bfloat16", **sizes, seed=17)
+    host = {n: to_host(x) for n, x in arrays.items()}
+    want = reference.attention_with_kvcache(to_host(q), to_host(k_cache), to_host(v_cache), **host)
+    out = cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **arrays)
+    assert out.shape == (2, 0, 4, 64)
+    np.testing.assert_array_equal(to_host(k_cache), want[2].astype(ml_dtypes.bfloat16))
+    np.testing.assert_array_equal(to_host(v_cache), want[3].astype(ml_dtypes.bfloat16))
+
+
 @pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.gpu

@@ -61,16 +61,23 @@ def test_sentinels_tell_apart_arrays_that_share_an_address():
 
 
 def test_zeroed_workspaces_are_zeroed_on_both_paths():
-    """A zeroed workspace (a counter) is zeroed in the call's allocation by the captured path and lives in
-    the graph's memory otherwise; the plan's first run outside a capture makes the graph."""
+    """A zeroed workspace and counters the kernels leave zero are zeroed in the call's allocation where the
+    kernels are launched, and live in the graph's memory otherwise: the workspace first, in the span of
+    the graph's memset node, the counters after it (zeroed once). The first run is interpreted; the
+    generated run of a plan with no graph makes one outside a capture."""
     b = _plan.PlanBuilder()
+    kept = b.counters(3)
     counter = b.workspace((1,), np.int32, zeroed=True)
-    struct = b.struct(np.dtype([("counter", np.uint64)]))
-    struct["counter"] = counter.data.ptr
+    struct = b.struct(np.dtype([("kept", np.uint64), ("counter", np.uint64)]))
+    struct["kept"], struct["counter"] = kept.data.ptr, counter.data.ptr
     b.launch(1234, (1, 1, 1), 32, (struct,))
     plan = b.build(())
-    assert plan._buffers == () and plan._zeroed == (((0,), (), 0, 0, 4),)
-    assert "memset(p, 0, 4, stream)" in plan.source and "_make_graph" not in plan.source
+    assert plan._buffers == ()
+    assert plan._zeroed == (((1,), (), 256, 0, 4), ((0,), (), 0, 256, 12))  # (words, maps, offset, graph offset, bytes)
+    assert (plan._memset_nbytes, plan._zeroed_nbytes) == (256, 512)
+    assert plan.run == plan._first_run and plan.source is None
+    plan._compile()
+    assert "memset(p, 0, 4, stream)" in plan.source and "memset(p, 0, 12, stream)" in plan.source
     assert "if not capturing(stream): return" in plan.source  # no graph yet
 
 
@@ -189,24 +196,25 @@ def test_a_planned_call_can_be_captured_in_a_graph():
 
 @_gpu
 def test_a_plan_made_in_a_capture_launches_its_graph_afterwards():
-    """A plan first made while the stream is captured launches kernels there (a graph launch is not
-    captured); its first call outside a capture makes its graph, which the calls after that launch."""
+    """A plan first made and run again while the stream is captured launches kernels there (a graph launch
+    is not captured); its first call outside a capture makes its graph, which the calls after that launch."""
     q, k, v, _ = _inputs((1, 192, 2, 64), "bfloat16", 11)
     cupyflash.flash_attention(q, k, v, causal=True)  # compiles outside the capture
     _api.PLANS.clear()
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         stream.begin_capture()
-        captured = cupyflash.flash_attention(q, k, v, causal=True)
+        # The plan's first run (interpreted) and its second (generated, with no graph) are captured.
+        captured = [cupyflash.flash_attention(q, k, v, causal=True) for _ in range(2)]
         graph = stream.end_capture()
         (plan,) = _api.PLANS._plans.values()
-        assert plan._graph is None
+        assert plan._graph is None and plan.source is not None
         graph.launch(stream)
         eager = [cupyflash.flash_attention(q, k, v, causal=True) for _ in range(2)]
         assert plan._graph is not None
     stream.synchronize()
     reference = oracle(q, k, v, True)["out"], plain(q, k, v, True)["out"]
-    for out in (captured, *eager):
+    for out in (*captured, *eager):
         assert_within_rule("out", out, *reference, OUTPUT_FACTOR)
 
 

@@ -3,8 +3,9 @@
 call whose query rows per kv head, seqlen_q * heads / heads_k, are few), planned once per layout (a
 :class:`DecodePlan`), or the general path: the forward families over the cache through the compute
 layer, as a prefix of every entry (an int cache_seqlens) or with per-entry key counts (seqused_k),
-after gathering a paged cache or the cache_batch_idx entries into a dense copy. New keys and values
-(and the rotary embedding) go into the cache first, through kvc_append."""
+after gathering a paged cache or the cache_batch_idx entries into a dense copy. New keys and values go
+into the cache through the decode kernel itself where it runs and they need no rotary embedding, else
+first, through kvc_append."""
 
 import dataclasses
 
@@ -26,9 +27,8 @@ DECODE_BUCKETS = (64, 128, 256)
 DECODE_THREADS = 128
 DECODE_ROWS = 16
 DECODE_BLOCK_N = 64
-#: Threads of the append, lengths and combine kernels (the combine runs a CTA per output row).
+#: Threads of the append and lengths kernels.
 APPEND_THREADS = 128
-COMBINE_THREADS = 128
 POISON_THREADS = 256
 #: The heuristic keeps at least this many key tiles (of DECODE_BLOCK_N keys) per split: short caches
 #: take many splits, since a CTA's first tile waits a DRAM round trip however few it has.
@@ -37,10 +37,9 @@ MIN_TILES_PER_SPLIT = 2
 APPEND = _kernels.Kernel("kvc_append", "kvcache/kvcache.cu", _kernels.ALL_DTYPES)
 DECODE = _kernels.Kernel("kvc_fwd", "kvcache/kvcache.cu", _kernels.HALF_DTYPES, ("headdim",),
                          tuple((d,) for d in DECODE_BUCKETS), ("score_mod",))
-COMBINE = _kernels.Kernel("kvc_combine", "kvcache/kvcache.cu", _kernels.HALF_DTYPES)
 LENGTHS = _kernels.Kernel("kvc_lengths", "kvcache/kvcache.cu", ())
 POISON = _kernels.Kernel("kvc_poison", "kvcache/kvcache.cu", _kernels.ALL_DTYPES)
-KERNELS = (APPEND, DECODE, COMBINE, LENGTHS, POISON)
+KERNELS = (APPEND, DECODE, LENGTHS, POISON)
 
 
 def decode_stages(headdim):
@@ -65,7 +64,7 @@ def cxx_facts():
         facts.update({f"{traits}::kThreads": DECODE_THREADS, f"{traits}::kRows": DECODE_ROWS,
                       f"{traits}::kBlockN": DECODE_BLOCK_N, f"{traits}::kStages": decode_stages(d),
                       f"{traits}::kSmemBytes": decode_smem_bytes(variant)})
-    facts["cupyflash::kCombineMaxSplits"] = MAX_SPLITS
+    facts["cupyflash::kMaxSplits"] = MAX_SPLITS
     return ("kvcache/kvcache.cu",), facts
 
 
@@ -95,7 +94,7 @@ def _fill_args(args, c, q, out, lse):
         attn, _params.tensor(out) if out is not None else empty,
         _params.rows(lse, *common.lse_strides(p)) if lse is not None else (0, 0, 0), *new, empty,
         _params.pointer(c.rotary_cos), _params.pointer(c.rotary_sin), _params.pointer(c.cache_seqlens),
-        _params.pointer(c.cache_batch_idx), _params.pointer(table), 0, 0, 0, 0,
+        _params.pointer(c.cache_batch_idx), _params.pointer(table), 0, 0, 0, 0, 0,
         table.strides[0] // 4 if table is not None else 0, c.cache_seqlens_value, c.seqlen_new, c.page_size,
         c.cache_entries, 1, c.rotary_dim, c.rotary_cos.shape[0] if c.rotary_dim else 0,
         int(c.rotary_interleaved), int(c.rotary_q_at_row),
@@ -105,14 +104,14 @@ def _fill_args(args, c, q, out, lse):
 
 def decode_variant(c, device):
     """The decode kernel's variant for call ``c``, or None when it does not take the call."""
-    if c.dtype.itemsize != 2 or device.capability < 80:
-        return None
+    if c.dtype.itemsize != 2 or device.capability < 80 or c.seqlen_q == 0:
+        return None  # (no queries: no CTA, and the general path appends)
     bucket = next((d for d in DECODE_BUCKETS if d >= max(c.headdim, c.headdim_v)), None)
     if bucket is None or not common.vec_loads(c.k_cache, c.v_cache):
         return None
     rows = c.seqlen_q * (c.heads // c.heads_k)
     if c.block_table is None and rows > DECODE_MAX_ROWS or c.batch * c.seqlen_q * c.heads >= 2**31:
-        return None  # (the combine's grid has a CTA per output row)
+        return None  # (its row counts are 32-bit)
     score_mod = c.softcap != 0.0 or c.alibi_slopes is not None
     variant = DECODE.variant(common.dtype_name(c.dtype), (bucket,), score_mod=score_mod)
     return variant if decode_smem_bytes(variant) <= device.smem_optin else None
@@ -145,8 +144,9 @@ def num_splits(c, variant, device, row_tiles):
 
 
 class DecodePlan:
-    """A decode-kernel call prepared once for a layout (cupyflash/_plan.py): the append (new tokens, rotary),
-    the decode kernel and the split merge, with every size filled. ``plan`` runs them on the current
+    """A decode-kernel call prepared once for a layout (cupyflash/_plan.py): the decode kernel, which also
+    appends new tokens and merges its splits, after kvc_append where the new keys need the rotary
+    embedding or rows the decode kernel cannot copy, with every size filled. ``plan`` runs them on the current
     stream for the arrays of a call of that layout, in :meth:`__call__`'s order, and returns (out,) or,
     with ``return_lse``, (out, lse). ``capacity`` is the cache_seqlens bound of a call that passes it as
     an int (checked on the host, as the call's checks would, then passed as the plan's scalar), None when
@@ -170,8 +170,11 @@ class DecodePlan:
         row_tiles = common.cdiv(rows, DECODE_ROWS)
         splits = num_splits(c, variant, device, row_tiles)
         tokens = max(c.seqlen_new, c.seqlen_q if c.rotary_dim else 0) if c.k_new is not None else 0
+        # Unrotated new keys whose rows suit the decode kernel's 16-byte copies are appended by it (its
+        # tiles read them from k_new/v_new); the others are written by kvc_append first.
+        fused = bool(c.seqlen_new) and not c.rotary_dim and common.vec_loads(k_new, v_new)
         q_rot = b.workspace(c.q.shape, c.dtype) if c.rotary_dim else None
-        if tokens:
+        if tokens and not fused:
             append = _fill_args(b.struct(_params.KV_CACHE_ARGS), cs, q, None, None)
             if q_rot is not None:
                 append["q_rot"] = _params.tensor(q_rot)
@@ -181,19 +184,21 @@ class DecodePlan:
                      (append,))
         main = _fill_args(b.struct(_params.KV_CACHE_ARGS), cs, q_rot if q_rot is not None else q, out, lse)
         main["num_splits"] = splits
+        if not fused:
+            main["k_new"] = main["v_new"] = (0, 0, 0, 0)
         if splits > 1:
             part_out = b.workspace((splits * c.batch * c.seqlen_q * c.heads * c.headdim_v,), numpy.float32)
             part_lse = b.workspace((splits * c.batch * c.heads * c.seqlen_q,), numpy.float32)
+            counters = b.counters(c.batch * c.heads_k * row_tiles)
             main["part_out"], main["part_lse"] = part_out.data.ptr, part_lse.data.ptr
+            main["split_counters"] = counters.data.ptr
         if int_seqlens:
             b.int32_field(main, ("cache_seqlens_value",))
         smem = decode_smem_bytes(variant)
         b.launch(common.function(variant, smem), (row_tiles * splits, c.heads_k, c.batch), DECODE_THREADS, (main,), smem)
-        if splits > 1:
-            b.launch(common.function(COMBINE.variant(common.dtype_name(c.dtype))), (c.batch * c.seqlen_q * c.heads, 1, 1),
-                     COMBINE_THREADS, (main,))
         self.splits = splits
-        self.scalars = 2 if tokens and int_seqlens else 1
+        self.fused_append = fused
+        self.scalars = 2 if tokens and not fused and int_seqlens else 1
         self.plan = b.build((out, lse) if return_lse else (out,))
 
     def __call__(self, q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,

@@ -100,6 +100,7 @@ struct KvCacheArgs {
     TensorArg out;
     RowsArg lse;                 // float for 16-bit inputs, double for float32/float64
     TensorArg k_new, v_new;      // (batch, seqlen_new, heads_k, dim) appended at cache_seqlens[b]; ptr null: none
+                                 // (kvc_fwd: the cache holds them already, or there are none)
     TensorArg q_rot;             // (batch, seqlen_q, heads, headdim): where the append kernel writes rotated q
     const void* rotary_cos;      // (rotary_rows, rotary_dim / 2) contiguous, of the inputs' dtype
     const void* rotary_sin;
@@ -110,6 +111,7 @@ struct KvCacheArgs {
     float* part_lse;             // num_splits > 1: [split][b][h][i] their natural-log lse
     int* seqused_k;              // kvc_lengths: keys each batch entry uses (0 when bad)
     int* bad;                    // kvc_lengths: 1 for a batch entry whose cache_seqlens, cache_batch_idx or pages are out of range
+    int* split_counters;         // num_splits > 1: [b][hk][row tile] splits done; zero before and after a launch
     long long block_table_stride;
     int cache_seqlens_value;
     int seqlen_new;

@@ -2,15 +2,17 @@
 //
 //   kvc_append   writes the new keys and values of every batch entry into its cache at cache_seqlens[b]
 //                (dense or paged), with the rotary embedding applied to them and, into q_rot, to the
-//                queries; every dtype.
+//                queries; every dtype. Without rotary the decode kernel appends itself.
 //   kvc_fwd      the decode kernel (float16/bfloat16, sm_80+): one CTA per (16 query rows, split of the
 //                keys, kv head, batch entry). Its rows are the (query, query head) pairs of the kv
 //                head's GQA group, so each K/V byte is read once for the whole group. Its four warps
 //                take 16 keys each of every 64-key tile, each with its own online softmax, and merge
 //                their states at the end; the tiles stream through cp.async stages, one page lookup per
-//                cached row, so a paged cache of any page size is the same loop. With num_splits > 1
-//                the CTA writes a float32 partial output and its lse, which kvc_combine merges.
-//   kvc_combine  out = sum_s exp(lse_s - lse) out_s, lse = ln sum_s exp(lse_s), a CTA per output row.
+//                cached row, so a paged cache of any page size is the same loop. Given k_new, the
+//                tiles read the new keys from it and the CTAs write them into the cache. With
+//                num_splits > 1 each CTA writes a float32 partial output and its lse, and the last
+//                split of a row tile to finish merges them: out = sum_s exp(lse_s - lse) out_s,
+//                lse = ln sum_s exp(lse_s).
 //   kvc_lengths  the general path's per-entry key counts (seqused_k) and bad flags; kvc_poison turns
 //                the rows of bad entries into NaN afterwards.
 //
@@ -128,6 +130,89 @@ struct KvcTraits {
     static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head-dim buckets are multiples of 16 up to 256");
 };
 
+// Largest num_splits (cupyflash/_kvcache/call.py MAX_SPLITS): the merge keeps a row tile's weights, one
+// per split and row, in shared memory.
+constexpr int kMaxSplits = 256;
+
+// The split merge, run by the CTAs of kvc_fwd after they wrote their partial rows: the last of a row
+// tile's num_splits CTAs to count itself merges the tile's rows. Row (b, i, h) gets lse = ln sum_s
+// exp(lse_s) and out = sum_s exp(lse_s - lse) out_s, shifted by the largest lse_s, summed in split
+// order (deterministic). Splits that saw no key (lse_s = -inf) weigh 0; a row no split saw is 0 with lse
+// -inf; a NaN lse_s makes the row NaN. Each CTA's writes are fenced before it counts, and the merging
+// CTA reads the partials through L2 (ld.cg), where the other SMs' writes are. The counter of the row
+// tile is zero before the launch, and the merging CTA sets it back to zero: the plan zeroes its
+// counters once (cupyflash/_plan.py PlanBuilder.counters).
+template <typename T, typename Tr>
+__device__ __forceinline__ void merge_splits(const KvCacheArgs& c, unsigned char* smem_raw) {
+    constexpr int kWeightsLd = kMaxSplits + 1;  // a row's weights, padded: the rows' threads read other banks
+    static_assert(Tr::kRows * (kWeightsLd + 1) * 4 <= Tr::kSmemBytes, "the merge's weights fit the shared memory");
+    const AttnArgs& a = c.attn;
+    const int splits = c.num_splits;
+    // The CTA's row tile, from the grid (kvc_fwd's own values are not kept across its loop for this).
+    const int row_tile = blockIdx.x / splits, hk = blockIdx.y, b = blockIdx.z;
+    const int group = a.heads / a.heads_k, rows = a.seqlen_q * group, r0 = row_tile * Tr::kRows;
+    __shared__ int is_last;
+    __threadfence();
+    __syncthreads();  // also: every thread is done with the warps' states in shared memory
+    if (threadIdx.x == 0) {
+        int* counter = c.split_counters + (static_cast<long long>(b) * a.heads_k + hk) * (gridDim.x / splits) + row_tile;
+        is_last = atomicAdd(counter, 1) == splits - 1;
+        if (is_last) atomicExch(counter, 0);
+    }
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+
+    const int tile_rows = min(Tr::kRows, rows - r0);
+    const long long all_rows = static_cast<long long>(a.batch) * a.seqlen_q * a.heads;  // per split
+    float* weights = reinterpret_cast<float*>(smem_raw);  // [row][split]: lse_s, then exp(lse_s - base)
+    float* row_inv = weights + Tr::kRows * kWeightsLd;     // [row]: 1 / sum of the weights, NaN for a NaN row
+    // The row's query and head, and its lse index (the partial lse's row, and lse's).
+    const auto lse_row = [&](int r) {
+        const int i = (r0 + r) / group, h = hk * group + (r0 + r) % group;
+        return (static_cast<long long>(b) * a.heads + h) * a.seqlen_q + i;
+    };
+    for (int idx = threadIdx.x; idx < tile_rows * splits; idx += Tr::kThreads) {
+        const int r = idx / splits, s = idx % splits;
+        weights[r * kWeightsLd + s] = __ldcg(c.part_lse + s * all_rows + lse_row(r));
+    }
+    __syncthreads();
+    if (threadIdx.x < tile_rows) {
+        const int r = threadIdx.x;
+        float* w = weights + r * kWeightsLd;
+        float m = Consts<float>::neg_inf();
+        bool nan = false;
+        for (int s = 0; s < splits; ++s) {
+            nan = nan || w[s] != w[s];
+            m = fmaxf(m, w[s]);
+        }
+        const float base = m == Consts<float>::neg_inf() ? 0.0f : m;
+        float total = 0.0f;
+        for (int s = 0; s < splits; ++s) {
+            w[s] = __expf(w[s] - base);
+            total += w[s];
+        }
+        const float qnan = __int_as_float(0x7fc00000);
+        row_inv[r] = nan ? qnan : (total != 0.0f ? 1.0f / total : 0.0f);
+        const int i = (r0 + r) / group, h = hk * group + (r0 + r) % group;
+        static_cast<float*>(c.lse.ptr)[rows_index(c.lse, b, h, i)] =
+            nan ? qnan : (total != 0.0f ? base + __logf(total) : Consts<float>::neg_inf());
+    }
+    __syncthreads();
+    // Consecutive threads take consecutive columns of a row: each split's loads are coalesced, and eight
+    // splits' loads are in flight at once (a merge is a few L2 round trips, not one per split).
+    for (int idx = threadIdx.x; idx < tile_rows * a.headdim_v; idx += Tr::kThreads) {
+        const int r = idx / a.headdim_v, col = idx % a.headdim_v;
+        const int i = (r0 + r) / group, h = hk * group + (r0 + r) % group;
+        const float* part = c.part_out + ((static_cast<long long>(b) * a.seqlen_q + i) * a.heads + h) * a.headdim_v + col;
+        const float* w = weights + r * kWeightsLd;
+        float acc = 0.0f;
+#pragma unroll 8
+        for (int s = 0; s < splits; ++s) acc += w[s] * __ldcg(part + s * all_rows * a.headdim_v);
+        head_rows<T>(c.out, b, i, h)[col] = from_acc<T>(acc * row_inv[r]);
+    }
+}
+
 template <typename T, int kHeadDim, bool kScoreMod>
 __global__ void __launch_bounds__(KvcTraits<T, kHeadDim>::kThreads, 2)
 kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
@@ -168,6 +253,25 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
         const int per_split = ceil_div(t1 - t0, c.num_splits);
         tile_begin = min(t0 + split * per_split, t1);
         tile_end = min(tile_begin + per_split, t1);
+    }
+
+    // New keys in k_new/v_new (no rotary, so no kvc_append ran): the CTAs of this (kv head, batch
+    // entry) write tokens blockIdx.x, blockIdx.x + gridDim.x, ... into the cache. No CTA of the launch
+    // reads those rows from the cache (the tiles holding them read k_new, see `issue`), so the writes
+    // need no ordering; a row on a page outside the cache is not written (its readers flag the page).
+    const bool fresh_keys = c.k_new.ptr != nullptr;
+    if (fresh_keys && !entry.bad) {
+        for (int j = blockIdx.x; j < c.seqlen_new; j += gridDim.x) {
+            bool bad_row = false;
+            const int pos = entry.cached + j;
+            const long long k_at = entry.row_offset(c, a.k, b, pos, hk, &bad_row);
+            const long long v_at = entry.row_offset(c, a.v, b, pos, hk, &bad_row);
+            if (bad_row) continue;
+            const T* k_src = head_rows<const T>(c.k_new, b, j, hk);
+            const T* v_src = head_rows<const T>(c.v_new, b, j, hk);
+            for (int col = threadIdx.x; col < a.headdim; col += Tr::kThreads) static_cast<T*>(a.k.ptr)[k_at + col] = k_src[col];
+            for (int col = threadIdx.x; col < a.headdim_v; col += Tr::kThreads) static_cast<T*>(a.v.ptr)[v_at + col] = v_src[col];
+        }
     }
 
     // The prologue and the epilogue give each thread one row and kSpan consecutive columns of the
@@ -225,7 +329,42 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
         const int pos0 = tile * kBlockN + my_row;
         // Every row of the tile a key and every chunk inside the head dims: whole-chunk copies.
         const bool whole = (tile + 1) * kBlockN <= entry.keys && k_bytes == 16 && v_bytes == 16;
-        if (pages.row == nullptr && whole) {
+        if (fresh_keys && (tile + 1) * kBlockN > entry.cached) {
+            // The tile holds new keys: their rows come from k_new/v_new (whose pages are still checked),
+            // the others from the cache.
+#pragma unroll
+            for (int pass = 0; pass < kPasses; ++pass) {
+                const int pos = pos0 + pass * kRowsPerPass;
+                const bool valid = pos < entry.keys;
+                const T* k_src = k_base;
+                const T* v_src = v_base;
+                int at = 0;
+                if (pages.row != nullptr) {
+                    at = page[pass];
+                    if (!pages.valid(at)) {
+                        bad_page = bad_page || valid;
+                        at = 0;
+                    }
+                }
+                if (pos >= entry.cached) {
+                    const int j = valid ? pos - entry.cached : 0;
+                    k_src = head_rows<const T>(c.k_new, b, j, hk) + my_col;
+                    v_src = head_rows<const T>(c.v_new, b, j, hk) + my_col;
+                } else if (pages.row != nullptr) {
+                    const int row = pages.row_in_page(pos);
+                    k_src = k_base + at * a.k.batch_stride + row * a.k.row_stride + my_col;
+                    v_src = v_base + at * a.v.batch_stride + row * a.v.row_stride + my_col;
+                } else {
+                    const long long row = tile * kBlockN + pass * kRowsPerPass;
+                    k_src = k_rows + row * a.k.row_stride;
+                    v_src = v_rows + row * a.v.row_stride;
+                }
+                cp_async_16(smem_addr(dk + pass * kRowsPerPass * kLd), valid && k_bytes ? k_src : k_base,
+                            valid ? k_bytes : 0);
+                cp_async_16(smem_addr(dv + pass * kRowsPerPass * kLd), valid && v_bytes ? v_src : v_base,
+                            valid ? v_bytes : 0);
+            }
+        } else if (pages.row == nullptr && whole) {
             const T* k_src = k_rows + static_cast<long long>(tile) * kBlockN * a.k.row_stride;
             const T* v_src = v_rows + static_cast<long long>(tile) * kBlockN * a.v.row_stride;
 #pragma unroll
@@ -392,125 +531,49 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
     }
     __syncthreads();
 
-    if (span_r >= rows) return;
-    // The row's maximum over the warps, each warp's weight 2^(m_w - m), and the merged sum.
-    float m = Consts<float>::neg_inf();
+    const bool has_row = span_r < rows;
+    if (has_row) {
+        // The row's maximum over the warps, each warp's weight 2^(m_w - m), and the merged sum.
+        float m = Consts<float>::neg_inf();
 #pragma unroll
-    for (int w = 0; w < Tr::kWarps; ++w) m = fmaxf(m, merge_m[w * Tr::kRows + span_row]);
-    const float base = m == Consts<float>::neg_inf() ? 0.0f : m;  // no key seen: every weight is 0
-    float weight[Tr::kWarps];
-    float l = 0.0f;
+        for (int w = 0; w < Tr::kWarps; ++w) m = fmaxf(m, merge_m[w * Tr::kRows + span_row]);
+        const float base = m == Consts<float>::neg_inf() ? 0.0f : m;  // no key seen: every weight is 0
+        float weight[Tr::kWarps];
+        float l = 0.0f;
 #pragma unroll
-    for (int w = 0; w < Tr::kWarps; ++w) {
-        weight[w] = fast_exp2(merge_m[w * Tr::kRows + span_row] - base);
-        l += weight[w] * merge_l[w * Tr::kRows + span_row];
-    }
-    // A row that saw no key is 0 with lse -inf; a NaN score makes l NaN, and NaN != 0.
-    const float nan = __int_as_float(0x7fc00000);
-    const float inv_l = bad ? nan : (l != 0.0f ? 1.0f / l : 0.0f);
-    const float lse = bad ? nan : (l != 0.0f ? kLn2F * (m + __log2f(l)) : Consts<float>::neg_inf());
-    T* out_row = head_rows<T>(c.out, b, span_i, span_h);
-    const long long part_row = ((static_cast<long long>(split) * a.batch + b) * a.seqlen_q + span_i) * a.heads + span_h;
+        for (int w = 0; w < Tr::kWarps; ++w) {
+            weight[w] = fast_exp2(merge_m[w * Tr::kRows + span_row] - base);
+            l += weight[w] * merge_l[w * Tr::kRows + span_row];
+        }
+        // A row that saw no key is 0 with lse -inf; a NaN score makes l NaN, and NaN != 0.
+        const float nan = __int_as_float(0x7fc00000);
+        const float inv_l = bad ? nan : (l != 0.0f ? 1.0f / l : 0.0f);
+        const float lse = bad ? nan : (l != 0.0f ? kLn2F * (m + __log2f(l)) : Consts<float>::neg_inf());
+        T* out_row = head_rows<T>(c.out, b, span_i, span_h);
+        const long long part_row =
+            ((static_cast<long long>(split) * a.batch + b) * a.seqlen_q + span_i) * a.heads + span_h;
 #pragma unroll
-    for (int k = 0; k < kSpan; ++k) {
-        const int col = span_col + k;
-        if (col >= a.headdim_v) break;
-        float acc = 0.0f;
+        for (int k = 0; k < kSpan; ++k) {
+            const int col = span_col + k;
+            if (col >= a.headdim_v) break;
+            float acc = 0.0f;
 #pragma unroll
-        for (int w = 0; w < Tr::kWarps; ++w) acc += weight[w] * merge_o[(w * Tr::kRows + span_row) * kHeadDim + col];
-        if (c.num_splits == 1) {
-            out_row[col] = from_acc<T>(acc * inv_l);
-        } else {
-            c.part_out[part_row * a.headdim_v + col] = acc * inv_l;
+            for (int w = 0; w < Tr::kWarps; ++w) acc += weight[w] * merge_o[(w * Tr::kRows + span_row) * kHeadDim + col];
+            if (c.num_splits == 1) {
+                out_row[col] = from_acc<T>(acc * inv_l);
+            } else {
+                c.part_out[part_row * a.headdim_v + col] = acc * inv_l;
+            }
+        }
+        if (span_col == 0) {
+            if (c.num_splits == 1) {
+                static_cast<float*>(c.lse.ptr)[rows_index(c.lse, b, span_h, span_i)] = lse;
+            } else {
+                c.part_lse[((static_cast<long long>(split) * a.batch + b) * a.heads + span_h) * a.seqlen_q + span_i] = lse;
+            }
         }
     }
-    if (span_col == 0) {
-        if (c.num_splits == 1) {
-            static_cast<float*>(c.lse.ptr)[rows_index(c.lse, b, span_h, span_i)] = lse;
-        } else {
-            c.part_lse[((static_cast<long long>(split) * a.batch + b) * a.heads + span_h) * a.seqlen_q + span_i] = lse;
-        }
-    }
-}
-
-// ------------------------------------------------------------------------------------------------
-// Merging the splits.
-
-// Largest num_splits: the combine keeps every split's weight in shared memory (cupyflash/_kvcache/call.py
-// MAX_SPLITS).
-constexpr int kCombineMaxSplits = 256;
-
-// One CTA per output row (b, i, h): lse = ln sum_s exp(lse_s) and out = sum_s exp(lse_s - lse) out_s,
-// shifted by the largest lse_s. Splits that saw no key (lse_s = -inf) weigh 0; a row no split saw is 0
-// with lse -inf; a NaN lse_s makes the row NaN. The threads read the splits' lse together and keep
-// their weights in shared memory; then warp w sums splits w, w + 4, ... over the row's columns (a
-// lane's loads are independent, so a row costs a couple of L2 round trips, not one per split), and
-// the four warps' sums are added through shared memory.
-template <typename T>
-__global__ void __launch_bounds__(128) kvc_combine(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
-    constexpr int kWarps = 4, kMaxSplits = kCombineMaxSplits, kMaxCols = 256, kColsPerLane = kMaxCols / 32;
-    __shared__ float weights[kMaxSplits];
-    __shared__ float reduce[kWarps];
-    __shared__ float sums[kWarps][kMaxCols];
-    const AttnArgs& a = c.attn;
-    const long long rows = static_cast<long long>(a.batch) * a.seqlen_q * a.heads;
-    const long long row = blockIdx.x;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int h = static_cast<int>(row % a.heads);
-    const int i = static_cast<int>(row / a.heads % a.seqlen_q);
-    const int b = static_cast<int>(row / a.heads / a.seqlen_q);
-    const long long lse_row = (static_cast<long long>(b) * a.heads + h) * a.seqlen_q + i;
-    const int splits = min(c.num_splits, kMaxSplits);
-
-    float m = Consts<float>::neg_inf();
-    bool nan = false;
-    for (int s = threadIdx.x; s < splits; s += blockDim.x) {
-        const float x = c.part_lse[s * rows + lse_row];
-        weights[s] = x;
-        nan = nan || x != x;
-        m = fmaxf(m, x);
-    }
-    m = group_max<32>(m);
-    if (lane == 0) reduce[warp] = m;
-    nan = __syncthreads_or(nan);
-    m = fmaxf(fmaxf(reduce[0], reduce[1]), fmaxf(reduce[2], reduce[3]));
-    const float base = m == Consts<float>::neg_inf() ? 0.0f : m;
-    float total = 0.0f;
-    for (int s = threadIdx.x; s < splits; s += blockDim.x) {
-        const float w = __expf(weights[s] - base);
-        weights[s] = w;
-        total += w;
-    }
-    total = group_sum<32>(total);
-    __syncthreads();  // weights; every warp has read reduce[]
-    if (lane == 0) reduce[warp] = total;
-
-    float acc[kColsPerLane] = {};
-#pragma unroll 2
-    for (int s = warp; s < splits; s += kWarps) {
-        const float w = weights[s];
-        const float* part = c.part_out + (s * rows + row) * a.headdim_v;
-#pragma unroll
-        for (int k = 0; k < kColsPerLane; ++k) {
-            const int col = lane + 32 * k;
-            if (col < a.headdim_v) acc[k] += w * part[col];
-        }
-    }
-#pragma unroll
-    for (int k = 0; k < kColsPerLane; ++k) sums[warp][lane + 32 * k] = acc[k];
-    __syncthreads();
-    total = reduce[0] + reduce[1] + reduce[2] + reduce[3];
-    const float inv = total != 0.0f ? 1.0f / total : 0.0f;
-    const float qnan = __int_as_float(0x7fc00000);
-    T* out = head_rows<T>(c.out, b, i, h);
-    for (int col = threadIdx.x; col < a.headdim_v; col += blockDim.x) {
-        const float value = (sums[0][col] + sums[1][col] + sums[2][col] + sums[3][col]) * inv;
-        out[col] = from_acc<T>(nan ? qnan : value);
-    }
-    if (threadIdx.x == 0) {
-        static_cast<float*>(c.lse.ptr)[rows_index(c.lse, b, h, i)] =
-            nan ? qnan : (total != 0.0f ? base + __logf(total) : Consts<float>::neg_inf());
-    }
+    if (c.num_splits > 1) merge_splits<T, Tr>(c, smem_raw);
 }
 
 // ------------------------------------------------------------------------------------------------
