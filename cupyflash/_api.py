@@ -498,6 +498,11 @@ def flash_attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, *, k:
     lse, while no read or write leaves the caches: an entry whose cache_seqlens or cache_batch_idx is
     out of range writes nothing, and a new token whose page is out of range is not written.
 
+    Batch entries must not share the cache rows that new tokens go to: a CuPy call may write an
+    entry's new tokens while another entry reads the same rows (repeated ``cache_batch_idx`` values,
+    pages in two block-table rows), as FlashAttention's own kernel does. Shared rows that only hold
+    cached keys (a common prefix) are fine.
+
     CuPy calls run on the current stream with no allocation outside CuPy's memory pool. Keep the
     returned arrays referenced while a captured graph that wrote them may replay.
     """

@@ -7,9 +7,9 @@ import numpy
 
 from .. import _problem
 
-#: Largest num_splits: the combine kernel loops over the splits of a row (kvc_combine's kMaxSplits;
-#: device.cxx_facts checks it). Here, not beside the kernels, because the checks of a NumPy call need it
-#: and must not import CuPy.
+#: Largest num_splits: the decode kernel's split merge keeps a row tile's weights of every split in
+#: shared memory (kvcache.cu kMaxSplits; device.cxx_facts checks it). Here, not beside the kernels,
+#: because the checks of a NumPy call need it and must not import CuPy.
 MAX_SPLITS = 256
 
 

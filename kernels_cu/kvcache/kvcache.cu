@@ -158,6 +158,7 @@ __device__ __forceinline__ void merge_splits(const KvCacheArgs& c, unsigned char
         int* counter = c.split_counters + (static_cast<long long>(b) * a.heads_k + hk) * (gridDim.x / splits) + row_tile;
         is_last = atomicAdd(counter, 1) == splits - 1;
         if (is_last) atomicExch(counter, 0);
+        __threadfence();  // the count before the reads of the partials it stands for
     }
     __syncthreads();
     if (!is_last) return;
@@ -255,25 +256,6 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
         tile_end = min(tile_begin + per_split, t1);
     }
 
-    // New keys in k_new/v_new (no rotary, so no kvc_append ran): the CTAs of this (kv head, batch
-    // entry) write tokens blockIdx.x, blockIdx.x + gridDim.x, ... into the cache. No CTA of the launch
-    // reads those rows from the cache (the tiles holding them read k_new, see `issue`), so the writes
-    // need no ordering; a row on a page outside the cache is not written (its readers flag the page).
-    const bool fresh_keys = c.k_new.ptr != nullptr;
-    if (fresh_keys && !entry.bad) {
-        for (int j = blockIdx.x; j < c.seqlen_new; j += gridDim.x) {
-            bool bad_row = false;
-            const int pos = entry.cached + j;
-            const long long k_at = entry.row_offset(c, a.k, b, pos, hk, &bad_row);
-            const long long v_at = entry.row_offset(c, a.v, b, pos, hk, &bad_row);
-            if (bad_row) continue;
-            const T* k_src = head_rows<const T>(c.k_new, b, j, hk);
-            const T* v_src = head_rows<const T>(c.v_new, b, j, hk);
-            for (int col = threadIdx.x; col < a.headdim; col += Tr::kThreads) static_cast<T*>(a.k.ptr)[k_at + col] = k_src[col];
-            for (int col = threadIdx.x; col < a.headdim_v; col += Tr::kThreads) static_cast<T*>(a.v.ptr)[v_at + col] = v_src[col];
-        }
-    }
-
     // The prologue and the epilogue give each thread one row and kSpan consecutive columns of the
     // CTA's 16 x kHeadDim block, so a row's query, head and addresses are worked out once.
     constexpr int kThreadsPerRow = Tr::kThreads / Tr::kRows, kSpan = kHeadDim / kThreadsPerRow;
@@ -300,6 +282,8 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
     static_assert(Tr::kThreads % kChunks == 0 && kBlockN % kRowsPerPass == 0, "whole rows per pass");
     const int my_row = threadIdx.x / kChunks, my_col = (threadIdx.x % kChunks) * 8;
     bool bad_page = false;
+    // New keys in k_new/v_new (no rotary, so no kvc_append ran): written into the cache below.
+    const bool fresh_keys = c.k_new.ptr != nullptr;
     // The cache entry (page, or dense entry) and row within it of position pos < entry.keys.
     const T* k_base = static_cast<const T*>(a.k.ptr) + hk * a.k.head_stride;
     const T* v_base = static_cast<const T*>(a.v.ptr) + hk * a.v.head_stride;
@@ -573,6 +557,26 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
             }
         }
     }
+    // The new keys (fresh_keys): the CTAs of this (kv head, batch entry) write tokens blockIdx.x,
+    // blockIdx.x + gridDim.x, ... into the cache after their attention, off the path of its loads. No
+    // CTA of this (kv head, batch entry) reads those rows from the cache (the tiles holding them read
+    // k_new, see `issue`), so the writes need no ordering; a row on a page outside the cache is not
+    // written (its readers flag the page). Batch entries that share cache rows race, as in
+    // FlashAttention's own kernel (the docstring of flash_attention_with_kvcache says so).
+    if (fresh_keys && !entry.bad) {
+        for (int j = blockIdx.x; j < c.seqlen_new; j += gridDim.x) {
+            bool bad_row = false;
+            const int pos = entry.cached + j;
+            const long long k_at = entry.row_offset(c, a.k, b, pos, hk, &bad_row);
+            const long long v_at = entry.row_offset(c, a.v, b, pos, hk, &bad_row);
+            if (bad_row) continue;
+            const T* k_src = head_rows<const T>(c.k_new, b, j, hk);
+            const T* v_src = head_rows<const T>(c.v_new, b, j, hk);
+            for (int col = threadIdx.x; col < a.headdim; col += Tr::kThreads) static_cast<T*>(a.k.ptr)[k_at + col] = k_src[col];
+            for (int col = threadIdx.x; col < a.headdim_v; col += Tr::kThreads) static_cast<T*>(a.v.ptr)[v_at + col] = v_src[col];
+        }
+    }
+
     if (c.num_splits > 1) merge_splits<T, Tr>(c, smem_raw);
 }
 
