@@ -233,7 +233,7 @@ def test_grouped_table_notes(bench_modules):
 def test_host_rows_and_table(bench_modules):
     host, h = bench_modules.host, bench_modules.harness
     assert [row.key for row in host.ROWS] == ["fwd", "fwd_512", "bwd", "bwd_det", "varlen", "decode_append", "decode",
-                                              "decode_paged"]
+                                              "decode_paged", "prefill"]
     assert {row.key: row.target_us for row in host.ROWS}["decode_paged"] == 15
     results = {"fwd": {"cupyflash": {"us": 20.0, "gpu_us": 3.0, "loops_us": [20.0]},
                        "torch_fa2": {"us": 15.5, "gpu_us": 3.0, "loops_us": [15.5]}},
@@ -244,7 +244,9 @@ def test_host_rows_and_table(bench_modules):
     assert fwd.split()[-8:] == ["20.0", "3.0", "25", "0.80", "15.5", "3.0", "-", "-"]
     bwd = next(line for line in lines if line.startswith("backward (1, 128"))
     assert "1.25*" in bwd
-    assert "targets met: 1 of 8" in lines
+    assert "targets met: 1 of 8" in lines  # the prefill row has no target
+    prefill = next(line for line in lines if line.startswith("prefill chunk"))
+    assert prefill.split()[-8:] == ["-"] * 8
     assert any("bwd: device time 45.0 us" in line for line in lines)
     assert any("varlen: n/a (RuntimeError: boom)" in line for line in lines)
     stats = {("~", 0, "<built-in method cupy.cuda.driver.launchKernel>"): (1000, 1000, 0.1, 0.1, {}),
