@@ -172,7 +172,7 @@ class DecodePlan:
         tokens = max(c.seqlen_new, c.seqlen_q if c.rotary_dim else 0) if c.k_new is not None else 0
         # Unrotated new keys whose rows suit the decode kernel's 16-byte copies are appended by it (its
         # tiles read them from k_new/v_new); the others are written by kvc_append first.
-        fused = bool(c.seqlen_new) and not c.rotary_dim and common.vec_loads(k_new, v_new)
+        fused = bool(c.seqlen_new and not c.rotary_dim and common.vec_loads(k_new, v_new))
         q_rot = b.workspace(c.q.shape, c.dtype) if c.rotary_dim else None
         if tokens and not fused:
             append = _fill_args(b.struct(_params.KV_CACHE_ARGS), cs, q, None, None)
@@ -187,7 +187,8 @@ class DecodePlan:
         if not fused:
             main["k_new"] = main["v_new"] = (0, 0, 0, 0)
         if splits > 1:
-            part_out = b.workspace((splits * c.batch * c.seqlen_q * c.heads * c.headdim_v,), numpy.float32)
+            # Partial rows are the bucket's width apart (16-byte aligned float4 reads in the merge).
+            part_out = b.workspace((splits * c.batch * c.seqlen_q * c.heads * variant.param("headdim"),), numpy.float32)
             part_lse = b.workspace((splits * c.batch * c.heads * c.seqlen_q,), numpy.float32)
             counters = b.counters(c.batch * c.heads_k * row_tiles)
             main["part_out"], main["part_lse"] = part_out.data.ptr, part_lse.data.ptr

@@ -136,7 +136,7 @@ constexpr int kMaxSplits = 256;
 
 // The split merge, run by the CTAs of kvc_fwd after they wrote their partial rows: the last of a row
 // tile's num_splits CTAs to count itself merges the tile's rows. Row (b, i, h) gets lse = ln sum_s
-// exp(lse_s) and out = sum_s exp(lse_s - lse) out_s, shifted by the largest lse_s, summed in split
+// exp(lse_s) and out = sum_s exp(lse_s - lse) out_s, shifted by the largest lse_s, summed in a fixed
 // order (deterministic). Splits that saw no key (lse_s = -inf) weigh 0; a row no split saw is 0 with lse
 // -inf; a NaN lse_s makes the row NaN. Each CTA's writes are fenced before it counts, and the merging
 // CTA reads the partials through L2 (ld.cg), where the other SMs' writes are. The counter of the row
@@ -166,51 +166,66 @@ __device__ __forceinline__ void merge_splits(const KvCacheArgs& c, unsigned char
 
     const int tile_rows = min(Tr::kRows, rows - r0);
     const long long all_rows = static_cast<long long>(a.batch) * a.seqlen_q * a.heads;  // per split
-    float* weights = reinterpret_cast<float*>(smem_raw);  // [row][split]: lse_s, then exp(lse_s - base)
+    float* weights = reinterpret_cast<float*>(smem_raw);  // [row][split]: exp(lse_s - base)
     float* row_inv = weights + Tr::kRows * kWeightsLd;     // [row]: 1 / sum of the weights, NaN for a NaN row
-    // The row's query and head, and its lse index (the partial lse's row, and lse's).
-    const auto lse_row = [&](int r) {
+    // A warp per row: its lanes read the row's split lse values (one L2 round trip for up to 32 splits),
+    // and the row's maximum, NaN flag and sum are butterflies across the warp (a fixed order).
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int r = warp; r < tile_rows; r += Tr::kWarps) {
         const int i = (r0 + r) / group, h = hk * group + (r0 + r) % group;
-        return (static_cast<long long>(b) * a.heads + h) * a.seqlen_q + i;
-    };
-    for (int idx = threadIdx.x; idx < tile_rows * splits; idx += Tr::kThreads) {
-        const int r = idx / splits, s = idx % splits;
-        weights[r * kWeightsLd + s] = __ldcg(c.part_lse + s * all_rows + lse_row(r));
-    }
-    __syncthreads();
-    if (threadIdx.x < tile_rows) {
-        const int r = threadIdx.x;
+        const long long lse_row = (static_cast<long long>(b) * a.heads + h) * a.seqlen_q + i;
         float* w = weights + r * kWeightsLd;
         float m = Consts<float>::neg_inf();
         bool nan = false;
-        for (int s = 0; s < splits; ++s) {
-            nan = nan || w[s] != w[s];
-            m = fmaxf(m, w[s]);
+        for (int s = lane; s < splits; s += 32) {
+            const float x = __ldcg(c.part_lse + s * all_rows + lse_row);
+            w[s] = x;
+            nan = nan || x != x;
+            m = fmaxf(m, x);
         }
+        m = group_max<32>(m);
+        nan = __any_sync(0xffffffffu, nan);
         const float base = m == Consts<float>::neg_inf() ? 0.0f : m;
         float total = 0.0f;
-        for (int s = 0; s < splits; ++s) {
+        for (int s = lane; s < splits; s += 32) {
             w[s] = __expf(w[s] - base);
             total += w[s];
         }
-        const float qnan = __int_as_float(0x7fc00000);
-        row_inv[r] = nan ? qnan : (total != 0.0f ? 1.0f / total : 0.0f);
-        const int i = (r0 + r) / group, h = hk * group + (r0 + r) % group;
-        static_cast<float*>(c.lse.ptr)[rows_index(c.lse, b, h, i)] =
-            nan ? qnan : (total != 0.0f ? base + __logf(total) : Consts<float>::neg_inf());
+        total = group_sum<32>(total);
+        if (lane == 0) {
+            const float qnan = __int_as_float(0x7fc00000);
+            row_inv[r] = nan ? qnan : (total != 0.0f ? 1.0f / total : 0.0f);
+            static_cast<float*>(c.lse.ptr)[rows_index(c.lse, b, h, i)] =
+                nan ? qnan : (total != 0.0f ? base + __logf(total) : Consts<float>::neg_inf());
+        }
     }
     __syncthreads();
-    // Consecutive threads take consecutive columns of a row: each split's loads are coalesced, and eight
-    // splits' loads are in flight at once (a merge is a few L2 round trips, not one per split).
-    for (int idx = threadIdx.x; idx < tile_rows * a.headdim_v; idx += Tr::kThreads) {
-        const int r = idx / a.headdim_v, col = idx % a.headdim_v;
+    // A thread per four columns of a row (partial rows are kHeadDim floats apart, so 16-byte aligned;
+    // the columns past headdim_v are read and dropped): sixteen splits' loads in flight at once, so a
+    // merge of up to 32 splits is two L2 round trips.
+    constexpr int kVec = 4;
+    const int vecs = ceil_div(a.headdim_v, kVec);
+    const long long split_stride = all_rows * (Tr::kHeadDim / kVec);  // float4s between two splits' rows
+    for (int idx = threadIdx.x; idx < tile_rows * vecs; idx += Tr::kThreads) {
+        const int r = idx / vecs, col = (idx % vecs) * kVec;
         const int i = (r0 + r) / group, h = hk * group + (r0 + r) % group;
-        const float* part = c.part_out + ((static_cast<long long>(b) * a.seqlen_q + i) * a.heads + h) * a.headdim_v + col;
+        const float4* part = reinterpret_cast<const float4*>(
+            c.part_out + ((static_cast<long long>(b) * a.seqlen_q + i) * a.heads + h) * Tr::kHeadDim + col);
         const float* w = weights + r * kWeightsLd;
-        float acc = 0.0f;
-#pragma unroll 8
-        for (int s = 0; s < splits; ++s) acc += w[s] * __ldcg(part + s * all_rows * a.headdim_v);
-        head_rows<T>(c.out, b, i, h)[col] = from_acc<T>(acc * row_inv[r]);
+        float acc[kVec] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 16
+        for (int s = 0; s < splits; ++s) {
+            const float4 x = __ldcg(part + s * split_stride);
+            acc[0] += w[s] * x.x;
+            acc[1] += w[s] * x.y;
+            acc[2] += w[s] * x.z;
+            acc[3] += w[s] * x.w;
+        }
+        T* out_row = head_rows<T>(c.out, b, i, h);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+            if (col + k < a.headdim_v) out_row[col + k] = from_acc<T>(acc[k] * row_inv[r]);
+        }
     }
 }
 
@@ -263,16 +278,6 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
     const int span_row = threadIdx.x / kThreadsPerRow, span_col = (threadIdx.x % kThreadsPerRow) * kSpan;
     const int span_r = r0 + span_row;
     const int span_i = span_r / group, span_h = hk * group + span_r % group;  // query and head of that row
-
-    // Q rows (zero past the last row), staged through shared memory into A fragments.
-    {
-        const T* src = span_r < rows ? head_rows<const T>(a.q, b, span_i, span_h) : nullptr;
-#pragma unroll
-        for (int k = 0; k < kSpan; ++k) {
-            const int col = span_col + k;
-            sQ[span_row * kLd + col] = src != nullptr && col < a.headdim ? src[col] : from_acc<T>(0.0f);
-        }
-    }
 
     // Each thread copies the same kPasses rows of every tile (row = threadIdx.x / kChunks + pass *
     // kRowsPerPass). Their pages are looked up one iteration before the tile is issued, so the lookup's
@@ -405,16 +410,32 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
         }
     };
 
+    // The prologue's page lookups all go out before its first copy (one round trip for them, not one per
+    // stage), and the Q rows are loaded while the first tiles are in flight.
     int next_page[kPasses];
-#pragma unroll 1
-    for (int s = 0; s < kStages - 1; ++s) {
-        if (tile_begin + s < tile_end) {
-            lookup(tile_begin + s, next_page);
-            issue(tile_begin + s, s, next_page);
+    {
+        int first_pages[kStages - 1][kPasses];
+#pragma unroll
+        for (int s = 0; s < kStages - 1; ++s) {
+            if (tile_begin + s < tile_end) lookup(tile_begin + s, first_pages[s]);
         }
-        cp_async_commit();
+#pragma unroll
+        for (int s = 0; s < kStages - 1; ++s) {
+            if (tile_begin + s < tile_end) issue(tile_begin + s, s, first_pages[s]);
+            cp_async_commit();
+        }
     }
     if (tile_begin + kStages - 1 < tile_end) lookup(tile_begin + kStages - 1, next_page);
+    // Q rows (zero past the last row), staged through shared memory into A fragments.
+    {
+        const T* src = span_r < rows ? head_rows<const T>(a.q, b, span_i, span_h) : nullptr;
+#pragma unroll
+        for (int k = 0; k < kSpan; ++k) {
+            const int col = span_col + k;
+            sQ[span_row * kLd + col] = src != nullptr && col < a.headdim ? src[col] : from_acc<T>(0.0f);
+        }
+    }
+
     __syncthreads();  // sQ
 
     // Q's A fragments stay in registers up to head dim 128; at 256 their 64 registers beside the 128 of
@@ -546,7 +567,7 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
             if (c.num_splits == 1) {
                 out_row[col] = from_acc<T>(acc * inv_l);
             } else {
-                c.part_out[part_row * a.headdim_v + col] = acc * inv_l;
+                c.part_out[part_row * kHeadDim + col] = acc * inv_l;
             }
         }
         if (span_col == 0) {
