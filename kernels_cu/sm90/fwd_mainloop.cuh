@@ -4,9 +4,9 @@
 //
 // Loads: Q with TMA into its own buffer; K and V of each key tile into a ring of kStages stages, each
 // completing on its own mbarrier (k_full, v_full). The producer refills a stage's K once the consumers
-// have computed S with it (empty_k) and its V once O += P V has read it (empty_v). Producer and
-// consumers take each key tile's tile-list entry (common/mask.cuh) from the work tile's key range
-// themselves, so nothing but the tiles passes between them through a stage.
+// have computed S with it (empty_k) and its V once O += P V has read it (empty_v), and publishes each
+// stage's tile-list entry (common/mask.cuh) beside the data, so the consumers follow any walk (a key
+// range or a block-sparse list) without computing it.
 //
 // Products: two consumer warpgroups of 64 rows each compute S = Q K^T (wgmma, both operands in shared
 // memory), the score modifications and the mask (fragment/scores.cuh) and the online softmax in
@@ -92,6 +92,7 @@ struct Sm90FwdState {
     unsigned long long v_full[kMaxStages];
     unsigned long long empty_k[kMaxStages];  // one arrival per consumer warp
     unsigned long long empty_v[kMaxStages];
+    int entry[kMaxStages];                   // the stage's tile-list entry
     Sm90FwdTile tile[2];                     // work tile t in tile[t % 2]
 };
 
@@ -129,6 +130,7 @@ struct Sm90FwdMainloop {
             const int round_parity = (i / kStages - 1) & 1;
             if (i >= kStages) mbarrier_wait(&st.empty_k[stage], round_parity);
             const int entry = keys.entry(j);
+            st.entry[stage] = entry;  // released to the consumers by the arrival below
             const int row = k_start + entry_tile(entry) * kBlockN;
             unsigned char* k_tile = smem + Tr::kKOffset + stage * Tr::kKBytes;
             unsigned char* v_tile = smem + Tr::kVOffset + stage * Tr::kVBytes;
@@ -250,8 +252,8 @@ struct Sm90FwdMainloop {
         float rescale[2];
         // Key tile 0: S only.
         int stage = i % kStages;
-        int entry = tile.keys.entry(0);  // read before the wait: a block-sparse list is in global memory
         mbarrier_wait(&st.k_full[stage], (i / kStages) & 1);
+        int entry = st.entry[stage];
         Turns::take_turn(wg);
         issue_scores(s, q_tile, 64 * wg, k_tiles + stage * Tr::kKBytes);
         Turns::pass_turn(wg);
@@ -268,8 +270,8 @@ struct Sm90FwdMainloop {
             const int prev_parity = (i / kStages) & 1;
             ++i;
             stage = i % kStages;
-            entry = tile.keys.entry(j);
             mbarrier_wait(&st.k_full[stage], (i / kStages) & 1);
+            entry = st.entry[stage];
             // S_j = Q K_j^T, then O += P_{j-1} V_{j-1}; the softmax of S_j overlaps the second
             // product, and the other warpgroup's products run during this one's softmax.
             Turns::take_turn(wg);
