@@ -12,7 +12,8 @@ Which builds run: a variant is built for the architectures whose devices dispatc
 sm80 family's fallback tiles, for devices with less shared memory than the H100's, and its score-modified
 variants only for sm_80), and
 the variants of a 16-bit kernel differ in their dtype only by an instruction's type, with the same
-registers, so bfloat16 is built for every tile and float16 for each kernel's first tile. That keeps the
+registers, so bfloat16 is built for every tile, flag and architecture and float16 once per kernel (its
+first tile, plain, on its first architecture). That keeps the
 suite within minutes on two cores; ``pytest --all-variants`` builds every variant for both
 architectures, and the GPU suite compiles every variant for its device anyway (conftest.py).
 """
@@ -85,7 +86,11 @@ def _built(variants, everything):
         return [(v, a) for v in variants for a in _archs(v, True)]
     builds = []
     for v in variants:
-        if v.kernel.dtypes == _kernels.HALF_DTYPES and v.dtype == "float16" and v.tile != v.kernel.tiles[0]:
+        if v.kernel.dtypes == _kernels.HALF_DTYPES and v.dtype == "float16":
+            # bfloat16's builds cover every tile, flag and architecture with the same registers; float16
+            # is built once per kernel: its first tile, plain, on its first architecture.
+            if v.tile == v.kernel.tiles[0] and not any(v.flags):
+                builds.append((v, _archs(v)[0]))
             continue
         builds += [(v, a) for a in _archs(v)]
     return builds
