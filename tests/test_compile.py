@@ -291,6 +291,20 @@ def test_headdim_bucket(headdim, headdim_v, bucket):
     assert sm80.headdim_bucket(headdim, headdim_v) == bucket
 
 
+def test_sanitize_mbarrier_kernel_compiles():
+    """tests/sanitize_mbarrier.py's hand-off kernel (run under racecheck on a GPU) builds for sm_90a from
+    the kernels' own primitives, so it cannot drift from them unnoticed."""
+    import sanitize_mbarrier
+    from cupy_backends.cuda.libs import nvrtc
+
+    program = nvrtc.createProgram(sanitize_mbarrier.SOURCE, "handoff.cu", (), ())
+    try:
+        nvrtc.compileProgram(program, _kernels.runtime_nvrtc_options(90, "90a"))
+    except nvrtc.NVRTCError as exc:
+        raise AssertionError(nvrtc.getProgramLog(program)) from exc
+    assert nvrtc.getCUBIN(program)
+
+
 def test_header_edit_changes_compile_options(tmp_path, monkeypatch):
     """Regression: CuPy's disk cache does not hash #included headers, so the options must change."""
     import shutil
