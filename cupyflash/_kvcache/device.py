@@ -228,9 +228,8 @@ def launch(variant, grid, threads, args, smem=0):
 def attention(c, alibi_slopes, return_lse, int_seqlens):
     """(out, lse) of a checked CuPy call ``c`` (``alibi_slopes``: the call's own array; ``int_seqlens``:
     the call passed cache_seqlens as an int; lse None without ``return_lse`` where the decode kernel runs),
-    the new keys and values written into the caches, and the
-    :class:`DecodePlan` that repeats the call for arrays of the same layout (None when the call takes the
-    general path)."""
+    the new keys and values written into the caches, and the :class:`DecodePlan` that repeats the call for
+    arrays of the same layout (None when the call takes the general path)."""
     device = common.current_device()
     variant = decode_variant(c, device)
     if variant is not None:
