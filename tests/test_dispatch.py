@@ -111,3 +111,18 @@ class _Array:
 ])
 def test_tma_addressable(array, varlen, expected):
     assert sm90.tma_addressable(array, varlen) is expected
+
+
+@pytest.mark.parametrize("batch, seqlen, heads, heads_k, headdim, expected", [
+    (16, 1024, 16, 16, 128, 50),   # 512 KiB of K and V per head: 25 MiB per section
+    (1, 16384, 8, 8, 256, 4),      # 16 MiB per head: no fit, the minimum
+    (4, 4096, 16, 16, 128, 12),    # 2 MiB per head
+    (2, 4096, 64, 8, 128, 100),    # GQA 8: 256 KiB per query head, 100 of the 128 pairs
+    (1, 512, 3, 1, 64, 3),         # fewer pairs than fit: one section
+])
+def test_l2_section_keeps_a_section_in_half_of_l2(batch, seqlen, heads, heads_k, headdim, expected):
+    device = common.Device(90, 227 * 1024, 132, 50 * 2**20)
+    q = np.zeros((batch, seqlen, heads, headdim), ml_dtypes.bfloat16)
+    kv = np.zeros((batch, seqlen, heads_k, headdim), ml_dtypes.bfloat16)
+    p = problems.forward_problem(q, kv, kv, causal=True)
+    assert sm90.l2_section(p, device) == expected

@@ -4,6 +4,8 @@ Run on a GPU machine with ``python -m pytest -m gpu tests``. Every case draws fr
 applies the tolerance rule of helpers.assert_within_rule to out, lse, dq, dk and dv.
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 from helpers import (
@@ -181,6 +183,33 @@ def test_backward_fallback_tiles(headdim, limit, monkeypatch, request):
     assert variant != first and sm80.bwd_smem_bytes(variant) <= limit
     # The sm_80 tiles run the ordered sum, the sm_86 ones the default mode.
     _check(1, 203, 145, 2, 1, headdim, headdim, "bfloat16", headdim % 64 == 0, deterministic=limit == SM80)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_hopper_forward_l2_sections(causal, monkeypatch, request):
+    """The longest-first order of the Hopper forward (masked and packed calls) in sections of heads
+    whose K and V fit L2: an L2 small enough for 6 of the 10 (batch entry, head) pairs per section
+    leaves a short last section, and every tile of every section must still be computed once."""
+    from cupyflash._families import common, sm90
+    from cupyflash import _problem
+
+    real = common.current_device()
+    batch, seqlen, heads, headdim = 2, 300, 5, 64
+    kv_bytes = seqlen * 2 * headdim * 2
+    device = dataclasses.replace(real, l2_bytes=int(6.5 * kv_bytes / sm90.L2_SECTION_SHARE))
+    monkeypatch.setattr(common, "current_device", lambda: device)
+    cupyflash._api.PLANS.clear()
+    request.addfinalizer(cupyflash._api.PLANS.clear)
+    q, k, v = random_qkv(cupy, batch, seqlen, seqlen, heads, heads, headdim, headdim, DTYPES["bfloat16"], seed=11)
+    problem = _problem.forward_problem(q, k, v, causal=causal)
+    assert sm90.l2_section(problem, device) == 6
+    if real.capability != sm90.CAPABILITY:
+        pytest.skip("the Hopper forward runs on compute capability 9.0 only")
+    # Non-causal calls take the static order; a window of the whole sequence takes the sections.
+    window = (-1, 0) if causal else (seqlen, seqlen)
+    out = cupyflash.flash_attention(q, k, v, window_size=window)
+    ref = oracle(q, k, v, causal)
+    assert_within_rule("out", out, ref["out"], plain(q, k, v, causal)["out"], OUTPUT_FACTOR)
 
 
 def test_transposed_views_are_used_without_copy():

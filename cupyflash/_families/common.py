@@ -23,6 +23,7 @@ class Device:
     capability: int  # e.g. 90
     smem_optin: int  # per-block opt-in shared memory, bytes
     sm_count: int = 1  # multiprocessors (persistent grids launch one CTA per SM)
+    l2_bytes: int = 50 * 2**20  # L2 cache (the Hopper forward's schedule keeps its working set in it)
 
 
 @functools.lru_cache(maxsize=None)
@@ -30,7 +31,7 @@ def _device(device_id):
     device = cupy.cuda.Device(device_id)
     attributes = device.attributes
     return Device(int(device.compute_capability), attributes["MaxSharedMemoryPerBlockOptin"],
-                  attributes["MultiProcessorCount"])
+                  attributes["MultiProcessorCount"], attributes["L2CacheSize"])
 
 
 def current_device():

@@ -80,6 +80,16 @@ def bwd_smem_bytes(variant):
     return ALIGN_SLACK + tiles + stages * 2 * block_m * 4 + block_m * d * 4 + CTA_STATE_BYTES
 
 
+def l2_section(p, device):
+    """(batch entry, head) pairs per section of the longest-first schedule (Sm90Schedule): as many as
+    have their K and V in ``L2_SECTION_SHARE`` of L2 together, at least ``L2_SECTION_MIN_PAIRS``, at
+    most all. The query heads of one group of GQA share their K and V, and the schedule takes them one
+    after another."""
+    kv_bytes = p.seqlen_k * (p.headdim + p.headdim_v) * p.dtype.itemsize * p.heads_k // p.heads
+    fit = int(device.l2_bytes * L2_SECTION_SHARE) // max(kv_bytes, 1)
+    return numpy.int32(min(max(fit, L2_SECTION_MIN_PAIRS), p.batch * p.heads))
+
+
 @functools.lru_cache(maxsize=None)
 def bucket(headdim, headdim_v, buckets=tuple(FWD_TILES)):
     """The cheapest (headdim, headdim_v) bucket covering both head dims, or None."""
@@ -97,9 +107,18 @@ _L2_PROMOTION_128B = 2
 _TMA_MAX_STRIDE = 1 << 40
 #: The maps' dtype: three CUtensorMaps (Sm90FwdMaps; the kernel parameter is 64-byte aligned, which the
 #: driver arranges when it copies the bytes).
-#: Sm90Schedule: the work order flag and the device counter of dynamically handed-out tiles.
-SCHEDULE = numpy.dtype({"names": ["longest_first", "next_work"], "formats": [numpy.int32, numpy.uint64],
-                        "offsets": [0, 8], "itemsize": 16, "aligned": True})
+#: Sm90Schedule: the work order flag, the (batch entry, head) pairs per L2 section and the device counter
+#: of dynamically handed-out tiles.
+SCHEDULE = numpy.dtype({"names": ["longest_first", "section", "next_work"],
+                        "formats": [numpy.int32, numpy.int32, numpy.uint64], "offsets": [0, 4, 8], "itemsize": 16,
+                        "aligned": True})
+#: The share of L2 a longest-first section's K and V may take. H100/H200 split L2 into two halves, and
+#: a line another SM's half holds is fetched again: half of it is what every SM can hit. Measured on the
+#: H200 (bench/NOTES.md, 2026-12-02): sections of 16-32 MB of K and V were the fastest at every seqlen.
+L2_SECTION_SHARE = 0.5
+#: Sections hold at least this many (batch entry, head) pairs: with fewer, most CTAs walk one head's keys
+#: at once, which measured 5-20% slower at seqlen 16k than 4 pairs whose K and V overflow L2.
+L2_SECTION_MIN_PAIRS = 4
 MAPS = numpy.dtype({"names": ["q", "k", "v"], "formats": [(numpy.void, 128)] * 3, "offsets": [0, 128, 256],
                     "itemsize": 384, "aligned": True})
 #: Sm90BwdMaps: q, k, v, dout and the float32 dQ buffers.
@@ -224,12 +243,13 @@ class Sm90Forward:
             tensor_map(b, maps, field, x, p.varlen, rows)
         # Persistent: one CTA per SM walks the work tiles (fewer CTAs when there are fewer tiles). Tiles
         # of unequal length (a mask, packed sequences, KV caches) go longest first, to whichever CTA is free,
-        # through a counter zeroed before each launch.
+        # through a counter zeroed before each launch, a section of heads whose K and V fit L2 at a time.
         work = common.cdiv(p.seqlen_q, FWD_BLOCK_M) * p.batch * p.heads
         schedule = b.struct(SCHEDULE)
         if (p.varlen or p.seqused_k is not None or p.block_mask is not None or p.window_left >= 0
                 or p.window_right >= 0):
             schedule["longest_first"] = 1
+            schedule["section"] = l2_section(p, device)
             schedule["next_work"] = b.workspace((1,), numpy.int32, zeroed=True).data.ptr
         smem = fwd_smem_bytes(variant)
         b.launch(common.function(variant, smem), (min(work, device.sm_count), 1, 1), FWD_THREADS,

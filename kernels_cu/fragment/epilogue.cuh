@@ -45,6 +45,59 @@ __device__ __forceinline__ void store_fragments(T* dst, long long row_stride, in
     }
 }
 
+// A quad's four 32-bit values x[0..3] transposed (4 x 4 over the quad's lanes t = lane % 4): on return
+// x[j] of lane t holds what x[t] of lane j held. Two butterfly steps, two shuffles each.
+__device__ __forceinline__ void transpose_quad(unsigned (&x)[4]) {
+    const int t = threadIdx.x % 4;
+#pragma unroll
+    for (int bit = 1; bit <= 2; bit *= 2) {
+        const bool upper = (t & bit) != 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            if (j & bit) continue;
+            // The lane keeps the slot of the pair whose bit matches its own and trades the other.
+            const unsigned got = __shfl_xor_sync(0xffffffffu, upper ? x[j] : x[j + bit], bit);
+            if (upper) {
+                x[j] = got;
+            } else {
+                x[j + bit] = got;
+            }
+        }
+    }
+}
+
+// store_fragments for 16-bit T over whole 32-column groups, each row in 16-byte stores: a quad's
+// lanes hold two columns of each of four n-tiles, and after transpose_quad lane t holds the eight
+// columns of the group's n-tile t. The caller checks that every column is real and that dst, row_stride
+// and col0 keep 16-byte alignment. A quarter of the store instructions, each writing whole sectors.
+template <typename T, int kMTiles, int kNTiles>
+__device__ __forceinline__ void store_fragments_16B(T* dst, long long row_stride, int row0, int row_end, int col0,
+                                                    const float (&acc)[kMTiles][kNTiles][4],
+                                                    const float (&scale)[kMTiles][2]) {
+    static_assert(sizeof(T) == 2 && kNTiles % 4 == 0, "16-bit values in groups of four n-tiles");
+    const int lane = threadIdx.x % 32;
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = row0 + 16 * mt + g + 8 * r;
+            T* dst_row = dst + static_cast<long long>(row) * row_stride + col0 + 8 * t;
+#pragma unroll
+            for (int group = 0; group < kNTiles / 4; ++group) {
+                unsigned x[4];
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const float* pair = &acc[mt][4 * group + j][2 * r];
+                    x[j] = pack2<T>(pair[0] * scale[mt][r], pair[1] * scale[mt][r]);
+                }
+                transpose_quad(x);  // every lane shuffles, also those of rows past row_end
+                if (row < row_end) *reinterpret_cast<uint4*>(dst_row + 32 * group) = make_uint4(x[0], x[1], x[2], x[3]);
+            }
+        }
+    }
+}
+
 // The same with one scale for every row.
 template <typename T, int kMTiles, int kNTiles>
 __device__ __forceinline__ void store_fragments(T* dst, long long row_stride, int row0, int row_end, int col0, int cols,
@@ -66,8 +119,18 @@ __device__ __forceinline__ void fwd_epilogue(const FwdArgs& args, const Sequence
     float row_lse[kMTiles][2];
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) softmax[mt].finish(inv_l[mt], row_lse[mt]);
-    store_fragments<T>(head_rows<T>(args.out, b, seq.q_start, h), args.out.row_stride, row0, seq.seqlen_q,
-                       0, a.headdim_v, o, inv_l);
+    T* out = head_rows<T>(args.out, b, seq.q_start, h);
+    bool wide = false;
+    if constexpr (sizeof(T) == 2 && kOTiles % 4 == 0) {
+        wide = a.headdim_v == 8 * kOTiles && args.out.row_stride % 8 == 0 && reinterpret_cast<size_t>(out) % 16 == 0;
+    }
+    if (wide) {
+        if constexpr (sizeof(T) == 2 && kOTiles % 4 == 0) {
+            store_fragments_16B<T>(out, args.out.row_stride, row0, seq.seqlen_q, 0, o, inv_l);
+        }
+    } else {
+        store_fragments<T>(out, args.out.row_stride, row0, seq.seqlen_q, 0, a.headdim_v, o, inv_l);
+    }
     const int lane = threadIdx.x % 32;
     if (lane % 4 != 0) return;
     float* lse = static_cast<float*>(args.lse.ptr) + rows_index(args.lse, b, h, seq.q_start);

@@ -5,10 +5,11 @@
 // One CTA per SM walks work tiles (kBlockM = 128 query rows of one batch entry and head, in the order of
 // the Scheduler) and runs three warpgroups:
 //   - the producer (warpgroup 0, two threads issuing): its first thread takes the CTA's work tiles from
-//     the scheduler, publishes each one's state (sequence, mask, its key tiles) and loads its Q tile
-//     (Mainloop::load_queries) as soon as the last S of the previous one is done, so the next tile's loads
-//     run under the current tile's last products and epilogue; its second thread follows the published
-//     states and streams their K and V tiles (Mainloop::load_keys). Two threads, each with half of the
+//     the scheduler and publishes each one's state (sequence, mask, its key tiles) a work tile ahead
+//     (two state buffers), and loads its Q tile (Mainloop::load_queries) as soon as the last S of the
+//     previous one is done; its second thread follows the published states and streams their K and V
+//     tiles (Mainloop::load_keys), so the next work tile's first key tiles load under the current one's
+//     last products and its Q under the current one's epilogue. Two threads, each with half of the
 //     values to keep, fit the producer's 24 registers;
 //   - two consumer warpgroups of 64 rows each run the products and the softmax of each published tile
 //     (Mainloop::mma) and write its rows (Epilogue::store, straight from the accumulators).
@@ -38,21 +39,23 @@ struct Sm90FwdKernel {
                                                            unsigned char* smem) {
         tma_prefetch_desc(maps.q);
         const Scheduler scheduler(a);
-        int t = 0;  // work tiles published
-        for (int w = Scheduler::first(), next;; w = next) {
-            next = Scheduler::next(schedule, w);
-            const bool finished = scheduler.finished(w);
+        for (int t = 0, w = Scheduler::first();; ++t) {  // t: work tiles published
+            Sm90FwdTile& tile = st.tile[t % 2];
+            // tile[t % 2] is free once the consumers' epilogue of work tile t - 2 is over: the K/V loader
+            // read it before issuing the loads of t - 2, which that epilogue waited for.
+            if (t >= 2) mbarrier_wait(&st.tile_empty[t % 2], (t / 2 - 1) & 1);
+            // The CTA takes its next work tile only now, while t - 1 runs: handed out dynamically, the
+            // tiles go to the CTAs in the order they finish their work, as a tile ahead and no more.
+            if (t > 0) w = Scheduler::next(schedule, w);
             int b = 0, h = 0, m0 = 0;
             Sequence seq;
-            if (!finished) {
+            bool finished;
+            while (!(finished = scheduler.finished(w))) {
                 scheduler.decode(schedule, a, w, &b, &h, &m0);
                 seq = Sequence(a, b);
-                if (m0 >= seq.seqlen_q) continue;  // past the end of a packed sequence: nothing to do
+                if (m0 < seq.seqlen_q) break;
+                w = Scheduler::next(schedule, w);  // past the end of a packed sequence: nothing to do
             }
-            Sm90FwdTile& tile = st.tile[t % 2];
-            // Q and tile[t % 2] are free once every S of work tile t - 1 is done: by then the K/V loader
-            // has read tile[t % 2] for work tile t - 2, and the consumers' epilogue of t - 2 is over.
-            if (t > 0) mbarrier_wait(&st.q_empty, (t - 1) & 1);
             tile.done = finished;
             if (!finished) {
                 tile.seq = seq;
@@ -63,14 +66,18 @@ struct Sm90FwdKernel {
                 tile.h = h;
                 tile.m0 = m0;
             }
-            mbarrier_arrive(&st.published);  // releases tile[t % 2] to the K/V loader
+            // Releases tile[t % 2] to the K/V loader, which streams its keys into the ring as stages free
+            // up, under the last products of t - 1.
+            mbarrier_arrive(&st.published[t % 2]);
+            // The Q buffer is free once every S of work tile t - 1 is done (then q_full is at most one
+            // phase ahead of the consumers' waits, also for the end marker).
+            if (t > 0) mbarrier_wait(&st.q_empty, (t - 1) & 1);
             if (finished) {
                 mbarrier_arrive(&st.q_full);
                 break;
             }
             mbarrier_arrive_expect_tx(&st.q_full, Tr::kQBytes);  // releases tile[t % 2] to the consumers
             Mainloop::load_queries(a, maps, st, smem, seq, b, h, m0);
-            ++t;
         }
     }
 
@@ -81,7 +88,7 @@ struct Sm90FwdKernel {
         tma_prefetch_desc(maps.v);
         int i = 0;  // ring slots filled, over all work tiles
         for (int t = 0;; ++t) {
-            mbarrier_wait(&st.published, t & 1);
+            mbarrier_wait(&st.published[t % 2], (t / 2) & 1);
             const Sm90FwdTile& tile = st.tile[t % 2];
             if (tile.done) break;
             Mainloop::load_keys(a, maps, st, smem, tile, i);
@@ -103,6 +110,7 @@ struct Sm90FwdKernel {
             typename Mainloop::Softmax softmax[1];
             Mainloop::mma(args.attn, st, smem, tile, wg, i, o, softmax);
             Epilogue::store(args, tile.seq, tile.b, tile.h, tile.m0 + 64 * wg + 16 * warp, o, softmax);
+            release_stage(&st.tile_empty[t % 2]);  // tile[t % 2] may take work tile t + 2
         }
         // Warpgroup 1 passed the turn once more than warpgroup 0 took it (it started by passing).
         if (wg == 0) Mainloop::Turns::take_turn(0);
@@ -116,7 +124,10 @@ struct Sm90FwdKernel {
         static_assert(sizeof(Sm90FwdState) <= kCtaStateBytes, "the per-CTA state must fit its reserve");
         Sm90FwdState& st = *reinterpret_cast<Sm90FwdState*>(smem + Tr::kStateOffset);
         if (threadIdx.x == 0) {
-            mbarrier_init(&st.published, 1);
+            for (int b = 0; b < 2; ++b) {
+                mbarrier_init(&st.published[b], 1);
+                mbarrier_init(&st.tile_empty[b], 4 * Tr::kConsumers);
+            }
             mbarrier_init(&st.q_full, 1);
             mbarrier_init(&st.q_empty, 4 * Tr::kConsumers);
             for (int s = 0; s < Tr::kStages; ++s) {

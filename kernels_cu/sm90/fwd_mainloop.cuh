@@ -85,8 +85,9 @@ struct Sm90FwdTile {
 // The pipeline's barriers and the published values, in shared memory.
 struct Sm90FwdState {
     static constexpr int kMaxStages = 4;
-    unsigned long long published;  // the state of work tile t, t = 0, 1, ..., for the K/V loader
-    unsigned long long q_full;     // the state and the Q tile of work tile t, for the consumers
+    unsigned long long published[2];   // the state of work tile t in tile[t % 2], for the K/V loader
+    unsigned long long tile_empty[2];  // tile[t % 2] read by the consumers' epilogue of t: one arrival per warp
+    unsigned long long q_full;         // the state and the Q tile of work tile t, for the consumers
     unsigned long long q_empty;  // Q read by every S of the current work tile: one arrival per consumer warp
     unsigned long long k_full[kMaxStages];
     unsigned long long v_full[kMaxStages];

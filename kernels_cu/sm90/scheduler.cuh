@@ -12,9 +12,12 @@ namespace cupyflash {
 // The order in which the persistent CTAs take work tiles (cupyflash/_families/sm90.py chooses it).
 struct Sm90Schedule {
     // 0: the tiles of one (batch entry, head) together, CTA c taking tiles c, c + gridDim.x, ... (equal
-    // tiles: the CTAs running at once share one head's K and V in L2). 1: the tiles with the most keys
-    // of every head first, handed out as CTAs become free (causal and other masks, packed batches).
+    // tiles: the CTAs running at once share one head's K and V in L2). 1: handed out as CTAs become free,
+    // in sections of `section` consecutive (batch entry, head) pairs whose K and V fit in L2 together;
+    // inside a section the tiles with the most keys first (causal and other masks, packed batches). One
+    // section over every head would send the CTAs running at once to more K and V than L2 holds.
     int longest_first;
+    int section;     // (batch entry, head) pairs per section, >= 1 (longest_first)
     int* next_work;  // zeroed before the launch: tiles handed out after each CTA's first (longest_first)
 };
 
@@ -29,8 +32,9 @@ struct Sm90QueryTileScheduler {
 
     __device__ __forceinline__ static int first() { return static_cast<int>(blockIdx.x); }
 
-    // The work tile after w, asked for when w starts, so the atomic's latency passes during w. Every call
-    // counts once in next_work: work_count + gridDim.x increments per launch.
+    // The CTA's work tile after w (the producer asks a work tile ahead, so the atomic's latency passes
+    // under the running one). Every call counts once in next_work: work_count + gridDim.x increments per
+    // launch.
     __device__ __forceinline__ static int next(const Sm90Schedule& schedule, int w) {
         return static_cast<int>(gridDim.x) + (schedule.longest_first ? atomicAdd(schedule.next_work, 1) : w);
     }
@@ -41,8 +45,17 @@ struct Sm90QueryTileScheduler {
     // a causal mask it sees the most keys.
     __device__ __forceinline__ void decode(const Sm90Schedule& schedule, const AttnArgs& a, int w, int* b, int* h,
                                            int* m0) const {
-        const int rank = schedule.longest_first ? w / heads : w % num_tiles;
-        const int bh = schedule.longest_first ? w % heads : w / num_tiles;
+        int rank, bh;
+        if (schedule.longest_first) {
+            const int first_bh = w / (schedule.section * num_tiles) * schedule.section;
+            const int local = w - first_bh * num_tiles;            // the tile's place in its section
+            const int pairs = min(schedule.section, heads - first_bh);  // the last section may be short
+            rank = local / pairs;
+            bh = first_bh + local % pairs;
+        } else {
+            rank = w % num_tiles;
+            bh = w / num_tiles;
+        }
         *b = bh / a.heads;
         *h = bh % a.heads;
         *m0 = (num_tiles - 1 - rank) * kBlockM;
