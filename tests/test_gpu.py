@@ -190,8 +190,8 @@ def test_hopper_forward_l2_sections(causal, monkeypatch, request):
     """The longest-first order of the Hopper forward (masked and packed calls) in sections of heads
     whose K and V fit L2: an L2 small enough for 6 of the 10 (batch entry, head) pairs per section
     leaves a short last section, and every tile of every section must still be computed once."""
-    from cupyflash._families import common, sm90
     from cupyflash import _problem
+    from cupyflash._families import common, sm90
 
     real = common.current_device()
     batch, seqlen, heads, headdim = 2, 300, 5, 64
