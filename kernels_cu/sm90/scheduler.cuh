@@ -33,8 +33,8 @@ struct Sm90QueryTileScheduler {
     __device__ __forceinline__ static int first() { return static_cast<int>(blockIdx.x); }
 
     // The CTA's work tile after w (the producer asks a work tile ahead, so the atomic's latency passes
-    // under the running one). Every call counts once in next_work: work_count + gridDim.x increments per
-    // launch.
+    // under the running one). Every call counts once in next_work, which each launch starts at zero:
+    // work_count increments per launch (one per tile handed out, one per CTA that finds none left).
     __device__ __forceinline__ static int next(const Sm90Schedule& schedule, int w) {
         return static_cast<int>(gridDim.x) + (schedule.longest_first ? atomicAdd(schedule.next_work, 1) : w);
     }
