@@ -105,8 +105,6 @@ _TMA_FLOAT32 = 7
 _SWIZZLE_128B = 3
 _L2_PROMOTION_128B = 2
 _TMA_MAX_STRIDE = 1 << 40
-#: The maps' dtype: three CUtensorMaps (Sm90FwdMaps; the kernel parameter is 64-byte aligned, which the
-#: driver arranges when it copies the bytes).
 #: Sm90Schedule: the work order flag, the (batch entry, head) pairs per L2 section and the device counter
 #: of dynamically handed-out tiles.
 SCHEDULE = numpy.dtype({"names": ["longest_first", "section", "next_work"],
@@ -119,6 +117,8 @@ L2_SECTION_SHARE = 0.5
 #: Sections hold at least this many (batch entry, head) pairs: with fewer, most CTAs walk one head's keys
 #: at once, which measured 5-20% slower at seqlen 16k than 4 pairs whose K and V overflow L2.
 L2_SECTION_MIN_PAIRS = 4
+#: Sm90FwdMaps: the CUtensorMaps of q, k and v (the kernel parameter is 64-byte aligned, which the
+#: driver arranges when it copies the bytes).
 MAPS = numpy.dtype({"names": ["q", "k", "v"], "formats": [(numpy.void, 128)] * 3, "offsets": [0, 128, 256],
                     "itemsize": 384, "aligned": True})
 #: Sm90BwdMaps: q, k, v, dout and the float32 dQ buffers.
