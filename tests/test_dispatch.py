@@ -40,7 +40,7 @@ def test_sm90_buckets_cover_both_head_dims_at_least_cost(headdim, headdim_v, exp
 
 def test_sm90_only_on_compute_capability_9_0():
     p = _problem()
-    assert sm90.FORWARD.select(p, H200, _operands(p)).key == "sm90_fwd_bf16_d128_v128_n128_s3_mod_0"
+    assert sm90.FORWARD.select(p, H200, _operands(p)).key == "sm90_fwd_bf16_d128_v128_n128_s2_mod_0"
     assert sm90.FORWARD.select(p, A100, _operands(p)) is None
     assert sm90.FORWARD.select(p, common.Device(100, 227 * 1024, 148), _operands(p)) is None
     assert sm90.FORWARD.select(*_with_operands(_problem(dtype=np.float32), H200)) is None
@@ -126,3 +126,16 @@ def test_l2_section_keeps_a_section_in_half_of_l2(batch, seqlen, heads, heads_k,
     kv = np.zeros((batch, seqlen, heads_k, headdim), ml_dtypes.bfloat16)
     p = problems.forward_problem(q, kv, kv, causal=True)
     assert sm90.l2_section(p, device) == expected
+
+
+@pytest.mark.parametrize("seqlen_k, tile", [(1, "n128_s2"), (sm90.SHORT_WALK_KEYS, "n128_s2"),
+                                            (sm90.SHORT_WALK_KEYS + 1, "n128_s3")])
+def test_sm90_forward_tile_follows_the_walk(seqlen_k, tile):
+    """Head dim 128 takes the 2-stage tile, whose O tile fits for the staged epilogue, up to
+    SHORT_WALK_KEYS keys, and the 3-stage tile beyond."""
+    q = np.zeros((1, 8, 2, 128), ml_dtypes.bfloat16)
+    kv = np.zeros((1, seqlen_k, 2, 128), ml_dtypes.bfloat16)
+    p = problems.forward_problem(q, kv, kv)
+    variant = sm90.FORWARD.select(p, H200, _operands(p))
+    assert variant.key == f"sm90_fwd_bf16_d128_v128_{tile}_mod_0"
+    assert sm90.fwd_stores_o(variant) == (tile == "n128_s2")

@@ -26,16 +26,23 @@ FWD_THREADS = 384
 CTA_STATE_BYTES = 1024
 ALIGN_SLACK = 1024
 
-#: Forward tiles: (headdim, headdim_v) bucket -> (keys per tile, K/V stages). A problem takes the
-#: cheapest bucket covering both of its head dims; the TMA zero-fills the columns past them.
+#: Forward tiles: (headdim, headdim_v) bucket -> the (keys per tile, K/V stages) choices, the first for
+#: long walks. A problem takes the cheapest bucket covering both of its head dims; the TMA zero-fills
+#: the columns past them. Where the O tile fits beside the ring (fwd_stores_o) the epilogue stages it
+#: in shared memory for TMA stores: d64 and d96 always, d128 with 2 stages, the tile of walks of at
+#: most SHORT_WALK_KEYS keys (at 3 stages it does not fit; 2 stages cost nothing up to 4k keys and 13%
+#: at 16k non-causal, bench/NOTES.md).
 FWD_TILES = {
-    (64, 64): (128, 4),
-    (96, 96): (128, 2),
-    (128, 128): (128, 3),
-    (192, 128): (128, 2),
-    (192, 192): (96, 2),
-    (256, 256): (80, 2),
+    (64, 64): ((128, 4),),
+    (96, 96): ((128, 2),),
+    (128, 128): ((128, 3), (128, 2)),
+    (192, 128): ((128, 2),),
+    (192, 192): ((96, 2),),
+    (256, 256): ((80, 2),),
 }
+SHORT_WALK_KEYS = 4096
+#: The shared memory a CTA may opt into on sm_90 (Sm90FwdTraits::kStoreO's limit).
+SMEM_OPTIN = 227 * 1024
 
 #: Backward: keys per CTA (Sm90BwdTraits::kBlockN: two consumer warpgroups of 64) and threads.
 BWD_BLOCK_N = 128
@@ -51,7 +58,7 @@ BWD_TILES = {
 
 FWD = _kernels.Kernel(
     "sm90_fwd", "sm90/fwd.cu", _kernels.HALF_DTYPES, ("headdim", "headdim_v", "block_n", "stages"),
-    tuple((*dims, *tile) for dims, tile in FWD_TILES.items()), ("score_mod",), arch="90a",
+    tuple((*dims, *tile) for dims, tiles in FWD_TILES.items() for tile in tiles), ("score_mod",), arch="90a",
 )
 BWD = _kernels.Kernel(
     "sm90_bwd", "sm90/bwd.cu", _kernels.HALF_DTYPES, ("headdim", "headdim_v", "block_m", "stages"),
@@ -63,12 +70,24 @@ def _atoms(columns):
     return -(-columns // 64)
 
 
-def fwd_smem_bytes(variant):
-    """Dynamic shared memory of a forward variant (Sm90FwdTraits::kSmemBytes): the Q tile and ``stages``
-    K and V tiles in 64-column atoms of 128 bytes per row, the state, and the alignment slack."""
+def _fwd_tile_bytes(variant):
+    """(the Q tile and the ring, the O tile) of a forward variant, in 64-column atoms of 128 bytes per row."""
     d, dv, block_n, stages = (variant.param(n) for n in ("headdim", "headdim_v", "block_n", "stages"))
-    tiles = FWD_BLOCK_M * 128 * _atoms(d) + stages * block_n * 128 * (_atoms(d) + _atoms(dv))
-    return ALIGN_SLACK + tiles + CTA_STATE_BYTES
+    return FWD_BLOCK_M * 128 * _atoms(d) + stages * block_n * 128 * (_atoms(d) + _atoms(dv)), FWD_BLOCK_M * 128 * _atoms(dv)
+
+
+def fwd_stores_o(variant):
+    """Whether a forward variant's epilogue stages O in shared memory (Sm90FwdTraits::kStoreO): the O
+    tile fits beside the Q tile and the ring."""
+    ring, o_tile = _fwd_tile_bytes(variant)
+    return ALIGN_SLACK + ring + o_tile + CTA_STATE_BYTES <= SMEM_OPTIN
+
+
+def fwd_smem_bytes(variant):
+    """Dynamic shared memory of a forward variant (Sm90FwdTraits::kSmemBytes): the Q tile, ``stages`` K
+    and V tiles, the O tile where it fits, the state, and the alignment slack."""
+    ring, o_tile = _fwd_tile_bytes(variant)
+    return ALIGN_SLACK + ring + (o_tile if fwd_stores_o(variant) else 0) + CTA_STATE_BYTES
 
 
 def bwd_smem_bytes(variant):
@@ -117,10 +136,10 @@ L2_SECTION_SHARE = 0.5
 #: Sections hold at least this many (batch entry, head) pairs: with fewer, most CTAs walk one head's keys
 #: at once, which measured 5-20% slower at seqlen 16k than 4 pairs whose K and V overflow L2.
 L2_SECTION_MIN_PAIRS = 4
-#: Sm90FwdMaps: the CUtensorMaps of q, k and v (the kernel parameter is 64-byte aligned, which the
-#: driver arranges when it copies the bytes).
-MAPS = numpy.dtype({"names": ["q", "k", "v"], "formats": [(numpy.void, 128)] * 3, "offsets": [0, 128, 256],
-                    "itemsize": 384, "aligned": True})
+#: Sm90FwdMaps: the CUtensorMaps of q, k, v and out, and whether out's is set (the kernel parameter is
+#: 64-byte aligned, which the driver arranges when it copies the bytes).
+MAPS = numpy.dtype({"names": ["q", "k", "v", "o", "store_o"], "formats": [(numpy.void, 128)] * 4 + [numpy.int32],
+                    "offsets": [0, 128, 256, 384, 512], "itemsize": 576, "aligned": True})
 #: Sm90BwdMaps: q, k, v, dout and the float32 dQ buffers.
 BWD_MAPS = numpy.dtype({"names": ["q", "k", "v", "dout", "dq_accum"], "formats": [(numpy.void, 128)] * 5,
                         "offsets": [0, 128, 256, 384, 512], "itemsize": 640, "aligned": True})
@@ -230,7 +249,9 @@ class Sm90Forward:
         # The plain kernels fold softmax_scale into the exponent after the row maximum, which needs a
         # positive scale; the score_mod kernels scale first.
         score_mod = p.score_mod or p.softmax_scale <= 0
-        variant = FWD.variant(common.dtype_name(p.dtype), (*dims, *FWD_TILES[dims]), score_mod=score_mod)
+        tiles = FWD_TILES[dims]
+        tile = tiles[-1] if p.seqlen_k <= SHORT_WALK_KEYS else tiles[0]
+        variant = FWD.variant(common.dtype_name(p.dtype), (*dims, *tile), score_mod=score_mod)
         return variant if fwd_smem_bytes(variant) <= device.smem_optin else None
 
     def plan(self, b, variant, p, q, k, v, device):
@@ -241,6 +262,11 @@ class Sm90Forward:
         maps = b.struct(MAPS)
         for field, x, rows in (("q", q, FWD_BLOCK_M), ("k", k, block_n), ("v", v, block_n)):
             tensor_map(b, maps, field, x, p.varlen, rows)
+        # The staged epilogue stores a consumer warpgroup's 64 rows per box (out is C-contiguous: a TMA
+        # addresses it when headdim_v * 2 bytes is a multiple of 16).
+        if fwd_stores_o(variant) and tma_addressable(out, p.varlen):
+            tensor_map(b, maps, "o", out, p.varlen, FWD_BLOCK_M // 2)
+            maps["store_o"] = 1
         # Persistent: one CTA per SM walks the work tiles (fewer CTAs when there are fewer tiles). Tiles
         # of unequal length (a mask, packed sequences, KV caches) go longest first, to whichever CTA is free,
         # through a counter zeroed before each launch, a section of heads whose K and V fit L2 at a time.

@@ -108,17 +108,30 @@ __device__ __forceinline__ void store_fragments(T* dst, long long row_stride, in
     store_fragments<T>(dst, row_stride, row0, row_end, col0, cols, acc, scales);
 }
 
-// The forward's epilogue: out = O / l per row (0 for a row that saw no key) and lse = LN2 * (m2 + log2 l),
-// for the rows row0 + 16 mt + g + 8 r of (batch entry b, head h) that lie inside the sequence.
-template <typename T, int kMTiles, int kOTiles, int kNTiles>
-__device__ __forceinline__ void fwd_epilogue(const FwdArgs& args, const Sequence& seq, int b, int h, int row0,
-                                                const float (&o)[kMTiles][kOTiles][4],
-                                                FragmentSoftmax<kNTiles> (&softmax)[kMTiles]) {
-    const AttnArgs& a = args.attn;
-    float inv_l[kMTiles][2];
-    float row_lse[kMTiles][2];
+// The forward's log-sum-exp, lse = LN2 * (m2 + log2 l) (FragmentSoftmax::finish), of the rows
+// row0 + 16 mt + g + 8 r of (batch entry b, head h) that lie inside the sequence: one lane per row.
+template <int kMTiles>
+__device__ __forceinline__ void store_lse(const FwdArgs& args, const Sequence& seq, int b, int h, int row0,
+                                          const float (&row_lse)[kMTiles][2]) {
+    const int lane = threadIdx.x % 32;
+    if (lane % 4 != 0) return;
+    float* lse = static_cast<float*>(args.lse.ptr) + rows_index(args.lse, b, h, seq.q_start);
 #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) softmax[mt].finish(inv_l[mt], row_lse[mt]);
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = row0 + 16 * mt + lane / 4 + 8 * r;
+            if (row < seq.seqlen_q) lse[row] = row_lse[mt][r];
+        }
+    }
+}
+
+// The forward's output rows from the registers: out = O * inv_l per row (0 for a row that saw no key),
+// 16-byte stores where the columns and the row addresses allow them.
+template <typename T, int kMTiles, int kOTiles>
+__device__ __forceinline__ void store_out(const FwdArgs& args, const Sequence& seq, int b, int h, int row0,
+                                          const float (&o)[kMTiles][kOTiles][4], const float (&inv_l)[kMTiles][2]) {
+    const AttnArgs& a = args.attn;
     T* out = head_rows<T>(args.out, b, seq.q_start, h);
     bool wide = false;
     if constexpr (sizeof(T) == 2 && kOTiles % 4 == 0) {
@@ -131,17 +144,19 @@ __device__ __forceinline__ void fwd_epilogue(const FwdArgs& args, const Sequence
     } else {
         store_fragments<T>(out, args.out.row_stride, row0, seq.seqlen_q, 0, a.headdim_v, o, inv_l);
     }
-    const int lane = threadIdx.x % 32;
-    if (lane % 4 != 0) return;
-    float* lse = static_cast<float*>(args.lse.ptr) + rows_index(args.lse, b, h, seq.q_start);
+}
+
+// The forward's epilogue from the registers: out and lse of the rows row0 + 16 mt + g + 8 r.
+template <typename T, int kMTiles, int kOTiles, int kNTiles>
+__device__ __forceinline__ void fwd_epilogue(const FwdArgs& args, const Sequence& seq, int b, int h, int row0,
+                                             const float (&o)[kMTiles][kOTiles][4],
+                                             FragmentSoftmax<kNTiles> (&softmax)[kMTiles]) {
+    float inv_l[kMTiles][2];
+    float row_lse[kMTiles][2];
 #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const int row = row0 + 16 * mt + lane / 4 + 8 * r;
-            if (row < seq.seqlen_q) lse[row] = row_lse[mt][r];
-        }
-    }
+    for (int mt = 0; mt < kMTiles; ++mt) softmax[mt].finish(inv_l[mt], row_lse[mt]);
+    store_out<T>(args, seq, b, h, row0, o, inv_l);
+    store_lse(args, seq, b, h, row0, row_lse);
 }
 
 }  // namespace cupyflash

@@ -14,7 +14,7 @@
 #include "common/scheduler.cuh"
 #include "common/sequence.cuh"
 #include "sm90/bwd_mainloop.cuh"
-#include "sm90/epilogue.cuh"
+#include "sm90/bwd_epilogue.cuh"
 #include "sm90/primitives.cuh"
 
 namespace cupyflash {

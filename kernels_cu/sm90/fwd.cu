@@ -12,7 +12,8 @@
 //     last products and its Q under the current one's epilogue. Two threads, each with half of the
 //     values to keep, fit the producer's 24 registers;
 //   - two consumer warpgroups of 64 rows each run the products and the softmax of each published tile
-//     (Mainloop::mma) and write its rows (Epilogue::store, straight from the accumulators).
+//     (Mainloop::mma) and write its rows (Epilogue::store: through shared memory and TMA stores where
+//     the O tile fits, else from the accumulators).
 // setmaxnreg gives the consumers 240 registers and the producer 24.
 //
 // Grid: x = min(work tiles, SMs). Dynamic shared memory: Sm90FwdTraits::kSmemBytes.
@@ -20,7 +21,7 @@
 #include "common/mask.cuh"
 #include "common/params.cuh"
 #include "common/sequence.cuh"
-#include "sm90/epilogue.cuh"
+#include "sm90/fwd_epilogue.cuh"
 #include "sm90/fwd_mainloop.cuh"
 #include "sm90/primitives.cuh"
 #include "sm90/scheduler.cuh"
@@ -97,9 +98,8 @@ struct Sm90FwdKernel {
 
     // A consumer warpgroup (wg = 0, 1): for each published work tile, its 64 rows through the main loop,
     // then the epilogue.
-    __device__ __forceinline__ static void consume(const FwdArgs& args, Sm90FwdState& st, unsigned char* smem,
-                                                   int wg) {
-        const int warp = (threadIdx.x / 32) % 4;
+    __device__ __forceinline__ static void consume(const FwdArgs& args, const Sm90FwdMaps& maps, Sm90FwdState& st,
+                                                   unsigned char* smem, int wg) {
         if (wg == 1) Mainloop::Turns::pass_turn(1);  // warpgroup 0 issues first
         int i = 0;  // ring slots consumed, over all work tiles
         for (int t = 0;; ++t) {
@@ -109,9 +109,10 @@ struct Sm90FwdKernel {
             float o[1][Tr::kOTiles][4];
             typename Mainloop::Softmax softmax[1];
             Mainloop::mma(args.attn, st, smem, tile, wg, i, o, softmax);
-            Epilogue::store(args, tile.seq, tile.b, tile.h, tile.m0 + 64 * wg + 16 * warp, o, softmax);
+            Epilogue::store(args, maps, smem, tile, wg, o, softmax);
             release_stage(&st.tile_empty[t % 2]);  // tile[t % 2] may take work tile t + 2
         }
+        Epilogue::finish();
         // Warpgroup 1 passed the turn once more than warpgroup 0 took it (it started by passing).
         if (wg == 0) Mainloop::Turns::take_turn(0);
     }
@@ -149,7 +150,7 @@ struct Sm90FwdKernel {
             if (threadIdx.x == 32) produce_keys(args.attn, maps, st, smem);
         } else {
             warpgroup_set_registers<Tr::kConsumerRegs>();
-            consume(args, st, smem, wg - 1);
+            consume(args, maps, st, smem, wg - 1);
         }
     }
 };
@@ -159,7 +160,8 @@ __global__ void __launch_bounds__(Sm90FwdTraits<T, kHeadDim, kHeadDimV, kBlockN,
 sm90_fwd(const CUPYFLASH_GRID_CONSTANT FwdArgs args, const CUPYFLASH_GRID_CONSTANT Sm90FwdMaps maps,
          const Sm90Schedule schedule) {
     using Mainloop = Sm90FwdMainloop<T, kHeadDim, kHeadDimV, kBlockN, kStages, kScoreMod>;
-    using Kernel = Sm90FwdKernel<Mainloop, Sm90FwdEpilogue<T>, Sm90QueryTileScheduler<Mainloop::kBlockM>>;
+    using Kernel = Sm90FwdKernel<Mainloop, Sm90FwdEpilogue<T, typename Mainloop::Tr>,
+                                 Sm90QueryTileScheduler<Mainloop::kBlockM>>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Kernel::run(args, maps, schedule, smem_raw);
 }

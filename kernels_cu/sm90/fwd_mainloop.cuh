@@ -30,10 +30,13 @@
 
 namespace cupyflash {
 
-// Tensor maps of q, k and v (cupyflash/_families/sm90.py builds them): 4-D views (headdim, rows, heads,
-// batch) with a box of 64 columns, kBlockM rows for q and kBlockN rows for k and v, 128-byte swizzle.
+// Tensor maps of q, k, v and out (cupyflash/_families/sm90.py builds them): 4-D views (headdim, rows,
+// heads, batch) with a box of 64 columns, kBlockM rows for q, kBlockN rows for k and v and 64 rows (one
+// consumer warpgroup's) for out, 128-byte swizzle. store_o: out has its map (the epilogue may store
+// through shared memory, Sm90FwdTraits::kStoreO).
 struct Sm90FwdMaps {
-    TmaDesc q, k, v;
+    TmaDesc q, k, v, o;
+    int store_o;
 };
 
 template <typename T, int kHeadDim_, int kHeadDimV_, int kBlockN_, int kStages_>
@@ -56,12 +59,18 @@ struct Sm90FwdTraits {
     static constexpr int kQBytes = kBlockM * 128 * kAtomsQK;
     static constexpr int kKBytes = kBlockN * 128 * kAtomsQK;
     static constexpr int kVBytes = kBlockN * 128 * kAtomsV;
+    static constexpr int kOBytes = kBlockM * 128 * kAtomsV;
     static constexpr int kKOffset = kQBytes;
     static constexpr int kVOffset = kKOffset + kStages * kKBytes;
-    static constexpr int kStateOffset = kVOffset + kStages * kVBytes;
+    static constexpr int kOOffset = kVOffset + kStages * kVBytes;
     // 1024 bytes of slack: the swizzled tiles need a 1024-byte aligned base, the dynamic shared memory
     // only promises 16.
-    static constexpr int kSmemBytes = 1024 + kStateOffset + kCtaStateBytes;
+    static constexpr int kFixedBytes = 1024 + kCtaStateBytes;
+    // The epilogue stages O in shared memory for a TMA store where the tile fits beside the ring (the
+    // 227 KiB a CTA may opt into on sm_90); elsewhere it stores from the registers.
+    static constexpr bool kStoreO = kFixedBytes + kOOffset + kOBytes <= 227 * 1024;
+    static constexpr int kStateOffset = kOOffset + (kStoreO ? kOBytes : 0);
+    static constexpr int kSmemBytes = kFixedBytes + kStateOffset;
     static constexpr int kDSteps = kHeadDim / 16;   // k-steps of S = Q K^T
     static constexpr int kKeySteps = kBlockN / 16;  // k-steps of O += P V
     static constexpr int kNTiles = kBlockN / 8;     // 8-column n-tiles of S per warp

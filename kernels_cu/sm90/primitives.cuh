@@ -82,6 +82,17 @@ __device__ __forceinline__ void tma_reduce_add_5d(const TmaDesc& map, const void
         : "memory");
 }
 
+// Writes the box at src (shared memory, in the map's swizzled layout) into the tensor at element
+// coordinates (c0 innermost, ..., c3); elements outside the tensor are dropped. Completes in this
+// thread's bulk group, like tma_reduce_add_5d.
+__device__ __forceinline__ void tma_store_4d(const TmaDesc& map, const void* src, int c0, int c1, int c2, int c3) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(
+            reinterpret_cast<unsigned long long>(&map)),
+        "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(shared_addr(src))
+        : "memory");
+}
+
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 
 // Waits until this thread's bulk groups have read their shared-memory sources (the buffer may be

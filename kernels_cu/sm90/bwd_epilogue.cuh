@@ -1,25 +1,11 @@
-// Epilogues of the Hopper kernels: what a consumer warpgroup writes once its accumulators are complete,
-// straight from the registers (fragment/epilogue.cuh). A split-KV or FP8 variant of the kernels
-// replaces these, keeping the main loops.
+// The Hopper backward's epilogue: what a consumer warpgroup writes once its accumulators are complete,
+// straight from the registers (fragment/epilogue.cuh). The forward's is sm90/fwd_epilogue.cuh.
 #pragma once
 #include "common/params.cuh"
 #include "common/sequence.cuh"
 #include "fragment/epilogue.cuh"
-#include "fragment/softmax.cuh"
 
 namespace cupyflash {
-
-// The forward: out = O / l and the log-sum-exp of the warpgroup's rows of a work tile.
-template <typename T>
-struct Sm90FwdEpilogue {
-    // row_w: the first row of this thread's warp (the warpgroup's first row + 16 warp).
-    template <int kOTiles, int kNTiles>
-    __device__ __forceinline__ static void store(const FwdArgs& args, const Sequence& seq, int b, int h, int row_w,
-                                                 const float (&o)[1][kOTiles][4],
-                                                 FragmentSoftmax<kNTiles> (&softmax)[1]) {
-        fwd_epilogue<T>(args, seq, b, h, row_w, o, softmax);
-    }
-};
 
 // The backward: dK = softmax_scale * dS^T Q (the scale of S = scale * Q K^T, applied once here) and dV
 // of the warpgroup's 64 keys, from row0 = its warp's first key.

@@ -1,0 +1,95 @@
+// The Hopper forward's epilogue: what a consumer warpgroup writes once its accumulators are complete.
+// It stages its O tile in shared memory and writes it with TMA stores where the tile fits
+// (Sm90FwdTraits::kStoreO), else straight from the registers (fragment/epilogue.cuh). A split-KV or
+// FP8 variant of the kernel replaces it, keeping the main loop.
+#pragma once
+#include "common/params.cuh"
+#include "common/sequence.cuh"
+#include "fragment/epilogue.cuh"
+#include "fragment/softmax.cuh"
+#include "sm90/fwd_mainloop.cuh"
+#include "sm90/primitives.cuh"
+
+namespace cupyflash {
+
+// The forward: out = O / l and the log-sum-exp of a consumer warpgroup's 64 rows of a work tile.
+//
+// Staged: the warpgroup writes O, rounded to T, into its 64 rows of the O tile (64-column atoms of
+// kBlockM rows, 128-byte swizzle: the TMA box's layout) and its first thread writes them with one TMA
+// store per atom, which runs while the warpgroup goes on to its next work tile; that thread waits for
+// the store to have read the tile before the warpgroup's next epilogue writes it. The stores drop the
+// rows past a dense sequence's end (the map's rows are the sequence's); a packed sequence's last tile
+// would write the next sequence's rows, so it takes the register path.
+template <typename T, typename Tr>
+struct Sm90FwdEpilogue {
+    static constexpr int kBarrier = 5;  // named barriers 5 and 6: a warpgroup's rows of the O tile
+
+    template <int kOTiles, int kNTiles>
+    __device__ __forceinline__ static void store(const FwdArgs& args, const Sm90FwdMaps& maps, unsigned char* smem,
+                                                 const Sm90FwdTile& tile, int wg, const float (&o)[1][kOTiles][4],
+                                                 FragmentSoftmax<kNTiles> (&softmax)[1]) {
+        const int row_w = tile.m0 + 64 * wg + 16 * ((threadIdx.x / 32) % 4);  // this warp's first row
+        float inv_l[1][2];
+        float row_lse[1][2];
+        softmax[0].finish(inv_l[0], row_lse[0]);
+        bool staged = false;
+        if constexpr (Tr::kStoreO) {
+            staged = maps.store_o && (args.attn.cu_seqlens_q == nullptr || tile.m0 + 64 * (wg + 1) <= tile.seq.seqlen_q);
+        }
+        if (staged) {
+            if constexpr (Tr::kStoreO) store_staged(args.attn, maps, smem, tile, wg, o, inv_l);
+        } else {
+            store_out<T>(args, tile.seq, tile.b, tile.h, row_w, o, inv_l);
+        }
+        store_lse(args, tile.seq, tile.b, tile.h, row_w, row_lse);
+    }
+
+    // At the kernel's end: the last TMA stores are done before the CTA's shared memory goes away.
+    __device__ __forceinline__ static void finish() {
+        if (Tr::kStoreO && threadIdx.x % 128 == 0) bulk_wait();
+    }
+
+  private:
+    template <int kOTiles>
+    __device__ __forceinline__ static void store_staged(const AttnArgs& a, const Sm90FwdMaps& maps, unsigned char* smem,
+                                                        const Sm90FwdTile& tile, int wg, const float (&o)[1][kOTiles][4],
+                                                        const float (&inv_l)[1][2]) {
+        static_assert(kOTiles % 4 == 0, "whole 32-column groups");
+        const bool issuer = threadIdx.x % 128 == 0;
+        if (issuer) bulk_wait_read();  // the previous work tile's stores have read the rows
+        named_barrier_sync(kBarrier + wg, 128);
+        const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+        unsigned char* rows = smem + Tr::kOOffset + 64 * wg * 128;  // the warpgroup's rows of atom 0
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            // Rows are 128 bytes of an atom; the swizzle moves 16-byte chunk c of row i to c ^ (i % 8),
+            // and i % 8 = g.
+            const int row = 16 * ((threadIdx.x / 32) % 4) + g + 8 * r;
+#pragma unroll
+            for (int group = 0; group < kOTiles / 4; ++group) {
+                unsigned x[4];
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    x[j] = pack2<T>(o[0][4 * group + j][2 * r] * inv_l[0][r], o[0][4 * group + j][2 * r + 1] * inv_l[0][r]);
+                }
+                transpose_quad(x);  // lane t: the eight columns of n-tile 4 group + t
+                const int chunk = 4 * group + t;
+                unsigned char* dst = rows + (chunk / 8) * Tr::kBlockM * 128 + row * 128 + ((chunk % 8) ^ g) * 16;
+                *reinterpret_cast<uint4*>(dst) = make_uint4(x[0], x[1], x[2], x[3]);
+            }
+        }
+        fence_proxy_async();  // the writes, visible to the TMA unit
+        named_barrier_sync(kBarrier + wg, 128);
+        if (issuer) {
+            const int row0 = tile.seq.q_start + tile.m0 + 64 * wg;
+            const int batch = a.cu_seqlens_q != nullptr ? 0 : tile.b;
+#pragma unroll
+            for (int atom = 0; atom < Tr::kAtomsV; ++atom) {
+                if (64 * atom < a.headdim_v) tma_store_4d(maps.o, rows + atom * Tr::kBlockM * 128, 64 * atom, row0, tile.h, batch);
+            }
+            bulk_commit();
+        }
+    }
+};
+
+}  // namespace cupyflash
