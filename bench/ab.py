@@ -4,7 +4,7 @@ than 2%).
 Run from the repository root::
 
     mkdir -p .ab/old && git archive fe723d8 cupyflash kernels_cu | tar -x -C .ab/old
-    python bench/ab.py --old .ab/old --new . --json ab.json     # 35 rows, 3 rounds
+    python bench/ab.py --old .ab/old --new . --json ab.json     # 37 rows, 3 rounds
     python bench/ab.py --old .ab/old --new . --quick            # 6 rows, a smoke test
     python bench/ab.py --dry-run                                # the rows and how they run; no GPU
 
@@ -194,6 +194,9 @@ def attention_rows():
     rows += [
         Row("fwd_fp16_d128", "fwd", "sm90_fwd", dtype="fp16"),
         Row("fwd_d128_causal_s1024", "fwd", "sm90_fwd_masks", batch=32, seqlen=1024, causal=True),
+        Row("fwd_d256_causal_s1024", "fwd", "sm90_fwd_masks", headdim=256, heads=8, batch=16, seqlen=1024,
+            causal=True),
+        Row("fwd_d128_s16k", "fwd", "sm90_fwd", batch=1, seqlen=16384),
         Row("fwd_window", "fwd", "sm90_fwd_masks", seqlen=8192, window=(1024, 0)),
         Row("fwd_block25", "fwd", "sm90_fwd_masks", batch=2, seqlen=8192, density=0.25),
         Row("fwd_varlen", "fwd", "sm90_fwd_masks", lengths=lengths),
