@@ -40,7 +40,7 @@ def test_sm90_buckets_cover_both_head_dims_at_least_cost(headdim, headdim_v, exp
 
 def test_sm90_only_on_compute_capability_9_0():
     p = _problem()
-    assert sm90.FORWARD.select(p, H200, _operands(p)).key == "sm90_fwd_bf16_d128_v128_n128_s2_mod_0"
+    assert sm90.FORWARD.select(p, H200, _operands(p)).key == "sm90_fwd_bf16_d128_v128_q128_n128_s2_mod_0"
     assert sm90.FORWARD.select(p, A100, _operands(p)) is None
     assert sm90.FORWARD.select(p, common.Device(100, 227 * 1024, 148), _operands(p)) is None
     assert sm90.FORWARD.select(*_with_operands(_problem(dtype=np.float32), H200)) is None
@@ -128,14 +128,33 @@ def test_l2_section_keeps_a_section_in_half_of_l2(batch, seqlen, heads, heads_k,
     assert sm90.l2_section(p, device) == expected
 
 
-@pytest.mark.parametrize("seqlen_k, tile", [(1, "n128_s2"), (sm90.SHORT_WALK_KEYS, "n128_s2"),
-                                            (sm90.SHORT_WALK_KEYS + 1, "n128_s3")])
-def test_sm90_forward_tile_follows_the_walk(seqlen_k, tile):
+_SHORT_D64, _SHORT_D128 = sm90.SHORT_WALK_KEYS[(64, 64)], sm90.SHORT_WALK_KEYS[(128, 128)]
+
+
+@pytest.mark.parametrize("headdim, seqlen_k, tile, threads", [
+    (128, 1, "q128_n128_s2", 384), (128, _SHORT_D128, "q128_n128_s2", 384), (128, _SHORT_D128 + 1, "q128_n128_s3", 384),
+    (64, _SHORT_D64, "q128_n128_s4", 384), (64, _SHORT_D64 + 1, "q192_n128_s4", 512),
+])
+def test_sm90_forward_tile_follows_the_walk(headdim, seqlen_k, tile, threads):
     """Head dim 128 takes the 2-stage tile, whose O tile fits for the staged epilogue, up to
-    SHORT_WALK_KEYS keys, and the 3-stage tile beyond."""
-    q = np.zeros((1, 8, 2, 128), ml_dtypes.bfloat16)
-    kv = np.zeros((1, seqlen_k, 2, 128), ml_dtypes.bfloat16)
+    SHORT_WALK_KEYS keys, and the 3-stage tile beyond; head dim 64 two consumer warpgroups (128 rows)
+    up to its SHORT_WALK_KEYS and three (192 rows) beyond."""
+    q = np.zeros((1, 8, 2, headdim), ml_dtypes.bfloat16)
+    kv = np.zeros((1, seqlen_k, 2, headdim), ml_dtypes.bfloat16)
     p = problems.forward_problem(q, kv, kv)
     variant = sm90.FORWARD.select(p, H200, _operands(p))
-    assert variant.key == f"sm90_fwd_bf16_d128_v128_{tile}_mod_0"
-    assert sm90.fwd_stores_o(variant) == (tile == "n128_s2")
+    assert variant.key == f"sm90_fwd_bf16_d{headdim}_v{headdim}_{tile}_mod_0"
+    assert sm90.fwd_stores_o(variant) == (tile != "q128_n128_s3")
+    assert sm90.fwd_threads(variant) == threads
+
+
+@pytest.mark.parametrize("block_q, tile", [(128, "q128_n128_s4"), (384, "q192_n128_s4")])
+def test_sm90_forward_keeps_block_masks_whole(block_q, tile):
+    """A block mask whose query blocks a 192-row tile would straddle keeps head dim 64's 128-row tile."""
+    from cupyflash import BlockMask
+
+    seqlen = 8 * 384
+    q = np.zeros((1, seqlen, 2, 64), ml_dtypes.bfloat16)
+    layout = np.ones((1, 2, seqlen // block_q, seqlen // 128), bool)
+    p = problems.forward_problem(q, q, q, block_mask=BlockMask.from_dense(layout, (block_q, 128)))
+    assert sm90.FORWARD.select(p, H200, _operands(p)).key == f"sm90_fwd_bf16_d64_v64_{tile}_mod_0"

@@ -131,8 +131,8 @@ def _selected(families, dtype, headdim, headdim_v, device=H200, causal=True):
     "dtype, headdim, headdim_v, device, expected",
     [("bfloat16", 128, 128, A100, "sm80_fwd_bf16_d128_n32_m2_mod_0"),
      ("float16", 40, 200, A100, "sm80_fwd_fp16_d224_n32_m1_mod_0"),
-     ("bfloat16", 128, 128, H200, "sm90_fwd_bf16_d128_v128_n128_s2_mod_0"),
-     ("float16", 40, 200, H200, "sm90_fwd_fp16_d256_v256_n80_s2_mod_0"),
+     ("bfloat16", 128, 128, H200, "sm90_fwd_bf16_d128_v128_q128_n128_s2_mod_0"),
+     ("float16", 40, 200, H200, "sm90_fwd_fp16_d256_v256_q128_n80_s2_mod_0"),
      ("float16", 257, 64, H200, None), ("float32", 64, 64, H200, None)],
 )
 def test_forward_dispatch(dtype, headdim, headdim_v, device, expected):

@@ -42,6 +42,9 @@ CASES = [
     ((1, 203, 1025, 2, 2, 256, 256), "float16", True),
     ((2, 113, 113, 2, 2, 256, 256), "bfloat16", False),
     ((1, 1, 203, 2, 2, 64, 128), "float16", False),
+    # Walks past SHORT_WALK_KEYS[(64, 64)]: head dim 64's 192-row tile of three consumer warpgroups.
+    ((1, 2100, 2100, 2, 1, 64, 64), "float16", True),
+    ((1, 203, 2113, 3, 3, 64, 64), "bfloat16", False),
 ]
 
 

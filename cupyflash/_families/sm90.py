@@ -19,28 +19,28 @@ from . import common, sm80
 
 #: The only compute capability whose cubins these are (sm_90a code runs nowhere else).
 CAPABILITY = 90
-#: Query rows per CTA (Sm90FwdTraits::kBlockM) and threads: a producer and two consumer warpgroups.
-FWD_BLOCK_M = 128
-FWD_THREADS = 384
 #: Shared memory of the per-CTA state, and the slack that aligns the tiles to 1024 bytes.
 CTA_STATE_BYTES = 1024
 ALIGN_SLACK = 1024
 
-#: Forward tiles: (headdim, headdim_v) bucket -> the (keys per tile, K/V stages) choices, the first for
-#: long walks. A problem takes the cheapest bucket covering both of its head dims; the TMA zero-fills
-#: the columns past them. Where the O tile fits beside the ring (fwd_stores_o) the epilogue stages it
-#: in shared memory for TMA stores: d64 and d96 always, d128 with 2 stages, the tile of walks of at
-#: most SHORT_WALK_KEYS keys (at 3 stages it does not fit; 2 stages cost nothing up to 4k keys and 13%
-#: at 16k non-causal, bench/NOTES.md).
+#: Forward tiles: (headdim, headdim_v) bucket -> the (query rows, keys per tile, K/V stages) choices, the
+#: first for long walks, the second (where there is one) for walks of at most SHORT_WALK_KEYS[bucket]
+#: keys. A problem takes the cheapest bucket covering both of its head dims; the TMA zero-fills the
+#: columns past them. A CTA runs a producer warpgroup and a consumer warpgroup per 64 query rows: d64
+#: takes three on long walks (192 rows, 160 registers each), whose softmax warps hide each other's
+#: exponentials (+6% at 4k keys, +11% at 16k; at 1k keys two are faster, causal by 15%: bench/NOTES.md).
+#: Where the O tile fits beside the ring (fwd_stores_o) the epilogue stages it in shared memory for TMA
+#: stores: d64 and d96 always, d128 with 2 stages, its tile of walks up to 4k keys (at 3 stages it does
+#: not fit; 2 stages cost nothing up to 4k keys and 13% at 16k non-causal).
 FWD_TILES = {
-    (64, 64): ((128, 4),),
-    (96, 96): ((128, 2),),
-    (128, 128): ((128, 3), (128, 2)),
-    (192, 128): ((128, 2),),
-    (192, 192): ((96, 2),),
-    (256, 256): ((80, 2),),
+    (64, 64): ((192, 128, 4), (128, 128, 4)),
+    (96, 96): ((128, 128, 2),),
+    (128, 128): ((128, 128, 3), (128, 128, 2)),
+    (192, 128): ((128, 128, 2),),
+    (192, 192): ((128, 96, 2),),
+    (256, 256): ((128, 80, 2),),
 }
-SHORT_WALK_KEYS = 4096
+SHORT_WALK_KEYS = {(64, 64): 2048, (128, 128): 4096}
 #: The shared memory a CTA may opt into on sm_90 (Sm90FwdTraits::kStoreO's limit).
 SMEM_OPTIN = 227 * 1024
 
@@ -57,7 +57,7 @@ BWD_TILES = {
 }
 
 FWD = _kernels.Kernel(
-    "sm90_fwd", "sm90/fwd.cu", _kernels.HALF_DTYPES, ("headdim", "headdim_v", "block_n", "stages"),
+    "sm90_fwd", "sm90/fwd.cu", _kernels.HALF_DTYPES, ("headdim", "headdim_v", "block_m", "block_n", "stages"),
     tuple((*dims, *tile) for dims, tiles in FWD_TILES.items() for tile in tiles), ("score_mod",), arch="90a",
 )
 BWD = _kernels.Kernel(
@@ -72,8 +72,14 @@ def _atoms(columns):
 
 def _fwd_tile_bytes(variant):
     """(the Q tile and the ring, the O tile) of a forward variant, in 64-column atoms of 128 bytes per row."""
-    d, dv, block_n, stages = (variant.param(n) for n in ("headdim", "headdim_v", "block_n", "stages"))
-    return FWD_BLOCK_M * 128 * _atoms(d) + stages * block_n * 128 * (_atoms(d) + _atoms(dv)), FWD_BLOCK_M * 128 * _atoms(dv)
+    d, dv, block_m, block_n, stages = (variant.param(n) for n in ("headdim", "headdim_v", "block_m", "block_n", "stages"))
+    return block_m * 128 * _atoms(d) + stages * block_n * 128 * (_atoms(d) + _atoms(dv)), block_m * 128 * _atoms(dv)
+
+
+def fwd_threads(variant):
+    """Threads of a forward variant's CTA (Sm90FwdTraits::kThreads): the producer warpgroup and a consumer
+    warpgroup per 64 query rows."""
+    return 128 * (1 + variant.param("block_m") // 64)
 
 
 def fwd_stores_o(variant):
@@ -224,8 +230,8 @@ def cxx_facts():
              "alignof(cupyflash::Sm90Schedule)": SCHEDULE.alignment, "sizeof(cupyflash::Sm90BwdMaps)": BWD_MAPS.itemsize}
     for v in FWD.variants():
         traits = f"cupyflash::Sm90FwdTraits<__half, {', '.join(map(str, v.tile))}>"
-        facts.update({f"{traits}::kSmemBytes": fwd_smem_bytes(v), f"{traits}::kThreads": FWD_THREADS,
-                      f"{traits}::kBlockM": FWD_BLOCK_M})
+        facts.update({f"{traits}::kSmemBytes": fwd_smem_bytes(v), f"{traits}::kThreads": fwd_threads(v),
+                      f"{traits}::kBlockM": v.param("block_m")})
     for v in BWD.variants():
         traits = f"cupyflash::Sm90BwdTraits<__half, {', '.join(map(str, v.tile))}>"
         facts.update({f"{traits}::kSmemBytes": bwd_smem_bytes(v), f"{traits}::kThreads": BWD_THREADS,
@@ -250,27 +256,31 @@ class Sm90Forward:
         # positive scale; the score_mod kernels scale first.
         score_mod = p.score_mod or p.softmax_scale <= 0
         tiles = FWD_TILES[dims]
-        tile = tiles[-1] if p.seqlen_k <= SHORT_WALK_KEYS else tiles[0]
+        tile = tiles[-1] if p.seqlen_k <= SHORT_WALK_KEYS.get(dims, 0) else tiles[0]
+        # A block mask's query blocks (128 rows or multiples of 128, as a rule) would straddle 192-row
+        # tiles, each of which would then take the element mask: such masks keep the 128-row tile.
+        if p.block_mask is not None and p.block_mask.block_size[0] % tile[0] != 0:
+            tile = tiles[-1]
         variant = FWD.variant(common.dtype_name(p.dtype), (*dims, *tile), score_mod=score_mod)
         return variant if fwd_smem_bytes(variant) <= device.smem_optin else None
 
     def plan(self, b, variant, p, q, k, v, device):
-        block_n = variant.param("block_n")
+        block_m, block_n = variant.param("block_m"), variant.param("block_n")
         out, lse = b.output(p.out_shape, p.dtype), b.output(p.lse_shape, numpy.float32)
-        lists = common.sparse_lists(b, p, FWD_BLOCK_M, block_n)
+        lists = common.sparse_lists(b, p, block_m, block_n)
         args = common.fwd_args(b, p, q, k, v, out, lse, lists)
         maps = b.struct(MAPS)
-        for field, x, rows in (("q", q, FWD_BLOCK_M), ("k", k, block_n), ("v", v, block_n)):
+        for field, x, rows in (("q", q, block_m), ("k", k, block_n), ("v", v, block_n)):
             tensor_map(b, maps, field, x, p.varlen, rows)
         # The staged epilogue stores a consumer warpgroup's 64 rows per box (out is C-contiguous: a TMA
         # addresses it when headdim_v * 2 bytes is a multiple of 16).
         if fwd_stores_o(variant) and tma_addressable(out, p.varlen):
-            tensor_map(b, maps, "o", out, p.varlen, FWD_BLOCK_M // 2)
+            tensor_map(b, maps, "o", out, p.varlen, 64)
             maps["store_o"] = 1
         # Persistent: one CTA per SM walks the work tiles (fewer CTAs when there are fewer tiles). Tiles
         # of unequal length (a mask, packed sequences, KV caches) go longest first, to whichever CTA is free,
         # through a counter zeroed before each launch, a section of heads whose K and V fit L2 at a time.
-        work = common.cdiv(p.seqlen_q, FWD_BLOCK_M) * p.batch * p.heads
+        work = common.cdiv(p.seqlen_q, block_m) * p.batch * p.heads
         schedule = b.struct(SCHEDULE)
         if (p.varlen or p.seqused_k is not None or p.block_mask is not None or p.window_left >= 0
                 or p.window_right >= 0):
@@ -278,7 +288,7 @@ class Sm90Forward:
             schedule["section"] = l2_section(p, device)
             schedule["next_work"] = b.workspace((1,), numpy.int32, zeroed=True).data.ptr
         smem = fwd_smem_bytes(variant)
-        b.launch(common.function(variant, smem), (min(work, device.sm_count), 1, 1), FWD_THREADS,
+        b.launch(common.function(variant, smem), (min(work, device.sm_count), 1, 1), fwd_threads(variant),
                  (args, maps, schedule), smem)
         return out, lse
 

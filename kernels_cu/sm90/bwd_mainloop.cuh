@@ -388,7 +388,7 @@ struct Sm90BwdMainloop {
             named_barrier_sync(kConsumerBarrier, 256);
         }
 
-        if (wg == 1) Turns::pass_turn(1);  // warpgroup 0 issues first
+        Turns::start(wg);  // warpgroup 0 issues first
 #pragma unroll
         for (int c = 0; c < Tr::kDkTiles; ++c) dk[c][0] = dk[c][1] = dk[c][2] = dk[c][3] = 0.0f;
 #pragma unroll
@@ -463,8 +463,7 @@ struct Sm90BwdMainloop {
             Turns::take_turn(wg);
             finish_query_gradient(st, smem, tiles - 1, wg, warp, lane, []() {});
         }
-        // Warpgroup 1 passed the turn once more than warpgroup 0 took it (it started by passing).
-        if (wg == 0) Turns::take_turn(0);
+        Turns::finish(wg);
         fence_fragments(dk);
         fence_fragments(dv);
     }

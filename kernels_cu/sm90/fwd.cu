@@ -2,8 +2,8 @@
 // persistent grid, assembled as Sm90FwdKernel<Mainloop, Epilogue, Scheduler> (FlashAttention-3's shape,
 // so a new variant replaces one piece and keeps the others).
 //
-// One CTA per SM walks work tiles (kBlockM = 128 query rows of one batch entry and head, in the order of
-// the Scheduler) and runs three warpgroups:
+// One CTA per SM walks work tiles (kBlockM = 128 or 192 query rows of one batch entry and head, in the
+// order of the Scheduler) and runs 1 + kBlockM / 64 warpgroups:
 //   - the producer (warpgroup 0, two threads issuing): its first thread takes the CTA's work tiles from
 //     the scheduler and publishes each one's state (sequence, mask, its key tiles) a work tile ahead
 //     (two state buffers), and loads its Q tile (Mainloop::load_queries) as soon as the last S of the
@@ -11,10 +11,10 @@
 //     tiles (Mainloop::load_keys), so the next work tile's first key tiles load under the current one's
 //     last products and its Q under the current one's epilogue. Two threads, each with half of the
 //     values to keep, fit the producer's 24 registers;
-//   - two consumer warpgroups of 64 rows each run the products and the softmax of each published tile
+//   - the consumer warpgroups, 64 rows each, run the products and the softmax of each published tile
 //     (Mainloop::mma) and write its rows (Epilogue::store: through shared memory and TMA stores where
 //     the O tile fits, else from the accumulators).
-// setmaxnreg gives the consumers 240 registers and the producer 24.
+// setmaxnreg gives the producer 24 registers and the consumers the rest: 240 each of two, 160 of three.
 //
 // Grid: x = min(work tiles, SMs). Dynamic shared memory: Sm90FwdTraits::kSmemBytes.
 #include "common/launch.cuh"
@@ -96,11 +96,11 @@ struct Sm90FwdKernel {
         }
     }
 
-    // A consumer warpgroup (wg = 0, 1): for each published work tile, its 64 rows through the main loop,
-    // then the epilogue.
+    // A consumer warpgroup (wg = 0 .. kConsumers - 1): for each published work tile, its 64 rows through
+    // the main loop, then the epilogue.
     __device__ __forceinline__ static void consume(const FwdArgs& args, const Sm90FwdMaps& maps, Sm90FwdState& st,
                                                    unsigned char* smem, int wg) {
-        if (wg == 1) Mainloop::Turns::pass_turn(1);  // warpgroup 0 issues first
+        Mainloop::Turns::start(wg);  // warpgroup 0 issues first
         int i = 0;  // ring slots consumed, over all work tiles
         for (int t = 0;; ++t) {
             mbarrier_wait(&st.q_full, t & 1);
@@ -113,8 +113,7 @@ struct Sm90FwdKernel {
             release_stage(&st.tile_empty[t % 2]);  // tile[t % 2] may take work tile t + 2
         }
         Epilogue::finish();
-        // Warpgroup 1 passed the turn once more than warpgroup 0 took it (it started by passing).
-        if (wg == 0) Mainloop::Turns::take_turn(0);
+        Mainloop::Turns::finish(wg);
     }
 
     __device__ __forceinline__ static void run(const FwdArgs& args, const Sm90FwdMaps& maps,
@@ -155,11 +154,11 @@ struct Sm90FwdKernel {
     }
 };
 
-template <typename T, int kHeadDim, int kHeadDimV, int kBlockN, int kStages, bool kScoreMod>
-__global__ void __launch_bounds__(Sm90FwdTraits<T, kHeadDim, kHeadDimV, kBlockN, kStages>::kThreads, 1)
+template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kBlockN, int kStages, bool kScoreMod>
+__global__ void __launch_bounds__(Sm90FwdTraits<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages>::kThreads, 1)
 sm90_fwd(const CUPYFLASH_GRID_CONSTANT FwdArgs args, const CUPYFLASH_GRID_CONSTANT Sm90FwdMaps maps,
          const Sm90Schedule schedule) {
-    using Mainloop = Sm90FwdMainloop<T, kHeadDim, kHeadDimV, kBlockN, kStages, kScoreMod>;
+    using Mainloop = Sm90FwdMainloop<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages, kScoreMod>;
     using Kernel = Sm90FwdKernel<Mainloop, Sm90FwdEpilogue<T, typename Mainloop::Tr>,
                                  Sm90QueryTileScheduler<Mainloop::kBlockM>>;
     extern __shared__ __align__(16) unsigned char smem_raw[];

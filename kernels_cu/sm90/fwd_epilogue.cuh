@@ -22,7 +22,9 @@ namespace cupyflash {
 // would write the next sequence's rows, so it takes the register path.
 template <typename T, typename Tr>
 struct Sm90FwdEpilogue {
-    static constexpr int kBarrier = 5;  // named barriers 5 and 6: a warpgroup's rows of the O tile
+    // Named barriers kBarrier + wg, after the main loop's (Sm90FwdMainloop): a warpgroup's rows of the O tile.
+    static constexpr int kBarrier = 1 + 2 * Tr::kConsumers;
+    static_assert(kBarrier + Tr::kConsumers - 1 <= 15, "named barriers 1-15");
 
     template <int kOTiles, int kNTiles>
     __device__ __forceinline__ static void store(const FwdArgs& args, const Sm90FwdMaps& maps, unsigned char* smem,

@@ -1,5 +1,5 @@
-// The Hopper forward's main loop (float16/bfloat16, sm_90a): for one work tile (kBlockM = 128 query rows
-// of one batch entry and head), the producer's TMA loads of Q and of the K and V tiles of its walk, and
+// The Hopper forward's main loop (float16/bfloat16, sm_90a): for one work tile (kBlockM = 128 or 192 query
+// rows of one batch entry and head), the producer's TMA loads of Q and of the K and V tiles of its walk, and
 // the consumers' products and online softmax. sm90/fwd.cu assembles it with a scheduler and an epilogue.
 //
 // Loads: Q with TMA into its own buffer; K and V of each key tile into a ring of kStages stages, each
@@ -8,12 +8,15 @@
 // stage's tile-list entry (common/mask.cuh) beside the data, so the consumers follow any walk (a key
 // range or a block-sparse list) without computing it.
 //
-// Products: two consumer warpgroups of 64 rows each compute S = Q K^T (wgmma, both operands in shared
+// Products: kBlockM / 64 consumer warpgroups of 64 rows each compute S = Q K^T (wgmma, both operands in shared
 // memory), the score modifications and the mask (fragment/scores.cuh) and the online softmax in
 // registers, then O += P V (wgmma with P from registers, V read transposed from shared memory). Inside a
 // consumer, S = Q K_j^T is issued before O += P_{j-1} V_{j-1}, and the softmax of S_j runs while that
-// second product is in flight; O is rescaled after it completes. The two consumers issue their products
-// in turns (Pingpong), so one's products run while the other computes its softmax.
+// second product is in flight; O is rescaled after it completes. The consumers issue their products in
+// turns (Pingpong), so one's products run while the others compute their softmax. Three consumers (192
+// rows, 160 registers each) give each scheduler three softmax warps to interleave where two leave its
+// exponentials' dependency chains exposed (head dim 64: the loop's warps stalled on fixed-latency
+// dependencies 37% of the time with two).
 #pragma once
 #include "common/dtypes.cuh"
 #include "common/launch.cuh"
@@ -39,20 +42,24 @@ struct Sm90FwdMaps {
     int store_o;
 };
 
-template <typename T, int kHeadDim_, int kHeadDimV_, int kBlockN_, int kStages_>
+template <typename T, int kHeadDim_, int kHeadDimV_, int kBlockM_, int kBlockN_, int kStages_>
 struct Sm90FwdTraits {
     static constexpr int kHeadDim = kHeadDim_;    // q.k columns, a multiple of 16
     static constexpr int kHeadDimV = kHeadDimV_;  // v and output columns, a multiple of 16
+    static constexpr int kBlockM = kBlockM_;      // query rows per CTA: a consumer warpgroup per 64
     static constexpr int kBlockN = kBlockN_;      // keys per tile
     static constexpr int kStages = kStages_;      // K/V ring
-    static constexpr int kBlockM = 128;           // query rows per CTA: two consumer warpgroups of 64
-    static constexpr int kConsumers = 2;
+    static constexpr int kConsumers = kBlockM / 64;
     static constexpr int kThreads = 128 * (1 + kConsumers);
     // Registers after setmaxnreg. Their sum over the CTA must not pass what it was launched with
-    // (65536 / 384 threads = 168 each): a larger request waits forever for registers.
+    // (65536 / kThreads, rounded down to a multiple of 8: 168 for 384 threads, 128 for 512): a larger
+    // request waits forever for registers. The consumers take what the producer's 24 leave: 240 of two,
+    // 160 of three.
+    static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
     static constexpr int kProducerRegs = 24;
-    static constexpr int kConsumerRegs = 240;
-    static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= kThreads * 168, "registers over budget");
+    static constexpr int kConsumerRegs = (kLaunchRegs * (1 + kConsumers) - kProducerRegs) / kConsumers / 8 * 8;
+    static_assert(kBlockM == 128 || kBlockM == 192, "two or three consumer warpgroups");
+    static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= kThreads * kLaunchRegs, "registers over budget");
     // Tiles are stored in 64-column atoms (sm90/primitives.cuh); columns past the real head dims are zero (TMA).
     static constexpr int kAtomsQK = (kHeadDim + 63) / 64;
     static constexpr int kAtomsV = (kHeadDimV + 63) / 64;
@@ -106,12 +113,15 @@ struct Sm90FwdState {
     Sm90FwdTile tile[2];                     // work tile t in tile[t % 2]
 };
 
-template <typename T, int kHeadDim, int kHeadDimV, int kBlockN, int kStages, bool kScoreMod>
+template <typename T, int kHeadDim, int kHeadDimV, int kBlockM_, int kBlockN, int kStages, bool kScoreMod>
 struct Sm90FwdMainloop {
-    using Tr = Sm90FwdTraits<T, kHeadDim, kHeadDimV, kBlockN, kStages>;
+    using Tr = Sm90FwdTraits<T, kHeadDim, kHeadDimV, kBlockM_, kBlockN, kStages>;
     using Softmax = FragmentSoftmax<Tr::kNTiles>;
-    using Turns = Pingpong<1>;
     static constexpr int kBlockM = Tr::kBlockM;
+    // Named barriers: the turns 1 .. kConsumers, then one per consumer for clear_foreign_values; the
+    // epilogue takes the kConsumers after those (Sm90FwdEpilogue::kBarrier).
+    using Turns = Pingpong<1, Tr::kConsumers>;
+    static constexpr int kClearBarrier = 1 + Tr::kConsumers;
 
     // Producer: the Q tile of work tile (b, h, m0) of sequence seq, counted on q_full. Packed (varlen)
     // tensors are one batch entry whose rows start at the sequence's offset.
@@ -220,8 +230,8 @@ struct Sm90FwdMainloop {
     // Packed batches and KV caches (seqused_k): the V tile of a key tile that runs past its sequence's
     // end holds the next sequence's rows or unused cache rows (a TMA box reads whatever the tensor has
     // there). Their probabilities are 0, but 0 * inf or NaN would still reach this sequence's output, so
-    // the warpgroup zeroes those rows before its O += P V reads them. Both warpgroups zero the same rows;
-    // the second writes zeros over zeros.
+    // the warpgroup zeroes those rows before its O += P V reads them. Every consumer zeroes the same
+    // rows; the later ones write zeros over zeros.
     __device__ __forceinline__ static void clear_foreign_values(unsigned char* v_tile, const AttnArgs& a,
                                                                 const Sm90FwdTile& tile, int entry, int wg) {
         if (a.cu_seqlens_k == nullptr && a.seqused_k == nullptr) return;
@@ -229,10 +239,10 @@ struct Sm90FwdMainloop {
         if (first >= kBlockN) return;
         zero_tile_rows(v_tile, kBlockN, first, Tr::kAtomsV, threadIdx.x % 128, 128);
         fence_proxy_async();
-        named_barrier_sync(3 + wg, 128);
+        named_barrier_sync(kClearBarrier + wg, 128);
     }
 
-    // Consumer warpgroup wg (0, 1): O (unnormalized) and the row statistics of its 64 rows of a work tile,
+    // Consumer warpgroup wg (0 .. kConsumers - 1): O (unnormalized) and the row statistics of its 64 rows of a work tile,
     // through the tile's walk (i: ring slots consumed so far, over all work tiles). Releases the Q tile
     // after the tile's last S.
     __device__ __forceinline__ static void mma(const AttnArgs& a, Sm90FwdState& st, unsigned char* smem,

@@ -1,5 +1,5 @@
 // How the warpgroups of a warp-specialized Hopper kernel hand stages to each other: a consumer warp's
-// release of a stage, and the turns the two consumer warpgroups take issuing their products.
+// release of a stage, and the turns the consumer warpgroups take issuing their products.
 #pragma once
 #include "sm90/primitives.cuh"
 
@@ -12,15 +12,28 @@ __device__ __forceinline__ void release_stage(unsigned long long* empty) {
     if (threadIdx.x % 32 == 0) mbarrier_arrive(empty);
 }
 
-// The two consumer warpgroups issue their product blocks in turns ("pingpong"): one's products run on
-// the tensor cores while the other computes its softmax. Warpgroup wg waits at named barrier kFirst + wg,
-// which the other warpgroup arrives at after issuing; warpgroup 1 starts by passing (warpgroup 0 issues
-// first), so at the end warpgroup 0 takes one turn more to leave the barriers balanced.
-template <int kFirst>
+// The kN consumer warpgroups issue their product blocks in turns, round robin ("pingpong" for two): one's
+// products run on the tensor cores while the others compute their softmax. Warpgroup wg waits at named
+// barrier kFirst + wg, which warpgroup wg - 1 (mod kN) arrives at after issuing; the last warpgroup
+// starts by passing (start()), so warpgroup 0 issues first, and at the end warpgroup 0 takes one turn
+// more (finish()) to leave the barriers balanced. Every warpgroup must take the same number of turns.
+template <int kFirst, int kN = 2>
 struct Pingpong {
-    static_assert(kFirst >= 1 && kFirst + 1 <= 15, "named barriers 1-15 (0 is __syncthreads)");
+    static_assert(kFirst >= 1 && kFirst + kN - 1 <= 15, "named barriers 1-15 (0 is __syncthreads)");
     __device__ __forceinline__ static void take_turn(int wg) { named_barrier_sync(kFirst + wg, 256); }
-    __device__ __forceinline__ static void pass_turn(int wg) { named_barrier_arrive(kFirst + 1 - wg, 256); }
+    __device__ __forceinline__ static void pass_turn(int wg) {
+        if constexpr (kN == 2) {
+            named_barrier_arrive(kFirst + 1 - wg, 256);
+        } else {
+            named_barrier_arrive(kFirst + (wg + 1 == kN ? 0 : wg + 1), 256);
+        }
+    }
+    __device__ __forceinline__ static void start(int wg) {
+        if (wg == kN - 1) pass_turn(wg);
+    }
+    __device__ __forceinline__ static void finish(int wg) {
+        if (wg == 0) take_turn(0);
+    }
 };
 
 }  // namespace cupyflash
