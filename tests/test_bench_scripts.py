@@ -24,9 +24,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
-SCRIPTS = ("bench", "masks", "decode", "ring", "host", "ab", "compile_time")
+SCRIPTS = ("bench", "masks", "decode", "ring", "host", "ab", "compile_time", "tiles")
 #: Arguments of a run that would need the GPU (ab.py needs two source trees first).
-RUN_ARGS = {"ab": ["--old", str(ROOT), "--new", str(ROOT)]}
+RUN_ARGS = {"ab": ["--old", str(ROOT), "--new", str(ROOT)], "tiles": ["--tiles", "192,128,4"]}
 #: A stand-in for CuPy that cannot be imported, for the "no CuPy" runs.
 NO_CUPY = 'raise ImportError("No module named \'cupy\' (hidden by the test)")\n'
 #: Runs the scripts as __main__ one after the other in one interpreter, as ``python bench/x.py`` would (bench/
@@ -134,7 +134,7 @@ def test_no_cupy_exits_with_one_line(runs, script):
 @pytest.fixture(scope="module")
 def bench_modules():
     """bench/'s scripts imported as modules (bench/ first on sys.path, as ``python bench/x.py`` has it)."""
-    names = ("harness", "bench", "masks", "host", "ab", "decode", "ring")
+    names = ("harness", "bench", "masks", "host", "ab", "decode", "ring", "tiles")
     saved = {name: sys.modules.pop(name) for name in names if name in sys.modules}
     sys.path.insert(0, str(BENCH))
     try:
@@ -209,6 +209,19 @@ def test_masks_rows(bench_modules):
     assert 0.25 < rows["block25"].visible_pairs / rows["block25"].area < 0.27
     plan = "\n".join(masks.plan_lines(list(rows.values()), bench_modules.harness.Settings(3, 20, True, True), "out"))
     assert "block-sparse 25%" in plan and "max_seqlen_q = max_seqlen_k" in plan
+
+
+def test_tiles_rows_and_dry_run(bench_modules, capsys):
+    tiles = bench_modules.tiles
+    args = tiles.parse_args(["--headdim", "96", "--tiles", "192,64,3", "128,128,2", "--seqlens", "2048,32768",
+                             "--causal", "1"])
+    assert args.tiles == [(192, 64, 3), (128, 128, 2)]
+    assert tiles.rows(args) == [(2048, 8, 21, True), (32768, 1, 21, True)]
+    with pytest.raises(SystemExit):
+        tiles.parse_args(["--tiles", "192,128"])
+    assert tiles.main(["--tiles", "192,128,4", "--seqlens", "1024", "--causal", "0,1", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "head dim 64, bf16" in out and "  1024  " in out and "  1024c" in out
 
 
 def test_decode_table(bench_modules):
