@@ -33,7 +33,11 @@ def dense(dtype):
                                          (203, 113, 2, 1, 128, {"window_size": (37, 5)}),
                                          (257, 257, 2, 2, 96, {"causal": True, "softcap": 20.0}),
                                          (130, 300, 2, 2, 256, {"alibi_slopes": slopes}),
-                                         (1, 77, 4, 4, 128, {})):
+                                         (1, 77, 4, 4, 128, {}),
+                                         # Walks long enough for the sm90 forward's other tiles: head dim
+                                         # 64's 192 rows (sm90.SHORT_WALK_KEYS) and head dim 128's 3 stages.
+                                         (150, 2100, 2, 1, 64, {"causal": True}),
+                                         (70, 4200, 2, 2, 128, {})):
         for _ in range(2):
             q, k, v, do = (normal(s, dtype) for s in ((1, sq, h, d), (1, sk, hk, d), (1, sk, hk, d), (1, sq, h, d)))
             out, lse = cupyflash.flash_attention(q, k, v, return_lse=True, **options)
@@ -42,17 +46,20 @@ def dense(dtype):
 
 
 def packed(dtype):
-    lengths = numpy.array([0, 5, 130, 1, 77])
-    cu = cupy.asarray(numpy.concatenate([[0], numpy.cumsum(lengths)]).astype(numpy.int32))
-    total = int(lengths.sum())
-    options = {"max_seqlen_q": 130, "max_seqlen_k": 130, "causal": True}
-    for _ in range(2):
-        q, k, v, do = (normal(s, dtype) for s in ((total, 4, 128), (total, 2, 128), (total, 2, 128), (total, 4, 128)))
-        out, lse = cupyflash.flash_attention_varlen(q, k, v, cu, cu, return_lse=True, **options)
-        cupyflash.flash_attention_varlen_backward(do, q, k, v, out, lse, cu, cu, **options)
-    # A malformed cu_seqlens: the device check, and the NaN fill of every result.
+    # Head dim 64 with a sequence past 2048 keys: the sm90 forward's 192-row tile on packed rows.
+    for d, lengths in ((128, [0, 5, 130, 1, 77]), (64, [3, 2100, 1, 200])):
+        lengths = numpy.array(lengths)
+        cu = cupy.asarray(numpy.concatenate([[0], numpy.cumsum(lengths)]).astype(numpy.int32))
+        total, longest = int(lengths.sum()), int(lengths.max())
+        options = {"max_seqlen_q": longest, "max_seqlen_k": longest, "causal": True}
+        for _ in range(2):
+            q, k, v, do = (normal(s, dtype) for s in ((total, 4, d), (total, 2, d), (total, 2, d), (total, 4, d)))
+            out, lse = cupyflash.flash_attention_varlen(q, k, v, cu, cu, return_lse=True, **options)
+            cupyflash.flash_attention_varlen_backward(do, q, k, v, out, lse, cu, cu, **options)
+    # A malformed cu_seqlens (an offset past the end, above the next one): the device check, and the NaN
+    # fill of every result.
     bad = cu.copy()
-    bad[2] = 400
+    bad[2] = total + 400
     out, lse = cupyflash.flash_attention_varlen(q, k, v, bad, bad, return_lse=True, **options)
     cupyflash.flash_attention_varlen_backward(do, q, k, v, out, lse, bad, bad, **options)
 
