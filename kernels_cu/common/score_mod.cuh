@@ -55,12 +55,16 @@ struct Log2Scores {
         bias_log2 = -mod.slope * kLog2eF;
     }
 
-    // tanh(y) = 1 - 2 / (2^(2 LOG2E y) + 1): one ex2 and one fast division, about 1e-7 absolute error,
-    // so the score softcap * tanh is off by about 1e-7 * softcap, far below its rounding to 16 bits
-    // (tanh.approx's 2^-11 relative error, times the softcap, would not be). Saturates to +-1 through
-    // ex2 = inf (the division gives 0) and ex2 = 0.
+    // tanh.approx: one special-function operation (MUFU.TANH), relative error at most 2^-10.99. The
+    // score softcap * tanh(y) is then off by at most 2^-11 of itself: a quarter of what a plain bfloat16
+    // implementation loses rounding the score (2^-9), equal to float16's, which is what FlashAttention's
+    // tolerance rule compares against. The exact form, 1 - 2 / (2^(2 LOG2E y) + 1), took an ex2 and a
+    // reciprocal: with the softmax's ex2, three special-function operations per score, which made the
+    // softcap kernels 2.8-3.4x slower than the plain ones on the H200 (bench/NOTES.md).
     __device__ __forceinline__ static float fast_tanh(float y) {
-        return 1.0f - __fdividef(2.0f, fast_exp2(y * (2.0f * kLog2eF)) + 1.0f);
+        float t;
+        asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(y));
+        return t;
     }
 
     // s2 of query i and key j, from the raw product x; bias is the ALiBi bias of the query's head,
