@@ -131,17 +131,24 @@ def test_l2_section_keeps_a_section_in_half_of_l2(batch, seqlen, heads, heads_k,
 _SHORT_D64, _SHORT_D128 = sm90.SHORT_WALK_KEYS[(64, 64)], sm90.SHORT_WALK_KEYS[(128, 128)]
 
 
-@pytest.mark.parametrize("headdim, seqlen_k, tile, threads", [
-    (128, 1, "q128_n128_s2", 384), (128, _SHORT_D128, "q128_n128_s2", 384), (128, _SHORT_D128 + 1, "q128_n128_s3", 384),
-    (64, _SHORT_D64, "q128_n128_s4", 384), (64, _SHORT_D64 + 1, "q192_n128_s4", 512),
+@pytest.mark.parametrize("headdim, seqlen_q, seqlen_k, causal, tile, threads", [
+    (128, 8, 1, False, "q128_n128_s2", 384), (128, 8, _SHORT_D128, False, "q128_n128_s2", 384),
+    (128, 8, _SHORT_D128 + 1, False, "q128_n128_s3", 384),
+    (128, 2 * _SHORT_D128, 2 * _SHORT_D128, True, "q128_n128_s2", 384),
+    (128, 2 * _SHORT_D128 + 2, 2 * _SHORT_D128 + 2, True, "q128_n128_s3", 384),
+    (64, 8, _SHORT_D64, False, "q128_n128_s4", 384), (64, 8, _SHORT_D64 + 1, False, "q192_n128_s4", 512),
+    (64, 2 * _SHORT_D64, 2 * _SHORT_D64, True, "q128_n128_s4", 384),
+    (64, 2 * _SHORT_D64 + 2, 2 * _SHORT_D64 + 2, True, "q192_n128_s4", 512),
+    (64, 100, _SHORT_D64 + 50, True, "q128_n128_s4", 384), (64, 100, _SHORT_D64 + 51, True, "q192_n128_s4", 512),
 ])
-def test_sm90_forward_tile_follows_the_walk(headdim, seqlen_k, tile, threads):
-    """Head dim 128 takes the 2-stage tile, whose O tile fits for the staged epilogue, up to
-    SHORT_WALK_KEYS keys, and the 3-stage tile beyond; head dim 64 two consumer warpgroups (128 rows)
-    up to its SHORT_WALK_KEYS and three (192 rows) beyond."""
-    q = np.zeros((1, 8, 2, headdim), ml_dtypes.bfloat16)
+def test_sm90_forward_tile_follows_the_walk(headdim, seqlen_q, seqlen_k, causal, tile, threads):
+    """Head dim 128 takes the 2-stage tile, whose O tile fits for the staged epilogue, for walks of up
+    to SHORT_WALK_KEYS keys on average, and the 3-stage tile beyond; head dim 64 two consumer warpgroups
+    (128 rows) up to its SHORT_WALK_KEYS and three (192 rows) beyond. A causal row walks seqlen_k less
+    half the queries' span on average."""
+    q = np.zeros((1, seqlen_q, 2, headdim), ml_dtypes.bfloat16)
     kv = np.zeros((1, seqlen_k, 2, headdim), ml_dtypes.bfloat16)
-    p = problems.forward_problem(q, kv, kv)
+    p = problems.forward_problem(q, kv, kv, causal=causal)
     variant = sm90.FORWARD.select(p, H200, _operands(p))
     assert variant.key == f"sm90_fwd_bf16_d{headdim}_v{headdim}_{tile}_mod_0"
     assert sm90.fwd_stores_o(variant) == (tile != "q128_n128_s3")

@@ -154,3 +154,14 @@ def test_packed_sequences_do_not_read_their_neighbours_values(family, monkeypatc
         first = cupy.asnumpy(got[:100].astype(cupy.float32))
         assert np.isfinite(first).all()
         np.testing.assert_allclose(first, cupy.asnumpy(want[0].astype(cupy.float32)), atol=2e-2)
+
+
+@needs_hopper
+def test_longest_first_counter_is_left_zero(monkeypatch):
+    """Causal and other unequal walks take their work tiles through a counter that each launch sets back
+    to zero (Sm90QueryTileScheduler::next), with no memset between launches: three calls of one plan,
+    interpreted and then through its graph, each against the oracle. A counter left nonzero would skip
+    the next launch's first tiles."""
+    monkeypatch.setenv("CUPYFLASH_FAMILY", "sm90")
+    for seed in range(3):
+        check_dense(cupy, (2, 700, 700, 3, 1, 128, 128), "bfloat16", causal=True, backward=False, seed=seed)

@@ -25,10 +25,12 @@ ALIGN_SLACK = 1024
 
 #: Forward tiles: (headdim, headdim_v) bucket -> the (query rows, keys per tile, K/V stages) choices, the
 #: first for long walks, the second (where there is one) for walks of at most SHORT_WALK_KEYS[bucket]
-#: keys. A problem takes the cheapest bucket covering both of its head dims; the TMA zero-fills the
-#: columns past them. A CTA runs a producer warpgroup and a consumer warpgroup per 64 query rows: d64
-#: takes three on long walks (192 rows, 160 registers each), whose softmax warps hide each other's
-#: exponentials (+6% at 4k keys, +11% at 16k; at 1k keys two are faster, causal by 15%: bench/NOTES.md).
+#: keys on average (walk_keys). A problem takes the cheapest bucket covering both of its head dims; the
+#: TMA zero-fills the columns past them. A CTA runs a producer warpgroup and a consumer warpgroup per 64
+#: query rows: d64 takes three (192 rows, 160 registers each), whose softmax warps hide each other's
+#: exponentials (+1-6% at 1k keys, +11-13% at 2k, +6-11% beyond), except on causal walks of 1k keys
+#: and less, where two are 15% faster (the 192-row tiles leave more of each causal tile masked;
+#: bench/NOTES.md).
 #: Where the O tile fits beside the ring (fwd_stores_o) the epilogue stages it in shared memory for TMA
 #: stores: d64 and d96 always, d128 with 2 stages, its tile of walks up to 4k keys (at 3 stages it does
 #: not fit; 2 stages cost nothing up to 4k keys and 13% at 16k non-causal).
@@ -40,7 +42,7 @@ FWD_TILES = {
     (192, 192): ((128, 96, 2),),
     (256, 256): ((128, 80, 2),),
 }
-SHORT_WALK_KEYS = {(64, 64): 2048, (128, 128): 4096}
+SHORT_WALK_KEYS = {(64, 64): 512, (128, 128): 4096}
 #: The shared memory a CTA may opt into on sm_90 (Sm90FwdTraits::kStoreO's limit).
 SMEM_OPTIN = 227 * 1024
 
@@ -113,6 +115,13 @@ def l2_section(p, device):
     kv_bytes = p.seqlen_k * (p.headdim + p.headdim_v) * p.dtype.itemsize * p.heads_k // p.heads
     fit = int(device.l2_bytes * L2_SECTION_SHARE) // max(kv_bytes, 1)
     return numpy.int32(min(max(fit, L2_SECTION_MIN_PAIRS), p.batch * p.heads))
+
+
+def walk_keys(p):
+    """The keys a query row's walk visits on average, SHORT_WALK_KEYS' measure: seqlen_k, less half of
+    the queries' span for causal rows (each sees the keys up to its own position, bottom-right aligned)."""
+    causal = p.window_right == 0 and p.window_left < 0
+    return p.seqlen_k - min(p.seqlen_q, p.seqlen_k) // 2 if causal else p.seqlen_k
 
 
 @functools.lru_cache(maxsize=None)
@@ -231,7 +240,7 @@ def cxx_facts():
     for v in FWD.variants():
         traits = f"cupyflash::Sm90FwdTraits<__half, {', '.join(map(str, v.tile))}>"
         facts.update({f"{traits}::kSmemBytes": fwd_smem_bytes(v), f"{traits}::kThreads": fwd_threads(v),
-                      f"{traits}::kBlockM": v.param("block_m")})
+                      f"{traits}::kBlockM": v.param("block_m"), f"(int){traits}::kStoreO": int(fwd_stores_o(v))})
     for v in BWD.variants():
         traits = f"cupyflash::Sm90BwdTraits<__half, {', '.join(map(str, v.tile))}>"
         facts.update({f"{traits}::kSmemBytes": bwd_smem_bytes(v), f"{traits}::kThreads": BWD_THREADS,
@@ -256,7 +265,7 @@ class Sm90Forward:
         # positive scale; the score_mod kernels scale first.
         score_mod = p.score_mod or p.softmax_scale <= 0
         tiles = FWD_TILES[dims]
-        tile = tiles[-1] if p.seqlen_k <= SHORT_WALK_KEYS.get(dims, 0) else tiles[0]
+        tile = tiles[-1] if walk_keys(p) <= SHORT_WALK_KEYS.get(dims, 0) else tiles[0]
         # A block mask's query blocks (128 rows or multiples of 128, as a rule) would straddle 192-row
         # tiles, each of which would then take the element mask: such masks keep the 128-row tile.
         if p.block_mask is not None and p.block_mask.block_size[0] % tile[0] != 0:
@@ -286,7 +295,7 @@ class Sm90Forward:
                 or p.window_right >= 0):
             schedule["longest_first"] = 1
             schedule["section"] = l2_section(p, device)
-            schedule["next_work"] = b.workspace((1,), numpy.int32, zeroed=True).data.ptr
+            schedule["next_work"] = b.counters(1).data.ptr
         smem = fwd_smem_bytes(variant)
         b.launch(common.function(variant, smem), (min(work, device.sm_count), 1, 1), fwd_threads(variant),
                  (args, maps, schedule), smem)

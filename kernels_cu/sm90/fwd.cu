@@ -47,7 +47,7 @@ struct Sm90FwdKernel {
             if (t >= 2) mbarrier_wait(&st.tile_empty[t % 2], (t / 2 - 1) & 1);
             // The CTA takes its next work tile only now, while t - 1 runs: handed out dynamically, the
             // tiles go to the CTAs in the order they finish their work, as a tile ahead and no more.
-            if (t > 0) w = Scheduler::next(schedule, w);
+            if (t > 0) w = scheduler.next(schedule, w);
             int b = 0, h = 0, m0 = 0;
             Sequence seq;
             bool finished;
@@ -55,7 +55,7 @@ struct Sm90FwdKernel {
                 scheduler.decode(schedule, a, w, &b, &h, &m0);
                 seq = Sequence(a, b);
                 if (m0 < seq.seqlen_q) break;
-                w = Scheduler::next(schedule, w);  // past the end of a packed sequence: nothing to do
+                w = scheduler.next(schedule, w);  // past the end of a packed sequence: nothing to do
             }
             tile.done = finished;
             if (!finished) {

@@ -18,7 +18,7 @@ struct Sm90Schedule {
     // section over every head would send the CTAs running at once to more K and V than L2 holds.
     int longest_first;
     int section;     // (batch entry, head) pairs per section, >= 1 (longest_first)
-    int* next_work;  // zeroed before the launch: tiles handed out after each CTA's first (longest_first)
+    int* next_work;  // zero at the launch, and left zero: calls of next() so far (longest_first)
 };
 
 template <int kBlockM>
@@ -33,10 +33,15 @@ struct Sm90QueryTileScheduler {
     __device__ __forceinline__ static int first() { return static_cast<int>(blockIdx.x); }
 
     // The CTA's work tile after w (the producer asks a work tile ahead, so the atomic's latency passes
-    // under the running one). Every call counts once in next_work, which each launch starts at zero:
-    // work_count increments per launch (one per tile handed out, one per CTA that finds none left).
-    __device__ __forceinline__ static int next(const Sm90Schedule& schedule, int w) {
-        return static_cast<int>(gridDim.x) + (schedule.longest_first ? atomicAdd(schedule.next_work, 1) : w);
+    // under the running one). Every call counts once in next_work: one per tile handed out after the
+    // CTAs' first ones, and one per CTA that finds none left, work_count in all. The call that counts
+    // the last sets the counter back to zero for the next launch (no other call of this launch is left
+    // to read it), so a plan needs no memset before each launch.
+    __device__ __forceinline__ int next(const Sm90Schedule& schedule, int w) const {
+        if (!schedule.longest_first) return static_cast<int>(gridDim.x) + w;
+        const int handed = atomicAdd(schedule.next_work, 1);
+        if (handed == work_count - 1) *schedule.next_work = 0;
+        return static_cast<int>(gridDim.x) + handed;
     }
 
     __device__ __forceinline__ bool finished(int w) const { return w >= work_count; }
