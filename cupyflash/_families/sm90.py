@@ -288,7 +288,8 @@ class Sm90Forward:
             maps["store_o"] = 1
         # Persistent: one CTA per SM walks the work tiles (fewer CTAs when there are fewer tiles). Tiles
         # of unequal length (a mask, packed sequences, KV caches) go longest first, to whichever CTA is free,
-        # through a counter zeroed before each launch, a section of heads whose K and V fit L2 at a time.
+        # through a counter each launch leaves zero (Sm90QueryTileScheduler::next), a section of heads whose
+        # K and V fit L2 at a time.
         work = common.cdiv(p.seqlen_q, block_m) * p.batch * p.heads
         schedule = b.struct(SCHEDULE)
         if (p.varlen or p.seqused_k is not None or p.block_mask is not None or p.window_left >= 0
