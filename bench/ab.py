@@ -4,7 +4,7 @@ than 2%).
 Run from the repository root::
 
     mkdir -p .ab/old && git archive fe723d8 cupyflash kernels_cu | tar -x -C .ab/old
-    python bench/ab.py --old .ab/old --new . --json ab.json     # 37 rows, 3 rounds
+    python bench/ab.py --old .ab/old --new . --json ab.json     # 38 rows, 3 rounds
     python bench/ab.py --old .ab/old --new . --quick            # 6 rows, a smoke test
     python bench/ab.py --dry-run                                # the rows and how they run; no GPU
 
@@ -193,6 +193,8 @@ def attention_rows():
                             heads=2048 // headdim, causal=causal))
     rows += [
         Row("fwd_fp16_d128", "fwd", "sm90_fwd", dtype="fp16"),
+        Row("fwd_d64_causal_s1024", "fwd", "sm90_fwd_masks", headdim=64, heads=32, batch=16, seqlen=1024,
+            causal=True),
         Row("fwd_d128_causal_s1024", "fwd", "sm90_fwd_masks", batch=32, seqlen=1024, causal=True),
         Row("fwd_d256_causal_s1024", "fwd", "sm90_fwd_masks", headdim=256, heads=8, batch=16, seqlen=1024,
             causal=True),

@@ -77,6 +77,19 @@ struct Mask {
         const int m1 = min(m0 + rows, seqlen_q);
         return n0 + cols <= seqlen_k && n0 + cols - 1 - m0 <= hi && n0 - (m1 - 1) >= lo;
     }
+
+    // Which ends of the rows' key intervals (keys_of) fall inside keys [n0, n0 + cols) for some real row
+    // of [m0, m0 + rows): kCutsStart (a row's first key is past n0: a window's left side), kCutsEnd (a
+    // row's last key is before the tile's last, or the sequence ends inside the tile: the causal
+    // diagonal, a window's right side). Starts and ends grow with the row, so the last real row has the
+    // latest start and the first row the earliest end. 0: the tile is full (tile_is_full).
+    static constexpr int kCutsStart = 1, kCutsEnd = 2, kCutsBoth = 3;
+    __device__ __forceinline__ int key_cuts(int m0, int rows, int n0, int cols) const {
+        const int m1 = min(m0 + rows, seqlen_q);
+        const bool start = n0 - (m1 - 1) < lo;
+        const bool end = n0 + cols > seqlen_k || n0 + cols - 1 - m0 > hi;
+        return (start ? kCutsStart : 0) | (end ? kCutsEnd : 0);
+    }
 };
 
 // The block layout of one (batch, head) of a block-sparse problem, and its tile lists. Methods take the

@@ -21,9 +21,11 @@ namespace cupyflash {
 
 // s = -inf where the mask hides the pair (query row_of(mt, r), key n0 + col_t + 8 nt + e % 2) of row
 // fragment element [mt][nt][e]; with kLayout also where the block layout does, read as one word of bits
-// per row and 64 keys. With kRowIntervals, per row the interval of keys it sees and per element two
-// compares and a select; otherwise Mask::visible per element, which needs fewer registers.
-template <bool kLayout, bool kRowIntervals, int kMTiles, int kNTiles, typename RowOf>
+// per row and 64 keys. With kRowIntervals, per row the interval of keys it sees and per element a
+// compare for each side in kCuts (Mask::key_cuts: the sides of the intervals that fall inside the tile;
+// the others cannot hide a pair of it) and a select. Otherwise Mask::visible per element, which needs
+// fewer registers.
+template <bool kLayout, bool kRowIntervals, int kCuts, int kMTiles, int kNTiles, typename RowOf>
 __device__ __forceinline__ void mask_rows(float (&s)[kMTiles][kNTiles][4], const Mask& mask, const BlockLayout& layout,
                                           const AttnArgs& a, const RowOf& row_of, int n0, int col_t) {
     // Keys whose layout cells one word of bits holds: the whole tile up to 64 keys, else 64 per word.
@@ -33,8 +35,12 @@ __device__ __forceinline__ void mask_rows(float (&s)[kMTiles][kNTiles][4], const
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int row = row_of(mt, r);
+            // Both sides: the interval from n0, compared with each element's column col_t + 8 nt + e % 2
+            // (a form the registers of the larger tiles hold without spilling). One side: from the
+            // thread's first column, so each compare takes its column as an immediate.
+            constexpr bool kFromThread = kCuts != Mask::kCutsBoth;
             int begin, end;
-            if constexpr (kRowIntervals) mask.keys_of(row, n0, &begin, &end);
+            if constexpr (kRowIntervals) mask.keys_of(row, kFromThread ? n0 + col_t : n0, &begin, &end);
 #pragma unroll
             for (int chunk = 0; chunk < (kNTiles + 7) / 8; ++chunk) {
                 const unsigned long long bits = kLayout ? layout.key_bits(a, row, n0 + 64 * chunk, kWordKeys) : 0;
@@ -42,8 +48,17 @@ __device__ __forceinline__ void mask_rows(float (&s)[kMTiles][kNTiles][4], const
                 for (int nt = 8 * chunk; nt < kNTiles && nt < 8 * chunk + 8; ++nt) {
 #pragma unroll
                     for (int c = 0; c < 2; ++c) {
-                        const int offset = col_t + 8 * nt + c;
-                        bool visible = kRowIntervals ? offset >= begin && offset < end : mask.visible(row, n0 + offset);
+                        const int column = 8 * nt + c;  // past the thread's first column col_t
+                        const int offset = col_t + column;
+                        bool visible;
+                        if constexpr (!kRowIntervals) {
+                            visible = mask.visible(row, n0 + offset);
+                        } else if constexpr (!kFromThread) {
+                            visible = offset >= begin && offset < end;
+                        } else {
+                            visible = (kCuts == Mask::kCutsEnd || column >= begin) &&
+                                      (kCuts == Mask::kCutsStart || column < end);
+                        }
                         if constexpr (kLayout) visible &= ((bits >> (offset - 64 * chunk)) & 1) != 0;
                         float& x = s[mt][nt][2 * r + c];
                         x = visible ? x : Consts<float>::neg_inf();
@@ -81,16 +96,22 @@ __device__ __forceinline__ void modify_rows(float (&s)[kMTiles][kNTiles][4], con
 
 // The mask of a row fragment's tile (mask_rows), for a tile that needs the element mask: one that is not
 // full, or that a block-sparse list marks partial. Callers test that in a uniform branch of its own,
-// which keeps the tiles inside the mask free of its predicates.
+// which keeps the tiles inside the mask free of its predicates. cuts: Mask::key_cuts of the rows the
+// caller's branch is uniform over (Mask::kCutsBoth where it does not know them); with row intervals, the
+// tiles cut on one side only (the causal diagonal, a window's left edge) test that side alone.
 template <bool kRowIntervals, int kMTiles, int kNTiles, typename RowOf>
 __device__ __forceinline__ void mask_tile_rows(float (&s)[kMTiles][kNTiles][4], const Mask& mask,
                                                const BlockLayout& layout, const AttnArgs& a, const RowOf& row_of,
-                                               int n0, int col_t, bool partial) {
+                                               int n0, int col_t, bool partial, int cuts) {
     const Mask m = mask;
     if (partial) {
-        mask_rows<true, kRowIntervals>(s, m, layout, a, row_of, n0, col_t);
+        mask_rows<true, kRowIntervals, Mask::kCutsBoth>(s, m, layout, a, row_of, n0, col_t);
+    } else if (kRowIntervals && cuts == Mask::kCutsEnd) {
+        mask_rows<false, kRowIntervals, Mask::kCutsEnd>(s, m, layout, a, row_of, n0, col_t);
+    } else if (kRowIntervals && cuts == Mask::kCutsStart) {
+        mask_rows<false, kRowIntervals, Mask::kCutsStart>(s, m, layout, a, row_of, n0, col_t);
     } else {
-        mask_rows<false, kRowIntervals>(s, m, layout, a, row_of, n0, col_t);
+        mask_rows<false, kRowIntervals, Mask::kCutsBoth>(s, m, layout, a, row_of, n0, col_t);
     }
 }
 

@@ -3,8 +3,8 @@
 // A thread holds, for every 8-key n-tile, two rows of the warp's 16 (rows g and g + 8) and two columns of
 // each; the four lanes of a quad share a row. Scores are carried as s2 = s * softmax_scale * LOG2E so
 // each probability is one ex2 on the special-function unit. Per row the thread keeps the running
-// maximum m2 (log2 units, identical across the quad) and its own partial running sum l over its columns;
-// the quad's partial sums are added once at the end. The row's log-sum-exp in natural-log units is
+// maximum m2 (log2 units, identical across the quad; it may lag the true maximum by up to kMaxSlack)
+// and its own partial running sum l over its columns; the quad's partial sums are added once at the end. The row's log-sum-exp in natural-log units is
 //     lse = ln(sum_j exp(softmax_scale * q . k_j)) = LN2 * (m2 + log2(l)).
 // (The general path works in natural-log units for float32/float64 accuracy; for float16/bfloat16 the
 // storage rounding dominates and the folded scale is the cheaper choice.)
@@ -16,6 +16,8 @@ namespace cupyflash {
 
 template <int kNTiles>
 struct FragmentSoftmax {
+    // Log2 units by which a block's maximum may pass the running one before it moves (update_max).
+    static constexpr float kMaxSlack = 8.0f;
     float m2[2] = {Consts<float>::neg_inf(), Consts<float>::neg_inf()};
     float l[2] = {0.0f, 0.0f};
     float base[2];  // the maxima the probabilities of the current block are taken against
@@ -92,8 +94,13 @@ struct FragmentSoftmax {
         bool moved = false;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            const float block_max = group_max<4>(part[r][0]);
-            const float new_max = fmaxf(m2[r], kRaw ? block_max * scale : block_max);
+            const float block_max = kRaw ? group_max<4>(part[r][0]) * scale : group_max<4>(part[r][0]);
+            // The maximum moves only when the block's passes it by more than kMaxSlack (a row's first
+            // visible block always: -inf + kMaxSlack is -inf). Otherwise the block's probabilities are
+            // taken against the old maximum, each at most 2^kMaxSlack, which float32 sums and 16-bit P
+            // hold exactly as well; l and m2 stay consistent, so out and lse are the same. Most blocks
+            // after a row's first then rescale nothing (FlashAttention-4's conditional rescaling).
+            const float new_max = block_max > m2[r] + kMaxSlack ? block_max : m2[r];
             // A row that has seen no visible key keeps new_max = -inf: subtract 0 instead, so that
             // ex2(-inf - -inf) is not NaN and every probability of the row is ex2(-inf) = 0.
             base[r] = new_max == Consts<float>::neg_inf() ? 0.0f : new_max;

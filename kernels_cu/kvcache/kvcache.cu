@@ -499,7 +499,7 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
         modify_rows<kScoreMod, false>(rows, scores, query_of, [&](int, int r) { return bias_log2[r]; }, n0, 2 * t);
         // The element mask only where the warp's keys are not all visible to all the CTA's queries.
         if (!mask.tile_is_full(i0, i_last - i0 + 1, n0, 16)) {
-            mask_tile_rows<false>(rows, mask, no_layout, a, query_of, n0, 2 * t, false);
+            mask_tile_rows<false>(rows, mask, no_layout, a, query_of, n0, 2 * t, false, Mask::kCutsBoth);
         }
         softmax.step(s, o);
 

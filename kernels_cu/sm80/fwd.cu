@@ -172,7 +172,7 @@ struct Sm80FwdMainloop {
             const auto row_of = [&](int mt, int r) { return row_g + 16 * mt + 8 * r; };
             modify_rows<kScoreMod, false>(s, st.scores, row_of, [&](int, int) { return st.scores.bias_log2; }, n0, 2 * t);
             if (partial || !st.mask.tile_is_full(m0, Tr::kBlockM, n0, kBlockN)) {
-                mask_tile_rows<kRowIntervals>(s, st.mask, st.layout, a, row_of, n0, 2 * t, partial);
+                mask_tile_rows<kRowIntervals>(s, st.mask, st.layout, a, row_of, n0, 2 * t, partial, Mask::kCutsBoth);
             }
 #pragma unroll
             for (int mt = 0; mt < kMTiles; ++mt) softmax[mt].step(s[mt], o[mt]);

@@ -197,7 +197,7 @@ struct Sm90FwdMainloop {
     // Scores of key tile `entry` (fragment/scores.cuh): with kScoreMod in log2 units with the
     // modifications, else raw products (the softmax applies the scale). Rows row_g and row_g + 8 of this
     // thread, rows [w0, w0 + 64) of its warpgroup; a uniform branch per warpgroup skips the element mask
-    // on tiles inside the window.
+    // on tiles inside the window and tests only the sides of the window that cut into the tile.
     __device__ __forceinline__ static void modify_and_mask(float (&s)[Tr::kNTiles][4], const AttnArgs& a,
                                                            const Sm90FwdTile& st, const Log2Scores& scores,
                                                            int entry, int row_g, int w0, int col_t) {
@@ -206,8 +206,10 @@ struct Sm90FwdMainloop {
         const auto row_of = [&](int, int r) { return row_g + 8 * r; };
         modify_rows<kScoreMod, true>(rows, scores, row_of, [&](int, int) { return scores.bias_log2; }, n0, col_t);
         const bool partial = entry_partial(entry);
-        if (partial || !st.mask.tile_is_full(w0, 64, n0, kBlockN)) {
-            mask_tile_rows<true>(rows, st.mask, st.layout, a, row_of, n0, col_t, partial);
+        const int cuts = st.mask.key_cuts(w0, 64, n0, kBlockN);
+        // The score_mod kernels keep one mask for both sides: their registers are spoken for.
+        if (partial || cuts != 0) {
+            mask_tile_rows<true>(rows, st.mask, st.layout, a, row_of, n0, col_t, partial, kScoreMod ? Mask::kCutsBoth : cuts);
         }
     }
 
