@@ -165,3 +165,31 @@ def test_longest_first_counter_is_left_zero(monkeypatch):
     monkeypatch.setenv("CUPYFLASH_FAMILY", "sm90")
     for seed in range(3):
         check_dense(cupy, (2, 700, 700, 3, 1, 128, 128), "bfloat16", causal=True, backward=False, seed=seed)
+
+
+@needs_hopper
+@pytest.mark.parametrize("family", ["sm90", "sm80"])
+def test_running_maximum_that_lags_and_jumps(family, monkeypatch):
+    """FragmentSoftmax moves a row's running maximum only when a block's passes it by more than 8 log2
+    units: scores that step from key tile to key tile by 3, 7.9, 8.1, 12, 130, -30 and 5 log2 units (blocks
+    taken against a maximum that lags, by up to 2^8, then jumps past what float32 holds: a maximum that
+    did not move would overflow), causal and not, against the oracle."""
+    monkeypatch.setenv("CUPYFLASH_FAMILY", family)
+    from helpers import _outputs, oracle, plain
+
+    dtype = DTYPES["bfloat16"]
+    batch, seqlen, heads, headdim = 1, 777, 2, 64
+    rng = np.random.default_rng(11)
+    q = rng.standard_normal((batch, seqlen, heads, headdim)) * 0.1
+    k = rng.standard_normal((batch, seqlen, heads, headdim)) * 0.1
+    v = rng.standard_normal((batch, seqlen, heads, headdim))
+    q[..., 0] = 1.0
+    # Column 0 of k sets the scores' level per 128 keys (a key tile of both families at head dim 64): the
+    # steps in log2 units, times ln 2 / softmax_scale.
+    steps = np.array([3.0, 7.9, 8.1, 12.0, 130.0, -30.0, 5.0])
+    level = np.repeat(np.cumsum(steps), 128)[:seqlen] * np.log(2) * np.sqrt(headdim)
+    k[..., 0] = level[None, :, None]
+    q, k, v = (cupy.asarray(x.astype(dtype)) for x in (q, k, v))
+    for causal in (False, True):
+        out, lse = cupyflash.flash_attention(q, k, v, causal=causal, return_lse=True)
+        _outputs({"out": out, "lse": lse}, oracle(q, k, v, causal), plain(q, k, v, causal), np.dtype(dtype))
