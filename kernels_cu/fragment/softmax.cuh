@@ -4,7 +4,8 @@
 // each; the four lanes of a quad share a row. Scores are carried as s2 = s * softmax_scale * LOG2E so
 // each probability is one ex2 on the special-function unit. Per row the thread keeps the running
 // maximum m2 (log2 units, identical across the quad; it may lag the true maximum by up to kMaxSlack)
-// and its own partial running sum l over its columns; the quad's partial sums are added once at the end. The row's log-sum-exp in natural-log units is
+// and its own partial running sum l over its columns; the quad's partial sums are added once at the end.
+// The row's log-sum-exp in natural-log units is
 //     lse = ln(sum_j exp(softmax_scale * q . k_j)) = LN2 * (m2 + log2(l)).
 // (The general path works in natural-log units for float32/float64 accuracy; for float16/bfloat16 the
 // storage rounding dominates and the folded scale is the cheaper choice.)
