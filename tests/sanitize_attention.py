@@ -33,9 +33,11 @@ def dense(dtype):
                                          (203, 113, 2, 1, 128, {"window_size": (37, 5)}),
                                          (257, 257, 2, 2, 96, {"causal": True, "softcap": 20.0}),
                                          (130, 300, 2, 2, 256, {"alibi_slopes": slopes}),
+                                         # Head dim 64's warpgroups skipping key tiles at both ends.
+                                         (300, 700, 2, 1, 64, {"window_size": (150, 0)}),
                                          (1, 77, 4, 4, 128, {}),
-                                         # Walks long enough for the sm90 forward's other tiles: head dim
-                                         # 64's 192 rows (sm90.SHORT_WALK_KEYS) and head dim 128's 3 stages.
+                                         # Walks long enough for head dim 128's 3-stage tile
+                                         # (sm90.SHORT_WALK_KEYS); head dim 64 takes 192 rows throughout.
                                          (150, 2100, 2, 1, 64, {"causal": True}),
                                          (70, 4200, 2, 2, 128, {})):
         for _ in range(2):

@@ -114,10 +114,12 @@ def test_tma_addressable(array, varlen, expected):
 
 
 @pytest.mark.parametrize("batch, seqlen, heads, heads_k, headdim, expected", [
-    (16, 1024, 16, 16, 128, 50),   # 512 KiB of K and V per head: 25 MiB per section
-    (1, 16384, 8, 8, 256, 4),      # 16 MiB per head: no fit, the minimum
-    (4, 4096, 16, 16, 128, 12),    # 2 MiB per head
-    (2, 4096, 64, 8, 128, 100),    # GQA 8: 256 KiB per query head, 100 of the 128 pairs
+    (16, 1024, 16, 16, 128, 43),   # 512 KiB of K and V per head, 50 fit in 25 MiB: 6 sections of 43 (the last 41)
+    (16, 1024, 8, 8, 256, 22),     # 1 MiB per head, 25 fit: 6 sections of 22 (the last 18), not 5 x 25 + 3
+    (1, 16384, 8, 8, 256, 8),      # 16 MiB per head: none fits; the minimum of 16, at most all 8
+    (4, 4096, 16, 16, 128, 16),    # 2 MiB per head, 12 fit: the minimum, 4 sections of 16
+    (5, 4096, 8, 8, 128, 14),      # 40 pairs, 12 fit: the minimum 16 evened out, 14 + 14 + 12 (not 16 + 16 + 8)
+    (2, 4096, 64, 8, 128, 64),     # GQA 8: 256 KiB per query head, 100 fit: two sections of the 128 pairs
     (1, 512, 3, 1, 64, 3),         # fewer pairs than fit: one section
 ])
 def test_l2_section_keeps_a_section_in_half_of_l2(batch, seqlen, heads, heads_k, headdim, expected):
@@ -128,7 +130,7 @@ def test_l2_section_keeps_a_section_in_half_of_l2(batch, seqlen, heads, heads_k,
     assert sm90.l2_section(p, device) == expected
 
 
-_SHORT_D64, _SHORT_D128 = sm90.SHORT_WALK_KEYS[(64, 64)], sm90.SHORT_WALK_KEYS[(128, 128)]
+_SHORT_D128 = sm90.SHORT_WALK_KEYS[(128, 128)]
 
 
 @pytest.mark.parametrize("headdim, seqlen_q, seqlen_k, causal, tile, threads", [
@@ -136,16 +138,14 @@ _SHORT_D64, _SHORT_D128 = sm90.SHORT_WALK_KEYS[(64, 64)], sm90.SHORT_WALK_KEYS[(
     (128, 8, _SHORT_D128 + 1, False, "q128_n128_s3", 384),
     (128, 2 * _SHORT_D128, 2 * _SHORT_D128, True, "q128_n128_s2", 384),
     (128, 2 * _SHORT_D128 + 2, 2 * _SHORT_D128 + 2, True, "q128_n128_s3", 384),
-    (64, 8, _SHORT_D64, False, "q128_n128_s4", 384), (64, 8, _SHORT_D64 + 1, False, "q192_n128_s4", 512),
-    (64, 2 * _SHORT_D64, 2 * _SHORT_D64, True, "q128_n128_s4", 384),
-    (64, 2 * _SHORT_D64 + 2, 2 * _SHORT_D64 + 2, True, "q192_n128_s4", 512),
-    (64, 100, _SHORT_D64 + 50, True, "q128_n128_s4", 384), (64, 100, _SHORT_D64 + 51, True, "q192_n128_s4", 512),
+    (64, 8, 1, False, "q192_n128_s4", 512), (64, 8, 0, False, "q192_n128_s4", 512),
+    (64, 1024, 1024, True, "q192_n128_s4", 512), (64, 8, 16384, False, "q192_n128_s4", 512),
 ])
 def test_sm90_forward_tile_follows_the_walk(headdim, seqlen_q, seqlen_k, causal, tile, threads):
     """Head dim 128 takes the 2-stage tile, whose O tile fits for the staged epilogue, for walks of up
-    to SHORT_WALK_KEYS keys on average, and the 3-stage tile beyond; head dim 64 two consumer warpgroups
-    (128 rows) up to its SHORT_WALK_KEYS and three (192 rows) beyond. A causal row walks seqlen_k less
-    half the queries' span on average."""
+    to SHORT_WALK_KEYS keys on average, and the 3-stage tile beyond; head dim 64 three consumer
+    warpgroups (192 rows) for every walk. A causal row walks seqlen_k less half the queries' span on
+    average."""
     q = np.zeros((1, seqlen_q, 2, headdim), ml_dtypes.bfloat16)
     kv = np.zeros((1, seqlen_k, 2, headdim), ml_dtypes.bfloat16)
     p = problems.forward_problem(q, kv, kv, causal=causal)

@@ -188,21 +188,23 @@ def test_backward_fallback_tiles(headdim, limit, monkeypatch, request):
 @pytest.mark.parametrize("causal", [True, False])
 def test_hopper_forward_l2_sections(causal, monkeypatch, request):
     """The longest-first order of the Hopper forward (masked and packed calls) in sections of heads
-    whose K and V fit L2: an L2 small enough for 6 of the 10 (batch entry, head) pairs per section
-    leaves a short last section, and every tile of every section must still be computed once."""
+    whose K and V fit L2: an L2 small enough for 3 of the 10 (batch entry, head) pairs, with no
+    minimum, leaves a short last section (3, 3, 3, 1), and every tile of every section must still be
+    computed once."""
     from cupyflash import _problem
     from cupyflash._families import common, sm90
 
     real = common.current_device()
     batch, seqlen, heads, headdim = 2, 300, 5, 64
     kv_bytes = seqlen * 2 * headdim * 2
-    device = dataclasses.replace(real, l2_bytes=int(6.5 * kv_bytes / sm90.L2_SECTION_SHARE))
+    device = dataclasses.replace(real, l2_bytes=int(3.5 * kv_bytes / sm90.L2_SECTION_SHARE))
     monkeypatch.setattr(common, "current_device", lambda: device)
+    monkeypatch.setattr(sm90, "L2_SECTION_MIN_PAIRS", 1)
     cupyflash._api.PLANS.clear()
     request.addfinalizer(cupyflash._api.PLANS.clear)
     q, k, v = random_qkv(cupy, batch, seqlen, seqlen, heads, heads, headdim, headdim, DTYPES["bfloat16"], seed=11)
     problem = _problem.forward_problem(q, k, v, causal=causal)
-    assert sm90.l2_section(problem, device) == 6
+    assert sm90.l2_section(problem, device) == 3
     if real.capability != sm90.CAPABILITY:
         pytest.skip("the Hopper forward runs on compute capability 9.0 only")
     # Non-causal calls take the static order; a window of the whole sequence takes the sections.

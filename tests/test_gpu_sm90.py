@@ -42,7 +42,7 @@ CASES = [
     ((1, 203, 1025, 2, 2, 256, 256), "float16", True),
     ((2, 113, 113, 2, 2, 256, 256), "bfloat16", False),
     ((1, 1, 203, 2, 2, 64, 128), "float16", False),
-    # Walks past SHORT_WALK_KEYS[(64, 64)]: head dim 64's 192-row tile of three consumer warpgroups.
+    # Longer walks of head dim 64's 192-row tile of three consumer warpgroups.
     ((1, 2100, 2100, 2, 1, 64, 64), "float16", True),
     ((1, 203, 2113, 3, 3, 64, 64), "bfloat16", False),
 ]
@@ -193,3 +193,20 @@ def test_running_maximum_that_lags_and_jumps(family, monkeypatch):
     for causal in (False, True):
         out, lse = cupyflash.flash_attention(q, k, v, causal=causal, return_lse=True)
         _outputs({"out": out, "lse": lse}, oracle(q, k, v, causal), plain(q, k, v, causal), np.dtype(dtype))
+
+
+@needs_hopper
+@pytest.mark.parametrize("options", [{"causal": True}, {"window_size": (150, 0)}, {"window_size": (100, 300)}, {}],
+                         ids=["causal", "window_left", "window_both", "dense"])
+def test_192_row_tiles_skip_unseen_key_tiles_and_end_at_the_last_row(options, monkeypatch):
+    """Head dim 64's 192-row tile: each consumer warpgroup computes only the key tiles its own 64 rows
+    see, and the query tiles end at each sequence's last row (Sm90Schedule::align_end), so the first is
+    partial, its rows before the sequence never stored. Sequences of 1 to 1000 rows (not multiples of
+    192 or 64; seqlen_q != seqlen_k; GQA), packed and dense, forward and backward, against the oracle."""
+    monkeypatch.setenv("CUPYFLASH_FAMILY", "sm90")
+    from helpers import check_varlen
+
+    lengths_q, lengths_k = [1, 191, 193, 700, 1000, 64], [5, 191, 400, 700, 1000, 129]
+    check_varlen(cupy, lengths_q, lengths_k, 4, 2, 64, 64, "bfloat16", **options)
+    check_dense(cupy, (2, 1000, 1000, 2, 1, 64, 64), "float16", **options)
+    check_dense(cupy, (1, 77, 1111, 2, 2, 64, 64), "bfloat16", **options)

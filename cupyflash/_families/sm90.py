@@ -25,12 +25,13 @@ ALIGN_SLACK = 1024
 
 #: Forward tiles: (headdim, headdim_v) bucket -> the (query rows, keys per tile, K/V stages) choices, the
 #: first for long walks, the second (where there is one) for walks of at most SHORT_WALK_KEYS[bucket]
-#: keys on average (walk_keys). A problem takes the cheapest bucket covering both of its head dims; the
-#: TMA zero-fills the columns past them. A CTA runs a producer warpgroup and a consumer warpgroup per 64
-#: query rows: d64 takes three (192 rows, 160 registers each), whose softmax warps hide each other's
-#: exponentials (+1-6% at 1k keys, +11-13% at 2k, +6-11% beyond), except on causal walks of 1k keys
-#: and less, where two are 15% faster (the 192-row tiles leave more of each causal tile masked;
-#: bench/NOTES.md).
+#: keys on average (walk_keys), and for block masks whose query blocks the first would straddle. A
+#: problem takes the cheapest bucket covering both of its head dims; the TMA zero-fills the columns past
+#: them. A CTA runs a producer warpgroup and a consumer warpgroup per 64 query rows: d64 takes three (192
+#: rows, 160 registers each), whose softmax warps hide each other's exponentials (+1-6% at 1k keys,
+#: +11-13% at 2k, +6-11% beyond). Each of the three computes only the key tiles its own rows see, and
+#: the tiles end at the sequence's last row (Sm90Schedule::align_end), so causal walks do no more work
+#: than on 128-row tiles: equal to them at 512-1024 causal keys, 3-10% faster at 2k-4k (bench/NOTES.md).
 #: Where the O tile fits beside the ring (fwd_stores_o) the epilogue stages it in shared memory for TMA
 #: stores: d64 and d96 always, d128 with 2 stages, its tile of walks up to 4k keys (at 3 stages it does
 #: not fit; 2 stages cost nothing up to 4k keys and 13% at 16k non-causal).
@@ -42,7 +43,7 @@ FWD_TILES = {
     (192, 192): ((128, 96, 2),),
     (256, 256): ((128, 80, 2),),
 }
-SHORT_WALK_KEYS = {(64, 64): 512, (128, 128): 4096}
+SHORT_WALK_KEYS = {(128, 128): 4096}
 #: The shared memory a CTA may opt into on sm_90 (Sm90FwdTraits::kStoreO's limit).
 SMEM_OPTIN = 227 * 1024
 
@@ -109,12 +110,18 @@ def bwd_smem_bytes(variant):
 
 def l2_section(p, device):
     """(batch entry, head) pairs per section of the longest-first schedule (Sm90Schedule): as many as
-    have their K and V in ``L2_SECTION_SHARE`` of L2 together, at least ``L2_SECTION_MIN_PAIRS``, at
-    most all. The query heads of one group of GQA share their K and V, and the schedule takes them one
-    after another."""
+    have their K and V in ``L2_SECTION_SHARE`` of L2 together, at least ``L2_SECTION_MIN_PAIRS`` (block
+    masks: ``L2_SECTION_MIN_PAIRS_SPARSE``), then evened out so that every section holds about as many
+    (at most all). Even, because a short last section starts its longest tiles when most CTAs are near
+    their end: 256 pairs in sections of 60 left a last one of 16, whose 128 tiles ran on the SMs one by
+    one as they freed. The query heads of one group of GQA share their K and V, and the schedule takes
+    them one after another."""
+    pairs = p.batch * p.heads
     kv_bytes = p.seqlen_k * (p.headdim + p.headdim_v) * p.dtype.itemsize * p.heads_k // p.heads
-    fit = int(device.l2_bytes * L2_SECTION_SHARE) // max(kv_bytes, 1)
-    return numpy.int32(min(max(fit, L2_SECTION_MIN_PAIRS), p.batch * p.heads))
+    least = L2_SECTION_MIN_PAIRS if p.block_mask is None else L2_SECTION_MIN_PAIRS_SPARSE
+    fit = max(int(device.l2_bytes * L2_SECTION_SHARE) // max(kv_bytes, 1), least, 1)
+    sections = -(-pairs // fit)
+    return numpy.int32(min(-(-pairs // sections), pairs))
 
 
 def walk_keys(p):
@@ -141,16 +148,24 @@ _L2_PROMOTION_128B = 2
 _TMA_MAX_STRIDE = 1 << 40
 #: Sm90Schedule: the work order flag, the (batch entry, head) pairs per L2 section and the device counter
 #: of dynamically handed-out tiles.
-SCHEDULE = numpy.dtype({"names": ["longest_first", "section", "next_work"],
-                        "formats": [numpy.int32, numpy.int32, numpy.uint64], "offsets": [0, 4, 8], "itemsize": 16,
-                        "aligned": True})
+SCHEDULE = numpy.dtype({"names": ["longest_first", "section", "next_work", "align_end"],
+                        "formats": [numpy.int32, numpy.int32, numpy.uint64, numpy.int32], "offsets": [0, 4, 8, 16],
+                        "itemsize": 24, "aligned": True})
 #: The share of L2 a longest-first section's K and V may take. H100/H200 split L2 into two halves, and
 #: a line another SM's half holds is fetched again: half of it is what every SM can hit. Measured on the
 #: H200 (bench/NOTES.md, 2026-12-02): sections of 16-32 MB of K and V were the fastest at every seqlen.
 L2_SECTION_SHARE = 0.5
-#: Sections hold at least this many (batch entry, head) pairs: with fewer, most CTAs walk one head's keys
-#: at once, which measured 5-20% slower at seqlen 16k than 4 pairs whose K and V overflow L2.
-L2_SECTION_MIN_PAIRS = 4
+#: Sections hold at least about this many (batch entry, head) pairs (l2_section evens them out), even
+#: where their K and V pass the share of L2: with fewer, most CTAs walk few heads' keys at once. The
+#: CTAs on one head walk its keys nearly in step, so the lines they use at once are far fewer than the
+#: section's K and V. Measured on the H200 (bench/NOTES.md, 2026-12-02, fifth session): causal d256
+#: s4096 (32 pairs of 4 MiB) 592 TF/s in sections of 7, 677 in sections of 16; d128 s4096 584 -> 601;
+#: below 4 pairs 5-20% slower at seqlen 16k.
+L2_SECTION_MIN_PAIRS = 16
+#: The same for block masks, whose tiles read scattered key blocks rather than walking in step, so a
+#: section's K and V are its working set: 25% of d128 s8192 (32 pairs of 4 MiB) lost 6% in sections
+#: of 16 against 7.
+L2_SECTION_MIN_PAIRS_SPARSE = 4
 #: Sm90FwdMaps: the CUtensorMaps of q, k, v and out, and whether out's is set (the kernel parameter is
 #: 64-byte aligned, which the driver arranges when it copies the bytes).
 MAPS = numpy.dtype({"names": ["q", "k", "v", "o", "store_o"], "formats": [(numpy.void, 128)] * 4 + [numpy.int32],
@@ -265,7 +280,7 @@ class Sm90Forward:
         # positive scale; the score_mod kernels scale first.
         score_mod = p.score_mod or p.softmax_scale <= 0
         tiles = FWD_TILES[dims]
-        tile = tiles[-1] if walk_keys(p) <= SHORT_WALK_KEYS.get(dims, 0) else tiles[0]
+        tile = tiles[-1] if dims in SHORT_WALK_KEYS and walk_keys(p) <= SHORT_WALK_KEYS[dims] else tiles[0]
         # A block mask's query blocks (128 rows or multiples of 128, as a rule) would straddle 192-row
         # tiles, each of which would then take the element mask: such masks keep the 128-row tile.
         if p.block_mask is not None and p.block_mask.block_size[0] % tile[0] != 0:
@@ -292,6 +307,9 @@ class Sm90Forward:
         # K and V fit L2 at a time.
         work = common.cdiv(p.seqlen_q, block_m) * p.batch * p.heads
         schedule = b.struct(SCHEDULE)
+        # Query tiles end at each sequence's last row (a partial tile is the first, the shortest causal
+        # walk), except under a block mask, whose lists are per query block from row 0.
+        schedule["align_end"] = int(p.block_mask is None)
         if (p.varlen or p.seqused_k is not None or p.block_mask is not None or p.window_left >= 0
                 or p.window_right >= 0):
             schedule["longest_first"] = 1

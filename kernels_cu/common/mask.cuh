@@ -221,6 +221,15 @@ __device__ __forceinline__ TileRange key_tiles(const AttnArgs& a, const Mask& ma
     return tile_range(begin, end, kTileK, list, n);
 }
 
+// Key tiles of kTileK keys that rows [m0, m0 + rows) visit (m0 may be negative: rows before the
+// sequence see nothing), with no block mask.
+template <int kTileK>
+__device__ __forceinline__ TileRange key_tiles_of_rows(const Mask& mask, int m0, int rows) {
+    int begin, end;
+    mask.key_range(m0, rows, &begin, &end);
+    return tile_range(begin, end, kTileK, nullptr, 0);
+}
+
 // Query tiles of kTileQ rows that key tile kt (keys kt * kTileK ...) visits.
 template <int kTileQ, int kTileK>
 __device__ __forceinline__ TileRange query_tiles(const AttnArgs& a, const Mask& mask, const BlockLayout& layout, int kt) {

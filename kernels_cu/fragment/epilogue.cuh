@@ -10,7 +10,7 @@
 
 namespace cupyflash {
 
-// dst[row * row_stride + col] = T(acc * scale[mt][r]) for row = row0 + 16 mt + g + 8 r < row_end and
+// dst[row * row_stride + col] = T(acc * scale[mt][r]) for 0 <= row = row0 + 16 mt + g + 8 r < row_end and
 // col = col0 + 8 nt + 2 t + e < cols; dst points at row 0 of one (batch entry, head). A thread's two
 // columns 2t, 2t + 1 go out as one 32-bit store where every pair is 4-byte aligned (even cols and row
 // stride, aligned dst: the outputs cupyflash allocates), else element by element; the rounding is the
@@ -27,7 +27,7 @@ __device__ __forceinline__ void store_fragments(T* dst, long long row_stride, in
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int row = row0 + 16 * mt + g + 8 * r;
-            if (row >= row_end) continue;
+            if (static_cast<unsigned>(row) >= static_cast<unsigned>(row_end)) continue;  // also row < 0
             T* dst_row = dst + static_cast<long long>(row) * row_stride;
 #pragma unroll
             for (int nt = 0; nt < kNTiles; ++nt) {
@@ -92,7 +92,9 @@ __device__ __forceinline__ void store_fragments_16B(T* dst, long long row_stride
                     x[j] = pack2<T>(pair[0] * scale[mt][r], pair[1] * scale[mt][r]);
                 }
                 transpose_quad(x);  // every lane shuffles, also those of rows past row_end
-                if (row < row_end) *reinterpret_cast<uint4*>(dst_row + 32 * group) = make_uint4(x[0], x[1], x[2], x[3]);
+                if (static_cast<unsigned>(row) < static_cast<unsigned>(row_end)) {
+                    *reinterpret_cast<uint4*>(dst_row + 32 * group) = make_uint4(x[0], x[1], x[2], x[3]);
+                }
             }
         }
     }
@@ -121,7 +123,7 @@ __device__ __forceinline__ void store_lse(const FwdArgs& args, const Sequence& s
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int row = row0 + 16 * mt + lane / 4 + 8 * r;
-            if (row < seq.seqlen_q) lse[row] = row_lse[mt][r];
+            if (static_cast<unsigned>(row) < static_cast<unsigned>(seq.seqlen_q)) lse[row] = row_lse[mt][r];
         }
     }
 }

@@ -54,15 +54,18 @@ struct Sm90FwdKernel {
             while (!(finished = scheduler.finished(w))) {
                 scheduler.decode(schedule, a, w, &b, &h, &m0);
                 seq = Sequence(a, b);
-                if (m0 < seq.seqlen_q) break;
-                w = scheduler.next(schedule, w);  // past the end of a packed sequence: nothing to do
+                m0 = scheduler.first_row(schedule, seq.seqlen_q, m0);
+                if (m0 < seq.seqlen_q && m0 + kBlockM > 0) break;
+                w = scheduler.next(schedule, w);  // outside a shorter packed sequence: nothing to do
             }
             tile.done = finished;
             if (!finished) {
                 tile.seq = seq;
                 tile.mask = Mask(a, seq);
                 tile.layout = BlockLayout(a, b, h);
-                tile.keys = key_tiles<kBlockM, Tr::kBlockN>(a, tile.mask, tile.layout, m0 / kBlockM);
+                // Block masks keep the tiles from row 0 (align_end = 0): their lists are per query tile.
+                tile.keys = schedule.align_end ? key_tiles_of_rows<Tr::kBlockN>(tile.mask, m0, kBlockM)
+                                               : key_tiles<kBlockM, Tr::kBlockN>(a, tile.mask, tile.layout, m0 / kBlockM);
                 tile.b = b;
                 tile.h = h;
                 tile.m0 = m0;

@@ -19,7 +19,8 @@ namespace cupyflash {
 // store per atom, which runs while the warpgroup goes on to its next work tile; that thread waits for
 // the store to have read the tile before the warpgroup's next epilogue writes it. The stores drop the
 // rows past a dense sequence's end (the map's rows are the sequence's); a packed sequence's last tile
-// would write the next sequence's rows, so it takes the register path.
+// would write the next sequence's rows, so it takes the register path, as do rows before a sequence's
+// start (Sm90Schedule::align_end).
 template <typename T, typename Tr>
 struct Sm90FwdEpilogue {
     // Named barriers kBarrier + wg, after the main loop's (Sm90FwdMainloop): a warpgroup's rows of the O tile.
@@ -36,7 +37,8 @@ struct Sm90FwdEpilogue {
         softmax[0].finish(inv_l[0], row_lse[0]);
         bool staged = false;
         if constexpr (Tr::kStoreO) {
-            staged = maps.store_o && (args.attn.cu_seqlens_q == nullptr || tile.m0 + 64 * (wg + 1) <= tile.seq.seqlen_q);
+            const int w0 = tile.m0 + 64 * wg;
+            staged = maps.store_o && w0 >= 0 && (args.attn.cu_seqlens_q == nullptr || w0 + 64 <= tile.seq.seqlen_q);
         }
         if (staged) {
             if constexpr (Tr::kStoreO) store_staged(args.attn, maps, smem, tile, wg, o, inv_l);

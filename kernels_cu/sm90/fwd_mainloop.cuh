@@ -244,9 +244,46 @@ struct Sm90FwdMainloop {
         named_barrier_sync(kClearBarrier + wg, 128);
     }
 
+    // Three consumer warpgroups: each computes only the key tiles of the walk that some row of its own
+    // sees (a contiguous part of a dense walk), so a 192-row tile does no more products and
+    // exponentials under a causal mask or a window than 64-row tiles would. Block-sparse walks are
+    // computed whole (the host keeps them on 128-row tiles).
+    static constexpr bool kSkipTiles = Tr::kConsumers == 3;
+
+    // The walk's key tiles [*first, *last) that some real row of [w0, w0 + 64) sees.
+    __device__ __forceinline__ static void own_tiles(const Sm90FwdTile& tile, int w0, int* first, int* last) {
+        const int count = tile.keys.count;
+        *first = 0;
+        *last = count;
+        if (!kSkipTiles || tile.keys.list != nullptr) return;
+        const int r0 = max(w0, 0), r1 = min(w0 + 64, tile.seq.seqlen_q);
+        int begin = 0, end = 0;
+        if (r1 > r0) tile.mask.key_range(r0, r1 - r0, &begin, &end);
+        if (end <= begin) {
+            *last = 0;
+            return;
+        }
+        *first = min(max(begin / kBlockN - tile.keys.first, 0), count);
+        *last = min(max(ceil_div(end, kBlockN) - tile.keys.first, *first), count);
+    }
+
+    // A key tile the warpgroup does not compute: its turn, passed at once, and its stage released once
+    // loaded (an arrival before the load could count toward the stage's previous round).
+    __device__ __forceinline__ static void skip_tile(Sm90FwdState& st, int wg, int& i) {
+        const int stage = i % kStages;
+        const int parity = (i / kStages) & 1;
+        Turns::take_turn(wg);
+        Turns::pass_turn(wg);
+        mbarrier_wait(&st.k_full[stage], parity);
+        release_stage(&st.empty_k[stage]);
+        mbarrier_wait(&st.v_full[stage], parity);
+        release_stage(&st.empty_v[stage]);
+        ++i;
+    }
+
     // Consumer warpgroup wg (0 .. kConsumers - 1): O (unnormalized) and the row statistics of its 64 rows of a work tile,
     // through the tile's walk (i: ring slots consumed so far, over all work tiles). Releases the Q tile
-    // after the tile's last S.
+    // after its last S. Every warpgroup takes count + 1 turns per work tile, computed or not.
     __device__ __forceinline__ static void mma(const AttnArgs& a, Sm90FwdState& st, unsigned char* smem,
                                                const Sm90FwdTile& tile, int wg, int& i, float (&o)[1][Tr::kOTiles][4],
                                                Softmax (&softmax)[1]) {
@@ -259,7 +296,9 @@ struct Sm90FwdMainloop {
         const float scale_log2 = static_cast<float>(a.softmax_scale) * kLog2eF;
         const int w0 = tile.m0 + 64 * wg;             // the warpgroup's first row
         const int row_g = w0 + 16 * warp + lane / 4;  // this thread's rows: row_g and row_g + 8
-        const int count = tile.keys.count;
+        int first, last;
+        own_tiles(tile, w0, &first, &last);
+        const int count = last - first;  // the key tiles this warpgroup computes
         // The score modifications of this (batch entry, head); the plain kernels need only the scale.
         const Log2Scores scores = kScoreMod ? Log2Scores(a, tile.seq, tile.b, tile.h) : Log2Scores();
 
@@ -267,7 +306,17 @@ struct Sm90FwdMainloop {
         for (int c = 0; c < Tr::kOTiles; ++c) o[0][c][0] = o[0][c][1] = o[0][c][2] = o[0][c][3] = 0.0f;
         if (count == 0) {
             release_stage(&st.q_empty);
+            if constexpr (kSkipTiles) {
+                for (int j = 0; j < tile.keys.count; ++j) skip_tile(st, wg, i);
+                if (tile.keys.count > 0) {  // the turn of the last O += P V
+                    Turns::take_turn(wg);
+                    Turns::pass_turn(wg);
+                }
+            }
             return;
+        }
+        if constexpr (kSkipTiles) {
+            for (int j = 0; j < first; ++j) skip_tile(st, wg, i);
         }
         float s[Tr::kNTiles][4];
         unsigned p[Tr::kKeySteps][4];
@@ -324,6 +373,9 @@ struct Sm90FwdMainloop {
         fence_fragments(o[0]);
         release_stage(&st.empty_v[stage]);
         ++i;
+        if constexpr (kSkipTiles) {
+            for (int j = last; j < tile.keys.count; ++j) skip_tile(st, wg, i);
+        }
     }
 };
 

@@ -19,6 +19,11 @@ struct Sm90Schedule {
     int longest_first;
     int section;     // (batch entry, head) pairs per section, >= 1 (longest_first)
     int* next_work;  // zero at the launch, and left zero: calls of next() so far (longest_first)
+    // 1: the query tiles end at each sequence's last row, so a partial tile is the first, which under
+    // a causal mask sees the fewest keys (the last sees the most and then has every row real), and its
+    // first rows are negative (never stored). 0: they start at row 0 (block masks: their query blocks
+    // start there).
+    int align_end;
 };
 
 template <int kBlockM>
@@ -45,6 +50,12 @@ struct Sm90QueryTileScheduler {
     }
 
     __device__ __forceinline__ bool finished(int w) const { return w >= work_count; }
+
+    // The first row of a decoded work tile (decode's m0) in a sequence of seqlen_q rows, by the
+    // schedule's alignment; the tile has real rows iff it is in (-kBlockM, seqlen_q).
+    __device__ __forceinline__ int first_row(const Sm90Schedule& schedule, int seqlen_q, int m0) const {
+        return schedule.align_end ? seqlen_q - (num_tiles * kBlockM - m0) : m0;
+    }
 
     // Batch entry, head and first row of work tile w < work_count. Query tiles count from the last: under
     // a causal mask it sees the most keys.
