@@ -17,6 +17,7 @@ describes the output.
 
 import argparse
 import dataclasses
+import functools
 import importlib.util
 import sys
 import time
@@ -214,8 +215,10 @@ def bench_plain_cupy(row, inputs, settings):
     return {"fwd": harness.measure(lambda: (lambda: plain_cupy_attention(q, k, v, row.causal)), row.flops_fwd, settings)}
 
 
-def bench_row(row, seed, settings, peers):
-    """Every system on one row: fresh inputs shared by all, cached memory released between systems.
+def bench_row(row, seed, settings, peers, rounds=1):
+    """Every system on one row: fresh inputs shared by all, cached memory released between systems;
+    ``rounds`` times, in a new order each round (harness.balanced_order), each measurement the
+    median of its rounds' medians (harness.combine_rounds).
 
     Returns
     -------
@@ -224,18 +227,21 @@ def bench_row(row, seed, settings, peers):
         when torch runs, "bwd" only when the backward pass is timed.
     """
     inputs = harness.make_inputs(row.shape, harness.dtype(row.dtype), seed)
-    harness.release_cached_memory(peers)
-    results = {"cupyflash": bench_cupyflash(row, inputs, settings)}
+    systems = {"cupyflash": lambda: bench_cupyflash(row, inputs, settings)}
     if settings.peers:
-        harness.release_cached_memory(peers)
-        results["cupy"] = bench_plain_cupy(row, inputs, settings)
+        systems["cupy"] = lambda: bench_plain_cupy(row, inputs, settings)
         if peers is not None:
             for system in TORCH_SYSTEMS:
-                harness.release_cached_memory(peers)
-                results[system] = harness.time_sdpa(peers, system, inputs, row.causal, row.flops_fwd, row.flops_bwd,
-                                                    settings)
+                systems[system] = functools.partial(harness.time_sdpa, peers, system, inputs, row.causal,
+                                                    row.flops_fwd, row.flops_bwd, settings)
+    per_round = {name: [] for name in systems}
+    for index in range(rounds):
+        for name in harness.balanced_order(systems, index):
+            harness.release_cached_memory(peers)
+            per_round[name].append(systems[name]())
     harness.release_cached_memory(peers)
-    return results
+    return {name: {key: harness.combine_rounds([r[key] for r in results]) for key in results[0]}
+            for name, results in per_round.items()}
 
 
 # --------------------------------------------------------------------------------------------- memory
@@ -562,6 +568,9 @@ def parse_args(argv):
     parser.add_argument("--no-peers", action="store_true", help="time cupyflash only (no plain CuPy, no torch)")
     parser.add_argument("--memory", action="store_true", help="add the memory report (on by default for the full grid)")
     harness.add_timing_options(parser, DEFAULT_REPEATS, DEFAULT_WARMUP)
+    parser.add_argument("--rounds", type=harness.positive_int, default=1,
+                        help="time each row's systems this many times, in a balanced order that changes each round; each "
+                        "figure is the median of the rounds' medians (default 1)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory (default bench/results)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit without touching the GPU")
     return parser.parse_args(argv)
@@ -593,7 +602,7 @@ def main(argv=None):
     document = {
         "environment": harness.environment(torch_description),
         "grid": {**axes, "total_tokens": TOTAL_TOKENS, "model_dim": MODEL_DIM, "quick": args.quick},
-        "settings": dataclasses.asdict(settings),
+        "settings": {**dataclasses.asdict(settings), "rounds": args.rounds},
         "flops": harness.FLOP_CONVENTION,
         "timing": harness.TIMINGS[settings.timing],
         "systems": SYSTEMS,
@@ -604,13 +613,14 @@ def main(argv=None):
     revision = f" ({env['git']})" if env["git"] else ""
     print(f"cupyflash {env['cupyflash']}{revision} on {env['device']}; CuPy {env['cupy']}; {torch_description}")
     per_call = " per-call timings" if settings.timing == "per-call" else ""
-    print(f"{len(rows)} rows; warm-up {settings.warmup}, median of {settings.repeats}{per_call}; results in {args.out}",
+    rounds = f"; {args.rounds} rounds in balanced orders" if args.rounds > 1 else ""
+    print(f"{len(rows)} rows; warm-up {settings.warmup}, median of {settings.repeats}{per_call}{rounds}; results in {args.out}",
           flush=True)
 
     all_results = []
     for index, row in enumerate(rows, 1):
         start = time.perf_counter()
-        results = bench_row(row, SEED + index, settings, peers)
+        results = bench_row(row, SEED + index, settings, peers, args.rounds)
         all_results.append(results)
         document["rows"].append({**row.to_json(), "results": results})
         harness.write_json(json_path, document)

@@ -401,6 +401,33 @@ def measured(times_ms, flops):
     return {"median_ms": median_ms, "tflops": flops / median_ms / 1e9, "times_ms": [float(t) for t in times_ms]}
 
 
+def balanced_order(items, round_index):
+    """The order of ``items`` (a round's systems) in round ``round_index``: a Williams design, whose rows
+    start 0, 1, n-1, 2, n-2, ... shifted by the round, so that over n rounds (2n for an odd n, the
+    second n reversed) every system takes every place and follows every other system equally often.
+    The card's clocks follow what ran just before (bench/NOTES.md, 2026-12-02, fifth session: the system
+    measured right after cuDNN ran 5-7% faster at seqlen 16k, and rows of 150-300 us calls moved by up
+    to 8%); a plain rotation keeps each system behind the same one every round."""
+    items = list(items)
+    n = len(items)
+    base = [0] + [(i + 1) // 2 if i % 2 else n - i // 2 for i in range(1, n)]
+    order = [items[(b + round_index) % n] for b in base] if n else []
+    return order[::-1] if n % 2 and (round_index // n) % 2 else order
+
+
+def combine_rounds(measurements):
+    """One measurement of several rounds of the same call: the median of the rounds' medians (TFLOP/s
+    from it), every time, and the rounds' medians; the first failed or skipped round where any is."""
+    for m in measurements:
+        if "median_ms" not in m:
+            return m
+    flops = measurements[0]["tflops"] * measurements[0]["median_ms"] * 1e9
+    round_ms = [m["median_ms"] for m in measurements]
+    median_ms = median(round_ms)
+    return {"median_ms": median_ms, "tflops": flops / median_ms / 1e9,
+            "times_ms": [t for m in measurements for t in m["times_ms"]], "round_medians_ms": round_ms}
+
+
 def failed(exc, caught_warnings=()):
     """A measurement whose call raised: the exception and any warnings (torch explains there), one line."""
     text = one_line(exc)

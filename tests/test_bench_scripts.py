@@ -10,6 +10,7 @@ ab.py's supervision of its worker processes (crashes, hangs, a process that cann
 with fake workers.
 """
 
+import collections
 import concurrent.futures
 import importlib
 import json
@@ -529,3 +530,27 @@ def test_ab_worker_main(numpy_as_cupy, monkeypatch, tmp_path):
     assert all("median_ms" in e for e in events[2::2])
     assert ab.worker_main("time", str(tmp_path), tmp_path / "wrong.jsonl", keys) == ab.EXIT_WRONG_TREE
     assert ab.read_events(tmp_path / "wrong.jsonl")[0]["event"] == "fatal"
+
+
+def test_rounds_balance_the_systems_order_and_take_the_median_of_medians(bench_modules):
+    h = bench_modules.harness
+    for n, rounds in ((4, 4), (3, 6), (5, 10), (2, 2)):
+        systems = [f"s{i}" for i in range(n)]
+        orders = [h.balanced_order(systems, r) for r in range(rounds)]
+        assert all(sorted(order) == systems for order in orders)
+        # Every system in every place equally often, and right after every other system equally often.
+        places = collections.Counter((s, order.index(s)) for order in orders for s in order)
+        assert set(places.values()) == {rounds // n} and len(places) == n * n
+        follows = collections.Counter((order[i - 1], order[i]) for order in orders for i in range(1, n))
+        assert len(follows) == n * (n - 1) and set(follows.values()) == {rounds // n}
+    assert h.balanced_order([], 3) == [] and h.balanced_order(["a"], 5) == ["a"]
+    rounds = [h.measured([1.0, 3.0, 2.0], 4e9), h.measured([4.0, 5.0, 6.0], 4e9), h.measured([1.5], 4e9)]
+    combined = h.combine_rounds(rounds)
+    assert combined["round_medians_ms"] == [2.0, 5.0, 1.5] and combined["median_ms"] == 2.0
+    assert combined["tflops"] == pytest.approx(4e9 / 2.0 / 1e9) and len(combined["times_ms"]) == 7
+    error = h.failed(ValueError("out of memory"))
+    assert h.combine_rounds([rounds[0], error, h.skipped("x")]) is error
+    assert h.combine_rounds([h.measured([2.0], 1e9)])["median_ms"] == 2.0
+    assert bench_modules.bench.parse_args(["--rounds", "3"]).rounds == 3
+    with pytest.raises(SystemExit):
+        bench_modules.bench.parse_args(["--rounds", "0"])

@@ -95,7 +95,10 @@ FLOAT64_LSE = "float64 backward: probabilities recomputed from a float64 lse los
 #: dP - delta (2e-14 against 5e-15).
 FLOAT32_DOT = "float32 scores: a 200-term dot product summed in order, against NumPy's pairwise sum"
 EXACT_ZERO = "float64 dk exactly 0 (one key per row): the rule compares two roundings of dP - delta"
-KNOWN_FAILURES = {("cpu", 7): (FLOAT64_LSE, True), ("cpu", 78): (FLOAT64_LSE, True),
+#: The CPU ones are not strict either: seed 7 failed in every CI run up to 2026-12-02's fourth session
+#: and passes in the fifth's environment (NumPy 2.4.6, OpenBLAS 0.3.31) on the same code: its margin is
+#: within how the BLAS rounds the plain float64 reference.
+KNOWN_FAILURES = {("cpu", 7): (FLOAT64_LSE, False), ("cpu", 78): (FLOAT64_LSE, False),
                   ("gpu", 7): (FLOAT64_LSE, False), ("gpu", 157): (FLOAT64_LSE, False), ("gpu", 321): (FLOAT64_LSE, False),
                   ("gpu", 147): (FLOAT32_DOT, True), ("gpu", 304): (EXACT_ZERO, True)}
 
