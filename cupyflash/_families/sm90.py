@@ -31,7 +31,7 @@ ALIGN_SLACK = 1024
 #: rows, 160 registers each), whose softmax warps hide each other's exponentials (+1-6% at 1k keys,
 #: +11-13% at 2k, +6-11% beyond). Each of the three computes only the key tiles its own rows see, and
 #: the tiles end at the sequence's last row (Sm90Schedule::align_end), so causal walks do no more work
-#: than on 128-row tiles: equal to them at 512-1024 causal keys, 3-10% faster at 2k-4k (bench/NOTES.md).
+#: than on 128-row tiles: equal to them at 512-1024 causal keys, 3-12% faster at 2k-4k (bench/NOTES.md).
 #: Where the O tile fits beside the ring (fwd_stores_o) the epilogue stages it in shared memory for TMA
 #: stores: d64 and d96 always, d128 with 2 stages, its tile of walks up to 4k keys (at 3 stages it does
 #: not fit; 2 stages cost nothing up to 4k keys and 13% at 16k non-causal).
@@ -119,7 +119,7 @@ def l2_section(p, device):
     pairs = p.batch * p.heads
     kv_bytes = p.seqlen_k * (p.headdim + p.headdim_v) * p.dtype.itemsize * p.heads_k // p.heads
     least = L2_SECTION_MIN_PAIRS if p.block_mask is None else L2_SECTION_MIN_PAIRS_SPARSE
-    fit = max(int(device.l2_bytes * L2_SECTION_SHARE) // max(kv_bytes, 1), least, 1)
+    fit = max(int(device.l2_bytes * L2_SECTION_SHARE) // max(kv_bytes, 1), least)
     sections = -(-pairs // fit)
     return numpy.int32(min(-(-pairs // sections), pairs))
 
