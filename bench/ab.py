@@ -193,6 +193,8 @@ def attention_rows():
                             heads=2048 // headdim, causal=causal))
     rows += [
         Row("fwd_fp16_d128", "fwd", "sm90_fwd", dtype="fp16"),
+        Row("fwd_d64_s1024", "fwd", "sm90_fwd", headdim=64, heads=32, batch=16, seqlen=1024),
+        Row("fwd_d128_s1024", "fwd", "sm90_fwd", batch=16, seqlen=1024),
         Row("fwd_d64_causal_s1024", "fwd", "sm90_fwd_masks", headdim=64, heads=32, batch=16, seqlen=1024,
             causal=True),
         Row("fwd_d128_causal_s1024", "fwd", "sm90_fwd_masks", batch=32, seqlen=1024, causal=True),

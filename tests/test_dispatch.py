@@ -155,6 +155,16 @@ def test_sm90_forward_tile_follows_the_walk(headdim, seqlen_q, seqlen_k, causal,
     assert sm90.fwd_threads(variant) == threads
 
 
+@pytest.mark.parametrize("window, tile", [((1024, 0), "q128_n128_s2"), ((_SHORT_D128, 0), "q128_n128_s3"),
+                                          ((2000, 2000), "q128_n128_s2"), ((-1, 8), "q128_n128_s3")])
+def test_sm90_forward_tile_follows_a_sliding_window(window, tile):
+    """A sliding window walks at most its left + right + 1 keys: a narrow one at seqlen 16k takes the
+    short-walk tile."""
+    q = np.zeros((1, 16384, 2, 128), ml_dtypes.bfloat16)
+    p = problems.forward_problem(q, q, q, window_size=window)
+    assert sm90.FORWARD.select(p, H200, _operands(p)).key == f"sm90_fwd_bf16_d128_v128_{tile}_mod_0"
+
+
 @pytest.mark.parametrize("block_q, tile", [(128, "q128_n128_s4"), (384, "q192_n128_s4")])
 def test_sm90_forward_keeps_block_masks_whole(block_q, tile):
     """A block mask whose query blocks a 192-row tile would straddle keeps head dim 64's 128-row tile."""

@@ -126,9 +126,15 @@ def l2_section(p, device):
 
 def walk_keys(p):
     """The keys a query row's walk visits on average, SHORT_WALK_KEYS' measure: seqlen_k, less half of
-    the queries' span for causal rows (each sees the keys up to its own position, bottom-right aligned)."""
+    the queries' span for causal rows (each sees the keys up to its own position, bottom-right aligned),
+    at most the window's left + right + 1 keys for a sliding window (window (1024, 0) at seqlen 16k walks
+    1025 keys: the 2-stage tile, 458 -> 479 TF/s against the 3-stage one on the H200, bench/NOTES.md)."""
     causal = p.window_right == 0 and p.window_left < 0
-    return p.seqlen_k - min(p.seqlen_q, p.seqlen_k) // 2 if causal else p.seqlen_k
+    if causal:
+        return p.seqlen_k - min(p.seqlen_q, p.seqlen_k) // 2
+    left = p.window_left if p.window_left >= 0 else p.seqlen_k
+    right = p.window_right if p.window_right >= 0 else p.seqlen_k
+    return min(p.seqlen_k, left + right + 1)
 
 
 @functools.lru_cache(maxsize=None)
