@@ -277,7 +277,7 @@ def test_host_rows_and_table(bench_modules):
 
 def test_ab_rows(bench_modules):
     ab, h = bench_modules.ab, bench_modules.harness
-    assert len(ab.ROWS) == len(ab.ROWS_BY_KEY) == 38
+    assert len(ab.ROWS) == len(ab.ROWS_BY_KEY) == 40
     for group in {row.group for row in ab.ROWS}:
         assert len({row.family for row in ab.ROWS if row.group == group}) == 1, group
     assert {row.family for row in ab.ROWS if row.key.startswith("sm80_")} == {"sm80"}
