@@ -1,5 +1,5 @@
 """Hopper forward TFLOP/s per tile (query rows, keys per tile, K/V stages) of one head-dim bucket: the
-measurements behind cupyflash/_families/sm90.py's FWD_TILES and SHORT_WALK_KEYS (issue 20).
+measurements behind cupyflash/_families/sm90.py's FWD_TILES (issue 20).
 
 Run from the repository root on an H100/H200::
 

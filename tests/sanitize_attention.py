@@ -36,8 +36,8 @@ def dense(dtype):
                                          # Head dim 64's warpgroups skipping key tiles at both ends.
                                          (300, 700, 2, 1, 64, {"window_size": (150, 0)}),
                                          (1, 77, 4, 4, 128, {}),
-                                         # Walks long enough for head dim 128's 3-stage tile
-                                         # (sm90.SHORT_WALK_KEYS); head dim 64 takes 192 rows throughout.
+                                         # Long walks: head dim 64's 192 rows past 2k keys, head dim
+                                         # 128's ring turning over many times.
                                          (150, 2100, 2, 1, 64, {"causal": True}),
                                          (70, 4200, 2, 2, 128, {})):
         for _ in range(2):

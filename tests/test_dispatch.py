@@ -130,39 +130,23 @@ def test_l2_section_keeps_a_section_in_half_of_l2(batch, seqlen, heads, heads_k,
     assert sm90.l2_section(p, device) == expected
 
 
-_SHORT_D128 = sm90.SHORT_WALK_KEYS[(128, 128)]
-
-
-@pytest.mark.parametrize("headdim, seqlen_q, seqlen_k, causal, tile, threads", [
-    (128, 8, 1, False, "q128_n128_s2", 384), (128, 8, _SHORT_D128, False, "q128_n128_s2", 384),
-    (128, 8, _SHORT_D128 + 1, False, "q128_n128_s3", 384),
-    (128, 2 * _SHORT_D128, 2 * _SHORT_D128, True, "q128_n128_s2", 384),
-    (128, 2 * _SHORT_D128 + 2, 2 * _SHORT_D128 + 2, True, "q128_n128_s3", 384),
-    (64, 8, 1, False, "q192_n128_s4", 512), (64, 8, 0, False, "q192_n128_s4", 512),
-    (64, 1024, 1024, True, "q192_n128_s4", 512), (64, 8, 16384, False, "q192_n128_s4", 512),
+@pytest.mark.parametrize("headdim, seqlen_q, seqlen_k, options, tile, threads", [
+    (128, 8, 1, {}, "q128_n128_s2", 384), (128, 8, 16384, {}, "q128_n128_s2", 384),
+    (128, 16384, 16384, {"causal": True}, "q128_n128_s2", 384),
+    (128, 16384, 16384, {"window_size": (1024, 0)}, "q128_n128_s2", 384),
+    (64, 8, 1, {}, "q192_n128_s4", 512), (64, 8, 0, {}, "q192_n128_s4", 512),
+    (64, 1024, 1024, {"causal": True}, "q192_n128_s4", 512), (64, 8, 16384, {}, "q192_n128_s4", 512),
 ])
-def test_sm90_forward_tile_follows_the_walk(headdim, seqlen_q, seqlen_k, causal, tile, threads):
-    """Head dim 128 takes the 2-stage tile, whose O tile fits for the staged epilogue, for walks of up
-    to SHORT_WALK_KEYS keys on average, and the 3-stage tile beyond; head dim 64 three consumer
-    warpgroups (192 rows) for every walk. A causal row walks seqlen_k less half the queries' span on
-    average."""
+def test_sm90_forward_tile_is_the_same_for_every_walk(headdim, seqlen_q, seqlen_k, options, tile, threads):
+    """Head dim 128 takes the 2-stage tile, whose O tile fits for the staged epilogue, and head dim 64
+    three consumer warpgroups (192 rows), for short, long, causal and windowed walks alike."""
     q = np.zeros((1, seqlen_q, 2, headdim), ml_dtypes.bfloat16)
     kv = np.zeros((1, seqlen_k, 2, headdim), ml_dtypes.bfloat16)
-    p = problems.forward_problem(q, kv, kv, causal=causal)
+    p = problems.forward_problem(q, kv, kv, **options)
     variant = sm90.FORWARD.select(p, H200, _operands(p))
     assert variant.key == f"sm90_fwd_bf16_d{headdim}_v{headdim}_{tile}_mod_0"
-    assert sm90.fwd_stores_o(variant) == (tile != "q128_n128_s3")
+    assert sm90.fwd_stores_o(variant)
     assert sm90.fwd_threads(variant) == threads
-
-
-@pytest.mark.parametrize("window, tile", [((1024, 0), "q128_n128_s2"), ((_SHORT_D128, 0), "q128_n128_s3"),
-                                          ((2000, 2000), "q128_n128_s2"), ((-1, 8), "q128_n128_s3")])
-def test_sm90_forward_tile_follows_a_sliding_window(window, tile):
-    """A sliding window walks at most its left + right + 1 keys: a narrow one at seqlen 16k takes the
-    short-walk tile."""
-    q = np.zeros((1, 16384, 2, 128), ml_dtypes.bfloat16)
-    p = problems.forward_problem(q, q, q, window_size=window)
-    assert sm90.FORWARD.select(p, H200, _operands(p)).key == f"sm90_fwd_bf16_d128_v128_{tile}_mod_0"
 
 
 @pytest.mark.parametrize("block_q, tile", [(128, "q128_n128_s4"), (384, "q192_n128_s4")])

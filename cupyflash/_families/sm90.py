@@ -24,26 +24,25 @@ CTA_STATE_BYTES = 1024
 ALIGN_SLACK = 1024
 
 #: Forward tiles: (headdim, headdim_v) bucket -> the (query rows, keys per tile, K/V stages) choices, the
-#: first for long walks, the second (where there is one) for walks of at most SHORT_WALK_KEYS[bucket]
-#: keys on average (walk_keys), and for block masks whose query blocks the first would straddle. A
-#: problem takes the cheapest bucket covering both of its head dims; the TMA zero-fills the columns past
-#: them. A CTA runs a producer warpgroup and a consumer warpgroup per 64 query rows: d64 takes three (192
-#: rows, 160 registers each), whose softmax warps hide each other's exponentials (+1-6% at 1k keys,
-#: +11-13% at 2k, +6-11% beyond). Each of the three computes only the key tiles its own rows see, and
-#: the tiles end at the sequence's last row (Sm90Schedule::align_end), so causal walks do no more work
-#: than on 128-row tiles: equal to them at 512-1024 causal keys, 3-12% faster at 2k-4k (bench/NOTES.md).
-#: Where the O tile fits beside the ring (fwd_stores_o) the epilogue stages it in shared memory for TMA
-#: stores: d64 and d96 always, d128 with 2 stages, its tile of walks up to 4k keys (at 3 stages it does
-#: not fit; 2 stages cost nothing up to 4k keys and 13% at 16k non-causal).
+#: first for every walk, the second (where there is one) for block masks whose query blocks the first
+#: would straddle. A problem takes the cheapest bucket covering both of its head dims; the TMA zero-fills
+#: the columns past them. A CTA runs a producer warpgroup and a consumer warpgroup per 64 query rows: d64
+#: takes three (192 rows, 160 registers each), whose softmax warps hide each other's exponentials (+1-6%
+#: at 1k keys, +11-13% at 2k, +6-11% beyond). Each of the three computes only the key tiles its own rows
+#: see, and the tiles end at the sequence's last row (Sm90Schedule::align_end), so causal walks do no
+#: more work than on 128-row tiles: equal to them at 512-1024 causal keys, 3-12% faster at 2k-4k
+#: (bench/NOTES.md). Where the O tile fits beside the ring (fwd_stores_o) the epilogue stages it in
+#: shared memory for TMA stores: d64, d96 and d128, whose 2 K/V stages leave it room (with a third
+#: stage it would not fit; 2 stages and the staged epilogue ran 0.98-1.05x the speed of 3 stages and
+#: the register epilogue at 4k-16k keys, bench/NOTES.md).
 FWD_TILES = {
     (64, 64): ((192, 128, 4), (128, 128, 4)),
     (96, 96): ((128, 128, 2),),
-    (128, 128): ((128, 128, 3), (128, 128, 2)),
+    (128, 128): ((128, 128, 2),),
     (192, 128): ((128, 128, 2),),
     (192, 192): ((128, 96, 2),),
     (256, 256): ((128, 80, 2),),
 }
-SHORT_WALK_KEYS = {(128, 128): 4096}
 #: The shared memory a CTA may opt into on sm_90 (Sm90FwdTraits::kStoreO's limit).
 SMEM_OPTIN = 227 * 1024
 
@@ -122,19 +121,6 @@ def l2_section(p, device):
     fit = max(int(device.l2_bytes * L2_SECTION_SHARE) // max(kv_bytes, 1), least)
     sections = -(-pairs // fit)
     return numpy.int32(min(-(-pairs // sections), pairs))
-
-
-def walk_keys(p):
-    """The keys a query row's walk visits on average, SHORT_WALK_KEYS' measure: seqlen_k, less half of
-    the queries' span for causal rows (each sees the keys up to its own position, bottom-right aligned),
-    at most the window's left + right + 1 keys for a sliding window (window (1024, 0) at seqlen 16k walks
-    1025 keys: the 2-stage tile, 458 -> 479 TF/s against the 3-stage one on the H200, bench/NOTES.md)."""
-    causal = p.window_right == 0 and p.window_left < 0
-    if causal:
-        return p.seqlen_k - min(p.seqlen_q, p.seqlen_k) // 2
-    left = p.window_left if p.window_left >= 0 else p.seqlen_k
-    right = p.window_right if p.window_right >= 0 else p.seqlen_k
-    return min(p.seqlen_k, left + right + 1)
 
 
 @functools.lru_cache(maxsize=None)
@@ -286,7 +272,7 @@ class Sm90Forward:
         # positive scale; the score_mod kernels scale first.
         score_mod = p.score_mod or p.softmax_scale <= 0
         tiles = FWD_TILES[dims]
-        tile = tiles[-1] if dims in SHORT_WALK_KEYS and walk_keys(p) <= SHORT_WALK_KEYS[dims] else tiles[0]
+        tile = tiles[0]
         # A block mask's query blocks (128 rows or multiples of 128, as a rule) would straddle 192-row
         # tiles, each of which would then take the element mask: such masks keep the 128-row tile.
         if p.block_mask is not None and p.block_mask.block_size[0] % tile[0] != 0:
