@@ -54,7 +54,8 @@ SM90_SPILL_CEILING = {
 }
 #: The same for the sm90 backward, whose producer warpgroup runs three loops (tiles, lse and delta rows,
 #: dQ reductions) at 24 registers, and whose consumers spill a few values in the masked P^T path.
-SM90_BWD_SPILL_CEILING = {(64, 64, False): 1024, (64, 64, True): 868, (128, 128, False): 832, (128, 128, True): 716}
+SM90_BWD_SPILL_CEILING = {(64, 64, False): 1024, (64, 64, True): 868, (128, 128, False): 832, (128, 128, True): 716,
+                          (256, 256, False): 260, (256, 256, True): 260}
 #: The decode kernel at head dim 256 runs at 255 registers, and ptxas keeps a few values on the stack
 #: (up to 40 bytes, varying with every edit), most stored before its key loop and loaded after it:
 #: allowed up to these ceilings, bytes and local-memory instructions inside the loop
@@ -255,7 +256,7 @@ def test_hopper_variants_run_on_hgmma(reports):
         if v.key not in built:
             continue
         # S^T and dP^T (head-dim steps), dV and dK (query steps), dQ (key steps).
-        steps = (v.param("headdim") + v.param("headdim_v")) // 16 + 2 * v.param("block_m") // 16 + sm90.BWD_BLOCK_N // 16
+        steps = (v.param("headdim") + v.param("headdim_v")) // 16 + 2 * v.param("block_m") // 16 + sm90.bwd_block_n(v) // 16
         assert reports[(v.key, 90)]["hgmma"] >= steps, (v.key, reports[(v.key, 90)])
 
 
@@ -384,7 +385,8 @@ def test_family_facts_match_the_kernels():
         _static_asserts(lines, headers, arch)
     # The fewest rows a CTA takes, which the checks size the grid limit with, is the general family's.
     assert _problem.GRID_TILE_ROWS == min(general.BLOCK_M, sm80.FWD_BLOCK_M,
-                                      *(t[0] for tiles in sm90.FWD_TILES.values() for t in tiles), sm90.BWD_BLOCK_N)
+                                      *(t[0] for tiles in sm90.FWD_TILES.values() for t in tiles),
+                                      *(sm90.bwd_block_n(v) for v in sm90.BWD.variants()))
 
 
 def test_argument_structs_match_params_cuh():

@@ -49,7 +49,8 @@ def test_sm90_only_on_compute_capability_9_0():
 @pytest.mark.parametrize("headdim, headdim_v, expected", [
     (32, 32, "sm90_bwd_bf16_d64_v64_q128_s2_mod_0"), (64, 64, "sm90_bwd_bf16_d64_v64_q128_s2_mod_0"),
     (96, 96, "sm90_bwd_bf16_d128_v128_q64_s2_mod_0"), (64, 128, "sm90_bwd_bf16_d128_v128_q64_s2_mod_0"),
-    (128, 128, "sm90_bwd_bf16_d128_v128_q64_s2_mod_0"), (160, 160, None), (256, 256, None),
+    (128, 128, "sm90_bwd_bf16_d128_v128_q64_s2_mod_0"), (160, 160, "sm90_bwd_bf16_d256_v256_q64_s2_mod_0"),
+        (256, 256, "sm90_bwd_bf16_d256_v256_q64_s2_mod_0"),
 ])
 def test_sm90_backward_buckets(headdim, headdim_v, expected):
     variant = sm90.BACKWARD.select(*_with_operands(_problem(headdim, headdim_v), H200))
@@ -81,8 +82,8 @@ def test_family_variable_starts_dispatch_at_the_named_family(monkeypatch):
     assert _families.select(_families.FORWARD, p, H200, _operands(p))[0].name == "general"
     monkeypatch.setenv("CUPYFLASH_FAMILY", "sm90")
     assert _families.select(_families.BACKWARD, p, H200, _operands(p))[0].name == "sm90"
-    # A family that does not support the problem hands it on: the sm90 backward stops at head dim 128.
-    assert _families.select(_families.BACKWARD, *_with_operands(_problem(headdim=256), H200))[0].name == "sm80"
+    # A family that does not support the problem hands it on: no TMA reads rows of 59 x 2 bytes.
+    assert _families.select(_families.BACKWARD, *_with_operands(_problem(headdim=59), H200))[0].name == "sm80"
     monkeypatch.setenv("CUPYFLASH_FAMILY", "sm100")
     with pytest.raises(ValueError, match="CUPYFLASH_FAMILY='sm100': expected one of sm90, sm80, general"):
         _families.select(_families.FORWARD, p, H200, _operands(p))

@@ -148,13 +148,13 @@ def test_forward_dispatch(dtype, headdim, headdim_v, device, expected):
      ("float16", 40, 104, H200, "sm90_bwd_fp16_d128_v128_q64_s2_mod_0"),
      # v rows of 200 bytes: no TMA can read them, so dispatch gives the call to the sm80 kernels.
      ("float16", 40, 100, H200, "sm80_bwd_fp16_d128_n128_q64_s2_mod_0"),
-     ("float16", 160, 64, H200, "sm80_bwd_fp16_d160_n64_q64_s2_mod_0"),
-     ("bfloat16", 256, 256, H200, "sm80_bwd_bf16_d256_n64_q64_s2_mod_0"),
+     ("float16", 160, 64, H200, "sm90_bwd_fp16_d256_v256_q64_s2_mod_0"),
+     ("bfloat16", 256, 256, H200, "sm90_bwd_bf16_d256_v256_q64_s2_mod_0"),
      ("float16", 257, 64, H200, None), ("float64", 64, 64, H200, None)],
 )
 def test_backward_dispatch(dtype, headdim, headdim_v, device, expected):
-    """fp16/bf16 with head dims <= 128 take the Hopper backward on compute capability 9.0; up to 256 the
-    tensor-core backward (on any sm_80+); the rest the general path."""
+    """fp16/bf16 with head dims up to 256 take the Hopper backward on compute capability 9.0 where a TMA
+    can read the inputs, else the tensor-core backward (on any sm_80+); the rest the general path."""
     assert _selected(_families.BACKWARD, dtype, headdim, headdim_v, device) == expected
 
 

@@ -77,10 +77,10 @@ def test_dispatch_picks_sm90_on_hopper(headdim, headdim_v, expected):
 @needs_hopper
 @pytest.mark.parametrize("headdim, headdim_v, expected", [
     (64, 64, (64, 64)), (40, 40, (64, 64)), (96, 96, (128, 128)), (128, 128, (128, 128)), (64, 128, (128, 128)),
-    (192, 128, None), (256, 256, None),
+    (192, 128, (256, 256)), (256, 256, (256, 256)),
 ])
 def test_backward_dispatch_on_hopper(headdim, headdim_v, expected):
-    """Head dims up to 128 take the sm90 backward, wider ones the sm80 one."""
+    """Every head dim up to 256 takes the sm90 backward (above 128 its split-column kernel)."""
     q, k, v = random_qkv(cupy, 1, 8, 8, 2, 2, headdim, headdim_v, DTYPES["float16"], seed=0)
     p = _problem.forward_problem(q, k, v)
     family, variant = _families.select(_families.BACKWARD, p, common.current_device(), (q, k, v))

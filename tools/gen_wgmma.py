@@ -21,6 +21,8 @@ HEADER = """\
 //       K-major (B stored N rows of K);
 //   WgmmaSSMn<T, N>::mma(d, desc_a, desc_b, accumulate): A and B from shared-memory descriptors, both
 //       MN-major (A stored K rows of M, B stored K rows of N: both transpose flags set);
+//   WgmmaSSMnB<T, N>::mma(d, desc_a, desc_b, accumulate): A K-major and B MN-major from shared-memory
+//       descriptors (B's transpose flag set);
 //   WgmmaRS<T, N>::mma(d, a, desc_b, accumulate): A from four registers of packed pairs (the K-major
 //       fragment of sm90/primitives.cuh), B MN-major (stored K rows of N, the transpose flag set).
 // d is the accumulator in the mma.sync C layout per warp (sm90/primitives.cuh): register r is d[r / 4][r % 4].
@@ -33,6 +35,7 @@ namespace cupyflash {
 
 template <typename T, int N> struct WgmmaSS;
 template <typename T, int N> struct WgmmaSSMn;
+template <typename T, int N> struct WgmmaSSMnB;
 template <typename T, int N> struct WgmmaRS;
 """
 
@@ -44,10 +47,14 @@ def accumulators(n, constraint="+f"):
     return regs, "{" + listing + "}", operands
 
 
-def ss(ctype, ptx, n, transposed):
+#: The shared-memory forms: name -> the transpose flags of A and B.
+SS_FORMS = {"WgmmaSS": "0, 0", "WgmmaSSMn": "1, 1", "WgmmaSSMnB": "0, 1"}
+
+
+def ss(ctype, ptx, n, name):
     regs, listing, operands = accumulators(n)
     _, _, outputs = accumulators(n, "=f")
-    name, flags = ("WgmmaSSMn", "1, 1") if transposed else ("WgmmaSS", "0, 0")
+    flags = SS_FORMS[name]
     return f"""
 template <> struct {name}<{ctype}, {n}> {{
     __device__ __forceinline__ static void mma(float (&d)[{n // 8}][4], unsigned long long desc_a,
@@ -91,8 +98,7 @@ def generate():
     parts = [HEADER]
     for ctype, ptx in PTX_TYPES:
         for n in WIDTHS:
-            parts.append(ss(ctype, ptx, n, transposed=False))
-            parts.append(ss(ctype, ptx, n, transposed=True))
+            parts.extend(ss(ctype, ptx, n, name) for name in SS_FORMS)
             parts.append(rs(ctype, ptx, n))
     parts.append("\n}  // namespace cupyflash\n")
     return "".join(parts)

@@ -46,16 +46,18 @@ FWD_TILES = {
 #: The shared memory a CTA may opt into on sm_90 (Sm90FwdTraits::kStoreO's limit).
 SMEM_OPTIN = 227 * 1024
 
-#: Backward: keys per CTA (Sm90BwdTraits::kBlockN: two consumer warpgroups of 64) and threads.
-BWD_BLOCK_N = 128
+#: Backward threads: a producer warpgroup and two consumer warpgroups.
 BWD_THREADS = 384
-#: Backward tiles: (headdim, headdim_v) bucket -> (queries per tile, Q/dO stages). dK and dV stay in the
-#: consumers' registers (headdim / 2 + headdim_v / 2 floats per thread) beside S^T and dP^T (block_m / 2
-#: each): the buckets and tiles are those whose sum leaves room in 240 registers. Other head dims take
-#: the sm80 kernels.
+#: Backward tiles: (headdim, headdim_v) bucket -> (queries per tile, Q/dO stages). Up to head dim 128 a
+#: CTA takes 128 keys, 64 per consumer, whose dK and dV stay in its registers (headdim / 2 + headdim_v /
+#: 2 floats per thread) beside S^T and dP^T (block_m / 2 each): the tiles are those whose sum leaves room
+#: in 240 registers. Above, a CTA takes 64 keys and the consumers split dK, dV and dQ by columns
+#: (Sm90BwdTraits::kSplitCols: 64 + 64 floats of dK and dV per thread at head dim 256); head dims 192
+#: and (192, 128) take that bucket, the TMA reading zeros past their columns.
 BWD_TILES = {
     (64, 64): (128, 2),
     (128, 128): (64, 2),
+    (256, 256): (64, 2),
 }
 
 FWD = _kernels.Kernel(
@@ -98,13 +100,27 @@ def fwd_smem_bytes(variant):
     return ALIGN_SLACK + ring + (o_tile if fwd_stores_o(variant) else 0) + CTA_STATE_BYTES
 
 
+def bwd_split_cols(variant):
+    """Whether a backward variant's consumers split dK, dV and dQ by columns (Sm90BwdTraits::kSplitCols):
+    above head dim 128."""
+    return max(variant.param("headdim"), variant.param("headdim_v")) > 128
+
+
+def bwd_block_n(variant):
+    """Keys per CTA of a backward variant (Sm90BwdTraits::kBlockN)."""
+    return 64 if bwd_split_cols(variant) else 128
+
+
 def bwd_smem_bytes(variant):
-    """Dynamic shared memory of a backward variant (Sm90BwdTraits::kSmemBytes): K and V (128 keys),
-    ``stages`` Q and dO tiles, two dS^T buffers (128 x block_m, 16-bit), ``stages`` rows of lse and delta,
-    the float32 dQ tile (block_m x headdim), the state, and the alignment slack."""
+    """Dynamic shared memory of a backward variant (Sm90BwdTraits::kSmemBytes): K and V (block_n keys),
+    ``stages`` Q and dO tiles, two dS^T buffers (block_n x block_m, 16-bit; with split columns two P^T
+    buffers too), ``stages`` rows of lse and delta, the float32 dQ tile (block_m x headdim; none with
+    split columns), the state, and the alignment slack."""
     d, dv, block_m, stages = (variant.param(n) for n in ("headdim", "headdim_v", "block_m", "stages"))
-    tiles = (BWD_BLOCK_N + stages * block_m) * 128 * (_atoms(d) + _atoms(dv)) + 2 * BWD_BLOCK_N * block_m * 2
-    return ALIGN_SLACK + tiles + stages * 2 * block_m * 4 + block_m * d * 4 + CTA_STATE_BYTES
+    block_n, split = bwd_block_n(variant), bwd_split_cols(variant)
+    tiles = (block_n + stages * block_m) * 128 * (_atoms(d) + _atoms(dv)) + (4 if split else 2) * block_n * block_m * 2
+    dq_tile = 0 if split else block_m * d * 4
+    return ALIGN_SLACK + tiles + stages * 2 * block_m * 4 + dq_tile + CTA_STATE_BYTES
 
 
 def l2_section(p, device):
@@ -251,7 +267,7 @@ def cxx_facts():
     for v in BWD.variants():
         traits = f"cupyflash::Sm90BwdTraits<__half, {', '.join(map(str, v.tile))}>"
         facts.update({f"{traits}::kSmemBytes": bwd_smem_bytes(v), f"{traits}::kThreads": BWD_THREADS,
-                      f"{traits}::kBlockN": BWD_BLOCK_N})
+                      f"{traits}::kBlockN": bwd_block_n(v), f"(int){traits}::kSplitCols": int(bwd_split_cols(v))})
     return ("sm90/fwd.cu", "sm90/bwd.cu"), facts
 
 
@@ -314,7 +330,7 @@ class Sm90Forward:
 
 
 class Sm90Backward:
-    """float16/bfloat16 on compute capability 9.0, head dims up to 128 (BWD_TILES), inputs a TMA can
+    """float16/bfloat16 on compute capability 9.0, head dims up to 256 (BWD_TILES), inputs a TMA can
     address.
 
     The argument setup, delta, the float32 dQ buffers, the ordered sum of the deterministic mode and
@@ -334,16 +350,16 @@ class Sm90Backward:
         return variant if bwd_smem_bytes(variant) <= device.smem_optin else None
 
     def plan(self, b, variant, p, dout, q, k, v, out, lse, deterministic, device):
-        block_m = variant.param("block_m")
+        block_m, block_n = variant.param("block_m"), bwd_block_n(variant)
         # The TMA reductions need 16-byte rows in the dQ buffers.
-        args, grads, dq_accum = sm80.backward_buffers(b, p, dout, q, k, v, out, lse, block_m, BWD_BLOCK_N,
+        args, grads, dq_accum = sm80.backward_buffers(b, p, dout, q, k, v, out, lse, block_m, block_n,
                                                       deterministic, dq_align=4)
         common.plan_delta(b, p, args)
         maps = b.struct(BWD_MAPS)
-        for field, x, rows in (("q", q, block_m), ("k", k, BWD_BLOCK_N), ("v", v, BWD_BLOCK_N), ("dout", dout, block_m)):
+        for field, x, rows in (("q", q, block_m), ("k", k, block_n), ("v", v, block_n), ("dout", dout, block_m)):
             tensor_map(b, maps, field, x, p.varlen, rows)
         accum_map(b, maps, "dq_accum", dq_accum, p, int(args["dq_ld"][0]), block_m)
-        grid = (common.cdiv(p.seqlen_k, BWD_BLOCK_N) * p.batch * p.heads_k, 1, 1)
+        grid = (common.cdiv(p.seqlen_k, block_n) * p.batch * p.heads_k, 1, 1)
         smem = bwd_smem_bytes(variant)
         b.launch(common.function(variant, smem), grid, BWD_THREADS, (args, maps), smem)
         common.plan_dq_convert(b, p, args)

@@ -1,10 +1,10 @@
 // Hopper backward (float16/bfloat16, sm_90a only): TMA loads, wgmma products and warp specialization,
 // assembled as Sm90BwdKernel<Mainloop, Epilogue> (sm90/bwd_mainloop.cuh describes the design). One CTA
-// per kBlockN = 128 keys of one (batch entry, kv head): the producer warpgroup's thread 0 loads K, V and
+// per kBlockN = 128 keys (64 above head dim 128) of one (batch entry, kv head): the producer warpgroup's thread 0 loads K, V and
 // each query tile's Q and dO (Mainloop::load_tiles), its warp 1 the tiles' lse and delta
 // (Mainloop::load_rows) and its thread 64 adds each tile's dQ share into the float32 buffer
-// (Mainloop::reduce_queries); the two consumer warpgroups run the products (Mainloop::mma) and write dK
-// and dV (Epilogue::store). setmaxnreg gives the consumers 240 registers and the producer 24.
+// (Mainloop::reduce_queries); the two consumer warpgroups run the products (Mainloop::mma, or above head
+// dim 128 Mainloop::mma_split, whose consumers add dQ themselves) and write dK and dV (Epilogue::store). setmaxnreg gives the consumers 240 registers and the producer 24.
 //
 // Grid: x = ceil(seqlen_k / kBlockN) * batch * heads_k (common/scheduler.cuh). Dynamic shared memory:
 // Sm90BwdTraits::kSmemBytes.
@@ -59,14 +59,24 @@ struct Sm90BwdKernel {
             warpgroup_set_registers<Tr::kProducerRegs>();
             if (threadIdx.x == 0) Mainloop::load_tiles(a, maps, st, smem, seq, work);
             if (threadIdx.x / 32 == 1) Mainloop::load_rows(args, st, smem, seq, work);
-            if (threadIdx.x == 64) Mainloop::reduce_queries(args, maps, st, smem, seq, work);
+            if constexpr (!Tr::kSplitCols) {
+                if (threadIdx.x == 64) Mainloop::reduce_queries(args, maps, st, smem, seq, work);
+            }
         } else {
             warpgroup_set_registers<Tr::kConsumerRegs>();
             float dk[Tr::kDkTiles][4];
             float dv[Tr::kDvTiles][4];
-            Mainloop::mma(args, st, smem, seq, work, wg - 1, dk, dv);
-            const int key_w = work.tile * Tr::kBlockN + 64 * (wg - 1) + 16 * ((threadIdx.x / 32) % 4);
-            Epilogue::store(args, seq, work.b, work.h, key_w, dk, dv);
+            // Each consumer's keys and columns of dK and dV: 64 keys of 128 and every column, or the
+            // CTA's 64 keys and half of the columns (kSplitCols).
+            const int warp_row = 16 * ((threadIdx.x / 32) % 4);
+            if constexpr (Tr::kSplitCols) {
+                Mainloop::mma_split(args, st, smem, seq, work, wg - 1, dk, dv);
+                Epilogue::store(args, seq, work.b, work.h, work.tile * Tr::kBlockN + warp_row, (wg - 1) * Tr::kDkCols,
+                                (wg - 1) * Tr::kDvCols, dk, dv);
+            } else {
+                Mainloop::mma(args, st, smem, seq, work, wg - 1, dk, dv);
+                Epilogue::store(args, seq, work.b, work.h, work.tile * Tr::kBlockN + 64 * (wg - 1) + warp_row, 0, 0, dk, dv);
+            }
         }
     }
 };

@@ -27,6 +27,15 @@
 // the consumers 240 registers and the producer 24. Every product completes within its loop iteration:
 // ptxas serializes wgmma whose accumulators stay in flight across a loop's back edge.
 //
+// Above head dim 128 (kSplitCols) dK and dV of 64 keys at 256 columns are 128 floats per thread of one
+// warpgroup, and K, V and two stages of Q and dO fill 192 KiB: the CTA takes 64 keys, and each consumer
+// computes S^T and dP^T for its half of a tile's 64 queries (m64n32), writes its halves of P^T and dS^T
+// to shared memory, and once both are there runs dV += P^T dO, dK += dS^T Q and dQ_part = dS K for its
+// half of the columns, all operands from shared memory (Mainloop::mma_split). No room is left for the
+// float32 dQ tile: the consumers add dQ_part into the buffer with vector reductions from registers.
+// The two warpgroups meet at every tile (both halves of P^T and dS^T), so their exponentials do not
+// overlap each other's products yet.
+//
 // Packed (varlen) batches: a TMA box that runs past a sequence's end holds the next sequence's rows. The
 // consumers zero those rows of K and V (once) and of Q and dO (per tile) before any product reads them,
 // so no inf or NaN of another sequence reaches this one through a 0 * inf. Dense batches get zeros from
@@ -66,7 +75,11 @@ struct Sm90BwdTraits {
     static constexpr int kHeadDim = kHeadDim_;    // q.k columns, a multiple of 64
     static constexpr int kHeadDimV = kHeadDimV_;  // v and dout columns, a multiple of 64
     static constexpr int kBlockM = kBlockM_;      // queries per tile: 64 or 128
-    static constexpr int kBlockN = 128;           // keys per CTA: two consumer warpgroups of 64
+    // Above head dim 128 dK and dV of 64 keys fill a warpgroup's registers, and K and V of 128 keys
+    // half of shared memory: the CTA takes 64 keys, and the consumers split dK, dV and dQ by columns
+    // (kSplitCols, see the top of the file). Otherwise each consumer takes 64 of the CTA's 128 keys.
+    static constexpr bool kSplitCols = kHeadDim > 128 || kHeadDimV > 128;
+    static constexpr int kBlockN = kSplitCols ? 64 : 128;  // keys per CTA
     static constexpr int kStages = kStages_;      // Q/dO ring
     static constexpr int kConsumers = 2;
     static constexpr int kThreads = 128 * (1 + kConsumers);
@@ -80,34 +93,45 @@ struct Sm90BwdTraits {
     static constexpr int kVBytes = kBlockN * 128 * kAtomsV;
     static constexpr int kQBytes = kBlockM * 128 * kAtomsQK;
     static constexpr int kDoBytes = kBlockM * 128 * kAtomsV;
-    // dS^T [kBlockN keys][kBlockM queries] in atoms of 64 queries, two buffers (see consume).
+    // dS^T [kBlockN keys][kBlockM queries] in atoms of 64 queries, two buffers (see consume); with
+    // kSplitCols P^T beside it, two buffers too.
     static constexpr int kDsBytes = kBlockN * kBlockM * 2;
     static constexpr int kKOffset = 0;
     static constexpr int kVOffset = kKOffset + kKBytes;
     static constexpr int kQOffset = kVOffset + kVBytes;
     static constexpr int kDoOffset = kQOffset + kStages * kQBytes;
     static constexpr int kDsOffset = kDoOffset + kStages * kDoBytes;
+    static constexpr int kPOffset = kDsOffset + 2 * kDsBytes;
     // The float32 dQ share of one tile (kBlockM rows of kHeadDim) in atoms of 32 columns (128 bytes per
     // row) with the 128-byte swizzle, as the dq_accum map's boxes are: one TMA reduction per atom adds it
     // into the buffer, and a half-warp's 8-byte fragment stores (4 rows x 4 pairs) cover the 32 banks once.
+    // With kSplitCols the consumers add their dQ shares straight from registers (no room for the tile).
     static constexpr int kDqAtoms = kHeadDim / 32;
-    static constexpr int kDqOffset = kDsOffset + 2 * kDsBytes;
-    static constexpr int kRowsOffset = kDqOffset + kBlockM * kHeadDim * 4;  // per stage: lse * LOG2E, delta
+    static constexpr int kDqOffset = kPOffset + (kSplitCols ? 2 * kDsBytes : 0);
+    static constexpr int kRowsOffset = kDqOffset + (kSplitCols ? 0 : kBlockM * kHeadDim * 4);  // per stage: lse * LOG2E, delta
     static constexpr int kStateOffset = kRowsOffset + kStages * 2 * kBlockM * 4;
     static constexpr int kSmemBytes = 1024 + kStateOffset + kCtaStateBytes;  // 1024: alignment slack
     // dQ_part = dS K (kBlockM x kHeadDim) splits between the consumers: by rows when kBlockM = 128 (each
     // takes its 64 queries), else by columns (each takes kHeadDim / 2, whole atoms of K).
     static constexpr bool kDqByRows = kBlockM == 128;
     static constexpr int kDqCols = kDqByRows ? kHeadDim : kHeadDim / 2;
-    static constexpr int kSTiles = kBlockM / 8;   // 8-query n-tiles of S^T and dP^T
-    static constexpr int kQSteps = kBlockM / 16;  // k-steps of dV += P^T dO and dK += dS^T Q
-    static constexpr int kDkTiles = kHeadDim / 8;
-    static constexpr int kDvTiles = kHeadDimV / 8;
+    // A consumer's S^T and dP^T: 64 keys by all the tile's queries, or by its half of them (kSplitCols).
+    static constexpr int kWgQueries = kSplitCols ? kBlockM / 2 : kBlockM;
+    static constexpr int kSTiles = kWgQueries / 8;   // 8-query n-tiles of S^T and dP^T
+    static constexpr int kOpSteps = kWgQueries / 16;  // 16-query k-steps of P^T and dS^T as operands
+    static constexpr int kQSteps = kBlockM / 16;      // k-steps of dV += P^T dO and dK += dS^T Q
+    // dK and dV columns per consumer: all, or its half (kSplitCols).
+    static constexpr int kDkCols = kSplitCols ? kHeadDim / 2 : kHeadDim;
+    static constexpr int kDvCols = kSplitCols ? kHeadDimV / 2 : kHeadDimV;
+    static constexpr int kDkTiles = kDkCols / 8;
+    static constexpr int kDvTiles = kDvCols / 8;
     static constexpr int kDqTiles = kDqCols / 8;
     static_assert(kBlockM == 64 || kBlockM == 128, "query tiles of 64 or 128 rows");
     static_assert(kHeadDim % 64 == 0 && kHeadDimV % 64 == 0 && kHeadDim <= 256 && kHeadDimV <= 256,
                   "head dims are whole 64-column atoms up to 256");
     static_assert(kDqByRows || kDqCols % 64 == 0, "each consumer's dQ columns are whole atoms of K");
+    static_assert(!kSplitCols || (kBlockM == 64 && kDkCols % 64 == 0 && kDvCols % 64 == 0),
+                  "split columns: 64-query tiles, each consumer's dK and dV columns whole atoms");
     static_assert(kStages >= 2 && kStages <= 4, "2 to 4 stages");
 };
 
@@ -223,17 +247,18 @@ struct Sm90BwdMainloop {
     }
 
     // d = A B^T over `steps` k-steps, A (kBlockN rows, this warpgroup's 64 from row a_row) and B (kBlockM
-    // rows) both K-major in shared memory: S^T = K Q^T and dP^T = V dO^T. Issued and committed.
+    // rows, this warpgroup's kWgQueries from row b_row) both K-major in shared memory: S^T = K Q^T and
+    // dP^T = V dO^T. Issued and committed.
     __device__ __forceinline__ static void issue_transposed_scores(float (&d)[Tr::kSTiles][4], unsigned a_tile, int a_row,
-                                                                   unsigned b_tile, int steps) {
+                                                                   unsigned b_tile, int b_row, int steps) {
         const unsigned long long a_desc = kmajor_desc(a_tile, a_row);
-        const unsigned long long b_desc = kmajor_desc(b_tile, 0);
+        const unsigned long long b_desc = kmajor_desc(b_tile, b_row);
         wgmma_fence();
-        WgmmaSS<T, kBlockM>::overwrite(d, a_desc, b_desc);
+        WgmmaSS<T, Tr::kWgQueries>::overwrite(d, a_desc, b_desc);
 #pragma unroll
         for (int kk = 1; kk < steps; ++kk) {
-            WgmmaSS<T, kBlockM>::mma(d, desc_advance(a_desc, kmajor_step<kBlockN>(kk)),
-                                     desc_advance(b_desc, kmajor_step<kBlockM>(kk)), 1);
+            WgmmaSS<T, Tr::kWgQueries>::mma(d, desc_advance(a_desc, kmajor_step<kBlockN>(kk)),
+                                            desc_advance(b_desc, kmajor_step<kBlockM>(kk)), 1);
         }
         wgmma_commit();
     }
@@ -246,6 +271,20 @@ struct Sm90BwdMainloop {
         const unsigned long long b_desc = mnmajor_desc<kBlockM>(b_tile);
 #pragma unroll
         for (int kk = 0; kk < Tr::kQSteps; ++kk) WgmmaRS<T, kN>::mma(d, a[kk], desc_advance(b_desc, mnmajor_step(kk)), 1);
+    }
+
+    // kSplitCols: d += A B with A (the 64 keys x kBlockM queries of P^T or dS^T) K-major in shared memory
+    // and B (this warpgroup's kN columns of a Q or dO tile, from b_tile) read transposed. Issued, not
+    // committed.
+    template <int kN>
+    __device__ __forceinline__ static void issue_key_gradient_shared(float (&d)[kN / 8][4], unsigned a_tile,
+                                                                     unsigned b_tile) {
+        const unsigned long long a_desc = kmajor_desc(a_tile, 0);
+        const unsigned long long b_desc = mnmajor_desc<kBlockM>(b_tile);
+#pragma unroll
+        for (int kk = 0; kk < Tr::kQSteps; ++kk) {
+            WgmmaSSMnB<T, kN>::mma(d, desc_advance(a_desc, kmajor_step<kBlockN>(kk)), desc_advance(b_desc, mnmajor_step(kk)), 1);
+        }
     }
 
     // dQ_part = dS K for this warpgroup's share: A = dS from the dS^T buffer (queries contiguous) and
@@ -278,23 +317,24 @@ struct Sm90BwdMainloop {
             [&](int nt) { return *reinterpret_cast<const float2*>(rows + 8 * nt + col_t); },
             [&](int nt) { return *reinterpret_cast<const float2*>(rows + kBlockM + 8 * nt + col_t); }, key_g, m0, col_t);
         const bool partial = entry_partial(entry);
-        if (partial || !mask.tile_is_full(m0, kBlockM, key0, 64)) {
+        if (partial || !mask.tile_is_full(m0, Tr::kWgQueries, key0, 64)) {
             mask_tile_cols(p, mask, BlockLayout(a, b, h), a, key_g, m0, col_t, partial);
         }
     }
 
-    // This thread's dS^T fragments into the dS^T buffer: key row kr = key_row + 8 (reg % 2) and query
-    // column 16 kk + 8 (reg / 2) + col_t, stored at atom (column / 64), row kr, 16-byte chunk
-    // ((column % 64) / 8) ^ (kr % 8) (the 128-byte swizzle). The 8 rows of a warp's store hit 8 chunks.
-    __device__ __forceinline__ static void store_ds(unsigned char* ds_tile, const unsigned (&f)[Tr::kQSteps][4],
-                                                    int key_row, int col_t) {
+    // This thread's dS^T (or P^T) fragments into a [kBlockN keys][kBlockM queries] buffer: key row kr =
+    // key_row + 8 (reg % 2) and query column col0 + 16 kk + 8 (reg / 2) + col_t, stored at atom
+    // (column / 64), row kr, 16-byte chunk ((column % 64) / 8) ^ (kr % 8) (the 128-byte swizzle). The 8
+    // rows of a warp's store hit 8 chunks.
+    __device__ __forceinline__ static void store_ds(unsigned char* ds_tile, const unsigned (&f)[Tr::kOpSteps][4],
+                                                    int key_row, int col0, int col_t) {
         const int g = key_row % 8;
 #pragma unroll
-        for (int kk = 0; kk < Tr::kQSteps; ++kk) {
+        for (int kk = 0; kk < Tr::kOpSteps; ++kk) {
 #pragma unroll
             for (int reg = 0; reg < 4; ++reg) {
                 const int row = key_row + 8 * (reg % 2);
-                const int col = 16 * kk + 8 * (reg / 2);  // + col_t
+                const int col = col0 + 16 * kk + 8 * (reg / 2);  // + col_t
                 const int chunk = ((col % 64) / 8) ^ g;
                 *reinterpret_cast<unsigned*>(ds_tile + (col / 64) * kBlockN * 128 + row * 128 + chunk * 16 + col_t * 2) =
                     f[kk][reg];
@@ -413,8 +453,8 @@ struct Sm90BwdMainloop {
             float s[Tr::kSTiles][4];
             float dp[Tr::kSTiles][4];
             Turns::take_turn(wg);
-            issue_transposed_scores(s, k_tile, 64 * wg, q_tile, kHeadDim / 16);
-            issue_transposed_scores(dp, v_tile, 64 * wg, do_tile, kHeadDimV / 16);
+            issue_transposed_scores(s, k_tile, 64 * wg, q_tile, 0, kHeadDim / 16);
+            issue_transposed_scores(dp, v_tile, 64 * wg, do_tile, 0, kHeadDimV / 16);
             Turns::pass_turn(wg);
             const float* rows = reinterpret_cast<const float*>(smem + Tr::kRowsOffset) + stage * 2 * kBlockM;
             mbarrier_wait(&st.rows_full[stage], parity);
@@ -431,8 +471,8 @@ struct Sm90BwdMainloop {
             score_gradients<kScoreMod>(
                 reinterpret_cast<float(&)[1][Tr::kSTiles][4]>(dp), reinterpret_cast<const float(&)[1][Tr::kSTiles][4]>(s),
                 [&](int nt) { return *reinterpret_cast<const float2*>(rows + kBlockM + 8 * nt + col_t); });
-            unsigned p_op[Tr::kQSteps][4];
-            unsigned ds_op[Tr::kQSteps][4];
+            unsigned p_op[Tr::kOpSteps][4];
+            unsigned ds_op[Tr::kOpSteps][4];
             to_operand<T>(p_op, s);
             to_operand<T>(ds_op, dp);
 
@@ -440,7 +480,7 @@ struct Sm90BwdMainloop {
             // read it.
             unsigned char* ds_tile = smem + Tr::kDsOffset + (i % 2) * Tr::kDsBytes;
             if (i >= 2) mbarrier_wait(&st.ds_free[i % 2], ((i - 2) / 2) & 1);
-            store_ds(ds_tile, ds_op, 64 * wg + 16 * warp + lane / 4, col_t);
+            store_ds(ds_tile, ds_op, 64 * wg + 16 * warp + lane / 4, 0, col_t);
             fence_proxy_async();
             mbarrier_arrive(&st.ds_full[i % 2]);
 
@@ -466,6 +506,148 @@ struct Sm90BwdMainloop {
         Turns::finish(wg);
         fence_fragments(dk);
         fence_fragments(dv);
+    }
+
+    // kSplitCols: this warpgroup's dQ share (its kDqCols columns of the tile's rows) added into buffer
+    // `split` of the float32 accumulator from the registers, one 8-byte reduction per pair; rows past
+    // the sequence are left out. Under the ordered sum the 256 consumers add in their turn
+    // (ordered_sum.cuh): thread 0 waits for it, and hands it on once every consumer's additions are issued.
+    __device__ __forceinline__ static void add_query_gradient(const BwdArgs& args, const Sequence& seq, const Mask& mask,
+                                                              const TileWork& work, int h, int m0,
+                                                              const float (&dq)[Tr::kDqTiles][4], int wg, int warp,
+                                                              int lane, int thread) {
+        const AttnArgs& a = args.attn;
+        const int split = work.tile % args.dq_splits;
+        int* turn = nullptr;
+        if (args.deterministic) {
+            const int q_tile = m0 / kBlockM;
+            turn = dq_turn_counter<kBlockM>(args, work.b, h, q_tile, split);
+            if (thread == 0) {
+                wait_for_turn(turn, later_key_tiles<kBlockM, kBlockN>(a, mask, BlockLayout(a, work.b, h), q_tile, work.tile,
+                                                                      args.dq_splits));
+            }
+            named_barrier_sync(kConsumerBarrier, 256);
+        }
+        float* dq_rows = static_cast<float*>(args.dq_accum.ptr) + split * args.dq_split_stride +
+                         (rows_index(args.dq_accum, work.b, h, seq.q_start) + m0) * static_cast<long long>(args.dq_ld);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = 16 * warp + lane / 4 + 8 * r;
+            if (m0 + row >= seq.seqlen_q) continue;
+#pragma unroll
+            for (int nt = 0; nt < Tr::kDqTiles; ++nt) {
+                const int col = wg * Tr::kDqCols + 8 * nt + 2 * (lane % 4);  // even, and dq_ld is even
+                if (col < args.dq_ld) {
+                    reduce_add_f32x2(dq_rows + static_cast<long long>(row) * args.dq_ld + col, dq[nt][2 * r], dq[nt][2 * r + 1]);
+                }
+            }
+        }
+        if (turn != nullptr) {
+            named_barrier_sync(kConsumerBarrier, 256);
+            if (thread == 0) hand_on_turn(turn);
+        }
+    }
+
+    // kSplitCols: a consumer warpgroup (wg = 0, 1) with the CTA's 64 keys, dK (without the softmax scale)
+    // and dV of its half of the columns through the walk. Per tile it computes S^T and dP^T for its half
+    // of the queries, writes its halves of P^T and dS^T to shared memory (buffer i % 2, ds_full), and
+    // once both halves are there (ds_full) issues dV += P^T dO and dK += dS^T Q for its columns and
+    // dQ_part = dS K for its half of dQ's columns, all from shared memory; when they are done the buffer
+    // and the stage are released (ds_free, empty) and dQ_part is added into the buffer.
+    __device__ __forceinline__ static void mma_split(const BwdArgs& args, Sm90BwdState& st, unsigned char* smem,
+                                                     const Sequence& seq, const TileWork& work, int wg,
+                                                     float (&dk)[Tr::kDkTiles][4], float (&dv)[Tr::kDvTiles][4]) {
+        const AttnArgs& a = args.attn;
+        const int thread = threadIdx.x - 128;  // among the 256 consumers
+        const int warp = (threadIdx.x / 32) % 4;
+        const int lane = threadIdx.x % 32;
+        const int col_t = 2 * (lane % 4);
+        const int key0 = work.tile * kBlockN;           // the CTA's first key
+        const int key_g = key0 + 16 * warp + lane / 4;  // this thread's keys: key_g and key_g + 8
+        const int q0 = wg * Tr::kWgQueries;             // the warpgroup's first query of a tile
+        const unsigned base = shared_addr(smem);
+        const unsigned k_tile = base + Tr::kKOffset;
+        const unsigned v_tile = base + Tr::kVOffset;
+        const Mask mask(a, seq);
+        const bool packed_q = a.cu_seqlens_q != nullptr;
+        Log2Scores scores;
+        scores.scale_log2 = static_cast<float>(a.softmax_scale) * kLog2eF;
+
+        mbarrier_wait(&st.kv_full, 0);
+        if (a.cu_seqlens_k != nullptr && seq.seqlen_k - key0 < kBlockN) {
+            zero_tile_rows(smem + Tr::kKOffset, kBlockN, seq.seqlen_k - key0, Tr::kAtomsQK, thread, 256);
+            zero_tile_rows(smem + Tr::kVOffset, kBlockN, seq.seqlen_k - key0, Tr::kAtomsV, thread, 256);
+            fence_proxy_async();
+            named_barrier_sync(kConsumerBarrier, 256);
+        }
+#pragma unroll
+        for (int c = 0; c < Tr::kDkTiles; ++c) dk[c][0] = dk[c][1] = dk[c][2] = dk[c][3] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < Tr::kDvTiles; ++c) dv[c][0] = dv[c][1] = dv[c][2] = dv[c][3] = 0.0f;
+
+        for (int i = 0;; ++i) {
+            const int stage = i % kStages;
+            const int parity = (i / kStages) & 1;
+            mbarrier_wait(&st.q_full[stage], parity);
+            const int h = st.head[stage];
+            if (h < 0) break;
+            const int entry = st.entry[stage];
+            const int m0 = entry_tile(entry) * kBlockM;
+            const unsigned q_tile = base + Tr::kQOffset + stage * Tr::kQBytes;
+            const unsigned do_tile = base + Tr::kDoOffset + stage * Tr::kDoBytes;
+            if (packed_q) clear_foreign_queries(smem, seq, stage, m0, thread);
+            if constexpr (kScoreMod) scores = Log2Scores(a, seq, work.b, h);
+
+            float s[Tr::kSTiles][4];
+            float dp[Tr::kSTiles][4];
+            issue_transposed_scores(s, k_tile, 0, q_tile, q0, kHeadDim / 16);
+            issue_transposed_scores(dp, v_tile, 0, do_tile, q0, kHeadDimV / 16);
+            const float* rows = reinterpret_cast<const float*>(smem + Tr::kRowsOffset) + stage * 2 * kBlockM + q0;
+            mbarrier_wait(&st.rows_full[stage], parity);
+            if constexpr (kScoreMod) {
+                wgmma_wait<0>();
+                fence_fragments(dp);
+            } else {
+                wgmma_wait<1>();
+            }
+            fence_fragments(s);
+            probabilities(s, dp, a, mask, scores, rows, h, work.b, entry, m0 + q0, key_g, key0, col_t);
+            wgmma_wait<0>();
+            fence_fragments(dp);
+            score_gradients<kScoreMod>(
+                reinterpret_cast<float(&)[1][Tr::kSTiles][4]>(dp), reinterpret_cast<const float(&)[1][Tr::kSTiles][4]>(s),
+                [&](int nt) { return *reinterpret_cast<const float2*>(rows + kBlockM + 8 * nt + col_t); });
+            unsigned p_op[Tr::kOpSteps][4];
+            unsigned ds_op[Tr::kOpSteps][4];
+            to_operand<T>(p_op, s);
+            to_operand<T>(ds_op, dp);
+
+            // This warpgroup's halves of P^T_i and dS^T_i into buffer i % 2, once both warpgroups'
+            // products of tile i - 2 have read it.
+            const int buffer = i % 2;
+            if (i >= 2) mbarrier_wait(&st.ds_free[buffer], ((i - 2) / 2) & 1);
+            store_ds(smem + Tr::kPOffset + buffer * Tr::kDsBytes, p_op, 16 * warp + lane / 4, q0, col_t);
+            store_ds(smem + Tr::kDsOffset + buffer * Tr::kDsBytes, ds_op, 16 * warp + lane / 4, q0, col_t);
+            fence_proxy_async();
+            mbarrier_arrive(&st.ds_full[buffer]);
+            mbarrier_wait(&st.ds_full[buffer], (i / 2) & 1);
+
+            const unsigned p_tile = base + Tr::kPOffset + buffer * Tr::kDsBytes;
+            const unsigned ds_tile = base + Tr::kDsOffset + buffer * Tr::kDsBytes;
+            float dq[Tr::kDqTiles][4];
+            wgmma_fence();
+            issue_key_gradient_shared<Tr::kDvCols>(dv, p_tile, do_tile + wg * (Tr::kDvCols / 64) * Tr::kDoBytes / Tr::kAtomsV);
+            issue_key_gradient_shared<Tr::kDkCols>(dk, ds_tile, q_tile + wg * (Tr::kDkCols / 64) * Tr::kQBytes / Tr::kAtomsQK);
+            wgmma_commit();
+            issue_query_gradient(dq, ds_tile, k_tile, wg);
+            wgmma_wait<0>();
+            fence_fragments(dk);
+            fence_fragments(dv);
+            fence_fragments(dq);
+            mbarrier_arrive(&st.ds_free[buffer]);
+            release_stage(&st.empty[stage]);
+            add_query_gradient(args, seq, mask, work, h, m0, dq, wg, warp, lane, thread);
+        }
     }
 
     // Producer thread 64 (warp 2): adds each tile's dQ share (stored by the consumers) into buffer
