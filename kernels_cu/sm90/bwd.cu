@@ -1,10 +1,11 @@
 // Hopper backward (float16/bfloat16, sm_90a only): TMA loads, wgmma products and warp specialization,
 // assembled as Sm90BwdKernel<Mainloop, Epilogue> (sm90/bwd_mainloop.cuh describes the design). One CTA
-// per kBlockN = 128 keys (64 above head dim 128) of one (batch entry, kv head): the producer warpgroup's thread 0 loads K, V and
-// each query tile's Q and dO (Mainloop::load_tiles), its warp 1 the tiles' lse and delta
+// per kBlockN = 128 keys (64 above head dim 128) of one (batch entry, kv head): the producer
+// warpgroup's thread 0 loads K, V and each query tile's Q and dO (Mainloop::load_tiles), its warp 1 the tiles' lse and delta
 // (Mainloop::load_rows) and its thread 64 adds each tile's dQ share into the float32 buffer
 // (Mainloop::reduce_queries); the two consumer warpgroups run the products (Mainloop::mma, or above head
-// dim 128 Mainloop::mma_split, whose consumers add dQ themselves) and write dK and dV (Epilogue::store). setmaxnreg gives the consumers 240 registers and the producer 24.
+// dim 128 Mainloop::mma_split, which leaves dQ in the tile's stage) and write dK and dV
+// (Epilogue::store). setmaxnreg gives the consumers 240 registers and the producer 24.
 //
 // Grid: x = ceil(seqlen_k / kBlockN) * batch * heads_k (common/scheduler.cuh). Dynamic shared memory:
 // Sm90BwdTraits::kSmemBytes.
@@ -41,7 +42,9 @@ struct Sm90BwdKernel {
             for (int s = 0; s < Tr::kStages; ++s) {
                 mbarrier_init(&st.q_full[s], 1);
                 mbarrier_init(&st.rows_full[s], 32);
-                mbarrier_init(&st.empty[s], 4 * Tr::kConsumers);
+                // With kSplitCols the reducing thread releases the stage, else each consumer warp.
+                mbarrier_init(&st.empty[s], Tr::kSplitCols ? 1 : 4 * Tr::kConsumers);
+                mbarrier_init(&st.dq_staged[s], 128 * Tr::kConsumers);
             }
             for (int b = 0; b < 2; ++b) {
                 mbarrier_init(&st.ds_full[b], 128 * Tr::kConsumers);
@@ -59,9 +62,7 @@ struct Sm90BwdKernel {
             warpgroup_set_registers<Tr::kProducerRegs>();
             if (threadIdx.x == 0) Mainloop::load_tiles(a, maps, st, smem, seq, work);
             if (threadIdx.x / 32 == 1) Mainloop::load_rows(args, st, smem, seq, work);
-            if constexpr (!Tr::kSplitCols) {
-                if (threadIdx.x == 64) Mainloop::reduce_queries(args, maps, st, smem, seq, work);
-            }
+            if (threadIdx.x == 64) Mainloop::reduce_queries(args, maps, st, smem, seq, work);
         } else {
             warpgroup_set_registers<Tr::kConsumerRegs>();
             float dk[Tr::kDkTiles][4];

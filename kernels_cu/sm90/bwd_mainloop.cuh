@@ -31,8 +31,11 @@
 // warpgroup, and K, V and two stages of Q and dO fill 192 KiB: the CTA takes 64 keys, and each consumer
 // computes S^T and dP^T for its half of a tile's 64 queries (m64n32), writes its halves of P^T and dS^T
 // to shared memory, and once both are there runs dV += P^T dO, dK += dS^T Q and dQ_part = dS K for its
-// half of the columns, all operands from shared memory (Mainloop::mma_split). No room is left for the
-// float32 dQ tile: the consumers add dQ_part into the buffer with vector reductions from registers.
+// half of the columns, all operands from shared memory (Mainloop::mma_split). No room is left for a
+// float32 dQ tile of its own: each consumer's dQ_part (64 rows x 128 columns, 32 KiB) goes into the
+// tile's stage, over the Q and dO atoms of its own columns that its dV and dK products have just read
+// (2 + 2 atoms of 8 KiB), and the reducing producer thread adds it into the buffer with TMA reductions
+// and then releases the stage (head dims 160-256 and (192, 128) all run as (256, 256)).
 // The two warpgroups meet at every tile (both halves of P^T and dS^T), so their exponentials do not
 // overlap each other's products yet.
 //
@@ -105,7 +108,7 @@ struct Sm90BwdTraits {
     // The float32 dQ share of one tile (kBlockM rows of kHeadDim) in atoms of 32 columns (128 bytes per
     // row) with the 128-byte swizzle, as the dq_accum map's boxes are: one TMA reduction per atom adds it
     // into the buffer, and a half-warp's 8-byte fragment stores (4 rows x 4 pairs) cover the 32 banks once.
-    // With kSplitCols the consumers add their dQ shares straight from registers (no room for the tile).
+    // With kSplitCols there is no room for it: the dQ shares go through the stage.
     static constexpr int kDqAtoms = kHeadDim / 32;
     static constexpr int kDqOffset = kPOffset + (kSplitCols ? 2 * kDsBytes : 0);
     static constexpr int kRowsOffset = kDqOffset + (kSplitCols ? 0 : kBlockM * kHeadDim * 4);  // per stage: lse * LOG2E, delta
@@ -130,8 +133,8 @@ struct Sm90BwdTraits {
     static_assert(kHeadDim % 64 == 0 && kHeadDimV % 64 == 0 && kHeadDim <= 256 && kHeadDimV <= 256,
                   "head dims are whole 64-column atoms up to 256");
     static_assert(kDqByRows || kDqCols % 64 == 0, "each consumer's dQ columns are whole atoms of K");
-    static_assert(!kSplitCols || (kBlockM == 64 && kDkCols % 64 == 0 && kDvCols % 64 == 0),
-                  "split columns: 64-query tiles, each consumer's dK and dV columns whole atoms");
+    static_assert(!kSplitCols || (kBlockM == 64 && kHeadDim == kHeadDimV && kDkCols % 64 == 0),
+                  "split columns: 64-query tiles, equal head dims (dQ_part fills the stage), whole atoms");
     static_assert(kStages >= 2 && kStages <= 4, "2 to 4 stages");
 };
 
@@ -146,6 +149,7 @@ struct Sm90BwdState {
     unsigned long long ds_free[2];             // its dQ product is done: one arrival per consumer thread
     unsigned long long dq_full;                // the dQ tile is stored: one arrival per consumer thread
     unsigned long long dq_empty;               // its reductions have read it
+    unsigned long long dq_staged[kMaxStages];  // kSplitCols: the stage holds dQ_part (one arrival per consumer thread)
     int head[kMaxStages];                      // query head of the stage's tile; -1: the walk is over
     int entry[kMaxStages];                     // its tile-list entry (common/mask.cuh)
 };
@@ -373,6 +377,39 @@ struct Sm90BwdMainloop {
         }
     }
 
+    // kSplitCols: the shared-memory offset of float32 dQ atom `atom` (32 columns x kBlockM rows, the
+    // dq_accum map's box) of a stage. Warpgroup w's atoms 4w .. 4w + 3 (its kDqCols columns) lie over its
+    // own Q atoms 2w, 2w + 1 and dO atoms 2w, 2w + 1: the atoms only its dV and dK products read.
+    __device__ __forceinline__ static int staged_dq_atom(int stage, int atom) {
+        constexpr int kPerWg = Tr::kDqCols / 32;  // dQ atoms per warpgroup, as many as its Q and dO atoms
+        constexpr int kQAtoms = Tr::kAtomsQK / 2;
+        const int w = atom / kPerWg;
+        const int j = atom % kPerWg;
+        return j < kQAtoms ? Tr::kQOffset + stage * Tr::kQBytes + (kQAtoms * w + j) * kBlockM * 128
+                           : Tr::kDoOffset + stage * Tr::kDoBytes + (kQAtoms * w + j - kQAtoms) * kBlockM * 128;
+    }
+
+    // kSplitCols: this warpgroup's dQ share into its atoms of the stage, rows 16 warp + g + 8 r and its
+    // columns 8 nt + 2 t at atom column / 32, 16-byte chunk ((column % 32) / 4) ^ (row % 8), as
+    // store_query_gradient does.
+    __device__ __forceinline__ static void store_query_gradient_staged(unsigned char* smem, int stage,
+                                                                       const float (&dq)[Tr::kDqTiles][4], int wg,
+                                                                       int warp, int lane) {
+        const int row0 = 16 * warp + lane / 4;
+        const int g = lane / 4;  // row % 8
+#pragma unroll
+        for (int nt = 0; nt < Tr::kDqTiles; ++nt) {
+            const int col = 8 * nt + 2 * (lane % 4);
+            unsigned char* atom = smem + staged_dq_atom(stage, wg * (Tr::kDqCols / 32) + col / 32);
+            const int chunk = ((col % 32) / 4) ^ g;
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                *reinterpret_cast<float2*>(atom + (row0 + 8 * r) * 128 + chunk * 16 + (col % 4) * 4) =
+                    make_float2(dq[nt][2 * r], dq[nt][2 * r + 1]);
+            }
+        }
+    }
+
     // dQ_part of tile j = dS_j K once both warpgroups have stored their halves of dS^T_j (buffer j % 2),
     // then to the shared float32 tile once the reducing thread has read the previous one. Called holding
     // the turn, right after the dV and dK products of tile j + 1 (or last): passes the turn once dQ is
@@ -508,52 +545,12 @@ struct Sm90BwdMainloop {
         fence_fragments(dv);
     }
 
-    // kSplitCols: this warpgroup's dQ share (its kDqCols columns of the tile's rows) added into buffer
-    // `split` of the float32 accumulator from the registers, one 8-byte reduction per pair; rows past
-    // the sequence are left out. Under the ordered sum the 256 consumers add in their turn
-    // (ordered_sum.cuh): thread 0 waits for it, and hands it on once every consumer's additions are issued.
-    __device__ __forceinline__ static void add_query_gradient(const BwdArgs& args, const Sequence& seq, const Mask& mask,
-                                                              const TileWork& work, int h, int m0,
-                                                              const float (&dq)[Tr::kDqTiles][4], int wg, int warp,
-                                                              int lane, int thread) {
-        const AttnArgs& a = args.attn;
-        const int split = work.tile % args.dq_splits;
-        int* turn = nullptr;
-        if (args.deterministic) {
-            const int q_tile = m0 / kBlockM;
-            turn = dq_turn_counter<kBlockM>(args, work.b, h, q_tile, split);
-            if (thread == 0) {
-                wait_for_turn(turn, later_key_tiles<kBlockM, kBlockN>(a, mask, BlockLayout(a, work.b, h), q_tile, work.tile,
-                                                                      args.dq_splits));
-            }
-            named_barrier_sync(kConsumerBarrier, 256);
-        }
-        float* dq_rows = static_cast<float*>(args.dq_accum.ptr) + split * args.dq_split_stride +
-                         (rows_index(args.dq_accum, work.b, h, seq.q_start) + m0) * static_cast<long long>(args.dq_ld);
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const int row = 16 * warp + lane / 4 + 8 * r;
-            if (m0 + row >= seq.seqlen_q) continue;
-#pragma unroll
-            for (int nt = 0; nt < Tr::kDqTiles; ++nt) {
-                const int col = wg * Tr::kDqCols + 8 * nt + 2 * (lane % 4);  // even, and dq_ld is even
-                if (col < args.dq_ld) {
-                    reduce_add_f32x2(dq_rows + static_cast<long long>(row) * args.dq_ld + col, dq[nt][2 * r], dq[nt][2 * r + 1]);
-                }
-            }
-        }
-        if (turn != nullptr) {
-            named_barrier_sync(kConsumerBarrier, 256);
-            if (thread == 0) hand_on_turn(turn);
-        }
-    }
-
     // kSplitCols: a consumer warpgroup (wg = 0, 1) with the CTA's 64 keys, dK (without the softmax scale)
     // and dV of its half of the columns through the walk. Per tile it computes S^T and dP^T for its half
     // of the queries, writes its halves of P^T and dS^T to shared memory (buffer i % 2, ds_full), and
     // once both halves are there (ds_full) issues dV += P^T dO and dK += dS^T Q for its columns and
     // dQ_part = dS K for its half of dQ's columns, all from shared memory; when they are done the buffer
-    // and the stage are released (ds_free, empty) and dQ_part is added into the buffer.
+    // is released (ds_free) and dQ_part is staged for the reducing thread.
     __device__ __forceinline__ static void mma_split(const BwdArgs& args, Sm90BwdState& st, unsigned char* smem,
                                                      const Sequence& seq, const TileWork& work, int wg,
                                                      float (&dk)[Tr::kDkTiles][4], float (&dv)[Tr::kDvTiles][4]) {
@@ -645,13 +642,16 @@ struct Sm90BwdMainloop {
             fence_fragments(dv);
             fence_fragments(dq);
             mbarrier_arrive(&st.ds_free[buffer]);
-            release_stage(&st.empty[stage]);
-            add_query_gradient(args, seq, mask, work, h, m0, dq, wg, warp, lane, thread);
+            // The reducing thread releases the stage once its reductions have read dQ_part.
+            store_query_gradient_staged(smem, stage, dq, wg, warp, lane);
+            fence_proxy_async();
+            mbarrier_arrive(&st.dq_staged[stage]);
         }
     }
 
-    // Producer thread 64 (warp 2): adds each tile's dQ share (stored by the consumers) into buffer
-    // `split` of the float32 accumulator, one TMA reduction per 32 columns. The rows of a tile past its
+    // Producer thread 64 (warp 2): adds each tile's dQ share (stored by the consumers in the dQ tile,
+    // or with kSplitCols in the tile's stage, which it then releases) into buffer `split` of the float32
+    // accumulator, one TMA reduction per 32 columns. The rows of a tile past its
     // sequence's end hold exact zeros (their probabilities are 0 and their Q and dO rows zero), so in a
     // packed batch adding them to the next sequence's rows changes nothing; past the tensor the TMA
     // drops them. Under the ordered sum, after the CTAs of the later key tiles (ordered_sum.cuh), and
@@ -674,12 +674,17 @@ struct Sm90BwdMainloop {
                                                                       args.dq_splits));
                 fence_proxy_async_global();  // the earlier CTAs' additions before this one's
             }
-            mbarrier_wait(&st.dq_full, i & 1);
+            const int stage = i % kStages;
+            if constexpr (Tr::kSplitCols) {
+                mbarrier_wait(&st.dq_staged[stage], (i / kStages) & 1);
+            } else {
+                mbarrier_wait(&st.dq_full, i & 1);
+            }
 #pragma unroll
             for (int atom = 0; atom < Tr::kDqAtoms; ++atom) {
+                const int offset = Tr::kSplitCols ? staged_dq_atom(stage, atom) : Tr::kDqOffset + atom * kBlockM * 128;
                 if (32 * atom < args.dq_ld) {
-                    tma_reduce_add_5d(maps.dq_accum, smem + Tr::kDqOffset + atom * kBlockM * 128, 32 * atom,
-                                      seq.q_start + m0, h, batch, split);
+                    tma_reduce_add_5d(maps.dq_accum, smem + offset, 32 * atom, seq.q_start + m0, h, batch, split);
                 }
             }
             bulk_commit();
@@ -690,7 +695,11 @@ struct Sm90BwdMainloop {
             } else {
                 bulk_wait_read();
             }
-            mbarrier_arrive(&st.dq_empty);
+            if constexpr (Tr::kSplitCols) {
+                mbarrier_arrive(&st.empty[stage]);
+            } else {
+                mbarrier_arrive(&st.dq_empty);
+            }
             ++i;
         });
         bulk_wait();  // the last additions are written before the CTA ends
