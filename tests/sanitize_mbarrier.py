@@ -4,13 +4,14 @@ report the pattern when nothing races?
 One producer thread writes a value into shared memory and arrives on the stage's `full` mbarrier (with a
 bulk copy counted on it, as the forward's TMA loads are, or with a plain arrival), or each of the 32 lanes
 of the producer warp writes one value of a row and arrives (the backward's lse and delta rows,
-sm90/bwd_mainloop.cuh `load_rows`: `full` counts 32 arrivals); eight consumer warps
-wait on `full`, read the value, and release the stage through `release_stage` (sm90/pipeline.cuh: a
-`__syncwarp`, then one arrival per warp on `empty`, which counts the eight); the producer waits on
-`empty` before it writes the stage again. These are the forward's `st.entry[stage]` accesses
-(sm90/fwd_mainloop.cuh) and the backward's `st.head` / `st.entry` and rows, with everything else taken away, built from the kernels' own primitives. Every
-read is ordered after the write it sees by the mbarrier's release and acquire, so any hazard racecheck
-reports here is one it reports where no race exists. The script checks the sums the consumers saw.
+sm90/bwd_mainloop.cuh `load_rows`: `full` counts 32 arrivals); eight consumer warps wait on `full`, read
+the value, and release the stage through `release_stage` (sm90/pipeline.cuh: a `__syncwarp`, then one
+arrival per warp on `empty`, which counts the eight); the producer waits on `empty` before it writes the
+stage again. These are the forward's `st.entry[stage]` accesses (sm90/fwd_mainloop.cuh) and the
+backward's `st.head` / `st.entry` and rows, with everything else taken away, built from the kernels' own
+primitives. Every read is ordered after the write it sees by the mbarrier's release and acquire, so any
+hazard racecheck reports here is one it reports where no race exists. The script checks the sums the
+consumers saw.
 Run on an H100/H200 from the repository root:
 
     PYTHONPATH=$PWD compute-sanitizer --tool racecheck python3 tests/sanitize_mbarrier.py
