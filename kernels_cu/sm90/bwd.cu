@@ -1,11 +1,11 @@
 // Hopper backward (float16/bfloat16, sm_90a only): TMA loads, wgmma products and warp specialization,
 // assembled as Sm90BwdKernel<Mainloop, Epilogue> (sm90/bwd_mainloop.cuh describes the design). One CTA
 // per kBlockN = 128 keys (64 above head dim 128) of one (batch entry, kv head): the producer
-// warpgroup's thread 0 loads K, V and each query tile's Q and dO (Mainloop::load_tiles), its warp 1 the tiles' lse and delta
-// (Mainloop::load_rows) and its thread 64 adds each tile's dQ share into the float32 buffer
-// (Mainloop::reduce_queries); the two consumer warpgroups run the products (Mainloop::mma, or above head
-// dim 128 Mainloop::mma_split, which leaves dQ in the tile's stage) and write dK and dV
-// (Epilogue::store). setmaxnreg gives the consumers 240 registers and the producer 24.
+// warpgroup's thread 0 loads K, V and each query tile's Q and dO (Mainloop::load_tiles), its warp 1
+// the tiles' lse and delta (Mainloop::load_rows) and its thread 64 adds each tile's dQ share into the
+// float32 buffer (Mainloop::reduce_queries); the two consumer warpgroups run the products
+// (Mainloop::mma, or above head dim 128 Mainloop::mma_split, which leaves dQ in the tile's stage) and
+// write dK and dV (Epilogue::store). setmaxnreg gives the consumers 240 registers and the producer 24.
 //
 // Grid: x = ceil(seqlen_k / kBlockN) * batch * heads_k (common/scheduler.cuh). Dynamic shared memory:
 // Sm90BwdTraits::kSmemBytes.
