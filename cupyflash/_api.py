@@ -107,10 +107,10 @@ _DETERMINISTIC_DOC = """
         differ from run to run in its last bits (dk and dv never do). True: the tiles add in a fixed
         order, so dq is bitwise identical from run to run on the same device, at the cost of a second
         float32 dq buffer and of time: 4-19% more on the H200's Hopper backward (14% or less except at
-        seqlen 1024; 11-26% at head dim 256; bench/NOTES.md). The default is the faster mode because the run-to-run
-        differences are far below the rounding error of the result; training that must replay exactly
-        should pass True. Every other path (float32, float64, NumPy arrays) is deterministic either
-        way."""
+        seqlen 1024; 9-34% above head dim 128; bench/NOTES.md). The default is the faster mode because
+        the run-to-run differences are far below the rounding error of the result; training that must
+        replay exactly should pass True. Every other path (float32, float64, NumPy arrays) is
+        deterministic either way."""
 
 _NOTES_DOC = """
     CuPy arrays run on CuPy's current device and stream; NumPy arrays run the same tiled algorithm on
