@@ -48,10 +48,11 @@ struct Sm90BwdKernel {
             }
             for (int b = 0; b < 2; ++b) {
                 mbarrier_init(&st.ds_full[b], 128 * Tr::kConsumers);
-                mbarrier_init(&st.ds_free[b], 128 * Tr::kConsumers);
+                // With kDqAlternate one warpgroup reads a dS^T buffer and stores a dQ tile.
+                mbarrier_init(&st.ds_free[b], 128 * (Tr::kDqAlternate ? 1 : Tr::kConsumers));
+                mbarrier_init(&st.dq_full[b], 128 * (Tr::kDqAlternate ? 1 : Tr::kConsumers));
+                mbarrier_init(&st.dq_empty[b], 1);
             }
-            mbarrier_init(&st.dq_full, 128 * Tr::kConsumers);
-            mbarrier_init(&st.dq_empty, 1);
             mbarrier_init_fence();
         }
         __syncthreads();

@@ -15,10 +15,10 @@
 //     and writes dS^T to shared memory (two buffers, ds_full / ds_free). In the next tile's iteration,
 //     once both halves of this tile's dS^T are stored,
 //         dQ_part = dS K                               (wgmma, dS^T and K read transposed)
-//     for its half of the tile (its 64 query rows when kBlockM = 128, else its half of the head dim),
-//     stored to a float32 tile in shared memory. A producer thread of warp 2 adds that tile into the
-//     float32 buffer with TMA reductions (cp.reduce.async.bulk.tensor, done in L2), so the consumers
-//     never wait on device memory.
+//     for its 64 query rows when kBlockM = 128; with 64-query tiles warpgroup j % 2 takes all of tile
+//     j's (kDqAlternate), into a float32 tile of its own in shared memory. A producer thread of warp 2
+//     adds those tiles into the float32 buffer with TMA reductions (cp.reduce.async.bulk.tensor, done in
+//     L2), so the consumers never wait on device memory.
 // Issuing dQ one tile late means a warpgroup never waits for the other's dS^T of the tile it is on, so
 // the two can take turns issuing their product blocks (pingpong, as the forward does): one's products
 // run on the tensor cores while the other computes P^T and dS^T. P^T is also computed while its own
@@ -105,19 +105,26 @@ struct Sm90BwdTraits {
     static constexpr int kDoOffset = kQOffset + kStages * kQBytes;
     static constexpr int kDsOffset = kDoOffset + kStages * kDoBytes;
     static constexpr int kPOffset = kDsOffset + 2 * kDsBytes;
+    // dQ_part = dS K (kBlockM x kHeadDim) of a tile: with kBlockM = 128 each consumer takes its 64 queries
+    // (kDqByRows); with 64-query tiles one consumer takes all of it, warpgroup j % 2 for tile j
+    // (kDqAlternate): an m64 n(kHeadDim) product reads dS once per 16 keys where two halves of n(kHeadDim
+    // / 2) read it twice (48 KiB of shared-memory reads per tile at head dim 128 instead of 64). With
+    // kSplitCols each consumer takes its half of the columns (whole atoms of K).
+    static constexpr bool kDqByRows = kBlockM == 128;
+    static constexpr bool kDqAlternate = !kDqByRows && !kSplitCols;
+    static constexpr int kDqCols = kSplitCols ? kHeadDim / 2 : kHeadDim;
     // The float32 dQ share of one tile (kBlockM rows of kHeadDim) in atoms of 32 columns (128 bytes per
     // row) with the 128-byte swizzle, as the dq_accum map's boxes are: one TMA reduction per atom adds it
-    // into the buffer, and a half-warp's 8-byte fragment stores (4 rows x 4 pairs) cover the 32 banks once.
-    // With kSplitCols there is no room for it: the dQ shares go through the stage.
+    // into the buffer. With kDqAlternate each warpgroup has a tile of its own (buffer wg), so a store waits
+    // only for the reductions of that warpgroup's previous tile, two tiles back. With kSplitCols there is
+    // no room for it: the dQ shares go through the stage.
     static constexpr int kDqAtoms = kHeadDim / 32;
+    static constexpr int kDqBuffers = kSplitCols ? 0 : kDqAlternate ? 2 : 1;
+    static constexpr int kDqBytes = kBlockM * kHeadDim * 4;
     static constexpr int kDqOffset = kPOffset + (kSplitCols ? 2 * kDsBytes : 0);
-    static constexpr int kRowsOffset = kDqOffset + (kSplitCols ? 0 : kBlockM * kHeadDim * 4);  // per stage: lse * LOG2E, delta
+    static constexpr int kRowsOffset = kDqOffset + kDqBuffers * kDqBytes;  // per stage: lse * LOG2E, delta
     static constexpr int kStateOffset = kRowsOffset + kStages * 2 * kBlockM * 4;
     static constexpr int kSmemBytes = 1024 + kStateOffset + kCtaStateBytes;  // 1024: alignment slack
-    // dQ_part = dS K (kBlockM x kHeadDim) splits between the consumers: by rows when kBlockM = 128 (each
-    // takes its 64 queries), else by columns (each takes kHeadDim / 2, whole atoms of K).
-    static constexpr bool kDqByRows = kBlockM == 128;
-    static constexpr int kDqCols = kDqByRows ? kHeadDim : kHeadDim / 2;
     // A consumer's S^T and dP^T: 64 keys by all the tile's queries, or by its half of them (kSplitCols).
     static constexpr int kWgQueries = kSplitCols ? kBlockM / 2 : kBlockM;
     static constexpr int kSTiles = kWgQueries / 8;   // 8-query n-tiles of S^T and dP^T
@@ -132,7 +139,7 @@ struct Sm90BwdTraits {
     static_assert(kBlockM == 64 || kBlockM == 128, "query tiles of 64 or 128 rows");
     static_assert(kHeadDim % 64 == 0 && kHeadDimV % 64 == 0 && kHeadDim <= 256 && kHeadDimV <= 256,
                   "head dims are whole 64-column atoms up to 256");
-    static_assert(kDqByRows || kDqCols % 64 == 0, "each consumer's dQ columns are whole atoms of K");
+    static_assert(kDqCols % 64 == 0, "each consumer's dQ columns are whole atoms of K");
     static_assert(!kSplitCols || (kBlockM == 64 && kHeadDim == kHeadDimV && kDkCols % 64 == 0),
                   "split columns: 64-query tiles, equal head dims (dQ_part fills the stage), whole atoms");
     static_assert(kStages >= 2 && kStages <= 4, "2 to 4 stages");
@@ -147,8 +154,8 @@ struct Sm90BwdState {
     unsigned long long empty[kMaxStages];      // one arrival per consumer warp
     unsigned long long ds_full[2];             // dS^T buffer stored: one arrival per consumer thread
     unsigned long long ds_free[2];             // its dQ product is done: one arrival per consumer thread
-    unsigned long long dq_full;                // the dQ tile is stored: one arrival per consumer thread
-    unsigned long long dq_empty;               // its reductions have read it
+    unsigned long long dq_full[2];             // dQ tile b is stored: one arrival per thread that stores it
+    unsigned long long dq_empty[2];            // its reductions have read it
     unsigned long long dq_staged[kMaxStages];  // kSplitCols: the stage holds dQ_part (one arrival per consumer thread)
     int head[kMaxStages];                      // query head of the stage's tile; -1: the walk is over
     int entry[kMaxStages];                     // its tile-list entry (common/mask.cuh)
@@ -297,7 +304,7 @@ struct Sm90BwdMainloop {
                                                                 unsigned k_tile, int wg) {
         const unsigned long long a_desc = mnmajor_desc<kBlockN>(ds_tile + (Tr::kDqByRows ? wg * kBlockN * 128 : 0));
         const unsigned long long b_desc =
-            mnmajor_desc<kBlockN>(k_tile + (Tr::kDqByRows ? 0 : wg * (Tr::kDqCols / 64) * kBlockN * 128));
+            mnmajor_desc<kBlockN>(k_tile + (Tr::kSplitCols ? wg * (Tr::kDqCols / 64) * kBlockN * 128 : 0));
         wgmma_fence();
         WgmmaSSMn<T, Tr::kDqCols>::overwrite(dq, a_desc, b_desc);
 #pragma unroll
@@ -307,23 +314,58 @@ struct Sm90BwdMainloop {
         wgmma_commit();
     }
 
-    // P^T in place of S^T and, with kScoreMod, (dP^T - delta) * (1 - tanh^2) in place of dP^T
-    // (fragment/scores.cuh): this thread's keys key_g, key_g + 8 and queries m0 + 8 nt + col_t + e % 2.
-    // rows: the stage's lse * LOG2E, then delta. A uniform branch per warpgroup: tiles that every pair
-    // sees skip the element mask.
-    __device__ __forceinline__ static void probabilities(float (&s)[Tr::kSTiles][4], float (&dp)[Tr::kSTiles][4],
-                                                         const AttnArgs& a, const Mask& mask, const Log2Scores& scores,
-                                                         const float* rows, int h, int b, int entry, int m0, int key_g,
-                                                         int key0, int col_t) {
+    // This thread's queries' values of a stage row (lse * LOG2E or delta): queries 8 nt + col_t and + 1.
+    __device__ __forceinline__ static void read_row_pairs(float2 (&v)[Tr::kSTiles], const float* row, int col_t) {
+#pragma unroll
+        for (int nt = 0; nt < Tr::kSTiles; ++nt) v[nt] = *reinterpret_cast<const float2*>(row + 8 * nt + col_t);
+    }
+
+    // Reading the rows ahead of the product waits holds kSTiles float2 per row in registers while S^T and
+    // dP^T are in flight: room that the 64-query tiles have for one row at a time (lse, then delta) and
+    // the split-column tiles for both at once (the softcap's kernels need both before the exponentials),
+    // but not the 128-query tiles or the head-dim-128 softcap kernel (measured: their consumers' local
+    // accesses 119 -> 169 and 7 -> 59), which read each value where it is used.
+    static constexpr bool kRowsAhead = Tr::kSTiles * (kScoreMod ? 2 : 1) <= 8;
+
+    // P^T in place of S^T and dS^T in place of dP^T, for S^T and dP^T issued as two groups (S^T first).
+    // P^T = exp2(S^T * scale * LOG2E - lse * LOG2E) and, with kScoreMod, (dP^T - delta) * (1 - tanh^2)
+    // (fragment/scores.cuh) for this thread's keys key_g, key_g + 8 and queries m0 + 8 nt + col_t + e % 2,
+    // then the mask (a uniform branch per warpgroup: tiles that every pair sees skip the element mask),
+    // then dS^T = P^T * (dP^T - delta). rows: the stage's lse * LOG2E, then delta (kBlockM each). With
+    // kRowsAhead each row is read before the wait for the product that needs it, while the products run:
+    // read after it, its latency sits on the path to the exponentials.
+    __device__ __forceinline__ static void score_gradients_of(float (&s)[Tr::kSTiles][4], float (&dp)[Tr::kSTiles][4],
+                                                              const AttnArgs& a, const Mask& mask, const Log2Scores& scores,
+                                                              const float* rows, int h, int b, int entry, int m0,
+                                                              int key_g, int key0, int col_t) {
+        float2 lse2[Tr::kSTiles];
+        float2 delta[Tr::kSTiles];
+        const auto lse2_pair = [&](int nt) {
+            return kRowsAhead ? lse2[nt] : *reinterpret_cast<const float2*>(rows + 8 * nt + col_t);
+        };
+        const auto delta_pair = [&](int nt) {
+            return kRowsAhead ? delta[nt] : *reinterpret_cast<const float2*>(rows + kBlockM + 8 * nt + col_t);
+        };
+        if constexpr (kRowsAhead) read_row_pairs(lse2, rows, col_t);
+        if constexpr (kScoreMod) {  // the softcap's derivative needs dP^T with the exponentials
+            if constexpr (kRowsAhead) read_row_pairs(delta, rows + kBlockM, col_t);
+            wgmma_wait<0>();
+            fence_fragments(dp);
+        } else {
+            wgmma_wait<1>();  // dP^T still in flight
+        }
+        fence_fragments(s);
         auto& p = reinterpret_cast<float(&)[1][Tr::kSTiles][4]>(s);
-        probabilities_cols<kScoreMod>(
-            p, reinterpret_cast<float(&)[1][Tr::kSTiles][4]>(dp), scores,
-            [&](int nt) { return *reinterpret_cast<const float2*>(rows + 8 * nt + col_t); },
-            [&](int nt) { return *reinterpret_cast<const float2*>(rows + kBlockM + 8 * nt + col_t); }, key_g, m0, col_t);
+        auto& ds = reinterpret_cast<float(&)[1][Tr::kSTiles][4]>(dp);
+        probabilities_cols<kScoreMod>(p, ds, scores, lse2_pair, delta_pair, key_g, m0, col_t);
         const bool partial = entry_partial(entry);
         if (partial || !mask.tile_is_full(m0, Tr::kWgQueries, key0, 64)) {
             mask_tile_cols(p, mask, BlockLayout(a, b, h), a, key_g, m0, col_t, partial);
         }
+        if constexpr (kRowsAhead && !kScoreMod) read_row_pairs(delta, rows + kBlockM, col_t);
+        wgmma_wait<0>();
+        fence_fragments(dp);
+        score_gradients<kScoreMod>(ds, p, delta_pair);
     }
 
     // This thread's dS^T (or P^T) fragments into a [kBlockN keys][kBlockM queries] buffer: key row kr =
@@ -357,22 +399,39 @@ struct Sm90BwdMainloop {
         named_barrier_sync(kConsumerBarrier, 256);
     }
 
-    // This warpgroup's dQ share into the shared float32 tile: rows (64 wg when kDqByRows) + 16 warp + g
-    // + 8 r, columns (wg * kDqCols otherwise) + 8 nt + 2 t, at atom column / 32, row, 16-byte chunk
-    // ((column % 32) / 4) ^ (row % 8).
+    // The dQ stores' bank order. A lane holds 8 bytes of each n-tile's row g (lanes 4g .. 4g + 3: its 8
+    // columns, two 16-byte chunks {c, c + 1} with c even); the swizzle puts them at chunks {c, c + 1} ^ g,
+    // so rows g and g ^ 1 of a half-warp would share their two chunks and each store take two wavefronts.
+    // In store j the lanes of odd rows write n-tile j ^ 2 instead (chunks c ^ 4), which lands where
+    // n-tile j would under the key g ^ 4: the 16 lanes of a half-warp then cover the 8 chunks once.
+    // n-tile j's chunk is then lane_chunk ^ 2 (j % 4), lane_chunk that of n-tile 0 (the lane's column
+    // pair in it, under the key): four offsets per lane, whatever the number of stores.
+    static_assert(Tr::kDqTiles % 4 == 0, "the odd rows' n-tile j ^ 2 stays in the 32-column atom");
+    __device__ __forceinline__ static int dq_lane_offset(int lane) {
+        const int g = lane / 4;
+        const int key = g % 2 ? g ^ 4 : g;
+        return (((lane % 4) / 2) ^ key) * 16 + (lane % 2) * 8;
+    }
+    __device__ __forceinline__ static float2 dq_pair(const float (&dq)[Tr::kDqTiles][4], int j, int r, bool odd) {
+        return odd ? make_float2(dq[j ^ 2][2 * r], dq[j ^ 2][2 * r + 1]) : make_float2(dq[j][2 * r], dq[j][2 * r + 1]);
+    }
+
+    // This warpgroup's dQ share into a shared float32 tile: rows (64 wg when kDqByRows) + 16 warp + g
+    // + 8 r, columns 8 nt + 2 t, at atom column / 32, row, 16-byte chunk ((column % 32) / 4) ^ (row % 8),
+    // in the bank order above.
     __device__ __forceinline__ static void store_query_gradient(unsigned char* tile, const float (&dq)[Tr::kDqTiles][4],
                                                                 int wg, int warp, int lane) {
+        static_assert(!Tr::kSplitCols, "split columns stage dQ (store_query_gradient_staged)");
         const int row0 = (Tr::kDqByRows ? 64 * wg : 0) + 16 * warp + lane / 4;
-        const int col0 = (Tr::kDqByRows ? 0 : wg * Tr::kDqCols) + 2 * (lane % 4);
-        const int g = lane / 4;  // row % 8
+        const bool odd = (lane / 4) % 2;
+        unsigned char* lane_tile = tile + row0 * 128;
+        const int offset = dq_lane_offset(lane);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
 #pragma unroll
-            for (int nt = 0; nt < Tr::kDqTiles; ++nt) {
-                const int col = col0 + 8 * nt;
-                const int chunk = ((col % 32) / 4) ^ g;
-                *reinterpret_cast<float2*>(tile + (col / 32) * kBlockM * 128 + (row0 + 8 * r) * 128 + chunk * 16 +
-                                           (col % 4) * 4) = make_float2(dq[nt][2 * r], dq[nt][2 * r + 1]);
+            for (int j = 0; j < Tr::kDqTiles; ++j) {
+                *reinterpret_cast<float2*>(lane_tile + (j / 4) * kBlockM * 128 + r * 8 * 128 + (offset ^ (32 * (j % 4)))) =
+                    dq_pair(dq, j, r, odd);
             }
         }
     }
@@ -390,49 +449,67 @@ struct Sm90BwdMainloop {
     }
 
     // kSplitCols: this warpgroup's dQ share into its atoms of the stage, rows 16 warp + g + 8 r and its
-    // columns 8 nt + 2 t at atom column / 32, 16-byte chunk ((column % 32) / 4) ^ (row % 8), as
-    // store_query_gradient does.
+    // columns 8 nt + 2 t at atom column / 32, 16-byte chunk ((column % 32) / 4) ^ (row % 8), in the bank
+    // order of store_query_gradient.
     __device__ __forceinline__ static void store_query_gradient_staged(unsigned char* smem, int stage,
                                                                        const float (&dq)[Tr::kDqTiles][4], int wg,
                                                                        int warp, int lane) {
         const int row0 = 16 * warp + lane / 4;
-        const int g = lane / 4;  // row % 8
+        const bool odd = (lane / 4) % 2;
+        const int offset = dq_lane_offset(lane);
 #pragma unroll
-        for (int nt = 0; nt < Tr::kDqTiles; ++nt) {
-            const int col = 8 * nt + 2 * (lane % 4);
-            unsigned char* atom = smem + staged_dq_atom(stage, wg * (Tr::kDqCols / 32) + col / 32);
-            const int chunk = ((col % 32) / 4) ^ g;
+        for (int j = 0; j < Tr::kDqTiles; ++j) {
+            unsigned char* atom = smem + staged_dq_atom(stage, wg * (Tr::kDqCols / 32) + j / 4) + row0 * 128;
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-                *reinterpret_cast<float2*>(atom + (row0 + 8 * r) * 128 + chunk * 16 + (col % 4) * 4) =
-                    make_float2(dq[nt][2 * r], dq[nt][2 * r + 1]);
+                *reinterpret_cast<float2*>(atom + r * 8 * 128 + (offset ^ (32 * (j % 4)))) = dq_pair(dq, j, r, odd);
             }
         }
     }
 
     // dQ_part of tile j = dS_j K once both warpgroups have stored their halves of dS^T_j (buffer j % 2),
-    // then to the shared float32 tile once the reducing thread has read the previous one. Called holding
-    // the turn, right after the dV and dK products of tile j + 1 (or last): passes the turn once dQ is
-    // issued. Those products complete first; after_key_gradients runs then (the caller releases that
-    // tile's stage).
+    // then to the shared float32 tile once the reducing thread has read that tile's previous contents
+    // (tile j - 1, or with kDqAlternate tile j - 2 of the same warpgroup). Called holding the turn, right
+    // after the dV and dK products of tile j + 1 (or last): passes the turn once dQ is issued. Those
+    // products complete first; after_key_gradients runs then (the caller releases that tile's stage).
+    // With kDqAlternate warpgroup j % 2 takes tile j and the other only passes the turn.
     template <typename AfterKeyGradients>
     __device__ __forceinline__ static void finish_query_gradient(Sm90BwdState& st, unsigned char* smem, int j, int wg,
                                                                  int warp, int lane,
                                                                  const AfterKeyGradients& after_key_gradients) {
         const unsigned base = shared_addr(smem);
-        mbarrier_wait(&st.ds_full[j % 2], (j / 2) & 1);
         float dq[Tr::kDqTiles][4];
-        issue_query_gradient(dq, base + Tr::kDsOffset + (j % 2) * Tr::kDsBytes, base + Tr::kKOffset, wg);
-        Turns::pass_turn(wg);
-        wgmma_wait<1>();
-        after_key_gradients();
+        if constexpr (Tr::kDqAlternate) {
+            if (j % 2 != wg) {
+                Turns::pass_turn(wg);
+                wgmma_wait<0>();
+                after_key_gradients();
+                return;
+            }
+            // The whole tile's dQ (kHeadDim / 2 floats per thread) does not fit beside P^T and dS^T,
+            // which the dV and dK products read from registers: they complete first, holding the turn
+            // (the tensor cores are busy with them), then dQ is issued.
+            wgmma_wait<0>();
+            after_key_gradients();
+            mbarrier_wait(&st.ds_full[j % 2], (j / 2) & 1);
+            issue_query_gradient(dq, base + Tr::kDsOffset + (j % 2) * Tr::kDsBytes, base + Tr::kKOffset, wg);
+            Turns::pass_turn(wg);
+        } else {
+            mbarrier_wait(&st.ds_full[j % 2], (j / 2) & 1);
+            issue_query_gradient(dq, base + Tr::kDsOffset + (j % 2) * Tr::kDsBytes, base + Tr::kKOffset, wg);
+            Turns::pass_turn(wg);
+            wgmma_wait<1>();
+            after_key_gradients();
+        }
         wgmma_wait<0>();
         fence_fragments(dq);
         mbarrier_arrive(&st.ds_free[j % 2]);
-        if (j > 0) mbarrier_wait(&st.dq_empty, (j - 1) & 1);
-        store_query_gradient(smem + Tr::kDqOffset, dq, wg, warp, lane);
+        const int buffer = Tr::kDqAlternate ? wg : 0;
+        const int previous = j - Tr::kDqBuffers;  // the tile last stored in that buffer
+        if (previous >= 0) mbarrier_wait(&st.dq_empty[buffer], (previous / Tr::kDqBuffers) & 1);
+        store_query_gradient(smem + Tr::kDqOffset + buffer * Tr::kDqBytes, dq, wg, warp, lane);
         fence_proxy_async();
-        mbarrier_arrive(&st.dq_full);
+        mbarrier_arrive(&st.dq_full[buffer]);
     }
 
     // A consumer warpgroup (wg = 0, 1): dK (without the softmax scale) and dV of keys [n0 + 64 wg,
@@ -495,19 +572,7 @@ struct Sm90BwdMainloop {
             Turns::pass_turn(wg);
             const float* rows = reinterpret_cast<const float*>(smem + Tr::kRowsOffset) + stage * 2 * kBlockM;
             mbarrier_wait(&st.rows_full[stage], parity);
-            if constexpr (kScoreMod) {
-                wgmma_wait<0>();
-                fence_fragments(dp);
-            } else {
-                wgmma_wait<1>();
-            }
-            fence_fragments(s);
-            probabilities(s, dp, a, mask, scores, rows, h, work.b, entry, m0, key_g, key0, col_t);
-            wgmma_wait<0>();
-            fence_fragments(dp);
-            score_gradients<kScoreMod>(
-                reinterpret_cast<float(&)[1][Tr::kSTiles][4]>(dp), reinterpret_cast<const float(&)[1][Tr::kSTiles][4]>(s),
-                [&](int nt) { return *reinterpret_cast<const float2*>(rows + kBlockM + 8 * nt + col_t); });
+            score_gradients_of(s, dp, a, mask, scores, rows, h, work.b, entry, m0, key_g, key0, col_t);
             unsigned p_op[Tr::kOpSteps][4];
             unsigned ds_op[Tr::kOpSteps][4];
             to_operand<T>(p_op, s);
@@ -601,19 +666,7 @@ struct Sm90BwdMainloop {
             issue_transposed_scores(dp, v_tile, 0, do_tile, q0, kHeadDimV / 16);
             const float* rows = reinterpret_cast<const float*>(smem + Tr::kRowsOffset) + stage * 2 * kBlockM + q0;
             mbarrier_wait(&st.rows_full[stage], parity);
-            if constexpr (kScoreMod) {
-                wgmma_wait<0>();
-                fence_fragments(dp);
-            } else {
-                wgmma_wait<1>();
-            }
-            fence_fragments(s);
-            probabilities(s, dp, a, mask, scores, rows, h, work.b, entry, m0 + q0, key_g, key0, col_t);
-            wgmma_wait<0>();
-            fence_fragments(dp);
-            score_gradients<kScoreMod>(
-                reinterpret_cast<float(&)[1][Tr::kSTiles][4]>(dp), reinterpret_cast<const float(&)[1][Tr::kSTiles][4]>(s),
-                [&](int nt) { return *reinterpret_cast<const float2*>(rows + kBlockM + 8 * nt + col_t); });
+            score_gradients_of(s, dp, a, mask, scores, rows, h, work.b, entry, m0 + q0, key_g, key0, col_t);
             unsigned p_op[Tr::kOpSteps][4];
             unsigned ds_op[Tr::kOpSteps][4];
             to_operand<T>(p_op, s);
@@ -675,14 +728,16 @@ struct Sm90BwdMainloop {
                 fence_proxy_async_global();  // the earlier CTAs' additions before this one's
             }
             const int stage = i % kStages;
+            const int buffer = Tr::kDqAlternate ? i % 2 : 0;
             if constexpr (Tr::kSplitCols) {
                 mbarrier_wait(&st.dq_staged[stage], (i / kStages) & 1);
             } else {
-                mbarrier_wait(&st.dq_full, i & 1);
+                mbarrier_wait(&st.dq_full[buffer], (i / Tr::kDqBuffers) & 1);
             }
 #pragma unroll
             for (int atom = 0; atom < Tr::kDqAtoms; ++atom) {
-                const int offset = Tr::kSplitCols ? staged_dq_atom(stage, atom) : Tr::kDqOffset + atom * kBlockM * 128;
+                const int offset = Tr::kSplitCols ? staged_dq_atom(stage, atom)
+                                                  : Tr::kDqOffset + buffer * Tr::kDqBytes + atom * kBlockM * 128;
                 if (32 * atom < args.dq_ld) {
                     tma_reduce_add_5d(maps.dq_accum, smem + offset, 32 * atom, seq.q_start + m0, h, batch, split);
                 }
@@ -698,7 +753,7 @@ struct Sm90BwdMainloop {
             if constexpr (Tr::kSplitCols) {
                 mbarrier_arrive(&st.empty[stage]);
             } else {
-                mbarrier_arrive(&st.dq_empty);
+                mbarrier_arrive(&st.dq_empty[buffer]);
             }
             ++i;
         });
