@@ -11,6 +11,29 @@
 
 namespace cupyflash {
 
+// A thread group's run of consecutive flat rows r of (batch, heads, seqlen_q) = (b, h, s). Locating a
+// row takes two 64-bit divisions (each a subroutine call), more instructions than moving its bytes (512
+// of dQ at head dim 128), so a group locates the first row of its run once and steps to the next.
+struct RowRun {
+    long long b, h;
+    int s;
+    __device__ __forceinline__ RowRun(const AttnArgs& a, long long r) {
+        const long long bh = r / a.seqlen_q;
+        b = bh / a.heads;
+        h = bh - b * a.heads;
+        s = static_cast<int>(r - bh * a.seqlen_q);
+    }
+    __device__ __forceinline__ void next(const AttnArgs& a) {
+        if (++s == a.seqlen_q) {
+            s = 0;
+            if (++h == a.heads) {
+                h = 0;
+                ++b;
+            }
+        }
+    }
+};
+
 // delta_r = sum_c dO_rc * O_rc in the accumulator type (float64 for float64 inputs, else float32), written
 // with the layout of lse. A row takes the lanes of a power-of-two group that cover headdim_v with 16 bytes
 // each, so short rows share a warp; rows whose addresses are not 16-byte aligned fall back to element
@@ -74,36 +97,39 @@ bwd_delta(const CUPYFLASH_GRID_CONSTANT BwdArgs args, int lanes) {
 }
 
 // dq[b, s, h, c] = softmax_scale * (sum over the dq_splits buffers, in order, of the accumulator row
-// (b, h, s)), rounded to T. One warp per row of (batch, heads, seqlen_q), grid-stride; packed batches
-// pass batch 1 and seqlen_q = total_q. Lanes read column pairs (dq_ld is even, so each pair is 8-byte
-// aligned) and write them as one 32-bit store where the head dim is even.
+// (b, h, s)), rounded to T. A warp per row, each warp taking runs of `run_rows` consecutive rows of
+// (batch, heads, seqlen_q) (RowRun), grid-stride; packed batches pass batch 1 and seqlen_q = total_q.
+// Lanes read column pairs (dq_ld is even, so each pair is 8-byte aligned) and write them as one 32-bit
+// store where the head dim is even.
 template <typename T>
 __global__ void __launch_bounds__(256)
-bwd_dq_convert(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
+bwd_dq_convert(const CUPYFLASH_GRID_CONSTANT BwdArgs args, int run_rows) {
     const AttnArgs& a = args.attn;
     const long long rows = static_cast<long long>(a.batch) * a.heads * a.seqlen_q;
-    const float* accum = static_cast<const float*>(args.dq_accum.ptr);
     const float scale = static_cast<float>(a.softmax_scale);
     const int lane = threadIdx.x % 32;
-    for (long long r = static_cast<long long>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; r < rows;
-         r += static_cast<long long>(gridDim.x) * (blockDim.x / 32)) {
-        const int s = static_cast<int>(r % a.seqlen_q);
-        const long long bh = r / a.seqlen_q;
-        const long long h = bh % a.heads, b = bh / a.heads;
-        const float* row = accum + rows_index(args.dq_accum, b, h, s) * args.dq_ld;
-        T* dst = head_rows<T>(args.dq, b, s, h);
-        for (int c = 2 * lane; c < a.headdim; c += 64) {
-            float2 sum = *reinterpret_cast<const float2*>(row + c);
-            for (int split = 1; split < args.dq_splits; ++split) {
-                const float2 part = *reinterpret_cast<const float2*>(row + split * args.dq_split_stride + c);
-                sum.x += part.x;
-                sum.y += part.y;
-            }
-            if (a.headdim % 2 == 0) {
-                *reinterpret_cast<unsigned*>(dst + c) = pack2<T>(sum.x * scale, sum.y * scale);
-            } else {
-                dst[c] = from_acc<T>(sum.x * scale);
-                if (c + 1 < a.headdim) dst[c + 1] = from_acc<T>(sum.y * scale);
+    const long long warp = static_cast<long long>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+    const long long stride = static_cast<long long>(gridDim.x) * (blockDim.x / 32) * run_rows;
+    for (long long r0 = warp * run_rows; r0 < rows; r0 += stride) {
+        RowRun row(a, r0);
+        const long long end = r0 + run_rows < rows ? r0 + run_rows : rows;
+        for (long long r = r0; r < end; ++r, row.next(a)) {
+            const float* accum =
+                static_cast<const float*>(args.dq_accum.ptr) + rows_index(args.dq_accum, row.b, row.h, row.s) * args.dq_ld;
+            T* dst = head_rows<T>(args.dq, row.b, row.s, row.h);
+            for (int c = 2 * lane; c < a.headdim; c += 64) {
+                float2 sum = *reinterpret_cast<const float2*>(accum + c);
+                for (int split = 1; split < args.dq_splits; ++split) {
+                    const float2 part = *reinterpret_cast<const float2*>(accum + split * args.dq_split_stride + c);
+                    sum.x += part.x;
+                    sum.y += part.y;
+                }
+                if (a.headdim % 2 == 0) {
+                    *reinterpret_cast<unsigned*>(dst + c) = pack2<T>(sum.x * scale, sum.y * scale);
+                } else {
+                    dst[c] = from_acc<T>(sum.x * scale);
+                    if (c + 1 < a.headdim) dst[c + 1] = from_acc<T>(sum.y * scale);
+                }
             }
         }
     }
