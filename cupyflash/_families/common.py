@@ -173,6 +173,16 @@ DELTA = _kernels.Kernel("bwd_delta", "common/bwd_rows.cu", _kernels.ALL_DTYPES)
 DQ_CONVERT = _kernels.Kernel("bwd_dq_convert", "common/bwd_rows.cu", _kernels.HALF_DTYPES)
 ROW_THREADS = 256
 ROW_KERNEL_MAX_CTAS = 1 << 16
+#: Rows of one (batch entry, head) that a warp of the dQ conversion takes at a time
+#: (kernels_cu/common/bwd_rows.cu, RowRun): located once, with 32-bit divisions.
+ROW_RUN = 16
+
+
+def row_runs(p):
+    """RowRun::count of the dQ conversion's (flat) problem: ROW_RUN-row runs of every (batch entry, head)."""
+    if p.varlen:
+        return p.heads * cdiv(p.total_q, ROW_RUN)
+    return p.batch * p.heads * cdiv(p.seqlen_q, ROW_RUN)
 
 
 def int32_arg(b, value):
@@ -195,9 +205,11 @@ def plan_delta(b, p, args):
 
 
 def plan_dq_convert(b, p, args):
-    """dQ = softmax_scale * (the sum of the float32 buffers), rounded to the inputs' dtype: a warp per row."""
-    ctas = min(cdiv(p.heads * p.query_rows, ROW_THREADS // 32), ROW_KERNEL_MAX_CTAS)
-    b.launch(function(DQ_CONVERT.variant(dtype_name(p.dtype))), (ctas, 1, 1), ROW_THREADS, (flat_rows(b, args, p),))
+    """dQ = softmax_scale * (the sum of the float32 buffers), rounded to the inputs' dtype: a warp per row,
+    ROW_RUN rows at a time."""
+    ctas = min(cdiv(row_runs(p), ROW_THREADS // 32), ROW_KERNEL_MAX_CTAS)
+    b.launch(function(DQ_CONVERT.variant(dtype_name(p.dtype))), (ctas, 1, 1), ROW_THREADS,
+             (flat_rows(b, args, p), int32_arg(b, ROW_RUN)))
 
 
 #: The device-side check of a packed batch (kernels_cu/common/checks.cu), for calls that must not

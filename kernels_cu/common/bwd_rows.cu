@@ -11,6 +11,27 @@
 
 namespace cupyflash {
 
+// A warp's run: rows s0 .. s0 + run_rows - 1 (those below seqlen_q) of one (batch entry, head),
+// run u of the batch * heads * ceil(seqlen_q / run_rows). Locating a row of the flat (batch, heads,
+// seqlen_q) index took three 64-bit divisions, each a subroutine call, more instructions than moving
+// the row's bytes (512 of dQ at head dim 128); a run's 32-bit divisions locate run_rows rows. Fewer
+// than 2^32 runs: 2^36 rows of at least 16 bytes would not fit a GPU's memory.
+struct RowRun {
+    int b, h, s0;
+    __device__ __forceinline__ RowRun(const AttnArgs& a, unsigned u, int run_rows) {
+        const unsigned chunks = static_cast<unsigned>((a.seqlen_q + run_rows - 1) / run_rows);
+        const unsigned bh = u / chunks;
+        const unsigned heads = static_cast<unsigned>(a.heads);
+        s0 = static_cast<int>(u - bh * chunks) * run_rows;
+        b = static_cast<int>(bh / heads);
+        h = static_cast<int>(bh - static_cast<unsigned>(b) * heads);
+    }
+    __device__ __forceinline__ static unsigned count(const AttnArgs& a, int run_rows) {
+        return static_cast<unsigned>(a.batch) * static_cast<unsigned>(a.heads) *
+               static_cast<unsigned>((a.seqlen_q + run_rows - 1) / run_rows);
+    }
+};
+
 // delta_r = sum_c dO_rc * O_rc in the accumulator type (float64 for float64 inputs, else float32), written
 // with the layout of lse. A row takes the lanes of a power-of-two group that cover headdim_v with 16 bytes
 // each, so short rows share a warp; rows whose addresses are not 16-byte aligned fall back to element
@@ -74,36 +95,37 @@ bwd_delta(const CUPYFLASH_GRID_CONSTANT BwdArgs args, int lanes) {
 }
 
 // dq[b, s, h, c] = softmax_scale * (sum over the dq_splits buffers, in order, of the accumulator row
-// (b, h, s)), rounded to T. One warp per row of (batch, heads, seqlen_q), grid-stride; packed batches
-// pass batch 1 and seqlen_q = total_q. Lanes read column pairs (dq_ld is even, so each pair is 8-byte
-// aligned) and write them as one 32-bit store where the head dim is even.
+// (b, h, s)), rounded to T. A warp per row, each warp taking runs of `run_rows` rows (RowRun),
+// grid-stride; packed batches pass batch 1 and seqlen_q = total_q. Lanes read column pairs (dq_ld is
+// even, so each pair is 8-byte aligned) and write them as one 32-bit store where the head dim is even.
 template <typename T>
 __global__ void __launch_bounds__(256)
-bwd_dq_convert(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
+bwd_dq_convert(const CUPYFLASH_GRID_CONSTANT BwdArgs args, int run_rows) {
     const AttnArgs& a = args.attn;
-    const long long rows = static_cast<long long>(a.batch) * a.heads * a.seqlen_q;
+    const unsigned runs = RowRun::count(a, run_rows);
     const float* accum = static_cast<const float*>(args.dq_accum.ptr);
     const float scale = static_cast<float>(a.softmax_scale);
     const int lane = threadIdx.x % 32;
-    for (long long r = static_cast<long long>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; r < rows;
-         r += static_cast<long long>(gridDim.x) * (blockDim.x / 32)) {
-        const int s = static_cast<int>(r % a.seqlen_q);
-        const long long bh = r / a.seqlen_q;
-        const long long h = bh % a.heads, b = bh / a.heads;
-        const float* row = accum + rows_index(args.dq_accum, b, h, s) * args.dq_ld;
-        T* dst = head_rows<T>(args.dq, b, s, h);
-        for (int c = 2 * lane; c < a.headdim; c += 64) {
-            float2 sum = *reinterpret_cast<const float2*>(row + c);
-            for (int split = 1; split < args.dq_splits; ++split) {
-                const float2 part = *reinterpret_cast<const float2*>(row + split * args.dq_split_stride + c);
-                sum.x += part.x;
-                sum.y += part.y;
-            }
-            if (a.headdim % 2 == 0) {
-                *reinterpret_cast<unsigned*>(dst + c) = pack2<T>(sum.x * scale, sum.y * scale);
-            } else {
-                dst[c] = from_acc<T>(sum.x * scale);
-                if (c + 1 < a.headdim) dst[c + 1] = from_acc<T>(sum.y * scale);
+    for (unsigned u = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; u < runs; u += gridDim.x * (blockDim.x / 32)) {
+        const RowRun run(a, u, run_rows);
+        const int end = run.s0 + run_rows < a.seqlen_q ? run.s0 + run_rows : a.seqlen_q;
+        for (int s = run.s0; s < end; ++s) {
+            const long long h = run.h, b = run.b;
+            const float* row = accum + rows_index(args.dq_accum, b, h, s) * args.dq_ld;
+            T* dst = head_rows<T>(args.dq, b, s, h);
+            for (int c = 2 * lane; c < a.headdim; c += 64) {
+                float2 sum = *reinterpret_cast<const float2*>(row + c);
+                for (int split = 1; split < args.dq_splits; ++split) {
+                    const float2 part = *reinterpret_cast<const float2*>(row + split * args.dq_split_stride + c);
+                    sum.x += part.x;
+                    sum.y += part.y;
+                }
+                if (a.headdim % 2 == 0) {
+                    *reinterpret_cast<unsigned*>(dst + c) = pack2<T>(sum.x * scale, sum.y * scale);
+                } else {
+                    dst[c] = from_acc<T>(sum.x * scale);
+                    if (c + 1 < a.headdim) dst[c + 1] = from_acc<T>(sum.y * scale);
+                }
             }
         }
     }
