@@ -21,10 +21,13 @@
 //     L2), so the consumers never wait on device memory.
 // Issuing dQ one tile late means a warpgroup never waits for the other's dS^T of the tile it is on, so
 // the two can take turns issuing their product blocks (pingpong, as the forward does): one's products
-// run on the tensor cores while the other computes P^T and dS^T. P^T is also computed while its own
-// dP^T is still in flight. P^T and dS^T never leave the CTA; dK and dV live in the consumers' registers
-// for the CTA's whole life (dK = softmax_scale * dS^T Q, scaled once in the epilogue). setmaxnreg gives
-// the consumers 240 registers and the producer 24. Every product completes within its loop iteration:
+// run on the tensor cores while the other computes P^T and dS^T. With kDqAlternate only the S^T and dP^T
+// blocks take turns: the dV, dK and dQ blocks issue as soon as they are ready, since there the warpgroup
+// computing dQ waits for its dV and dK products first, and holding the turn through that wait made the
+// other warpgroup wait for it (bench/NOTES.md, session 11: +5-6% at head dim 128). P^T is also computed
+// while its own dP^T is still in flight. P^T and dS^T never leave the CTA; dK and dV live in the
+// consumers' registers for the CTA's whole life (dK = softmax_scale * dS^T Q, scaled once in the
+// epilogue). setmaxnreg gives the consumers 240 registers and the producer 24. Every product completes within its loop iteration:
 // ptxas serializes wgmma whose accumulators stay in flight across a loop's back edge.
 //
 // Above head dim 128 (kSplitCols) dK and dV of 64 keys at 256 columns are 128 floats per thread of one
@@ -120,6 +123,8 @@ struct Sm90BwdTraits {
     // no room for it: the dQ shares go through the stage.
     static constexpr int kDqAtoms = kHeadDim / 32;
     static constexpr int kDqBuffers = kSplitCols ? 0 : kDqAlternate ? 2 : 1;
+    // Whether the dV, dK and dQ blocks take turns as the S^T and dP^T blocks do (see the top of the file).
+    static constexpr bool kKeyGradientTurns = !kDqAlternate;
     static constexpr int kDqBytes = kBlockM * kHeadDim * 4;
     static constexpr int kDqOffset = kPOffset + (kSplitCols ? 2 * kDsBytes : 0);
     static constexpr int kRowsOffset = kDqOffset + kDqBuffers * kDqBytes;  // per stage: lse * LOG2E, delta
@@ -469,10 +474,11 @@ struct Sm90BwdMainloop {
 
     // dQ_part of tile j = dS_j K once both warpgroups have stored their halves of dS^T_j (buffer j % 2),
     // then to the shared float32 tile once the reducing thread has read that tile's previous contents
-    // (tile j - 1, or with kDqAlternate tile j - 2 of the same warpgroup). Called holding the turn, right
-    // after the dV and dK products of tile j + 1 (or last): passes the turn once dQ is issued. Those
-    // products complete first; after_key_gradients runs then (the caller releases that tile's stage).
-    // With kDqAlternate warpgroup j % 2 takes tile j and the other only passes the turn.
+    // (tile j - 1, or with kDqAlternate tile j - 2 of the same warpgroup). Called right after the dV and
+    // dK products of tile j + 1 (or last) are issued, holding the turn when kKeyGradientTurns: passes it
+    // once dQ is issued. Those products complete first; after_key_gradients runs then (the caller
+    // releases that tile's stage). With kDqAlternate (no turn held) warpgroup j % 2 takes tile j and the
+    // other only waits for its products.
     template <typename AfterKeyGradients>
     __device__ __forceinline__ static void finish_query_gradient(Sm90BwdState& st, unsigned char* smem, int j, int wg,
                                                                  int warp, int lane,
@@ -480,20 +486,18 @@ struct Sm90BwdMainloop {
         const unsigned base = shared_addr(smem);
         float dq[Tr::kDqTiles][4];
         if constexpr (Tr::kDqAlternate) {
+            static_assert(!Tr::kKeyGradientTurns, "kDqAlternate issues dQ after a wait: no turn may be held");
             if (j % 2 != wg) {
-                Turns::pass_turn(wg);
                 wgmma_wait<0>();
                 after_key_gradients();
                 return;
             }
             // The whole tile's dQ (kHeadDim / 2 floats per thread) does not fit beside P^T and dS^T,
-            // which the dV and dK products read from registers: they complete first, holding the turn
-            // (the tensor cores are busy with them), then dQ is issued.
+            // which the dV and dK products read from registers: they complete first, then dQ is issued.
             wgmma_wait<0>();
             after_key_gradients();
             mbarrier_wait(&st.ds_full[j % 2], (j / 2) & 1);
             issue_query_gradient(dq, base + Tr::kDsOffset + (j % 2) * Tr::kDsBytes, base + Tr::kKOffset, wg);
-            Turns::pass_turn(wg);
         } else {
             mbarrier_wait(&st.ds_full[j % 2], (j / 2) & 1);
             issue_query_gradient(dq, base + Tr::kDsOffset + (j % 2) * Tr::kDsBytes, base + Tr::kKOffset, wg);
@@ -587,7 +591,7 @@ struct Sm90BwdMainloop {
             mbarrier_arrive(&st.ds_full[i % 2]);
 
             // dV += P^T dO, dK += dS^T Q, then the previous tile's dQ.
-            Turns::take_turn(wg);
+            if constexpr (Tr::kKeyGradientTurns) Turns::take_turn(wg);
             wgmma_fence();
             issue_key_gradient<kHeadDimV>(dv, p_op, do_tile);
             issue_key_gradient<kHeadDim>(dk, ds_op, q_tile);
@@ -595,14 +599,14 @@ struct Sm90BwdMainloop {
             if (i > 0) {
                 finish_query_gradient(st, smem, i - 1, wg, warp, lane, [&]() { release_stage(&st.empty[stage]); });
             } else {
-                Turns::pass_turn(wg);
+                if constexpr (Tr::kKeyGradientTurns) Turns::pass_turn(wg);
                 wgmma_wait<0>();
                 release_stage(&st.empty[stage]);
             }
             ++tiles;
         }
         if (tiles > 0) {
-            Turns::take_turn(wg);
+            if constexpr (Tr::kKeyGradientTurns) Turns::take_turn(wg);
             finish_query_gradient(st, smem, tiles - 1, wg, warp, lane, []() {});
         }
         Turns::finish(wg);
