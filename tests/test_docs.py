@@ -53,10 +53,10 @@ def test_public_docstrings_document_every_parameter(name):
 
 
 def _deterministic_cost(text):
-    """(range, bound, seqlen, wide range, head dim) of "N-M% ... Hopper backward (K% or less except at
-    seqlen S; A-B% above head dim D" in ``text``."""
+    """(range, bound, seqlens, wide range, head dim) of "N-M% ... Hopper backward (K% or less except at
+    seqlen S (or seqlens S and T); A-B% above head dim D" in ``text``."""
     text = " ".join(text.split())
-    match = re.search(r"(\d+-\d+)% [^.;]{0,40}Hopper backward \((\d+)% or less except at seqlen (\d+); "
+    match = re.search(r"(\d+-\d+)% [^.;]{0,40}Hopper backward \((\d+)% or less except at seqlens? (\d+(?: and \d+)?); "
                       r"(\d+-\d+)% above head dim (\d+)", text)
     return match and match.groups()
 
