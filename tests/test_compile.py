@@ -67,7 +67,7 @@ SM90_BWD_SPILL_CEILING = {(64, 64, False): 1104, (64, 64, True): 868, (128, 128,
 KVC_SPILL_CEILING = {256: 64}
 KVC_LOOP_LOCAL_CEILING = {256: 2}
 #: Variants per NVRTC program, and the relative compile cost of the large kernels.
-_CHUNK = 6
+_CHUNK = 12
 _COST = {"sm80_bwd": 8, "sm80_fwd": 5, "sm90_fwd": 6, "sm90_bwd": 6}
 
 
@@ -198,11 +198,13 @@ def builds(request):
 def reports(builds):
     def group(build):
         v, arch = build
-        return (v.source_file, v.dtype or "", arch)
+        return (v.source_file, arch)
 
     groups = [[v for v, _ in bs] for _, bs in itertools.groupby(sorted(builds, key=group), key=group)]
-    archs = [arch for (_, _, arch), _ in itertools.groupby(sorted(builds, key=group), key=group)]
-    # Programs of a few variants each keep every core busy to the end; the largest kernels go first.
+    archs = [arch for (_, arch), _ in itertools.groupby(sorted(builds, key=group), key=group)]
+    # Programs of a dozen variants (of any dtype) each: a program's front end costs about a second, so
+    # fewer programs save that, and there are still enough to keep every core busy to the end; the
+    # largest kernels go first.
     jobs = [(vs[i : i + _CHUNK], arch) for vs, arch in zip(groups, archs) for i in range(0, len(vs), _CHUNK)]
     jobs.sort(key=lambda job: -sum(_COST.get(v.kernel.name, 1) for v in job[0]))
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(os.sched_getaffinity(0)) or 2) as pool:
