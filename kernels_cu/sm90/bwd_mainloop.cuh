@@ -27,8 +27,9 @@
 // other warpgroup wait for it (bench/NOTES.md, session 11: +5-6% at head dim 128). P^T is also computed
 // while its own dP^T is still in flight. P^T and dS^T never leave the CTA; dK and dV live in the
 // consumers' registers for the CTA's whole life (dK = softmax_scale * dS^T Q, scaled once in the
-// epilogue). setmaxnreg gives the consumers 240 registers and the producer 24. Every product completes within its loop iteration:
-// ptxas serializes wgmma whose accumulators stay in flight across a loop's back edge.
+// epilogue). setmaxnreg gives the consumers 240 registers and the producer 24. Every product completes
+// within its loop iteration: ptxas serializes wgmma whose accumulators stay in flight across a loop's
+// back edge.
 //
 // Above head dim 128 (kSplitCols) dK and dV of 64 keys at 256 columns are 128 floats per thread of one
 // warpgroup, and K, V and two stages of Q and dO fill 192 KiB: the CTA takes 64 keys, and each consumer
@@ -486,7 +487,6 @@ struct Sm90BwdMainloop {
         const unsigned base = shared_addr(smem);
         float dq[Tr::kDqTiles][4];
         if constexpr (Tr::kDqAlternate) {
-            static_assert(!Tr::kKeyGradientTurns, "kDqAlternate issues dQ after a wait: no turn may be held");
             if (j % 2 != wg) {
                 wgmma_wait<0>();
                 after_key_gradients();
