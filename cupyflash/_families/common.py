@@ -199,9 +199,9 @@ def plan_delta(b, p, args):
     lanes = 1
     while lanes < 32 and per_lane * lanes < p.headdim_v:
         lanes *= 2
-    ctas = min(cdiv(p.heads * p.query_rows, ROW_THREADS // lanes), ROW_KERNEL_MAX_CTAS)
+    ctas = min(cdiv(row_runs(p), ROW_THREADS // 32), ROW_KERNEL_MAX_CTAS)
     b.launch(function(DELTA.variant(dtype_name(p.dtype))), (ctas, 1, 1), ROW_THREADS,
-             (flat_rows(b, args, p), int32_arg(b, lanes)))
+             (flat_rows(b, args, p), int32_arg(b, lanes), int32_arg(b, ROW_RUN)))
 
 
 def plan_dq_convert(b, p, args):

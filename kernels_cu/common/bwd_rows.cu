@@ -33,100 +33,185 @@ struct RowRun {
 };
 
 // delta_r = sum_c dO_rc * O_rc in the accumulator type (float64 for float64 inputs, else float32), written
-// with the layout of lse. A row takes the lanes of a power-of-two group that cover headdim_v with 16 bytes
-// each, so short rows share a warp; rows whose addresses are not 16-byte aligned fall back to element
-// loads. Grid-stride over the groups of 256 threads; `lanes` is the group size (cupyflash/_families/
-// common.py). Where args.dq_accum.ptr is set, the row's dq_ld floats of each of the dq_splits buffers
-// are zeroed (dq_ld is even), and where args.dq_turns is set, the turn counters.
+// with the layout of lse. A warp takes runs of `run_rows` rows of one (batch entry, head) (RowRun); a
+// row takes the lanes of a power-of-two group (`lanes`, cupyflash/_families/common.py) that cover
+// headdim_v with 16 bytes each, so short rows share a warp, and each group's rows kDeltaSteps warp
+// steps apart load together: at 16 bytes per load, a lane needs several loads in flight to keep the
+// memory busy (a row at a time, the kernel ran at 3 TB/s). Rows whose addresses are not 16-byte aligned
+// fall back to element loads. Where args.dq_accum.ptr is set, the run's dq_ld floats per row of each
+// of the dq_splits buffers are zeroed (a run's rows are contiguous there: 16-byte stores where dq_ld
+// and the split stride are multiples of 4, as on the Hopper path, else 8-byte, dq_ld being even), and
+// where args.dq_turns is set, the turn counters.
+constexpr int kDeltaSteps = 4;
+
 template <typename T>
 __global__ void __launch_bounds__(256)
-bwd_delta(const CUPYFLASH_GRID_CONSTANT BwdArgs args, int lanes) {
+bwd_delta(const CUPYFLASH_GRID_CONSTANT BwdArgs args, int lanes, int run_rows) {
     using Acc = acc_t<T>;
     constexpr int kVec = 16 / static_cast<int>(sizeof(T));  // elements of one 16-byte load
     const AttnArgs& a = args.attn;
-    const long long rows = static_cast<long long>(a.batch) * a.heads * a.seqlen_q;
+    const unsigned runs = RowRun::count(a, run_rows);
     const int lane = threadIdx.x % lanes;
-    const long long groups = static_cast<long long>(gridDim.x) * (blockDim.x / lanes);
+    const int group = threadIdx.x % 32 / lanes;  // the lane's row of each warp step
+    const int step_rows = 32 / lanes;
     float* const accum = static_cast<float*>(args.dq_accum.ptr);
-    // Every lane of a warp runs the same number of steps (the shuffles below need the whole group).
-    for (long long r = static_cast<long long>(blockIdx.x) * (blockDim.x / lanes) + threadIdx.x / lanes;
-         r - threadIdx.x % 32 / lanes < rows; r += groups) {
-        Acc acc = 0;
-        long long b = 0, h = 0;
-        int i = 0;
-        if (r < rows) {
-            i = static_cast<int>(r % a.seqlen_q);
-            const long long bh = r / a.seqlen_q;
-            h = bh % a.heads;
-            b = bh / a.heads;
-            const T* o_row = head_rows<const T>(args.out, b, i, h);
-            const T* do_row = head_rows<const T>(args.dout, b, i, h);
-            if ((reinterpret_cast<size_t>(o_row) | reinterpret_cast<size_t>(do_row)) % 16 == 0 && a.headdim_v % kVec == 0) {
-                for (int c = kVec * lane; c < a.headdim_v; c += kVec * lanes) {
-                    const uint4 o = *reinterpret_cast<const uint4*>(o_row + c);
-                    const uint4 d = *reinterpret_cast<const uint4*>(do_row + c);
-                    const T* ov = reinterpret_cast<const T*>(&o);
-                    const T* dv = reinterpret_cast<const T*>(&d);
+    const bool quads = args.dq_ld % 4 == 0 && args.dq_split_stride % 4 == 0;
+    for (unsigned u = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; u < runs; u += gridDim.x * (blockDim.x / 32)) {
+        const RowRun run(a, u, run_rows);
+        const long long b = run.b, h = run.h;
+        const int end = run.s0 + run_rows < a.seqlen_q ? run.s0 + run_rows : a.seqlen_q;
+        Acc* const delta = static_cast<Acc*>(args.delta.ptr) + rows_index(args.delta, b, h, 0);
+        const T* const o_rows = head_rows<const T>(args.out, b, 0, h);
+        const T* const do_rows = head_rows<const T>(args.dout, b, 0, h);
+        // The fast path: every row of the run 16-byte aligned and covered by one load per lane.
+        const bool vectors = (reinterpret_cast<size_t>(o_rows) | reinterpret_cast<size_t>(do_rows)) % 16 == 0 &&
+                             (args.out.row_stride | args.dout.row_stride) % kVec == 0 && a.headdim_v % kVec == 0 &&
+                             kVec * lanes >= a.headdim_v;
+        // Every lane of a warp runs the same steps (the shuffles need the whole group).
+        for (int s0 = run.s0; s0 < end; s0 += kDeltaSteps * step_rows) {
+            Acc acc[kDeltaSteps];
+            if (vectors) {
+                uint4 o[kDeltaSteps], d[kDeltaSteps];
 #pragma unroll
-                    for (int e = 0; e < kVec; ++e) acc += to_acc(ov[e]) * to_acc(dv[e]);
-                }
-            } else {
-                for (int c = lane; c < a.headdim_v; c += lanes) acc += to_acc(o_row[c]) * to_acc(do_row[c]);
-            }
-            if (accum != nullptr) {
-                float* row = accum + rows_index(args.dq_accum, b, h, i) * args.dq_ld;
-                for (int split = 0; split < args.dq_splits; ++split) {
-                    for (int c = 2 * lane; c < args.dq_ld; c += 2 * lanes) {
-                        *reinterpret_cast<float2*>(row + split * args.dq_split_stride + c) = make_float2(0.0f, 0.0f);
+                for (int k = 0; k < kDeltaSteps; ++k) {
+                    const long long s = s0 + k * step_rows + group;
+                    o[k] = d[k] = make_uint4(0, 0, 0, 0);
+                    if (s < end && kVec * lane < a.headdim_v) {
+                        o[k] = *reinterpret_cast<const uint4*>(o_rows + s * args.out.row_stride + kVec * lane);
+                        d[k] = *reinterpret_cast<const uint4*>(do_rows + s * args.dout.row_stride + kVec * lane);
                     }
                 }
+#pragma unroll
+                for (int k = 0; k < kDeltaSteps; ++k) {
+                    const T* ov = reinterpret_cast<const T*>(&o[k]);
+                    const T* dv = reinterpret_cast<const T*>(&d[k]);
+                    acc[k] = 0;
+#pragma unroll
+                    for (int e = 0; e < kVec; ++e) acc[k] += to_acc(ov[e]) * to_acc(dv[e]);
+                }
+            } else {
+                for (int k = 0; k < kDeltaSteps; ++k) {
+                    const long long s = s0 + k * step_rows + group;
+                    acc[k] = 0;
+                    if (s >= end) continue;
+                    const T* o_row = o_rows + s * args.out.row_stride;
+                    const T* do_row = do_rows + s * args.dout.row_stride;
+                    for (int c = lane; c < a.headdim_v; c += lanes) acc[k] += to_acc(o_row[c]) * to_acc(do_row[c]);
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < kDeltaSteps; ++k) {
+                for (int offset = lanes / 2; offset > 0; offset /= 2) acc[k] += __shfl_xor_sync(0xffffffffu, acc[k], offset);
+                const int s = s0 + k * step_rows + group;
+                if (s < end && lane == 0) delta[s] = acc[k];
             }
         }
-        for (int offset = lanes / 2; offset > 0; offset /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
-        if (r < rows && lane == 0) static_cast<Acc*>(args.delta.ptr)[rows_index(args.delta, b, h, i)] = acc;
+        if (accum != nullptr) {
+            const int lane32 = threadIdx.x % 32;
+            const int count = (end - run.s0) * args.dq_ld;  // floats per buffer
+            float* const rows = accum + rows_index(args.dq_accum, b, h, run.s0) * args.dq_ld;
+            for (int split = 0; split < args.dq_splits; ++split) {
+                float* const dst = rows + split * args.dq_split_stride;
+                if (quads) {
+                    for (int c = 4 * lane32; c < count; c += 128) *reinterpret_cast<float4*>(dst + c) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                } else {
+                    for (int c = 2 * lane32; c < count; c += 64) *reinterpret_cast<float2*>(dst + c) = make_float2(0.0f, 0.0f);
+                }
+            }
+        }
     }
     if (args.dq_turns != nullptr) {
-        const long long turns = args.dq_splits * args.turns_split_stride;
-        for (long long k = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; k < turns;
-             k += static_cast<long long>(gridDim.x) * blockDim.x) {
-            args.dq_turns[k] = 0;
-        }
+        // One counter per query tile and buffer: far fewer than 2^32.
+        const unsigned turns = static_cast<unsigned>(args.dq_splits * args.turns_split_stride);
+#pragma unroll 1
+        for (unsigned k = blockIdx.x * blockDim.x + threadIdx.x; k < turns; k += gridDim.x * blockDim.x) args.dq_turns[k] = 0;
     }
 }
 
 // dq[b, s, h, c] = softmax_scale * (sum over the dq_splits buffers, in order, of the accumulator row
-// (b, h, s)), rounded to T. A warp per row, each warp taking runs of `run_rows` rows (RowRun),
-// grid-stride; packed batches pass batch 1 and seqlen_q = total_q. Lanes read column pairs (dq_ld is
-// even, so each pair is 8-byte aligned) and write them as one 32-bit store where the head dim is even.
+// (b, h, s)), rounded to T. A warp takes runs of `run_rows` rows (RowRun), grid-stride; packed batches
+// pass batch 1 and seqlen_q = total_q. Lanes take 4 columns each (16-byte loads, 8-byte stores) where
+// dq_ld, the split stride and the head dim are multiples of 4 and dQ's rows 8-byte aligned (kQuads),
+// else column pairs (dq_ld is even) written as one 32-bit store where the head dim is even. A row takes
+// the lanes of a power-of-two group that covers the head dim, so short rows share a warp, and each
+// group's rows kConvertSteps warp steps apart load together (as in bwd_delta).
+constexpr int kConvertSteps = 8;
+
+template <typename T, bool kQuads>
+__device__ __forceinline__ void convert_run(const BwdArgs& args, const float* src, T* dst, long long dst_ld, int rows) {
+    constexpr int kWidth = kQuads ? 4 : 2;  // columns per lane
+    const AttnArgs& a = args.attn;
+    const float scale = static_cast<float>(a.softmax_scale);
+    int lanes = 1;
+    while (lanes < 32 && kWidth * lanes < a.headdim) lanes *= 2;
+    const int lane = threadIdx.x % lanes;
+    const int group = threadIdx.x % 32 / lanes;
+    const int step_rows = 32 / lanes;
+    for (int r0 = group; r0 < rows; r0 += kConvertSteps * step_rows) {
+        for (int c = kWidth * lane; c < a.headdim; c += kWidth * lanes) {
+            float4 sum[kConvertSteps];
+            const auto add = [&](int split) {
+#pragma unroll
+                for (int k = 0; k < kConvertSteps; ++k) {
+                    if (r0 + k * step_rows >= rows) continue;
+                    const float* row = src + split * args.dq_split_stride + (r0 + k * step_rows) * args.dq_ld + c;
+                    float4 part = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    if constexpr (kQuads) {
+                        part = *reinterpret_cast<const float4*>(row);
+                    } else {
+                        const float2 pair = *reinterpret_cast<const float2*>(row);
+                        part.x = pair.x;
+                        part.y = pair.y;
+                    }
+                    if (split == 0) {
+                        sum[k] = part;
+                    } else {
+                        sum[k].x += part.x;
+                        sum[k].y += part.y;
+                        sum[k].z += part.z;
+                        sum[k].w += part.w;
+                    }
+                }
+            };
+            add(0);
+#pragma unroll 1
+            for (int split = 1; split < args.dq_splits; ++split) add(split);
+#pragma unroll
+            for (int k = 0; k < kConvertSteps; ++k) {
+                if (r0 + k * step_rows >= rows) continue;
+                T* out = dst + (r0 + k * step_rows) * dst_ld + c;
+                if constexpr (kQuads) {
+                    *reinterpret_cast<uint2*>(out) = make_uint2(pack2<T>(sum[k].x * scale, sum[k].y * scale),
+                                                                pack2<T>(sum[k].z * scale, sum[k].w * scale));
+                } else if (a.headdim % 2 == 0) {
+                    *reinterpret_cast<unsigned*>(out) = pack2<T>(sum[k].x * scale, sum[k].y * scale);
+                } else {
+                    out[0] = from_acc<T>(sum[k].x * scale);
+                    if (c + 1 < a.headdim) out[1] = from_acc<T>(sum[k].y * scale);
+                }
+            }
+        }
+    }
+}
+
 template <typename T>
 __global__ void __launch_bounds__(256)
 bwd_dq_convert(const CUPYFLASH_GRID_CONSTANT BwdArgs args, int run_rows) {
     const AttnArgs& a = args.attn;
     const unsigned runs = RowRun::count(a, run_rows);
     const float* accum = static_cast<const float*>(args.dq_accum.ptr);
-    const float scale = static_cast<float>(a.softmax_scale);
-    const int lane = threadIdx.x % 32;
+    const bool quads = a.headdim % 4 == 0 && args.dq_ld % 4 == 0 && args.dq_split_stride % 4 == 0 &&
+                       reinterpret_cast<size_t>(args.dq.ptr) % 8 == 0 && args.dq.batch_stride % 4 == 0 &&
+                       args.dq.row_stride % 4 == 0 && args.dq.head_stride % 4 == 0;
     for (unsigned u = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; u < runs; u += gridDim.x * (blockDim.x / 32)) {
         const RowRun run(a, u, run_rows);
-        const int end = run.s0 + run_rows < a.seqlen_q ? run.s0 + run_rows : a.seqlen_q;
-        for (int s = run.s0; s < end; ++s) {
-            const long long h = run.h, b = run.b;
-            const float* row = accum + rows_index(args.dq_accum, b, h, s) * args.dq_ld;
-            T* dst = head_rows<T>(args.dq, b, s, h);
-            for (int c = 2 * lane; c < a.headdim; c += 64) {
-                float2 sum = *reinterpret_cast<const float2*>(row + c);
-                for (int split = 1; split < args.dq_splits; ++split) {
-                    const float2 part = *reinterpret_cast<const float2*>(row + split * args.dq_split_stride + c);
-                    sum.x += part.x;
-                    sum.y += part.y;
-                }
-                if (a.headdim % 2 == 0) {
-                    *reinterpret_cast<unsigned*>(dst + c) = pack2<T>(sum.x * scale, sum.y * scale);
-                } else {
-                    dst[c] = from_acc<T>(sum.x * scale);
-                    if (c + 1 < a.headdim) dst[c + 1] = from_acc<T>(sum.y * scale);
-                }
-            }
+        const int rows = (run.s0 + run_rows < a.seqlen_q ? run.s0 + run_rows : a.seqlen_q) - run.s0;
+        const float* src = accum + rows_index(args.dq_accum, run.b, run.h, run.s0) * args.dq_ld;
+        T* dst = head_rows<T>(args.dq, run.b, run.s0, run.h);
+        if (quads) {
+            convert_run<T, true>(args, src, dst, args.dq.row_stride, rows);
+        } else {
+            convert_run<T, false>(args, src, dst, args.dq.row_stride, rows);
         }
     }
 }

@@ -100,14 +100,31 @@ __device__ __forceinline__ void store_fragments_16B(T* dst, long long row_stride
     }
 }
 
-// The same with one scale for every row.
+// store_fragments in 16-byte stores (store_fragments_16B) where T is 16-bit and the columns col0 ..
+// col0 + 8 kNTiles are whole 32-column groups, all of them real (below cols), with dst, row_stride and
+// col0 keeping 16-byte alignment; else store_fragments' 32-bit stores. The 32-bit stores write half of
+// each 32-byte sector a warp instruction touches, and four times the instructions.
 template <typename T, int kMTiles, int kNTiles>
-__device__ __forceinline__ void store_fragments(T* dst, long long row_stride, int row0, int row_end, int col0, int cols,
-                                                const float (&acc)[kMTiles][kNTiles][4], float scale) {
+__device__ __forceinline__ void store_fragments_wide(T* dst, long long row_stride, int row0, int row_end, int col0,
+                                                     int cols, const float (&acc)[kMTiles][kNTiles][4],
+                                                     const float (&scale)[kMTiles][2]) {
+    if constexpr (sizeof(T) == 2 && kNTiles % 4 == 0) {
+        if (col0 % 8 == 0 && col0 + 8 * kNTiles <= cols && row_stride % 8 == 0 && reinterpret_cast<size_t>(dst) % 16 == 0) {
+            store_fragments_16B<T>(dst, row_stride, row0, row_end, col0, acc, scale);
+            return;
+        }
+    }
+    store_fragments<T>(dst, row_stride, row0, row_end, col0, cols, acc, scale);
+}
+
+// store_fragments_wide with one scale for every row.
+template <typename T, int kMTiles, int kNTiles>
+__device__ __forceinline__ void store_fragments_wide(T* dst, long long row_stride, int row0, int row_end, int col0,
+                                                     int cols, const float (&acc)[kMTiles][kNTiles][4], float scale) {
     float scales[kMTiles][2];
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) scales[mt][0] = scales[mt][1] = scale;
-    store_fragments<T>(dst, row_stride, row0, row_end, col0, cols, acc, scales);
+    store_fragments_wide<T>(dst, row_stride, row0, row_end, col0, cols, acc, scales);
 }
 
 // The forward's log-sum-exp, lse = LN2 * (m2 + log2 l) (FragmentSoftmax::finish), of the rows
@@ -128,24 +145,12 @@ __device__ __forceinline__ void store_lse(const FwdArgs& args, const Sequence& s
     }
 }
 
-// The forward's output rows from the registers: out = O * inv_l per row (0 for a row that saw no key),
-// 16-byte stores where the columns and the row addresses allow them.
+// The forward's output rows from the registers: out = O * inv_l per row (0 for a row that saw no key).
 template <typename T, int kMTiles, int kOTiles>
 __device__ __forceinline__ void store_out(const FwdArgs& args, const Sequence& seq, int b, int h, int row0,
                                           const float (&o)[kMTiles][kOTiles][4], const float (&inv_l)[kMTiles][2]) {
-    const AttnArgs& a = args.attn;
-    T* out = head_rows<T>(args.out, b, seq.q_start, h);
-    bool wide = false;
-    if constexpr (sizeof(T) == 2 && kOTiles % 4 == 0) {
-        wide = a.headdim_v == 8 * kOTiles && args.out.row_stride % 8 == 0 && reinterpret_cast<size_t>(out) % 16 == 0;
-    }
-    if (wide) {
-        if constexpr (sizeof(T) == 2 && kOTiles % 4 == 0) {
-            store_fragments_16B<T>(out, args.out.row_stride, row0, seq.seqlen_q, 0, o, inv_l);
-        }
-    } else {
-        store_fragments<T>(out, args.out.row_stride, row0, seq.seqlen_q, 0, a.headdim_v, o, inv_l);
-    }
+    store_fragments_wide<T>(head_rows<T>(args.out, b, seq.q_start, h), args.out.row_stride, row0, seq.seqlen_q, 0,
+                            args.attn.headdim_v, o, inv_l);
 }
 
 // The forward's epilogue from the registers: out and lse of the rows row0 + 16 mt + g + 8 r.

@@ -284,10 +284,10 @@ sm80_bwd(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
 
     // Epilogue: dK = softmax_scale * dS^T Q (the scale of S = scale * Q K^T, applied once here), dV.
     const int r0 = n0 + Dkv::row0(warp), c0 = Dkv::col0(warp);
-    store_fragments<T>(head_rows<T>(args.dk, st.b, st.seq.k_start, st.hk), args.dk.row_stride, r0, st.seq.seqlen_k, c0,
-                       a.headdim, dk_acc, static_cast<float>(a.softmax_scale));
-    store_fragments<T>(head_rows<T>(args.dv, st.b, st.seq.k_start, st.hk), args.dv.row_stride, r0, st.seq.seqlen_k, c0,
-                       a.headdim_v, dv_acc, 1.0f);
+    store_fragments_wide<T>(head_rows<T>(args.dk, st.b, st.seq.k_start, st.hk), args.dk.row_stride, r0, st.seq.seqlen_k, c0,
+                            a.headdim, dk_acc, static_cast<float>(a.softmax_scale));
+    store_fragments_wide<T>(head_rows<T>(args.dv, st.b, st.seq.k_start, st.hk), args.dv.row_stride, r0, st.seq.seqlen_k, c0,
+                            a.headdim_v, dv_acc, 1.0f);
 }
 
 }  // namespace cupyflash

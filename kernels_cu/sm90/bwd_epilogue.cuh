@@ -9,7 +9,7 @@ namespace cupyflash {
 
 // The backward: dK = softmax_scale * dS^T Q (the scale of S = scale * Q K^T, applied once here) and dV
 // of the warpgroup's 64 keys, from row0 = its warp's first key, and of its columns from dk_col0 and
-// dv_col0 on.
+// dv_col0 on, in 16-byte stores where the columns and row addresses allow (store_fragments_wide).
 template <typename T>
 struct Sm90BwdEpilogue {
     template <int kDkTiles, int kDvTiles>
@@ -17,11 +17,11 @@ struct Sm90BwdEpilogue {
                                                  int dk_col0, int dv_col0, const float (&dk)[kDkTiles][4],
                                                  const float (&dv)[kDvTiles][4]) {
         const AttnArgs& a = args.attn;
-        store_fragments<T>(head_rows<T>(args.dk, b, seq.k_start, hk), args.dk.row_stride, row0, seq.seqlen_k, dk_col0,
-                           a.headdim, reinterpret_cast<const float(&)[1][kDkTiles][4]>(dk),
-                           static_cast<float>(a.softmax_scale));
-        store_fragments<T>(head_rows<T>(args.dv, b, seq.k_start, hk), args.dv.row_stride, row0, seq.seqlen_k, dv_col0,
-                           a.headdim_v, reinterpret_cast<const float(&)[1][kDvTiles][4]>(dv), 1.0f);
+        store_fragments_wide<T>(head_rows<T>(args.dk, b, seq.k_start, hk), args.dk.row_stride, row0, seq.seqlen_k, dk_col0,
+                                a.headdim, reinterpret_cast<const float(&)[1][kDkTiles][4]>(dk),
+                                static_cast<float>(a.softmax_scale));
+        store_fragments_wide<T>(head_rows<T>(args.dv, b, seq.k_start, hk), args.dv.row_stride, row0, seq.seqlen_k, dv_col0,
+                                a.headdim_v, reinterpret_cast<const float(&)[1][kDvTiles][4]>(dv), 1.0f);
     }
 };
 
