@@ -173,13 +173,13 @@ DELTA = _kernels.Kernel("bwd_delta", "common/bwd_rows.cu", _kernels.ALL_DTYPES)
 DQ_CONVERT = _kernels.Kernel("bwd_dq_convert", "common/bwd_rows.cu", _kernels.HALF_DTYPES)
 ROW_THREADS = 256
 ROW_KERNEL_MAX_CTAS = 1 << 16
-#: Rows of one (batch entry, head) that a warp of the dQ conversion takes at a time
+#: Rows of one (batch entry, head) that a warp of the delta and dQ-conversion kernels takes at a time
 #: (kernels_cu/common/bwd_rows.cu, RowRun): located once, with 32-bit divisions.
 ROW_RUN = 16
 
 
 def row_runs(p):
-    """RowRun::count of the dQ conversion's (flat) problem: ROW_RUN-row runs of every (batch entry, head)."""
+    """RowRun::count of the row kernels' (flat) problem: ROW_RUN-row runs of every (batch entry, head)."""
     if p.varlen:
         return p.heads * cdiv(p.total_q, ROW_RUN)
     return p.batch * p.heads * cdiv(p.seqlen_q, ROW_RUN)
@@ -194,7 +194,7 @@ def int32_arg(b, value):
 
 def plan_delta(b, p, args):
     """delta = rowsum(dO * O) into args' delta (and, where args hold them, the dQ buffers and turn
-    counters zeroed): a power-of-two group of lanes per row, 16 bytes each."""
+    counters zeroed): a warp per ROW_RUN rows, a power-of-two group of lanes per row, 16 bytes each."""
     per_lane = 16 // p.dtype.itemsize
     lanes = 1
     while lanes < 32 and per_lane * lanes < p.headdim_v:

@@ -1,5 +1,6 @@
-// The backward's kernels over rows, shared by every family (one thread group per row of (batch, heads,
-// seqlen_q); packed batches pass batch 1 and seqlen_q = total_q):
+// The backward's kernels over rows, shared by every family (a warp per run of rows of one (batch entry,
+// head) of (batch, heads, seqlen_q); packed batches pass batch 1 and seqlen_q = total_q). Both move
+// bytes and little else, so what sets their speed is how many loads each lane keeps in flight:
 //   bwd_delta       delta = rowsum(dO * O), the first kernel of every backward; for the tensor-core
 //                   families it also zeroes the float32 dQ buffers and the turn counters of the ordered
 //                   sum, so a backward call needs no memset of its own;
@@ -36,12 +37,12 @@ struct RowRun {
 // with the layout of lse. A warp takes runs of `run_rows` rows of one (batch entry, head) (RowRun); a
 // row takes the lanes of a power-of-two group (`lanes`, cupyflash/_families/common.py) that cover
 // headdim_v with 16 bytes each, so short rows share a warp, and each group's rows kDeltaSteps warp
-// steps apart load together: at 16 bytes per load, a lane needs several loads in flight to keep the
-// memory busy (a row at a time, the kernel ran at 3 TB/s). Rows whose addresses are not 16-byte aligned
-// fall back to element loads. Where args.dq_accum.ptr is set, the run's dq_ld floats per row of each
-// of the dq_splits buffers are zeroed (a run's rows are contiguous there: 16-byte stores where dq_ld
-// and the split stride are multiples of 4, as on the Hopper path, else 8-byte, dq_ld being even), and
-// where args.dq_turns is set, the turn counters.
+// steps apart load together: at 16 bytes per load a lane needs several loads in flight to keep the
+// memory busy (a row at a time the kernel ran at 3 TB/s, now about 4). Runs whose rows are not all
+// 16-byte aligned, or wider than one load per lane, take element loads. Where args.dq_accum.ptr is set,
+// the run's dq_ld floats per row of each of the dq_splits buffers are zeroed (a run's rows are
+// contiguous there: 16-byte stores where dq_ld and the split stride are multiples of 4, as on the
+// Hopper path, else 8-byte, dq_ld being even), and where args.dq_turns is set, the turn counters.
 constexpr int kDeltaSteps = 4;
 
 template <typename T>

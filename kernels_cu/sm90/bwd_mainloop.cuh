@@ -761,7 +761,11 @@ struct Sm90BwdMainloop {
             }
             ++i;
         });
-        bulk_wait();  // the last additions are written before the CTA ends
+        // Before the CTA ends its shared memory must have been read; the additions themselves land before
+        // the kernel completes, as every write does (the dQ conversion is a later launch). Waiting for
+        // them here (bulk_wait) kept this thread 2.9 us past the consumers' epilogue (bench/NOTES.md,
+        // session 12). Under the ordered sum each turn has already waited for its writes.
+        bulk_wait_read();
     }
 };
 
