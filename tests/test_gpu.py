@@ -306,13 +306,17 @@ def test_deterministic_matches_oracle(case):
 
 def test_default_backward_differs_from_deterministic_only_in_rounding():
     """The default mode sums dq in any order: every run stays within float32 reordering of the
-    deterministic result (and dk, dv are identical, one CTA writing each element)."""
+    deterministic result. dk and dv are bitwise identical from run to run (one CTA writes each
+    element); the deterministic mode may walk the query tiles in another order (the Hopper kernel's
+    rotated walks), so across the modes they too agree to within reordering."""
     (ordered,) = _grads("bfloat16", False, True, 1)
-    for grads in _grads("bfloat16", False, False, 3):
-        dq, ordered_dq = grads[0].astype(np.float64), ordered[0].astype(np.float64)
-        # Reordering float32 sums of a few terms moves dq by far less than one bfloat16 ulp (2^-8 relative).
-        assert np.abs(dq - ordered_dq).max() <= 2.0 ** -7 * np.abs(ordered_dq).max()
-        assert np.array_equal(grads[1], ordered[1]) and np.array_equal(grads[2], ordered[2])
+    runs = _grads("bfloat16", False, False, 3)
+    for grads in runs:
+        for got, want in zip(grads, ordered):
+            got, want = got.astype(np.float64), want.astype(np.float64)
+            # Reordering float32 sums moves a result by far less than one bfloat16 ulp (2^-8 relative).
+            assert np.abs(got - want).max() <= 2.0 ** -7 * np.abs(want).max()
+        assert np.array_equal(grads[1], runs[0][1]) and np.array_equal(grads[2], runs[0][2])
 
 
 def test_vjp_matches_explicit_backward():

@@ -120,10 +120,15 @@ def test_unaligned_dout_takes_the_sm80_backward(monkeypatch):
 
 @needs_hopper
 @pytest.mark.parametrize("sizes, causal", [((2, 700, 650, 4, 2, 64, 64), False), ((1, 1025, 1025, 2, 1, 128, 128), True),
-                                           ((1, 333, 300, 2, 1, 256, 256), True)])
+                                           ((1, 333, 300, 2, 1, 256, 256), True),
+                                           ((1, 1100, 3000, 3, 1, 128, 128), False),
+                                           ((1, 150, 2100, 2, 2, 256, 256), False),
+                                           ((1, 200, 8500, 1, 1, 256, 256), False)])
 def test_deterministic_backward_is_reproducible(sizes, causal, monkeypatch):
     """deterministic=True: right (tolerance rule) and bitwise identical over 20 runs; head dim 256 on the
-    split-column kernel, whose consumers add dQ themselves in their turn."""
+    split-column kernel. Unmasked problems of at most one key tile per SM take the rotated walks
+    (common/ordered_sum.cuh), with more query tiles than key tiles in a chain (GQA too) and fewer (ties);
+    8500 keys at head dim 256 are 133 key tiles, past the H200's 132 SMs: the launch order."""
     monkeypatch.setenv("CUPYFLASH_FAMILY", "sm90")
     check_dense(cupy, sizes, "bfloat16", causal=causal, deterministic=True, seed=11)
     q, k, v = random_qkv(cupy, *sizes, DTYPES["bfloat16"], seed=11)

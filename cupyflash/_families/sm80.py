@@ -47,6 +47,10 @@ BWD_THREADS = 256
 #: float32 dQ buffers of the deterministic backward: the ordered sum runs per buffer, so without a
 #: causal mask its start-up chain (one hand-over per key tile) is this many times shorter.
 DETERMINISTIC_DQ_SPLITS = 2
+#: BwdArgs::deterministic (common/ordered_sum.cuh): later key tiles add first, launched first; or the
+#: key tiles add in the order their walks reach a query tile, for launches whose CTAs of one (batch,
+#: kv head) all run at once (sm90 only).
+ORDERED_BY_LAUNCH, ORDERED_BY_WALK = 1, 2
 
 FWD = _kernels.Kernel(
     "sm80_fwd", "sm80/fwd.cu", _kernels.HALF_DTYPES, ("headdim", "block_n", "m_tiles"),
@@ -106,7 +110,8 @@ def _bucket(p, device, buckets):
 def cxx_facts():
     """The family's constants and the shared memory and threads of every variant, as the kernels state
     them: (headers, {C++ expression: value}) for tests/test_compile.py."""
-    facts = {"cupyflash::kCtaStateBytes": CTA_STATE_BYTES}
+    facts = {"cupyflash::kCtaStateBytes": CTA_STATE_BYTES, "cupyflash::kOrderedByLaunch": ORDERED_BY_LAUNCH,
+             "cupyflash::kOrderedByWalk": ORDERED_BY_WALK}
     for v in FWD.variants():
         traits = f"cupyflash::Sm80FwdTraits<__half, {', '.join(map(str, v.tile))}>"
         facts[f"{traits}::kSmemBytes"] = fwd_smem_bytes(v)
@@ -116,7 +121,7 @@ def cxx_facts():
         traits = f"cupyflash::Sm80BwdTraits<__half, {', '.join(map(str, v.tile))}>"
         facts[f"{traits}::kSmemBytes"] = bwd_smem_bytes(v)
         facts[f"{traits}::kThreads"] = BWD_THREADS
-    return ("sm80/tile.cuh", "sm80/bwd_tile.cuh"), facts
+    return ("sm80/tile.cuh", "sm80/bwd_tile.cuh", "common/ordered_sum.cuh"), facts
 
 
 class Sm80Forward:
@@ -178,17 +183,19 @@ class Sm80Backward:
         return grads
 
 
-def backward_buffers(b, p, dout, q, k, v, out, lse, block_m, block_n, deterministic, dq_align=2):
+def backward_buffers(b, p, dout, q, k, v, out, lse, block_m, block_n, deterministic, dq_align=2,
+                     order=ORDERED_BY_LAUNCH, splits=DETERMINISTIC_DQ_SPLITS):
     """The ``BwdArgs`` of a tensor-core backward with tiles of ``block_m`` queries and ``block_n`` keys,
     in plan ``b``; the gradients (outputs); and the float32 dQ buffers (workspace), whose rows are the
     head dim rounded up to ``dq_align`` floats. The workspace also holds delta and, with
-    ``deterministic``, the turn counters of the ordered sum; the delta kernel zeroes the buffers and the
-    counters (common.plan_delta). Used by the sm90 family too."""
+    ``deterministic``, the turn counters of the ordered sum, taken in ``order`` into ``splits``
+    buffers; the delta kernel zeroes the buffers and the counters (common.plan_delta). Used by the sm90
+    family too."""
     dq, dk, dv = (b.output(x.shape, p.dtype) for x in (q, k, v))
     delta = b.workspace(p.lse_shape, numpy.float32)
     # Even rows keep every float32 pair of the buffer 8-byte aligned for the vector reductions.
     dq_ld = common.cdiv(p.headdim, dq_align) * dq_align
-    splits = DETERMINISTIC_DQ_SPLITS if deterministic else 1
+    splits = splits if deterministic else 1
     dq_accum = b.workspace((splits, p.heads * p.query_rows * dq_ld), numpy.float32)
     # One turn counter per (buffer, batch, head, query tile) for the ordered sum; none otherwise (the
     # kernels read them only when deterministic).
@@ -196,7 +203,7 @@ def backward_buffers(b, p, dout, q, k, v, out, lse, block_m, block_n, determinis
     turns = b.workspace((splits * turns_per_split,), numpy.int32) if deterministic else None
     accum_strides = (0, p.total_q) if p.varlen else (p.heads * p.seqlen_q, p.seqlen_q)
     dq_fields = (_params.rows(dq_accum, *accum_strides), _params.pointer(turns), dq_accum.shape[1], turns_per_split,
-                 dq_ld, splits, int(bool(deterministic)))
+                 dq_ld, splits, order if deterministic else 0)
     args = common.bwd_args(b, p, dout, q, k, v, out, lse, delta, dq, dk, dv, common.sparse_lists(b, p, block_m, block_n),
                            dq_fields)
     return args, (dq, dk, dv), dq_accum

@@ -59,6 +59,11 @@ BWD_TILES = {
     (128, 128): (64, 2),
     (256, 256): (64, 2),
 }
+#: float32 dQ buffers of the deterministic backward. A producer thread polls the turns ahead of the
+#: reducing one (Sm90BwdMainloop::wait_turns), so the turns no longer bind and a second buffer, which
+#: halves the chains, mostly adds its zeroing and its share of the conversion (bench/NOTES.md,
+#: session 14: one buffer 1-20% faster than two, but for head dim 256 non-causal at 4k, 4% slower).
+DETERMINISTIC_DQ_SPLITS = 1
 
 FWD = _kernels.Kernel(
     "sm90_fwd", "sm90/fwd.cu", _kernels.HALF_DTYPES, ("headdim", "headdim_v", "block_m", "block_n", "stages"),
@@ -353,15 +358,25 @@ class Sm90Backward:
 
     def plan(self, b, variant, p, dout, q, k, v, out, lse, deterministic, device):
         block_m, block_n = variant.param("block_m"), bwd_block_n(variant)
+        key_tiles = common.cdiv(p.seqlen_k, block_n)
+        # The ordered sum by walk order (rotated walks, common/ordered_sum.cuh) is for problems where every
+        # key tile visits every query tile: no causal mask, window or block mask. It needs the CTAs of a
+        # (batch entry, kv head), one per SM, to run at once, and its turns take query tiles x key tiles
+        # in 31 bits. Masked walks are staggered already and keep the launch order, last key tile first:
+        # launched first-first they lost 19-37% at causal 4k-16k (bench/NOTES.md, session 14).
+        by_walk = (key_tiles <= device.sm_count and common.cdiv(p.seqlen_q, block_m) * key_tiles < 2**31
+                   and p.block_mask is None and p.window_left < 0 and p.window_right < 0)
+        order = sm80.ORDERED_BY_WALK if by_walk else sm80.ORDERED_BY_LAUNCH
         # The TMA reductions need 16-byte rows in the dQ buffers.
         args, grads, dq_accum = sm80.backward_buffers(b, p, dout, q, k, v, out, lse, block_m, block_n,
-                                                      deterministic, dq_align=4)
+                                                      deterministic, dq_align=4, order=order,
+                                                      splits=DETERMINISTIC_DQ_SPLITS)
         common.plan_delta(b, p, args)
         maps = b.struct(BWD_MAPS)
         for field, x, rows in (("q", q, block_m), ("k", k, block_n), ("v", v, block_n), ("dout", dout, block_m)):
             tensor_map(b, maps, field, x, p.varlen, rows)
         accum_map(b, maps, "dq_accum", dq_accum, p, int(args["dq_ld"][0]), block_m)
-        grid = (common.cdiv(p.seqlen_k, block_n) * p.batch * p.heads_k, 1, 1)
+        grid = (key_tiles * p.batch * p.heads_k, 1, 1)
         smem = bwd_smem_bytes(variant)
         b.launch(common.function(variant, smem), grid, BWD_THREADS, (args, maps), smem)
         common.plan_dq_convert(b, p, args)

@@ -35,6 +35,9 @@ struct Mask {
         hi = a.window_right < 0 ? seqlen_k : static_cast<int>(min(offset + a.window_right, static_cast<long long>(seqlen_k)));
     }
 
+    // No causal mask or window: every query sees every key (lo and hi are the clamps of unbounded sides).
+    __device__ __forceinline__ bool unbounded() const { return lo == -seqlen_q && hi == seqlen_k; }
+
     // Window and bounds test of one pair (the block layout is BlockLayout's).
     __device__ __forceinline__ bool visible(int i, int j) const {
         const int d = j - i;

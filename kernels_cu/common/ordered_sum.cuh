@@ -55,8 +55,17 @@ __device__ __forceinline__ int* dq_turn_counter(const BwdArgs& args, long long b
            (b * args.attn.heads + h) * ceil_div(args.attn.seqlen_q, kTileQ) + qt;
 }
 
-// The turn of key tile kt in the ordered sum of query tile qt: how many later key tiles that visit qt
-// add into the same buffer (tile % splits). They add before it.
+// BwdArgs::deterministic: 0, atomic additions in any order; otherwise the ordered sum, in one of two
+// orders. kOrderedByLaunch: later key tiles add first, and the key tiles launch last-first, so a CTA
+// only waits for CTAs launched before it, on any number of SMs. kOrderedByWalk (the host sets it when
+// the key tiles of one (batch entry, kv head) are at most the SMs, so they all run at once): a query
+// tile takes its additions in the order the CTAs' walks reach it, so a CTA waits only for CTAs that
+// reached the tile earlier (walk_rotation, key_tile_turn), and the key tiles launch first-first.
+constexpr int kOrderedByLaunch = 1;
+constexpr int kOrderedByWalk = 2;
+
+// The turn of key tile kt in the ordered sum of query tile qt under kOrderedByLaunch: how many later
+// key tiles that visit qt add into the same buffer (tile % splits). They add before it.
 template <int kTileQ, int kTileK>
 __device__ __forceinline__ int later_key_tiles(const AttnArgs& a, const Mask& mask, const BlockLayout& layout, int qt,
                                                int kt, int splits) {
@@ -69,6 +78,51 @@ __device__ __forceinline__ int later_key_tiles(const AttnArgs& a, const Mask& ma
         turn += (tile - kt) % splits == 0;
     }
     return turn;
+}
+
+// Rotated walks. Without a causal mask, window or block mask every key tile visits every query tile,
+// so walks that all start at query tile 0 reach each tile at the same step, and its additions form one
+// chain of hand-overs (a turn waits for the previous CTA's additions to be written): at the start the
+// last CTA of a buffer's chain of n waits n - 1 of them. Under kOrderedByWalk the CTAs of a chain (key
+// tiles c * splits + kt % splits, c < n) instead start their walks at query tile r(c) = c * M / n of
+// the M and go round; query tile q then meets them in order of (q - r(c)) mod M, the step at which they
+// reach it, so each CTA finds its predecessor there M / n steps ahead (ties, when M < n: the higher c
+// first). Waits only go to CTAs at earlier steps of their own walks (at equal steps, to a higher c), so
+// no cycle of waits forms, and with every CTA of the chain running none waits for ever. The host sets
+// kOrderedByWalk only where M * n fits 31 bits and the problem has no causal mask, window or block
+// mask (the test below repeats that). Causal and window walks are staggered already (key tile kt
+// starts where the later ones have passed) and keep kOrderedByLaunch, in which each CTA waits for the
+// later key tiles, which reached the query tile before it and launched before it.
+__device__ __forceinline__ bool rotated_walks(const BwdArgs& args, const Mask& mask) {
+    return args.deterministic == kOrderedByWalk && mask.unbounded() && args.attn.sparse.kv_index == nullptr;
+}
+
+// Query tiles (m) and key tiles of kt's chain (n) of the rotated walks.
+template <int kTileQ, int kTileK>
+__device__ __forceinline__ void rotation_sizes(const BwdArgs& args, const Mask& mask, int kt, int* m, int* n) {
+    *m = ceil_div(mask.seqlen_q, kTileQ);
+    *n = (ceil_div(mask.seqlen_k, kTileK) - 1 - kt % args.dq_splits) / args.dq_splits + 1;
+}
+
+// The entry of key tile kt's query tiles at which its walk starts: r(c), or 0 for unrotated walks.
+template <int kTileQ, int kTileK>
+__device__ __forceinline__ int walk_rotation(const BwdArgs& args, const Mask& mask, int kt) {
+    if (!rotated_walks(args, mask)) return 0;
+    int m, n;
+    rotation_sizes<kTileQ, kTileK>(args, mask, kt, &m, &n);
+    return kt / args.dq_splits * m / n;
+}
+
+// The turn of key tile kt in the ordered sum of query tile qt: the CTAs before it in that tile's order.
+template <int kTileQ, int kTileK>
+__device__ __forceinline__ int key_tile_turn(const BwdArgs& args, const Mask& mask, const BlockLayout& layout, int qt,
+                                             int kt, bool rotated) {
+    if (!rotated) return later_key_tiles<kTileQ, kTileK>(args.attn, mask, layout, qt, kt, args.dq_splits);
+    // Members with r(c') <= qt (c' * m < (qt + 1) * n: the first `reached`) meet qt in descending c'
+    // from the last of them, then those with r(c') > qt, again descending.
+    int m, n;
+    rotation_sizes<kTileQ, kTileK>(args, mask, kt, &m, &n);
+    return (min(ceil_div((qt + 1) * n, m), n) - 1 - kt / args.dq_splits + n) % n;
 }
 
 }  // namespace cupyflash

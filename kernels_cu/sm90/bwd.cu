@@ -11,6 +11,7 @@
 // Sm90BwdTraits::kSmemBytes.
 #include "common/launch.cuh"
 #include "common/mask.cuh"
+#include "common/ordered_sum.cuh"
 #include "common/params.cuh"
 #include "common/scheduler.cuh"
 #include "common/sequence.cuh"
@@ -28,9 +29,10 @@ struct Sm90BwdKernel {
         require_dynamic_smem<Tr::kSmemBytes>();
         require_sparse_tiles(args.attn, Tr::kBlockM, Tr::kBlockN);
         const AttnArgs& a = args.attn;
-        // Key tiles launch last-first under the ordered sum (it needs each CTA's predecessors launched
-        // before it), first-first otherwise.
-        const TileWork work = schedule_tile(ceil_div(a.seqlen_k, Tr::kBlockN), a.heads_k, args.deterministic != 0);
+        // Key tiles launch last-first under the ordered sum by launch order (it needs each CTA's
+        // predecessors launched before it), first-first otherwise (common/ordered_sum.cuh).
+        const TileWork work = schedule_tile(ceil_div(a.seqlen_k, Tr::kBlockN), a.heads_k,
+                                            args.deterministic == kOrderedByLaunch);
         const Sequence seq(a, work.b);
         if (work.tile * Tr::kBlockN >= seq.seqlen_k) return;  // past the end of a packed sequence
 
@@ -52,6 +54,8 @@ struct Sm90BwdKernel {
                 mbarrier_init(&st.ds_free[b], 128 * (Tr::kDqAlternate ? 1 : Tr::kConsumers));
                 mbarrier_init(&st.dq_full[b], 128 * (Tr::kDqAlternate ? 1 : Tr::kConsumers));
                 mbarrier_init(&st.dq_empty[b], 1);
+                mbarrier_init(&st.turn_ready[b], 1);
+                mbarrier_init(&st.turn_free[b], 1);
             }
             mbarrier_init_fence();
         }
@@ -61,9 +65,10 @@ struct Sm90BwdKernel {
         const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
         if (wg == 0) {
             warpgroup_set_registers<Tr::kProducerRegs>();
-            if (threadIdx.x == 0) Mainloop::load_tiles(a, maps, st, smem, seq, work);
+            if (threadIdx.x == 0) Mainloop::load_tiles(args, maps, st, smem, seq, work);
             if (threadIdx.x / 32 == 1) Mainloop::load_rows(args, st, smem, seq, work);
             if (threadIdx.x == 64) Mainloop::reduce_queries(args, maps, st, smem, seq, work);
+            if (threadIdx.x == 96) Mainloop::wait_turns(args, st, seq, work);
         } else {
             warpgroup_set_registers<Tr::kConsumerRegs>();
             float dk[Tr::kDkTiles][4];

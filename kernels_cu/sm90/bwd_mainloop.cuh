@@ -49,8 +49,13 @@
 // the TMA past the tensor's end.
 //
 // With deterministic != 0 the CTAs of a (batch entry, kv head) add into each query tile of the buffer
-// in a fixed key-tile order, as sm80_bwd does (ordered_sum.cuh); the reducing thread waits for the turns,
-// one tile of slack away from the consumers.
+// in a fixed key-tile order (ordered_sum.cuh): that of sm80_bwd, or, when the host knows the CTAs of a
+// (batch entry, kv head) run at once (kOrderedByWalk), the order in which their walks reach the tile,
+// with the walks of an unmasked problem rotated so that they reach it at different steps. Producer
+// thread 96 polls the turns up to two tiles ahead (wait_turns) and passes each to the reducing thread
+// through shared memory; the reducing thread releases the shared tile as soon as its reductions have
+// read it, and hands the turn on once they are written. One dQ buffer (a second one, which would halve
+// the chains, only added its zeroing and conversion once the turns stopped binding).
 #pragma once
 #include "common/dtypes.cuh"
 #include "common/launch.cuh"
@@ -163,6 +168,8 @@ struct Sm90BwdState {
     unsigned long long dq_full[2];             // dQ tile b is stored: one arrival per thread that stores it
     unsigned long long dq_empty[2];            // its reductions have read it
     unsigned long long dq_staged[kMaxStages];  // kSplitCols: the stage holds dQ_part (one arrival per consumer thread)
+    unsigned long long turn_ready[2];          // the ordered sum: the turn of the reducing thread's tile i % 2 has come
+    unsigned long long turn_free[2];           // the reducing thread has taken it
     int head[kMaxStages];                      // query head of the stage's tile; -1: the walk is over
     int entry[kMaxStages];                     // its tile-list entry (common/mask.cuh)
 };
@@ -176,20 +183,24 @@ struct Sm90BwdMainloop {
     using Turns = Pingpong<2>;
 
     // The CTA's walk: f(query head, entry) for the query tiles of each head of the GQA group, heads in
-    // order, each head's tiles ascending. Every producer thread walks it alike.
+    // order, each head's tiles ascending from its entry `rotation` and round (the ordered sum's rotated
+    // walks, common/ordered_sum.cuh; 0 otherwise, and below every head's tile count when not 0). Every
+    // producer thread walks it alike.
     template <typename F>
-    __device__ __forceinline__ static void walk(const AttnArgs& a, const Mask& mask, const TileWork& work, F&& f) {
+    __device__ __forceinline__ static void walk(const AttnArgs& a, const Mask& mask, const TileWork& work, int rotation,
+                                                F&& f) {
         const int group = a.heads / a.heads_k;
         for (int g = 0; g < group; ++g) {
             const int h = work.h * group + g;
             const TileRange tiles = query_tiles<kBlockM, kBlockN>(a, mask, BlockLayout(a, work.b, h), work.tile);
-            for (int j = 0; j < tiles.count; ++j) f(h, tiles.entry(j));
+            for (int j = rotation; j < rotation + tiles.count; ++j) f(h, tiles.entry(j < tiles.count ? j : j - tiles.count));
         }
     }
 
     // Producer thread 0: K and V, then Q and dO of every tile of the walk, then the end marker.
-    __device__ __forceinline__ static void load_tiles(const AttnArgs& a, const Sm90BwdMaps& maps, Sm90BwdState& st,
+    __device__ __forceinline__ static void load_tiles(const BwdArgs& args, const Sm90BwdMaps& maps, Sm90BwdState& st,
                                                       unsigned char* smem, const Sequence& seq, const TileWork& work) {
+        const AttnArgs& a = args.attn;
         tma_prefetch_desc(maps.q);
         tma_prefetch_desc(maps.dout);
         // Packed (varlen) tensors are one batch entry whose rows start at the sequence's offset.
@@ -212,7 +223,8 @@ struct Sm90BwdMainloop {
             if (i >= kStages) mbarrier_wait(&st.empty[stage], (i / kStages - 1) & 1);
             return stage;
         };
-        walk(a, Mask(a, seq), work, [&](int h, int entry) {
+        const Mask mask(a, seq);
+        walk(a, mask, work, walk_rotation<kBlockM, kBlockN>(args, mask, work.tile), [&](int h, int entry) {
             const int stage = next_stage();
             st.head[stage] = h;  // released to the consumers by the arrival below
             st.entry[stage] = entry;
@@ -242,8 +254,9 @@ struct Sm90BwdMainloop {
                                                      const Sequence& seq, const TileWork& work) {
         const AttnArgs& a = args.attn;
         const int lane = threadIdx.x % 32;
+        const Mask mask(a, seq);
         int i = 0;
-        walk(a, Mask(a, seq), work, [&](int h, int entry) {
+        walk(a, mask, work, walk_rotation<kBlockM, kBlockN>(args, mask, work.tile), [&](int h, int entry) {
             const int stage = i % kStages;
             if (i >= kStages) mbarrier_wait(&st.empty[stage], (i / kStages - 1) & 1);
             const int m0 = entry_tile(entry) * kBlockM;
@@ -706,6 +719,27 @@ struct Sm90BwdMainloop {
         }
     }
 
+    // Producer thread 96 (warp 3), under the ordered sum: polls the turn counters of the reducing thread's
+    // tiles, up to two tiles ahead of it, and tells it through turn_ready, so the poll's round trip to
+    // L2 (about a microsecond a tile) is off the reducing thread's path.
+    __device__ __forceinline__ static void wait_turns(const BwdArgs& args, Sm90BwdState& st, const Sequence& seq,
+                                                      const TileWork& work) {
+        if (!args.deterministic) return;
+        const AttnArgs& a = args.attn;
+        const int split = work.tile % args.dq_splits;
+        const Mask mask(a, seq);
+        const bool rotated = rotated_walks(args, mask);
+        int i = 0;
+        walk(a, mask, work, walk_rotation<kBlockM, kBlockN>(args, mask, work.tile), [&](int h, int entry) {
+            const int q_tile = entry_tile(entry);
+            if (i >= 2) mbarrier_wait(&st.turn_free[i % 2], ((i - 2) / 2) & 1);
+            wait_for_turn(dq_turn_counter<kBlockM>(args, work.b, h, q_tile, split),
+                          key_tile_turn<kBlockM, kBlockN>(args, mask, BlockLayout(a, work.b, h), q_tile, work.tile, rotated));
+            mbarrier_arrive(&st.turn_ready[i % 2]);
+            ++i;
+        });
+    }
+
     // Producer thread 64 (warp 2): adds each tile's dQ share (stored by the consumers in the dQ tile,
     // or with kSplitCols in the tile's stage, which it then releases) into buffer `split` of the float32
     // accumulator, one TMA reduction per 32 columns. The rows of a tile past its
@@ -721,14 +755,13 @@ struct Sm90BwdMainloop {
         const int batch = a.cu_seqlens_q != nullptr ? 0 : work.b;
         const Mask mask(a, seq);
         int i = 0;
-        walk(a, mask, work, [&](int h, int entry) {
+        walk(a, mask, work, walk_rotation<kBlockM, kBlockN>(args, mask, work.tile), [&](int h, int entry) {
             const int m0 = entry_tile(entry) * kBlockM;
             int* turn = nullptr;
             if (args.deterministic) {
-                const int q_tile = m0 / kBlockM;
-                turn = dq_turn_counter<kBlockM>(args, work.b, h, q_tile, split);
-                wait_for_turn(turn, later_key_tiles<kBlockM, kBlockN>(a, mask, BlockLayout(a, work.b, h), q_tile, work.tile,
-                                                                      args.dq_splits));
+                turn = dq_turn_counter<kBlockM>(args, work.b, h, m0 / kBlockM, split);
+                mbarrier_wait(&st.turn_ready[i % 2], (i / 2) & 1);  // wait_turns saw the turn come
+                mbarrier_arrive(&st.turn_free[i % 2]);
                 fence_proxy_async_global();  // the earlier CTAs' additions before this one's
             }
             const int stage = i % kStages;
@@ -747,17 +780,18 @@ struct Sm90BwdMainloop {
                 }
             }
             bulk_commit();
-            if (turn != nullptr) {
-                bulk_wait();
-                fence_proxy_async_global();
-                hand_on_turn(turn);
-            } else {
-                bulk_wait_read();
-            }
+            // The shared tile is free once read; under the ordered sum the turn is handed on once the
+            // additions are written.
+            bulk_wait_read();
             if constexpr (Tr::kSplitCols) {
                 mbarrier_arrive(&st.empty[stage]);
             } else {
                 mbarrier_arrive(&st.dq_empty[buffer]);
+            }
+            if (turn != nullptr) {
+                bulk_wait();
+                fence_proxy_async_global();
+                hand_on_turn(turn);
             }
             ++i;
         });
