@@ -109,8 +109,8 @@ _DETERMINISTIC_DOC = """
         more on the H200's Hopper backward (8% or less except at seqlens 2048 and 4096; 4-15% above head
         dim 128; bench/NOTES.md), and off the Hopper path of a second float32 dq buffer. The default is
         the faster mode because the run-to-run differences are far below the rounding error of the
-        result; training that must replay exactly should pass True. Every other path (float32, float64, NumPy arrays) is
-        deterministic either way."""
+        result; training that must replay exactly should pass True. Every other path (float32,
+        float64, NumPy arrays) is deterministic either way."""
 
 _NOTES_DOC = """
     CuPy arrays run on CuPy's current device and stream; NumPy arrays run the same tiled algorithm on
