@@ -21,8 +21,6 @@ HEADER = """\
 //       K-major (B stored N rows of K);
 //   WgmmaSSMn<T, N>::mma(d, desc_a, desc_b, accumulate): A and B from shared-memory descriptors, both
 //       MN-major (A stored K rows of M, B stored K rows of N: both transpose flags set);
-//   WgmmaSSMnB<T, N>::mma(d, desc_a, desc_b, accumulate): A K-major and B MN-major from shared-memory
-//       descriptors (B's transpose flag set);
 //   WgmmaRS<T, N>::mma(d, a, desc_b, accumulate): A from four registers of packed pairs (the K-major
 //       fragment of sm90/primitives.cuh), B MN-major (stored K rows of N, the transpose flag set).
 // d is the accumulator in the mma.sync C layout per warp (sm90/primitives.cuh): register r is d[r / 4][r % 4].
@@ -35,7 +33,6 @@ namespace cupyflash {
 
 template <typename T, int N> struct WgmmaSS;
 template <typename T, int N> struct WgmmaSSMn;
-template <typename T, int N> struct WgmmaSSMnB;
 template <typename T, int N> struct WgmmaRS;
 """
 
@@ -48,7 +45,7 @@ def accumulators(n, constraint="+f"):
 
 
 #: The shared-memory forms: name -> the transpose flags of A and B.
-SS_FORMS = {"WgmmaSS": "0, 0", "WgmmaSSMn": "1, 1", "WgmmaSSMnB": "0, 1"}
+SS_FORMS = {"WgmmaSS": "0, 0", "WgmmaSSMn": "1, 1"}
 
 
 def ss(ctype, ptx, n, name):

@@ -4,8 +4,9 @@
 // warpgroup's thread 0 loads K, V and each query tile's Q and dO (Mainloop::load_tiles), its warp 1
 // the tiles' lse and delta (Mainloop::load_rows) and its thread 64 adds each tile's dQ share into the
 // float32 buffer (Mainloop::reduce_queries); the two consumer warpgroups run the products
-// (Mainloop::mma, or above head dim 128 Mainloop::mma_split, which leaves dQ in the tile's stage) and
-// write dK and dV (Epilogue::store). setmaxnreg gives the consumers 240 registers and the producer 24.
+// (Mainloop::mma, or above head dim 128 Mainloop::mma_roles, which leaves dQ in the tile's stage) and
+// write dK and dV (Epilogue::store, or above head dim 128 Epilogue::store_one, one per warpgroup).
+// setmaxnreg gives the consumers 240 registers and the producer 24.
 //
 // Grid: x = ceil(seqlen_k / kBlockN) * batch * heads_k (common/scheduler.cuh). Dynamic shared memory:
 // Sm90BwdTraits::kSmemBytes.
@@ -47,9 +48,11 @@ struct Sm90BwdKernel {
                 // With kSplitCols the reducing thread releases the stage, else each consumer warp.
                 mbarrier_init(&st.empty[s], Tr::kSplitCols ? 1 : 4 * Tr::kConsumers);
                 mbarrier_init(&st.dq_staged[s], 128 * Tr::kConsumers);
+                mbarrier_init(&st.stage_read[s], 128 * Tr::kConsumers);
             }
             for (int b = 0; b < 2; ++b) {
-                mbarrier_init(&st.ds_full[b], 128 * Tr::kConsumers);
+                // With kSplitCols only warpgroup 1 stores dS^T.
+                mbarrier_init(&st.ds_full[b], 128 * (Tr::kSplitCols ? 1 : Tr::kConsumers));
                 // With kDqAlternate one warpgroup reads a dS^T buffer and stores a dQ tile.
                 mbarrier_init(&st.ds_free[b], 128 * (Tr::kDqAlternate ? 1 : Tr::kConsumers));
                 mbarrier_init(&st.dq_full[b], 128 * (Tr::kDqAlternate ? 1 : Tr::kConsumers));
@@ -57,6 +60,8 @@ struct Sm90BwdKernel {
                 mbarrier_init(&st.turn_ready[b], 1);
                 mbarrier_init(&st.turn_free[b], 1);
             }
+            mbarrier_init(&st.p_full, 128);
+            mbarrier_init(&st.p_free, 128);
             mbarrier_init_fence();
         }
         __syncthreads();
@@ -71,16 +76,16 @@ struct Sm90BwdKernel {
             if (threadIdx.x == 96) Mainloop::wait_turns(args, st, seq, work);
         } else {
             warpgroup_set_registers<Tr::kConsumerRegs>();
-            float dk[Tr::kDkTiles][4];
-            float dv[Tr::kDvTiles][4];
-            // Each consumer's keys and columns of dK and dV: 64 keys of 128 and every column, or the
-            // CTA's 64 keys and half of the columns (kSplitCols).
+            // Each consumer's keys: 64 of the CTA's 128 with dK and dV, or (kSplitCols) the CTA's 64 with
+            // dV (warpgroup 1) or dK (warpgroup 2).
             const int warp_row = 16 * ((threadIdx.x / 32) % 4);
             if constexpr (Tr::kSplitCols) {
-                Mainloop::mma_split(args, st, smem, seq, work, wg - 1, dk, dv);
-                Epilogue::store(args, seq, work.b, work.h, work.tile * Tr::kBlockN + warp_row, (wg - 1) * Tr::kDkCols,
-                                (wg - 1) * Tr::kDvCols, dk, dv);
+                float acc[Tr::kDkTiles][4];
+                Mainloop::mma_roles(args, st, smem, seq, work, wg - 1, acc);
+                Epilogue::store_one(args, seq, work.b, work.h, work.tile * Tr::kBlockN + warp_row, wg == 2, acc);
             } else {
+                float dk[Tr::kDkTiles][4];
+                float dv[Tr::kDvTiles][4];
                 Mainloop::mma(args, st, smem, seq, work, wg - 1, dk, dv);
                 Epilogue::store(args, seq, work.b, work.h, work.tile * Tr::kBlockN + 64 * (wg - 1) + warp_row, 0, 0, dk, dv);
             }

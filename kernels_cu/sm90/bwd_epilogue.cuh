@@ -23,6 +23,21 @@ struct Sm90BwdEpilogue {
         store_fragments_wide<T>(head_rows<T>(args.dv, b, seq.k_start, hk), args.dv.row_stride, row0, seq.seqlen_k, dv_col0,
                                 a.headdim_v, reinterpret_cast<const float(&)[1][kDvTiles][4]>(dv), 1.0f);
     }
+
+    // kSplitCols: dK (dk, scaled as above) or dV of the CTA's keys, every column, from one warpgroup.
+    template <int kTiles>
+    __device__ __forceinline__ static void store_one(const BwdArgs& args, const Sequence& seq, int b, int hk, int row0,
+                                                     bool dk, const float (&acc)[kTiles][4]) {
+        const AttnArgs& a = args.attn;
+        const auto& fragment = reinterpret_cast<const float(&)[1][kTiles][4]>(acc);
+        if (dk) {
+            store_fragments_wide<T>(head_rows<T>(args.dk, b, seq.k_start, hk), args.dk.row_stride, row0, seq.seqlen_k, 0,
+                                    a.headdim, fragment, static_cast<float>(a.softmax_scale));
+        } else {
+            store_fragments_wide<T>(head_rows<T>(args.dv, b, seq.k_start, hk), args.dv.row_stride, row0, seq.seqlen_k, 0,
+                                    a.headdim_v, fragment, 1.0f);
+        }
+    }
 };
 
 }  // namespace cupyflash

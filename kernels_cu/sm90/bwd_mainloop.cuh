@@ -32,16 +32,20 @@
 // back edge.
 //
 // Above head dim 128 (kSplitCols) dK and dV of 64 keys at 256 columns are 128 floats per thread of one
-// warpgroup, and K, V and two stages of Q and dO fill 192 KiB: the CTA takes 64 keys, and each consumer
-// computes S^T and dP^T for its half of a tile's 64 queries (m64n32), writes its halves of P^T and dS^T
-// to shared memory, and once both are there runs dV += P^T dO, dK += dS^T Q and dQ_part = dS K for its
-// half of the columns, all operands from shared memory (Mainloop::mma_split). No room is left for a
-// float32 dQ tile of its own: each consumer's dQ_part (64 rows x 128 columns, 32 KiB) goes into the
-// tile's stage, over the Q and dO atoms of its own columns that its dV and dK products have just read
-// (2 + 2 atoms of 8 KiB), and the reducing producer thread adds it into the buffer with TMA reductions
-// and then releases the stage (head dims 160-256 and (192, 128) all run as (256, 256)).
-// The two warpgroups meet at every tile (both halves of P^T and dS^T), so their exponentials do not
-// overlap each other's products yet.
+// warpgroup, and K, V and two stages of Q and dO fill 192 KiB: the CTA takes 64 keys and the consumers
+// take roles (Mainloop::mma_roles), each over the whole 64 x 64 tile:
+//   - warpgroup 0: S^T = K Q^T, P^T (and the softcap's derivative folded into it, P'), P' in float32 to
+//     shared memory for warpgroup 1, dV += P^T dO with P^T from registers, and dQ_part = dS K for the
+//     first half of dQ's columns once warpgroup 1 has stored dS^T;
+//   - warpgroup 1: dP^T = V dO^T, dS^T = P' (dP^T - delta) with P' from shared memory, dS^T to shared
+//     memory, dK += dS^T Q with dS^T from registers, and dQ_part for the second half of the columns.
+// So each product reads K, V, Q and dO once (m64n64 and m64n256 shapes; the m64n32 halves of a split
+// by queries read K and V twice), and warpgroup 1 waits for warpgroup 0 (P') but not the reverse until
+// dQ: its exponentials run under warpgroup 1's dP^T, and its dV under warpgroup 1's dS^T. No room is
+// left for a float32 dQ tile: each consumer's dQ_part (64 rows x 128 columns, 32 KiB) goes into the
+// tile's stage, over Q and dO atoms, once both warpgroups' products have read the stage (stage_read),
+// and the reducing producer thread adds it into the buffer with TMA reductions and then releases the
+// stage (head dims 160-256 and (192, 128) all run as (256, 256)).
 //
 // Packed (varlen) batches: a TMA box that runs past a sequence's end holds the next sequence's rows. The
 // consumers zero those rows of K and V (once) and of Q and dO (per tile) before any product reads them,
@@ -106,7 +110,7 @@ struct Sm90BwdTraits {
     static constexpr int kQBytes = kBlockM * 128 * kAtomsQK;
     static constexpr int kDoBytes = kBlockM * 128 * kAtomsV;
     // dS^T [kBlockN keys][kBlockM queries] in atoms of 64 queries, two buffers (see consume); with
-    // kSplitCols P^T beside it, two buffers too.
+    // kSplitCols the float32 P' of one tile beside them (as many bytes as two bf16 buffers).
     static constexpr int kDsBytes = kBlockN * kBlockM * 2;
     static constexpr int kKOffset = 0;
     static constexpr int kVOffset = kKOffset + kKBytes;
@@ -136,14 +140,14 @@ struct Sm90BwdTraits {
     static constexpr int kRowsOffset = kDqOffset + kDqBuffers * kDqBytes;  // per stage: lse * LOG2E, delta
     static constexpr int kStateOffset = kRowsOffset + kStages * 2 * kBlockM * 4;
     static constexpr int kSmemBytes = 1024 + kStateOffset + kCtaStateBytes;  // 1024: alignment slack
-    // A consumer's S^T and dP^T: 64 keys by all the tile's queries, or by its half of them (kSplitCols).
-    static constexpr int kWgQueries = kSplitCols ? kBlockM / 2 : kBlockM;
+    // A consumer's S^T and dP^T: 64 keys by all the tile's queries.
+    static constexpr int kWgQueries = kBlockM;
     static constexpr int kSTiles = kWgQueries / 8;   // 8-query n-tiles of S^T and dP^T
     static constexpr int kOpSteps = kWgQueries / 16;  // 16-query k-steps of P^T and dS^T as operands
     static constexpr int kQSteps = kBlockM / 16;      // k-steps of dV += P^T dO and dK += dS^T Q
-    // dK and dV columns per consumer: all, or its half (kSplitCols).
-    static constexpr int kDkCols = kSplitCols ? kHeadDim / 2 : kHeadDim;
-    static constexpr int kDvCols = kSplitCols ? kHeadDimV / 2 : kHeadDimV;
+    // dK and dV columns per consumer: all (with kSplitCols warpgroup 0 holds only dV, 1 only dK).
+    static constexpr int kDkCols = kHeadDim;
+    static constexpr int kDvCols = kHeadDimV;
     static constexpr int kDkTiles = kDkCols / 8;
     static constexpr int kDvTiles = kDvCols / 8;
     static constexpr int kDqTiles = kDqCols / 8;
@@ -151,8 +155,8 @@ struct Sm90BwdTraits {
     static_assert(kHeadDim % 64 == 0 && kHeadDimV % 64 == 0 && kHeadDim <= 256 && kHeadDimV <= 256,
                   "head dims are whole 64-column atoms up to 256");
     static_assert(kDqCols % 64 == 0, "each consumer's dQ columns are whole atoms of K");
-    static_assert(!kSplitCols || (kBlockM == 64 && kHeadDim == kHeadDimV && kDkCols % 64 == 0),
-                  "split columns: 64-query tiles, equal head dims (dQ_part fills the stage), whole atoms");
+    static_assert(!kSplitCols || (kBlockM == 64 && kHeadDim == kHeadDimV),
+                  "split columns: 64-query tiles, equal head dims (dQ_part fills the stage)");
     static_assert(kStages >= 2 && kStages <= 4, "2 to 4 stages");
 };
 
@@ -163,11 +167,14 @@ struct Sm90BwdState {
     unsigned long long q_full[kMaxStages];     // Q and dO of the stage, and its head and entry
     unsigned long long rows_full[kMaxStages];  // lse and delta of the stage: one arrival per lane of warp 1
     unsigned long long empty[kMaxStages];      // one arrival per consumer warp
-    unsigned long long ds_full[2];             // dS^T buffer stored: one arrival per consumer thread
+    unsigned long long ds_full[2];             // dS^T buffer stored: one arrival per thread that stores it
     unsigned long long ds_free[2];             // its dQ product is done: one arrival per consumer thread
     unsigned long long dq_full[2];             // dQ tile b is stored: one arrival per thread that stores it
     unsigned long long dq_empty[2];            // its reductions have read it
     unsigned long long dq_staged[kMaxStages];  // kSplitCols: the stage holds dQ_part (one arrival per consumer thread)
+    unsigned long long stage_read[kMaxStages]; // kSplitCols: both warpgroups' products have read the stage
+    unsigned long long p_full;                 // kSplitCols: warpgroup 0 has stored the tile's P'
+    unsigned long long p_free;                 // warpgroup 1 has read it
     unsigned long long turn_ready[2];          // the ordered sum: the turn of the reducing thread's tile i % 2 has come
     unsigned long long turn_free[2];           // the reducing thread has taken it
     int head[kMaxStages];                      // query head of the stage's tile; -1: the walk is over
@@ -303,20 +310,6 @@ struct Sm90BwdMainloop {
         for (int kk = 0; kk < Tr::kQSteps; ++kk) WgmmaRS<T, kN>::mma(d, a[kk], desc_advance(b_desc, mnmajor_step(kk)), 1);
     }
 
-    // kSplitCols: d += A B with A (the 64 keys x kBlockM queries of P^T or dS^T) K-major in shared memory
-    // and B (this warpgroup's kN columns of a Q or dO tile, from b_tile) read transposed. Issued, not
-    // committed.
-    template <int kN>
-    __device__ __forceinline__ static void issue_key_gradient_shared(float (&d)[kN / 8][4], unsigned a_tile,
-                                                                     unsigned b_tile) {
-        const unsigned long long a_desc = kmajor_desc(a_tile, 0);
-        const unsigned long long b_desc = mnmajor_desc<kBlockM>(b_tile);
-#pragma unroll
-        for (int kk = 0; kk < Tr::kQSteps; ++kk) {
-            WgmmaSSMnB<T, kN>::mma(d, desc_advance(a_desc, kmajor_step<kBlockN>(kk)), desc_advance(b_desc, mnmajor_step(kk)), 1);
-        }
-    }
-
     // dQ_part = dS K for this warpgroup's share: A = dS from the dS^T buffer (queries contiguous) and
     // B = K (head-dim columns contiguous), both read transposed, over the CTA's kBlockN keys.
     __device__ __forceinline__ static void issue_query_gradient(float (&dq)[Tr::kDqTiles][4], unsigned ds_tile,
@@ -340,9 +333,8 @@ struct Sm90BwdMainloop {
     }
 
     // Reading the rows ahead of the product waits holds kSTiles float2 per row in registers while S^T and
-    // dP^T are in flight: room that the 64-query tiles have for one row at a time (lse, then delta) and
-    // the split-column tiles for both at once (the softcap's kernels need both before the exponentials),
-    // but not the 128-query tiles or the head-dim-128 softcap kernel (measured: their consumers' local
+    // dP^T are in flight: room that the 64-query tiles have for one row at a time (lse, then delta), but
+    // not the 128-query tiles or the head-dim-128 softcap kernel (measured: their consumers' local
     // accesses 119 -> 169 and 7 -> 59), which read each value where it is used.
     static constexpr bool kRowsAhead = Tr::kSTiles * (kScoreMod ? 2 : 1) <= 8;
 
@@ -456,8 +448,9 @@ struct Sm90BwdMainloop {
     }
 
     // kSplitCols: the shared-memory offset of float32 dQ atom `atom` (32 columns x kBlockM rows, the
-    // dq_accum map's box) of a stage. Warpgroup w's atoms 4w .. 4w + 3 (its kDqCols columns) lie over its
-    // own Q atoms 2w, 2w + 1 and dO atoms 2w, 2w + 1: the atoms only its dV and dK products read.
+    // dq_accum map's box) of a stage. Warpgroup w's atoms 4w .. 4w + 3 (its kDqCols columns) lie over Q
+    // atoms 2w, 2w + 1 and dO atoms 2w, 2w + 1, written once both warpgroups' products have read the
+    // stage (stage_read).
     __device__ __forceinline__ static int staged_dq_atom(int stage, int atom) {
         constexpr int kPerWg = Tr::kDqCols / 32;  // dQ atoms per warpgroup, as many as its Q and dO atoms
         constexpr int kQAtoms = Tr::kAtomsQK / 2;
@@ -627,15 +620,20 @@ struct Sm90BwdMainloop {
         fence_fragments(dv);
     }
 
-    // kSplitCols: a consumer warpgroup (wg = 0, 1) with the CTA's 64 keys, dK (without the softmax scale)
-    // and dV of its half of the columns through the walk. Per tile it computes S^T and dP^T for its half
-    // of the queries, writes its halves of P^T and dS^T to shared memory (buffer i % 2, ds_full), and
-    // once both halves are there (ds_full) issues dV += P^T dO and dK += dS^T Q for its columns and
-    // dQ_part = dS K for its half of dQ's columns, all from shared memory; when they are done the buffer
-    // is released (ds_free) and dQ_part is staged for the reducing thread.
-    __device__ __forceinline__ static void mma_split(const BwdArgs& args, Sm90BwdState& st, unsigned char* smem,
+    // kSplitCols: a consumer warpgroup in its role (see the top of the file) with the CTA's 64 keys:
+    // warpgroup 0 accumulates dV, warpgroup 1 dK (without the softmax scale), over all columns.
+    // Per tile i (stage i % kStages, dS^T buffer i % 2):
+    //   wg 0: S^T; P^T; wait p_free(i - 1); P' -> shared; p_full; dV += P^T dO (issued);
+    //         wait ds_full; dQ_part[:, :128] (issued); dV done: stage_read; dQ done: ds_free;
+    //   wg 1: dP^T; wait p_full; dS^T = P' (dP^T - delta); p_free; wait ds_free(i - 2); dS^T -> shared;
+    //         ds_full; dK += dS^T Q (issued); dQ_part[:, 128:] (issued); dK done: stage_read; dQ done:
+    //         ds_free;
+    // then each waits for stage_read (both warpgroups' products have read Q and dO) and stages its dQ
+    // share over the stage's atoms for the reducing thread (dq_staged), which releases the stage.
+    __device__ __forceinline__ static void mma_roles(const BwdArgs& args, Sm90BwdState& st, unsigned char* smem,
                                                      const Sequence& seq, const TileWork& work, int wg,
-                                                     float (&dk)[Tr::kDkTiles][4], float (&dv)[Tr::kDvTiles][4]) {
+                                                     float (&acc)[Tr::kDkTiles][4]) {
+        static_assert(Tr::kDkTiles == Tr::kDvTiles && Tr::kSTiles == 8, "one accumulator shape for dK and dV");
         const AttnArgs& a = args.attn;
         const int thread = threadIdx.x - 128;  // among the 256 consumers
         const int warp = (threadIdx.x / 32) % 4;
@@ -643,10 +641,13 @@ struct Sm90BwdMainloop {
         const int col_t = 2 * (lane % 4);
         const int key0 = work.tile * kBlockN;           // the CTA's first key
         const int key_g = key0 + 16 * warp + lane / 4;  // this thread's keys: key_g and key_g + 8
-        const int q0 = wg * Tr::kWgQueries;             // the warpgroup's first query of a tile
         const unsigned base = shared_addr(smem);
         const unsigned k_tile = base + Tr::kKOffset;
         const unsigned v_tile = base + Tr::kVOffset;
+        // P' of the tile: float4 j of thread t (its n-tile j of the accumulator) at [128 j + t], so the
+        // 32 lanes of a warp store and load 512 contiguous bytes; both warpgroups' thread t hold the
+        // same keys and queries.
+        float4* p_share = reinterpret_cast<float4*>(smem + Tr::kPOffset) + thread % 128;
         const Mask mask(a, seq);
         const bool packed_q = a.cu_seqlens_q != nullptr;
         Log2Scores scores;
@@ -660,9 +661,7 @@ struct Sm90BwdMainloop {
             named_barrier_sync(kConsumerBarrier, 256);
         }
 #pragma unroll
-        for (int c = 0; c < Tr::kDkTiles; ++c) dk[c][0] = dk[c][1] = dk[c][2] = dk[c][3] = 0.0f;
-#pragma unroll
-        for (int c = 0; c < Tr::kDvTiles; ++c) dv[c][0] = dv[c][1] = dv[c][2] = dv[c][3] = 0.0f;
+        for (int c = 0; c < Tr::kDkTiles; ++c) acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.0f;
 
         for (int i = 0;; ++i) {
             const int stage = i % kStages;
@@ -675,44 +674,96 @@ struct Sm90BwdMainloop {
             const unsigned q_tile = base + Tr::kQOffset + stage * Tr::kQBytes;
             const unsigned do_tile = base + Tr::kDoOffset + stage * Tr::kDoBytes;
             if (packed_q) clear_foreign_queries(smem, seq, stage, m0, thread);
-            if constexpr (kScoreMod) scores = Log2Scores(a, seq, work.b, h);
-
-            float s[Tr::kSTiles][4];
-            float dp[Tr::kSTiles][4];
-            issue_transposed_scores(s, k_tile, 0, q_tile, q0, kHeadDim / 16);
-            issue_transposed_scores(dp, v_tile, 0, do_tile, q0, kHeadDimV / 16);
-            const float* rows = reinterpret_cast<const float*>(smem + Tr::kRowsOffset) + stage * 2 * kBlockM + q0;
-            mbarrier_wait(&st.rows_full[stage], parity);
-            score_gradients_of(s, dp, a, mask, scores, rows, h, work.b, entry, m0 + q0, key_g, key0, col_t);
-            unsigned p_op[Tr::kOpSteps][4];
-            unsigned ds_op[Tr::kOpSteps][4];
-            to_operand<T>(p_op, s);
-            to_operand<T>(ds_op, dp);
-
-            // This warpgroup's halves of P^T_i and dS^T_i into buffer i % 2, once both warpgroups'
-            // products of tile i - 2 have read it.
+            const float* rows = reinterpret_cast<const float*>(smem + Tr::kRowsOffset) + stage * 2 * kBlockM;
             const int buffer = i % 2;
-            if (i >= 2) mbarrier_wait(&st.ds_free[buffer], ((i - 2) / 2) & 1);
-            store_ds(smem + Tr::kPOffset + buffer * Tr::kDsBytes, p_op, 16 * warp + lane / 4, q0, col_t);
-            store_ds(smem + Tr::kDsOffset + buffer * Tr::kDsBytes, ds_op, 16 * warp + lane / 4, q0, col_t);
-            fence_proxy_async();
-            mbarrier_arrive(&st.ds_full[buffer]);
-            mbarrier_wait(&st.ds_full[buffer], (i / 2) & 1);
-
-            const unsigned p_tile = base + Tr::kPOffset + buffer * Tr::kDsBytes;
             const unsigned ds_tile = base + Tr::kDsOffset + buffer * Tr::kDsBytes;
+            float s[Tr::kSTiles][4];  // S^T, then P^T (warpgroup 0); dP^T, then dS^T (warpgroup 1)
             float dq[Tr::kDqTiles][4];
-            wgmma_fence();
-            issue_key_gradient_shared<Tr::kDvCols>(dv, p_tile, do_tile + wg * (Tr::kDvCols / 64) * Tr::kDoBytes / Tr::kAtomsV);
-            issue_key_gradient_shared<Tr::kDkCols>(dk, ds_tile, q_tile + wg * (Tr::kDkCols / 64) * Tr::kQBytes / Tr::kAtomsQK);
-            wgmma_commit();
-            issue_query_gradient(dq, ds_tile, k_tile, wg);
+            if (wg == 0) {
+                if constexpr (kScoreMod) scores = Log2Scores(a, seq, work.b, h);
+                issue_transposed_scores(s, k_tile, 0, q_tile, 0, kHeadDim / 16);
+                float2 lse2[Tr::kSTiles];
+                mbarrier_wait(&st.rows_full[stage], parity);
+                read_row_pairs(lse2, rows, col_t);
+                wgmma_wait<0>();
+                fence_fragments(s);
+                auto& p = reinterpret_cast<float(&)[1][Tr::kSTiles][4]>(s);
+                const auto lse2_pair = [&](int nt) { return lse2[nt]; };
+                // With kScoreMod, probabilities_cols turns its second fragment into (x - delta) *
+                // (1 - tanh^2): from x = 1 and delta = 0 the softcap's derivative, which P' carries.
+                float derivative[1][Tr::kSTiles][4];
+                if constexpr (kScoreMod) {
+#pragma unroll
+                    for (int nt = 0; nt < Tr::kSTiles; ++nt) {
+                        derivative[0][nt][0] = derivative[0][nt][1] = derivative[0][nt][2] = derivative[0][nt][3] = 1.0f;
+                    }
+                }
+                probabilities_cols<kScoreMod>(p, kScoreMod ? derivative : p, scores, lse2_pair,
+                                              [](int) { return make_float2(0.0f, 0.0f); }, key_g, m0, col_t);
+                const bool partial = entry_partial(entry);
+                if (partial || !mask.tile_is_full(m0, kBlockM, key0, 64)) {
+                    mask_tile_cols(p, mask, BlockLayout(a, work.b, h), a, key_g, m0, col_t, partial);
+                }
+                if (i >= 1) mbarrier_wait(&st.p_free, (i - 1) & 1);
+#pragma unroll
+                for (int nt = 0; nt < Tr::kSTiles; ++nt) {
+                    float4 x = make_float4(s[nt][0], s[nt][1], s[nt][2], s[nt][3]);
+                    if constexpr (kScoreMod) {
+                        x.x *= derivative[0][nt][0];
+                        x.y *= derivative[0][nt][1];
+                        x.z *= derivative[0][nt][2];
+                        x.w *= derivative[0][nt][3];
+                    }
+                    p_share[128 * nt] = x;
+                }
+                mbarrier_arrive(&st.p_full);
+                unsigned p_op[Tr::kOpSteps][4];
+                to_operand<T>(p_op, s);
+                wgmma_fence();
+                issue_key_gradient<kHeadDimV>(acc, p_op, do_tile);
+                wgmma_commit();
+                mbarrier_wait(&st.ds_full[buffer], (i / 2) & 1);
+                issue_query_gradient(dq, ds_tile, k_tile, 0);
+                wgmma_wait<1>();
+                fence_fragments(acc);
+            } else {
+                issue_transposed_scores(s, v_tile, 0, do_tile, 0, kHeadDimV / 16);
+                float2 delta[Tr::kSTiles];
+                mbarrier_wait(&st.rows_full[stage], parity);
+                read_row_pairs(delta, rows + kBlockM, col_t);
+                wgmma_wait<0>();
+                fence_fragments(s);
+                mbarrier_wait(&st.p_full, i & 1);
+#pragma unroll
+                for (int nt = 0; nt < Tr::kSTiles; ++nt) {
+                    const float4 p = p_share[128 * nt];
+                    s[nt][0] = p.x * (s[nt][0] - delta[nt].x);
+                    s[nt][1] = p.y * (s[nt][1] - delta[nt].y);
+                    s[nt][2] = p.z * (s[nt][2] - delta[nt].x);
+                    s[nt][3] = p.w * (s[nt][3] - delta[nt].y);
+                }
+                mbarrier_arrive(&st.p_free);
+                unsigned ds_op[Tr::kOpSteps][4];
+                to_operand<T>(ds_op, s);
+                // Buffer i % 2 is free once both warpgroups' dQ products of tile i - 2 have read it.
+                if (i >= 2) mbarrier_wait(&st.ds_free[buffer], ((i - 2) / 2) & 1);
+                store_ds(smem + Tr::kDsOffset + buffer * Tr::kDsBytes, ds_op, 16 * warp + lane / 4, 0, col_t);
+                fence_proxy_async();
+                mbarrier_arrive(&st.ds_full[buffer]);
+                wgmma_fence();
+                issue_key_gradient<kHeadDim>(acc, ds_op, q_tile);
+                wgmma_commit();
+                mbarrier_wait(&st.ds_full[buffer], (i / 2) & 1);  // every thread's dS^T is stored
+                issue_query_gradient(dq, ds_tile, k_tile, 1);
+                wgmma_wait<1>();
+                fence_fragments(acc);
+            }
+            mbarrier_arrive(&st.stage_read[stage]);
             wgmma_wait<0>();
-            fence_fragments(dk);
-            fence_fragments(dv);
             fence_fragments(dq);
             mbarrier_arrive(&st.ds_free[buffer]);
-            // The reducing thread releases the stage once its reductions have read dQ_part.
+            mbarrier_wait(&st.stage_read[stage], parity);
+            // The reducing thread releases the stage once its reductions have read both dQ shares.
             store_query_gradient_staged(smem, stage, dq, wg, warp, lane);
             fence_proxy_async();
             mbarrier_arrive(&st.dq_staged[stage]);
