@@ -45,10 +45,11 @@ struct Sm90BwdKernel {
             for (int s = 0; s < Tr::kStages; ++s) {
                 mbarrier_init(&st.q_full[s], 1);
                 mbarrier_init(&st.rows_full[s], 32);
-                // With kSplitCols the reducing thread releases the stage, else each consumer warp.
+                // With kSplitCols the reducing thread frees the stage's dO and Q atoms, else each
+                // consumer warp releases the stage.
                 mbarrier_init(&st.empty[s], Tr::kSplitCols ? 1 : 4 * Tr::kConsumers);
-                mbarrier_init(&st.dq_staged[s], 128 * Tr::kConsumers);
-                mbarrier_init(&st.stage_read[s], 128 * Tr::kConsumers);
+                mbarrier_init(&st.q_empty[s], 1);
+                for (int w = 0; w < 2; ++w) mbarrier_init(&st.dq_staged[w][s], 128);
             }
             for (int b = 0; b < 2; ++b) {
                 // With kSplitCols only warpgroup 1 stores dS^T.

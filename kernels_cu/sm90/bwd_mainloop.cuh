@@ -43,9 +43,11 @@
 // by queries read K and V twice), and warpgroup 1 waits for warpgroup 0 (P') but not the reverse until
 // dQ: its exponentials run under warpgroup 1's dP^T, and its dV under warpgroup 1's dS^T. No room is
 // left for a float32 dQ tile: each consumer's dQ_part (64 rows x 128 columns, 32 KiB) goes into the
-// tile's stage, over Q and dO atoms, once both warpgroups' products have read the stage (stage_read),
-// and the reducing producer thread adds it into the buffer with TMA reductions and then releases the
-// stage (head dims 160-256 and (192, 128) all run as (256, 256)).
+// tile's stage, over the operand its own dV or dK product read (warpgroup 0 over dO, 1 over Q), once
+// its products are done, and the reducing producer thread adds each share into the buffer with TMA
+// reductions and frees its atoms for the next loads as soon as they are read (empty for dO, q_empty for
+// Q), so one half's loads overlap the other half's reductions (head dims 160-256 and (192, 128) all run
+// as (256, 256)).
 //
 // Packed (varlen) batches: a TMA box that runs past a sequence's end holds the next sequence's rows. The
 // consumers zero those rows of K and V (once) and of Q and dO (per tile) before any product reads them,
@@ -166,13 +168,13 @@ struct Sm90BwdState {
     unsigned long long kv_full;
     unsigned long long q_full[kMaxStages];     // Q and dO of the stage, and its head and entry
     unsigned long long rows_full[kMaxStages];  // lse and delta of the stage: one arrival per lane of warp 1
-    unsigned long long empty[kMaxStages];      // one arrival per consumer warp
+    unsigned long long empty[kMaxStages];      // one arrival per consumer warp (kSplitCols: see q_empty)
     unsigned long long ds_full[2];             // dS^T buffer stored: one arrival per thread that stores it
     unsigned long long ds_free[2];             // its dQ product is done: one arrival per consumer thread
     unsigned long long dq_full[2];             // dQ tile b is stored: one arrival per thread that stores it
     unsigned long long dq_empty[2];            // its reductions have read it
-    unsigned long long dq_staged[kMaxStages];  // kSplitCols: the stage holds dQ_part (one arrival per consumer thread)
-    unsigned long long stage_read[kMaxStages]; // kSplitCols: both warpgroups' products have read the stage
+    unsigned long long q_empty[kMaxStages];    // kSplitCols: the stage's Q atoms are free (`empty`: its dO atoms)
+    unsigned long long dq_staged[2][kMaxStages];  // kSplitCols: warpgroup w's dQ share is in the stage
     unsigned long long p_full;                 // kSplitCols: warpgroup 0 has stored the tile's P'
     unsigned long long p_free;                 // warpgroup 1 has read it
     unsigned long long turn_ready[2];          // the ordered sum: the turn of the reducing thread's tile i % 2 has come
@@ -239,13 +241,26 @@ struct Sm90BwdMainloop {
             mbarrier_arrive_expect_tx(&st.q_full[stage], Tr::kQBytes + Tr::kDoBytes);
             unsigned char* q_tile = smem + Tr::kQOffset + stage * Tr::kQBytes;
             unsigned char* do_tile = smem + Tr::kDoOffset + stage * Tr::kDoBytes;
+            const auto load_q = [&]() {
 #pragma unroll
-            for (int atom = 0; atom < Tr::kAtomsQK; ++atom) {
-                tma_load_4d(q_tile + atom * kBlockM * 128, maps.q, &st.q_full[stage], 64 * atom, row, h, q_batch);
-            }
+                for (int atom = 0; atom < Tr::kAtomsQK; ++atom) {
+                    tma_load_4d(q_tile + atom * kBlockM * 128, maps.q, &st.q_full[stage], 64 * atom, row, h, q_batch);
+                }
+            };
+            const auto load_do = [&]() {
 #pragma unroll
-            for (int atom = 0; atom < Tr::kAtomsV; ++atom) {
-                tma_load_4d(do_tile + atom * kBlockM * 128, maps.dout, &st.q_full[stage], 64 * atom, row, h, q_batch);
+                for (int atom = 0; atom < Tr::kAtomsV; ++atom) {
+                    tma_load_4d(do_tile + atom * kBlockM * 128, maps.dout, &st.q_full[stage], 64 * atom, row, h, q_batch);
+                }
+            };
+            if constexpr (Tr::kSplitCols) {
+                // `empty` freed the dO atoms; the Q atoms hold warpgroup 1's dQ share until q_empty.
+                load_do();
+                if (i >= kStages) mbarrier_wait(&st.q_empty[stage], (i / kStages - 1) & 1);
+                load_q();
+            } else {
+                load_q();
+                load_do();
             }
             ++i;
         });
@@ -448,16 +463,16 @@ struct Sm90BwdMainloop {
     }
 
     // kSplitCols: the shared-memory offset of float32 dQ atom `atom` (32 columns x kBlockM rows, the
-    // dq_accum map's box) of a stage. Warpgroup w's atoms 4w .. 4w + 3 (its kDqCols columns) lie over Q
-    // atoms 2w, 2w + 1 and dO atoms 2w, 2w + 1, written once both warpgroups' products have read the
-    // stage (stage_read).
+    // dq_accum map's box) of a stage. Warpgroup 0's atoms 0-3 (its kDqCols columns) lie over the dO
+    // atoms, which only its own dV product and warpgroup 1's dP^T read; warpgroup 1's atoms 4-7 over
+    // the Q atoms, read only by its own dK product and warpgroup 0's S^T. So each warpgroup may stage
+    // its share once its own products are done: the other's product of that operand finished before
+    // the P' (p_full) or dS^T (ds_full) that this warpgroup has waited for.
     __device__ __forceinline__ static int staged_dq_atom(int stage, int atom) {
-        constexpr int kPerWg = Tr::kDqCols / 32;  // dQ atoms per warpgroup, as many as its Q and dO atoms
-        constexpr int kQAtoms = Tr::kAtomsQK / 2;
-        const int w = atom / kPerWg;
-        const int j = atom % kPerWg;
-        return j < kQAtoms ? Tr::kQOffset + stage * Tr::kQBytes + (kQAtoms * w + j) * kBlockM * 128
-                           : Tr::kDoOffset + stage * Tr::kDoBytes + (kQAtoms * w + j - kQAtoms) * kBlockM * 128;
+        constexpr int kPerWg = Tr::kDqCols / 32;  // dQ atoms per warpgroup: 32 KiB, as many bytes as dO's
+        static_assert(kPerWg * kBlockM * 128 == Tr::kDoBytes && Tr::kDoBytes == Tr::kQBytes, "a share per operand");
+        return atom < kPerWg ? Tr::kDoOffset + stage * Tr::kDoBytes + atom * kBlockM * 128
+                             : Tr::kQOffset + stage * Tr::kQBytes + (atom - kPerWg) * kBlockM * 128;
     }
 
     // kSplitCols: this warpgroup's dQ share into its atoms of the stage, rows 16 warp + g + 8 r and its
@@ -624,12 +639,12 @@ struct Sm90BwdMainloop {
     // warpgroup 0 accumulates dV, warpgroup 1 dK (without the softmax scale), over all columns.
     // Per tile i (stage i % kStages, dS^T buffer i % 2):
     //   wg 0: S^T; P^T; wait p_free(i - 1); P' -> shared; p_full; dV += P^T dO (issued);
-    //         wait ds_full; dQ_part[:, :128] (issued); dV done: stage_read; dQ done: ds_free;
+    //         wait ds_full; dQ_part[:, :128] (issued);
     //   wg 1: dP^T; wait p_full; dS^T = P' (dP^T - delta); p_free; wait ds_free(i - 2); dS^T -> shared;
-    //         ds_full; dK += dS^T Q (issued); dQ_part[:, 128:] (issued); dK done: stage_read; dQ done:
-    //         ds_free;
-    // then each waits for stage_read (both warpgroups' products have read Q and dO) and stages its dQ
-    // share over the stage's atoms for the reducing thread (dq_staged), which releases the stage.
+    //         ds_full; dK += dS^T Q (issued); dQ_part[:, 128:] (issued);
+    // then each, its products done, arrives on ds_free and stages its dQ share over the dO (wg 0) or Q
+    // (wg 1) atoms of the stage for the reducing thread (dq_staged[wg]), which frees them for the loads
+    // (empty, q_empty) as soon as its reductions have read them.
     __device__ __forceinline__ static void mma_roles(const BwdArgs& args, Sm90BwdState& st, unsigned char* smem,
                                                      const Sequence& seq, const TileWork& work, int wg,
                                                      float (&acc)[Tr::kDkTiles][4]) {
@@ -758,15 +773,14 @@ struct Sm90BwdMainloop {
                 wgmma_wait<1>();
                 fence_fragments(acc);
             }
-            mbarrier_arrive(&st.stage_read[stage]);
             wgmma_wait<0>();
             fence_fragments(dq);
             mbarrier_arrive(&st.ds_free[buffer]);
-            mbarrier_wait(&st.stage_read[stage], parity);
-            // The reducing thread releases the stage once its reductions have read both dQ shares.
+            // Over the operand this warpgroup's dV or dK product read (staged_dq_atom); the reducing
+            // thread frees those atoms for the next loads once its reductions have read them.
             store_query_gradient_staged(smem, stage, dq, wg, warp, lane);
             fence_proxy_async();
-            mbarrier_arrive(&st.dq_staged[stage]);
+            mbarrier_arrive(&st.dq_staged[wg][stage]);
         }
     }
 
@@ -817,26 +831,36 @@ struct Sm90BwdMainloop {
             }
             const int stage = i % kStages;
             const int buffer = Tr::kDqAlternate ? i % 2 : 0;
-            if constexpr (Tr::kSplitCols) {
-                mbarrier_wait(&st.dq_staged[stage], (i / kStages) & 1);
-            } else {
-                mbarrier_wait(&st.dq_full[buffer], (i / Tr::kDqBuffers) & 1);
-            }
-#pragma unroll
-            for (int atom = 0; atom < Tr::kDqAtoms; ++atom) {
-                const int offset = Tr::kSplitCols ? staged_dq_atom(stage, atom)
-                                                  : Tr::kDqOffset + buffer * Tr::kDqBytes + atom * kBlockM * 128;
+            const auto reduce = [&](int atom, int offset) {
                 if (32 * atom < args.dq_ld) {
                     tma_reduce_add_5d(maps.dq_accum, smem + offset, 32 * atom, seq.q_start + m0, h, batch, split);
                 }
-            }
-            bulk_commit();
-            // The shared tile is free once read; under the ordered sum the turn is handed on once the
+            };
+            // A shared tile is free once read; under the ordered sum the turn is handed on once the
             // additions are written.
-            bulk_wait_read();
             if constexpr (Tr::kSplitCols) {
+                // Each warpgroup's share as it comes (warpgroup 0's over dO first), each freed for the
+                // loads as soon as read, so the next tile's dO loads while Q's atoms are still read.
+                constexpr int kPerWg = Tr::kDqCols / 32;
+#pragma unroll
+                for (int w = 0; w < 2; ++w) {
+                    mbarrier_wait(&st.dq_staged[w][stage], (i / kStages) & 1);
+#pragma unroll
+                    for (int j = 0; j < kPerWg; ++j) reduce(kPerWg * w + j, staged_dq_atom(stage, kPerWg * w + j));
+                    bulk_commit();
+                }
+                bulk_wait_read<1>();
                 mbarrier_arrive(&st.empty[stage]);
+                bulk_wait_read();
+                mbarrier_arrive(&st.q_empty[stage]);
             } else {
+                mbarrier_wait(&st.dq_full[buffer], (i / Tr::kDqBuffers) & 1);
+#pragma unroll
+                for (int atom = 0; atom < Tr::kDqAtoms; ++atom) {
+                    reduce(atom, Tr::kDqOffset + buffer * Tr::kDqBytes + atom * kBlockM * 128);
+                }
+                bulk_commit();
+                bulk_wait_read();
                 mbarrier_arrive(&st.dq_empty[buffer]);
             }
             if (turn != nullptr) {

@@ -96,8 +96,12 @@ __device__ __forceinline__ void tma_store_4d(const TmaDesc& map, const void* src
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 
 // Waits until this thread's bulk groups have read their shared-memory sources (the buffer may be
-// rewritten), or, for bulk_wait, until their writes are done too.
-__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// rewritten), or, for bulk_wait, until their writes are done too; bulk_wait_read<kPending> leaves the
+// kPending most recent groups running.
+template <int kPending = 0>
+__device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
 __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
 // Orders this thread's accesses to device memory through the generic proxy (ordinary loads, stores,
