@@ -64,6 +64,10 @@ BWD_TILES = {
 #: halves the chains, mostly adds its zeroing and its share of the conversion (bench/NOTES.md,
 #: session 14: one buffer 1-20% faster than two, but for head dim 256 non-causal at 4k, 4% slower).
 DETERMINISTIC_DQ_SPLITS = 1
+#: Above head dim 128 (64-key CTAs, 64 KiB of dQ per tile), the rotated walks of an unmasked problem
+#: keep two buffers: their chains of turns, half as long, gave 7-10% at non-causal 4k and changed
+#: nothing elsewhere (bench/NOTES.md, session 15).
+DETERMINISTIC_DQ_SPLITS_SPLIT_COLS_BY_WALK = 2
 
 FWD = _kernels.Kernel(
     "sm90_fwd", "sm90/fwd.cu", _kernels.HALF_DTYPES, ("headdim", "headdim_v", "block_m", "block_n", "stages"),
@@ -370,7 +374,9 @@ class Sm90Backward:
         # The TMA reductions need 16-byte rows in the dQ buffers.
         args, grads, dq_accum = sm80.backward_buffers(b, p, dout, q, k, v, out, lse, block_m, block_n,
                                                       deterministic, dq_align=4, order=order,
-                                                      splits=DETERMINISTIC_DQ_SPLITS)
+                                                      splits=DETERMINISTIC_DQ_SPLITS_SPLIT_COLS_BY_WALK
+                                                      if by_walk and bwd_split_cols(variant) else
+                                                      DETERMINISTIC_DQ_SPLITS)
         common.plan_delta(b, p, args)
         maps = b.struct(BWD_MAPS)
         for field, x, rows in (("q", q, block_m), ("k", k, block_n), ("v", v, block_n), ("dout", dout, block_m)):

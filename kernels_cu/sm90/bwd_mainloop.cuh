@@ -60,8 +60,8 @@
 // with the walks of an unmasked problem rotated so that they reach it at different steps. Producer
 // thread 96 polls the turns up to two tiles ahead (wait_turns) and passes each to the reducing thread
 // through shared memory; the reducing thread releases the shared tile as soon as its reductions have
-// read it, and hands the turn on once they are written. One dQ buffer (a second one, which would halve
-// the chains, only added its zeroing and conversion once the turns stopped binding).
+// read it, and hands the turn on once they are written. The host picks the number of dQ buffers: one,
+// or two for the rotated walks above head dim 128, whose 64-key tiles make chains twice as long.
 #pragma once
 #include "common/dtypes.cuh"
 #include "common/launch.cuh"
