@@ -2,9 +2,10 @@
 odd sizes that end mid-tile (seqlens 1, 113, 203, 1025), seqlen_q != seqlen_k both ways, GQA and MQA,
 forward and backward against the float64 oracle (head dims the sm90 backward does not cover take the
 sm80 one); that dispatch picks them there; that the deterministic backward is bitwise reproducible; that
-inputs a TMA cannot address take the sm80 kernels with the same results; and that packed sequences do
-not read their neighbours' rows. GPU only; the sm90 cases skip on other GPUs. The mask, softcap, ALiBi
-and varlen cases of test_gpu_features.py run on the sm90 kernels too (helpers.with_families)."""
+inputs a TMA cannot address take the sm80 kernels with the same results; that packed sequences do not
+read their neighbours' rows; and that the causal backward's key tiles, handed out by groups of (batch
+entry, kv head) pairs, are all computed. GPU only; the sm90 cases skip on other GPUs. The mask, softcap,
+ALiBi and varlen cases of test_gpu_features.py run on the sm90 kernels too (helpers.with_families)."""
 
 import numpy as np
 import pytest
@@ -139,6 +140,18 @@ def test_deterministic_backward_is_reproducible(sizes, causal, monkeypatch):
         again = cupyflash.flash_attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=True)
         for a, b in zip(first, again):
             assert np.array_equal(a, b.get())
+
+
+@needs_hopper
+def test_causal_key_tiles_taken_in_turn_by_groups_of_pairs(monkeypatch):
+    """The causal backward hands out the key tiles of groups of (batch entry, kv head) pairs in turn
+    (sm90.bwd_tile_group, common/scheduler.cuh): 15 pairs of 9 key tiles make groups of 132 // 9 = 14
+    on an H200, the last of one pair, and every key tile must still be computed once (GQA 2)."""
+    monkeypatch.setenv("CUPYFLASH_FAMILY", "sm90")
+    sizes = (3, 1025, 1025, 10, 5, 128, 128)
+    group = cupy.cuda.Device().attributes["MultiProcessorCount"] // 9
+    assert 1 < group < 15 and 15 % group, "the case needs several groups, the last one partial"
+    check_dense(cupy, sizes, "bfloat16", causal=True)
 
 
 @pytest.mark.parametrize("family", ["sm90", "sm80"])

@@ -340,6 +340,19 @@ class Sm90Forward:
         return out, lse
 
 
+def bwd_tile_group(variant, p, key_tiles, deterministic, sm_count):
+    """BwdArgs::tile_group (common/scheduler.cuh): under a causal mask (an unbounded left window and a
+    bounded right one, no block mask), where a key tile's walk shrinks with its index, the pairs of
+    about one wave of CTAs (one per SM) take their key tiles in turn, so that the longest walks start
+    first; 1 (tiles fastest) otherwise, under the ordered sum, which has its own launch orders, and
+    above head dim 128, where the 64-key CTAs gained nothing from it (bench/NOTES.md, session 16: +3-9%
+    at head dims 64 and 128, causal 1024-4096; -4% to +2% at head dim 256)."""
+    causal_walks = p.window_left < 0 <= p.window_right and p.block_mask is None
+    if deterministic or not causal_walks or bwd_split_cols(variant):
+        return 1
+    return max(1, sm_count // key_tiles)
+
+
 class Sm90Backward:
     """float16/bfloat16 on compute capability 9.0, head dims up to 256 (BWD_TILES), inputs a TMA can
     address.
@@ -377,6 +390,7 @@ class Sm90Backward:
                                                       splits=DETERMINISTIC_DQ_SPLITS_SPLIT_COLS_BY_WALK
                                                       if by_walk and bwd_split_cols(variant) else
                                                       DETERMINISTIC_DQ_SPLITS)
+        args["tile_group"] = bwd_tile_group(variant, p, key_tiles, deterministic, device.sm_count)
         common.plan_delta(b, p, args)
         maps = b.struct(BWD_MAPS)
         for field, x, rows in (("q", q, block_m), ("k", k, block_n), ("v", v, block_n), ("dout", dout, block_m)):

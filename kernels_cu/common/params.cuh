@@ -87,6 +87,7 @@ struct BwdArgs {
     long long turns_split_stride;
     int dq_ld, dq_splits;
     int deterministic;
+    int tile_group;              // sm90: (batch entry, kv head) pairs whose key tiles launch in turn (scheduler.cuh)
 };
 
 // Attention of queries to a KV cache (kvcache/kvcache.cu). attn.q holds the queries: kvc_append reads them

@@ -24,4 +24,20 @@ __device__ __forceinline__ TileWork schedule_tile(int num_tiles, int heads, bool
     return {reverse ? num_tiles - 1 - index : index, bh / heads, bh % heads};
 }
 
+// The key tiles of groups of `group` (batch entry, head) pairs in turn: tile 0 of each pair of the
+// first group, then tile 1 of each, ..., then the next group (the last may hold fewer pairs); group 1
+// is schedule_tile's tiles-fastest order. Under a causal mask a key tile's walk shrinks with its index,
+// so tiles fastest leaves the last pairs' longest walks to start near the end of the grid and run on
+// while the other SMs idle; in turn, each group starts with its longest walks and ends with its
+// shortest. The host makes a group about one wave of CTAs, so as many pairs run at once as with tiles
+// fastest and their Q, dO and dQ rows still share L2 (bench/NOTES.md, session 16).
+__device__ __forceinline__ TileWork schedule_tile_groups(int num_tiles, int heads, int group) {
+    const int pairs = static_cast<int>(gridDim.x / num_tiles);
+    const int first = static_cast<int>(blockIdx.x / (static_cast<unsigned>(group) * num_tiles)) * group;
+    const int members = min(group, pairs - first);
+    const int index = static_cast<int>(blockIdx.x) - first * num_tiles;  // within the group
+    const int bh = first + index % members;
+    return {index / members, bh / heads, bh % heads};
+}
+
 }  // namespace cupyflash

@@ -31,9 +31,12 @@ struct Sm90BwdKernel {
         require_sparse_tiles(args.attn, Tr::kBlockM, Tr::kBlockN);
         const AttnArgs& a = args.attn;
         // Key tiles launch last-first under the ordered sum by launch order (it needs each CTA's
-        // predecessors launched before it), first-first otherwise (common/ordered_sum.cuh).
-        const TileWork work = schedule_tile(ceil_div(a.seqlen_k, Tr::kBlockN), a.heads_k,
-                                            args.deterministic == kOrderedByLaunch);
+        // predecessors launched before it, common/ordered_sum.cuh), otherwise first-first, in turn
+        // across args.tile_group pairs (the host sets it for causal walks, which shrink with the key tile).
+        const int num_key_tiles = ceil_div(a.seqlen_k, Tr::kBlockN);
+        const TileWork work = args.deterministic == kOrderedByLaunch
+                                  ? schedule_tile(num_key_tiles, a.heads_k, true)
+                                  : schedule_tile_groups(num_key_tiles, a.heads_k, args.tile_group);
         const Sequence seq(a, work.b);
         if (work.tile * Tr::kBlockN >= seq.seqlen_k) return;  // past the end of a packed sequence
 
