@@ -345,7 +345,7 @@ def bwd_tile_group(variant, p, key_tiles, deterministic, sm_count):
     bounded right one, no block mask), where a key tile's walk shrinks with its index, the pairs of
     about one wave of CTAs (one per SM) take their key tiles in turn, so that the longest walks start
     first; 1 (tiles fastest) otherwise, under the ordered sum, which has its own launch orders, and
-    above head dim 128, where the 64-key CTAs gained nothing from it (bench/NOTES.md, session 16: +3-9%
+    above head dim 128, where the 64-key CTAs gained nothing from it (bench/NOTES.md, session 16: +2-9%
     at head dims 64 and 128, causal 1024-4096; -4% to +2% at head dim 256)."""
     causal_walks = p.window_left < 0 <= p.window_right and p.block_mask is None
     if deterministic or not causal_walks or bwd_split_cols(variant):
