@@ -77,7 +77,8 @@ def test_dispatch_picks_sm90_on_hopper(headdim, headdim_v, expected):
 
 @needs_hopper
 @pytest.mark.parametrize("headdim, headdim_v, expected", [
-    (64, 64, (64, 64)), (40, 40, (64, 64)), (96, 96, (128, 128)), (128, 128, (128, 128)), (64, 128, (128, 128)),
+    (64, 64, (64, 64)), (40, 40, (64, 64)), (96, 96, (96, 96)), (80, 80, (96, 96)), (128, 128, (128, 128)),
+    (64, 128, (128, 128)),
     (192, 128, (256, 256)), (256, 256, (256, 256)),
 ])
 def test_backward_dispatch_on_hopper(headdim, headdim_v, expected):

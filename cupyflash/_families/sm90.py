@@ -53,9 +53,12 @@ BWD_THREADS = 384
 #: 2 floats per thread) beside S^T and dP^T (block_m / 2 each): the tiles are those whose sum leaves room
 #: in 240 registers. Above, a CTA takes 64 keys and the consumers split dK, dV and dQ by columns
 #: (Sm90BwdTraits::kSplitCols: 64 + 64 floats of dK and dV per thread at head dim 256); head dims 192
-#: and (192, 128) take that bucket, the TMA reading zeros past their columns.
+#: and (192, 128) take that bucket, the TMA reading zeros past their columns. Head dims 80 and 96 take
+#: a bucket of their own: the 128-column layout, but products of 96 columns (the 128 bucket computed
+#: a third more than they need; bench/NOTES.md, session 16).
 BWD_TILES = {
     (64, 64): (128, 2),
+    (96, 96): (64, 2),
     (128, 128): (64, 2),
     (256, 256): (64, 2),
 }

@@ -105,8 +105,10 @@ struct Sm90BwdTraits {
     static constexpr int kProducerRegs = 24;
     static constexpr int kConsumerRegs = 240;
     static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= kThreads * 168, "registers over budget");
-    static constexpr int kAtomsQK = kHeadDim / 64;
-    static constexpr int kAtomsV = kHeadDimV / 64;
+    // 64-column atoms of K and Q, V and dO; head dim 96 fills one and a half (the TMA writes zeros past
+    // the tensor's columns, and no product reads them: k-steps and widths follow the head dims).
+    static constexpr int kAtomsQK = (kHeadDim + 63) / 64;
+    static constexpr int kAtomsV = (kHeadDimV + 63) / 64;
     static constexpr int kKBytes = kBlockN * 128 * kAtomsQK;
     static constexpr int kVBytes = kBlockN * 128 * kAtomsV;
     static constexpr int kQBytes = kBlockM * 128 * kAtomsQK;
@@ -154,9 +156,9 @@ struct Sm90BwdTraits {
     static constexpr int kDvTiles = kDvCols / 8;
     static constexpr int kDqTiles = kDqCols / 8;
     static_assert(kBlockM == 64 || kBlockM == 128, "query tiles of 64 or 128 rows");
-    static_assert(kHeadDim % 64 == 0 && kHeadDimV % 64 == 0 && kHeadDim <= 256 && kHeadDimV <= 256,
-                  "head dims are whole 64-column atoms up to 256");
-    static_assert(kDqCols % 64 == 0, "each consumer's dQ columns are whole atoms of K");
+    static_assert(kHeadDim % 32 == 0 && kHeadDimV % 32 == 0 && kHeadDim <= 256 && kHeadDimV <= 256,
+                  "head dims are whole 32-column dQ atoms up to 256");
+    static_assert(!kSplitCols || kDqCols % 64 == 0, "each consumer's dQ columns are whole atoms of K");
     static_assert(!kSplitCols || (kBlockM == 64 && kHeadDim == kHeadDimV),
                   "split columns: 64-query tiles, equal head dims (dQ_part fills the stage)");
     static_assert(kStages >= 2 && kStages <= 4, "2 to 4 stages");
