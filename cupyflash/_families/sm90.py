@@ -51,15 +51,17 @@ BWD_THREADS = 384
 #: Backward tiles: (headdim, headdim_v) bucket -> (queries per tile, Q/dO stages). Up to head dim 128 a
 #: CTA takes 128 keys, 64 per consumer, whose dK and dV stay in its registers (headdim / 2 + headdim_v /
 #: 2 floats per thread) beside S^T and dP^T (block_m / 2 each): the tiles are those whose sum leaves room
-#: in 240 registers. Above, a CTA takes 64 keys and the consumers split dK, dV and dQ by columns
-#: (Sm90BwdTraits::kSplitCols: 64 + 64 floats of dK and dV per thread at head dim 256); head dims 192
-#: and (192, 128) take that bucket, the TMA reading zeros past their columns. Head dims 80 and 96 take
-#: a bucket of their own: the 128-column layout, but products of 96 columns (the 128 bucket computed
-#: a third more than they need; bench/NOTES.md, session 16).
+#: in 240 registers. Above, a CTA takes 64 keys and the consumers take roles (Sm90BwdTraits::kSplitCols:
+#: one holds dV, the other dK, every column: 128 floats per thread at head dim 256) and split dQ by
+#: columns. Head dims 80 and 96, and 160 and 192, take buckets of their own: the layout of 128 (or
+#: 256) columns rounded to whole 64-column atoms, products as wide as the head dim (the larger
+#: buckets computed a third more than they need; bench/NOTES.md, session 16). The TMA reads zeros past a
+#: head dim's columns.
 BWD_TILES = {
     (64, 64): (128, 2),
     (96, 96): (64, 2),
     (128, 128): (64, 2),
+    (192, 192): (64, 2),
     (256, 256): (64, 2),
 }
 #: float32 dQ buffers of the deterministic backward. A producer thread polls the turns ahead of the
