@@ -441,7 +441,8 @@ struct Sm90BwdMainloop {
     // n-tile j would under the key g ^ 4: the 16 lanes of a half-warp then cover the 8 chunks once.
     // n-tile j's chunk is then lane_chunk ^ 2 (j % 4), lane_chunk that of n-tile 0 (the lane's column
     // pair in it, under the key): four offsets per lane, whatever the number of stores.
-    static_assert(Tr::kDqTiles % 4 == 0 && Tr::kDqTiles1 % 4 == 0, "the odd rows' n-tile j ^ 2 stays in the 32-column atom");
+    static_assert(Tr::kDqTiles % 4 == 0 && Tr::kDqTiles1 % 4 == 0,
+                  "the odd rows' n-tile j ^ 2 stays in the 32-column atom");
     __device__ __forceinline__ static int dq_lane_offset(int lane) {
         const int g = lane / 4;
         const int key = g % 2 ? g ^ 4 : g;
