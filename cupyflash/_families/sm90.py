@@ -53,10 +53,10 @@ BWD_THREADS = 384
 #: 2 floats per thread) beside S^T and dP^T (block_m / 2 each): the tiles are those whose sum leaves room
 #: in 240 registers. Above, a CTA takes 64 keys and the consumers take roles (Sm90BwdTraits::kSplitCols:
 #: one holds dV, the other dK, every column: 128 floats per thread at head dim 256) and split dQ by
-#: columns. Head dims 80 and 96, and 160 and 192, take buckets of their own: the layout of 128 (or
-#: 256) columns rounded to whole 64-column atoms, products as wide as the head dim (the larger
-#: buckets computed a third more than they need; bench/NOTES.md, session 16). The TMA reads zeros past a
-#: head dim's columns.
+#: columns. Head dims 80 and 96, and 160 and 192, take buckets of their own: tiles of whole 64-column
+#: atoms (two for 96, three for 192), products as wide as the head dim (the 128 and 256 buckets computed
+#: a third more than they need; bench/NOTES.md, session 16). The TMA reads zeros past a head dim's
+#: columns.
 BWD_TILES = {
     (64, 64): (128, 2),
     (96, 96): (64, 2),
@@ -128,7 +128,8 @@ def bwd_block_n(variant):
 def bwd_smem_bytes(variant):
     """Dynamic shared memory of a backward variant (Sm90BwdTraits::kSmemBytes): K and V (block_n keys),
     ``stages`` Q and dO tiles, two dS^T buffers (block_n x block_m, 16-bit; with split columns the
-    float32 P' of one tile too, as many bytes), ``stages`` rows of lse and delta, the float32 dQ tiles
+    float32 P' of one tile too, as many bytes, which at head dim 192 also stages one atom of dQ),
+    ``stages`` rows of lse and delta, the float32 dQ tiles
     (block_m x headdim: one per consumer when block_m is 64, Sm90BwdTraits::kDqAlternate, one when it
     is 128, none with split columns), the state, and the alignment slack."""
     d, dv, block_m, stages = (variant.param(n) for n in ("headdim", "headdim_v", "block_m", "stages"))
@@ -350,8 +351,8 @@ def bwd_tile_group(variant, p, key_tiles, deterministic, sm_count):
     bounded right one, no block mask), where a key tile's walk shrinks with its index, the pairs of
     about one wave of CTAs (one per SM) take their key tiles in turn, so that the longest walks start
     first; 1 (tiles fastest) otherwise, under the ordered sum, which has its own launch orders, and
-    above head dim 128, where the 64-key CTAs gained nothing from it (bench/NOTES.md, session 16: +2-9%
-    at head dims 64 and 128, causal 1024-4096; -4% to +2% at head dim 256)."""
+    above head dim 128, where the 64-key CTAs gained nothing from it (bench/NOTES.md, session 16: +2-6%
+    at head dims 64 and 128, causal 1024-8192; -4% to +2% at head dim 256)."""
     causal_walks = p.window_left < 0 <= p.window_right and p.block_mask is None
     if deterministic or not causal_walks or bwd_split_cols(variant):
         return 1

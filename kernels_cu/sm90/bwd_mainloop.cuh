@@ -35,11 +35,12 @@
 // warpgroup, and K, V and two stages of Q and dO fill 192 KiB: the CTA takes 64 keys and the consumers
 // take roles (Mainloop::mma_roles), each over the whole 64 x 64 tile:
 //   - warpgroup 0: S^T = K Q^T, P^T (and the softcap's derivative folded into it, P'), P' in float32 to
-//     shared memory for warpgroup 1, dV += P^T dO with P^T from registers, and dQ_part = dS K for the
-//     first half of dQ's columns once warpgroup 1 has stored dS^T;
+//     shared memory for warpgroup 1, dV += P^T dO with P^T from registers, and dQ_part = dS K for
+//     dQ's first 128 columns once warpgroup 1 has stored dS^T;
 //   - warpgroup 1: dP^T = V dO^T, dS^T = P' (dP^T - delta) with P' from shared memory, dS^T to shared
-//     memory, dK += dS^T Q with dS^T from registers, and dQ_part for the second half of the columns.
-// So each product reads K, V, Q and dO once (m64n64 and m64n256 shapes; the m64n32 halves of a split
+//     memory, dK += dS^T Q with dS^T from registers, and dQ_part for the other columns (128 at head dim
+//     256, 64 at 192).
+// So each product reads K, V, Q and dO once (m64n64 and m64n(head dim) shapes; the m64n32 halves of a split
 // by queries read K and V twice), and warpgroup 1 waits for warpgroup 0 (P') but not the reverse until
 // dQ: its exponentials run under warpgroup 1's dP^T, and its dV under warpgroup 1's dS^T. No room is
 // left for a float32 dQ tile: each consumer's dQ_part (64 rows x 128 columns at head dim 256) goes into the
@@ -91,12 +92,13 @@ struct Sm90BwdMaps {
 
 template <typename T, int kHeadDim_, int kHeadDimV_, int kBlockM_, int kStages_>
 struct Sm90BwdTraits {
-    static constexpr int kHeadDim = kHeadDim_;    // q.k columns, a multiple of 64
-    static constexpr int kHeadDimV = kHeadDimV_;  // v and dout columns, a multiple of 64
+    static constexpr int kHeadDim = kHeadDim_;    // q.k columns, a multiple of 32
+    static constexpr int kHeadDimV = kHeadDimV_;  // v and dout columns, a multiple of 32
     static constexpr int kBlockM = kBlockM_;      // queries per tile: 64 or 128
     // Above head dim 128 dK and dV of 64 keys fill a warpgroup's registers, and K and V of 128 keys
-    // half of shared memory: the CTA takes 64 keys, and the consumers split dK, dV and dQ by columns
-    // (kSplitCols, see the top of the file). Otherwise each consumer takes 64 of the CTA's 128 keys.
+    // half of shared memory: the CTA takes 64 keys, and the consumers take roles, one holding dV and the
+    // other dK, and split dQ by columns (kSplitCols, see the top of the file). Otherwise each consumer
+    // takes 64 of the CTA's 128 keys.
     static constexpr bool kSplitCols = kHeadDim > 128 || kHeadDimV > 128;
     static constexpr int kBlockN = kSplitCols ? 64 : 128;  // keys per CTA
     static constexpr int kStages = kStages_;      // Q/dO ring
@@ -115,7 +117,8 @@ struct Sm90BwdTraits {
     static constexpr int kQBytes = kBlockM * 128 * kAtomsQK;
     static constexpr int kDoBytes = kBlockM * 128 * kAtomsV;
     // dS^T [kBlockN keys][kBlockM queries] in atoms of 64 queries, two buffers (see consume); with
-    // kSplitCols the float32 P' of one tile beside them (as many bytes as two bf16 buffers).
+    // kSplitCols the float32 P' of one tile beside them (as many bytes as two bf16 buffers), which at head
+    // dim 192 also takes one atom of warpgroup 0's dQ share once P' is read (staged_dq_atom).
     static constexpr int kDsBytes = kBlockN * kBlockM * 2;
     static constexpr int kKOffset = 0;
     static constexpr int kVOffset = kKOffset + kKBytes;
@@ -654,7 +657,8 @@ struct Sm90BwdMainloop {
     // kSplitCols: a consumer warpgroup in its role (see the top of the file) with the CTA's 64 keys:
     // warpgroup 0 accumulates dV, warpgroup 1 dK (without the softmax scale), over all columns.
     // Per tile i (stage i % kStages, dS^T buffer i % 2):
-    //   wg 0: S^T; P^T; wait p_free(i - 1); P' -> shared; p_full; dV += P^T dO (issued);
+    //   wg 0: S^T; P^T; wait p_free(i - 1) (and with kShareP the reductions' read of tile i - 1's dQ
+    //         atom over P', that stage's `empty`); P' -> shared; p_full; dV += P^T dO (issued);
     //         wait ds_full; dQ_part[:, :128] (issued);
     //   wg 1: dP^T; wait p_full; dS^T = P' (dP^T - delta); p_free; wait ds_free(i - 2); dS^T -> shared;
     //         ds_full; dK += dS^T Q (issued); dQ_part[:, 128:] (issued);
