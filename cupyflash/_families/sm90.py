@@ -53,9 +53,9 @@ BWD_THREADS = 384
 #: 2 floats per thread) beside S^T and dP^T (block_m / 2 each): the tiles are those whose sum leaves room
 #: in 240 registers. Above, a CTA takes 64 keys and the consumers take roles (Sm90BwdTraits::kSplitCols:
 #: one holds dV, the other dK, every column: 128 floats per thread at head dim 256) and split dQ by
-#: columns; head dims 160, 192 and (192, 128) take that bucket, the TMA reading zeros past their columns. Head dims 80 and 96 take
-#: a bucket of their own: the 128-column layout, but products of 96 columns (the 128 bucket computed
-#: a third more than they need; bench/NOTES.md, session 16).
+#: columns; head dims 160, 192 and (192, 128) take that bucket, the TMA reading zeros past their
+#: columns. Head dims 80 and 96 take a bucket of their own: the 128-column layout, but products of 96
+#: columns (the 128 bucket computed a third more than they need; bench/NOTES.md, session 16).
 BWD_TILES = {
     (64, 64): (128, 2),
     (96, 96): (64, 2),

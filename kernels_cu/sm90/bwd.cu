@@ -32,7 +32,8 @@ struct Sm90BwdKernel {
         const AttnArgs& a = args.attn;
         // Key tiles launch last-first under the ordered sum by launch order (it needs each CTA's
         // predecessors launched before it, common/ordered_sum.cuh), otherwise first-first, in turn
-        // across args.tile_group pairs (the host sets it for causal walks, which shrink with the key tile).
+        // across args.tile_group pairs (the host sets it for causal walks, which shrink with the key
+        // tile).
         const int num_key_tiles = ceil_div(a.seqlen_k, Tr::kBlockN);
         const TileWork work = args.deterministic == kOrderedByLaunch
                                   ? schedule_tile(num_key_tiles, a.heads_k, true)
