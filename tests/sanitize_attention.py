@@ -33,6 +33,8 @@ def dense(dtype):
                                          (203, 113, 2, 1, 128, {"window_size": (37, 5)}),
                                          (257, 257, 2, 2, 96, {"causal": True, "softcap": 20.0}),
                                          (130, 300, 2, 2, 256, {"alibi_slopes": slopes}),
+                                         # Head dim 192's dQ share over the P' buffer.
+                                         (203, 330, 2, 1, 192, {"causal": True}),
                                          # Head dim 64's warpgroups skipping key tiles at both ends.
                                          (300, 700, 2, 1, 64, {"window_size": (150, 0)}),
                                          (1, 77, 4, 4, 128, {}),

@@ -63,9 +63,11 @@ SM90_SPILL_CEILING = {
 #: consumers' local-memory instructions fell (d128, d256: 5 -> 0). The turn waiter (a fourth producer
 #: loop, warp 3's, polling the turns ahead of the reducing thread) added about 200 more (d64 1104 ->
 #: 1236, score_mod 972 -> 1132; d128 664 -> 824; d256 684 -> 856), the consumers unchanged. Head dim
-#: 96's own bucket (the d128 kernel with 96-column products) has d128's producers.
+#: 96's own bucket (the d128 kernel with 96-column products) has d128's producers; head dim 192's (the
+#: d256 kernel with three atoms) 832 and 856 bytes, its score_mod consumers 6 local-memory instructions.
 SM90_BWD_SPILL_CEILING = {(64, 64, False): 1236, (64, 64, True): 1132, (96, 96, False): 824, (96, 96, True): 824,
-                          (128, 128, False): 824, (128, 128, True): 824, (256, 256, False): 856, (256, 256, True): 856}
+                          (128, 128, False): 824, (128, 128, True): 824, (192, 192, False): 832, (192, 192, True): 856,
+                          (256, 256, False): 856, (256, 256, True): 856}
 #: The decode kernel at head dim 256 runs at 255 registers, and ptxas keeps a few values on the stack
 #: (up to 40 bytes, varying with every edit), most stored before its key loop and loaded after it:
 #: allowed up to these ceilings, bytes and local-memory instructions inside the loop

@@ -50,7 +50,8 @@ def test_sm90_only_on_compute_capability_9_0():
     (32, 32, "sm90_bwd_bf16_d64_v64_q128_s2_mod_0"), (64, 64, "sm90_bwd_bf16_d64_v64_q128_s2_mod_0"),
     (96, 96, "sm90_bwd_bf16_d96_v96_q64_s2_mod_0"), (80, 80, "sm90_bwd_bf16_d96_v96_q64_s2_mod_0"),
     (64, 128, "sm90_bwd_bf16_d128_v128_q64_s2_mod_0"),
-    (128, 128, "sm90_bwd_bf16_d128_v128_q64_s2_mod_0"), (160, 160, "sm90_bwd_bf16_d256_v256_q64_s2_mod_0"),
+    (128, 128, "sm90_bwd_bf16_d128_v128_q64_s2_mod_0"), (160, 160, "sm90_bwd_bf16_d192_v192_q64_s2_mod_0"),
+    (192, 192, "sm90_bwd_bf16_d192_v192_q64_s2_mod_0"),
         (256, 256, "sm90_bwd_bf16_d256_v256_q64_s2_mod_0"),
 ])
 def test_sm90_backward_buckets(headdim, headdim_v, expected):

@@ -79,7 +79,7 @@ def test_dispatch_picks_sm90_on_hopper(headdim, headdim_v, expected):
 @pytest.mark.parametrize("headdim, headdim_v, expected", [
     (64, 64, (64, 64)), (40, 40, (64, 64)), (96, 96, (96, 96)), (80, 80, (96, 96)), (128, 128, (128, 128)),
     (64, 128, (128, 128)),
-    (192, 128, (256, 256)), (256, 256, (256, 256)),
+    (192, 128, (192, 192)), (160, 160, (192, 192)), (256, 256, (256, 256)),
 ])
 def test_backward_dispatch_on_hopper(headdim, headdim_v, expected):
     """Every head dim up to 256 takes the sm90 backward (above 128 its split-column kernel)."""

@@ -53,13 +53,15 @@ BWD_THREADS = 384
 #: 2 floats per thread) beside S^T and dP^T (block_m / 2 each): the tiles are those whose sum leaves room
 #: in 240 registers. Above, a CTA takes 64 keys and the consumers take roles (Sm90BwdTraits::kSplitCols:
 #: one holds dV, the other dK, every column: 128 floats per thread at head dim 256) and split dQ by
-#: columns; head dims 160, 192 and (192, 128) take that bucket, the TMA reading zeros past their
-#: columns. Head dims 80 and 96 take a bucket of their own: the 128-column layout, but products of 96
-#: columns (the 128 bucket computed a third more than they need; bench/NOTES.md, session 16).
+#: columns. Head dims 80 and 96, and 160 and 192, take buckets of their own: tiles of whole 64-column
+#: atoms (two for 96, three for 192), products as wide as the head dim (the 128 and 256 buckets computed
+#: a third more than they need; bench/NOTES.md, session 16). The TMA reads zeros past a head dim's
+#: columns.
 BWD_TILES = {
     (64, 64): (128, 2),
     (96, 96): (64, 2),
     (128, 128): (64, 2),
+    (192, 192): (64, 2),
     (256, 256): (64, 2),
 }
 #: float32 dQ buffers of the deterministic backward. A producer thread polls the turns ahead of the
@@ -126,7 +128,8 @@ def bwd_block_n(variant):
 def bwd_smem_bytes(variant):
     """Dynamic shared memory of a backward variant (Sm90BwdTraits::kSmemBytes): K and V (block_n keys),
     ``stages`` Q and dO tiles, two dS^T buffers (block_n x block_m, 16-bit; with split columns the
-    float32 P' of one tile too, as many bytes), ``stages`` rows of lse and delta, the float32 dQ tiles
+    float32 P' of one tile too, as many bytes, which at head dim 192 also stages one atom of dQ),
+    ``stages`` rows of lse and delta, the float32 dQ tiles
     (block_m x headdim: one per consumer when block_m is 64, Sm90BwdTraits::kDqAlternate, one when it
     is 128, none with split columns), the state, and the alignment slack."""
     d, dv, block_m, stages = (variant.param(n) for n in ("headdim", "headdim_v", "block_m", "stages"))

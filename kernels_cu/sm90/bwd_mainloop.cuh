@@ -35,19 +35,21 @@
 // warpgroup, and K, V and two stages of Q and dO fill 192 KiB: the CTA takes 64 keys and the consumers
 // take roles (Mainloop::mma_roles), each over the whole 64 x 64 tile:
 //   - warpgroup 0: S^T = K Q^T, P^T (and the softcap's derivative folded into it, P'), P' in float32 to
-//     shared memory for warpgroup 1, dV += P^T dO with P^T from registers, and dQ_part = dS K for the
-//     first half of dQ's columns once warpgroup 1 has stored dS^T;
+//     shared memory for warpgroup 1, dV += P^T dO with P^T from registers, and dQ_part = dS K for
+//     dQ's first 128 columns once warpgroup 1 has stored dS^T;
 //   - warpgroup 1: dP^T = V dO^T, dS^T = P' (dP^T - delta) with P' from shared memory, dS^T to shared
-//     memory, dK += dS^T Q with dS^T from registers, and dQ_part for the second half of the columns.
-// So each product reads K, V, Q and dO once (m64n64 and m64n256 shapes; the m64n32 halves of a split
+//     memory, dK += dS^T Q with dS^T from registers, and dQ_part for the other columns (128 at head dim
+//     256, 64 at 192).
+// So each product reads K, V, Q and dO once (m64n64 and m64n(head dim) shapes; the m64n32 halves of a split
 // by queries read K and V twice), and warpgroup 1 waits for warpgroup 0 (P') but not the reverse until
 // dQ: its exponentials run under warpgroup 1's dP^T, and its dV under warpgroup 1's dS^T. No room is
-// left for a float32 dQ tile: each consumer's dQ_part (64 rows x 128 columns, 32 KiB) goes into the
+// left for a float32 dQ tile: each consumer's dQ_part (64 rows x 128 columns at head dim 256) goes into the
 // tile's stage, over the operand its own dV or dK product read (warpgroup 0 over dO, 1 over Q), once
 // its products are done, and the reducing producer thread adds each share into the buffer with TMA
 // reductions and frees its atoms for the next loads as soon as they are read (empty for dO, q_empty for
-// Q), so one half's loads overlap the other half's reductions (head dims 160-256 and (192, 128) all run
-// as (256, 256)).
+// Q), so one half's loads overlap the other half's reductions. Head dim 192 (and 160, and (192, 128))
+// runs with three atoms: warpgroup 0's dQ share keeps 128 columns, one atom more than dO holds, which
+// goes over the P' buffer, and warpgroup 1's has 64.
 //
 // Packed (varlen) batches: a TMA box that runs past a sequence's end holds the next sequence's rows. The
 // consumers zero those rows of K and V (once) and of Q and dO (per tile) before any product reads them,
@@ -115,7 +117,8 @@ struct Sm90BwdTraits {
     static constexpr int kQBytes = kBlockM * 128 * kAtomsQK;
     static constexpr int kDoBytes = kBlockM * 128 * kAtomsV;
     // dS^T [kBlockN keys][kBlockM queries] in atoms of 64 queries, two buffers (see consume); with
-    // kSplitCols the float32 P' of one tile beside them (as many bytes as two bf16 buffers).
+    // kSplitCols the float32 P' of one tile beside them (as many bytes as two bf16 buffers), which at head
+    // dim 192 also takes one atom of warpgroup 0's dQ share once P' is read (staged_dq_atom).
     static constexpr int kDsBytes = kBlockN * kBlockM * 2;
     static constexpr int kKOffset = 0;
     static constexpr int kVOffset = kKOffset + kKBytes;
@@ -127,10 +130,13 @@ struct Sm90BwdTraits {
     // (kDqByRows); with 64-query tiles one consumer takes all of it, warpgroup j % 2 for tile j
     // (kDqAlternate): an m64 n(kHeadDim) product reads dS once per 16 keys where two halves of n(kHeadDim
     // / 2) read it twice (48 KiB of shared-memory reads per tile at head dim 128 instead of 64). With
-    // kSplitCols each consumer takes its half of the columns (whole atoms of K).
+    // kSplitCols the consumers split the columns in whole atoms of K: warpgroup 0 takes kDqCols, half
+    // the head dim rounded up to an atom, and warpgroup 1 the kDqCols1 left (128 + 128 at head dim 256,
+    // 128 + 64 at 192).
     static constexpr bool kDqByRows = kBlockM == 128;
     static constexpr bool kDqAlternate = !kDqByRows && !kSplitCols;
-    static constexpr int kDqCols = kSplitCols ? kHeadDim / 2 : kHeadDim;
+    static constexpr int kDqCols = kSplitCols ? (kHeadDim / 2 + 63) / 64 * 64 : kHeadDim;
+    static constexpr int kDqCols1 = kSplitCols ? kHeadDim - kDqCols : 0;
     // The float32 dQ share of one tile (kBlockM rows of kHeadDim) in atoms of 32 columns (128 bytes per
     // row) with the 128-byte swizzle, as the dq_accum map's boxes are: one TMA reduction per atom adds it
     // into the buffer. With kDqAlternate each warpgroup has a tile of its own (buffer wg), so a store waits
@@ -156,10 +162,11 @@ struct Sm90BwdTraits {
     static constexpr int kDkTiles = kDkCols / 8;
     static constexpr int kDvTiles = kDvCols / 8;
     static constexpr int kDqTiles = kDqCols / 8;
+    static constexpr int kDqTiles1 = kDqCols1 / 8;
     static_assert(kBlockM == 64 || kBlockM == 128, "query tiles of 64 or 128 rows");
     static_assert(kHeadDim % 32 == 0 && kHeadDimV % 32 == 0 && kHeadDim <= 256 && kHeadDimV <= 256,
                   "head dims are whole 32-column dQ atoms up to 256");
-    static_assert(!kSplitCols || kDqCols % 64 == 0, "each consumer's dQ columns are whole atoms of K");
+    static_assert(kDqCols % 64 == 0 || !kSplitCols, "warpgroup 0's dQ columns are whole atoms of K");
     static_assert(!kSplitCols || (kBlockM == 64 && kHeadDim == kHeadDimV),
                   "split columns: 64-query tiles, equal head dims (dQ_part fills the stage)");
     static_assert(kStages >= 2 && kStages <= 4, "2 to 4 stages");
@@ -328,18 +335,20 @@ struct Sm90BwdMainloop {
         for (int kk = 0; kk < Tr::kQSteps; ++kk) WgmmaRS<T, kN>::mma(d, a[kk], desc_advance(b_desc, mnmajor_step(kk)), 1);
     }
 
-    // dQ_part = dS K for this warpgroup's share: A = dS from the dS^T buffer (queries contiguous) and
-    // B = K (head-dim columns contiguous), both read transposed, over the CTA's kBlockN keys.
-    __device__ __forceinline__ static void issue_query_gradient(float (&dq)[Tr::kDqTiles][4], unsigned ds_tile,
-                                                                unsigned k_tile, int wg) {
+    // dQ_part = dS K for this warpgroup's share (kTiles n-tiles): A = dS from the dS^T buffer (queries
+    // contiguous) and B = K (head-dim columns contiguous, from warpgroup 1's first column with kSplitCols),
+    // both read transposed, over the CTA's kBlockN keys.
+    template <int kTiles>
+    __device__ __forceinline__ static void issue_query_gradient(float (&dq)[kTiles][4], unsigned ds_tile, unsigned k_tile,
+                                                                int wg) {
         const unsigned long long a_desc = mnmajor_desc<kBlockN>(ds_tile + (Tr::kDqByRows ? wg * kBlockN * 128 : 0));
         const unsigned long long b_desc =
             mnmajor_desc<kBlockN>(k_tile + (Tr::kSplitCols ? wg * (Tr::kDqCols / 64) * kBlockN * 128 : 0));
         wgmma_fence();
-        WgmmaSSMn<T, Tr::kDqCols>::overwrite(dq, a_desc, b_desc);
+        WgmmaSSMn<T, 8 * kTiles>::overwrite(dq, a_desc, b_desc);
 #pragma unroll
         for (int kk = 1; kk < kBlockN / 16; ++kk) {
-            WgmmaSSMn<T, Tr::kDqCols>::mma(dq, desc_advance(a_desc, mnmajor_step(kk)), desc_advance(b_desc, mnmajor_step(kk)), 1);
+            WgmmaSSMn<T, 8 * kTiles>::mma(dq, desc_advance(a_desc, mnmajor_step(kk)), desc_advance(b_desc, mnmajor_step(kk)), 1);
         }
         wgmma_commit();
     }
@@ -435,13 +444,15 @@ struct Sm90BwdMainloop {
     // n-tile j would under the key g ^ 4: the 16 lanes of a half-warp then cover the 8 chunks once.
     // n-tile j's chunk is then lane_chunk ^ 2 (j % 4), lane_chunk that of n-tile 0 (the lane's column
     // pair in it, under the key): four offsets per lane, whatever the number of stores.
-    static_assert(Tr::kDqTiles % 4 == 0, "the odd rows' n-tile j ^ 2 stays in the 32-column atom");
+    static_assert(Tr::kDqTiles % 4 == 0 && Tr::kDqTiles1 % 4 == 0,
+                  "the odd rows' n-tile j ^ 2 stays in the 32-column atom");
     __device__ __forceinline__ static int dq_lane_offset(int lane) {
         const int g = lane / 4;
         const int key = g % 2 ? g ^ 4 : g;
         return (((lane % 4) / 2) ^ key) * 16 + (lane % 2) * 8;
     }
-    __device__ __forceinline__ static float2 dq_pair(const float (&dq)[Tr::kDqTiles][4], int j, int r, bool odd) {
+    template <int kTiles>
+    __device__ __forceinline__ static float2 dq_pair(const float (&dq)[kTiles][4], int j, int r, bool odd) {
         return odd ? make_float2(dq[j ^ 2][2 * r], dq[j ^ 2][2 * r + 1]) : make_float2(dq[j][2 * r], dq[j][2 * r + 1]);
     }
 
@@ -466,30 +477,35 @@ struct Sm90BwdMainloop {
     }
 
     // kSplitCols: the shared-memory offset of float32 dQ atom `atom` (32 columns x kBlockM rows, the
-    // dq_accum map's box) of a stage. Warpgroup 0's atoms 0-3 (its kDqCols columns) lie over the dO
-    // atoms, which only its own dV product and warpgroup 1's dP^T read; warpgroup 1's atoms 4-7 over
-    // the Q atoms, read only by its own dK product and warpgroup 0's S^T. So each warpgroup may stage
-    // its share once its own products are done: the other's product of that operand finished before
-    // the P' (p_full) or dS^T (ds_full) that this warpgroup has waited for.
+    // dq_accum map's box, as many bytes as a 64-column atom of Q or dO) of a stage. Warpgroup 0's atoms
+    // (its kDqCols columns) lie over the dO atoms, which only its own dV product and warpgroup 1's dP^T
+    // read, and past them (head dim 192: 4 dQ atoms, 3 of dO) over the P' buffer, which warpgroup 1 has
+    // read by then; warpgroup 1's atoms over the Q atoms, read only by its own dK product and warpgroup
+    // 0's S^T. So each warpgroup may stage its share once its own products are done: the other's product
+    // of that operand finished before the P' (p_full) or dS^T (ds_full) that this warpgroup has waited
+    // for. (The next P' waits for the reducing thread to have read the atom: kShareP.)
+    static constexpr int kPerWg0 = Tr::kDqCols / 32;  // dQ atoms of warpgroup 0
+    static constexpr bool kShareP = kPerWg0 > Tr::kAtomsV;
     __device__ __forceinline__ static int staged_dq_atom(int stage, int atom) {
-        constexpr int kPerWg = Tr::kDqCols / 32;  // dQ atoms per warpgroup: 32 KiB, as many bytes as dO's
-        static_assert(kPerWg * kBlockM * 128 == Tr::kDoBytes && Tr::kDoBytes == Tr::kQBytes, "a share per operand");
-        return atom < kPerWg ? Tr::kDoOffset + stage * Tr::kDoBytes + atom * kBlockM * 128
-                             : Tr::kQOffset + stage * Tr::kQBytes + (atom - kPerWg) * kBlockM * 128;
+        static_assert(kPerWg0 <= Tr::kAtomsV + 2 && Tr::kDqCols1 / 32 <= Tr::kAtomsQK, "the shares fit their operands");
+        if (atom >= kPerWg0) return Tr::kQOffset + stage * Tr::kQBytes + (atom - kPerWg0) * kBlockM * 128;
+        return atom < Tr::kAtomsV ? Tr::kDoOffset + stage * Tr::kDoBytes + atom * kBlockM * 128
+                                  : Tr::kPOffset + (atom - Tr::kAtomsV) * kBlockM * 128;
     }
 
     // kSplitCols: this warpgroup's dQ share into its atoms of the stage, rows 16 warp + g + 8 r and its
     // columns 8 nt + 2 t at atom column / 32, 16-byte chunk ((column % 32) / 4) ^ (row % 8), in the bank
     // order of store_query_gradient.
+    template <int kTiles>
     __device__ __forceinline__ static void store_query_gradient_staged(unsigned char* smem, int stage,
-                                                                       const float (&dq)[Tr::kDqTiles][4], int wg,
-                                                                       int warp, int lane) {
+                                                                       const float (&dq)[kTiles][4], int wg, int warp,
+                                                                       int lane) {
         const int row0 = 16 * warp + lane / 4;
         const bool odd = (lane / 4) % 2;
         const int offset = dq_lane_offset(lane);
 #pragma unroll
-        for (int j = 0; j < Tr::kDqTiles; ++j) {
-            unsigned char* atom = smem + staged_dq_atom(stage, wg * (Tr::kDqCols / 32) + j / 4) + row0 * 128;
+        for (int j = 0; j < kTiles; ++j) {
+            unsigned char* atom = smem + staged_dq_atom(stage, wg * kPerWg0 + j / 4) + row0 * 128;
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 *reinterpret_cast<float2*>(atom + r * 8 * 128 + (offset ^ (32 * (j % 4)))) = dq_pair(dq, j, r, odd);
@@ -641,7 +657,8 @@ struct Sm90BwdMainloop {
     // kSplitCols: a consumer warpgroup in its role (see the top of the file) with the CTA's 64 keys:
     // warpgroup 0 accumulates dV, warpgroup 1 dK (without the softmax scale), over all columns.
     // Per tile i (stage i % kStages, dS^T buffer i % 2):
-    //   wg 0: S^T; P^T; wait p_free(i - 1); P' -> shared; p_full; dV += P^T dO (issued);
+    //   wg 0: S^T; P^T; wait p_free(i - 1) (and with kShareP the reductions' read of tile i - 1's dQ
+    //         atom over P', that stage's `empty`); P' -> shared; p_full; dV += P^T dO (issued);
     //         wait ds_full; dQ_part[:, :128] (issued);
     //   wg 1: dP^T; wait p_full; dS^T = P' (dP^T - delta); p_free; wait ds_free(i - 2); dS^T -> shared;
     //         ds_full; dK += dS^T Q (issued); dQ_part[:, 128:] (issued);
@@ -696,7 +713,19 @@ struct Sm90BwdMainloop {
             const int buffer = i % 2;
             const unsigned ds_tile = base + Tr::kDsOffset + buffer * Tr::kDsBytes;
             float s[Tr::kSTiles][4];  // S^T, then P^T (warpgroup 0); dP^T, then dS^T (warpgroup 1)
+            // dQ_part: warpgroup 0's in dq, warpgroup 1's in dq1, the same registers when the shares are
+            // equal (head dim 256), else an array of its own (a narrower view of dq made ptxas
+            // serialize the wgmma).
+            constexpr bool kEqualShares = Tr::kDqTiles1 == Tr::kDqTiles;
             float dq[Tr::kDqTiles][4];
+            float dq1_own[kEqualShares ? 1 : Tr::kDqTiles1][4];
+            auto& dq1 = [&]() -> float(&)[Tr::kDqTiles1][4] {
+                if constexpr (kEqualShares) {
+                    return dq;
+                } else {
+                    return dq1_own;
+                }
+            }();
             if (wg == 0) {
                 if constexpr (kScoreMod) scores = Log2Scores(a, seq, work.b, h);
                 issue_transposed_scores(s, k_tile, 0, q_tile, 0, kHeadDim / 16);
@@ -722,7 +751,11 @@ struct Sm90BwdMainloop {
                 if (partial || !mask.tile_is_full(m0, kBlockM, key0, 64)) {
                     mask_tile_cols(p, mask, BlockLayout(a, work.b, h), a, key_g, m0, col_t, partial);
                 }
-                if (i >= 1) mbarrier_wait(&st.p_free, (i - 1) & 1);
+                if (i >= 1) {
+                    mbarrier_wait(&st.p_free, (i - 1) & 1);
+                    // kShareP: tile i - 1's dQ atom over P' has been read (its stage's `empty`).
+                    if constexpr (kShareP) mbarrier_wait(&st.empty[(i - 1) % kStages], ((i - 1) / kStages) & 1);
+                }
 #pragma unroll
                 for (int nt = 0; nt < Tr::kSTiles; ++nt) {
                     float4 x = make_float4(s[nt][0], s[nt][1], s[nt][2], s[nt][3]);
@@ -772,16 +805,26 @@ struct Sm90BwdMainloop {
                 issue_key_gradient<kHeadDim>(acc, ds_op, q_tile);
                 wgmma_commit();
                 mbarrier_wait(&st.ds_full[buffer], (i / 2) & 1);  // every thread's dS^T is stored
-                issue_query_gradient(dq, ds_tile, k_tile, 1);
+                issue_query_gradient(dq1, ds_tile, k_tile, 1);
                 wgmma_wait<1>();
                 fence_fragments(acc);
             }
             wgmma_wait<0>();
-            fence_fragments(dq);
-            mbarrier_arrive(&st.ds_free[buffer]);
             // Over the operand this warpgroup's dV or dK product read (staged_dq_atom); the reducing
             // thread frees those atoms for the next loads once its reductions have read them.
-            store_query_gradient_staged(smem, stage, dq, wg, warp, lane);
+            if constexpr (kEqualShares) {
+                fence_fragments(dq);
+                mbarrier_arrive(&st.ds_free[buffer]);
+                store_query_gradient_staged(smem, stage, dq, wg, warp, lane);
+            } else if (wg == 0) {
+                fence_fragments(dq);
+                mbarrier_arrive(&st.ds_free[buffer]);
+                store_query_gradient_staged(smem, stage, dq, 0, warp, lane);
+            } else {
+                fence_fragments(dq1);
+                mbarrier_arrive(&st.ds_free[buffer]);
+                store_query_gradient_staged(smem, stage, dq1, 1, warp, lane);
+            }
             fence_proxy_async();
             mbarrier_arrive(&st.dq_staged[wg][stage]);
         }
@@ -844,12 +887,14 @@ struct Sm90BwdMainloop {
             if constexpr (Tr::kSplitCols) {
                 // Each warpgroup's share as it comes (warpgroup 0's over dO first), each freed for the
                 // loads as soon as read, so the next tile's dO loads while Q's atoms are still read.
-                constexpr int kPerWg = Tr::kDqCols / 32;
+                constexpr int kAtoms = Tr::kDqAtoms;
 #pragma unroll
                 for (int w = 0; w < 2; ++w) {
                     mbarrier_wait(&st.dq_staged[w][stage], (i / kStages) & 1);
 #pragma unroll
-                    for (int j = 0; j < kPerWg; ++j) reduce(kPerWg * w + j, staged_dq_atom(stage, kPerWg * w + j));
+                    for (int atom = w ? kPerWg0 : 0; atom < (w ? kAtoms : kPerWg0); ++atom) {
+                        reduce(atom, staged_dq_atom(stage, atom));
+                    }
                     bulk_commit();
                 }
                 bulk_wait_read<1>();
