@@ -47,4 +47,13 @@ template <> __device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float lo, f
     return *reinterpret_cast<unsigned*>(&h);
 }
 
+// The two values of a pack2 register, lo in .x.
+template <typename T> __device__ __forceinline__ float2 unpack2(unsigned x);
+template <> __device__ __forceinline__ float2 unpack2<__half>(unsigned x) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&x));
+}
+template <> __device__ __forceinline__ float2 unpack2<__nv_bfloat16>(unsigned x) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x));
+}
+
 }  // namespace cupyflash

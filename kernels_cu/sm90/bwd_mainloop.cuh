@@ -34,8 +34,8 @@
 // Above head dim 128 (kSplitCols) dK and dV of 64 keys at 256 columns are 128 floats per thread of one
 // warpgroup, and K, V and two stages of Q and dO fill 192 KiB: the CTA takes 64 keys and the consumers
 // take roles (Mainloop::mma_roles), each over the whole 64 x 64 tile:
-//   - warpgroup 0: S^T = K Q^T, P^T (and the softcap's derivative folded into it, P'), P' in float32 to
-//     shared memory for warpgroup 1, dV += P^T dO with P^T from registers, and dQ_part = dS K for
+//   - warpgroup 0: S^T = K Q^T, P^T (and the softcap's derivative folded into it, P'), P' to shared
+//     memory for warpgroup 1 (rounded to T as the dV product's operand, float32 with the softcap), dV += P^T dO with P^T from registers, and dQ_part = dS K for
 //     dQ's first 128 columns once warpgroup 1 has stored dS^T;
 //   - warpgroup 1: dP^T = V dO^T, dS^T = P' (dP^T - delta) with P' from shared memory, dS^T to shared
 //     memory, dK += dS^T Q with dS^T from registers, and dQ_part for the other columns (128 at head dim
@@ -117,7 +117,7 @@ struct Sm90BwdTraits {
     static constexpr int kQBytes = kBlockM * 128 * kAtomsQK;
     static constexpr int kDoBytes = kBlockM * 128 * kAtomsV;
     // dS^T [kBlockN keys][kBlockM queries] in atoms of 64 queries, two buffers (see consume); with
-    // kSplitCols the float32 P' of one tile beside them (as many bytes as two bf16 buffers), which at head
+    // kSplitCols the P' of one tile beside them (float32 at most: as many bytes as two bf16 buffers), which at head
     // dim 192 also takes one atom of warpgroup 0's dQ share once P' is read (staged_dq_atom).
     static constexpr int kDsBytes = kBlockN * kBlockM * 2;
     static constexpr int kKOffset = 0;
@@ -679,10 +679,14 @@ struct Sm90BwdMainloop {
         const unsigned base = shared_addr(smem);
         const unsigned k_tile = base + Tr::kKOffset;
         const unsigned v_tile = base + Tr::kVOffset;
-        // P' of the tile: float4 j of thread t (its n-tile j of the accumulator) at [128 j + t], so the
-        // 32 lanes of a warp store and load 512 contiguous bytes; both warpgroups' thread t hold the
-        // same keys and queries.
-        float4* p_share = reinterpret_cast<float4*>(smem + Tr::kPOffset) + thread % 128;
+        // P' of the tile, 16 bytes of thread t at [128 j + t], so the 32 lanes of a warp store and load 512
+        // contiguous bytes (both warpgroups' thread t hold the same keys and queries): in the plain
+        // kernels P' = P^T rounded to T, the dV product's own operand (thread t's A fragment of k-step j,
+        // n-tiles 2 j and 2 j + 1, fragment/operand.cuh), which halves the buffer's shared-memory
+        // traffic (+0-4% at head dim 256, bench/NOTES.md, session 17) and rounds dS^T's factor as a plain
+        // T implementation does; with kScoreMod float32 (n-tile j: packing P times the softcap's
+        // derivative made ptxas spill in the masked path).
+        uint4* p_share = reinterpret_cast<uint4*>(smem + Tr::kPOffset) + thread % 128;
         const Mask mask(a, seq);
         const bool packed_q = a.cu_seqlens_q != nullptr;
         Log2Scores scores;
@@ -756,16 +760,21 @@ struct Sm90BwdMainloop {
                     // kShareP: tile i - 1's dQ atom over P' has been read (its stage's `empty`).
                     if constexpr (kShareP) mbarrier_wait(&st.empty[(i - 1) % kStages], ((i - 1) / kStages) & 1);
                 }
+                if constexpr (kScoreMod) {
 #pragma unroll
-                for (int nt = 0; nt < Tr::kSTiles; ++nt) {
-                    float4 x = make_float4(s[nt][0], s[nt][1], s[nt][2], s[nt][3]);
-                    if constexpr (kScoreMod) {
-                        x.x *= derivative[0][nt][0];
-                        x.y *= derivative[0][nt][1];
-                        x.z *= derivative[0][nt][2];
-                        x.w *= derivative[0][nt][3];
+                    for (int nt = 0; nt < Tr::kSTiles; ++nt) {
+                        p_share[128 * nt] = make_uint4(__float_as_uint(s[nt][0] * derivative[0][nt][0]),
+                                                       __float_as_uint(s[nt][1] * derivative[0][nt][1]),
+                                                       __float_as_uint(s[nt][2] * derivative[0][nt][2]),
+                                                       __float_as_uint(s[nt][3] * derivative[0][nt][3]));
                     }
-                    p_share[128 * nt] = x;
+                } else {
+#pragma unroll
+                    for (int kk = 0; kk < Tr::kOpSteps; ++kk) {
+                        p_share[128 * kk] = make_uint4(pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                                                       pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                                       pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]));
+                    }
                 }
                 mbarrier_arrive(&st.p_full);
                 unsigned p_op[Tr::kOpSteps][4];
@@ -785,13 +794,25 @@ struct Sm90BwdMainloop {
                 wgmma_wait<0>();
                 fence_fragments(s);
                 mbarrier_wait(&st.p_full, i & 1);
+                // This thread's P' pairs: n-tile nt, rows key_g (half 0) and key_g + 8 (half 1).
+                const auto p_pair = [&](int nt, int half) {
+                    if constexpr (kScoreMod) {
+                        const uint4 u = p_share[128 * nt];
+                        return half ? make_float2(__uint_as_float(u.z), __uint_as_float(u.w))
+                                    : make_float2(__uint_as_float(u.x), __uint_as_float(u.y));
+                    } else {
+                        const uint4 u = p_share[128 * (nt / 2)];
+                        return unpack2<T>(nt % 2 ? (half ? u.w : u.z) : (half ? u.y : u.x));
+                    }
+                };
 #pragma unroll
                 for (int nt = 0; nt < Tr::kSTiles; ++nt) {
-                    const float4 p = p_share[128 * nt];
-                    s[nt][0] = p.x * (s[nt][0] - delta[nt].x);
-                    s[nt][1] = p.y * (s[nt][1] - delta[nt].y);
-                    s[nt][2] = p.z * (s[nt][2] - delta[nt].x);
-                    s[nt][3] = p.w * (s[nt][3] - delta[nt].y);
+#pragma unroll
+                    for (int half = 0; half < 2; ++half) {
+                        const float2 p = p_pair(nt, half);
+                        s[nt][2 * half] = p.x * (s[nt][2 * half] - delta[nt].x);
+                        s[nt][2 * half + 1] = p.y * (s[nt][2 * half + 1] - delta[nt].y);
+                    }
                 }
                 mbarrier_arrive(&st.p_free);
                 unsigned ds_op[Tr::kOpSteps][4];
