@@ -127,11 +127,11 @@ def bwd_block_n(variant):
 
 def bwd_smem_bytes(variant):
     """Dynamic shared memory of a backward variant (Sm90BwdTraits::kSmemBytes): K and V (block_n keys),
-    ``stages`` Q and dO tiles, two dS^T buffers (block_n x block_m, 16-bit; with split columns the
-    float32 P' of one tile too, as many bytes, which at head dim 192 also stages one atom of dQ),
-    ``stages`` rows of lse and delta, the float32 dQ tiles
-    (block_m x headdim: one per consumer when block_m is 64, Sm90BwdTraits::kDqAlternate, one when it
-    is 128, none with split columns), the state, and the alignment slack."""
+    ``stages`` Q and dO tiles, two dS^T buffers (block_n x block_m, 16-bit; with split columns room for
+    one tile's P' in float32 too, as many bytes, which at head dim 192 also stages one atom of dQ),
+    ``stages`` rows of lse and delta, the float32 dQ tiles (block_m x headdim: one per consumer when
+    block_m is 64, Sm90BwdTraits::kDqAlternate, one when it is 128, none with split columns), the
+    state, and the alignment slack."""
     d, dv, block_m, stages = (variant.param(n) for n in ("headdim", "headdim_v", "block_m", "stages"))
     block_n, split = bwd_block_n(variant), bwd_split_cols(variant)
     tiles = (block_n + stages * block_m) * 128 * (_atoms(d) + _atoms(dv)) + (4 if split else 2) * block_n * block_m * 2

@@ -35,8 +35,9 @@
 // warpgroup, and K, V and two stages of Q and dO fill 192 KiB: the CTA takes 64 keys and the consumers
 // take roles (Mainloop::mma_roles), each over the whole 64 x 64 tile:
 //   - warpgroup 0: S^T = K Q^T, P^T (and the softcap's derivative folded into it, P'), P' to shared
-//     memory for warpgroup 1 (rounded to T as the dV product's operand, float32 with the softcap), dV += P^T dO with P^T from registers, and dQ_part = dS K for
-//     dQ's first 128 columns once warpgroup 1 has stored dS^T;
+//     memory for warpgroup 1 (rounded to T as the dV product's operand; float32 with the softcap),
+//     dV += P^T dO with P^T from registers, and dQ_part = dS K for dQ's first 128 columns once
+//     warpgroup 1 has stored dS^T;
 //   - warpgroup 1: dP^T = V dO^T, dS^T = P' (dP^T - delta) with P' from shared memory, dS^T to shared
 //     memory, dK += dS^T Q with dS^T from registers, and dQ_part for the other columns (128 at head dim
 //     256, 64 at 192).
