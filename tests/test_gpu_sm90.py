@@ -155,6 +155,19 @@ def test_causal_key_tiles_taken_in_turn_by_groups_of_pairs(monkeypatch):
     check_dense(cupy, sizes, "bfloat16", causal=True)
 
 
+@needs_hopper
+def test_causal_last_pairs_take_key_tiles_in_turn(monkeypatch):
+    """Above head dim 128 the causal backward hands out the key tiles of the last (batch entry, kv head)
+    pairs in turn after the others' tiles fastest (sm90.bwd_tail_pairs, common/scheduler.cuh): 32 pairs
+    of 17 key tiles, the last ceil(2 * 132 / 17) = 16 in turn on an H200, and every key tile must still
+    be computed once (GQA 2)."""
+    monkeypatch.setenv("CUPYFLASH_FAMILY", "sm90")
+    sizes = (4, 1025, 1025, 16, 8, 256, 256)
+    tail = -(-2 * cupy.cuda.Device().attributes["MultiProcessorCount"] // 17)
+    assert 1 < tail < 32, "the case needs pairs before the tail"
+    check_dense(cupy, sizes, "bfloat16", causal=True)
+
+
 @pytest.mark.parametrize("family", ["sm90", "sm80"])
 def test_packed_sequences_do_not_read_their_neighbours_values(family, monkeypatch):
     """A tile of sequence 0 runs into sequence 1's rows; an inf there has probability 0 for sequence 0,

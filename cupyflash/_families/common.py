@@ -144,15 +144,15 @@ NO_DQ_ACCUM = ((0, 0, 0), 0, 0, 0, 0, 0, 0)
 def bwd_args(b, p, dout, q, k, v, out, lse, delta, dq, dk, dv, lists, dq_fields=NO_DQ_ACCUM):
     """The ``BwdArgs`` of a backward call, a struct of plan ``b``, filled by one tuple assignment.
     ``dq_fields``: the tensor-core families' dQ buffer fields, (dq_accum RowsArg tuple, dq_turns,
-    dq_split_stride, turns_split_stride, dq_ld, dq_splits, deterministic). tile_group is 1 (the sm90
-    backward sets its own)."""
+    dq_split_stride, turns_split_stride, dq_ld, dq_splits, deterministic). tile_group is 1 and
+    tail_pairs 0 (the sm90 backward sets its own)."""
     batched = not p.varlen
     strides = lse_strides(p)
     args = b.struct(_params.BWD_ARGS)
     # The backward streams dO with cp.async too.
     args[0] = (attn(p, q, k, v, lists, vec=vec_loads(q, k, v, dout)),
                *(_params.tensor(x, batched) for x in (out, dout, dq, dk, dv)),
-               _params.rows(lse, *strides), _params.rows(delta, *strides), *dq_fields, 1)
+               _params.rows(lse, *strides), _params.rows(delta, *strides), *dq_fields, 1, 0)
     return args
 
 

@@ -359,6 +359,17 @@ def bwd_tile_group(variant, p, key_tiles, deterministic, sm_count):
     return max(1, sm_count // key_tiles)
 
 
+def bwd_tail_pairs(variant, p, key_tiles, deterministic, sm_count):
+    """BwdArgs::tail_pairs (common/scheduler.cuh): above head dim 128, under a causal mask, the pairs of
+    about the last two waves of CTAs take their key tiles in turn after the others' tiles fastest, so
+    the grid ends on its shortest walks (the SMs idled 5% of a causal 1k or 4k backward at its end,
+    bench/NOTES.md, session 17); 0 otherwise."""
+    causal_walks = p.window_left < 0 <= p.window_right and p.block_mask is None
+    if deterministic or not causal_walks or not bwd_split_cols(variant):
+        return 0
+    return min(p.batch * p.heads_k, common.cdiv(2 * sm_count, key_tiles))
+
+
 class Sm90Backward:
     """float16/bfloat16 on compute capability 9.0, head dims up to 256 (BWD_TILES), inputs a TMA can
     address.
@@ -397,6 +408,7 @@ class Sm90Backward:
                                                       if by_walk and bwd_split_cols(variant) else
                                                       DETERMINISTIC_DQ_SPLITS)
         args["tile_group"] = bwd_tile_group(variant, p, key_tiles, deterministic, device.sm_count)
+        args["tail_pairs"] = bwd_tail_pairs(variant, p, key_tiles, deterministic, device.sm_count)
         common.plan_delta(b, p, args)
         maps = b.struct(BWD_MAPS)
         for field, x, rows in (("q", q, block_m), ("k", k, block_n), ("v", v, block_n), ("dout", dout, block_m)):

@@ -88,6 +88,7 @@ struct BwdArgs {
     int dq_ld, dq_splits;
     int deterministic;
     int tile_group;              // sm90: (batch entry, kv head) pairs whose key tiles launch in turn (scheduler.cuh)
+    int tail_pairs;              // sm90: the last pairs, whose key tiles launch in turn after the others' (0: tile_group)
 };
 
 // Attention of queries to a KV cache (kvcache/kvcache.cu). attn.q holds the queries: kvc_append reads them

@@ -40,4 +40,16 @@ __device__ __forceinline__ TileWork schedule_tile_groups(int num_tiles, int head
     return {index / members, bh / heads, bh % heads};
 }
 
+// The pairs before the last `tail` take their key tiles fastest (schedule_tile), then the last `tail`
+// pairs theirs in turn, as one group: the grid ends on its shortest causal walks while the pairs before
+// keep tiles fastest's L2 reuse (schedule_tile_groups over every pair gained nothing above head dim 128,
+// bench/NOTES.md, session 16).
+__device__ __forceinline__ TileWork schedule_tile_tail(int num_tiles, int heads, int tail) {
+    const int first = static_cast<int>(gridDim.x / num_tiles) - tail;  // the tail's first pair
+    if (static_cast<int>(blockIdx.x / num_tiles) < first) return schedule_tile(num_tiles, heads, false);
+    const int index = static_cast<int>(blockIdx.x) - first * num_tiles;  // within the tail
+    const int bh = first + index % tail;
+    return {index / tail, bh / heads, bh % heads};
+}
+
 }  // namespace cupyflash

@@ -35,9 +35,9 @@ struct Sm90BwdKernel {
         // across args.tile_group pairs (the host sets it for causal walks, which shrink with the key
         // tile).
         const int num_key_tiles = ceil_div(a.seqlen_k, Tr::kBlockN);
-        const TileWork work = args.deterministic == kOrderedByLaunch
-                                  ? schedule_tile(num_key_tiles, a.heads_k, true)
-                                  : schedule_tile_groups(num_key_tiles, a.heads_k, args.tile_group);
+        const TileWork work = args.deterministic == kOrderedByLaunch ? schedule_tile(num_key_tiles, a.heads_k, true)
+                              : args.tail_pairs > 0 ? schedule_tile_tail(num_key_tiles, a.heads_k, args.tail_pairs)
+                                                    : schedule_tile_groups(num_key_tiles, a.heads_k, args.tile_group);
         const Sequence seq(a, work.b);
         if (work.tile * Tr::kBlockN >= seq.seqlen_k) return;  // past the end of a packed sequence
 
