@@ -25,7 +25,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
-SCRIPTS = ("bench", "masks", "decode", "ring", "host", "ab", "compile_time", "tiles")
+SCRIPTS = ("bench", "masks", "decode", "ring", "host", "ab", "compile_time", "tiles", "mma_probe")
 #: Arguments of a run that would need the GPU (ab.py needs two source trees first).
 RUN_ARGS = {"ab": ["--old", str(ROOT), "--new", str(ROOT)], "tiles": ["--tiles", "192,128,4"]}
 #: A stand-in for CuPy that cannot be imported, for the "no CuPy" runs.
@@ -135,7 +135,7 @@ def test_no_cupy_exits_with_one_line(runs, script):
 @pytest.fixture(scope="module")
 def bench_modules():
     """bench/'s scripts imported as modules (bench/ first on sys.path, as ``python bench/x.py`` has it)."""
-    names = ("harness", "bench", "masks", "host", "ab", "decode", "ring", "tiles")
+    names = ("harness", "bench", "masks", "host", "ab", "decode", "ring", "tiles", "mma_probe")
     saved = {name: sys.modules.pop(name) for name in names if name in sys.modules}
     sys.path.insert(0, str(BENCH))
     try:
@@ -223,6 +223,51 @@ def test_tiles_rows_and_dry_run(bench_modules, capsys):
     assert tiles.main(["--tiles", "192,128,4", "--seqlens", "1024", "--causal", "0,1", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "head dim 64, bf16" in out and "  1024  " in out and "  1024c" in out
+
+
+def _fragment_a00_b00(name, a, b):
+    """Row 0 of A and column 0 of B from mma_probe's lane registers, read back through the PTX fragment
+    maps (lane = 4 g + t): f64 m8n8k4 a0 = A[g][t], b0 = B[t][g]; tf32 m16n8k8 a0 = A[g][t], a2 = A[g][t + 4],
+    b0 = B[t][g], b1 = B[t + 4][g]; bf16 m16n8k16 a0 = A[g][2t, 2t + 1], a2 = A[g][2t + 8, 2t + 9], b0 = B[2t,
+    2t + 1][g], b1 = B[2t + 8, 2t + 9][g], low half first."""
+    import ml_dtypes
+
+    if name == "f64":
+        return [a[t] for t in range(4)], [b[t] for t in range(4)]
+    if name == "tf32":
+        af, bf = a.view(numpy.float32).reshape(32, 4), b.view(numpy.float32).reshape(32, 2)
+        row = [af[t, 0] for t in range(4)] + [af[t, 2] for t in range(4)]
+        return row, [bf[t, 0] for t in range(4)] + [bf[t, 1] for t in range(4)]
+
+    def halves(word):
+        return list(numpy.array([word & 0xFFFF, word >> 16], numpy.uint16).view(ml_dtypes.bfloat16).astype(numpy.float64))
+
+    a, b = a.reshape(32, 4), b.reshape(32, 2)
+    row = [x for t in range(4) for x in halves(int(a[t, 0]))] + [x for t in range(4) for x in halves(int(a[t, 2]))]
+    col = [x for t in range(4) for x in halves(int(b[t, 0]))] + [x for t in range(4) for x in halves(int(b[t, 1]))]
+    return row, col
+
+
+def test_mma_probe_sources_and_operands(bench_modules):
+    """The probe's kernels compile for sm_80 with NVRTC alone (the inline mma.sync instructions included),
+    and its operands put the case's values in row 0 of A against ones in column 0 of B, so that d[0][0]
+    is c plus their sum."""
+    from cupy_backends.cuda.libs import nvrtc
+
+    probe = bench_modules.mma_probe
+    for name in probe.TYPES:
+        for source in (probe.throughput_source(name), probe.rounding_source(name)):
+            program = nvrtc.createProgram(source, f"{name}.cu", (), ())
+            try:
+                nvrtc.compileProgram(program, ("--gpu-architecture=sm_80",))
+            except nvrtc.NVRTCError:
+                pytest.fail(f"{name}: {nvrtc.getProgramLog(program)}")
+            finally:
+                nvrtc.destroyProgram(program)
+        values = [0.75 * 2.0**-23, 0.25 * 2.0**-23, 0.375 * 2.0**-23]
+        row, col = _fragment_a00_b00(name, *probe.operand_layout(name, values))
+        assert float(numpy.dot(row, col)) == sum(values), name
+        assert list(row[: len(values)]) == values and not any(row[len(values):]), name
 
 
 def test_decode_table(bench_modules):

@@ -1,0 +1,207 @@
+"""Tensor-core probes for issue 22 (float32 and float64 on the tensor cores): what each mma.sync operand
+type delivers on this GPU, and how its float32 (float64) accumulation rounds.
+
+Run from the repository root on a GPU of compute capability 8.0 or newer::
+
+    python bench/mma_probe.py                # both probes
+    python bench/mma_probe.py --rounding     # the rounding probe only (one warp, microseconds)
+
+Throughput: every warp of (multiprocessors x --ctas-per-sm) CTAs of 4 warps issues --iterations rounds
+of 8 independent products on non-zero operands, timed between CUDA events; TFLOP/s counts 2 m n k per
+product (bf16 m16n8k16, tf32 m16n8k8, f64 m8n8k4). It bounds what an attention kernel built on that
+product can reach: 3xTF32 pays three products per float32 product, a three-way bf16 split six.
+
+Rounding: one product of each type with a single non-zero output element d = c + sum_k a_k b_k, the
+operands chosen so that the exact result lies between two neighbouring accumulator values; the table
+prints the exact sum (in accumulator ulps above c), what the tensor cores returned and what
+round-to-nearest-even would give. Whether they round to nearest, truncate, or drop low-order products
+before the sum decides whether a float32 kernel can add its products' small terms in the accumulator
+(bench/NOTES.md, session 18).
+"""
+
+import argparse
+import sys
+
+import harness
+
+#: (name, instruction, a / b / c register counts, a / b / c register kind, m, n, k) per operand type.
+TYPES = {
+    "bf16": ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", 4, 2, 4, "r", "f", 16, 8, 16),
+    "tf32": ("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", 4, 2, 4, "r", "f", 16, 8, 8),
+    "f64": ("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64", 1, 1, 2, "d", "d", 8, 8, 4),
+}
+#: Independent products in flight per warp in the throughput loop.
+CHAINS = 8
+
+
+def asm_operands(kind, count, first):
+    return ", ".join(f"%{first + i}" for i in range(count))
+
+
+def mma_statement(name, a, b, c):
+    """An inline-asm statement d = a b + d on the operand arrays a, b and the accumulator array c."""
+    instruction, na, nb, nc, ak, ck = TYPES[name][:6]
+    regs = "{" + asm_operands(ck, nc, 0) + "}, {" + asm_operands(ak, na, nc) + "}, {" + asm_operands(ak, nb, nc + na)
+    regs += "}, {" + asm_operands(ck, nc, 0) + "}"
+    outs = ", ".join(f'"+{ck}"({c}[{i}])' for i in range(nc))
+    ins = ", ".join([f'"{ak}"({a}[{i}])' for i in range(na)] + [f'"{ak}"({b}[{i}])' for i in range(nb)])
+    return f'asm volatile("{instruction} {regs};" : {outs} : {ins});'
+
+
+def throughput_source(name):
+    _, na, nb, nc, ak, ck, *_ = TYPES[name]
+    operand = "double" if ak == "d" else "unsigned"
+    acc = "double" if ck == "d" else "float"
+    seed = "1.0 + 1e-3 * threadIdx.x" if ak == "d" else "0x3f803f80u + threadIdx.x"
+    return f"""
+extern "C" __global__ void probe_{name}(int iterations, {acc}* sink) {{
+    {operand} a[{na}], b[{nb}];
+    for (int i = 0; i < {na}; ++i) a[i] = {seed};
+    for (int i = 0; i < {nb}; ++i) b[i] = {seed};
+    {acc} c[{CHAINS}][{nc}];
+    for (int j = 0; j < {CHAINS}; ++j)
+        for (int i = 0; i < {nc}; ++i) c[j][i] = 0;
+    for (int it = 0; it < iterations; ++it) {{
+#pragma unroll
+        for (int j = 0; j < {CHAINS}; ++j) {{ {acc}* cj = c[j]; {mma_statement(name, "a", "b", "cj")} }}
+    }}
+    {acc} total = 0;
+    for (int j = 0; j < {CHAINS}; ++j)
+        for (int i = 0; i < {nc}; ++i) total += c[j][i];
+    if (total == 12345) sink[0] = total;  // keeps the products live
+}}
+"""
+
+
+def rounding_source(name):
+    _, na, nb, nc, ak, ck, *_ = TYPES[name]
+    operand = "double" if ak == "d" else "unsigned"
+    acc = "double" if ck == "d" else "float"
+    return f"""
+extern "C" __global__ void round_{name}(const {operand}* a, const {operand}* b, const {acc}* c, {acc}* d) {{
+    const int lane = threadIdx.x;
+    {operand} ra[{na}], rb[{nb}];
+    {acc} rc[{nc}];
+    for (int i = 0; i < {na}; ++i) ra[i] = a[lane * {na} + i];
+    for (int i = 0; i < {nb}; ++i) rb[i] = b[lane * {nb} + i];
+    for (int i = 0; i < {nc}; ++i) rc[i] = c[lane * {nc} + i];
+    {mma_statement(name, "ra", "rb", "rc")}
+    for (int i = 0; i < {nc}; ++i) d[lane * {nc} + i] = rc[i];
+}}
+"""
+
+
+#: Rounding cases: (label, c, products as multiples of c's ulp), for d[0][0] = c + sum of the products.
+CASES = (
+    ("one product, 0.75 ulp", 1.0, (0.75,)),
+    ("one product, -0.75 ulp", 1.0, (-0.75,)),
+    ("one product, 0.5 ulp (a tie)", 1.0, (0.5,)),
+    ("four products, 0.25 ulp each", 1.0, (0.25, 0.25, 0.25, 0.25)),
+    ("two products, 0.375 ulp each", 1.0, (0.375, 0.375)),
+)
+
+
+def operand_layout(name, values):
+    """Per lane registers of a and b giving d[0][0] = sum_k values[k] (a[0][k] = values[k], b[k][0] = 1),
+    every other element of a and b zero, as flat lists (lane-major) of operand words or doubles."""
+    import numpy
+
+    _, na, nb, nc, ak, _, m, n, k = TYPES[name]
+    A = numpy.zeros((m, k))
+    B = numpy.zeros((k, n))
+    A[0, : len(values)] = values
+    B[: len(values), 0] = 1.0
+    if name == "f64":
+        a = [A[lane // 4, lane % 4] for lane in range(32)]  # a0 = A[g][t]
+        b = [B[lane % 4, lane // 4] for lane in range(32)]  # b0 = B[t][g]
+        return numpy.array(a), numpy.array(b)
+    if name == "tf32":
+        f = numpy.float32
+        a = [[A[g, t], A[g + 8, t], A[g, t + 4], A[g + 8, t + 4]] for g, t in (divmod(lane, 4) for lane in range(32))]
+        b = [[B[t, g], B[t + 4, g]] for g, t in (divmod(lane, 4) for lane in range(32))]
+        return numpy.array(a, f).view(numpy.uint32).ravel(), numpy.array(b, f).view(numpy.uint32).ravel()
+    import ml_dtypes
+
+    def pack(x0, x1):
+        pair = numpy.array([x0, x1], ml_dtypes.bfloat16).view(numpy.uint16).astype(numpy.uint32)
+        return int(pair[0] | (pair[1] << 16))
+
+    a, b = [], []
+    for lane in range(32):
+        g, t = divmod(lane, 4)
+        a += [pack(A[g, 2 * t], A[g, 2 * t + 1]), pack(A[g + 8, 2 * t], A[g + 8, 2 * t + 1]),
+              pack(A[g, 2 * t + 8], A[g, 2 * t + 9]), pack(A[g + 8, 2 * t + 8], A[g + 8, 2 * t + 9])]
+        b += [pack(B[2 * t, g], B[2 * t + 1, g]), pack(B[2 * t + 8, g], B[2 * t + 9, g])]
+    return numpy.array(a, numpy.uint32), numpy.array(b, numpy.uint32)
+
+
+def rounding_rows():
+    """(type, case, exact sum in ulps above c, returned in ulps, round-to-nearest in ulps) per probe."""
+    import cupy
+    import numpy
+
+    rows = []
+    for name in TYPES:
+        acc = numpy.float64 if name == "f64" else numpy.float32
+        kernel = cupy.RawKernel(rounding_source(name), f"round_{name}")
+        nc = TYPES[name][3]
+        for label, c0, multiples in CASES:
+            ulp = float(numpy.spacing(acc(c0)))
+            a, b = operand_layout(name, [m * ulp for m in multiples])
+            c = numpy.zeros(32 * nc, acc)
+            c[0] = c0
+            d = cupy.zeros(32 * nc, acc)
+            kernel((1,), (32,), (cupy.asarray(a), cupy.asarray(b), cupy.asarray(c), d))
+            exact = sum(multiples)
+            nearest = (float(acc(c0 + exact * ulp)) - c0) / ulp
+            rows.append((name, label, exact, (float(d[0].get()) - c0) / ulp, nearest))
+    return rows
+
+
+def throughput_rows(iterations, ctas_per_sm):
+    """(type, TFLOP/s) of each operand type."""
+    import cupy
+
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    rows = []
+    for name in TYPES:
+        kernel = cupy.RawKernel(throughput_source(name), f"probe_{name}")
+        m, n, k = TYPES[name][6:]
+        sink = cupy.zeros(1, cupy.float64 if name == "f64" else cupy.float32)
+        grid, block = sms * ctas_per_sm, 128
+        kernel((grid,), (block,), (cupy.int32(iterations // 10), sink))  # compile and warm
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        kernel((grid,), (block,), (cupy.int32(iterations), sink))
+        end.record()
+        end.synchronize()
+        seconds = cupy.cuda.get_elapsed_time(start, end) / 1e3
+        flops = 2.0 * m * n * k * CHAINS * iterations * grid * (block // 32)
+        rows.append((name, flops / seconds / 1e12))
+    return rows
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounding", action="store_true", help="the rounding probe only")
+    parser.add_argument("--iterations", type=harness.positive_int, default=20000, help="rounds per warp (default 20000)")
+    parser.add_argument("--ctas-per-sm", type=harness.positive_int, default=4, help="CTAs of 4 warps per SM (default 4)")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    harness.require_gpu("mma_probe.py", need_cupyflash=False)
+    print("rounding: d[0][0] = c + sum of products, c = 1; values in ulps of c above c")
+    print(f"{'type':5} {'case':32} {'exact':>10} {'returned':>10} {'nearest':>10}")
+    for name, label, exact, got, nearest in rounding_rows():
+        print(f"{name:5} {label:32} {exact:10.4g} {got:10.4g} {nearest:10.4g}")
+    if not args.rounding:
+        print("\nthroughput (dense, independent products):")
+        for name, tflops in throughput_rows(args.iterations, args.ctas_per_sm):
+            print(f"{name:5} {tflops:8.1f} TFLOP/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
