@@ -3,9 +3,10 @@ odd sizes that end mid-tile (seqlens 1, 113, 203, 1025), seqlen_q != seqlen_k bo
 forward and backward against the float64 oracle (head dims the sm90 backward does not cover take the
 sm80 one); that dispatch picks them there; that the deterministic backward is bitwise reproducible; that
 inputs a TMA cannot address take the sm80 kernels with the same results; that packed sequences do not
-read their neighbours' rows; and that the causal backward's key tiles, handed out by groups of (batch
-entry, kv head) pairs, are all computed. GPU only; the sm90 cases skip on other GPUs. The mask, softcap,
-ALiBi and varlen cases of test_gpu_features.py run on the sm90 kernels too (helpers.with_families)."""
+read their neighbours' rows; and that the causal backward's key tiles, handed out in turn by groups of
+(batch entry, kv head) pairs or across the last pairs, are all computed. GPU only; the sm90 cases skip
+on other GPUs. The mask, softcap, ALiBi and varlen cases of test_gpu_features.py run on the sm90 kernels
+too (helpers.with_families)."""
 
 import numpy as np
 import pytest

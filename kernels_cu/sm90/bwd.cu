@@ -31,9 +31,9 @@ struct Sm90BwdKernel {
         require_sparse_tiles(args.attn, Tr::kBlockM, Tr::kBlockN);
         const AttnArgs& a = args.attn;
         // Key tiles launch last-first under the ordered sum by launch order (it needs each CTA's
-        // predecessors launched before it, common/ordered_sum.cuh), otherwise first-first, in turn
-        // across args.tile_group pairs (the host sets it for causal walks, which shrink with the key
-        // tile).
+        // predecessors launched before it, common/ordered_sum.cuh), otherwise first-first: under a
+        // causal mask, whose walks shrink with the key tile, in turn across args.tile_group pairs, or
+        // above head dim 128 across the last args.tail_pairs pairs only.
         const int num_key_tiles = ceil_div(a.seqlen_k, Tr::kBlockN);
         const TileWork work = args.deterministic == kOrderedByLaunch ? schedule_tile(num_key_tiles, a.heads_k, true)
                               : args.tail_pairs > 0 ? schedule_tile_tail(num_key_tiles, a.heads_k, args.tail_pairs)
