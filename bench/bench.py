@@ -9,7 +9,8 @@ Run from the repository root (cupyflash installed, or ``PYTHONPATH=$PWD``)::
 The grid is FlashAttention's benchmark grid: batch * seqlen = 16384 tokens and heads * headdim = 2048.
 Each row times cupyflash (forward, backward and deterministic backward), plain CuPy attention
 (forward) and, when torch with CUDA is importable, ``torch.nn.functional.scaled_dot_product_attention``
-restricted to its FlashAttention-2 and its cuDNN backend (forward and backward). Times are medians of
+restricted to its FlashAttention-2 and its cuDNN backend (16-bit rows) or to its memory-efficient and
+its math backend (float32 and float64 rows, TF32 off), forward and backward. Times are medians of
 CUDA-event timings of calls enqueued back to back (``--per-call``: of calls made alone, host time
 included); FLOPs follow FlashAttention's convention (:func:`harness.forward_flops`). ``bench/README.md``
 describes the output.
@@ -31,7 +32,10 @@ TOTAL_TOKENS = 16384
 #: Model width per row: heads * headdim.
 MODEL_DIM = 2048
 #: Benchmarked dtypes (keys of harness.DTYPE_BYTES).
-DTYPES = ("bf16", "fp16", "fp32")
+DTYPES = ("bf16", "fp16", "fp32", "fp64")
+#: Rows of these dtypes are timed against torch's memory-efficient and math backends (the others against
+#: FlashAttention-2 and cuDNN, which take 16-bit inputs only).
+WIDE_DTYPES = ("fp32", "fp64")
 #: The default grid.
 FULL_GRID = {
     "dtypes": ("bf16", "fp16"),
@@ -73,11 +77,15 @@ SYSTEMS = {
     "cupy": "plain CuPy",
     "torch_fa2": "torch SDPA FlashAttention-2",
     "torch_cudnn": "torch SDPA cuDNN",
+    "torch_efficient": "torch SDPA memory-efficient",
+    "torch_math": "torch SDPA math",
 }
-#: The torch systems (keys of harness.TORCH_BACKENDS).
+#: The torch systems (keys of harness.TORCH_BACKENDS) of 16-bit rows and of WIDE_DTYPES rows.
 TORCH_SYSTEMS = ("torch_fa2", "torch_cudnn")
+WIDE_TORCH_SYSTEMS = ("torch_efficient", "torch_math")
 #: Short names in the progress lines and the final table.
-SHORT_NAMES = {"cupyflash": "cupyflash", "cupy": "CuPy", "torch_fa2": "FA2", "torch_cudnn": "cuDNN"}
+SHORT_NAMES = {"cupyflash": "cupyflash", "cupy": "CuPy", "torch_fa2": "FA2", "torch_cudnn": "cuDNN",
+               "torch_efficient": "eff", "torch_math": "math"}
 
 
 # ----------------------------------------------------------------------------------------------- grid
@@ -231,7 +239,7 @@ def bench_row(row, seed, settings, peers, rounds=1):
     if settings.peers:
         systems["cupy"] = lambda: bench_plain_cupy(row, inputs, settings)
         if peers is not None:
-            for system in TORCH_SYSTEMS:
+            for system in WIDE_TORCH_SYSTEMS if row.dtype in WIDE_DTYPES else TORCH_SYSTEMS:
                 systems[system] = functools.partial(harness.time_sdpa, peers, system, inputs, row.causal,
                                                     row.flops_fwd, row.flops_bwd, settings)
     per_round = {name: [] for name in systems}
@@ -434,6 +442,14 @@ TABLE_GROUPS = (
     ("flash/FA2", (ratio_column("torch_fa2", "fwd", 5), ratio_column("torch_fa2", "bwd", 5))),
     ("flash/cuDNN", (ratio_column("torch_cudnn", "fwd", 5), ratio_column("torch_cudnn", "bwd", 5))),
 )
+#: The table of WIDE_DTYPES rows: the same, against torch's memory-efficient and math backends.
+WIDE_TABLE_GROUPS = (
+    *TABLE_GROUPS[:3],
+    ("eff", (tflops_column("torch_efficient", "fwd", 6), tflops_column("torch_efficient", "bwd", 6))),
+    ("math", (tflops_column("torch_math", "fwd", 6), tflops_column("torch_math", "bwd", 6))),
+    ("flash/eff", (ratio_column("torch_efficient", "fwd", 5), ratio_column("torch_efficient", "bwd", 5))),
+    ("flash/math", (ratio_column("torch_math", "fwd", 5), ratio_column("torch_math", "bwd", 5))),
+)
 
 
 def timing_text(settings):
@@ -443,14 +459,22 @@ def timing_text(settings):
 
 
 def table_lines(rows, all_results, settings):
-    """The final table: one line per row, TFLOP/s of each system and cupyflash's ratios to the peers."""
-    return [
+    """The final table: one line per row, TFLOP/s of each system and cupyflash's ratios to the peers; the
+    WIDE_DTYPES rows in a second table against their peers."""
+    pairs = list(zip(rows, all_results))
+    narrow = [pair for pair in pairs if pair[0].dtype not in WIDE_DTYPES]
+    wide = [pair for pair in pairs if pair[0].dtype in WIDE_DTYPES]
+    lines = [
         (f"TFLOP/s, {timing_text(settings)}. FLOPs: forward 4*b*h*s_q*s_k*d "
          f"(halved when causal), backward {harness.BACKWARD_FLOP_FACTOR}x forward."),
-        ("flash/FA2, flash/cuDNN: cupyflash's TFLOP/s over that system's. n/a: raised, skip: not attempted "
-         "(reasons in results.json), -: not run."),
-        *harness.grouped_table(TABLE_GROUPS, list(zip(rows, all_results))),
+        ("flash/<peer>: cupyflash's TFLOP/s over that system's (eff, math: torch SDPA's memory-efficient and math "
+         "backends, TF32 off). n/a: raised, skip: not attempted (reasons in results.json), -: not run."),
     ]
+    if narrow:
+        lines += harness.grouped_table(TABLE_GROUPS, narrow)
+    if wide:
+        lines += ([""] if narrow else []) + harness.grouped_table(WIDE_TABLE_GROUPS, wide)
+    return lines
 
 
 def plan_lines(rows, settings, run_memory, out_dir):
@@ -459,7 +483,9 @@ def plan_lines(rows, settings, run_memory, out_dir):
     systems = ["cupyflash fwd" + ("+bwd" if settings.backward else "")]
     if settings.peers:
         systems.append("plain CuPy fwd")
-        systems += [f"{SYSTEMS[key]} fwd" + ("+bwd" if settings.backward else "") for key in TORCH_SYSTEMS]
+        torch_keys = [key for key in TORCH_SYSTEMS if any(row.dtype not in WIDE_DTYPES for row in rows)]
+        torch_keys += [key for key in WIDE_TORCH_SYSTEMS if any(row.dtype in WIDE_DTYPES for row in rows)]
+        systems += [f"{SYSTEMS[key]} fwd" + ("+bwd" if settings.backward else "") for key in torch_keys]
     lines = [
         (f"plan (dry run, no GPU touched): {len(rows)} rows; warm-up {settings.warmup}, {timing_text(settings)}; "
          f"results in {out_dir}"),
@@ -552,7 +578,7 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(
         description="Benchmark cupyflash against plain CuPy attention and torch SDPA (FlashAttention-2, cuDNN).",
     )
-    parser.add_argument("--dtypes", type=lambda t: harness.parse_list(t, str, DTYPES), help="e.g. bf16,fp16 (also fp32)")
+    parser.add_argument("--dtypes", type=lambda t: harness.parse_list(t, str, DTYPES), help="e.g. bf16,fp16 (also fp32, fp64)")
     parser.add_argument("--headdims", type=lambda t: harness.parse_list(t, harness.positive_int), help="e.g. 64,128")
     parser.add_argument("--causal", type=lambda t: harness.parse_list(t, causal_flag), help="0, 1 or 0,1")
     parser.add_argument(

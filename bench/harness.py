@@ -478,7 +478,8 @@ def measure(make_call, flops, settings, clock=None):
 # ------------------------------------------------------------------------------------------------ torch
 
 #: torch.nn.attention.SDPBackend member of each torch SDPA system.
-TORCH_BACKENDS = {"torch_fa2": "FLASH_ATTENTION", "torch_cudnn": "CUDNN_ATTENTION", "torch_efficient": "EFFICIENT_ATTENTION"}
+TORCH_BACKENDS = {"torch_fa2": "FLASH_ATTENTION", "torch_cudnn": "CUDNN_ATTENTION", "torch_efficient": "EFFICIENT_ATTENTION",
+                  "torch_math": "MATH"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -512,6 +513,9 @@ def load_torch():
     if not torch.cuda.is_available():
         return None, f"torch {torch.__version__}: torch.cuda.is_available() is False"
     torch.cuda.set_device(cupy.cuda.Device().id)
+    # float32 peers at float32 accuracy, as issue 22 compares them: no TF32 in torch's matmuls.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
     peers = TorchPeers(
         torch=torch,
         sdpa=torch.nn.functional.scaled_dot_product_attention,
@@ -519,7 +523,7 @@ def load_torch():
         backends={key: getattr(SDPBackend, name, None) for key, name in TORCH_BACKENDS.items()},
         clock=EventClock(lambda: torch.cuda.Event(enable_timing=True), lambda start, stop: start.elapsed_time(stop)),
     )
-    return peers, f"torch {torch.__version__} (CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()})"
+    return peers, f"torch {torch.__version__} (CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}; TF32 off)"
 
 
 def load_flex(peers):

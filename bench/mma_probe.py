@@ -8,7 +8,7 @@ Run from the repository root on a GPU of compute capability 8.0 or newer::
 
 Throughput: every warp of (multiprocessors x --ctas-per-sm) CTAs of 4 warps issues --iterations rounds
 of 8 independent products on non-zero operands, timed between CUDA events; TFLOP/s counts 2 m n k per
-product (bf16 m16n8k16, tf32 m16n8k8, f64 m8n8k4). It bounds what an attention kernel built on that
+product (bf16 m16n8k16, tf32 m16n8k8, f64 m8n8k4; on sm_90 also f64 m16n8k8 and m16n8k16). It bounds what an attention kernel built on that
 product can reach: 3xTF32 pays three products per float32 product, a three-way bf16 split six.
 
 Rounding: one product of each type with a single non-zero output element d = c + sum_k a_k b_k, the
@@ -30,6 +30,12 @@ TYPES = {
     "tf32": ("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", 4, 2, 4, "r", "f", 16, 8, 8),
     "f64": ("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64", 1, 1, 2, "d", "d", 8, 8, 4),
 }
+#: The larger float64 shapes of sm_90 (throughput only; their rounding is that of m8n8k4's DMMA units).
+SM90_TYPES = {
+    "f64k8": ("mma.sync.aligned.m16n8k8.row.col.f64.f64.f64.f64", 4, 2, 4, "d", "d", 16, 8, 8),
+    "f64k16": ("mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64", 8, 4, 4, "d", "d", 16, 8, 16),
+}
+ALL_TYPES = {**TYPES, **SM90_TYPES}
 #: Independent products in flight per warp in the throughput loop.
 CHAINS = 8
 
@@ -40,7 +46,7 @@ def asm_operands(kind, count, first):
 
 def mma_statement(name, a, b, c):
     """An inline-asm statement d = a b + d on the operand arrays a, b and the accumulator array c."""
-    instruction, na, nb, nc, ak, ck = TYPES[name][:6]
+    instruction, na, nb, nc, ak, ck = ALL_TYPES[name][:6]
     regs = "{" + asm_operands(ck, nc, 0) + "}, {" + asm_operands(ak, na, nc) + "}, {" + asm_operands(ak, nb, nc + na)
     regs += "}, {" + asm_operands(ck, nc, 0) + "}"
     outs = ", ".join(f'"+{ck}"({c}[{i}])' for i in range(nc))
@@ -49,7 +55,7 @@ def mma_statement(name, a, b, c):
 
 
 def throughput_source(name):
-    _, na, nb, nc, ak, ck, *_ = TYPES[name]
+    _, na, nb, nc, ak, ck, *_ = ALL_TYPES[name]
     operand = "double" if ak == "d" else "unsigned"
     acc = "double" if ck == "d" else "float"
     seed = "1.0 + 1e-3 * threadIdx.x" if ak == "d" else "0x3f803f80u + threadIdx.x"
@@ -162,12 +168,14 @@ def throughput_rows(iterations, ctas_per_sm):
     """(type, TFLOP/s) of each operand type."""
     import cupy
 
-    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    device = cupy.cuda.Device()
+    sms = device.attributes["MultiProcessorCount"]
+    names = list(TYPES) + (list(SM90_TYPES) if int(device.compute_capability) >= 90 else [])
     rows = []
-    for name in TYPES:
+    for name in names:
         kernel = cupy.RawKernel(throughput_source(name), f"probe_{name}")
-        m, n, k = TYPES[name][6:]
-        sink = cupy.zeros(1, cupy.float64 if name == "f64" else cupy.float32)
+        m, n, k = ALL_TYPES[name][6:]
+        sink = cupy.zeros(1, cupy.float64 if name.startswith("f64") else cupy.float32)
         grid, block = sms * ctas_per_sm, 128
         kernel((grid,), (block,), (cupy.int32(iterations // 10), sink))  # compile and warm
         start, end = cupy.cuda.Event(), cupy.cuda.Event()
@@ -199,7 +207,7 @@ def main(argv=None):
     if not args.rounding:
         print("\nthroughput (dense, independent products):")
         for name, tflops in throughput_rows(args.iterations, args.ctas_per_sm):
-            print(f"{name:5} {tflops:8.1f} TFLOP/s")
+            print(f"{name:6} {tflops:8.1f} TFLOP/s")
     return 0
 
 

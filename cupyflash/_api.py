@@ -114,7 +114,8 @@ _DETERMINISTIC_DOC = """
 
 _NOTES_DOC = """
     CuPy arrays run on CuPy's current device and stream; NumPy arrays run the same tiled algorithm on
-    the CPU. Accumulation is float32 (float64 for float64 inputs); float32 is true float32 (no TF32).
+    the CPU. Accumulation is float32 (float64 for float64 inputs); float32 is float32-accurate (no TF32:
+    its tensor-core forward multiplies exact bfloat16 parts).
     A NaN (or an inf that makes one) in q or k reaches exactly the rows that see it."""
 
 

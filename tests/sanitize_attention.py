@@ -1,14 +1,15 @@
 """The attention kernels under compute-sanitizer: odd shapes with masks, score modifications, GQA and packed
 batches (their device check included), forward and both backward modes, on every family (sm90, sm80 and
-general, forced with CUPYFLASH_FAMILY), each call twice so the second runs its plan with new arrays.
+general, forced with CUPYFLASH_FAMILY; float32 on sm80 and general), each call twice so the second runs
+its plan with new arrays.
 Run on a GPU from the repository root:
 
     PYTHONPATH=$PWD compute-sanitizer --tool memcheck --error-exitcode 1 python3 tests/sanitize_attention.py
     PYTHONPATH=$PWD compute-sanitizer --tool racecheck --error-exitcode 1 python3 tests/sanitize_attention.py sm90
 
 It checks no values (the GPU tests do); the sanitizer reports any access outside an allocation, or any
-shared-memory race. Sizes are small so the instrumented run takes a minute or two. An argument names
-the families to run (default: all three).
+shared-memory race. Sizes are small so the instrumented run takes a minute or two. Arguments name the
+families to run (default: all three), or a family and one of its dtypes ("sm80:float32").
 """
 
 import os
@@ -86,10 +87,13 @@ def decode(dtype):
             cupyflash.flash_attention_with_kvcache(q, k_cache, k_cache.copy(), num_splits=3, **options)
 
 
-families = sys.argv[1:] or ["sm90", "sm80", "general"]
-for family in families:
+DTYPES = {"float16": numpy.float16, "bfloat16": ml_dtypes.bfloat16, "float32": numpy.float32, "float64": numpy.float64}
+FAMILY_DTYPES = {"sm90": ("float16", "bfloat16"), "sm80": ("float16", "bfloat16", "float32"), "general": ("float32", "float64")}
+# Arguments: families ("sm80"), or a family and one dtype ("sm80:float32").
+runs = [(arg.split(":") + [None])[:2] for arg in sys.argv[1:] or FAMILY_DTYPES]
+for family, only in runs:
     os.environ["CUPYFLASH_FAMILY"] = family
-    for dtype in ((numpy.float32, numpy.float64) if family == "general" else (numpy.float16, ml_dtypes.bfloat16)):
+    for dtype in (DTYPES[name] for name in FAMILY_DTYPES[family] if only in (None, name)):
         dense(dtype)
         packed(dtype)
         if dtype != numpy.float64:

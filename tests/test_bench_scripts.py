@@ -196,6 +196,15 @@ def test_bench_grid_and_table(bench_modules):
     cells = [c.split() for c in line.split("|")]
     assert cells[1] == ["2.0", "n/a", "skip"] and cells[2] == ["-"] and cells[3] == ["1.0", "1.0"]
     assert cells[5] == ["2.00", "-"] and cells[6] == ["-", "-"]
+    # float32 rows go to a second table, against torch's memory-efficient and math backends
+    wide = bench.build_grid(("fp32",), (128,), (True,), (4096,))[0]
+    wide_results = {"cupyflash": {"fwd": h.measured([1.0], 8e9)}, "torch_efficient": {"fwd": h.measured([1.0], 2e9)},
+                    "torch_math": {"fwd": h.failed(RuntimeError("out of memory"))}}
+    lines = bench.table_lines([row, wide], [results, wide_results], settings)
+    assert lines[5] == "" and "eff" in lines[6] and "flash/math" in lines[6]
+    cells = [c.split() for c in lines[8].split("|")]
+    assert cells[0][:2] == ["fp32", "128"] and cells[3] == ["2.0", "-"] and cells[4] == ["n/a", "-"]
+    assert cells[5] == ["4.00", "-"] and cells[6] == ["-", "-"]
     with pytest.raises(SystemExit):
         bench.parse_args(["--dtypes", "bf16,fp8"])
 
@@ -268,6 +277,14 @@ def test_mma_probe_sources_and_operands(bench_modules):
         row, col = _fragment_a00_b00(name, *probe.operand_layout(name, values))
         assert float(numpy.dot(row, col)) == sum(values), name
         assert list(row[: len(values)]) == values and not any(row[len(values):]), name
+    for name in probe.SM90_TYPES:
+        program = nvrtc.createProgram(probe.throughput_source(name), f"{name}.cu", (), ())
+        try:
+            nvrtc.compileProgram(program, ("--gpu-architecture=sm_90",))
+        except nvrtc.NVRTCError:
+            pytest.fail(f"{name}: {nvrtc.getProgramLog(program)}")
+        finally:
+            nvrtc.destroyProgram(program)
 
 
 def test_decode_table(bench_modules):

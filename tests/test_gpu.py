@@ -114,6 +114,14 @@ def test_large_logits_stay_finite(dtype):
         assert bool(finite.all()), name
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_float32_forward_over_many_keys(causal):
+    """float32 O summed over 4096 keys by the sm80 family's forward on the bfloat16 tensor cores, whose
+    products round toward zero: a running sum of them drifts with the number of keys (5x the rule's
+    allowance in emulation), the kernel's per-tile sums must not (kernels_cu/sm80/operands.cuh)."""
+    _check(1, 64, 4096, 2, 1, 128, 128, "float32", causal, backward=False)
+
+
 H200 = _families.common.Device(90, 227 * 1024, 132)
 A100 = _families.common.Device(80, 163 * 1024, 108)
 
@@ -133,11 +141,13 @@ def _selected(families, dtype, headdim, headdim_v, device=H200, causal=True):
      ("float16", 40, 200, A100, "sm80_fwd_fp16_d224_n32_m1_mod_0"),
      ("bfloat16", 128, 128, H200, "sm90_fwd_bf16_d128_v128_q128_n128_s2_mod_0"),
      ("float16", 40, 200, H200, "sm90_fwd_fp16_d256_v256_q128_n80_s2_mod_0"),
-     ("float16", 257, 64, H200, None), ("float32", 64, 64, H200, None)],
+     ("float16", 257, 64, H200, None), ("float32", 64, 64, H200, "sm80_fwd_parts_fp32_d64_n32_m1_mod_0"),
+     ("float32", 160, 160, H200, None)],
 )
 def test_forward_dispatch(dtype, headdim, headdim_v, device, expected):
     """fp16/bf16 with head dims <= 256 take the Hopper forward on compute capability 9.0, the tensor-core
-    forward on other sm_80+ GPUs; the rest the general path."""
+    forward on other sm_80+ GPUs; float32 with head dims <= 128 the sm80 family's float32 forward; the
+    rest the general path."""
     assert _selected(_families.FORWARD, dtype, headdim, headdim_v, device) == expected
 
 

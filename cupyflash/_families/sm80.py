@@ -1,10 +1,12 @@
 """The sm80 family: tensor-core kernels (mma.sync, ldmatrix, cp.async) for float16 and bfloat16 with
-head dims up to 256, on compute capability 8.0 and newer. kernels_cu/sm80/tile.cuh and bwd_tile.cuh
+head dims up to 256, and a float32 forward on the bfloat16 tensor cores (each value in three exact
+parts) up to head dim 128, on compute capability 8.0 and newer. kernels_cu/sm80/tile.cuh and bwd_tile.cuh
 describe the tiles; bench/NOTES.md has the measurements behind the tile tables below."""
 
 import numpy
 
 from .. import _kernels, _params
+from .._problem import lse_dtype
 from . import common
 
 #: Compute capability from which the mma.sync kernels run.
@@ -25,6 +27,9 @@ FWD_TILES = {
     224: ((64, 1), (32, 1)),
     256: ((64, 1), (32, 1)),
 }
+#: The float32 forward's tiles (kernels_cu/sm80/operands.cuh), as FWD_TILES: 16 rows per warp, 32 keys
+#: per tile, since each operand's three parts take three times a 16-bit operand's registers.
+FWD_FP32_TILES = {32: ((32, 1),), 64: ((32, 1),), 96: ((32, 1),), 128: ((32, 1),)}
 #: Query rows per CTA of the forward (Sm80FwdTraits::kBlockM).
 FWD_BLOCK_M = 128
 
@@ -56,6 +61,10 @@ FWD = _kernels.Kernel(
     "sm80_fwd", "sm80/fwd.cu", _kernels.HALF_DTYPES, ("headdim", "block_n", "m_tiles"),
     tuple((d, *tile) for d, choices in FWD_TILES.items() for tile in choices), ("score_mod",),
 )
+FWD_FP32 = _kernels.Kernel(
+    "sm80_fwd_parts", "sm80/fwd.cu", ("float32",), ("headdim", "block_n", "m_tiles"),
+    tuple((d, *tile) for d, choices in FWD_FP32_TILES.items() for tile in choices), ("score_mod",),
+)
 BWD = _kernels.Kernel(
     "sm80_bwd", "sm80/bwd.cu", _kernels.HALF_DTYPES, ("headdim", "block_n", "block_m", "stages"),
     tuple((d, *tile) for d, choices in BWD_TILES.items() for tile in choices), ("score_mod",),
@@ -71,12 +80,16 @@ def headdim_bucket(headdim, headdim_v, buckets=tuple(FWD_TILES)):
 def fwd_smem_bytes(variant):
     """Dynamic shared memory of a forward variant (Sm80FwdTraits::kSmemBytes).
 
-    The Q tile plus 2 or 3 stages of K and V tiles (3 where they fit in 99 KB), rows padded by 8
-    elements, and the per-CTA state. The kernel traps if launched with less than its traits require.
+    The Q tile plus 2 or 3 stages of K and V tiles (3 where they fit in 99 KB), 16-bit rows padded by 8
+    elements, float32 rows of Q and K by 8 and of V by 4 (Sm80FwdTraits::kLd, kLdV), and the per-CTA
+    state. The kernel traps if launched with less than its traits require.
     """
-    row_bytes = (variant.param("headdim") + 8) * 2
+    headdim = variant.param("headdim")
+    itemsize = 4 if variant.dtype == "float32" else 2
+    row_bytes = (headdim + 8) * itemsize
+    v_row_bytes = (headdim + 4) * itemsize if itemsize == 4 else row_bytes
     q_bytes = FWD_BLOCK_M * row_bytes
-    stage_bytes = 2 * variant.param("block_n") * row_bytes
+    stage_bytes = variant.param("block_n") * (row_bytes + v_row_bytes)
     stages = 3 if q_bytes + 3 * stage_bytes + CTA_STATE_BYTES <= 99 * 1024 else 2
     return q_bytes + stages * stage_bytes + CTA_STATE_BYTES
 
@@ -112,8 +125,8 @@ def cxx_facts():
     them: (headers, {C++ expression: value}) for tests/test_compile.py."""
     facts = {"cupyflash::kCtaStateBytes": CTA_STATE_BYTES, "cupyflash::kOrderedByLaunch": ORDERED_BY_LAUNCH,
              "cupyflash::kOrderedByWalk": ORDERED_BY_WALK}
-    for v in FWD.variants():
-        traits = f"cupyflash::Sm80FwdTraits<__half, {', '.join(map(str, v.tile))}>"
+    for v in FWD.variants() + FWD_FP32.variants():
+        traits = f"cupyflash::Sm80FwdTraits<{_kernels.CTYPES[v.dtype]}, {', '.join(map(str, v.tile))}>"
         facts[f"{traits}::kSmemBytes"] = fwd_smem_bytes(v)
         facts[f"{traits}::kThreads"] = fwd_threads(v)
         facts[f"{traits}::kBlockM"] = FWD_BLOCK_M
@@ -125,23 +138,29 @@ def cxx_facts():
 
 
 class Sm80Forward:
-    """float16/bfloat16, head dims up to 256, sm_80+: the first tile of the bucket that fits."""
+    """float16/bfloat16, head dims up to 256, and float32 (in bfloat16 parts) up to 128, sm_80+: the
+    first tile of the bucket that fits."""
 
     name = "sm80"
-    kernels = (FWD,)
+    kernels = (FWD, FWD_FP32)
 
     def select(self, p, device, operands):
-        bucket = _bucket(p, device, tuple(FWD_TILES))
+        if p.dtype == numpy.float32 and device.capability >= MIN_CAPABILITY:
+            kernel, tiles = FWD_FP32, FWD_FP32_TILES
+            bucket = headdim_bucket(p.headdim, p.headdim_v, tuple(tiles))
+        else:
+            kernel, tiles = FWD, FWD_TILES
+            bucket = _bucket(p, device, tuple(tiles))
         if bucket is None:
             return None
-        for tile in FWD_TILES[bucket]:
-            variant = FWD.variant(common.dtype_name(p.dtype), (bucket, *tile), score_mod=p.score_mod)
+        for tile in tiles[bucket]:
+            variant = kernel.variant(common.dtype_name(p.dtype), (bucket, *tile), score_mod=p.score_mod)
             if fwd_smem_bytes(variant) <= device.smem_optin:
                 return variant
         return None
 
     def plan(self, b, variant, p, q, k, v, device):
-        out, lse = b.output(p.out_shape, p.dtype), b.output(p.lse_shape, numpy.float32)
+        out, lse = b.output(p.out_shape, p.dtype), b.output(p.lse_shape, lse_dtype(p.dtype))
         lists = common.sparse_lists(b, p, FWD_BLOCK_M, variant.param("block_n"))
         args = common.fwd_args(b, p, q, k, v, out, lse, lists)
         grid = (common.cdiv(p.seqlen_q, FWD_BLOCK_M) * p.batch * p.heads, 1, 1)

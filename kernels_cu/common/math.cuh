@@ -4,10 +4,12 @@
 
 namespace cupyflash {
 
-// log2(e) and ln(2) in float: the tensor-core paths carry scores in log2 units, s2 = LOG2E * s, so each
+// log2(e) and ln(2) in float (ln 2 also in double, for the float64 lse of float32 inputs): the
+// tensor-core paths carry scores in log2 units, s2 = LOG2E * s, so each
 // probability is one ex2; lse = LN2 * (m2 + log2 l) takes them back to natural-log units.
 constexpr float kLog2eF = 1.4426950408889634f;
 constexpr float kLn2F = 0.6931471805599453f;
+constexpr double kLn2 = 0.6931471805599453094;
 
 template <typename Acc> struct Consts;
 template <> struct Consts<float> {

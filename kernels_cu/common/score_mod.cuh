@@ -86,7 +86,8 @@ struct Log2Scores {
     }
 };
 
-// The general path works in natural-log units with the scaled score rounded once (common/softmax.cuh).
+// The general path, and the float32 tensor-core forward (fragment/scores.cuh's modify_rows_natural),
+// work in natural-log units with the scaled score rounded once (common/softmax.cuh).
 // Every step is rounded on its own (the _rn operations), so the forward and backward kernels, compiled
 // separately, compute bitwise the same modified score.
 template <typename Acc>
@@ -96,6 +97,7 @@ struct NaturalScores {
     Acc slope;
     ScoreModArgs mod;
 
+    NaturalScores() = default;
     __device__ __forceinline__ NaturalScores(const AttnArgs& a, const Sequence& s, long long b, long long h)
         : scale(static_cast<Acc>(a.softmax_scale)), softcap(static_cast<Acc>(a.softcap)), mod(a, s, b, h) {
         slope = static_cast<Acc>(mod.slope);

@@ -12,9 +12,9 @@ namespace cupyflash {
 
 // dst[row * row_stride + col] = T(acc * scale[mt][r]) for 0 <= row = row0 + 16 mt + g + 8 r < row_end and
 // col = col0 + 8 nt + 2 t + e < cols; dst points at row 0 of one (batch entry, head). A thread's two
-// columns 2t, 2t + 1 go out as one 32-bit store where every pair is 4-byte aligned (even cols and row
-// stride, aligned dst: the outputs cupyflash allocates), else element by element; the rounding is the
-// same either way.
+// columns 2t, 2t + 1 go out as one 32-bit store (float32: one 64-bit store) where every pair is aligned
+// (even cols and row stride, aligned dst: the outputs cupyflash allocates), else element by element;
+// the rounding is the same either way.
 template <typename T, int kMTiles, int kNTiles>
 __device__ __forceinline__ void store_fragments(T* dst, long long row_stride, int row0, int row_end, int col0, int cols,
                                                 const float (&acc)[kMTiles][kNTiles][4],
@@ -34,7 +34,14 @@ __device__ __forceinline__ void store_fragments(T* dst, long long row_stride, in
                 const int col = col0 + 8 * nt + 2 * t;
                 const float v0 = acc[mt][nt][2 * r] * scale[mt][r];
                 const float v1 = acc[mt][nt][2 * r + 1] * scale[mt][r];
-                if (paired) {
+                if constexpr (sizeof(T) == 4) {
+                    if (paired && col < cols && reinterpret_cast<size_t>(dst_row + col) % 8 == 0) {
+                        *reinterpret_cast<float2*>(dst_row + col) = make_float2(v0, v1);
+                    } else {
+                        if (col < cols) dst_row[col] = v0;
+                        if (col + 1 < cols) dst_row[col + 1] = v1;
+                    }
+                } else if (paired) {
                     if (col < cols) *reinterpret_cast<unsigned*>(dst_row + col) = pack2<T>(v0, v1);
                 } else {
                     if (col < cols) dst_row[col] = from_acc<T>(v0);
@@ -127,14 +134,15 @@ __device__ __forceinline__ void store_fragments_wide(T* dst, long long row_strid
     store_fragments_wide<T>(dst, row_stride, row0, row_end, col0, cols, acc, scales);
 }
 
-// The forward's log-sum-exp, lse = LN2 * (m2 + log2 l) (FragmentSoftmax::finish), of the rows
+// The forward's log-sum-exp (FragmentSoftmax::finish: LN2 * (m2 + log2 l), or m + ln l in natural-log
+// units; L is lse_t), of the rows
 // row0 + 16 mt + g + 8 r of (batch entry b, head h) that lie inside the sequence: one lane per row.
-template <int kMTiles>
+template <typename L, int kMTiles>
 __device__ __forceinline__ void store_lse(const FwdArgs& args, const Sequence& seq, int b, int h, int row0,
-                                          const float (&row_lse)[kMTiles][2]) {
+                                          const L (&row_lse)[kMTiles][2]) {
     const int lane = threadIdx.x % 32;
     if (lane % 4 != 0) return;
-    float* lse = static_cast<float*>(args.lse.ptr) + rows_index(args.lse, b, h, seq.q_start);
+    L* lse = static_cast<L*>(args.lse.ptr) + rows_index(args.lse, b, h, seq.q_start);
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -154,12 +162,11 @@ __device__ __forceinline__ void store_out(const FwdArgs& args, const Sequence& s
 }
 
 // The forward's epilogue from the registers: out and lse of the rows row0 + 16 mt + g + 8 r.
-template <typename T, int kMTiles, int kOTiles, int kNTiles>
+template <typename T, int kMTiles, int kOTiles, typename Softmax>
 __device__ __forceinline__ void fwd_epilogue(const FwdArgs& args, const Sequence& seq, int b, int h, int row0,
-                                             const float (&o)[kMTiles][kOTiles][4],
-                                             FragmentSoftmax<kNTiles> (&softmax)[kMTiles]) {
+                                             const float (&o)[kMTiles][kOTiles][4], Softmax (&softmax)[kMTiles]) {
     float inv_l[kMTiles][2];
-    float row_lse[kMTiles][2];
+    lse_t<T> row_lse[kMTiles][2];
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) softmax[mt].finish(inv_l[mt], row_lse[mt]);
     store_out<T>(args, seq, b, h, row0, o, inv_l);

@@ -69,6 +69,30 @@ __device__ __forceinline__ void mask_rows(float (&s)[kMTiles][kNTiles][4], const
     }
 }
 
+// The scores of a row fragment from the raw products x = q . k in natural-log units, for the float32
+// kernels (FragmentSoftmax<kNTiles, true>): NaturalScores::modified (without kScoreMod, its first
+// step alone, softmax_scale * x), the score rounded step by step as the general kernels round it, so
+// the general backward recomputes the probabilities this forward's lse normalizes.
+template <bool kScoreMod, int kMTiles, int kNTiles, typename RowOf>
+__device__ __forceinline__ void modify_rows_natural(float (&s)[kMTiles][kNTiles][4], const NaturalScores<float>& scores,
+                                                    const RowOf& row_of, int n0, int col_t) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                if constexpr (kScoreMod) {
+                    float unused_grad;
+                    s[mt][nt][e] = scores.modified(s[mt][nt][e], row_of(mt, e / 2), n0 + 8 * nt + col_t + e % 2, &unused_grad);
+                } else {
+                    s[mt][nt][e] = scale_score(s[mt][nt][e], scores.scale);
+                }
+            }
+        }
+    }
+}
+
 // The scores of a row fragment from the raw products x = q . k, in log2 units: with kScoreMod the score
 // modifications (Log2Scores::modified; bias_of(mt, r) is the row's ALiBi bias, -slope * LOG2E), else
 // x * softmax_scale * LOG2E, or x itself with kRawScale (the softmax then applies the scale, which needs

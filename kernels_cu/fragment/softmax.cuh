@@ -15,10 +15,16 @@
 
 namespace cupyflash {
 
-template <int kNTiles>
+// kNatural (the float32 kernels): scores in natural-log units as the general kernels round them
+// (NaturalScores), probabilities by expf and the lse m + ln(l): float32 accuracy, which the folded
+// scale (three roundings of one constant: a systematic 1e-7 of every score) and ex2.approx (2^-22) do
+// not give (bench/NOTES.md, session 18). m2 then holds the natural-log maximum.
+template <int kNTiles, bool kNatural = false>
 struct FragmentSoftmax {
-    // Log2 units by which a block's maximum may pass the running one before it moves (update_max).
+    // Log2 units by which a block's maximum may pass the running one before it moves (update_max);
+    // kSlack is the same bound in the kernel's units.
     static constexpr float kMaxSlack = 8.0f;
+    static constexpr float kSlack = kNatural ? kMaxSlack * kLn2F : kMaxSlack;
     float m2[2] = {Consts<float>::neg_inf(), Consts<float>::neg_inf()};
     float l[2] = {0.0f, 0.0f};
     float base[2];  // the maxima the probabilities of the current block are taken against
@@ -78,11 +84,37 @@ struct FragmentSoftmax {
             const float total = group_sum<4>(l[r]);
             const bool seen = total != 0.0f;
             inv_l[r] = seen ? 1.0f / total : 0.0f;
-            lse[r] = seen ? kLn2F * (m2[r] + __log2f(total)) : Consts<float>::neg_inf();
+            if constexpr (kNatural) {
+                lse[r] = seen ? m2[r] + logf(total) : Consts<float>::neg_inf();
+            } else {
+                lse[r] = seen ? kLn2F * (m2[r] + __log2f(total)) : Consts<float>::neg_inf();
+            }
+        }
+    }
+
+    // finish with the lse in float64 (float32 inputs, whose lse is saved in float64: common/dtypes.cuh's
+    // lse_t), LN2 * m2 + ln(l) in float64: m2 is a float32 score, and l's own float32 sum is the only
+    // rounding the lse keeps.
+    __device__ __forceinline__ void finish(float (&inv_l)[2], double (&lse)[2]) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const float total = group_sum<4>(l[r]);
+            const bool seen = total != 0.0f;
+            inv_l[r] = seen ? 1.0f / total : 0.0f;
+            const double m = kNatural ? static_cast<double>(m2[r]) : kLn2 * static_cast<double>(m2[r]);
+            lse[r] = seen ? m + log(static_cast<double>(total)) : Consts<double>::neg_inf();
         }
     }
 
   private:
+    __device__ __forceinline__ static float exp_units(float x) {
+        if constexpr (kNatural) {
+            return exp_acc(x);
+        } else {
+            return fast_exp2(x);
+        }
+    }
+
     template <bool kRaw>
     __device__ __forceinline__ bool update_max_impl(const float (&s)[kNTiles][4], float (&rescale)[2], float scale) {
         float part[2][kNTiles];
@@ -101,11 +133,11 @@ struct FragmentSoftmax {
             // taken against the old maximum, each at most 2^kMaxSlack, which float32 sums and 16-bit P
             // hold exactly as well; l and m2 stay consistent, so out and lse are the same. Most blocks
             // after a row's first then rescale nothing (FlashAttention-4's conditional rescaling).
-            const float new_max = block_max > m2[r] + kMaxSlack ? block_max : m2[r];
+            const float new_max = block_max > m2[r] + kSlack ? block_max : m2[r];
             // A row that has seen no visible key keeps new_max = -inf: subtract 0 instead, so that
             // ex2(-inf - -inf) is not NaN and every probability of the row is ex2(-inf) = 0.
             base[r] = new_max == Consts<float>::neg_inf() ? 0.0f : new_max;
-            rescale[r] = fast_exp2(m2[r] - base[r]);  // 1 if the max stayed, 0 on the first visible block
+            rescale[r] = exp_units(m2[r] - base[r]);  // 1 if the max stayed, 0 on the first visible block
             moved |= new_max != m2[r];
             m2[r] = new_max;
             l[r] *= rescale[r];
@@ -120,7 +152,7 @@ struct FragmentSoftmax {
         for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                s[nt][e] = fast_exp2(kRaw ? fmaf(s[nt][e], scale, -base[e / 2]) : s[nt][e] - base[e / 2]);
+                s[nt][e] = exp_units(kRaw ? fmaf(s[nt][e], scale, -base[e / 2]) : s[nt][e] - base[e / 2]);
             }
             part[0][nt] = s[nt][0] + s[nt][1];
             part[1][nt] = s[nt][2] + s[nt][3];

@@ -65,8 +65,8 @@ general_bwd_dq(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
         const bool full = !partial && mask.tile_is_full(m0, Tr::kBlockM, n0, Tr::kBlockN);
         Acc p[Tr::kScoresPerThread];
         Acc dp[Tr::kScoresPerThread];
-        score_tile(p, Q, m0, K, n0, a.headdim, sm);
-        score_tile(dp, dO, m0, V, n0, a.headdim_v, sm);
+        score_tile<true>(p, Q, m0, K, n0, a.headdim, sm);
+        score_tile<false>(dp, dO, m0, V, n0, a.headdim_v, sm);
 #pragma unroll
         for (int j = 0; j < Tr::kScoresPerThread; ++j) {
             const int col = n0 + lane + Tr::kLanesPerRow * j;
@@ -140,8 +140,8 @@ general_bwd_dkdv(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
             const bool full = !partial && mask.tile_is_full(m0, Tr::kBlockN, n0, Tr::kBlockM);
             Acc p[Tr::kScoresPerThread];
             Acc ds[Tr::kScoresPerThread];
-            score_tile(p, K, n0, Q, m0, a.headdim, sm);
-            score_tile(ds, V, n0, dO, m0, a.headdim_v, sm);
+            score_tile<true>(p, K, n0, Q, m0, a.headdim, sm);
+            score_tile<false>(ds, V, n0, dO, m0, a.headdim_v, sm);
 #pragma unroll
             for (int j = 0; j < Tr::kScoresPerThread; ++j) {
                 const int i = m0 + lane + Tr::kLanesPerRow * j;

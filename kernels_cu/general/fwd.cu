@@ -57,7 +57,7 @@ general_fwd(const CUPYFLASH_GRID_CONSTANT FwdArgs args) {
         const bool partial = entry_partial(entry);
         const bool full = !partial && mask.tile_is_full(m0, Tr::kBlockM, n0, Tr::kBlockN);
         Acc s[Tr::kScoresPerThread];
-        score_tile(s, Q, m0, K, n0, a.headdim, sm);
+        score_tile<true>(s, Q, m0, K, n0, a.headdim, sm);
         Acc block_max = Consts<Acc>::neg_inf();
 #pragma unroll
         for (int j = 0; j < Tr::kScoresPerThread; ++j) {

@@ -79,9 +79,28 @@ __device__ __forceinline__ void stage(acc_t<T>* dst, const RowView<T>& src, int 
     }
 }
 
+// sum + comp += x, with the rounding error of sum + x kept in comp (Knuth's TwoSum: exact in any
+// rounding-to-nearest arithmetic, branch-free).
+template <typename Acc>
+__device__ __forceinline__ void add_compensated(Acc& sum, Acc& comp, Acc x) {
+    const Acc t = sum + x;
+    const Acc x_part = t - sum;
+    comp += (sum - (t - x_part)) + (x - x_part);
+    sum = t;
+}
+
 // s[j] = sum_d A(a0 + row, d) * B(b0 + lane + kLanesPerRow * j, d) over d < depth. Rows or columns
 // outside the views contribute 0. All threads of the CTA must call it (it synchronizes).
-template <typename T>
+//
+// kCompensated (the scores q.k): the groups' partial sums join s with TwoSum compensation, so that s is
+// within about a rounding of the groups' exact sum; a score then agrees with the tensor-core forward's
+// float32 scores (kernels_cu/sm80/operands.cuh) to a fraction of an ulp, where plain sums differ by a
+// few. The backward's probabilities exp(s - lse) take s from here and lse from whichever forward ran,
+// and at scores in the thousands (an ulp of 2^-12) a few ulps of disagreement cost dV 3x the error of a
+// plain float32 implementation, whose own s and lse agree (bench/NOTES.md, session 19). dP = dO.V sums
+// plainly: it cancels against delta = rowsum(dO * O), summed plainly too (one key: dS = dP - delta = 0
+// up to their roundings), and a compensated dP alone put dQ past the rule there.
+template <bool kCompensated, typename T>
 __device__ __forceinline__ void score_tile(acc_t<T> (&s)[GeneralTraits<T>::kScoresPerThread],
                                            const RowView<T>& A, int a0, const RowView<T>& B, int b0,
                                            int depth, GeneralSmem<T>& sm) {
@@ -89,8 +108,9 @@ __device__ __forceinline__ void score_tile(acc_t<T> (&s)[GeneralTraits<T>::kScor
     using Sm = GeneralSmem<T>;
     const int row = threadIdx.x / Tr::kLanesPerRow;
     const int lane = threadIdx.x % Tr::kLanesPerRow;
+    acc_t<T> comp[Tr::kScoresPerThread];
 #pragma unroll
-    for (int j = 0; j < Tr::kScoresPerThread; ++j) s[j] = 0;
+    for (int j = 0; j < Tr::kScoresPerThread; ++j) s[j] = comp[j] = 0;
     for (int d0 = 0; d0 < depth; d0 += Tr::kDepth) {
         stage<Tr::kBlockM, Tr::kDepth, Sm::kLdDepth, Tr::kThreads>(sm.a, A, a0, d0);
         stage<Tr::kBlockN, Tr::kDepth, Sm::kLdDepth, Tr::kThreads>(sm.b, B, b0, d0);
@@ -106,9 +126,19 @@ __device__ __forceinline__ void score_tile(acc_t<T> (&s)[GeneralTraits<T>::kScor
                 }
             }
 #pragma unroll
-            for (int j = 0; j < Tr::kScoresPerThread; ++j) s[j] += part[j];
+            for (int j = 0; j < Tr::kScoresPerThread; ++j) {
+                if constexpr (kCompensated) {
+                    add_compensated(s[j], comp[j], part[j]);
+                } else {
+                    s[j] += part[j];
+                }
+            }
         }
         __syncthreads();
+    }
+    if constexpr (kCompensated) {
+#pragma unroll
+        for (int j = 0; j < Tr::kScoresPerThread; ++j) s[j] += comp[j];
     }
 }
 

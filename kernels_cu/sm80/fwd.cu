@@ -1,9 +1,10 @@
-// Tensor-core forward (float16/bfloat16, sm_80+): one CTA per 128 query rows of one (batch entry, head),
-// looping over the key tiles those rows see with an online softmax.
+// Tensor-core forward (float16/bfloat16, and float32 in bfloat16 parts: sm80_fwd_parts; sm_80+): one CTA per
+// 128 query rows of one (batch entry, head), looping over the key tiles those rows see with an online
+// softmax.
 //
 // Scheduler: schedule_tile (scheduler.cuh), the query tiles with the most keys first. Main loop, per key
-// tile: S = Q K^T with mma.sync (Q from registers or shared memory, K fragments by ldmatrix), the score
-// modifications (kScoreMod: softcap, ALiBi), the mask on the tiles that need it (common/mask.cuh), the online
+// tile: S = Q K^T with mma.sync (Q from registers or shared memory, K fragments from shared memory:
+// sm80/operands.cuh), the score modifications (kScoreMod: softcap, ALiBi), the mask on the tiles that need it (common/mask.cuh), the online
 // softmax in registers, then O += P V with P converted in registers into the A operand and V fragments
 // by ldmatrix.trans. K/V tiles are multi-buffered with cp.async (Sm80FwdTraits::kStages): tile j + 1 loads
 // while tile j is computed. Epilogue: O / l and the log-sum-exp (epilogue.cuh). The per-CTA values
@@ -23,17 +24,23 @@
 #include "fragment/scores.cuh"
 #include "fragment/softmax.cuh"
 #include "sm80/mma.cuh"
+#include "sm80/operands.cuh"
 #include "sm80/tile.cuh"
 
 namespace cupyflash {
 
-// Per-CTA values, in shared memory.
+// The scores of the 16-bit kernels (log2 units) and of the float32 one (natural-log units).
+template <bool kNatural> struct Sm80Scores { using type = Log2Scores; };
+template <> struct Sm80Scores<true> { using type = NaturalScores<float>; };
+
+// Per-CTA values, in shared memory. Scores: Sm80Scores.
+template <typename Scores>
 struct Sm80FwdState {
     static constexpr int kRing = 32;
     Sequence seq;
     Mask mask;
     BlockLayout layout;
-    Log2Scores scores;
+    Scores scores;
     const void* k_rows;      // row 0 of this (batch entry, kv head) of k and of v
     const void* v_rows;
     int b, h;
@@ -43,28 +50,37 @@ struct Sm80FwdState {
 template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod>
 struct Sm80FwdMainloop {
     using Tr = Sm80FwdTraits<T, kHeadDim, kBlockN, kMTiles>;
+    using Ops = Sm80Operands<T>;
+    // float32 keeps its scores in natural-log units, at float32 accuracy (fragment/softmax.cuh).
+    static constexpr bool kNatural = sizeof(T) == 4;
+    using Scores = typename Sm80Scores<kNatural>::type;
+    using State = Sm80FwdState<Scores>;
+    using Softmax = FragmentSoftmax<kBlockN / 8, kNatural>;
     static constexpr int kLd = Tr::kLd;
+    static constexpr int kLdV = Tr::kLdV;
     static constexpr int kNTiles = kBlockN / 8;   // score n-tiles per m-tile
     static constexpr int kOTiles = kHeadDim / 8;  // output n-tiles per m-tile
-    static constexpr int kDSteps = kHeadDim / 16;
+    static constexpr int kDSteps = kHeadDim / Ops::kK;  // k-steps of q.k
+    // float32 rolls them (its split operands and sums spilled at head dim 128, and rolled ran as fast).
+    static constexpr int kDUnroll = Ops::kSplitSums ? 1 : kDSteps;
     // Q stays in registers where the traits allow it, except beside the score modifications: tanhf's
     // temporaries need the 32 registers it would take (the d64 tile spilled 244 bytes).
     static constexpr bool kQInRegs = Tr::kQInRegs && !kScoreMod;
     // Masked tiles test elements against per-row key intervals (cheaper than Mask::visible), except in
     // the largest tile, 256 columns by 64 keys, where the intervals' registers spilled 16-24 bytes.
     static constexpr bool kRowIntervals = kHeadDim * kBlockN < 256 * 64;
-    static_assert(sizeof(Sm80FwdState) <= Tr::kStateBytes, "the per-CTA state must fit its reserve");
+    static_assert(sizeof(State) <= Tr::kStateBytes, "the per-CTA state must fit its reserve");
 
     // Warp 0: the state of the CTA's tile (query tile qt of batch entry b, head h).
     __device__ __forceinline__ static void init_state(const AttnArgs& a, const Sequence& seq, int b, int h, int qt,
-                                                      Sm80FwdState& st) {
+                                                      State& st) {
         const Mask mask(a, seq);
         const BlockLayout layout(a, b, h);
         if (threadIdx.x == 0) {
             st.seq = seq;
             st.mask = mask;
             st.layout = layout;
-            st.scores = Log2Scores(a, seq, b, h);
+            st.scores = Scores(a, seq, b, h);
             st.b = b;
             st.h = h;
             st.k_rows = head_rows<const T>(a.k, b, seq.k_start, kv_head(h, a.heads, a.heads_k));
@@ -74,12 +90,11 @@ struct Sm80FwdMainloop {
     }
 
     // Leaves O (unnormalized) and the row statistics of the CTA's rows in o and softmax.
-    __device__ __forceinline__ static void run(const AttnArgs& a, Sm80FwdState& st, int m0, unsigned char* smem,
-                                               float (&o)[kMTiles][kOTiles][4],
-                                               FragmentSoftmax<kNTiles> (&softmax)[kMTiles]) {
+    __device__ __forceinline__ static void run(const AttnArgs& a, State& st, int m0, unsigned char* smem,
+                                               float (&o)[kMTiles][kOTiles][4], Softmax (&softmax)[kMTiles]) {
         T* sQ = reinterpret_cast<T*>(smem);
         T* sK = sQ + Tr::kBlockM * kLd;            // kStages tiles of kBlockN rows
-        T* sV = sK + Tr::kStages * kBlockN * kLd;  // kStages tiles of kBlockN rows
+        T* sV = sK + Tr::kStages * kBlockN * kLd;  // kStages tiles of kBlockN rows (kLdV apart)
         const bool vec = a.vec_loads != 0;
         // Row 0 of this (batch entry, kv head) and key tile `entry`, staged into shared memory.
         auto load_kv = [&](int entry, int stage) {
@@ -87,7 +102,7 @@ struct Sm80FwdMainloop {
             load_tile_async<kBlockN, kHeadDim, kLd, Tr::kThreads>(sK + stage * kBlockN * kLd,
                                                                   static_cast<const T*>(st.k_rows), a.k.row_stride, n0,
                                                                   st.seq.seqlen_k, a.headdim, vec);
-            load_tile_async<kBlockN, kHeadDim, kLd, Tr::kThreads>(sV + stage * kBlockN * kLd,
+            load_tile_async<kBlockN, kHeadDim, kLdV, Tr::kThreads>(sV + stage * kBlockN * kLdV,
                                                                   static_cast<const T*>(st.v_rows), a.v.row_stride, n0,
                                                                   st.seq.seqlen_k, a.headdim_v, vec);
         };
@@ -105,12 +120,12 @@ struct Sm80FwdMainloop {
         cp_async_wait<0>();
         __syncthreads();
 
-        unsigned q_frag[kQInRegs ? kMTiles : 1][kQInRegs ? kDSteps : 1][4];
+        typename Ops::A q_frag[kQInRegs ? kMTiles : 1][kQInRegs ? kDSteps : 1];
         if constexpr (kQInRegs) {
 #pragma unroll
             for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-                for (int kk = 0; kk < kDSteps; ++kk) load_a_frag<kLd>(q_frag[mt][kk], sQ, warp_row0 + 16 * mt, 16 * kk);
+                for (int kk = 0; kk < kDSteps; ++kk) Ops::template load_q<kLd>(q_frag[mt][kk], sQ, warp_row0 + 16 * mt, Ops::kK * kk);
             }
         }
 
@@ -125,7 +140,7 @@ struct Sm80FwdMainloop {
             const int n0 = entry_tile(entry) * kBlockN;
             const bool partial = entry_partial(entry);
             const T* sKj = sK + (it % Tr::kStages) * kBlockN * kLd;
-            const T* sVj = sV + (it % Tr::kStages) * kBlockN * kLd;
+            const T* sVj = sV + (it % Tr::kStages) * kBlockN * kLdV;
             if (st.tiles.segment_at(it + 1) >= 0) load_kv(st.tiles.entry_at(it + 1), (it + 1) % Tr::kStages);
             cp_async_commit();
             cp_async_wait<1>();  // tile it has landed; tile it + 1 may still be in flight
@@ -136,33 +151,55 @@ struct Sm80FwdMainloop {
                 });
             }
 
-            // S = Q K^T for this warp's rows and the tile's kBlockN keys.
+            // S = Q K^T for this warp's rows and the tile's kBlockN keys; float32 sums its small products in
+            // s_small beside s and adds them once the k-steps are done (Ops::kSplitSums, sm80/operands.cuh).
             float s[kMTiles][kNTiles][4];
+            float s_small[Ops::kSplitSums ? kMTiles : 1][Ops::kSplitSums ? kNTiles : 1][4];
 #pragma unroll
             for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-                for (int nt = 0; nt < kNTiles; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
-            }
+                for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        s[mt][nt][i] = 0.0f;
+                        if constexpr (Ops::kSplitSums) s_small[mt][nt][i] = 0.0f;
+                    }
+                }
+            }
+#pragma unroll (kDUnroll)
             for (int kk = 0; kk < kDSteps; ++kk) {
-                unsigned af[kMTiles][4];
+                typename Ops::A af[kMTiles];
 #pragma unroll
                 for (int mt = 0; mt < kMTiles; ++mt) {
                     if constexpr (kQInRegs) {
-#pragma unroll
-                        for (int i = 0; i < 4; ++i) af[mt][i] = q_frag[mt][kk][i];
+                        af[mt] = q_frag[mt][kk];
                     } else {
-                        load_a_frag<kLd>(af[mt], sQ, warp_row0 + 16 * mt, 16 * kk);
+                        Ops::template load_q<kLd>(af[mt], sQ, warp_row0 + 16 * mt, Ops::kK * kk);
                     }
                 }
 #pragma unroll
                 for (int np = 0; np < kNTiles / 2; ++np) {
-                    unsigned bk[4];
-                    load_bt_frags<kLd>(bk, sKj, 16 * np, 16 * kk);
+                    typename Ops::B2 bk;
+                    Ops::template load_k<kLd>(bk, sKj, 16 * np, Ops::kK * kk);
 #pragma unroll
                     for (int mt = 0; mt < kMTiles; ++mt) {
-                        mma_16816<T>(s[mt][2 * np], af[mt], bk);
-                        mma_16816<T>(s[mt][2 * np + 1], af[mt], bk + 2);
+                        if constexpr (Ops::kSplitSums) {
+                            Ops::mma_rn(s[mt][2 * np], s_small[mt][2 * np], af[mt], bk, 0);
+                            Ops::mma_rn(s[mt][2 * np + 1], s_small[mt][2 * np + 1], af[mt], bk, 1);
+                        } else {
+                            Ops::mma(s[mt][2 * np], af[mt], bk, 0);
+                            Ops::mma(s[mt][2 * np + 1], af[mt], bk, 1);
+                        }
+                    }
+                }
+            }
+            if constexpr (Ops::kSplitSums) {
+#pragma unroll
+                for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+                    for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) s[mt][nt][i] += s_small[mt][nt][i];
                     }
                 }
             }
@@ -170,27 +207,67 @@ struct Sm80FwdMainloop {
             // Into log2 units (with the score modifications), then the mask where the tile needs one: a
             // uniform branch of its own, which keeps the unmasked tiles free of the mask's predicates.
             const auto row_of = [&](int mt, int r) { return row_g + 16 * mt + 8 * r; };
-            modify_rows<kScoreMod, false>(s, st.scores, row_of, [&](int, int) { return st.scores.bias_log2; }, n0, 2 * t);
+            if constexpr (kNatural) {
+                modify_rows_natural<kScoreMod>(s, st.scores, row_of, n0, 2 * t);
+            } else {
+                modify_rows<kScoreMod, false>(s, st.scores, row_of, [&](int, int) { return st.scores.bias_log2; }, n0, 2 * t);
+            }
             if (partial || !st.mask.tile_is_full(m0, Tr::kBlockM, n0, kBlockN)) {
                 mask_tile_rows<kRowIntervals>(s, st.mask, st.layout, a, row_of, n0, 2 * t, partial, Mask::kCutsBoth);
             }
 #pragma unroll
             for (int mt = 0; mt < kMTiles; ++mt) softmax[mt].step(s[mt], o[mt]);
 
-            // O += P V, with P rounded to T as the A operand straight from the score registers.
+            // O += P V, with P as the A operand straight from the score registers. float32 (Ops::kSplitSums):
+            // per 16 columns of O, the tile's products summed from zero in z (Ops::mma's two sums in one,
+            // the small products of each k-step first), then added to O (sm80/operands.cuh).
+            if constexpr (Ops::kSplitSums) {
+                constexpr int kKSteps = kBlockN / Ops::kK;
+                typename Ops::A p[kMTiles][kKSteps];
 #pragma unroll
-            for (int kk = 0; kk < kBlockN / 16; ++kk) {
-                unsigned p[kMTiles][4];
+                for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-                for (int mt = 0; mt < kMTiles; ++mt) pack_a_fragment<T>(p[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
+                    for (int kk = 0; kk < kKSteps; ++kk) Ops::pack_p(p[mt][kk], s[mt], kk);
+                }
 #pragma unroll
                 for (int cp = 0; cp < kOTiles / 2; ++cp) {
-                    unsigned bv[4];
-                    load_b_frags_trans<kLd>(bv, sVj, 16 * kk, 16 * cp);
+                    float z[kMTiles][2][4];
 #pragma unroll
                     for (int mt = 0; mt < kMTiles; ++mt) {
-                        mma_16816<T>(o[mt][2 * cp], p[mt], bv);
-                        mma_16816<T>(o[mt][2 * cp + 1], p[mt], bv + 2);
+#pragma unroll
+                        for (int i = 0; i < 8; ++i) z[mt][i / 4][i % 4] = 0.0f;
+                    }
+#pragma unroll
+                    for (int kk = 0; kk < kKSteps; ++kk) {
+                        typename Ops::B2 bv;
+                        Ops::template load_v<kLdV>(bv, sVj, Ops::kK * kk, 16 * cp);
+#pragma unroll
+                        for (int mt = 0; mt < kMTiles; ++mt) {
+                            Ops::mma(z[mt][0], z[mt][0], p[mt][kk], bv, 0);
+                            Ops::mma(z[mt][1], z[mt][1], p[mt][kk], bv, 1);
+                        }
+                    }
+#pragma unroll
+                    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+                        for (int i = 0; i < 8; ++i) o[mt][2 * cp + i / 4][i % 4] += z[mt][i / 4][i % 4];
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int kk = 0; kk < kBlockN / Ops::kK; ++kk) {
+                    typename Ops::A p[kMTiles];
+#pragma unroll
+                    for (int mt = 0; mt < kMTiles; ++mt) Ops::pack_p(p[mt], s[mt], kk);
+#pragma unroll
+                    for (int cp = 0; cp < kOTiles / 2; ++cp) {
+                        typename Ops::B2 bv;
+                        Ops::template load_v<kLdV>(bv, sVj, Ops::kK * kk, 16 * cp);
+#pragma unroll
+                        for (int mt = 0; mt < kMTiles; ++mt) {
+                            Ops::mma(o[mt][2 * cp], p[mt], bv, 0);
+                            Ops::mma(o[mt][2 * cp + 1], p[mt], bv, 1);
+                        }
                     }
                 }
             }
@@ -202,16 +279,15 @@ struct Sm80FwdMainloop {
 };
 
 template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod>
-__global__ void __launch_bounds__(Sm80FwdTraits<T, kHeadDim, kBlockN, kMTiles>::kThreads,
-                                  Sm80FwdTraits<T, kHeadDim, kBlockN, kMTiles>::kMinCtasPerSm)
-sm80_fwd(const CUPYFLASH_GRID_CONSTANT FwdArgs args) {
+__device__ __forceinline__ void sm80_fwd_body(const FwdArgs& args) {
     using Tr = Sm80FwdTraits<T, kHeadDim, kBlockN, kMTiles>;
     using Mainloop = Sm80FwdMainloop<T, kHeadDim, kBlockN, kMTiles, kScoreMod>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     require_dynamic_smem<Tr::kSmemBytes>();
     const AttnArgs& a = args.attn;
     require_sparse_tiles(a, Tr::kBlockM, kBlockN);
-    Sm80FwdState& st = *reinterpret_cast<Sm80FwdState*>(smem_raw + Tr::kSmemBytes - Tr::kStateBytes);
+    typename Mainloop::State& st =
+        *reinterpret_cast<typename Mainloop::State*>(smem_raw + Tr::kSmemBytes - Tr::kStateBytes);
 
     // Scheduler.
     const TileWork work = schedule_tile(ceil_div(a.seqlen_q, Tr::kBlockM), a.heads, true);
@@ -228,9 +304,26 @@ sm80_fwd(const CUPYFLASH_GRID_CONSTANT FwdArgs args) {
     __syncthreads();
 
     float o[kMTiles][Mainloop::kOTiles][4];
-    FragmentSoftmax<Mainloop::kNTiles> softmax[kMTiles];
+    typename Mainloop::Softmax softmax[kMTiles];
     Mainloop::run(a, st, m0, smem_raw, o, softmax);
     fwd_epilogue<T>(args, st.seq, st.b, st.h, m0 + 16 * kMTiles * (threadIdx.x / 32), o, softmax);
+}
+
+template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod>
+__global__ void __launch_bounds__(Sm80FwdTraits<T, kHeadDim, kBlockN, kMTiles>::kThreads,
+                                  Sm80FwdTraits<T, kHeadDim, kBlockN, kMTiles>::kMinCtasPerSm)
+sm80_fwd(const CUPYFLASH_GRID_CONSTANT FwdArgs args) {
+    sm80_fwd_body<T, kHeadDim, kBlockN, kMTiles, kScoreMod>(args);
+}
+
+// float32 on the bfloat16 tensor cores (three-part split, sm80/operands.cuh): a template of its own for
+// its own tile table (cupyflash/_families/sm80.py).
+template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod>
+__global__ void __launch_bounds__(Sm80FwdTraits<T, kHeadDim, kBlockN, kMTiles>::kThreads,
+                                  Sm80FwdTraits<T, kHeadDim, kBlockN, kMTiles>::kMinCtasPerSm)
+sm80_fwd_parts(const CUPYFLASH_GRID_CONSTANT FwdArgs args) {
+    static_assert(sizeof(T) == 4, "float32 only");
+    sm80_fwd_body<T, kHeadDim, kBlockN, kMTiles, kScoreMod>(args);
 }
 
 }  // namespace cupyflash

@@ -1,4 +1,5 @@
-// Tile traits and tile movement of the tensor-core (mma.sync) kernels, float16 and bfloat16, sm_80+.
+// Tile traits and tile movement of the tensor-core (mma.sync) kernels, float16 and bfloat16 (and float32
+// in bfloat16 parts for the forward, sm80/operands.cuh), sm_80+.
 //
 // A CTA owns kBlockM = 128 query rows; each of its warps computes kMTiles consecutive 16-row m-tiles with
 // m16n8k16 mma.sync (fragment maps in mma.cuh), so every K/V fragment read from shared memory feeds
@@ -7,9 +8,10 @@
 // the real head dims are zero-filled on load, so they add nothing to q.k and produce output columns that
 // are never written.
 //
-// Shared-memory rows are padded by 16 bytes (kLd = kHeadDim + 8 elements): the eight 16-byte row segments
-// one ldmatrix phase reads then fall into eight different bank groups for every bucket (row stride mod 128
-// bytes is 16 or 80), and cp.async writes stay 16-byte aligned.
+// Shared-memory rows are padded by 16 bytes (kLd = kHeadDim + 8 16-bit elements): the eight 16-byte row
+// segments one ldmatrix phase reads then fall into eight different bank groups for every bucket (row
+// stride mod 128 bytes is 16 or 80), and cp.async writes stay 16-byte aligned. float32 tiles pad as
+// their operand loads need (Sm80FwdTraits::kLd, kLdV).
 #pragma once
 #include "common/dtypes.cuh"
 #include "common/launch.cuh"
@@ -25,19 +27,24 @@ struct Sm80FwdTraits {
     static constexpr int kBlockM = 128;         // query rows per CTA
     static constexpr int kWarps = kBlockM / (16 * kMTiles);
     static constexpr int kThreads = 32 * kWarps;
-    static constexpr int kLd = kHeadDim + 8;    // padded shared-memory row, in elements
+    // Padded shared-memory rows, in elements: Q and K (kLd), V (kLdV). 16-bit: 16 bytes of padding.
+    // float32: kLd = 8 mod 32 words, where a half-warp's 8-byte loads of rows g, columns 2t (Q, K) fall in
+    // 32 banks, and kLdV = 4 mod 32, where the 4-byte loads of rows 2t and 2t + 1 do (sm80/operands.cuh).
+    static constexpr int kLd = kHeadDim + 8;
+    static constexpr int kLdV = sizeof(T) == 4 ? kHeadDim + 4 : kLd;
     // K/V stages: block j + 1 loads while block j is computed. Three stages, where they fit in 99 KB
     // (the per-block limit of sm_86/sm_89), also drop the barrier at the end of each iteration: the
     // stage being refilled was last read two iterations back, before the previous iteration's barrier,
     // so warps drift apart and one warp's softmax overlaps another's mma.
-    static constexpr int kSmemBytesPerStageSet = 2 * kBlockN * kLd * static_cast<int>(sizeof(T));
+    static constexpr int kSmemBytesPerStageSet = kBlockN * (kLd + kLdV) * static_cast<int>(sizeof(T));
     static constexpr int kQSmemBytes = kBlockM * kLd * static_cast<int>(sizeof(T));
     // Per-CTA values and the tile queue (sm80_fwd.cu), at the end of the dynamic shared memory.
     static constexpr int kStateBytes = kCtaStateBytes;
     static constexpr int kStages = kQSmemBytes + 3 * kSmemBytesPerStageSet + kStateBytes <= 99 * 1024 ? 3 : 2;
     // Q stays in registers as the A operand of every q.k product while it costs at most 32 registers;
     // otherwise each warp re-reads its rows from shared memory, which keeps the large tiles spill-free.
-    static constexpr bool kQInRegs = kHeadDim * kMTiles <= 128;
+    // float32 operands take twice the registers of 16-bit ones before they are split into parts.
+    static constexpr bool kQInRegs = sizeof(T) == 2 && kHeadDim * kMTiles <= 128;
     // Two 4-warp CTAs per SM (the 255-register cap allows both); one 8-warp CTA otherwise.
     static constexpr int kMinCtasPerSm = kWarps <= 4 ? 2 : 1;
     static constexpr int kSmemBytes = kQSmemBytes + kStages * kSmemBytesPerStageSet + kStateBytes;
@@ -53,7 +60,8 @@ struct Sm80FwdTraits {
 template <int kRows, int kCols, int kLd, int kThreads, typename T>
 __device__ __forceinline__ void load_tile_async(T* dst, const T* src, long long row_stride, int r0, int rows,
                                                 int cols, bool vec) {
-    constexpr int kChunks = kCols / 8;  // 16-byte chunks per row
+    constexpr int kVec = 16 / static_cast<int>(sizeof(T));  // elements of a 16-byte chunk
+    constexpr int kChunks = kCols / kVec;  // 16-byte chunks per row
     if (vec && r0 + kRows <= rows && cols >= kCols) {
         // Interior tile: every chunk is whole, so a chunk's address is the tile's base plus an offset
         // that does not depend on the tile (the bounds checks below cost as much as the copies).
@@ -61,16 +69,16 @@ __device__ __forceinline__ void load_tile_async(T* dst, const T* src, long long 
 #pragma unroll 4
         for (int idx = threadIdx.x; idx < kRows * kChunks; idx += kThreads) {
             const int r = idx / kChunks;
-            const int c = (idx % kChunks) * 8;
+            const int c = (idx % kChunks) * kVec;
             cp_async_16(smem_addr(dst + r * kLd + c), base + r * row_stride + c, 16);
         }
     } else if (vec) {
 #pragma unroll 4
         for (int idx = threadIdx.x; idx < kRows * kChunks; idx += kThreads) {
             const int r = idx / kChunks;
-            const int c = (idx % kChunks) * 8;
+            const int c = (idx % kChunks) * kVec;
             const int row = r0 + r;
-            const int valid = row < rows ? min(8, max(0, cols - c)) : 0;
+            const int valid = row < rows ? min(kVec, max(0, cols - c)) : 0;
             // A chunk with nothing to read still needs a valid, aligned source address: use the base.
             const T* g = valid > 0 ? src + static_cast<long long>(row) * row_stride + c : src;
             cp_async_16(smem_addr(dst + r * kLd + c), g, valid * static_cast<int>(sizeof(T)));
