@@ -8,8 +8,9 @@ Run from the repository root on a GPU of compute capability 8.0 or newer::
 
 Throughput: every warp of (multiprocessors x --ctas-per-sm) CTAs of 4 warps issues --iterations rounds
 of 8 independent products on non-zero operands, timed between CUDA events; TFLOP/s counts 2 m n k per
-product (bf16 m16n8k16, tf32 m16n8k8, f64 m8n8k4; on sm_90 also f64 m16n8k8 and m16n8k16). It bounds what an attention kernel built on that
-product can reach: 3xTF32 pays three products per float32 product, a three-way bf16 split six.
+product (bf16 m16n8k16, tf32 m16n8k8, f64 m8n8k4; on sm_90 also f64 m16n8k8 and m16n8k16). It bounds
+what an attention kernel built on that product can reach: 3xTF32 pays three products per float32
+product, a three-way bf16 split six.
 
 Rounding: one product of each type with a single non-zero output element d = c + sum_k a_k b_k, the
 operands chosen so that the exact result lies between two neighbouring accumulator values; the table
