@@ -18,6 +18,10 @@ prints the exact sum (in accumulator ulps above c), what the tensor cores return
 round-to-nearest-even would give. Whether they round to nearest, truncate, or drop low-order products
 before the sum decides whether a float32 kernel can add its products' small terms in the accumulator
 (bench/NOTES.md, session 18).
+
+Fragment maps (sm_90 only): the float64 m16n8k8 and m16n8k16 shapes' register layouts as
+:func:`f64_fragments` and :func:`f64_result` assume them, checked by one product of small integers
+against A B on the host (a float64 forward on those shapes needs them).
 """
 
 import argparse
@@ -81,7 +85,7 @@ extern "C" __global__ void probe_{name}(int iterations, {acc}* sink) {{
 
 
 def rounding_source(name):
-    _, na, nb, nc, ak, ck, *_ = TYPES[name]
+    _, na, nb, nc, ak, ck, *_ = ALL_TYPES[name]
     operand = "double" if ak == "d" else "unsigned"
     acc = "double" if ck == "d" else "float"
     return f"""
@@ -165,6 +169,50 @@ def rounding_rows():
     return rows
 
 
+def f64_fragments(name, A, B):
+    """Per-lane registers (32, na) and (32, nb) of A (16 x k) and B (k x 8) for an sm_90 float64 shape,
+    under the fragment maps assumed for them (lane = 4 g + t; the m16n8k8 maps of PTX's tf32 shape, two
+    more column groups for k = 16): a_i = A[g + 8 (i % 2)][t + 4 (i // 2)], b_i = B[t + 4 i][g]."""
+    import numpy
+
+    _, na, nb, *_ = ALL_TYPES[name]
+    a = numpy.array([[A[g + 8 * (i % 2), t + 4 * (i // 2)] for i in range(na)] for g, t in (divmod(n, 4) for n in range(32))])
+    b = numpy.array([[B[t + 4 * i, g] for i in range(nb)] for g, t in (divmod(n, 4) for n in range(32))])
+    return a, b
+
+
+def f64_result(d):
+    """D (16 x 8) from per-lane accumulators (32, 4) under the assumed map d_i = D[g + 8 (i // 2)][2 t + i % 2]."""
+    import numpy
+
+    D = numpy.zeros((16, 8))
+    for lane in range(32):
+        g, t = divmod(lane, 4)
+        for i in range(4):
+            D[g + 8 * (i // 2), 2 * t + i % 2] = d[lane, i]
+    return D
+
+
+def layout_rows():
+    """(shape, whether D = A B under the assumed fragment maps, max |difference|) of each sm_90 float64
+    shape, on small integers (exact products)."""
+    import cupy
+    import numpy
+
+    rng = numpy.random.default_rng(0)
+    rows = []
+    for name in SM90_TYPES:
+        k = ALL_TYPES[name][8]
+        A, B = rng.integers(-8, 9, (16, k)).astype(numpy.float64), rng.integers(-8, 9, (k, 8)).astype(numpy.float64)
+        a, b = f64_fragments(name, A, B)
+        d = cupy.zeros(32 * 4, numpy.float64)
+        kernel = cupy.RawKernel(rounding_source(name), f"round_{name}")
+        kernel((1,), (32,), (cupy.asarray(a.ravel()), cupy.asarray(b.ravel()), cupy.zeros(32 * 4, numpy.float64), d))
+        diff = float(numpy.abs(f64_result(d.get().reshape(32, 4)) - A @ B).max())
+        rows.append((name, diff == 0.0, diff))
+    return rows
+
+
 def throughput_rows(iterations, ctas_per_sm):
     """(type, TFLOP/s) of each operand type."""
     import cupy
@@ -190,6 +238,12 @@ def throughput_rows(iterations, ctas_per_sm):
     return rows
 
 
+def cupy_device_capability():
+    import cupy
+
+    return cupy.cuda.Device().compute_capability
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounding", action="store_true", help="the rounding probe only")
@@ -205,6 +259,10 @@ def main(argv=None):
     print(f"{'type':5} {'case':32} {'exact':>10} {'returned':>10} {'nearest':>10}")
     for name, label, exact, got, nearest in rounding_rows():
         print(f"{name:5} {label:32} {exact:10.4g} {got:10.4g} {nearest:10.4g}")
+    if int(cupy_device_capability()) >= 90:
+        print("\nfragment maps of the sm_90 float64 shapes (f64_fragments, f64_result):")
+        for name, matches, diff in layout_rows():
+            print(f"{name:6} {'match' if matches else 'differ'} (max |D - A B| {diff:g})")
     if not args.rounding:
         print("\nthroughput (dense, independent products):")
         for name, tflops in throughput_rows(args.iterations, args.ctas_per_sm):

@@ -278,13 +278,22 @@ def test_mma_probe_sources_and_operands(bench_modules):
         assert float(numpy.dot(row, col)) == sum(values), name
         assert list(row[: len(values)]) == values and not any(row[len(values):]), name
     for name in probe.SM90_TYPES:
-        program = nvrtc.createProgram(probe.throughput_source(name), f"{name}.cu", (), ())
-        try:
-            nvrtc.compileProgram(program, ("--gpu-architecture=sm_90",))
-        except nvrtc.NVRTCError:
-            pytest.fail(f"{name}: {nvrtc.getProgramLog(program)}")
-        finally:
-            nvrtc.destroyProgram(program)
+        for source in (probe.throughput_source(name), probe.rounding_source(name)):
+            program = nvrtc.createProgram(source, f"{name}.cu", (), ())
+            try:
+                nvrtc.compileProgram(program, ("--gpu-architecture=sm_90",))
+            except nvrtc.NVRTCError:
+                pytest.fail(f"{name}: {nvrtc.getProgramLog(program)}")
+            finally:
+                nvrtc.destroyProgram(program)
+        # the assumed maps cover each element of A, B and D once
+        k = probe.ALL_TYPES[name][8]
+        A, B = numpy.arange(16 * k).reshape(16, k) + 1.0, numpy.arange(k * 8).reshape(k, 8) + 1.0
+        a, b = probe.f64_fragments(name, A, B)
+        assert sorted(a.ravel()) == sorted(A.ravel()) and sorted(b.ravel()) == sorted(B.ravel()), name
+        D = numpy.arange(128.0).reshape(16, 8)
+        d = numpy.array([[D[g + 8 * (i // 2), 2 * t + i % 2] for i in range(4)] for g, t in (divmod(n, 4) for n in range(32))])
+        assert (probe.f64_result(d) == D).all(), name
 
 
 def test_decode_table(bench_modules):
