@@ -19,6 +19,10 @@ round-to-nearest-even would give. Whether they round to nearest, truncate, or dr
 before the sum decides whether a float32 kernel can add its products' small terms in the accumulator
 (bench/NOTES.md, session 18).
 
+wgmma (sm_90 only): the same rounding cases through one warpgroup's wgmma (bf16 m64n8k16 and tf32
+m64n8k8, A from registers in row 0 of warp 0, B all ones in shared memory, the accumulator loaded
+with c), which decides whether a Hopper float32 kernel needs the split sums of the mma.sync one.
+
 Fragment maps (sm_90 only): the float64 m16n8k8 and m16n8k16 shapes' register layouts as
 :func:`f64_fragments` and :func:`f64_result` assume them, checked by one product of small integers
 against A B on the host (a float64 forward on those shapes needs them).
@@ -169,6 +173,66 @@ def rounding_rows():
     return rows
 
 
+#: wgmma shapes of the rounding probe: (instruction, the word of two (bf16) or one (tf32) ones, trailing
+#: immediates: imm-scale-a, imm-scale-b and, for 16-bit operands, imm-trans-b).
+WGMMA = {
+    "bf16": ("wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16", "0x3f803f80u", "1, 1, 0"),
+    "tf32": ("wgmma.mma_async.sync.aligned.m64n8k8.f32.tf32.tf32", "0x3f800000u", "1, 1"),
+}
+
+
+def wgmma_rounding_source(name):
+    """One warpgroup: d = c + A B with A (64 x k) from registers (each warp's 16 rows in mma.sync's A
+    fragment map), B (k x 8) all ones in a 1024-byte-aligned shared tile read through a 128-byte-swizzle
+    K-major descriptor (all ones: the layout cannot matter), and the accumulator loaded with c."""
+    instruction, one, immediates = WGMMA[name]
+    return f"""
+extern "C" __global__ void wg_round_{name}(const unsigned* a, const float* c, float* d) {{
+    __shared__ __align__(1024) unsigned b[256];
+    const int tid = threadIdx.x;
+    for (int i = tid; i < 256; i += 128) b[i] = {one};
+    __syncthreads();
+    asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");
+    unsigned ra[4];
+    float rd[4];
+    for (int i = 0; i < 4; ++i) {{ ra[i] = a[tid * 4 + i]; rd[i] = c[tid * 4 + i]; }}
+    const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(b));
+    const unsigned long long desc = static_cast<unsigned long long>((addr & 0x3FFFF) >> 4) | 1ull << 16 |
+                                    64ull << 32 | 1ull << 62;
+    asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory");
+    asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n"
+                 "{instruction} {{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, %8, p, {immediates};\\n}}\\n"
+                 : "+f"(rd[0]), "+f"(rd[1]), "+f"(rd[2]), "+f"(rd[3])
+                 : "r"(ra[0]), "r"(ra[1]), "r"(ra[2]), "r"(ra[3]), "l"(desc));
+    asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");
+    for (int i = 0; i < 4; ++i) d[tid * 4 + i] = rd[i];
+}}
+"""
+
+
+def wgmma_rounding_rows():
+    """(type, case, exact, returned, round-to-nearest) of each wgmma probe, in ulps of c above c."""
+    import cupy
+    import numpy
+
+    rows = []
+    for name in WGMMA:
+        kernel = cupy.RawKernel(wgmma_rounding_source(name), f"wg_round_{name}", options=("-arch=sm_90a",))
+        for label, c0, multiples in CASES:
+            ulp = float(numpy.spacing(numpy.float32(c0)))
+            a, _ = operand_layout(name, [m * ulp for m in multiples])
+            a = numpy.concatenate([a, numpy.zeros(96 * 4, a.dtype)])  # warps 1-3: rows 16-63 zero
+            c = numpy.zeros(128 * 4, numpy.float32)
+            c[0] = c0
+            d = cupy.zeros(128 * 4, cupy.float32)
+            kernel((1,), (128,), (cupy.asarray(a), cupy.asarray(c), d))
+            exact = sum(multiples)
+            nearest = (float(numpy.float32(c0 + exact * ulp)) - c0) / ulp
+            rows.append((f"wg-{name}", label, exact, (float(d[0].get()) - c0) / ulp, nearest))
+    return rows
+
+
 def f64_fragments(name, A, B):
     """Per-lane registers (32, na) and (32, nb) of A (16 x k) and B (k x 8) for an sm_90 float64 shape,
     under the fragment maps assumed for them (lane = 4 g + t; the m16n8k8 maps of PTX's tf32 shape, two
@@ -259,6 +323,9 @@ def main(argv=None):
     print(f"{'type':5} {'case':32} {'exact':>10} {'returned':>10} {'nearest':>10}")
     for name, label, exact, got, nearest in rounding_rows():
         print(f"{name:5} {label:32} {exact:10.4g} {got:10.4g} {nearest:10.4g}")
+    if int(cupy_device_capability()) == 90:
+        for name, label, exact, got, nearest in wgmma_rounding_rows():
+            print(f"{name:7} {label:30} {exact:10.4g} {got:10.4g} {nearest:10.4g}")
     if int(cupy_device_capability()) >= 90:
         print("\nfragment maps of the sm_90 float64 shapes (f64_fragments, f64_result):")
         for name, matches, diff in layout_rows():

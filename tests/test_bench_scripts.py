@@ -286,7 +286,15 @@ def test_mma_probe_sources_and_operands(bench_modules):
                 pytest.fail(f"{name}: {nvrtc.getProgramLog(program)}")
             finally:
                 nvrtc.destroyProgram(program)
-        # the assumed maps cover each element of A, B and D once
+        # the assumed maps cover each element of A, B and D once (below); the wgmma probes compile too
+        for wg in probe.WGMMA:
+            program = nvrtc.createProgram(probe.wgmma_rounding_source(wg), f"wg_{wg}.cu", (), ())
+            try:
+                nvrtc.compileProgram(program, ("--gpu-architecture=sm_90a",))
+            except nvrtc.NVRTCError:
+                pytest.fail(f"wgmma {wg}: {nvrtc.getProgramLog(program)}")
+            finally:
+                nvrtc.destroyProgram(program)
         k = probe.ALL_TYPES[name][8]
         A, B = numpy.arange(16 * k).reshape(16, k) + 1.0, numpy.arange(k * 8).reshape(k, 8) + 1.0
         a, b = probe.f64_fragments(name, A, B)
