@@ -257,44 +257,37 @@ def _fragment_a00_b00(name, a, b):
     return row, col
 
 
-def test_mma_probe_sources_and_operands(bench_modules):
-    """The probe's kernels compile for sm_80 with NVRTC alone (the inline mma.sync instructions included),
-    and its operands put the case's values in row 0 of A against ones in column 0 of B, so that d[0][0]
-    is c plus their sum."""
+def _nvrtc_compiles(source, label, arch):
+    """Compiles ``source`` to a cubin for ``arch`` with NVRTC alone; the test fails with its log otherwise."""
     from cupy_backends.cuda.libs import nvrtc
 
+    program = nvrtc.createProgram(source, f"{label}.cu", (), ())
+    try:
+        nvrtc.compileProgram(program, (f"--gpu-architecture={arch}",))
+    except nvrtc.NVRTCError:
+        pytest.fail(f"{label}: {nvrtc.getProgramLog(program)}")
+    finally:
+        nvrtc.destroyProgram(program)
+
+
+def test_mma_probe_sources_and_operands(bench_modules):
+    """The probe's kernels compile for sm_80 (sm_90 and sm_90a for the Hopper shapes and wgmma) with NVRTC
+    alone (the inline mma.sync and wgmma instructions included), and its operands put the case's values
+    in row 0 of A against ones in column 0 of B, so that d[0][0] is c plus their sum."""
     probe = bench_modules.mma_probe
     for name in probe.TYPES:
         for source in (probe.throughput_source(name), probe.rounding_source(name)):
-            program = nvrtc.createProgram(source, f"{name}.cu", (), ())
-            try:
-                nvrtc.compileProgram(program, ("--gpu-architecture=sm_80",))
-            except nvrtc.NVRTCError:
-                pytest.fail(f"{name}: {nvrtc.getProgramLog(program)}")
-            finally:
-                nvrtc.destroyProgram(program)
+            _nvrtc_compiles(source, name, "sm_80")
         values = [0.75 * 2.0**-23, 0.25 * 2.0**-23, 0.375 * 2.0**-23]
         row, col = _fragment_a00_b00(name, *probe.operand_layout(name, values))
         assert float(numpy.dot(row, col)) == sum(values), name
         assert list(row[: len(values)]) == values and not any(row[len(values):]), name
+    for name in probe.WGMMA:
+        _nvrtc_compiles(probe.wgmma_rounding_source(name), f"wgmma {name}", "sm_90a")
     for name in probe.SM90_TYPES:
         for source in (probe.throughput_source(name), probe.rounding_source(name)):
-            program = nvrtc.createProgram(source, f"{name}.cu", (), ())
-            try:
-                nvrtc.compileProgram(program, ("--gpu-architecture=sm_90",))
-            except nvrtc.NVRTCError:
-                pytest.fail(f"{name}: {nvrtc.getProgramLog(program)}")
-            finally:
-                nvrtc.destroyProgram(program)
-        # the assumed maps cover each element of A, B and D once (below); the wgmma probes compile too
-        for wg in probe.WGMMA:
-            program = nvrtc.createProgram(probe.wgmma_rounding_source(wg), f"wg_{wg}.cu", (), ())
-            try:
-                nvrtc.compileProgram(program, ("--gpu-architecture=sm_90a",))
-            except nvrtc.NVRTCError:
-                pytest.fail(f"wgmma {wg}: {nvrtc.getProgramLog(program)}")
-            finally:
-                nvrtc.destroyProgram(program)
+            _nvrtc_compiles(source, name, "sm_90")
+        # the assumed maps cover each element of A, B and D once
         k = probe.ALL_TYPES[name][8]
         A, B = numpy.arange(16 * k).reshape(16, k) + 1.0, numpy.arange(k * 8).reshape(k, 8) + 1.0
         a, b = probe.f64_fragments(name, A, B)
