@@ -189,20 +189,26 @@ def bench_cupyflash(row, inputs, settings):
 
     q, k, v, dout = inputs
 
+    # precision= for float32 rows (--precision); every other dtype takes the default.
+    options = {"causal": row.causal, "precision": settings_precision(row, settings)}
+
     def make_forward():
-        return lambda: cupyflash.flash_attention(q, k, v, causal=row.causal)
+        return lambda: cupyflash.flash_attention(q, k, v, **options)
 
     def make_backward(deterministic):
-        out, lse = cupyflash.flash_attention(q, k, v, causal=row.causal, return_lse=True)
-        return lambda: cupyflash.flash_attention_backward(
-            dout, q, k, v, out, lse, causal=row.causal, deterministic=deterministic
-        )
+        out, lse = cupyflash.flash_attention(q, k, v, return_lse=True, **options)
+        return lambda: cupyflash.flash_attention_backward(dout, q, k, v, out, lse, deterministic=deterministic, **options)
 
     results = {"fwd": harness.measure(make_forward, row.flops_fwd, settings)}
     if settings.backward:
         results["bwd"] = harness.measure(lambda: make_backward(False), row.flops_bwd, settings)
         results["bwd_det"] = harness.measure(lambda: make_backward(True), row.flops_bwd, settings)
     return results
+
+
+def settings_precision(row, settings):
+    """cupyflash's precision= for a row: --precision for float32 rows, "highest" for the others."""
+    return settings.precision if row.dtype == "fp32" else "highest"
 
 
 def bench_plain_cupy(row, inputs, settings):
@@ -592,6 +598,8 @@ def parse_args(argv):
     )
     parser.add_argument("--no-backward", action="store_true", help="time forward passes only")
     parser.add_argument("--no-peers", action="store_true", help="time cupyflash only (no plain CuPy, no torch)")
+    parser.add_argument("--precision", choices=("highest", "tf32"), default="highest",
+                        help="cupyflash's precision= on float32 rows (default highest)")
     parser.add_argument("--memory", action="store_true", help="add the memory report (on by default for the full grid)")
     harness.add_timing_options(parser, DEFAULT_REPEATS, DEFAULT_WARMUP)
     parser.add_argument("--rounds", type=harness.positive_int, default=1,
@@ -608,7 +616,7 @@ def resolve(args):
     axes = {name: getattr(args, name) or base[name] for name in FULL_GRID}
     full_default = not args.quick and all(getattr(args, name) is None for name in FULL_GRID)
     settings = harness.Settings(args.warmup, args.repeats, not args.no_backward, not args.no_peers,
-                                "per-call" if args.per_call else "back-to-back")
+                                "per-call" if args.per_call else "back-to-back", args.precision)
     rows = build_grid(axes["dtypes"], axes["headdims"], axes["causal"], axes["seqlens"])
     return axes, rows, settings, args.memory or full_default
 

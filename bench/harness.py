@@ -252,6 +252,8 @@ class Settings:
     peers: bool
     #: "back-to-back" (CUDA events, calls enqueued without waiting) or "per-call" (:func:`time_per_call`).
     timing: str = "back-to-back"
+    #: cupyflash's precision= on float32 rows (bench.py --precision).
+    precision: str = "highest"
 
 
 #: The timings ``Settings.timing`` names, as stored in results.json.

@@ -26,6 +26,11 @@ with c), which decides whether a Hopper float32 kernel needs the split sums of t
 Fragment maps (sm_90 only): the float64 m16n8k8 and m16n8k16 shapes' register layouts as
 :func:`f64_fragments` and :func:`f64_result` assume them, checked by one product of small integers
 against A B on the host (a float64 forward on those shapes needs them).
+
+Order (sm_90 only): which sequence of roundings the float64 shapes compute, D = C + A B on random
+operands spread over 2^-30..2^30 against chains of FMAs emulated exactly on the host (:func:`fma_chain`).
+The general kernels sum float64 scores in the order found (kernels_cu/general/tile.cuh), so that the
+general backward recomputes the tensor-core forward's scores bitwise.
 """
 
 import argparse
@@ -277,6 +282,48 @@ def layout_rows():
     return rows
 
 
+def fma_chain(a, b, c, order):
+    """c + sum_k a[k] b[k] as FMAs taken in `order`, each rounded to nearest once (exact rationals)."""
+    from fractions import Fraction
+
+    for k in order:
+        c = float(Fraction(a[k]) * Fraction(b[k]) + Fraction(c))
+    return c
+
+
+#: Candidate orders of the float64 products' FMAs, by k.
+ORDERS = {"FMAs in column order": lambda k: range(k), "FMAs in reverse order": lambda k: range(k - 1, -1, -1)}
+
+
+def order_rows(trials=8):
+    """(shape, order, elements that equal the order's chain, elements) for each sm_90 float64 shape."""
+    import cupy
+    import numpy
+
+    rng = numpy.random.default_rng(0)
+    rows = []
+    for name in SM90_TYPES:
+        k = ALL_TYPES[name][8]
+        hits, count = dict.fromkeys(ORDERS, 0), 0
+        for _ in range(trials):
+            A = rng.standard_normal((16, k)) * 2.0 ** rng.integers(-30, 31, (16, k))
+            B, C = rng.standard_normal((k, 8)), rng.standard_normal((16, 8))
+            a, b = f64_fragments(name, A, B)
+            lanes = [divmod(n, 4) for n in range(32)]
+            c = numpy.array([[C[g + 8 * (i // 2), 2 * t + i % 2] for i in range(4)] for g, t in lanes])
+            d = cupy.zeros(32 * 4, numpy.float64)
+            kernel = cupy.RawKernel(rounding_source(name), f"round_{name}")
+            kernel((1,), (32,), (cupy.asarray(a.ravel()), cupy.asarray(b.ravel()), cupy.asarray(c.ravel()), d))
+            D = f64_result(d.get().reshape(32, 4))
+            for i in range(16):
+                for j in range(8):
+                    count += 1
+                    for label, order in ORDERS.items():
+                        hits[label] += fma_chain(A[i], B[:, j], C[i, j], order(k)) == D[i, j]
+        rows.extend((name, label, hit, count) for label, hit in hits.items())
+    return rows
+
+
 def throughput_rows(iterations, ctas_per_sm):
     """(type, TFLOP/s) of each operand type."""
     import cupy
@@ -330,6 +377,9 @@ def main(argv=None):
         print("\nfragment maps of the sm_90 float64 shapes (f64_fragments, f64_result):")
         for name, matches, diff in layout_rows():
             print(f"{name:6} {'match' if matches else 'differ'} (max |D - A B| {diff:g})")
+        print("\norder of the sm_90 float64 shapes' roundings (D = C + A B, elements equal to the chain):")
+        for name, label, hits, count in order_rows():
+            print(f"{name:6} {label:24} {hits}/{count}")
     if not args.rounding:
         print("\nthroughput (dense, independent products):")
         for name, tflops in throughput_rows(args.iterations, args.ctas_per_sm):

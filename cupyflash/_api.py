@@ -112,10 +112,19 @@ _DETERMINISTIC_DOC = """
         rounding error of the result; training that must replay exactly should pass True. Every other
         path (float32, float64, NumPy arrays) is deterministic either way."""
 
+_PRECISION_DOC = """
+    precision : {"highest", "tf32"}, keyword-only
+        For float32 inputs (JAX's name for the knob; every other dtype takes only "highest", the
+        default). "highest": float32 accuracy, errors within about twice a plain float32
+        implementation's. "tf32": at least TF32's accuracy (a plain implementation whose products take
+        inputs rounded to TF32's 10 mantissa bits), which lets the float32 tensor-core forward
+        multiply two bfloat16 parts of each value in three products instead of three parts in six;
+        every other path computes as for "highest"."""
+
 _NOTES_DOC = """
     CuPy arrays run on CuPy's current device and stream; NumPy arrays run the same tiled algorithm on
-    the CPU. Accumulation is float32 (float64 for float64 inputs); float32 is float32-accurate (no TF32:
-    its tensor-core forward multiplies exact bfloat16 parts).
+    the CPU. Accumulation is float32 (float64 for float64 inputs); float32 is float32-accurate unless
+    ``precision="tf32"`` (never TF32: its tensor-core forward multiplies exact bfloat16 parts).
     A NaN (or an inf that makes one) in q or k reaches exactly the rows that see it."""
 
 
@@ -148,14 +157,14 @@ def _backward(key, p, dout, q, k, v, out, lse, deterministic, alibi_slopes=None,
 
 def flash_attention(q: Array, k: Array, v: Array, *, causal: bool = False, softmax_scale: Optional[float] = None,
                     window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[Array] = None,
-                    block_mask: Optional[BlockMask] = None,
-                    return_lse: bool = False) -> Union[Array, Tuple[Array, Array]]:
+                    block_mask: Optional[BlockMask] = None, return_lse: bool = False,
+                    precision: str = "highest") -> Union[Array, Tuple[Array, Array]]:
     """Exact attention ``softmax(softmax_scale * q k^T) v``, tiled so no score matrix is stored.
 
     Parameters
     ----------{shapes}{mask}{block_mask}
     return_lse : bool, keyword-only
-        Also return the log-sum-exp needed by :func:`flash_attention_backward`.
+        Also return the log-sum-exp needed by :func:`flash_attention_backward`.{precision}
 
     Returns
     -------
@@ -166,14 +175,15 @@ def flash_attention(q: Array, k: Array, v: Array, *, causal: bool = False, softm
     Notes
     -----{notes}
     """
-    key = _keys.forward(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes, block_mask, return_lse)
+    key = _keys.forward(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes, block_mask, return_lse,
+                        precision)
     plan = PLANS.get(key)
     if plan is not None:
         results = plan.run(q, k, v, alibi_slopes, None, None, None)
         return results if return_lse else results[0]
     q, k, v = _problem.arrays(q=q, k=k, v=v)
     p = _problem.forward_problem(q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window_size,
-                                 softcap=softcap, alibi_slopes=alibi_slopes, block_mask=block_mask)
+                                 softcap=softcap, alibi_slopes=alibi_slopes, block_mask=block_mask, precision=precision)
     return_lse = _problem.check_flag("return_lse", return_lse)
     return _forward(key, p, q, k, v, return_lse, alibi_slopes)
 
@@ -181,7 +191,8 @@ def flash_attention(q: Array, k: Array, v: Array, *, causal: bool = False, softm
 def flash_attention_backward(dout: Array, q: Array, k: Array, v: Array, out: Array, lse: Array, *, causal: bool = False,
                              softmax_scale: Optional[float] = None, window_size: Tuple[int, int] = (-1, -1),
                              softcap: float = 0.0, alibi_slopes: Optional[Array] = None,
-                             block_mask: Optional[BlockMask] = None, deterministic: bool = False) -> Grads:
+                             block_mask: Optional[BlockMask] = None, deterministic: bool = False,
+                             precision: str = "highest") -> Grads:
     """Gradients of :func:`flash_attention` with respect to q, k and v.
 
     Recomputes the attention probabilities from ``lse`` tile by tile: the extra memory is
@@ -193,7 +204,7 @@ def flash_attention_backward(dout: Array, q: Array, k: Array, v: Array, out: Arr
         Gradient of the loss with respect to ``out``.{shapes}
     out, lse : arrays returned by ``flash_attention(q, k, v, ..., return_lse=True)`` with the same
         mask and score arguments. A float32 or float64 lse of another origin is accepted and converted
-        to the precision of :func:`flash_attention`'s.{mask}{block_mask}{deterministic}
+        to the precision of :func:`flash_attention`'s.{mask}{block_mask}{deterministic}{precision}
 
     Returns
     -------
@@ -202,25 +213,26 @@ def flash_attention_backward(dout: Array, q: Array, k: Array, v: Array, out: Arr
         key contribute nothing (their dq is 0).
     """
     key = _keys.backward(dout, q, k, v, out, lse, causal, softmax_scale, window_size, softcap, alibi_slopes, block_mask,
-                         deterministic)
+                         deterministic, precision)
     plan = PLANS.get(key)
     if plan is not None:
         return plan.run(dout, q, k, v, out, lse, alibi_slopes, None, None, None)
     dout, q, k, v, out, lse = _problem.arrays(dout=dout, q=q, k=k, v=v, out=out, lse=lse)
     p = _problem.backward_problem(dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
                                   window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
-                                  block_mask=block_mask)
+                                  block_mask=block_mask, precision=precision)
     return _backward(key, p, dout, q, k, v, out, lse, deterministic, alibi_slopes)
 
 
 def flash_attention_vjp(q: Array, k: Array, v: Array, *, causal: bool = False, softmax_scale: Optional[float] = None,
                         window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                         alibi_slopes: Optional[Array] = None, block_mask: Optional[BlockMask] = None,
-                        deterministic: bool = False) -> Tuple[Array, Callable[[Array], Grads]]:
+                        deterministic: bool = False,
+                        precision: str = "highest") -> Tuple[Array, Callable[[Array], Grads]]:
     """Forward pass and a function that maps ``dout`` to ``(dq, dk, dv)``.
 
     Parameters
-    ----------{shapes}{mask}{block_mask}{deterministic}
+    ----------{shapes}{mask}{block_mask}{deterministic}{precision}
 
     Returns
     -------
@@ -230,7 +242,7 @@ def flash_attention_vjp(q: Array, k: Array, v: Array, *, causal: bool = False, s
     """
     deterministic = _problem.check_flag("deterministic", deterministic)
     options = {"causal": causal, "softmax_scale": softmax_scale, "window_size": window_size, "softcap": softcap,
-               "alibi_slopes": alibi_slopes, "block_mask": block_mask}
+               "alibi_slopes": alibi_slopes, "block_mask": block_mask, "precision": precision}
     out, lse = flash_attention(q, k, v, return_lse=True, **options)
 
     def vjp(dout):
@@ -242,8 +254,8 @@ def flash_attention_vjp(q: Array, k: Array, v: Array, *, causal: bool = False, s
 def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu_seqlens_k: Array, *,
                            max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None, causal: bool = False,
                            softmax_scale: Optional[float] = None, window_size: Tuple[int, int] = (-1, -1),
-                           softcap: float = 0.0, alibi_slopes: Optional[Array] = None,
-                           return_lse: bool = False) -> Union[Array, Tuple[Array, Array]]:
+                           softcap: float = 0.0, alibi_slopes: Optional[Array] = None, return_lse: bool = False,
+                           precision: str = "highest") -> Union[Array, Tuple[Array, Array]]:
     """:func:`flash_attention` over a batch of sequences of different lengths, packed without padding.
 
     Every sequence is its own problem: masks, windows and ALiBi distances are aligned to its own
@@ -253,7 +265,7 @@ def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
     ----------{varlen_shapes}{mask}
         For ALiBi, ``alibi_slopes`` of shape (batch, heads) gives each sequence its row.
     return_lse : bool, keyword-only
-        Also return the log-sum-exp needed by :func:`flash_attention_varlen_backward`.
+        Also return the log-sum-exp needed by :func:`flash_attention_varlen_backward`.{precision}
 
     Returns
     -------
@@ -266,7 +278,7 @@ def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
     -----{notes}
     """
     key = _keys.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
-                               window_size, softcap, alibi_slopes, return_lse)
+                               window_size, softcap, alibi_slopes, return_lse, precision)
     plan = PLANS.get(key)
     if plan is not None:
         results = plan.run(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None)
@@ -275,7 +287,8 @@ def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
                                                           cu_seqlens_k=cu_seqlens_k)
     p = _problem.varlen_forward_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                                         max_seqlen_k=max_seqlen_k, causal=causal, softmax_scale=softmax_scale,
-                                        window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes)
+                                        window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                                        precision=precision)
     return_lse = _problem.check_flag("return_lse", return_lse)
     return _forward(key, p, q, k, v, return_lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
 
@@ -285,7 +298,7 @@ def flash_attention_varlen_backward(dout: Array, q: Array, k: Array, v: Array, o
                                     max_seqlen_k: Optional[int] = None, causal: bool = False,
                                     softmax_scale: Optional[float] = None, window_size: Tuple[int, int] = (-1, -1),
                                     softcap: float = 0.0, alibi_slopes: Optional[Array] = None,
-                                    deterministic: bool = False) -> Grads:
+                                    deterministic: bool = False, precision: str = "highest") -> Grads:
     """Gradients of :func:`flash_attention_varlen` with respect to q, k and v.
 
     Parameters
@@ -293,14 +306,14 @@ def flash_attention_varlen_backward(dout: Array, q: Array, k: Array, v: Array, o
     dout : array, shape (total_q, heads, headdim_v), dtype of q
         Gradient of the loss with respect to ``out``.{varlen_shapes}
     out, lse : arrays returned by ``flash_attention_varlen(..., return_lse=True)`` with the same
-        arguments; lse has shape (heads, total_q).{mask}{deterministic}
+        arguments; lse has shape (heads, total_q).{mask}{deterministic}{precision}
 
     Returns
     -------
     dq, dk, dv : arrays with the shapes and dtype of q, k and v
     """
     key = _keys.varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                causal, softmax_scale, window_size, softcap, alibi_slopes, deterministic)
+                                causal, softmax_scale, window_size, softcap, alibi_slopes, deterministic, precision)
     plan = PLANS.get(key)
     if plan is not None:
         return plan.run(dout, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None)
@@ -310,7 +323,7 @@ def flash_attention_varlen_backward(dout: Array, q: Array, k: Array, v: Array, o
     p = _problem.varlen_backward_problem(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                                          max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
                                          softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
-                                         alibi_slopes=alibi_slopes)
+                                         alibi_slopes=alibi_slopes, precision=precision)
     return _backward(key, p, dout, q, k, v, out, lse, deterministic, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
 
 
@@ -318,12 +331,12 @@ def flash_attention_varlen_vjp(q: Array, k: Array, v: Array, cu_seqlens_q: Array
                                max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None,
                                causal: bool = False, softmax_scale: Optional[float] = None,
                                window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
-                               alibi_slopes: Optional[Array] = None,
-                               deterministic: bool = False) -> Tuple[Array, Callable[[Array], Grads]]:
+                               alibi_slopes: Optional[Array] = None, deterministic: bool = False,
+                               precision: str = "highest") -> Tuple[Array, Callable[[Array], Grads]]:
     """Packed forward pass and a function that maps ``dout`` to ``(dq, dk, dv)``.
 
     Parameters
-    ----------{varlen_shapes}{mask}{deterministic}
+    ----------{varlen_shapes}{mask}{deterministic}{precision}
 
     Returns
     -------
@@ -333,7 +346,7 @@ def flash_attention_varlen_vjp(q: Array, k: Array, v: Array, cu_seqlens_q: Array
     """
     deterministic = _problem.check_flag("deterministic", deterministic)
     options = {"max_seqlen_q": max_seqlen_q, "max_seqlen_k": max_seqlen_k, "causal": causal, "softmax_scale": softmax_scale,
-               "window_size": window_size, "softcap": softcap, "alibi_slopes": alibi_slopes}
+               "window_size": window_size, "softcap": softcap, "alibi_slopes": alibi_slopes, "precision": precision}
     out, lse = flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, return_lse=True, **options)
 
     def vjp(dout):
@@ -350,6 +363,7 @@ _DOCS = {
     "{block_mask}": _BLOCK_MASK_DOC,
     "{lse}": _LSE_DOC,
     "{deterministic}": _DETERMINISTIC_DOC,
+    "{precision}": _PRECISION_DOC,
     "{notes}": _NOTES_DOC,
 }
 for _function in (flash_attention, flash_attention_backward, flash_attention_vjp, flash_attention_varlen,
@@ -435,7 +449,8 @@ def flash_attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, *, k:
                                  rotary_interleaved: bool = True, causal: bool = False,
                                  window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                                  alibi_slopes: Optional[Array] = None, softmax_scale: Optional[float] = None,
-                                 num_splits: int = 0, return_lse: bool = False) -> Union[Array, Tuple[Array, Array]]:
+                                 num_splits: int = 0, return_lse: bool = False,
+                                 precision: str = "highest") -> Union[Array, Tuple[Array, Array]]:
     """Attention of new queries to a KV cache, after appending new keys and values to it
     (FlashAttention-2's ``flash_attn_with_kvcache``): decoding, chunked prefill, speculative
     verification.
@@ -482,6 +497,8 @@ def flash_attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, *, k:
         and the cache length. At most 256.
     return_lse : bool, keyword-only
         Also return the log-sum-exp (see :func:`flash_attention`).
+    precision : {"highest", "tf32"}, keyword-only
+        As in :func:`flash_attention` (the forward families run float32 caches).
 
     Returns
     -------
@@ -509,7 +526,7 @@ def flash_attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, *, k:
     """
     return _kvcache.attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos,
                               rotary_sin, rotary_interleaved, causal, window_size, softcap, alibi_slopes, softmax_scale,
-                              num_splits, return_lse)
+                              num_splits, return_lse, precision)
 
 
 _RING_DOC = """
@@ -521,11 +538,11 @@ _RING_DOC = """
         must be the current device), or one rank of a :class:`cupyflash.VirtualRing` (ranks as threads of
         one process). Blocks go to rank + 1 and come from rank - 1. Every rank must make the same ring
         calls, in the same order, with the same options (``causal``, ``window_size``, ``layout``,
-        ``softmax_scale``), dtype and shard shapes. A VirtualRing rank checks this at the start of every
-        call (ValueError naming the ranks and the values that differ), and a rank that waits for a block
-        that cannot come raises instead of hanging (see :class:`cupyflash.VirtualRing`). An NCCL ring is
-        not checked: that would take a collective and a host synchronization in every call. There a
-        mismatch gives wrong results, an NCCL error or a hang.
+        ``softmax_scale``, ``precision``), dtype and shard shapes. A VirtualRing rank checks this at the
+        start of every call (ValueError naming the ranks and the values that differ), and a rank that
+        waits for a block that cannot come raises instead of hanging (see :class:`cupyflash.VirtualRing`).
+        An NCCL ring is not checked: that would take a collective and a host synchronization in every
+        call. There a mismatch gives wrong results, an NCCL error or a hang.
     causal : bool, keyword-only
         Causal over the global sequence. Needs ``layout``.
     softmax_scale : float or None, keyword-only
@@ -541,13 +558,15 @@ _RING_DOC = """
         How the global sequence is sharded, for a causal or windowed ring: "zigzag" (rank r holds
         chunks r and 2 * world - 1 - r of 2 * world, see :func:`cupyflash.zigzag_shard`: every rank
         does the same causal work) or "contiguous" (rank r holds chunk r of world). Both need the
-        same number of query and key rows on a rank. Ignored without a mask."""
+        same number of query and key rows on a rank. Ignored without a mask.
+    precision : {"highest", "tf32"}, keyword-only
+        As in :func:`flash_attention`, for each step's calls."""
 
 
 def ring_flash_attention(q: Array, k: Array, v: Array, comm: Union[VirtualRing, cupy.cuda.nccl.NcclCommunicator], *,
                          causal: bool = False, softmax_scale: Optional[float] = None,
                          window_size: Tuple[int, int] = (-1, -1), layout: Optional[str] = None,
-                         return_lse: bool = False) -> Union[Array, Tuple[Array, Array]]:
+                         return_lse: bool = False, precision: str = "highest") -> Union[Array, Tuple[Array, Array]]:
     """Attention over a sequence sharded across the ranks of a ring (ring attention): each rank's
     queries attend to every rank's keys and values as the K/V blocks pass around the ring, the partial
     results merged by their log-sum-exp. No rank holds more than its shard and two blocks.
@@ -564,9 +583,9 @@ def ring_flash_attention(q: Array, k: Array, v: Array, comm: Union[VirtualRing, 
         Equal, within rounding, to the rows of :func:`flash_attention` on the unsharded sequence.
     """
     q, k, v = _problem.arrays(q=q, k=k, v=v)
-    p = _problem.forward_problem(q, k, v, softmax_scale=softmax_scale)
+    p = _problem.forward_problem(q, k, v, softmax_scale=softmax_scale, precision=precision)
     _, ring, geometry = _ring._check("ring_flash_attention", {"q": q, "k": k, "v": v}, comm, causal, window_size,
-                                      layout, p.softmax_scale)
+                                      layout, p.softmax_scale, p.precision)
     return_lse = _problem.check_flag("return_lse", return_lse)
     out, lse = _ring.ring_forward(p, q, k, v, ring, geometry)
     return (out, lse) if return_lse else out
@@ -575,14 +594,15 @@ def ring_flash_attention(q: Array, k: Array, v: Array, comm: Union[VirtualRing, 
 def ring_flash_attention_backward(dout: Array, q: Array, k: Array, v: Array, out: Array, lse: Array,
                                   comm: Union[VirtualRing, cupy.cuda.nccl.NcclCommunicator], *, causal: bool = False,
                                   softmax_scale: Optional[float] = None, window_size: Tuple[int, int] = (-1, -1),
-                                  layout: Optional[str] = None, deterministic: bool = False) -> Grads:
+                                  layout: Optional[str] = None, deterministic: bool = False,
+                                  precision: str = "highest") -> Grads:
     """Gradients of :func:`ring_flash_attention` for this rank's shard: dq of its queries, and dk, dv of
     its keys and values summed over every rank's queries (the accumulators travel with the blocks).
 
     Parameters
     ----------
     dout : array, this rank's rows of the gradient of the loss with respect to out
-    q, k, v, comm, causal, softmax_scale, window_size, layout
+    q, k, v, comm, causal, softmax_scale, window_size, layout, precision
         As given to :func:`ring_flash_attention`.{ring_unused}
     out, lse : this rank's results of ``ring_flash_attention(..., return_lse=True)``
     deterministic : bool, keyword-only
@@ -593,10 +613,10 @@ def ring_flash_attention_backward(dout: Array, q: Array, k: Array, v: Array, out
     dq, dk, dv : arrays with the shapes and dtype of this rank's q, k and v
     """
     dout, q, k, v, out, lse = _problem.arrays(dout=dout, q=q, k=k, v=v, out=out, lse=lse)
-    p = _problem.backward_problem(dout, q, k, v, out, lse, softmax_scale=softmax_scale)
+    p = _problem.backward_problem(dout, q, k, v, out, lse, softmax_scale=softmax_scale, precision=precision)
     _, ring, geometry = _ring._check("ring_flash_attention_backward",
                                       {"dout": dout, "q": q, "k": k, "v": v, "out": out, "lse": lse}, comm, causal,
-                                      window_size, layout, p.softmax_scale)
+                                      window_size, layout, p.softmax_scale, p.precision)
     deterministic = _problem.check_flag("deterministic", deterministic)
     lse = lse.astype(_problem.lse_dtype(p.dtype), copy=False)
     return _ring.ring_backward(p, dout, q, k, v, out, lse, ring, geometry, deterministic)
@@ -605,7 +625,8 @@ def ring_flash_attention_backward(dout: Array, q: Array, k: Array, v: Array, out
 def ring_flash_attention_vjp(q: Array, k: Array, v: Array, comm: Union[VirtualRing, cupy.cuda.nccl.NcclCommunicator],
                              *, causal: bool = False, softmax_scale: Optional[float] = None,
                              window_size: Tuple[int, int] = (-1, -1), layout: Optional[str] = None,
-                             deterministic: bool = False) -> Tuple[Array, Callable[[Array], Grads]]:
+                             deterministic: bool = False,
+                             precision: str = "highest") -> Tuple[Array, Callable[[Array], Grads]]:
     """:func:`ring_flash_attention` and a function that maps this rank's ``dout`` to its ``(dq, dk, dv)``
     (a ring call too: every rank must make it).
 
@@ -620,7 +641,8 @@ def ring_flash_attention_vjp(q: Array, k: Array, v: Array, comm: Union[VirtualRi
     vjp : callable
         ``vjp(dout) -> (dq, dk, dv)`` of this rank's shard (:func:`ring_flash_attention_backward`).
     """
-    options = {"causal": causal, "softmax_scale": softmax_scale, "window_size": window_size, "layout": layout}
+    options = {"causal": causal, "softmax_scale": softmax_scale, "window_size": window_size, "layout": layout,
+               "precision": precision}
     out, lse = ring_flash_attention(q, k, v, comm, return_lse=True, **options)
 
     def vjp(dout):

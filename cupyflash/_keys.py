@@ -46,7 +46,7 @@ def layout(x):
     return type(x), x.shape, x.strides, x.dtype.num, data.device_id, data.ptr & 15 == 0
 
 
-def forward(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes, block_mask, return_lse):
+def forward(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes, block_mask, return_lse, precision):
     if type(q) is not _NDARRAY:
         return None
     try:
@@ -59,13 +59,13 @@ def forward(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes, 
                 None if alibi_slopes is None else layout(alibi_slopes),
                 causal.__class__, causal, softmax_scale.__class__, softmax_scale, window_size.__class__,
                 left.__class__, left, right.__class__, right, softcap.__class__, softcap, block_mask,
-                return_lse.__class__, return_lse)
+                return_lse.__class__, return_lse, precision.__class__, precision)
     except (AttributeError, TypeError, ValueError):
         return None
 
 
 def backward(dout, q, k, v, out, lse, causal, softmax_scale, window_size, softcap, alibi_slopes, block_mask,
-             deterministic):
+             deterministic, precision):
     if type(q) is not _NDARRAY:
         return None
     try:
@@ -81,13 +81,13 @@ def backward(dout, q, k, v, out, lse, causal, softmax_scale, window_size, softca
                 None if alibi_slopes is None else layout(alibi_slopes),
                 causal.__class__, causal, softmax_scale.__class__, softmax_scale, window_size.__class__,
                 left.__class__, left, right.__class__, right, softcap.__class__, softcap, block_mask,
-                deterministic.__class__, deterministic)
+                deterministic.__class__, deterministic, precision.__class__, precision)
     except (AttributeError, TypeError, ValueError):
         return None
 
 
 def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
-                   window_size, softcap, alibi_slopes, return_lse):
+                   window_size, softcap, alibi_slopes, return_lse, precision):
     # Without both max_seqlen the checks read cu_seqlens on the host, every call: no plan.
     if type(q) is not _NDARRAY or max_seqlen_q is None or max_seqlen_k is None:
         return None
@@ -98,13 +98,13 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
                 max_seqlen_q.__class__, max_seqlen_q, max_seqlen_k.__class__, max_seqlen_k,
                 causal.__class__, causal, softmax_scale.__class__, softmax_scale, window_size.__class__,
                 left.__class__, left, right.__class__, right, softcap.__class__, softcap,
-                return_lse.__class__, return_lse)
+                return_lse.__class__, return_lse, precision.__class__, precision)
     except (AttributeError, TypeError, ValueError):
         return None
 
 
 def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                    softmax_scale, window_size, softcap, alibi_slopes, deterministic):
+                    softmax_scale, window_size, softcap, alibi_slopes, deterministic, precision):
     if type(q) is not _NDARRAY or max_seqlen_q is None or max_seqlen_k is None:
         return None
     try:
@@ -114,13 +114,14 @@ def varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
                 layout(alibi_slopes), max_seqlen_q.__class__, max_seqlen_q, max_seqlen_k.__class__, max_seqlen_k,
                 causal.__class__, causal, softmax_scale.__class__, softmax_scale, window_size.__class__,
                 left.__class__, left, right.__class__, right, softcap.__class__, softcap,
-                deterministic.__class__, deterministic)
+                deterministic.__class__, deterministic, precision.__class__, precision)
     except (AttributeError, TypeError, ValueError):
         return None
 
 
 def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
-            rotary_interleaved, causal, window_size, softcap, alibi_slopes, softmax_scale, num_splits, return_lse):
+            rotary_interleaved, causal, window_size, softcap, alibi_slopes, softmax_scale, num_splits, return_lse,
+            precision):
     if type(q) is not _NDARRAY:
         return None
     try:
@@ -141,6 +142,6 @@ def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_tab
                 rotary_interleaved.__class__, rotary_interleaved, causal.__class__, causal, window_size.__class__,
                 left.__class__, left, right.__class__, right, softcap.__class__, softcap,
                 softmax_scale.__class__, softmax_scale, num_splits.__class__, num_splits,
-                return_lse.__class__, return_lse)
+                return_lse.__class__, return_lse, precision.__class__, precision)
     except (AttributeError, TypeError, ValueError):
         return None

@@ -88,6 +88,7 @@ class Problem:
     total_q: int = 0
     total_k: int = 0
     check_on_device: bool = False  # cu_seqlens was not checked on the host (see varlen_forward_problem)
+    precision: str = "highest"  # PRECISIONS; "tf32" only for float32
     seqused_k: object = None  # dense batches only: int32 (batch,) keys each entry uses (<= seqlen_k), or None
 
     @property
@@ -204,6 +205,22 @@ def check_flag(name, value):
     if not isinstance(value, (bool, numpy.bool_)):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
     return bool(value)
+
+
+#: precision= values: "highest" (float32 accuracy, every dtype's default) and "tf32" (float32 inputs only:
+#: at least TF32's accuracy, for the kernels that have a faster form at it).
+PRECISIONS = ("highest", "tf32")
+
+
+def check_precision(value, dtype):
+    if not isinstance(value, str):
+        raise TypeError(f"precision must be one of {PRECISIONS}, got {type(value).__name__} {value!r}")
+    if value not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {value!r}")
+    if value != "highest" and dtype != numpy.float32:
+        raise ValueError(f"precision={value!r} applies to float32 inputs; {dtype} inputs take only 'highest' "
+                         "(only float32 has a faster form at TF32's accuracy)")
+    return value
 
 
 def check_softmax_scale(value, headdim, dtype):
@@ -326,8 +343,9 @@ def check_grid(batch, seqlen_q, seqlen_k, heads, heads_k):
         )
 
 
-def _options(p, causal, window_size, softcap, alibi_slopes, block_mask):
-    """Completes problem fields ``p`` (a dict) with the mask and the score modifications."""
+def _options(p, causal, window_size, softcap, alibi_slopes, block_mask, precision):
+    """Completes problem fields ``p`` (a dict) with the mask, the score modifications and the precision."""
+    p["precision"] = check_precision(precision, p["dtype"])
     p["window_left"], p["window_right"] = check_window(window_size, check_flag("causal", causal))
     p["softcap"] = check_softcap(softcap, p["dtype"], p["softmax_scale"])
     p["alibi_slopes"] = check_alibi_slopes(alibi_slopes, p["xp"], p["batch"], p["heads"])
@@ -353,7 +371,7 @@ def _heads_and_dims(q, k, v):
 
 
 def forward_problem(q, k, v, *, causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0,
-                    alibi_slopes=None, block_mask=None):
+                    alibi_slopes=None, block_mask=None, precision="highest"):
     """Check the inputs of a forward call (after :func:`arrays`) and return its :class:`Problem`."""
     named = {"q": q, "k": k, "v": v}
     xp = array_module(named)
@@ -372,7 +390,7 @@ def forward_problem(q, k, v, *, causal=False, softmax_scale=None, window_size=(-
     check_devices(xp, named)
     p = {"xp": xp, "dtype": dtype, "batch": batch, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k, "heads": heads, "heads_k": heads_k,
          "headdim": headdim, "headdim_v": headdim_v, "softmax_scale": check_softmax_scale(softmax_scale, headdim, dtype)}
-    return _options(p, causal, window_size, softcap, alibi_slopes, block_mask)
+    return _options(p, causal, window_size, softcap, alibi_slopes, block_mask, precision)
 
 
 def _cu_seqlens(name, cu, xp, total, batch=None):
@@ -414,7 +432,8 @@ def _check_cu_seqlens_on_host(name, cu, total, given_max):
 
 
 def varlen_forward_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None,
-                           causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
+                           causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           precision="highest"):
     """Check the inputs of a packed (varlen) forward call (after :func:`arrays`); return its :class:`Problem`.
 
     NumPy inputs, and CuPy inputs without both max_seqlen, check cu_seqlens on the host (for CuPy, one
@@ -450,7 +469,7 @@ def varlen_forward_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=
     p = {"xp": xp, "dtype": dtype, "batch": batch, "seqlen_q": max_q, "seqlen_k": max_k, "heads": heads, "heads_k": heads_k,
          "headdim": headdim, "headdim_v": headdim_v, "softmax_scale": check_softmax_scale(softmax_scale, headdim, dtype),
          "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k, "total_q": total_q, "total_k": total_k, "check_on_device": on_device}
-    return _options(p, causal, window_size, softcap, alibi_slopes, None)
+    return _options(p, causal, window_size, softcap, alibi_slopes, None, precision)
 
 
 def _backward_arrays(problem, dout, q, out, lse):

@@ -496,7 +496,7 @@ def _steps(world, layout, rows, left, right):
     return 1
 
 
-def _check(function, named, comm, causal, window_size, layout, softmax_scale):
+def _check(function, named, comm, causal, window_size, layout, softmax_scale, precision):
     """Common checks of the ring calls; returns (array module, ring, geometry). ``function`` names the
     call and ``named`` holds its arrays; a VirtualRing rank also checks that its call agrees with the
     other ranks' (an NCCL rank cannot without a host synchronization)."""
@@ -522,7 +522,7 @@ def _check(function, named, comm, causal, window_size, layout, softmax_scale):
     if isinstance(ring, VirtualRing):
         signature = {"function": function, "arrays": xp.__name__, "dtype": str(named["q"].dtype), "causal": causal,
                      "window_size": tuple(int(w) for w in window_size), "layout": layout,
-                     "softmax_scale": softmax_scale}
+                     "softmax_scale": softmax_scale, "precision": precision}
         signature.update((f"{name} shape", tuple(x.shape)) for name, x in named.items())
         ring._begin(function, signature)
     return xp, ring, geometry

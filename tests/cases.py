@@ -1,7 +1,8 @@
 """The feature matrix shared by the NumPy-path tests (test_features.py) and the GPU tests
 (test_gpu_features.py): windows, softcap, ALiBi, block masks and packed batches, alone and together,
 with GQA, headdim_v != headdim, odd sizes and every dtype, on every path (the float16/bfloat16 cases
-use head dims the tensor-core kernels cover; float32/float64 run the general kernels).
+use head dims the tensor-core kernels cover; float32/float64 run the sm80 family's forward and the
+general kernels, as tests/helpers.py's FLOAT32_FAMILIES says).
 
 Options that hold arrays are recipes, built for the array module of the test by :func:`build`.
 """

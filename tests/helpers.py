@@ -305,20 +305,20 @@ def gpu_available():
 
 
 #: The kernel families a float16/bfloat16 case runs on (CUPYFLASH_FAMILY): the Hopper kernels where the
-#: GPU has them (elsewhere "sm90" falls through to sm80) and the mma.sync kernels; float32 cases run the
-#: sm80 family's float32 forward (head dims up to 128; its backward is the general one) and the general
-#: kernels; float64 has one.
+#: GPU has them (elsewhere "sm90" falls through to sm80) and the mma.sync kernels; float32 and float64
+#: cases run the sm80 family's forward (head dims up to 128; their backward is the general one) and
+#: the general kernels.
 HALF_FAMILIES = ("sm90", "sm80")
 FLOAT32_FAMILIES = ("sm80", "general")
 
 
 def with_families(cases, dtype_of, ids):
     """pytest params (case, family) for every case: each 16-bit case once per HALF_FAMILIES, each float32
-    case once per FLOAT32_FAMILIES, the others once with the default dispatch ("")."""
+    and float64 case once per FLOAT32_FAMILIES."""
     params = []
     for case, case_id in zip(cases, ids):
         itemsize = np.dtype(DTYPES[dtype_of(case)]).itemsize
-        families = HALF_FAMILIES if itemsize == 2 else FLOAT32_FAMILIES if itemsize == 4 else ("",)
+        families = HALF_FAMILIES if itemsize == 2 else FLOAT32_FAMILIES
         params += [pytest.param(case, f, id=f"{case_id}-{f}" if f else case_id) for f in families]
     return params
 

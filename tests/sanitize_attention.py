@@ -1,6 +1,6 @@
 """The attention kernels under compute-sanitizer: odd shapes with masks, score modifications, GQA and packed
 batches (their device check included), forward and both backward modes, on every family (sm90, sm80 and
-general, forced with CUPYFLASH_FAMILY; float32 on sm80 and general), each call twice so the second runs
+general, forced with CUPYFLASH_FAMILY; float32 and float64 on sm80 and general), each call twice so the second runs
 its plan with new arrays.
 Run on a GPU from the repository root:
 
@@ -88,7 +88,8 @@ def decode(dtype):
 
 
 DTYPES = {"float16": numpy.float16, "bfloat16": ml_dtypes.bfloat16, "float32": numpy.float32, "float64": numpy.float64}
-FAMILY_DTYPES = {"sm90": ("float16", "bfloat16"), "sm80": ("float16", "bfloat16", "float32"), "general": ("float32", "float64")}
+FAMILY_DTYPES = {"sm90": ("float16", "bfloat16"), "sm80": ("float16", "bfloat16", "float32", "float64"),
+                 "general": ("float32", "float64")}
 # Arguments: families ("sm80"), or a family and one dtype ("sm80:float32").
 runs = [(arg.split(":") + [None])[:2] for arg in sys.argv[1:] or FAMILY_DTYPES]
 for family, only in runs:

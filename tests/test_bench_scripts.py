@@ -187,6 +187,9 @@ def test_bench_grid_and_table(bench_modules):
     assert (row.dtype, row.headdim, row.causal, row.seqlen, row.batch, row.heads) == ("bf16", 64, False, 1024, 16, 32)
     assert row.flops_fwd == 4 * 16 * 32 * 1024 * 1024 * 64 and row.flops_bwd == 2.5 * row.flops_fwd
     assert bench.resolve(bench.parse_args(["--per-call"]))[2].timing == "per-call"
+    tf32 = bench.resolve(bench.parse_args(["--precision", "tf32"]))[2]
+    assert bench.settings_precision(bench.build_grid(("fp32",), (64,), (False,), (1024,))[0], tf32) == "tf32"
+    assert bench.settings_precision(row, tf32) == "highest" and settings.precision == "highest"
     results = {"cupyflash": {"fwd": h.measured([1.0, 2.0, 30.0], 4e9), "bwd": h.failed(ValueError("no")),
                              "bwd_det": h.skipped("why")},
                "torch_fa2": {"fwd": h.measured([1.0], 1e9), "bwd": h.measured([1.0], 1e9)}}
@@ -295,6 +298,11 @@ def test_mma_probe_sources_and_operands(bench_modules):
         D = numpy.arange(128.0).reshape(16, 8)
         d = numpy.array([[D[g + 8 * (i // 2), 2 * t + i % 2] for i in range(4)] for g, t in (divmod(n, 4) for n in range(32))])
         assert (probe.f64_result(d) == D).all(), name
+    # the exact FMA chain: 1 + 2^-53 + 2^-53 rounds to 1 one FMA at a time and to 1 + 2^-52 from the
+    # other end, where 2^-53 + 2^-53 is exact first
+    a, b = [1.0, 2.0**-53, 2.0**-53], [1.0, 1.0, 1.0]
+    assert probe.fma_chain(a, b, 0.0, probe.ORDERS["FMAs in column order"](3)) == 1.0
+    assert probe.fma_chain(a, b, 0.0, probe.ORDERS["FMAs in reverse order"](3)) == 1.0 + 2.0**-52
 
 
 def test_decode_table(bench_modules):

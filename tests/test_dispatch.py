@@ -162,3 +162,32 @@ def test_sm90_forward_keeps_block_masks_whole(block_q, tile):
     layout = np.ones((1, 2, seqlen // block_q, seqlen // 128), bool)
     p = problems.forward_problem(q, q, q, block_mask=BlockMask.from_dense(layout, (block_q, 128)))
     assert sm90.FORWARD.select(p, H200, _operands(p)).key == f"sm90_fwd_bf16_d64_v64_{tile}_mod_0"
+
+
+@pytest.mark.parametrize("precision, device, expected", [
+    ("highest", H200, "sm80_fwd_parts_fp32_d64_n32_m1_mod_0_tf32_0"),
+    ("tf32", H200, "sm80_fwd_parts_fp32_d64_n32_m1_mod_0_tf32_1"),
+    ("tf32", A100, "sm80_fwd_parts_fp32_d64_n32_m1_mod_0_tf32_1"),
+])
+def test_float32_forward_takes_its_precision(precision, device, expected):
+    """float32's forward runs the sm80 family's kernel in bfloat16 parts on sm_80+ (Hopper included),
+    three parts for "highest", two for "tf32"; the backward stays on the general kernels."""
+    p = _problem(64, dtype=np.float32, precision=precision)
+    family, variant = _families.select(_families.FORWARD, p, device, _operands(p))
+    assert (family.name, variant.key) == ("sm80", expected)
+    assert _families.select(_families.BACKWARD, p, device, _operands(p))[0].name == "general"
+
+
+@pytest.mark.parametrize("headdim, device, expected", [
+    (64, H200, "sm80_fwd_dmma_fp64_d64_n32_m1_mod_0"), (128, H200, "sm80_fwd_dmma_fp64_d128_n16_m1_mod_0"),
+    (96, A100, "sm80_fwd_dmma_fp64_d96_n16_m1_mod_0"), (160, H200, None),
+    (64, common.Device(86, 99 * 1024, 84), "sm80_fwd_dmma_fp64_d64_n16_m1_mod_0"), (96, common.Device(86, 99 * 1024, 84), None),
+])
+def test_float64_forward_on_the_float64_tensor_cores(headdim, device, expected):
+    """float64's forward runs the sm80 family's float64 kernel up to head dim 128 (16-key tiles from head
+    dim 96, and for 64 in the 99 KB of sm_86, where 96 and 128 fit no tile), the general one above; its
+    backward is the general one."""
+    p = _problem(headdim, dtype=np.float64)
+    family, variant = _families.select(_families.FORWARD, p, device, _operands(p))
+    assert (family.name, variant.key if family.name == "sm80" else None) == ("sm80" if expected else "general", expected)
+    assert _families.select(_families.BACKWARD, p, device, _operands(p))[0].name == "general"

@@ -114,12 +114,53 @@ def test_large_logits_stay_finite(dtype):
         assert bool(finite.all()), name
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_float32_forward_over_many_keys(causal):
+def test_wide_forward_over_many_keys(dtype, causal):
     """float32 O summed over 4096 keys by the sm80 family's forward on the bfloat16 tensor cores, whose
     products round toward zero: a running sum of them drifts with the number of keys (5x the rule's
-    allowance in emulation), the kernel's per-tile sums must not (kernels_cu/sm80/operands.cuh)."""
-    _check(1, 64, 4096, 2, 1, 128, 128, "float32", causal, backward=False)
+    allowance in emulation), the kernel's per-tile sums must not (kernels_cu/sm80/operands.cuh); float64
+    likewise on the float64 tensor cores."""
+    _check(1, 64, 4096, 2, 1, 128, 128, dtype, causal, backward=False)
+
+
+def _tf32(x):
+    """x (float32, host) rounded to TF32's 10 mantissa bits, to nearest even."""
+    bits = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    bits = (bits + np.uint32(0xFFF) + ((bits >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000)
+    return bits.view(np.float32)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_float32_tf32_precision_within_its_rule(causal):
+    """precision="tf32" (two bfloat16 parts per value, three products): the rule against a plain float32
+    implementation whose products take TF32-rounded inputs; it is a kernel of its own (its results differ
+    from "highest"'s, and the plan of one precision does not serve the other)."""
+    q, k, v = random_qkv(cupy, 1, 113, 203, 3, 1, 64, 64, np.dtype(np.float32), seed=11)
+    out, lse = cupyflash.flash_attention(q, k, v, causal=causal, return_lse=True, precision="tf32")
+    ref = oracle(q, k, v, causal)
+    base = plain(*(_tf32(to_host(x)) for x in (q, k, v)), causal)
+    assert_within_rule("out", out, ref["out"], base["out"], OUTPUT_FACTOR)
+    assert_within_rule("lse", lse, ref["lse"], base["lse"], OUTPUT_FACTOR)
+    highest, _ = cupyflash.flash_attention(q, k, v, causal=causal, return_lse=True)  # a key that differs in precision only
+    assert not bool(cupy.array_equal(out, highest))
+
+
+@pytest.mark.parametrize("scale", [1.0, 30.0])
+def test_float32_tf32_precision_gradients(scale):
+    """The backward of a precision="tf32" forward (the general kernels recompute the scores at float32
+    accuracy, the forward's lse carries the two-part products' error): the rule for gradients against a
+    plain float32 implementation on TF32-rounded inputs, at ordinary scores and at scores in the
+    thousands."""
+    q, k, v = random_qkv(cupy, 1, 97, 131, 2, 1, 64, 64, np.dtype(np.float32), seed=12, scale=scale)
+    dout = cupy.asarray(np.random.default_rng(13).standard_normal((1, 97, 2, 64)).astype(np.float32))
+    out, vjp = cupyflash.flash_attention_vjp(q, k, v, causal=True, precision="tf32")
+    got = dict(zip(("dq", "dk", "dv"), vjp(dout)))
+    ref = oracle(q, k, v, True, dout=dout)
+    base = plain(*(_tf32(to_host(x)) for x in (q, k, v)), True, dout=to_host(dout))
+    assert_within_rule("out", out, ref["out"], base["out"], OUTPUT_FACTOR)
+    for name, value in got.items():
+        assert_within_rule(name, value, ref[name], base[name], GRAD_FACTOR)
 
 
 H200 = _families.common.Device(90, 227 * 1024, 132)
@@ -141,13 +182,15 @@ def _selected(families, dtype, headdim, headdim_v, device=H200, causal=True):
      ("float16", 40, 200, A100, "sm80_fwd_fp16_d224_n32_m1_mod_0"),
      ("bfloat16", 128, 128, H200, "sm90_fwd_bf16_d128_v128_q128_n128_s2_mod_0"),
      ("float16", 40, 200, H200, "sm90_fwd_fp16_d256_v256_q128_n80_s2_mod_0"),
-     ("float16", 257, 64, H200, None), ("float32", 64, 64, H200, "sm80_fwd_parts_fp32_d64_n32_m1_mod_0"),
-     ("float32", 160, 160, H200, None)],
+     ("float16", 257, 64, H200, None), ("float32", 64, 64, H200, "sm80_fwd_parts_fp32_d64_n32_m1_mod_0_tf32_0"),
+     ("float32", 160, 160, H200, None), ("float64", 64, 64, H200, "sm80_fwd_dmma_fp64_d64_n32_m1_mod_0"),
+     ("float64", 111, 64, H200, "sm80_fwd_dmma_fp64_d128_n16_m1_mod_0"),
+     ("float64", 128, 128, A100, "sm80_fwd_dmma_fp64_d128_n16_m1_mod_0"), ("float64", 160, 160, H200, None)],
 )
 def test_forward_dispatch(dtype, headdim, headdim_v, device, expected):
     """fp16/bf16 with head dims <= 256 take the Hopper forward on compute capability 9.0, the tensor-core
-    forward on other sm_80+ GPUs; float32 with head dims <= 128 the sm80 family's float32 forward; the
-    rest the general path."""
+    forward on other sm_80+ GPUs; float32 and float64 with head dims <= 128 the sm80 family's float32 and
+    float64 forwards (float64: 16-key tiles where shared memory is 163 KB); the rest the general path."""
     assert _selected(_families.FORWARD, dtype, headdim, headdim_v, device) == expected
 
 

@@ -1,5 +1,5 @@
 """Windows, softcap, ALiBi, block masks and packed batches on the GPU kernels (tensor-core kernels for
-float16/bfloat16, general kernels for float32/float64) against the float64 oracle, forward and
+float16/bfloat16; the sm80 family's forward and the general kernels for float32/float64) against the float64 oracle, forward and
 backward; the device-side check of packed batches; NaN propagation. GPU only."""
 
 import numpy as np

@@ -105,7 +105,8 @@ def _check(xp, dtype, options=None, **sizes):
 
 
 # Cases: (dtype, sizes, options). Decode rows (seqlen_q 1, GQA) take the decode kernel on the GPU for
-# 16-bit dtypes; longer chunks of a dense cache and float32/float64 the general path.
+# 16-bit dtypes; longer chunks of a dense cache and float32/float64 the forward families (the sm80
+# family's float32/float64 forward up to head dim 128, the general kernels above).
 DECODE = {"batch": 3, "seqlen_q": 1, "heads": 8, "heads_k": 2, "headdim": 128, "headdim_v": 128, "capacity": 700,
           "lengths": [699, 37, 0], "new": 1}
 CASES = [
@@ -417,7 +418,7 @@ def test_split_heuristic_fills_the_sms():
     small = kvcache_call.check(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, cache_batch_idx=None,
                                      block_table=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=True,
                                      causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                                     softmax_scale=None, num_splits=0, max_splits=256)
+                                     softmax_scale=None, num_splits=0, max_splits=256, precision="highest")
 
     def splits(batch, context, num_splits=0):
         call = dataclasses.replace(small, batch=batch, capacity=context, num_splits=num_splits)

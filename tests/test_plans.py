@@ -93,7 +93,7 @@ def test_plan_cache_is_bounded_and_drops_the_oldest():
 
 def test_numpy_calls_have_no_key():
     q = np.zeros((1, 4, 1, 8), np.float32)
-    assert _keys.forward(q, q, q, False, None, (-1, -1), 0.0, None, None, False) is None
+    assert _keys.forward(q, q, q, False, None, (-1, -1), 0.0, None, None, False, "highest") is None
 
 
 _gpu = pytest.mark.gpu

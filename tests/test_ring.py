@@ -379,8 +379,9 @@ def test_virtual_ring_timeout_is_checked():
         ({"layout": "contiguous"}, r"layout 'zigzag' on rank 0, 'contiguous' on rank 1"),
         ({"window_size": (3, -1)}, r"window_size \(-1, -1\) on rank 0, \(3, -1\) on rank 1"),
         ({"softmax_scale": 0.5}, r"softmax_scale 0.3535\d* on rank 0, 0.5 on rank 1"),
+        ({"precision": "tf32"}, r"precision 'highest' on rank 0, 'tf32' on rank 1"),
     ],
-    ids=["causal", "layout", "window", "scale"],
+    ids=["causal", "layout", "window", "scale", "precision"],
 )
 def test_virtual_ring_ranks_with_different_options_raise(rank1_options, match):
     """Regression: ranks that passed different options returned wrong values without an error."""

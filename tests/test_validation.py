@@ -405,3 +405,55 @@ def test_bigbird_seed_draws_from_default_rng():
         for r in range(8):
             want[0, h, r, rng.choice(8, 2, replace=False)] = True
     np.testing.assert_array_equal(mask.layout, want)
+
+
+@pytest.mark.parametrize("precision, error, message", [
+    ("fast", ValueError, r"precision must be one of \('highest', 'tf32'\), got 'fast'"),
+    ("TF32", ValueError, r"got 'TF32'"),
+    (None, TypeError, r"precision must be one of .*, got NoneType None"),
+])
+def test_bad_precision(precision, error, message):
+    q, k, v = _qkv()
+    with pytest.raises(error, match=message):
+        cupyflash.flash_attention(q, k, v, precision=precision)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float64])
+def test_tf32_precision_is_for_float32_only(dtype):
+    q, k, v = _qkv(dtype)
+    with pytest.raises(ValueError, match=r"precision='tf32' applies to float32 inputs; .* take only 'highest'"):
+        cupyflash.flash_attention(q, k, v, precision="tf32")
+    assert cupyflash.flash_attention(q, k, v, precision="highest").dtype == q.dtype
+
+
+def test_every_float32_function_takes_precision():
+    """precision= reaches every public function that takes float32 arrays (the NumPy path computes every
+    precision at float32 accuracy: the same results)."""
+    q, k, v = _qkv()
+    dout = np.ones((2, 5, 4, 6), np.float32)
+    out, lse = cupyflash.flash_attention(q, k, v, return_lse=True, precision="tf32")
+    want, want_lse = cupyflash.flash_attention(q, k, v, return_lse=True)
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(lse, want_lse)
+    grads = cupyflash.flash_attention_backward(dout, q, k, v, out, lse, precision="tf32")
+    for got, expected in zip(grads, cupyflash.flash_attention_backward(dout, q, k, v, out, lse)):
+        np.testing.assert_array_equal(got, expected)
+    out_vjp, vjp = cupyflash.flash_attention_vjp(q, k, v, precision="tf32")
+    np.testing.assert_array_equal(out_vjp, want)
+    np.testing.assert_array_equal(vjp(dout)[0], grads[0])
+    cu = np.array([0, 5, 10], np.int32)
+    cu_k = np.array([0, 7, 14], np.int32)
+    packed = (q.reshape(10, 4, 8), k.reshape(14, 2, 8), v.reshape(14, 2, 6))
+    out_packed = cupyflash.flash_attention_varlen(*packed, cu, cu_k, precision="tf32")
+    np.testing.assert_array_equal(out_packed, want.reshape(10, 4, 6))
+    out_packed, vjp = cupyflash.flash_attention_varlen_vjp(*packed, cu, cu_k, precision="tf32")
+    grads_packed = vjp(dout.reshape(10, 4, 6))
+    np.testing.assert_array_equal(grads_packed[0], grads[0].reshape(10, 4, 8))
+    cache_out = cupyflash.flash_attention_with_kvcache(q, k, v, cache_seqlens=7, precision="tf32")
+    np.testing.assert_array_equal(cache_out, want)
+    with pytest.raises(ValueError, match="precision='tf32' applies to float32 inputs"):
+        cupyflash.flash_attention_with_kvcache(q.astype(np.float16), k.astype(np.float16), v.astype(np.float16),
+                                               cache_seqlens=7, precision="tf32")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        cupyflash.flash_attention_varlen_backward(dout.reshape(10, 4, 6), *packed, out_packed, lse.transpose(1, 0, 2)
+                                                  .reshape(4, 10), cu, cu_k, precision="low")

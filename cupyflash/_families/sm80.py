@@ -1,6 +1,7 @@
 """The sm80 family: tensor-core kernels (mma.sync, ldmatrix, cp.async) for float16 and bfloat16 with
-head dims up to 256, and a float32 forward on the bfloat16 tensor cores (each value in three exact
-parts) up to head dim 128, on compute capability 8.0 and newer. kernels_cu/sm80/tile.cuh and bwd_tile.cuh
+head dims up to 256, a float32 forward on the bfloat16 tensor cores (each value in three exact
+parts) and a float64 forward on the float64 tensor cores, up to head dim 128, on compute capability
+8.0 and newer. kernels_cu/sm80/tile.cuh and bwd_tile.cuh
 describe the tiles; bench/NOTES.md has the measurements behind the tile tables below."""
 
 import numpy
@@ -30,8 +31,14 @@ FWD_TILES = {
 #: The float32 forward's tiles (kernels_cu/sm80/operands.cuh), as FWD_TILES: 16 rows per warp, 32 keys
 #: per tile, since each operand's three parts take three times a 16-bit operand's registers.
 FWD_FP32_TILES = {32: ((32, 1),), 64: ((32, 1),), 96: ((32, 1),), 128: ((32, 1),)}
-#: Query rows per CTA of the forward (Sm80FwdTraits::kBlockM).
+#: The float64 forward's tiles (the float64 tensor cores, kernels_cu/sm80/operands.cuh), as FWD_TILES: 16
+#: rows per warp; 32-key tiles, or 16: for head dims 96 and 128 always (at 32 keys their O, 64 doubles
+#: a thread at d128, and the split sums spilled 120-170 bytes), for 64 in the 99 KB of sm_86/sm_89
+#: (where 96 and 128 fit no tile and run the general kernels).
+FWD_FP64_TILES = {32: ((32, 1),), 64: ((32, 1), (16, 1)), 96: ((16, 1),), 128: ((16, 1),)}
+#: Query rows per CTA of the forward (Sm80FwdTraits::kBlockM), and of the float64 forward.
 FWD_BLOCK_M = 128
+FWD_FP64_BLOCK_M = 64
 
 #: Backward tiles: head-dim bucket -> (keys per CTA kBlockN, queries per iteration kBlockM, query buffers
 #: kStages), preferred first. The first fits the H100/H200 (227 KB per block); each later one is there
@@ -63,7 +70,11 @@ FWD = _kernels.Kernel(
 )
 FWD_FP32 = _kernels.Kernel(
     "sm80_fwd_parts", "sm80/fwd.cu", ("float32",), ("headdim", "block_n", "m_tiles"),
-    tuple((d, *tile) for d, choices in FWD_FP32_TILES.items() for tile in choices), ("score_mod",),
+    tuple((d, *tile) for d, choices in FWD_FP32_TILES.items() for tile in choices), ("score_mod", "tf32"),
+)
+FWD_FP64 = _kernels.Kernel(
+    "sm80_fwd_dmma", "sm80/fwd.cu", ("float64",), ("headdim", "block_n", "m_tiles"),
+    tuple((d, *tile) for d, choices in FWD_FP64_TILES.items() for tile in choices), ("score_mod",),
 )
 BWD = _kernels.Kernel(
     "sm80_bwd", "sm80/bwd.cu", _kernels.HALF_DTYPES, ("headdim", "block_n", "block_m", "stages"),
@@ -85,18 +96,23 @@ def fwd_smem_bytes(variant):
     state. The kernel traps if launched with less than its traits require.
     """
     headdim = variant.param("headdim")
-    itemsize = 4 if variant.dtype == "float32" else 2
-    row_bytes = (headdim + 8) * itemsize
-    v_row_bytes = (headdim + 4) * itemsize if itemsize == 4 else row_bytes
-    q_bytes = FWD_BLOCK_M * row_bytes
+    itemsize = {"float32": 4, "float64": 8}.get(variant.dtype, 2)
+    row_bytes = (headdim + (4 if itemsize == 8 else 8)) * itemsize
+    v_row_bytes = (headdim + {8: 2, 4: 4}[itemsize]) * itemsize if itemsize > 2 else row_bytes
+    q_bytes = fwd_block_m(variant) * row_bytes
     stage_bytes = variant.param("block_n") * (row_bytes + v_row_bytes)
     stages = 3 if q_bytes + 3 * stage_bytes + CTA_STATE_BYTES <= 99 * 1024 else 2
     return q_bytes + stages * stage_bytes + CTA_STATE_BYTES
 
 
+def fwd_block_m(variant):
+    """Query rows per CTA of a forward variant (Sm80FwdTraits::kBlockM)."""
+    return FWD_FP64_BLOCK_M if variant.dtype == "float64" else FWD_BLOCK_M
+
+
 def fwd_threads(variant):
     """Threads per CTA of a forward variant (Sm80FwdTraits::kThreads)."""
-    return 32 * FWD_BLOCK_M // (16 * variant.param("m_tiles"))
+    return 32 * fwd_block_m(variant) // (16 * variant.param("m_tiles"))
 
 
 def bwd_smem_bytes(variant):
@@ -125,11 +141,11 @@ def cxx_facts():
     them: (headers, {C++ expression: value}) for tests/test_compile.py."""
     facts = {"cupyflash::kCtaStateBytes": CTA_STATE_BYTES, "cupyflash::kOrderedByLaunch": ORDERED_BY_LAUNCH,
              "cupyflash::kOrderedByWalk": ORDERED_BY_WALK}
-    for v in FWD.variants() + FWD_FP32.variants():
+    for v in FWD.variants() + FWD_FP32.variants() + FWD_FP64.variants():
         traits = f"cupyflash::Sm80FwdTraits<{_kernels.CTYPES[v.dtype]}, {', '.join(map(str, v.tile))}>"
         facts[f"{traits}::kSmemBytes"] = fwd_smem_bytes(v)
         facts[f"{traits}::kThreads"] = fwd_threads(v)
-        facts[f"{traits}::kBlockM"] = FWD_BLOCK_M
+        facts[f"{traits}::kBlockM"] = fwd_block_m(v)
     for v in BWD.variants():
         traits = f"cupyflash::Sm80BwdTraits<__half, {', '.join(map(str, v.tile))}>"
         facts[f"{traits}::kSmemBytes"] = bwd_smem_bytes(v)
@@ -138,15 +154,15 @@ def cxx_facts():
 
 
 class Sm80Forward:
-    """float16/bfloat16, head dims up to 256, and float32 (in bfloat16 parts) up to 128, sm_80+: the
-    first tile of the bucket that fits."""
+    """float16/bfloat16, head dims up to 256, and float32 (in bfloat16 parts) and float64 up to 128,
+    sm_80+: the first tile of the bucket that fits."""
 
     name = "sm80"
-    kernels = (FWD, FWD_FP32)
+    kernels = (FWD, FWD_FP32, FWD_FP64)
 
     def select(self, p, device, operands):
-        if p.dtype == numpy.float32 and device.capability >= MIN_CAPABILITY:
-            kernel, tiles = FWD_FP32, FWD_FP32_TILES
+        if p.dtype in (numpy.float32, numpy.float64) and device.capability >= MIN_CAPABILITY:
+            kernel, tiles = (FWD_FP32, FWD_FP32_TILES) if p.dtype == numpy.float32 else (FWD_FP64, FWD_FP64_TILES)
             bucket = headdim_bucket(p.headdim, p.headdim_v, tuple(tiles))
         else:
             kernel, tiles = FWD, FWD_TILES
@@ -154,16 +170,18 @@ class Sm80Forward:
         if bucket is None:
             return None
         for tile in tiles[bucket]:
-            variant = kernel.variant(common.dtype_name(p.dtype), (bucket, *tile), score_mod=p.score_mod)
+            flags = {"tf32": p.precision == "tf32"} if kernel is FWD_FP32 else {}
+            variant = kernel.variant(common.dtype_name(p.dtype), (bucket, *tile), score_mod=p.score_mod, **flags)
             if fwd_smem_bytes(variant) <= device.smem_optin:
                 return variant
         return None
 
     def plan(self, b, variant, p, q, k, v, device):
         out, lse = b.output(p.out_shape, p.dtype), b.output(p.lse_shape, lse_dtype(p.dtype))
-        lists = common.sparse_lists(b, p, FWD_BLOCK_M, variant.param("block_n"))
+        block_m = fwd_block_m(variant)
+        lists = common.sparse_lists(b, p, block_m, variant.param("block_n"))
         args = common.fwd_args(b, p, q, k, v, out, lse, lists)
-        grid = (common.cdiv(p.seqlen_q, FWD_BLOCK_M) * p.batch * p.heads, 1, 1)
+        grid = (common.cdiv(p.seqlen_q, block_m) * p.batch * p.heads, 1, 1)
         smem = fwd_smem_bytes(variant)
         b.launch(common.function(variant, smem), grid, fwd_threads(variant), (args,), smem)
         return out, lse

@@ -18,11 +18,12 @@ PLANS = _plan.PlanCache()
 
 
 def attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
-              rotary_interleaved, causal, window_size, softcap, alibi_slopes, softmax_scale, num_splits, return_lse):
+              rotary_interleaved, causal, window_size, softcap, alibi_slopes, softmax_scale, num_splits, return_lse,
+              precision):
     """The body of cupyflash.flash_attention_with_kvcache (its docstring describes the arguments)."""
     key = _keys.kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
                         rotary_interleaved, causal, window_size, softcap, alibi_slopes, softmax_scale, num_splits,
-                        return_lse)
+                        return_lse, precision)
     plan = PLANS.get(key)
     if plan is not None:
         results = plan(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
@@ -41,7 +42,7 @@ def attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_t
         block_table=checked.get("block_table"), rotary_cos=checked.get("rotary_cos"),
         rotary_sin=checked.get("rotary_sin"), rotary_interleaved=rotary_interleaved, causal=causal,
         window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, softmax_scale=softmax_scale,
-        num_splits=num_splits, max_splits=MAX_SPLITS)
+        num_splits=num_splits, max_splits=MAX_SPLITS, precision=precision)
     if c.xp is numpy:
         out, lse = _host.attention(c)
     elif c.batch == 0 or c.heads == 0:

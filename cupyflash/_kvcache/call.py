@@ -33,6 +33,7 @@ class KvCacheCall:
     window_left: int
     window_right: int
     softcap: float
+    precision: str         # _problem.PRECISIONS
     alibi_slopes: object
     rotary_dim: int
     rotary_interleaved: bool
@@ -83,7 +84,8 @@ def _count(name, value, low, high=None):
 
 
 def check(q, k_cache, v_cache, *, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
-          rotary_interleaved, causal, window_size, softcap, alibi_slopes, softmax_scale, num_splits, max_splits):
+          rotary_interleaved, causal, window_size, softcap, alibi_slopes, softmax_scale, num_splits, max_splits,
+          precision):
     """Checks a flash_attention_with_kvcache call (arrays from :func:`_problem.arrays`); returns its
     :class:`KvCacheCall`. NumPy calls also check cache_seqlens, cache_batch_idx and block_table's values
     here; CuPy calls check array values on the device (see the decode kernel)."""
@@ -193,6 +195,7 @@ def check(q, k_cache, v_cache, *, k, v, cache_seqlens, cache_batch_idx, block_ta
                              f"{capacity} keys per batch entry{queries}), and every position needs its angles")
     scale = _problem.check_softmax_scale(softmax_scale, headdim, dtype)
     softcap = _problem.check_softcap(softcap, dtype, scale)
+    precision = _problem.check_precision(precision, dtype)
     alibi_slopes = _problem.check_alibi_slopes(alibi_slopes, xp, batch, heads)
     num_splits = _count("num_splits", num_splits, 0, max_splits)
     _problem.check_sizes((("capacity", capacity), ("seqlen_q", seqlen_q), ("headdim", headdim),
@@ -206,7 +209,8 @@ def check(q, k_cache, v_cache, *, k, v, cache_seqlens, cache_batch_idx, block_ta
         xp=xp, dtype=dtype, batch=batch, seqlen_q=seqlen_q, heads=heads, heads_k=heads_k, headdim=headdim,
         headdim_v=headdim_v, capacity=capacity, page_size=page_size, cache_entries=cache_entries,
         seqlen_new=seqlen_new, softmax_scale=scale, window_left=window_left, window_right=window_right,
-        softcap=softcap, alibi_slopes=alibi_slopes, rotary_dim=rotary_dim, rotary_interleaved=rotary_interleaved,
+        softcap=softcap, precision=precision, alibi_slopes=alibi_slopes, rotary_dim=rotary_dim,
+        rotary_interleaved=rotary_interleaved,
         rotary_q_at_row=causal or window_left >= 0 or window_right >= 0, cache_seqlens=cache_seqlens,
         cache_seqlens_value=value, num_splits=num_splits, q=q, k_cache=k_cache, v_cache=v_cache, k_new=k, v_new=v,
         cache_batch_idx=cache_batch_idx, block_table=block_table, rotary_cos=rotary_cos, rotary_sin=rotary_sin)

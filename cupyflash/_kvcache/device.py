@@ -77,7 +77,7 @@ def _problem_of(c, **fields):
     sizes = dict(xp=cupy, dtype=c.dtype, batch=c.batch, seqlen_q=c.seqlen_q, seqlen_k=c.capacity, heads=c.heads,
                  heads_k=c.heads_k, headdim=c.headdim, headdim_v=c.headdim_v, softmax_scale=c.softmax_scale,
                  window_left=c.window_left, window_right=c.window_right, softcap=c.softcap,
-                 alibi_slopes=c.alibi_slopes)
+                 alibi_slopes=c.alibi_slopes, precision=c.precision)
     return _problem.Problem(**{**sizes, **fields})
 
 

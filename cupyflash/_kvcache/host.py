@@ -37,7 +37,7 @@ def attention(c):
                          heads=c.heads, heads_k=c.heads_k, headdim=c.headdim, headdim_v=c.headdim_v,
                          softmax_scale=c.softmax_scale, window_left=c.window_left, window_right=c.window_right,
                          softcap=c.softcap, alibi_slopes=_per_entry_slopes(c), cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
-                         total_q=packed_q.shape[0], total_k=k.shape[0])
+                         total_q=packed_q.shape[0], total_k=k.shape[0], precision=c.precision)
     out, lse = _compute.forward(p, packed_q, k, v)
     lse = lse.reshape(c.heads, c.batch, c.seqlen_q).transpose(1, 0, 2)
     return out.reshape(c.out_shape), numpy.ascontiguousarray(lse)

@@ -12,13 +12,13 @@ namespace cupyflash {
 
 // dst[row * row_stride + col] = T(acc * scale[mt][r]) for 0 <= row = row0 + 16 mt + g + 8 r < row_end and
 // col = col0 + 8 nt + 2 t + e < cols; dst points at row 0 of one (batch entry, head). A thread's two
-// columns 2t, 2t + 1 go out as one 32-bit store (float32: one 64-bit store) where every pair is aligned
-// (even cols and row stride, aligned dst: the outputs cupyflash allocates), else element by element;
-// the rounding is the same either way.
-template <typename T, int kMTiles, int kNTiles>
+// columns 2t, 2t + 1 go out as one 32-bit store (float32: one 64-bit store, float64 one 128-bit store)
+// where every pair is aligned (even cols and row stride, aligned dst: the outputs cupyflash allocates),
+// else element by element; the rounding is the same either way. Acc: float, or double for float64.
+template <typename T, int kMTiles, int kNTiles, typename Acc>
 __device__ __forceinline__ void store_fragments(T* dst, long long row_stride, int row0, int row_end, int col0, int cols,
-                                                const float (&acc)[kMTiles][kNTiles][4],
-                                                const float (&scale)[kMTiles][2]) {
+                                                const Acc (&acc)[kMTiles][kNTiles][4],
+                                                const Acc (&scale)[kMTiles][2]) {
     const int lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
     const bool paired = cols % 2 == 0 && col0 % 2 == 0 && row_stride % 2 == 0 && reinterpret_cast<size_t>(dst) % 4 == 0;
@@ -32,9 +32,16 @@ __device__ __forceinline__ void store_fragments(T* dst, long long row_stride, in
 #pragma unroll
             for (int nt = 0; nt < kNTiles; ++nt) {
                 const int col = col0 + 8 * nt + 2 * t;
-                const float v0 = acc[mt][nt][2 * r] * scale[mt][r];
-                const float v1 = acc[mt][nt][2 * r + 1] * scale[mt][r];
-                if constexpr (sizeof(T) == 4) {
+                const Acc v0 = acc[mt][nt][2 * r] * scale[mt][r];
+                const Acc v1 = acc[mt][nt][2 * r + 1] * scale[mt][r];
+                if constexpr (sizeof(T) == 8) {
+                    if (paired && col < cols && reinterpret_cast<size_t>(dst_row + col) % 16 == 0) {
+                        *reinterpret_cast<double2*>(dst_row + col) = make_double2(v0, v1);
+                    } else {
+                        if (col < cols) dst_row[col] = v0;
+                        if (col + 1 < cols) dst_row[col + 1] = v1;
+                    }
+                } else if constexpr (sizeof(T) == 4) {
                     if (paired && col < cols && reinterpret_cast<size_t>(dst_row + col) % 8 == 0) {
                         *reinterpret_cast<float2*>(dst_row + col) = make_float2(v0, v1);
                     } else {
@@ -111,10 +118,10 @@ __device__ __forceinline__ void store_fragments_16B(T* dst, long long row_stride
 // col0 + 8 kNTiles are whole 32-column groups, all of them real (below cols), with dst, row_stride and
 // col0 keeping 16-byte alignment; else store_fragments' 32-bit stores. The 32-bit stores write half of
 // each 32-byte sector a warp instruction touches, and four times the instructions.
-template <typename T, int kMTiles, int kNTiles>
+template <typename T, int kMTiles, int kNTiles, typename Acc>
 __device__ __forceinline__ void store_fragments_wide(T* dst, long long row_stride, int row0, int row_end, int col0,
-                                                     int cols, const float (&acc)[kMTiles][kNTiles][4],
-                                                     const float (&scale)[kMTiles][2]) {
+                                                     int cols, const Acc (&acc)[kMTiles][kNTiles][4],
+                                                     const Acc (&scale)[kMTiles][2]) {
     if constexpr (sizeof(T) == 2 && kNTiles % 4 == 0) {
         if (col0 % 8 == 0 && col0 + 8 * kNTiles <= cols && row_stride % 8 == 0 && reinterpret_cast<size_t>(dst) % 16 == 0) {
             store_fragments_16B<T>(dst, row_stride, row0, row_end, col0, acc, scale);
@@ -154,18 +161,18 @@ __device__ __forceinline__ void store_lse(const FwdArgs& args, const Sequence& s
 }
 
 // The forward's output rows from the registers: out = O * inv_l per row (0 for a row that saw no key).
-template <typename T, int kMTiles, int kOTiles>
+template <typename T, int kMTiles, int kOTiles, typename Acc>
 __device__ __forceinline__ void store_out(const FwdArgs& args, const Sequence& seq, int b, int h, int row0,
-                                          const float (&o)[kMTiles][kOTiles][4], const float (&inv_l)[kMTiles][2]) {
+                                          const Acc (&o)[kMTiles][kOTiles][4], const Acc (&inv_l)[kMTiles][2]) {
     store_fragments_wide<T>(head_rows<T>(args.out, b, seq.q_start, h), args.out.row_stride, row0, seq.seqlen_q, 0,
                             args.attn.headdim_v, o, inv_l);
 }
 
 // The forward's epilogue from the registers: out and lse of the rows row0 + 16 mt + g + 8 r.
-template <typename T, int kMTiles, int kOTiles, typename Softmax>
+template <typename T, int kMTiles, int kOTiles, typename Softmax, typename Acc>
 __device__ __forceinline__ void fwd_epilogue(const FwdArgs& args, const Sequence& seq, int b, int h, int row0,
-                                             const float (&o)[kMTiles][kOTiles][4], Softmax (&softmax)[kMTiles]) {
-    float inv_l[kMTiles][2];
+                                             const Acc (&o)[kMTiles][kOTiles][4], Softmax (&softmax)[kMTiles]) {
+    Acc inv_l[kMTiles][2];
     lse_t<T> row_lse[kMTiles][2];
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) softmax[mt].finish(inv_l[mt], row_lse[mt]);

@@ -25,8 +25,8 @@ namespace cupyflash {
 // compare for each side in kCuts (Mask::key_cuts: the sides of the intervals that fall inside the tile;
 // the others cannot hide a pair of it) and a select. Otherwise Mask::visible per element, which needs
 // fewer registers.
-template <bool kLayout, bool kRowIntervals, int kCuts, int kMTiles, int kNTiles, typename RowOf>
-__device__ __forceinline__ void mask_rows(float (&s)[kMTiles][kNTiles][4], const Mask& mask, const BlockLayout& layout,
+template <bool kLayout, bool kRowIntervals, int kCuts, int kMTiles, int kNTiles, typename RowOf, typename Acc>
+__device__ __forceinline__ void mask_rows(Acc (&s)[kMTiles][kNTiles][4], const Mask& mask, const BlockLayout& layout,
                                           const AttnArgs& a, const RowOf& row_of, int n0, int col_t) {
     // Keys whose layout cells one word of bits holds: the whole tile up to 64 keys, else 64 per word.
     constexpr int kWordKeys = kNTiles * 8 <= 64 ? kNTiles * 8 : 64;
@@ -60,8 +60,8 @@ __device__ __forceinline__ void mask_rows(float (&s)[kMTiles][kNTiles][4], const
                                       (kCuts == Mask::kCutsStart || column < end);
                         }
                         if constexpr (kLayout) visible &= ((bits >> (offset - 64 * chunk)) & 1) != 0;
-                        float& x = s[mt][nt][2 * r + c];
-                        x = visible ? x : Consts<float>::neg_inf();
+                        Acc& x = s[mt][nt][2 * r + c];
+                        x = visible ? x : Consts<Acc>::neg_inf();
                     }
                 }
             }
@@ -70,11 +70,11 @@ __device__ __forceinline__ void mask_rows(float (&s)[kMTiles][kNTiles][4], const
 }
 
 // The scores of a row fragment from the raw products x = q . k in natural-log units, for the float32
-// kernels (FragmentSoftmax<kNTiles, true>): NaturalScores::modified (without kScoreMod, its first
-// step alone, softmax_scale * x), the score rounded step by step as the general kernels round it, so
-// the general backward recomputes the probabilities this forward's lse normalizes.
-template <bool kScoreMod, int kMTiles, int kNTiles, typename RowOf>
-__device__ __forceinline__ void modify_rows_natural(float (&s)[kMTiles][kNTiles][4], const NaturalScores<float>& scores,
+// and float64 kernels (FragmentSoftmax<kNTiles, true, Acc>): NaturalScores::modified (without
+// kScoreMod, its first step alone, softmax_scale * x), the score rounded step by step as the general
+// kernels round it, so the general backward recomputes the probabilities this forward's lse normalizes.
+template <bool kScoreMod, int kMTiles, int kNTiles, typename RowOf, typename Acc>
+__device__ __forceinline__ void modify_rows_natural(Acc (&s)[kMTiles][kNTiles][4], const NaturalScores<Acc>& scores,
                                                     const RowOf& row_of, int n0, int col_t) {
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
@@ -83,7 +83,7 @@ __device__ __forceinline__ void modify_rows_natural(float (&s)[kMTiles][kNTiles]
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 if constexpr (kScoreMod) {
-                    float unused_grad;
+                    Acc unused_grad;
                     s[mt][nt][e] = scores.modified(s[mt][nt][e], row_of(mt, e / 2), n0 + 8 * nt + col_t + e % 2, &unused_grad);
                 } else {
                     s[mt][nt][e] = scale_score(s[mt][nt][e], scores.scale);
@@ -123,8 +123,8 @@ __device__ __forceinline__ void modify_rows(float (&s)[kMTiles][kNTiles][4], con
 // which keeps the tiles inside the mask free of its predicates. cuts: Mask::key_cuts of the rows the
 // caller's branch is uniform over (Mask::kCutsBoth where it does not know them); with row intervals, the
 // tiles cut on one side only (the causal diagonal, a window's left edge) test that side alone.
-template <bool kRowIntervals, int kMTiles, int kNTiles, typename RowOf>
-__device__ __forceinline__ void mask_tile_rows(float (&s)[kMTiles][kNTiles][4], const Mask& mask,
+template <bool kRowIntervals, int kMTiles, int kNTiles, typename RowOf, typename Acc>
+__device__ __forceinline__ void mask_tile_rows(Acc (&s)[kMTiles][kNTiles][4], const Mask& mask,
                                                const BlockLayout& layout, const AttnArgs& a, const RowOf& row_of,
                                                int n0, int col_t, bool partial, int cuts) {
     const Mask m = mask;

@@ -15,19 +15,21 @@
 
 namespace cupyflash {
 
-// kNatural (the float32 kernels): scores in natural-log units as the general kernels round them
-// (NaturalScores), probabilities by expf and the lse m + ln(l): float32 accuracy, which the folded
-// scale (three roundings of one constant: a systematic 1e-7 of every score) and ex2.approx (2^-22) do
-// not give (bench/NOTES.md, session 18). m2 then holds the natural-log maximum.
-template <int kNTiles, bool kNatural = false>
+// kNatural (the float32 and float64 kernels): scores in natural-log units as the general kernels round
+// them (NaturalScores), probabilities by exp and the lse m + ln(l): float32 (float64) accuracy, which
+// the folded scale (three roundings of one constant: a systematic 1e-7 of every score) and ex2.approx
+// (2^-22) do not give (bench/NOTES.md, session 18). m2 then holds the natural-log maximum. Acc: the
+// accumulators' type (double for float64 inputs, which needs kNatural).
+template <int kNTiles, bool kNatural = false, typename Acc = float>
 struct FragmentSoftmax {
+    static_assert(kNatural || sizeof(Acc) == 4, "float64 scores are in natural-log units");
     // Log2 units by which a block's maximum may pass the running one before it moves (update_max);
     // kSlack is the same bound in the kernel's units.
-    static constexpr float kMaxSlack = 8.0f;
-    static constexpr float kSlack = kNatural ? kMaxSlack * kLn2F : kMaxSlack;
-    float m2[2] = {Consts<float>::neg_inf(), Consts<float>::neg_inf()};
-    float l[2] = {0.0f, 0.0f};
-    float base[2];  // the maxima the probabilities of the current block are taken against
+    static constexpr Acc kMaxSlack = 8.0f;
+    static constexpr Acc kSlack = kNatural ? kMaxSlack * (sizeof(Acc) == 8 ? kLn2 : kLn2F) : kMaxSlack;
+    Acc m2[2] = {Consts<Acc>::neg_inf(), Consts<Acc>::neg_inf()};
+    Acc l[2] = {0, 0};
+    Acc base[2];  // the maxima the probabilities of the current block are taken against
 
     // Folds a block of scaled scores s (log2 units, -inf where masked) into the running statistics and
     // turns s into probabilities in place. The output accumulator o is rescaled only when some row of the
@@ -35,8 +37,8 @@ struct FragmentSoftmax {
     // columns and the two rows are processed together: with 8 warps per SM the fixed-latency chains
     // of a sequential reduction were the kernel's main stall (ncu, headdim 128).
     template <int kOTiles>
-    __device__ __forceinline__ void step(float (&s)[kNTiles][4], float (&o)[kOTiles][4]) {
-        float rescale[2];
+    __device__ __forceinline__ void step(Acc (&s)[kNTiles][4], Acc (&o)[kOTiles][4]) {
+        Acc rescale[2];
         const bool moved = update_max(s, rescale);
         if (__any_sync(0xffffffffu, moved)) rescale_rows(o, rescale);
         exponentiate(s);
@@ -46,8 +48,8 @@ struct FragmentSoftmax {
     // the output accumulated so far to the new maximum. Returns whether a maximum moved. The sm90
     // kernel splits step here because its accumulator is still being written by an asynchronous
     // product while the next block's scores are folded.
-    __device__ __forceinline__ bool update_max(const float (&s)[kNTiles][4], float (&rescale)[2]) {
-        return update_max_impl<false>(s, rescale, 1.0f);
+    __device__ __forceinline__ bool update_max(const Acc (&s)[kNTiles][4], Acc (&rescale)[2]) {
+        return update_max_impl<false>(s, rescale, Acc(1));
     }
 
     // The same for raw products s = q . k with the scale (softmax_scale * LOG2E, > 0, so raw and scaled
@@ -57,7 +59,7 @@ struct FragmentSoftmax {
     }
 
     template <int kOTiles>
-    __device__ __forceinline__ static void rescale_rows(float (&o)[kOTiles][4], const float (&rescale)[2]) {
+    __device__ __forceinline__ static void rescale_rows(Acc (&o)[kOTiles][4], const Acc (&rescale)[2]) {
 #pragma unroll
         for (int c = 0; c < kOTiles; ++c) {
             o[c][0] *= rescale[0];
@@ -68,7 +70,7 @@ struct FragmentSoftmax {
     }
 
     // The second half of step: probabilities ex2(s - base) and their sum into l.
-    __device__ __forceinline__ void exponentiate(float (&s)[kNTiles][4]) { exponentiate_impl<false>(s, 1.0f); }
+    __device__ __forceinline__ void exponentiate(Acc (&s)[kNTiles][4]) { exponentiate_impl<false>(s, Acc(1)); }
 
     // The same for raw products: ex2(scale * s - base), one FFMA and one ex2 per probability.
     __device__ __forceinline__ void exponentiate(float (&s)[kNTiles][4], float scale) {
@@ -92,22 +94,22 @@ struct FragmentSoftmax {
         }
     }
 
-    // finish with the lse in float64 (float32 inputs, whose lse is saved in float64: common/dtypes.cuh's
-    // lse_t), LN2 * m2 + ln(l) in float64: m2 is a float32 score, and l's own float32 sum is the only
-    // rounding the lse keeps.
-    __device__ __forceinline__ void finish(float (&inv_l)[2], double (&lse)[2]) {
+    // finish with the lse in float64 (float32 and float64 inputs, whose lse is saved in float64:
+    // common/dtypes.cuh's lse_t), LN2 * m2 + ln(l) in float64: for float32, m2 is a float32 score, and l's
+    // own float32 sum is the only rounding the lse keeps.
+    __device__ __forceinline__ void finish(Acc (&inv_l)[2], double (&lse)[2]) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            const float total = group_sum<4>(l[r]);
-            const bool seen = total != 0.0f;
-            inv_l[r] = seen ? 1.0f / total : 0.0f;
+            const Acc total = group_sum<4>(l[r]);
+            const bool seen = total != Acc(0);
+            inv_l[r] = seen ? Acc(1) / total : Acc(0);
             const double m = kNatural ? static_cast<double>(m2[r]) : kLn2 * static_cast<double>(m2[r]);
             lse[r] = seen ? m + log(static_cast<double>(total)) : Consts<double>::neg_inf();
         }
     }
 
   private:
-    __device__ __forceinline__ static float exp_units(float x) {
+    __device__ __forceinline__ static Acc exp_units(Acc x) {
         if constexpr (kNatural) {
             return exp_acc(x);
         } else {
@@ -116,27 +118,27 @@ struct FragmentSoftmax {
     }
 
     template <bool kRaw>
-    __device__ __forceinline__ bool update_max_impl(const float (&s)[kNTiles][4], float (&rescale)[2], float scale) {
-        float part[2][kNTiles];
+    __device__ __forceinline__ bool update_max_impl(const Acc (&s)[kNTiles][4], Acc (&rescale)[2], Acc scale) {
+        Acc part[2][kNTiles];
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt) {
-            part[0][nt] = fmaxf(s[nt][0], s[nt][1]);
-            part[1][nt] = fmaxf(s[nt][2], s[nt][3]);
+            part[0][nt] = fmax(s[nt][0], s[nt][1]);
+            part[1][nt] = fmax(s[nt][2], s[nt][3]);
         }
         tree<true>(part);
         bool moved = false;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            const float block_max = kRaw ? group_max<4>(part[r][0]) * scale : group_max<4>(part[r][0]);
+            const Acc block_max = kRaw ? group_max<4>(part[r][0]) * scale : group_max<4>(part[r][0]);
             // The maximum moves only when the block's passes it by more than kMaxSlack (a row's first
             // visible block always: -inf + kMaxSlack is -inf). Otherwise the block's probabilities are
             // taken against the old maximum, each at most 2^kMaxSlack, which float32 sums and 16-bit P
             // hold exactly as well; l and m2 stay consistent, so out and lse are the same. Most blocks
             // after a row's first then rescale nothing (FlashAttention-4's conditional rescaling).
-            const float new_max = block_max > m2[r] + kSlack ? block_max : m2[r];
+            const Acc new_max = block_max > m2[r] + kSlack ? block_max : m2[r];
             // A row that has seen no visible key keeps new_max = -inf: subtract 0 instead, so that
             // ex2(-inf - -inf) is not NaN and every probability of the row is ex2(-inf) = 0.
-            base[r] = new_max == Consts<float>::neg_inf() ? 0.0f : new_max;
+            base[r] = new_max == Consts<Acc>::neg_inf() ? Acc(0) : new_max;
             rescale[r] = exp_units(m2[r] - base[r]);  // 1 if the max stayed, 0 on the first visible block
             moved |= new_max != m2[r];
             m2[r] = new_max;
@@ -146,13 +148,17 @@ struct FragmentSoftmax {
     }
 
     template <bool kRaw>
-    __device__ __forceinline__ void exponentiate_impl(float (&s)[kNTiles][4], float scale) {
-        float part[2][kNTiles];
+    __device__ __forceinline__ void exponentiate_impl(Acc (&s)[kNTiles][4], Acc scale) {
+        Acc part[2][kNTiles];
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                s[nt][e] = exp_units(kRaw ? fmaf(s[nt][e], scale, -base[e / 2]) : s[nt][e] - base[e / 2]);
+                if constexpr (kRaw) {
+                    s[nt][e] = exp_units(fmaf(s[nt][e], scale, -base[e / 2]));
+                } else {
+                    s[nt][e] = exp_units(s[nt][e] - base[e / 2]);
+                }
             }
             part[0][nt] = s[nt][0] + s[nt][1];
             part[1][nt] = s[nt][2] + s[nt][3];
@@ -165,15 +171,15 @@ struct FragmentSoftmax {
     // part[r][0] = max (kMax) or sum of part[r][0 .. kNTiles), as a tree; kNTiles need not be a power
     // of two (the sm90 kernel's 176-key tiles have 22 n-tiles): an odd width folds its last element in.
     template <bool kMax, int kWidth = kNTiles>
-    __device__ __forceinline__ static void tree(float (&part)[2][kNTiles]) {
+    __device__ __forceinline__ static void tree(Acc (&part)[2][kNTiles]) {
         if constexpr (kWidth > 1) {
             constexpr int kHalf = kWidth / 2;
 #pragma unroll
             for (int i = 0; i < kHalf; ++i) {
 #pragma unroll
                 for (int r = 0; r < 2; ++r) {
-                    const float other = part[r][kWidth - kHalf + i];
-                    part[r][i] = kMax ? fmaxf(part[r][i], other) : part[r][i] + other;
+                    const Acc other = part[r][kWidth - kHalf + i];
+                    part[r][i] = kMax ? fmax(part[r][i], other) : part[r][i] + other;
                 }
             }
             tree<kMax, (kWidth + 1) / 2>(part);

@@ -92,15 +92,20 @@ __device__ __forceinline__ void add_compensated(Acc& sum, Acc& comp, Acc x) {
 // s[j] = sum_d A(a0 + row, d) * B(b0 + lane + kLanesPerRow * j, d) over d < depth. Rows or columns
 // outside the views contribute 0. All threads of the CTA must call it (it synchronizes).
 //
-// kCompensated (the scores q.k): the groups' partial sums join s with TwoSum compensation, so that s is
-// within about a rounding of the groups' exact sum; a score then agrees with the tensor-core forward's
+// kScores (the scores q.k), float32: the groups' partial sums join s with TwoSum compensation, so that s
+// is within about a rounding of the groups' exact sum; a score then agrees with the tensor-core forward's
 // float32 scores (kernels_cu/sm80/operands.cuh) to a fraction of an ulp, where plain sums differ by a
 // few. The backward's probabilities exp(s - lse) take s from here and lse from whichever forward ran,
 // and at scores in the thousands (an ulp of 2^-12) a few ulps of disagreement cost dV 3x the error of a
-// plain float32 implementation, whose own s and lse agree (bench/NOTES.md, session 19). dP = dO.V sums
-// plainly: it cancels against delta = rowsum(dO * O), summed plainly too (one key: dS = dP - delta = 0
-// up to their roundings), and a compensated dP alone put dQ past the rule there.
-template <bool kCompensated, typename T>
+// plain float32 implementation, whose own s and lse agree (bench/NOTES.md, session 19). float64 sums
+// the scores in the float64 tensor cores' order instead, bitwise: each group of 8 columns (a k-step of
+// their 16x8x8 product, aligned alike) an FMA chain from zero in column order, which is what the product
+// computes (bench/mma_probe.py: 2560 of 2560 results), the groups then added in order, as the
+// tensor-core forward adds its k-steps (sm80/fwd.cu); the scores, and so its lse, are then this
+// backward's own. dP = dO.V sums plainly: it cancels against delta = rowsum(dO * O), summed plainly too
+// (one key: dS = dP - delta = 0 up to their roundings), and a compensated dP alone put dQ past the rule
+// there.
+template <bool kScores, typename T>
 __device__ __forceinline__ void score_tile(acc_t<T> (&s)[GeneralTraits<T>::kScoresPerThread],
                                            const RowView<T>& A, int a0, const RowView<T>& B, int b0,
                                            int depth, GeneralSmem<T>& sm) {
@@ -108,6 +113,8 @@ __device__ __forceinline__ void score_tile(acc_t<T> (&s)[GeneralTraits<T>::kScor
     using Sm = GeneralSmem<T>;
     const int row = threadIdx.x / Tr::kLanesPerRow;
     const int lane = threadIdx.x % Tr::kLanesPerRow;
+    constexpr bool kCompensated = kScores && sizeof(acc_t<T>) == 4;
+    static_assert(!kScores || sizeof(acc_t<T>) == 4 || Tr::kSumGroup == 8, "float64 scores sum 8 columns a group");
     acc_t<T> comp[Tr::kScoresPerThread];
 #pragma unroll
     for (int j = 0; j < Tr::kScoresPerThread; ++j) s[j] = comp[j] = 0;

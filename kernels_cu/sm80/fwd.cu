@@ -1,6 +1,6 @@
-// Tensor-core forward (float16/bfloat16, and float32 in bfloat16 parts: sm80_fwd_parts; sm_80+): one CTA per
-// 128 query rows of one (batch entry, head), looping over the key tiles those rows see with an online
-// softmax.
+// Tensor-core forward (float16/bfloat16, float32 in bfloat16 parts: sm80_fwd_parts, float64 on the float64
+// tensor cores: sm80_fwd_dmma; sm_80+): one CTA per 128 query rows (float64: 64) of one (batch entry,
+// head), looping over the key tiles those rows see with an online softmax.
 //
 // Scheduler: schedule_tile (scheduler.cuh), the query tiles with the most keys first. Main loop, per key
 // tile: S = Q K^T with mma.sync (Q from registers or shared memory, K fragments from shared memory:
@@ -29,9 +29,10 @@
 
 namespace cupyflash {
 
-// The scores of the 16-bit kernels (log2 units) and of the float32 one (natural-log units).
-template <bool kNatural> struct Sm80Scores { using type = Log2Scores; };
-template <> struct Sm80Scores<true> { using type = NaturalScores<float>; };
+// The scores of the 16-bit kernels (log2 units) and of the float32 and float64 ones (natural-log units).
+template <typename T> struct Sm80Scores { using type = Log2Scores; };
+template <> struct Sm80Scores<float> { using type = NaturalScores<float>; };
+template <> struct Sm80Scores<double> { using type = NaturalScores<double>; };
 
 // Per-CTA values, in shared memory. Scores: Sm80Scores.
 template <typename Scores>
@@ -47,22 +48,23 @@ struct Sm80FwdState {
     TileQueue<kRing> tiles;  // key tiles, one segment
 };
 
-template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod>
+template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod, bool kTf32>
 struct Sm80FwdMainloop {
     using Tr = Sm80FwdTraits<T, kHeadDim, kBlockN, kMTiles>;
-    using Ops = Sm80Operands<T>;
-    // float32 keeps its scores in natural-log units, at float32 accuracy (fragment/softmax.cuh).
-    static constexpr bool kNatural = sizeof(T) == 4;
-    using Scores = typename Sm80Scores<kNatural>::type;
+    using Ops = Sm80Operands<T, kTf32>;
+    // float32 and float64 keep their scores in natural-log units, at their accuracy (fragment/softmax.cuh).
+    static constexpr bool kNatural = sizeof(T) >= 4;
+    using Acc = typename Ops::Acc;
+    using Scores = typename Sm80Scores<T>::type;
     using State = Sm80FwdState<Scores>;
-    using Softmax = FragmentSoftmax<kBlockN / 8, kNatural>;
+    using Softmax = FragmentSoftmax<kBlockN / 8, kNatural, Acc>;
     static constexpr int kLd = Tr::kLd;
     static constexpr int kLdV = Tr::kLdV;
     static constexpr int kNTiles = kBlockN / 8;   // score n-tiles per m-tile
     static constexpr int kOTiles = kHeadDim / 8;  // output n-tiles per m-tile
     static constexpr int kDSteps = kHeadDim / Ops::kK;  // k-steps of q.k
     // float32 rolls them (its split operands and sums spilled at head dim 128, and rolled ran as fast).
-    static constexpr int kDUnroll = Ops::kSplitSums ? 1 : kDSteps;
+    static constexpr int kDUnroll = Ops::kSmallSum ? 1 : Ops::kSplitSums ? 2 : kDSteps;
     // Q stays in registers where the traits allow it, except beside the score modifications: tanhf's
     // temporaries need the 32 registers it would take (the d64 tile spilled 244 bytes).
     static constexpr bool kQInRegs = Tr::kQInRegs && !kScoreMod;
@@ -91,7 +93,7 @@ struct Sm80FwdMainloop {
 
     // Leaves O (unnormalized) and the row statistics of the CTA's rows in o and softmax.
     __device__ __forceinline__ static void run(const AttnArgs& a, State& st, int m0, unsigned char* smem,
-                                               float (&o)[kMTiles][kOTiles][4], Softmax (&softmax)[kMTiles]) {
+                                               Acc (&o)[kMTiles][kOTiles][4], Softmax (&softmax)[kMTiles]) {
         T* sQ = reinterpret_cast<T*>(smem);
         T* sK = sQ + Tr::kBlockM * kLd;            // kStages tiles of kBlockN rows
         T* sV = sK + Tr::kStages * kBlockN * kLd;  // kStages tiles of kBlockN rows (kLdV apart)
@@ -151,10 +153,11 @@ struct Sm80FwdMainloop {
                 });
             }
 
-            // S = Q K^T for this warp's rows and the tile's kBlockN keys; float32 sums its small products in
-            // s_small beside s and adds them once the k-steps are done (Ops::kSplitSums, sm80/operands.cuh).
-            float s[kMTiles][kNTiles][4];
-            float s_small[Ops::kSplitSums ? kMTiles : 1][Ops::kSplitSums ? kNTiles : 1][4];
+            // S = Q K^T for this warp's rows and the tile's kBlockN keys. float32 and float64 sum each k-step
+            // from zero (Ops::kSplitSums), float32 its small products in s_small beside s, added once the
+            // k-steps are done (Ops::kSmallSum; sm80/operands.cuh).
+            Acc s[kMTiles][kNTiles][4];
+            Acc s_small[Ops::kSmallSum ? kMTiles : 1][Ops::kSmallSum ? kNTiles : 1][4];
 #pragma unroll
             for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -162,7 +165,7 @@ struct Sm80FwdMainloop {
 #pragma unroll
                     for (int i = 0; i < 4; ++i) {
                         s[mt][nt][i] = 0.0f;
-                        if constexpr (Ops::kSplitSums) s_small[mt][nt][i] = 0.0f;
+                        if constexpr (Ops::kSmallSum) s_small[mt][nt][i] = 0.0f;
                     }
                 }
             }
@@ -183,9 +186,12 @@ struct Sm80FwdMainloop {
                     Ops::template load_k<kLd>(bk, sKj, 16 * np, Ops::kK * kk);
 #pragma unroll
                     for (int mt = 0; mt < kMTiles; ++mt) {
-                        if constexpr (Ops::kSplitSums) {
+                        if constexpr (Ops::kSmallSum) {
                             Ops::mma_rn(s[mt][2 * np], s_small[mt][2 * np], af[mt], bk, 0);
                             Ops::mma_rn(s[mt][2 * np + 1], s_small[mt][2 * np + 1], af[mt], bk, 1);
+                        } else if constexpr (Ops::kSplitSums) {
+                            Ops::mma_rn(s[mt][2 * np], af[mt], bk, 0);
+                            Ops::mma_rn(s[mt][2 * np + 1], af[mt], bk, 1);
                         } else {
                             Ops::mma(s[mt][2 * np], af[mt], bk, 0);
                             Ops::mma(s[mt][2 * np + 1], af[mt], bk, 1);
@@ -193,7 +199,7 @@ struct Sm80FwdMainloop {
                     }
                 }
             }
-            if constexpr (Ops::kSplitSums) {
+            if constexpr (Ops::kSmallSum) {
 #pragma unroll
                 for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -218,10 +224,11 @@ struct Sm80FwdMainloop {
 #pragma unroll
             for (int mt = 0; mt < kMTiles; ++mt) softmax[mt].step(s[mt], o[mt]);
 
-            // O += P V, with P as the A operand straight from the score registers. float32 (Ops::kSplitSums):
-            // per 16 columns of O, the tile's products summed from zero in z (Ops::mma's two sums in one,
-            // the small products of each k-step first), then added to O (sm80/operands.cuh).
-            if constexpr (Ops::kSplitSums) {
+            // O += P V, with P as the A operand straight from the score registers. float32 and float64
+            // (Ops::kSplitSums): per 16 (float64: 8) columns of O, the tile's products summed from zero in
+            // z (float32: Ops::mma's two sums in one, the small products of each k-step first), then added
+            // to O (sm80/operands.cuh).
+            if constexpr (Ops::kSmallSum) {
                 constexpr int kKSteps = kBlockN / Ops::kK;
                 typename Ops::A p[kMTiles][kKSteps];
 #pragma unroll
@@ -231,7 +238,7 @@ struct Sm80FwdMainloop {
                 }
 #pragma unroll
                 for (int cp = 0; cp < kOTiles / 2; ++cp) {
-                    float z[kMTiles][2][4];
+                    Acc z[kMTiles][2][4];
 #pragma unroll
                     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -252,6 +259,37 @@ struct Sm80FwdMainloop {
 #pragma unroll
                         for (int i = 0; i < 8; ++i) o[mt][2 * cp + i / 4][i % 4] += z[mt][i / 4][i % 4];
                     }
+                }
+            } else if constexpr (Ops::kSplitSums) {
+                // float64: one 8-column n-tile of O at a time (a z of four doubles: two n-tiles' eight
+                // spilled 540 bytes at head dim 128), its half of each V fragment (the other's loads are
+                // dead and not issued).
+                constexpr int kKSteps = kBlockN / Ops::kK;
+#pragma unroll
+                for (int c = 0; c < kOTiles; ++c) {
+                    Acc z[kMTiles][4];
+#pragma unroll
+                    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) z[mt][i] = 0.0;
+                    }
+#pragma unroll
+                    for (int kk = 0; kk < kKSteps; ++kk) {
+                        typename Ops::B2 bv;
+                        Ops::template load_v<kLdV>(bv, sVj, Ops::kK * kk, 8 * c);
+#pragma unroll
+                        for (int mt = 0; mt < kMTiles; ++mt) {
+                            typename Ops::A pa;
+                            Ops::pack_p(pa, s[mt], kk);
+                            Ops::mma(z[mt], pa, bv, 0);
+                        }
+                    }
+#pragma unroll
+                    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) o[mt][c][i] += z[mt][i];
+                    }
+                    asm volatile("" ::: "memory");
                 }
             } else {
 #pragma unroll
@@ -278,10 +316,10 @@ struct Sm80FwdMainloop {
     }
 };
 
-template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod>
+template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod, bool kTf32>
 __device__ __forceinline__ void sm80_fwd_body(const FwdArgs& args) {
     using Tr = Sm80FwdTraits<T, kHeadDim, kBlockN, kMTiles>;
-    using Mainloop = Sm80FwdMainloop<T, kHeadDim, kBlockN, kMTiles, kScoreMod>;
+    using Mainloop = Sm80FwdMainloop<T, kHeadDim, kBlockN, kMTiles, kScoreMod, kTf32>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     require_dynamic_smem<Tr::kSmemBytes>();
     const AttnArgs& a = args.attn;
@@ -303,7 +341,7 @@ __device__ __forceinline__ void sm80_fwd_body(const FwdArgs& args) {
     }
     __syncthreads();
 
-    float o[kMTiles][Mainloop::kOTiles][4];
+    typename Mainloop::Acc o[kMTiles][Mainloop::kOTiles][4];
     typename Mainloop::Softmax softmax[kMTiles];
     Mainloop::run(a, st, m0, smem_raw, o, softmax);
     fwd_epilogue<T>(args, st.seq, st.b, st.h, m0 + 16 * kMTiles * (threadIdx.x / 32), o, softmax);
@@ -313,17 +351,27 @@ template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod>
 __global__ void __launch_bounds__(Sm80FwdTraits<T, kHeadDim, kBlockN, kMTiles>::kThreads,
                                   Sm80FwdTraits<T, kHeadDim, kBlockN, kMTiles>::kMinCtasPerSm)
 sm80_fwd(const CUPYFLASH_GRID_CONSTANT FwdArgs args) {
-    sm80_fwd_body<T, kHeadDim, kBlockN, kMTiles, kScoreMod>(args);
+    sm80_fwd_body<T, kHeadDim, kBlockN, kMTiles, kScoreMod, false>(args);
 }
 
 // float32 on the bfloat16 tensor cores (three-part split, sm80/operands.cuh): a template of its own for
-// its own tile table (cupyflash/_families/sm80.py).
-template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod>
+// its own tile table (cupyflash/_families/sm80.py); kTf32 for precision="tf32" (two parts).
+template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod, bool kTf32>
 __global__ void __launch_bounds__(Sm80FwdTraits<T, kHeadDim, kBlockN, kMTiles>::kThreads,
                                   Sm80FwdTraits<T, kHeadDim, kBlockN, kMTiles>::kMinCtasPerSm)
 sm80_fwd_parts(const CUPYFLASH_GRID_CONSTANT FwdArgs args) {
     static_assert(sizeof(T) == 4, "float32 only");
-    sm80_fwd_body<T, kHeadDim, kBlockN, kMTiles, kScoreMod>(args);
+    sm80_fwd_body<T, kHeadDim, kBlockN, kMTiles, kScoreMod, kTf32>(args);
+}
+
+// float64 on the float64 tensor cores (sm80/operands.cuh; m16n8k8 on sm_90, m8n8k4 before): a template of
+// its own for its own tile table (cupyflash/_families/sm80.py).
+template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod>
+__global__ void __launch_bounds__(Sm80FwdTraits<T, kHeadDim, kBlockN, kMTiles>::kThreads,
+                                  Sm80FwdTraits<T, kHeadDim, kBlockN, kMTiles>::kMinCtasPerSm)
+sm80_fwd_dmma(const CUPYFLASH_GRID_CONSTANT FwdArgs args) {
+    static_assert(sizeof(T) == 8, "float64 only");
+    sm80_fwd_body<T, kHeadDim, kBlockN, kMTiles, kScoreMod, false>(args);
 }
 
 }  // namespace cupyflash

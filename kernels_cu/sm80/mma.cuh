@@ -1,5 +1,5 @@
 // Tensor-core and asynchronous-copy primitives (sm_80+): mma.sync m16n8k16 with float32 accumulators,
-// ldmatrix, and cp.async with zero fill.
+// the float64 16x8x8 product, ldmatrix, and cp.async with zero fill.
 //
 // Fragment maps of mma.sync.m16n8k16 (lane = 4 * g + t, g = lane / 4 the "group", t = lane % 4):
 //   A (16 x 16, row-major), 4 registers of two 16-bit values:
@@ -29,6 +29,31 @@ template <> __device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&d)[
         "{%0, %1, %2, %3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// d += a * b on one 16x8x8 tile of float64, the tensor cores rounding each product and sum to nearest
+// (bench/mma_probe.py). Fragment maps (lane = 4 g + t): a_i = A[g + 8 (i % 2)][t + 4 (i / 2)], b_i =
+// B[t + 4 i][g], d_i = D[g + 8 (i / 2)][2 t + i % 2]. sm_90: one m16n8k8 (twice m8n8k4's rate); sm_80:
+// four m8n8k4, each the rows-half h and k-half kh of it (a0 = A[g][t], b0 = B[t][g], d0, d1 = D[g][2 t,
+// 2 t + 1] of the 8 x 8 x 4 shape).
+__device__ __forceinline__ void mma_1688_f64(double (&d)[4], const double (&a)[4], const double* b) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
+        : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(b[0]), "d"(b[1]));
+#else
+#pragma unroll
+    for (int kh = 0; kh < 2; ++kh) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};\n"
+                         : "+d"(d[2 * h]), "+d"(d[2 * h + 1])
+                         : "d"(a[h + 2 * kh]), "d"(b[kh]));
+        }
+    }
+#endif
 }
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {

@@ -5,7 +5,9 @@
 //   float32: each operand split at load into three bfloat16 parts that sum to it exactly, and six
 //   m16n8k16 products per product (the error of one float32 rounding, at the cost of three TF32
 //   products: bfloat16 products run at twice TF32's rate); fragments by 8-byte (Q, K) and 4-byte (V)
-//   shared-memory loads.
+//   shared-memory loads. kTf32 (precision="tf32"): two parts and three products.
+//   float64: the float64 tensor cores' 16x8x8 product (sm80/mma.cuh), float64 accumulators, fragments
+//   by 8-byte shared-memory loads.
 //
 // Sums (kSplitSums): the tensor cores round each product's float32 result toward zero (bench/mma_probe.py
 // on the H200: c + 0.75 ulp returns c), so every mma.sync into a running sum adds a bias of up to one ulp
@@ -17,6 +19,12 @@
 // added once a key tile's k-steps are done; and the main loop sums each key tile's P V products from
 // zero before adding them to O with a FADD, so that the truncations are of the tile's share, not of O
 // (sm80/fwd.cu). bench/NOTES.md (session 19) has the emulation and the H200's errors.
+// float64's tensor cores round to nearest, but each product adds its eight terms into the accumulator
+// one after another (mma_probe.py: four products of 0.25 ulp leave c unchanged), like a loop of FMAs:
+// chained over 128 head-dim columns or over every key, their rounding errors grew to 1.4x the rule's
+// allowance for S at head dim 128 and 2x for O at 4096 keys (emulated; 3.8x measured on the H200). So
+// float64 splits its sums the same way, without the small sum: each k-step of S from zero, then a DADD;
+// each key tile's P V from zero, then added to O (kSmallSum false).
 
 #pragma once
 #include "common/dtypes.cuh"
@@ -26,10 +34,15 @@
 
 namespace cupyflash {
 
-template <typename T>
+// kTf32 (float32 only, precision="tf32"): the two leading parts alone, x ~ hi + mid (16 significant
+// bits, a relative error of 2^-17, where TF32 keeps 11), and three products instead of six.
+template <typename T, bool kTf32 = false>
 struct Sm80Operands {
+    static_assert(!kTf32, "precision='tf32' applies to float32 operands only");
+    using Acc = float;             // the accumulators' type
     static constexpr int kK = 16;  // the product's k
     static constexpr bool kSplitSums = false;
+    static constexpr bool kSmallSum = false;
     struct A {
         unsigned r[4];
     };
@@ -63,10 +76,12 @@ struct Sm80Operands {
     }
 };
 
-template <>
-struct Sm80Operands<float> {
+template <bool kTf32>
+struct Sm80Operands<float, kTf32> {
+    using Acc = float;
     static constexpr int kK = 16;
     static constexpr bool kSplitSums = true;
+    static constexpr bool kSmallSum = true;
     using Bf16 = __nv_bfloat16;
     struct A {
         unsigned hi[4], mid[4], lo[4];
@@ -78,13 +93,16 @@ struct Sm80Operands<float> {
     // Two floats (x0 in the low halves) as their three bfloat16 parts, each pair packed. hi rounds x to
     // 8 significant bits, mid the exact rest x - hi, lo the exact rest of that, which 8 bits hold: x =
     // hi + mid + lo exactly (float32's 24 bits; for normal numbers, the parts' exponents being float32's).
+    // kTf32 leaves lo unset (no product reads it).
     __device__ __forceinline__ static void split2(float x0, float x1, unsigned& hi, unsigned& mid, unsigned& lo) {
         hi = pack2<Bf16>(x0, x1);
         const float2 h = unpack2<Bf16>(hi);
         const float r0 = x0 - h.x, r1 = x1 - h.y;
         mid = pack2<Bf16>(r0, r1);
-        const float2 m = unpack2<Bf16>(mid);
-        lo = pack2<Bf16>(r0 - m.x, r1 - m.y);
+        if constexpr (!kTf32) {
+            const float2 m = unpack2<Bf16>(mid);
+            lo = pack2<Bf16>(r0 - m.x, r1 - m.y);
+        }
     }
     __device__ __forceinline__ static void split2(float2 x, unsigned& hi, unsigned& mid, unsigned& lo) {
         split2(x.x, x.y, hi, mid, lo);
@@ -134,11 +152,14 @@ struct Sm80Operands<float> {
         split2(s[2 * kk + 1][2], s[2 * kk + 1][3], a.hi[3], a.mid[3], a.lo[3]);
     }
     // big += a_hi b_hi and small += the five products below it (a_mid b_lo, a_lo b_mid and a_lo b_lo,
-    // below 2^-24 of a b, are left out): the two sums of kSplitSums.
+    // below 2^-24 of a b, are left out): the two sums of kSplitSums. kTf32: the two products of hi and
+    // mid alone (what it leaves out is below 2^-15 of a b).
     __device__ __forceinline__ static void mma(float (&big)[4], float (&small)[4], const A& a, const B2& b, int half) {
-        mma_16816<Bf16>(small, a.lo, b.hi + 2 * half);
-        mma_16816<Bf16>(small, a.hi, b.lo + 2 * half);
-        mma_16816<Bf16>(small, a.mid, b.mid + 2 * half);
+        if constexpr (!kTf32) {
+            mma_16816<Bf16>(small, a.lo, b.hi + 2 * half);
+            mma_16816<Bf16>(small, a.hi, b.lo + 2 * half);
+            mma_16816<Bf16>(small, a.mid, b.mid + 2 * half);
+        }
         mma_16816<Bf16>(small, a.mid, b.hi + 2 * half);
         mma_16816<Bf16>(small, a.hi, b.mid + 2 * half);
         mma_16816<Bf16>(big, a.hi, b.hi + 2 * half);
@@ -148,6 +169,77 @@ struct Sm80Operands<float> {
     __device__ __forceinline__ static void mma_rn(float (&d)[4], float (&small)[4], const A& a, const B2& b, int half) {
         float z[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         mma(z, small, a, b, half);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) d[i] += z[i];
+    }
+};
+
+template <>
+struct Sm80Operands<double> {
+    using Acc = double;
+    static constexpr int kK = 8;
+    static constexpr bool kSplitSums = true;
+    static constexpr bool kSmallSum = false;
+    struct A {
+        double r[4];
+    };
+    struct B2 {  // two 8-column n-tiles: r[0..1] and r[2..3]
+        double r[4];
+    };
+
+    // Q rows row0.., columns col0..col0+7: a_i = A[g + 8 (i % 2)][t + 4 (i / 2)] (rows kLd = 4 mod 16
+    // doubles apart: a half-warp's rows g < 4, columns t in 32 banks).
+    template <int kLd>
+    __device__ __forceinline__ static void load_q(A& a, const double* tile, int row0, int col0) {
+        const int lane = threadIdx.x % 32;
+        const double* p = tile + (row0 + lane / 4) * kLd + col0 + lane % 4;
+        a.r[0] = p[0];
+        a.r[1] = p[8 * kLd];
+        a.r[2] = p[4];
+        a.r[3] = p[8 * kLd + 4];
+    }
+    // B[k][n] = K[n][k], keys n0.. (two n-tiles), columns k0..k0+7: b_i = K[n0 + g][k0 + t + 4 i], the
+    // second n-tile's from key n0 + 8 + g.
+    template <int kLd>
+    __device__ __forceinline__ static void load_k(B2& b, const double* tile, int n0, int k0) {
+        const int lane = threadIdx.x % 32;
+        const double* p = tile + (n0 + lane / 4) * kLd + k0 + lane % 4;
+        b.r[0] = p[0];
+        b.r[1] = p[4];
+        b.r[2] = p[8 * kLd];
+        b.r[3] = p[8 * kLd + 4];
+    }
+    // B[k][n] = V[k][n] over one n-tile of keys k0..k0+7 in the score registers' order (pack_p: the
+    // product's k = t is key 2 t, k = t + 4 key 2 t + 1), columns c0.. (two n-tiles): b_0 = V[k0 + 2 t][c0
+    // + g], b_1 = V[k0 + 2 t + 1][c0 + g] (rows kLdV = 2 mod 16 doubles apart: rows 2 t and 2 t + 1 of a
+    // half-warp's columns in 32 banks).
+    template <int kLdV>
+    __device__ __forceinline__ static void load_v(B2& b, const double* tile, int k0, int c0) {
+        const int lane = threadIdx.x % 32;
+        const double* p = tile + (k0 + 2 * (lane % 4)) * kLdV + c0 + lane / 4;
+        b.r[0] = p[0];
+        b.r[1] = p[kLdV];
+        b.r[2] = p[8];
+        b.r[3] = p[kLdV + 8];
+    }
+    // P's k-step kk: n-tile kk of the probabilities, whose c_i = P[g + 8 (i / 2)][2 t + i % 2] are the
+    // A operand of keys 2 t (a_0, a_1) and 2 t + 1 (a_2, a_3), as load_v orders V.
+    template <int kNTiles>
+    __device__ __forceinline__ static void pack_p(A& a, const double (&s)[kNTiles][4], int kk) {
+        a.r[0] = s[kk][0];
+        a.r[1] = s[kk][2];
+        a.r[2] = s[kk][1];
+        a.r[3] = s[kk][3];
+    }
+    // d += a * (n-tile `half` of b).
+    __device__ __forceinline__ static void mma(double (&d)[4], const A& a, const B2& b, int half) {
+        mma_1688_f64(d, a.r, b.r + 2 * half);
+    }
+    // The same summed from zero, then added to d with one DADD: the rounding errors of a k-step's eight
+    // FMAs are of its share of d, not of d.
+    __device__ __forceinline__ static void mma_rn(double (&d)[4], const A& a, const B2& b, int half) {
+        double z[4] = {0.0, 0.0, 0.0, 0.0};
+        mma(z, a, b, half);
 #pragma unroll
         for (int i = 0; i < 4; ++i) d[i] += z[i];
     }

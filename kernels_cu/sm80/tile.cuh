@@ -1,7 +1,7 @@
-// Tile traits and tile movement of the tensor-core (mma.sync) kernels, float16 and bfloat16 (and float32
-// in bfloat16 parts for the forward, sm80/operands.cuh), sm_80+.
+// Tile traits and tile movement of the tensor-core (mma.sync) kernels, float16 and bfloat16 (and for the
+// forward float32 in bfloat16 parts and float64 on the float64 tensor cores, sm80/operands.cuh), sm_80+.
 //
-// A CTA owns kBlockM = 128 query rows; each of its warps computes kMTiles consecutive 16-row m-tiles with
+// A CTA owns kBlockM = 128 query rows (64 for float64); each of its warps computes kMTiles consecutive 16-row m-tiles with
 // m16n8k16 mma.sync (fragment maps in mma.cuh), so every K/V fragment read from shared memory feeds
 // kMTiles tensor-core instructions. Q, K and V tiles are kHeadDim columns wide, kHeadDim being
 // the compiled bucket (a multiple of 32, at most 256) that covers both headdim and headdim_v; columns past
@@ -10,8 +10,8 @@
 //
 // Shared-memory rows are padded by 16 bytes (kLd = kHeadDim + 8 16-bit elements): the eight 16-byte row
 // segments one ldmatrix phase reads then fall into eight different bank groups for every bucket (row
-// stride mod 128 bytes is 16 or 80), and cp.async writes stay 16-byte aligned. float32 tiles pad as
-// their operand loads need (Sm80FwdTraits::kLd, kLdV).
+// stride mod 128 bytes is 16 or 80), and cp.async writes stay 16-byte aligned. float32 and float64 tiles
+// pad as their operand loads need (Sm80FwdTraits::kLd, kLdV).
 #pragma once
 #include "common/dtypes.cuh"
 #include "common/launch.cuh"
@@ -24,14 +24,16 @@ struct Sm80FwdTraits {
     static constexpr int kHeadDim = kHeadDim_;
     static constexpr int kBlockN = kBlockN_;    // keys per iteration
     static constexpr int kMTiles = kMTiles_;    // 16-row m-tiles per warp: each K/V fragment feeds kMTiles mmas
-    static constexpr int kBlockM = 128;         // query rows per CTA
+    static constexpr int kBlockM = sizeof(T) == 8 ? 64 : 128;  // query rows per CTA (float64: 64 fit)
     static constexpr int kWarps = kBlockM / (16 * kMTiles);
     static constexpr int kThreads = 32 * kWarps;
     // Padded shared-memory rows, in elements: Q and K (kLd), V (kLdV). 16-bit: 16 bytes of padding.
     // float32: kLd = 8 mod 32 words, where a half-warp's 8-byte loads of rows g, columns 2t (Q, K) fall in
     // 32 banks, and kLdV = 4 mod 32, where the 4-byte loads of rows 2t and 2t + 1 do (sm80/operands.cuh).
-    static constexpr int kLd = kHeadDim + 8;
-    static constexpr int kLdV = sizeof(T) == 4 ? kHeadDim + 4 : kLd;
+    // float64: kLd = 4 doubles (8 words mod 32), where a half-warp's loads of rows g, columns t (Q, K)
+    // fall in 32 banks, and kLdV = 2 doubles (4 words mod 32), where those of rows 2t and 2t + 1 do.
+    static constexpr int kLd = sizeof(T) == 8 ? kHeadDim + 4 : kHeadDim + 8;
+    static constexpr int kLdV = sizeof(T) == 8 ? kHeadDim + 2 : sizeof(T) == 4 ? kHeadDim + 4 : kLd;
     // K/V stages: block j + 1 loads while block j is computed. Three stages, where they fit in 99 KB
     // (the per-block limit of sm_86/sm_89), also drop the barrier at the end of each iteration: the
     // stage being refilled was last read two iterations back, before the previous iteration's barrier,
@@ -50,6 +52,7 @@ struct Sm80FwdTraits {
     static constexpr int kSmemBytes = kQSmemBytes + kStages * kSmemBytesPerStageSet + kStateBytes;
     static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "head-dim buckets are multiples of 32 up to 256");
     static_assert(kBlockN % 16 == 0, "keys are consumed 16 at a time");
+    static_assert(sizeof(T) != 8 || kMTiles == 1, "float64 fragments fit one m-tile per warp");
     static_assert(kBlockM % (16 * kMTiles) == 0, "the CTA's rows must split evenly among its warps");
 };
 
@@ -84,7 +87,9 @@ __device__ __forceinline__ void load_tile_async(T* dst, const T* src, long long 
             cp_async_16(smem_addr(dst + r * kLd + c), g, valid * static_cast<int>(sizeof(T)));
         }
     } else {
-#pragma unroll 4
+        // Element copies; rolled for float64, whose d128 forward spilled this loop's addresses unrolled.
+        constexpr int kUnroll = sizeof(T) == 8 ? 1 : 4;
+#pragma unroll (kUnroll)
         for (int idx = threadIdx.x; idx < kRows * kCols; idx += kThreads) {
             const int r = idx / kCols;
             const int c = idx % kCols;
