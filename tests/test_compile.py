@@ -65,10 +65,6 @@ SM90_SPILL_CEILING = {
 #: 1236, score_mod 972 -> 1132; d128 664 -> 824; d256 684 -> 856), the consumers unchanged. Head dim
 #: 96's own bucket (the d128 kernel with 96-column products) has d128's producers; head dim 192's (the
 #: d256 kernel with three atoms) 832 and 856 bytes, its score_mod consumers 6 local-memory instructions.
-#: The same for sm80 variants: the float64 forward at head dim 128 with score modifications keeps one
-#: double of its softmax in local memory on sm_80 (one store and load per key tile; its four m8n8k4 per
-#: product take the registers that sm_90's one m16n8k8 leaves free; none on sm_90).
-SM80_SPILL_CEILING = {"sm80_fwd_dmma_fp64_d128_n16_m1_mod_1": 32}
 SM90_BWD_SPILL_CEILING = {(64, 64, False): 1236, (64, 64, True): 1132, (96, 96, False): 824, (96, 96, True): 824,
                           (128, 128, False): 824, (128, 128, True): 824, (192, 192, False): 832, (192, 192, True): 856,
                           (256, 256, False): 856, (256, 256, True): 856}
@@ -238,7 +234,6 @@ def test_every_variant_compiles_without_spills(reports, builds, request, capsys)
                     for v in sm90.BWD.variants()})
     for v in kvcache_device.DECODE.variants():
         ceiling[v.key] = KVC_SPILL_CEILING.get(v.param("headdim"), 0)
-    ceiling.update(SM80_SPILL_CEILING)
     spilled = {k: r for k, r in reports.items() if (r["spill_bytes"] or r["stack_bytes"])
                and r["spill_bytes"] > ceiling.get(k[0], 0)}
     assert not spilled, f"variants with spills or stack frames (above the recorded ceilings): {spilled}"

@@ -36,6 +36,9 @@ FWD_FP32_TILES = {32: ((32, 1),), 64: ((32, 1),), 96: ((32, 1),), 128: ((32, 1),
 #: a thread at d128, and the split sums spilled 120-170 bytes), for 64 in the 99 KB of sm_86/sm_89
 #: (where 96 and 128 fit no tile and run the general kernels).
 FWD_FP64_TILES = {32: ((32, 1),), 64: ((32, 1), (16, 1)), 96: ((16, 1),), 128: ((16, 1),)}
+#: Shared memory of a float64 forward CTA above which it takes one K/V stage (Sm80FwdTraits::kTwoCtaBytes:
+#: two 4-warp CTAs per SM in sm_90's 227 KB; head dim 128).
+FWD_TWO_CTA_BYTES = 113 * 1024
 #: Query rows per CTA of the forward (Sm80FwdTraits::kBlockM), and of the float64 forward.
 FWD_BLOCK_M = 128
 FWD_FP64_BLOCK_M = 64
@@ -91,9 +94,10 @@ def headdim_bucket(headdim, headdim_v, buckets=tuple(FWD_TILES)):
 def fwd_smem_bytes(variant):
     """Dynamic shared memory of a forward variant (Sm80FwdTraits::kSmemBytes).
 
-    The Q tile plus 2 or 3 stages of K and V tiles (3 where they fit in 99 KB), 16-bit rows padded by 8
-    elements, float32 rows of Q and K by 8 and of V by 4 (Sm80FwdTraits::kLd, kLdV), and the per-CTA
-    state. The kernel traps if launched with less than its traits require.
+    The Q tile plus 1-3 stages of K and V tiles (3 where they fit in 99 KB; 1 for float64 where 2 would
+    pass FWD_TWO_CTA_BYTES), 16-bit rows padded by 8 elements, float32 rows of Q and K by 8 and of V by 4,
+    float64 by 4 and 2 (Sm80FwdTraits::kLd, kLdV), and the per-CTA state. The kernel traps if launched
+    with less than its traits require.
     """
     headdim = variant.param("headdim")
     itemsize = {"float32": 4, "float64": 8}.get(variant.dtype, 2)
@@ -101,7 +105,12 @@ def fwd_smem_bytes(variant):
     v_row_bytes = (headdim + {8: 2, 4: 4}[itemsize]) * itemsize if itemsize > 2 else row_bytes
     q_bytes = fwd_block_m(variant) * row_bytes
     stage_bytes = variant.param("block_n") * (row_bytes + v_row_bytes)
-    stages = 3 if q_bytes + 3 * stage_bytes + CTA_STATE_BYTES <= 99 * 1024 else 2
+    if q_bytes + 3 * stage_bytes + CTA_STATE_BYTES <= 99 * 1024:
+        stages = 3
+    elif itemsize == 8 and q_bytes + 2 * stage_bytes + CTA_STATE_BYTES > FWD_TWO_CTA_BYTES:
+        stages = 1
+    else:
+        stages = 2
     return q_bytes + stages * stage_bytes + CTA_STATE_BYTES
 
 

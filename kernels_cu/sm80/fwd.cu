@@ -7,7 +7,8 @@
 // sm80/operands.cuh), the score modifications (kScoreMod: softcap, ALiBi), the mask on the tiles that need it (common/mask.cuh), the online
 // softmax in registers, then O += P V with P converted in registers into the A operand and V fragments
 // by ldmatrix.trans. K/V tiles are multi-buffered with cp.async (Sm80FwdTraits::kStages): tile j + 1 loads
-// while tile j is computed. Epilogue: O / l and the log-sum-exp (epilogue.cuh). The per-CTA values
+// while tile j is computed; with one stage (float64 at head dim 128), K tile j + 1 loads while the
+// softmax and P V of tile j run and V tile j + 1 while S of tile j + 1 does. Epilogue: O / l and the log-sum-exp (epilogue.cuh). The per-CTA values
 // (sequence, mask, the queue of key tiles) live in shared memory (Sm80FwdState): the fragments need all
 // 255 registers of the larger tiles.
 //
@@ -99,14 +100,15 @@ struct Sm80FwdMainloop {
         T* sV = sK + Tr::kStages * kBlockN * kLd;  // kStages tiles of kBlockN rows (kLdV apart)
         const bool vec = a.vec_loads != 0;
         // Row 0 of this (batch entry, kv head) and key tile `entry`, staged into shared memory.
-        auto load_kv = [&](int entry, int stage) {
-            const int n0 = entry_tile(entry) * kBlockN;
+        auto load_k = [&](int entry, int stage) {
             load_tile_async<kBlockN, kHeadDim, kLd, Tr::kThreads>(sK + stage * kBlockN * kLd,
-                                                                  static_cast<const T*>(st.k_rows), a.k.row_stride, n0,
-                                                                  st.seq.seqlen_k, a.headdim, vec);
+                                                                  static_cast<const T*>(st.k_rows), a.k.row_stride,
+                                                                  entry_tile(entry) * kBlockN, st.seq.seqlen_k, a.headdim, vec);
+        };
+        auto load_v = [&](int entry, int stage) {
             load_tile_async<kBlockN, kHeadDim, kLdV, Tr::kThreads>(sV + stage * kBlockN * kLdV,
-                                                                  static_cast<const T*>(st.v_rows), a.v.row_stride, n0,
-                                                                  st.seq.seqlen_k, a.headdim_v, vec);
+                                                                   static_cast<const T*>(st.v_rows), a.v.row_stride,
+                                                                   entry_tile(entry) * kBlockN, st.seq.seqlen_k, a.headdim_v, vec);
         };
 
         const int warp = threadIdx.x / 32;
@@ -116,10 +118,16 @@ struct Sm80FwdMainloop {
         // This thread's rows are row_g + 16 mt + 8 r (m-tile mt, half r: rows g and g + 8 of the m-tile).
         const int row_g = m0 + warp_row0 + lane / 4;
 
-        // The Q tile is in flight (the kernel's prologue issued it); the first K/V tile joins its group.
-        if (st.tiles.segment_at(0) >= 0) load_kv(st.tiles.entry_at(0), 0);
+        // The Q tile is in flight (the kernel's prologue issued it); the first K/V tile joins its group
+        // (one stage: the first K tile; the first V tile, its own group, may stay in flight).
+        if (st.tiles.segment_at(0) >= 0) {
+            const int first = st.tiles.entry_at(0);
+            load_k(first, 0);
+            if constexpr (Tr::kStages == 1) cp_async_commit();
+            load_v(first, 0);
+        }
         cp_async_commit();
-        cp_async_wait<0>();
+        cp_async_wait<Tr::kStages == 1 ? 1 : 0>();
         __syncthreads();
 
         typename Ops::A q_frag[kQInRegs ? kMTiles : 1][kQInRegs ? kDSteps : 1];
@@ -143,10 +151,17 @@ struct Sm80FwdMainloop {
             const bool partial = entry_partial(entry);
             const T* sKj = sK + (it % Tr::kStages) * kBlockN * kLd;
             const T* sVj = sV + (it % Tr::kStages) * kBlockN * kLdV;
-            if (st.tiles.segment_at(it + 1) >= 0) load_kv(st.tiles.entry_at(it + 1), (it + 1) % Tr::kStages);
-            cp_async_commit();
-            cp_async_wait<1>();  // tile it has landed; tile it + 1 may still be in flight
-            __syncthreads();
+            const bool next = st.tiles.segment_at(it + 1) >= 0;
+            if constexpr (Tr::kStages > 1) {
+                if (next) {
+                    const int entry_next = st.tiles.entry_at(it + 1);
+                    load_k(entry_next, (it + 1) % Tr::kStages);
+                    load_v(entry_next, (it + 1) % Tr::kStages);
+                }
+                cp_async_commit();
+                cp_async_wait<1>();  // tile it has landed; tile it + 1 may still be in flight
+                __syncthreads();
+            }
             if (warp == 0) {
                 st.tiles.advance(it, 1, [&](int) {
                     return key_tiles<Tr::kBlockM, kBlockN>(a, st.mask, st.layout, m0 / Tr::kBlockM);
@@ -208,6 +223,16 @@ struct Sm80FwdMainloop {
                         for (int i = 0; i < 4; ++i) s[mt][nt][i] += s_small[mt][nt][i];
                     }
                 }
+            }
+
+            // One stage: K tile it + 1 loads into the buffer every warp is now done with, during the
+            // softmax and P V (its V tile landed meanwhile, or lands before P V reads it).
+            if constexpr (Tr::kStages == 1) {
+                __syncthreads();
+                if (next) load_k(st.tiles.entry_at(it + 1), 0);
+                cp_async_commit();
+                cp_async_wait<1>();  // V tile it has landed (K tile it + 1 may be in flight)
+                __syncthreads();
             }
 
             // Into log2 units (with the score modifications), then the mask where the tile needs one: a
@@ -311,6 +336,12 @@ struct Sm80FwdMainloop {
             }
             if constexpr (Tr::kStages == 2) {
                 __syncthreads();  // every warp is done with stage it before tile it + 2 overwrites it
+            } else if constexpr (Tr::kStages == 1) {
+                __syncthreads();  // every warp is done with V tile it
+                if (next) load_v(st.tiles.entry_at(it + 1), 0);
+                cp_async_commit();
+                cp_async_wait<1>();  // K tile it + 1 has landed (V tile it + 1 may be in flight)
+                __syncthreads();
             }
         }
     }

@@ -42,7 +42,13 @@ struct Sm80FwdTraits {
     static constexpr int kQSmemBytes = kBlockM * kLd * static_cast<int>(sizeof(T));
     // Per-CTA values and the tile queue (sm80_fwd.cu), at the end of the dynamic shared memory.
     static constexpr int kStateBytes = kCtaStateBytes;
-    static constexpr int kStages = kQSmemBytes + 3 * kSmemBytesPerStageSet + kStateBytes <= 99 * 1024 ? 3 : 2;
+    // float64 at head dim 128 (Q alone 67.6 KB): two stages would leave one 4-warp CTA per SM (ncu: 6%
+    // occupancy), one stage fits two in sm_90's 227 KB (sm80/fwd.cu staggers the K and V loads).
+    static constexpr int kTwoCtaBytes = 113 * 1024;
+    static constexpr int kStages = kQSmemBytes + 3 * kSmemBytesPerStageSet + kStateBytes <= 99 * 1024 ? 3
+                                   : sizeof(T) == 8 && kQSmemBytes + 2 * kSmemBytesPerStageSet + kStateBytes > kTwoCtaBytes
+                                       ? 1
+                                       : 2;
     // Q stays in registers as the A operand of every q.k product while it costs at most 32 registers;
     // otherwise each warp re-reads its rows from shared memory, which keeps the large tiles spill-free.
     // float32 operands take twice the registers of 16-bit ones before they are split into parts.
