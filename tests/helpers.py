@@ -306,8 +306,7 @@ def gpu_available():
 
 #: The kernel families a float16/bfloat16 case runs on (CUPYFLASH_FAMILY): the Hopper kernels where the
 #: GPU has them (elsewhere "sm90" falls through to sm80) and the mma.sync kernels; float32 and float64
-#: cases run the sm80 family's forward (head dims up to 128; their backward is the general one) and
-#: the general kernels.
+#: cases run the sm80 family (head dims up to 128, forward and backward) and the general kernels.
 HALF_FAMILIES = ("sm90", "sm80")
 FLOAT32_FAMILIES = ("sm80", "general")
 

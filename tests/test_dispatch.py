@@ -171,11 +171,10 @@ def test_sm90_forward_keeps_block_masks_whole(block_q, tile):
 ])
 def test_float32_forward_takes_its_precision(precision, device, expected):
     """float32's forward runs the sm80 family's kernel in bfloat16 parts on sm_80+ (Hopper included),
-    three parts for "highest", two for "tf32"; the backward stays on the general kernels."""
+    three parts for "highest", two for "tf32"."""
     p = _problem(64, dtype=np.float32, precision=precision)
     family, variant = _families.select(_families.FORWARD, p, device, _operands(p))
     assert (family.name, variant.key) == ("sm80", expected)
-    assert _families.select(_families.BACKWARD, p, device, _operands(p))[0].name == "general"
 
 
 @pytest.mark.parametrize("headdim, device, expected", [
@@ -185,9 +184,25 @@ def test_float32_forward_takes_its_precision(precision, device, expected):
 ])
 def test_float64_forward_on_the_float64_tensor_cores(headdim, device, expected):
     """float64's forward runs the sm80 family's float64 kernel up to head dim 128 (16-key tiles from head
-    dim 96, and for 64 in the 99 KB of sm_86, where 96 and 128 fit no tile), the general one above; its
-    backward is the general one."""
+    dim 96, and for 64 in the 99 KB of sm_86, where 96 and 128 fit no tile), the general one above."""
     p = _problem(headdim, dtype=np.float64)
     family, variant = _families.select(_families.FORWARD, p, device, _operands(p))
     assert (family.name, variant.key if family.name == "sm80" else None) == ("sm80" if expected else "general", expected)
-    assert _families.select(_families.BACKWARD, p, device, _operands(p))[0].name == "general"
+
+
+@pytest.mark.parametrize("dtype, headdim, precision, device, expected", [
+    (np.float32, 64, "highest", H200, "sm80_bwd_parts_fp32_d64_n64_q64_s2_mod_0_tf32_0"),
+    (np.float32, 40, "tf32", A100, "sm80_bwd_parts_fp32_d64_n64_q64_s2_mod_0_tf32_1"),
+    (np.float32, 96, "highest", H200, "sm80_bwd_parts_fp32_d128_n64_q64_s1_mod_0_tf32_0"),
+    (np.float32, 128, "highest", A100, None), (np.float32, 160, "highest", H200, None),
+    (np.float64, 64, "highest", H200, "sm80_bwd_dmma_fp64_d64_n64_q32_s1_mod_0"),
+    (np.float64, 128, "highest", A100, "sm80_bwd_dmma_fp64_d128_n32_q32_s1_mod_0"),
+    (np.float64, 64, "highest", common.Device(86, 99 * 1024, 84), None),
+])
+def test_wide_backward_on_the_tensor_cores(dtype, headdim, precision, device, expected):
+    """float32 and float64 gradients run the sm80 family's backward (buckets 64 and 128, a tile each, where
+    it fits the device's shared memory: float32 at 128 needs the H100/H200's), the general one elsewhere;
+    float32's keeps the forward's precision (its scores must be the forward's)."""
+    p = _problem(headdim, dtype=dtype, precision=precision)
+    family, variant = _families.select(_families.BACKWARD, p, device, _operands(p))
+    assert (family.name, variant.key if family.name == "sm80" else None) == ("sm80" if expected else "general", expected)

@@ -148,10 +148,9 @@ def test_float32_tf32_precision_within_its_rule(causal):
 
 @pytest.mark.parametrize("scale", [1.0, 30.0])
 def test_float32_tf32_precision_gradients(scale):
-    """The backward of a precision="tf32" forward (the general kernels recompute the scores at float32
-    accuracy, the forward's lse carries the two-part products' error): the rule for gradients against a
-    plain float32 implementation on TF32-rounded inputs, at ordinary scores and at scores in the
-    thousands."""
+    """The backward of a precision="tf32" forward (the tensor-core backward's tf32 variant recomputes the
+    scores from the same two parts): the rule for gradients against a plain float32 implementation on
+    TF32-rounded inputs, at ordinary scores and at scores in the thousands."""
     q, k, v = random_qkv(cupy, 1, 97, 131, 2, 1, 64, 64, np.dtype(np.float32), seed=12, scale=scale)
     dout = cupy.asarray(np.random.default_rng(13).standard_normal((1, 97, 2, 64)).astype(np.float32))
     out, vjp = cupyflash.flash_attention_vjp(q, k, v, causal=True, precision="tf32")
@@ -203,11 +202,13 @@ def test_forward_dispatch(dtype, headdim, headdim_v, device, expected):
      ("float16", 40, 100, H200, "sm80_bwd_fp16_d128_n128_q64_s2_mod_0"),
      ("float16", 160, 64, H200, "sm90_bwd_fp16_d192_v192_q64_s2_mod_0"),
      ("bfloat16", 256, 256, H200, "sm90_bwd_bf16_d256_v256_q64_s2_mod_0"),
-     ("float16", 257, 64, H200, None), ("float64", 64, 64, H200, None)],
+     ("float16", 257, 64, H200, None), ("float64", 64, 64, H200, "sm80_bwd_dmma_fp64_d64_n64_q32_s1_mod_0"),
+     ("float32", 100, 100, H200, "sm80_bwd_parts_fp32_d128_n64_q64_s1_mod_0_tf32_0"), ("float64", 160, 160, H200, None)],
 )
 def test_backward_dispatch(dtype, headdim, headdim_v, device, expected):
     """fp16/bf16 with head dims up to 256 take the Hopper backward on compute capability 9.0 where a TMA
-    can read the inputs, else the tensor-core backward (on any sm_80+); the rest the general path."""
+    can read the inputs, else the tensor-core backward (on any sm_80+); float32 and float64 up to 128 the
+    tensor-core backward of their own; the rest the general path."""
     assert _selected(_families.BACKWARD, dtype, headdim, headdim_v, device) == expected
 
 

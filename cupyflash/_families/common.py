@@ -171,7 +171,7 @@ def flat_rows(b, args, p):
 #: The backward's row kernels (kernels_cu/common/bwd_rows.cu): CTAs of ROW_THREADS threads, grid-stride
 #: loops over at most ROW_KERNEL_MAX_CTAS of them.
 DELTA = _kernels.Kernel("bwd_delta", "common/bwd_rows.cu", _kernels.ALL_DTYPES)
-DQ_CONVERT = _kernels.Kernel("bwd_dq_convert", "common/bwd_rows.cu", _kernels.HALF_DTYPES)
+DQ_CONVERT = _kernels.Kernel("bwd_dq_convert", "common/bwd_rows.cu", _kernels.ALL_DTYPES)
 ROW_THREADS = 256
 ROW_KERNEL_MAX_CTAS = 1 << 16
 #: Rows of one (batch entry, head) that a warp of the delta and dQ-conversion kernels takes at a time

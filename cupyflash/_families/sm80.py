@@ -7,7 +7,7 @@ describe the tiles; bench/NOTES.md has the measurements behind the tile tables b
 import numpy
 
 from .. import _kernels, _params
-from .._problem import lse_dtype
+from .._problem import acc_dtype, lse_dtype
 from . import common
 
 #: Compute capability from which the mma.sync kernels run.
@@ -57,6 +57,11 @@ BWD_TILES = {
     224: ((64, 64, 2), (64, 64, 1)),
     256: ((64, 64, 2), (64, 64, 1)),
 }
+#: The float32 and float64 backward's tiles (products through Sm80Operands, kernels_cu/sm80/bwd_tile.cuh),
+#: as BWD_TILES: buckets 64 and 128 (96 runs as 128), one tile each, sized for the H100/H200's shared
+#: memory (float64 at 128: 32 keys by 32 queries; its accumulators take twice the registers).
+BWD_FP32_TILES = {64: ((64, 64, 2),), 128: ((64, 64, 1),)}
+BWD_FP64_TILES = {64: ((64, 32, 1),), 128: ((32, 32, 1),)}
 #: Threads per CTA of the backward (Sm80BwdTraits::kThreads).
 BWD_THREADS = 256
 #: float32 dQ buffers of the deterministic backward: the ordered sum runs per buffer, so without a
@@ -82,6 +87,14 @@ FWD_FP64 = _kernels.Kernel(
 BWD = _kernels.Kernel(
     "sm80_bwd", "sm80/bwd.cu", _kernels.HALF_DTYPES, ("headdim", "block_n", "block_m", "stages"),
     tuple((d, *tile) for d, choices in BWD_TILES.items() for tile in choices), ("score_mod",),
+)
+BWD_FP32 = _kernels.Kernel(
+    "sm80_bwd_parts", "sm80/bwd.cu", ("float32",), ("headdim", "block_n", "block_m", "stages"),
+    tuple((d, *tile) for d, choices in BWD_FP32_TILES.items() for tile in choices), ("score_mod", "tf32"),
+)
+BWD_FP64 = _kernels.Kernel(
+    "sm80_bwd_dmma", "sm80/bwd.cu", ("float64",), ("headdim", "block_n", "block_m", "stages"),
+    tuple((d, *tile) for d, choices in BWD_FP64_TILES.items() for tile in choices), ("score_mod",),
 )
 
 
@@ -128,14 +141,17 @@ def bwd_smem_bytes(variant):
     """Dynamic shared memory of a backward variant (Sm80BwdTraits::kSmemBytes).
 
     K and V tiles (block_n rows), ``stages`` buffers of Q and dO (block_m rows), rows padded by 8
-    elements; P^T and dS^T (block_n x block_m, padded by 8); ``stages`` buffers of lse and delta; the
-    per-CTA state.
+    elements (float64: 4); P^T and dS^T (block_n x block_m, padded alike) in the inputs' dtype;
+    ``stages`` buffers of lse and delta; the per-CTA state.
     """
     headdim, block_n, block_m, stages = (variant.param(n) for n in ("headdim", "block_n", "block_m", "stages"))
-    row_bytes = (headdim + 8) * 2
-    tiles = (2 * block_n + 2 * stages * block_m) * row_bytes
-    probs = 2 * block_n * (block_m + 8) * 2
-    return tiles + probs + 2 * stages * block_m * 4 + CTA_STATE_BYTES
+    itemsize = {"float32": 4, "float64": 8}.get(variant.dtype, 2)
+    pad = 4 if itemsize == 8 else 8
+    tiles = (2 * block_n + 2 * stages * block_m) * (headdim + pad) * itemsize
+    probs = 2 * block_n * (block_m + pad) * itemsize
+    # per row: lse (float64 for the wide dtypes) and delta (their accumulators' type)
+    row_values = {2: 4 + 4, 4: 8 + 4, 8: 8 + 8}[itemsize]
+    return tiles + probs + stages * block_m * row_values + CTA_STATE_BYTES
 
 
 def _bucket(p, device, buckets):
@@ -155,8 +171,8 @@ def cxx_facts():
         facts[f"{traits}::kSmemBytes"] = fwd_smem_bytes(v)
         facts[f"{traits}::kThreads"] = fwd_threads(v)
         facts[f"{traits}::kBlockM"] = fwd_block_m(v)
-    for v in BWD.variants():
-        traits = f"cupyflash::Sm80BwdTraits<__half, {', '.join(map(str, v.tile))}>"
+    for v in BWD.variants() + BWD_FP32.variants() + BWD_FP64.variants():
+        traits = f"cupyflash::Sm80BwdTraits<{_kernels.CTYPES[v.dtype]}, {', '.join(map(str, v.tile))}>"
         facts[f"{traits}::kSmemBytes"] = bwd_smem_bytes(v)
         facts[f"{traits}::kThreads"] = BWD_THREADS
     return ("sm80/tile.cuh", "sm80/bwd_tile.cuh", "common/ordered_sum.cuh"), facts
@@ -206,14 +222,20 @@ class Sm80Backward:
     """
 
     name = "sm80"
-    kernels = (common.DELTA, BWD, common.DQ_CONVERT)
+    kernels = (common.DELTA, BWD, BWD_FP32, BWD_FP64, common.DQ_CONVERT)
 
     def select(self, p, device, operands):
-        bucket = _bucket(p, device, tuple(BWD_TILES))
+        if p.dtype in (numpy.float32, numpy.float64) and device.capability >= MIN_CAPABILITY:
+            kernel, tiles = (BWD_FP32, BWD_FP32_TILES) if p.dtype == numpy.float32 else (BWD_FP64, BWD_FP64_TILES)
+            bucket = headdim_bucket(p.headdim, p.headdim_v, tuple(tiles))
+        else:
+            kernel, tiles = BWD, BWD_TILES
+            bucket = _bucket(p, device, tuple(tiles))
         if bucket is None:
             return None
-        for tile in BWD_TILES[bucket]:
-            variant = BWD.variant(common.dtype_name(p.dtype), (bucket, *tile), score_mod=p.score_mod)
+        for tile in tiles[bucket]:
+            flags = {"tf32": p.precision == "tf32"} if kernel is BWD_FP32 else {}
+            variant = kernel.variant(common.dtype_name(p.dtype), (bucket, *tile), score_mod=p.score_mod, **flags)
             if bwd_smem_bytes(variant) <= device.smem_optin:
                 return variant
         return None
@@ -232,17 +254,18 @@ class Sm80Backward:
 def backward_buffers(b, p, dout, q, k, v, out, lse, block_m, block_n, deterministic, dq_align=2,
                      order=ORDERED_BY_LAUNCH, splits=DETERMINISTIC_DQ_SPLITS):
     """The ``BwdArgs`` of a tensor-core backward with tiles of ``block_m`` queries and ``block_n`` keys,
-    in plan ``b``; the gradients (outputs); and the float32 dQ buffers (workspace), whose rows are the
+    in plan ``b``; the gradients (outputs); and the dQ buffers (workspace, float32; float64 for float64
+    inputs), whose rows are the
     head dim rounded up to ``dq_align`` floats. The workspace also holds delta and, with
     ``deterministic``, the turn counters of the ordered sum, taken in ``order`` into ``splits``
     buffers; the delta kernel zeroes the buffers and the counters (common.plan_delta). Used by the sm90
     family too."""
     dq, dk, dv = (b.output(x.shape, p.dtype) for x in (q, k, v))
-    delta = b.workspace(p.lse_shape, numpy.float32)
-    # Even rows keep every float32 pair of the buffer 8-byte aligned for the vector reductions.
+    delta = b.workspace(p.lse_shape, acc_dtype(p.dtype))
+    # Even rows keep every pair of the buffer 8-byte (float64: 16-byte) aligned for the vector reductions.
     dq_ld = common.cdiv(p.headdim, dq_align) * dq_align
     splits = splits if deterministic else 1
-    dq_accum = b.workspace((splits, p.heads * p.query_rows * dq_ld), numpy.float32)
+    dq_accum = b.workspace((splits, p.heads * p.query_rows * dq_ld), acc_dtype(p.dtype))
     # One turn counter per (buffer, batch, head, query tile) for the ordered sum; none otherwise (the
     # kernels read them only when deterministic).
     turns_per_split = p.batch * p.heads * common.cdiv(p.seqlen_q, block_m)

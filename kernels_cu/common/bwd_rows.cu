@@ -55,7 +55,7 @@ bwd_delta(const CUPYFLASH_GRID_CONSTANT BwdArgs args, int lanes, int run_rows) {
     const int lane = threadIdx.x % lanes;
     const int group = threadIdx.x % 32 / lanes;  // the lane's row of each warp step
     const int step_rows = 32 / lanes;
-    float* const accum = static_cast<float*>(args.dq_accum.ptr);
+    Acc* const accum = static_cast<Acc*>(args.dq_accum.ptr);  // float64 for float64 inputs
     const bool quads = args.dq_ld % 4 == 0 && args.dq_split_stride % 4 == 0;
     for (unsigned u = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; u < runs; u += gridDim.x * (blockDim.x / 32)) {
         const RowRun run(a, u, run_rows);
@@ -109,11 +109,13 @@ bwd_delta(const CUPYFLASH_GRID_CONSTANT BwdArgs args, int lanes, int run_rows) {
         }
         if (accum != nullptr) {
             const int lane32 = threadIdx.x % 32;
-            const int count = (end - run.s0) * args.dq_ld;  // floats per buffer
-            float* const rows = accum + rows_index(args.dq_accum, b, h, run.s0) * args.dq_ld;
+            const int count = (end - run.s0) * args.dq_ld;  // elements per buffer
+            Acc* const rows = accum + rows_index(args.dq_accum, b, h, run.s0) * args.dq_ld;
             for (int split = 0; split < args.dq_splits; ++split) {
-                float* const dst = rows + split * args.dq_split_stride;
-                if (quads) {
+                Acc* const dst = rows + split * args.dq_split_stride;
+                if constexpr (sizeof(Acc) == 8) {
+                    for (int c = 2 * lane32; c < count; c += 64) *reinterpret_cast<double2*>(dst + c) = make_double2(0.0, 0.0);
+                } else if (quads) {
                     for (int c = 4 * lane32; c < count; c += 128) *reinterpret_cast<float4*>(dst + c) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                 } else {
                     for (int c = 2 * lane32; c < count; c += 64) *reinterpret_cast<float2*>(dst + c) = make_float2(0.0f, 0.0f);
@@ -195,24 +197,52 @@ __device__ __forceinline__ void convert_run(const BwdArgs& args, const float* sr
     }
 }
 
+// The same for float32 and float64 (buffers of their accumulators' type): a lane per column, the
+// splits summed in order, then scaled and stored.
+template <typename T>
+__device__ __forceinline__ void convert_run_wide(const BwdArgs& args, const acc_t<T>* src, T* dst, long long dst_ld, int rows) {
+    using Acc = acc_t<T>;
+    const Acc scale = static_cast<Acc>(args.attn.softmax_scale);
+    const int lane = threadIdx.x % 32;
+    for (int r = 0; r < rows; ++r) {
+        for (int c = lane; c < args.attn.headdim; c += 32) {
+            const Acc* row = src + static_cast<long long>(r) * args.dq_ld + c;
+            Acc sum = row[0];
+#pragma unroll 1
+            for (int split = 1; split < args.dq_splits; ++split) sum += row[split * args.dq_split_stride];
+            dst[r * dst_ld + c] = sum * scale;
+        }
+    }
+}
+
 template <typename T>
 __global__ void __launch_bounds__(256)
 bwd_dq_convert(const CUPYFLASH_GRID_CONSTANT BwdArgs args, int run_rows) {
     const AttnArgs& a = args.attn;
     const unsigned runs = RowRun::count(a, run_rows);
-    const float* accum = static_cast<const float*>(args.dq_accum.ptr);
-    const bool quads = a.headdim % 4 == 0 && args.dq_ld % 4 == 0 && args.dq_split_stride % 4 == 0 &&
-                       reinterpret_cast<size_t>(args.dq.ptr) % 8 == 0 && args.dq.batch_stride % 4 == 0 &&
-                       args.dq.row_stride % 4 == 0 && args.dq.head_stride % 4 == 0;
-    for (unsigned u = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; u < runs; u += gridDim.x * (blockDim.x / 32)) {
-        const RowRun run(a, u, run_rows);
-        const int rows = (run.s0 + run_rows < a.seqlen_q ? run.s0 + run_rows : a.seqlen_q) - run.s0;
-        const float* src = accum + rows_index(args.dq_accum, run.b, run.h, run.s0) * args.dq_ld;
-        T* dst = head_rows<T>(args.dq, run.b, run.s0, run.h);
-        if (quads) {
-            convert_run<T, true>(args, src, dst, args.dq.row_stride, rows);
-        } else {
-            convert_run<T, false>(args, src, dst, args.dq.row_stride, rows);
+    if constexpr (sizeof(T) >= 4) {
+        using Acc = acc_t<T>;
+        for (unsigned u = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; u < runs; u += gridDim.x * (blockDim.x / 32)) {
+            const RowRun run(a, u, run_rows);
+            const int rows = (run.s0 + run_rows < a.seqlen_q ? run.s0 + run_rows : a.seqlen_q) - run.s0;
+            const Acc* src = static_cast<const Acc*>(args.dq_accum.ptr) + rows_index(args.dq_accum, run.b, run.h, run.s0) * args.dq_ld;
+            convert_run_wide<T>(args, src, head_rows<T>(args.dq, run.b, run.s0, run.h), args.dq.row_stride, rows);
+        }
+    } else {
+        const float* accum = static_cast<const float*>(args.dq_accum.ptr);
+        const bool quads = a.headdim % 4 == 0 && args.dq_ld % 4 == 0 && args.dq_split_stride % 4 == 0 &&
+                           reinterpret_cast<size_t>(args.dq.ptr) % 8 == 0 && args.dq.batch_stride % 4 == 0 &&
+                           args.dq.row_stride % 4 == 0 && args.dq.head_stride % 4 == 0;
+        for (unsigned u = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; u < runs; u += gridDim.x * (blockDim.x / 32)) {
+            const RowRun run(a, u, run_rows);
+            const int rows = (run.s0 + run_rows < a.seqlen_q ? run.s0 + run_rows : a.seqlen_q) - run.s0;
+            const float* src = accum + rows_index(args.dq_accum, run.b, run.h, run.s0) * args.dq_ld;
+            T* dst = head_rows<T>(args.dq, run.b, run.s0, run.h);
+            if (quads) {
+                convert_run<T, true>(args, src, dst, args.dq.row_stride, rows);
+            } else {
+                convert_run<T, false>(args, src, dst, args.dq.row_stride, rows);
+            }
         }
     }
 }

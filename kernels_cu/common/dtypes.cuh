@@ -14,6 +14,11 @@ template <typename T> struct AccOf { using type = float; };
 template <> struct AccOf<double> { using type = double; };
 template <typename T> using acc_t = typename AccOf<T>::type;
 
+// The two-element vector of a float or double (8- and 16-byte loads and stores of pairs).
+template <typename T> struct VecOf;
+template <> struct VecOf<float> { using type2 = float2; };
+template <> struct VecOf<double> { using type2 = double2; };
+
 // The log-sum-exp is stored in float64 for float32 (and float64) inputs: the backward pass recomputes
 // every probability as exp(s - lse), so a float32 lse would put half an ulp of |lse| (up to 4.8e-7 at
 // |lse| ~ 10) into each of them, about 3x the error of a plain float32 softmax. float16/bfloat16

@@ -132,10 +132,10 @@ __device__ __forceinline__ void store_fragments_wide(T* dst, long long row_strid
 }
 
 // store_fragments_wide with one scale for every row.
-template <typename T, int kMTiles, int kNTiles>
+template <typename T, int kMTiles, int kNTiles, typename Acc>
 __device__ __forceinline__ void store_fragments_wide(T* dst, long long row_stride, int row0, int row_end, int col0,
-                                                     int cols, const float (&acc)[kMTiles][kNTiles][4], float scale) {
-    float scales[kMTiles][2];
+                                                     int cols, const Acc (&acc)[kMTiles][kNTiles][4], Acc scale) {
+    Acc scales[kMTiles][2];
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) scales[mt][0] = scales[mt][1] = scale;
     store_fragments_wide<T>(dst, row_stride, row0, row_end, col0, cols, acc, scales);

@@ -16,6 +16,7 @@
 #include "common/math.cuh"
 #include "common/params.cuh"
 #include "common/score_mod.cuh"
+#include "common/softmax.cuh"
 
 namespace cupyflash {
 
@@ -143,8 +144,8 @@ __device__ __forceinline__ void mask_tile_rows(Acc (&s)[kMTiles][kNTiles][4], co
 // of column fragment element [mt][nt][e]; with kLayout also where the block layout does, read as one
 // word of bits per key and 64 queries. Per key, the interval of queries that see it; per element, two
 // compares and a select.
-template <bool kLayout, int kMTiles, int kNTiles>
-__device__ __forceinline__ void mask_cols(float (&p)[kMTiles][kNTiles][4], const Mask& mask, const BlockLayout& layout,
+template <bool kLayout, int kMTiles, int kNTiles, typename Acc>
+__device__ __forceinline__ void mask_cols(Acc (&p)[kMTiles][kNTiles][4], const Mask& mask, const BlockLayout& layout,
                                           const AttnArgs& a, int key_g, int m0, int col_t) {
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
@@ -163,8 +164,8 @@ __device__ __forceinline__ void mask_cols(float (&p)[kMTiles][kNTiles][4], const
                         const int offset = col_t + 8 * nt + c;
                         bool visible = offset >= begin && offset < end;
                         if constexpr (kLayout) visible &= ((bits >> (offset - 64 * chunk)) & 1) != 0;
-                        float& x = p[mt][nt][2 * r + c];
-                        x = visible ? x : 0.0f;
+                        Acc& x = p[mt][nt][2 * r + c];
+                        x = visible ? x : Acc(0);
                     }
                 }
             }
@@ -206,10 +207,41 @@ __device__ __forceinline__ void probabilities_cols(float (&s)[kMTiles][kNTiles][
     }
 }
 
+// probabilities_cols for the float32 and float64 backward, in natural-log units: P = exp(s - lse) in
+// place of the raw products, s the modified score as the forward rounds it (modify_rows_natural, and so
+// bitwise the forward's where the raw products are) and lse the query's float64 log-sum-exp (-inf for a
+// query without probability mass: P = 0). With kScoreMod, dP^T becomes (dP^T - delta) * grad, the
+// softcap's derivative; without, score_gradients applies delta. lse_pair(nt) and delta_pair(nt) give
+// the values of queries col_t + 8 nt and col_t + 8 nt + 1, as (first, second).
+template <bool kScoreMod, int kMTiles, int kNTiles, typename Acc, typename LsePair, typename DeltaPair>
+__device__ __forceinline__ void probabilities_cols_natural(Acc (&s)[kMTiles][kNTiles][4], Acc (&dp)[kMTiles][kNTiles][4],
+                                                           const NaturalScores<Acc>& scores, const LsePair& lse_pair,
+                                                           const DeltaPair& delta_pair, int key_g, int m0, int col_t) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+            const auto l = lse_pair(nt);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                Acc grad;
+                const Acc sm = kScoreMod ? scores.modified(s[mt][nt][e], m0 + 8 * nt + col_t + e % 2,
+                                                           key_g + 16 * mt + 8 * (e / 2), &grad)
+                                         : scale_score(s[mt][nt][e], scores.scale);
+                s[mt][nt][e] = recompute_prob(sm, e % 2 ? l.y : l.x, true);
+                if constexpr (kScoreMod) {
+                    const auto d = delta_pair(nt);
+                    dp[mt][nt][e] = (dp[mt][nt][e] - (e % 2 ? d.y : d.x)) * grad;
+                }
+            }
+        }
+    }
+}
+
 // The mask of a column fragment's tile (mask_cols), for a tile that needs the element mask (see
 // mask_tile_rows).
-template <int kMTiles, int kNTiles>
-__device__ __forceinline__ void mask_tile_cols(float (&p)[kMTiles][kNTiles][4], const Mask& mask,
+template <int kMTiles, int kNTiles, typename Acc>
+__device__ __forceinline__ void mask_tile_cols(Acc (&p)[kMTiles][kNTiles][4], const Mask& mask,
                                                const BlockLayout& layout, const AttnArgs& a, int key_g, int m0,
                                                int col_t, bool partial) {
     const Mask m = mask;
@@ -222,14 +254,14 @@ __device__ __forceinline__ void mask_tile_cols(float (&p)[kMTiles][kNTiles][4], 
 
 // dS^T = P^T * (dP^T - delta) in place of dP^T, after the mask (with kScoreMod, probabilities_cols applied
 // delta and the softcap's derivative already: only the product with P^T is left).
-template <bool kScoreMod, int kMTiles, int kNTiles, typename DeltaPair>
-__device__ __forceinline__ void score_gradients(float (&dp)[kMTiles][kNTiles][4], const float (&p)[kMTiles][kNTiles][4],
+template <bool kScoreMod, int kMTiles, int kNTiles, typename Acc, typename DeltaPair>
+__device__ __forceinline__ void score_gradients(Acc (&dp)[kMTiles][kNTiles][4], const Acc (&p)[kMTiles][kNTiles][4],
                                                 const DeltaPair& delta_pair) {
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt) {
-            const float2 d = delta_pair(nt);
+            const auto d = delta_pair(nt);
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 if constexpr (kScoreMod) {

@@ -1,5 +1,6 @@
-// Tensor-core backward (float16/bfloat16, sm_80+, head dims up to 256): after bwd_delta
-// (common/bwd_rows.cu: delta = rowsum(dO * O), the float32 dQ buffers zeroed),
+// Tensor-core backward (float16/bfloat16, sm_80+, head dims up to 256; float32 in bfloat16 parts,
+// sm80_bwd_parts, and float64 on the float64 tensor cores, sm80_bwd_dmma, up to 128): after bwd_delta
+// (common/bwd_rows.cu: delta = rowsum(dO * O), the dQ buffers zeroed),
 //   sm80_bwd             one CTA per kBlockN keys of one (batch entry, kv head): dK and dV stay in
 //                      registers while the CTA walks the query tiles of every query head of its GQA
 //                      group (so the group's sum needs no per-head copies), and each tile's dQ share is
@@ -25,6 +26,7 @@
 #include "fragment/softmax.cuh"
 #include "sm80/bwd_tile.cuh"
 #include "sm80/mma.cuh"
+#include "sm80/operands.cuh"
 #include "sm80/tile.cuh"
 
 namespace cupyflash {
@@ -42,13 +44,20 @@ struct Sm80BwdState {
 
 // Grid: x = ceil(seqlen_k / kBlockN) * batch * heads_k, key tiles fastest (the ordered sum needs each
 // CTA's predecessors launched before it). Dynamic shared memory: Sm80BwdTraits::kSmemBytes.
-// dq_accum: dq_splits zeroed float32 buffers of rows of dq_ld >= headdim (even) floats; key tile j adds
-// into buffer j % dq_splits. dq_turns: zeroed int32 (dq_splits, batch, heads, ceil(seqlen_q / kBlockM)),
-// read only when deterministic != 0.
-template <typename T, int kHeadDim, int kBlockN, int kBlockM, int kStages, bool kScoreMod>
-__global__ void __launch_bounds__(256, 1)
-sm80_bwd(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
+// dq_accum: dq_splits zeroed buffers (float32; float64 for float64 inputs) of rows of dq_ld >= headdim
+// (even) elements; key tile j adds into buffer j % dq_splits. dq_turns: zeroed int32 (dq_splits, batch,
+// heads, ceil(seqlen_q / kBlockM)), read only when deterministic != 0.
+// kWide (float32 in bfloat16 parts, kTf32 for precision="tf32"; float64 on the float64 tensor cores):
+// the products through Sm80Operands (warp_abt2_wide, warp_ab_wide), S^T summed as the forward sums S
+// so that P^T is the forward's bitwise, probabilities in natural-log units from the float64 lse, and
+// P^T, dS^T and the dQ buffers in the accumulators' type.
+template <typename T, int kHeadDim, int kBlockN, int kBlockM, int kStages, bool kScoreMod, bool kTf32>
+__device__ __forceinline__ void sm80_bwd_body(const BwdArgs& args) {
     using Tr = Sm80BwdTraits<T, kHeadDim, kBlockN, kBlockM, kStages>;
+    using Ops = Sm80Operands<T, kTf32>;
+    using Acc = typename Tr::Acc;
+    using Lse = typename Tr::LseStore;
+    constexpr bool kWide = Tr::kWide;
     using Sdp = typename Tr::SdpGrid;
     using Dq = typename Tr::DqGrid;
     using Dkv = typename Tr::DkvGrid;
@@ -65,8 +74,9 @@ sm80_bwd(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
     T* sdO = sQ + kStages * Tr::kQueryTileElems;    // kStages tiles of kBlockM rows
     T* sP = sdO + kStages * Tr::kQueryTileElems;    // P^T, [key][query]
     T* sdS = sP + Tr::kProbTileElems;               // dS^T, [key][query]
-    float* sLse2 = reinterpret_cast<float*>(sdS + Tr::kProbTileElems);  // kStages x kBlockM, lse * LOG2E
-    float* sDelta = sLse2 + kStages * kBlockM;                           // kStages x kBlockM
+    // kStages x kBlockM each: lse * LOG2E (16-bit) or lse (wide), and delta.
+    Lse* sLse2 = reinterpret_cast<Lse*>(sdS + Tr::kProbTileElems);
+    Acc* sDelta = reinterpret_cast<Acc*>(sLse2 + kStages * kBlockM);
 
     static_assert(sizeof(Sm80BwdState) <= Tr::kStateBytes, "the per-CTA state must fit its reserve");
     Sm80BwdState& st = *reinterpret_cast<Sm80BwdState*>(smem_raw + Tr::kSmemBytes - Tr::kStateBytes);
@@ -115,30 +125,34 @@ sm80_bwd(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
         load_tile_async<kBlockM, kHeadDim, kLd, Tr::kThreads>(sdO + stage * Tr::kQueryTileElems,
                                                               head_rows<const T>(args.dout, st.b, st.seq.q_start, h),
                                                               args.dout.row_stride, m0, st.seq.seqlen_q, a.headdim_v, vec);
-        const float* lse = static_cast<const float*>(args.lse.ptr) + rows_index(args.lse, st.b, h, st.seq.q_start) + m0;
-        const float* delta =
-            static_cast<const float*>(args.delta.ptr) + rows_index(args.delta, st.b, h, st.seq.q_start) + m0;
+        const Lse* lse = static_cast<const Lse*>(args.lse.ptr) + rows_index(args.lse, st.b, h, st.seq.q_start) + m0;
+        const Acc* delta = static_cast<const Acc*>(args.delta.ptr) + rows_index(args.delta, st.b, h, st.seq.q_start) + m0;
         for (int i = threadIdx.x; i < kBlockM; i += Tr::kThreads) {
             const bool in_range = m0 + i < st.seq.seqlen_q;
             // A row with no probability mass (a padding row, or lse = -inf: a row that saw no key) gets
             // +inf, so that every exp2(s - lse) of it is 0 without a test per element; NaN stays NaN.
-            const float l = in_range ? lse[i] : Consts<float>::neg_inf();
-            sLse2[stage * kBlockM + i] = l == Consts<float>::neg_inf() ? -Consts<float>::neg_inf() : l * kLog2eF;
-            sDelta[stage * kBlockM + i] = in_range ? delta[i] : 0.0f;
+            // (wide: -inf, for which recompute_prob gives 0.)
+            const Lse l = in_range ? lse[i] : Consts<Lse>::neg_inf();
+            if constexpr (kWide) {
+                sLse2[stage * kBlockM + i] = l;
+            } else {
+                sLse2[stage * kBlockM + i] = l == Consts<float>::neg_inf() ? -Consts<float>::neg_inf() : l * kLog2eF;
+            }
+            sDelta[stage * kBlockM + i] = in_range ? delta[i] : Acc(0);
         }
     };
 
     if (st.tiles.segment_at(0) >= 0) load_query_tile(st.h0 + st.tiles.segment_at(0), st.tiles.entry_at(0), 0);
     cp_async_commit();
 
-    float dk_acc[Dkv::kMTiles][Dkv::kNTiles][4];
-    float dv_acc[Dkv::kMTiles][Dkv::kNTiles][4];
+    Acc dk_acc[Dkv::kMTiles][Dkv::kNTiles][4];
+    Acc dv_acc[Dkv::kMTiles][Dkv::kNTiles][4];
 #pragma unroll
     for (int mt = 0; mt < Dkv::kMTiles; ++mt) {
 #pragma unroll
         for (int nt = 0; nt < Dkv::kNTiles; ++nt) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) dk_acc[mt][nt][e] = dv_acc[mt][nt][e] = 0.0f;
+            for (int e = 0; e < 4; ++e) dk_acc[mt][nt][e] = dv_acc[mt][nt][e] = Acc(0);
         }
     }
 
@@ -158,11 +172,11 @@ sm80_bwd(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
         cp_async_commit();
         if (warp == 0) st.tiles.advance(it, group, [&](int gg) { return query_tiles_of(st.mask, st.b, st.h0, gg); });
         const BlockLayout layout(a, b, h);
-        const Log2Scores scores(a, st.seq, b, h);
+        const typename Sm80Scores<T>::type scores(a, st.seq, b, h);
         const T* sQs = sQ + stage * Tr::kQueryTileElems;
         const T* sdOs = sdO + stage * Tr::kQueryTileElems;
-        const float* lse2 = sLse2 + stage * kBlockM;
-        const float* delta_s = sDelta + stage * kBlockM;
+        const Lse* lse2 = sLse2 + stage * kBlockM;
+        const Acc* delta_s = sDelta + stage * kBlockM;
         const bool needs_mask = partial || !st.mask.tile_is_full(m0, kBlockM, n0, kBlockN);
 
         // Phase 1: S^T and dP^T for the warp's keys x queries, then P^T and dS^T, rounded to T.
@@ -170,14 +184,24 @@ sm80_bwd(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
         for (int pass = 0; pass < Tr::Passes::kSdp; ++pass) {
             const int r0 = Sdp::row0(warp), c0 = pass * (kBlockM / Tr::Passes::kSdp) + Sdp::col0(warp);
             // sd[0]: S^T, then P^T; sd[1]: dP^T, then dS^T.
-            float sd[2][Sdp::kMTiles][Sdp::kNTiles][4];
-            warp_abt2<Sdp::kMTiles, Sdp::kNTiles, kHeadDim, kLd>(sd, sK, sQs, sV, sdOs, r0, c0);
+            Acc sd[2][Sdp::kMTiles][Sdp::kNTiles][4];
+            if constexpr (kWide) {
+                warp_abt2_wide<Ops, Sdp::kMTiles, Sdp::kNTiles, kHeadDim, kLd>(sd, sK, sQs, sV, sdOs, r0, c0);
+            } else {
+                warp_abt2<Sdp::kMTiles, Sdp::kNTiles, kHeadDim, kLd>(sd, sK, sQs, sV, sdOs, r0, c0);
+            }
             auto& p = sd[0];
             auto& ds = sd[1];
-            // The rows' lse * LOG2E and delta, by pairs of this thread's query columns.
-            const auto lse2_pair = [&](int nt) { return *reinterpret_cast<const float2*>(lse2 + c0 + 8 * nt + 2 * t); };
-            const auto delta_pair = [&](int nt) { return *reinterpret_cast<const float2*>(delta_s + c0 + 8 * nt + 2 * t); };
-            probabilities_cols<kScoreMod>(p, ds, scores, lse2_pair, delta_pair, n0 + r0 + g, m0 + c0, 2 * t);
+            // The rows' lse (16-bit: times LOG2E) and delta, by pairs of this thread's query columns.
+            using LsePair = typename VecOf<Lse>::type2;
+            using AccPair = typename VecOf<Acc>::type2;
+            const auto lse2_pair = [&](int nt) { return *reinterpret_cast<const LsePair*>(lse2 + c0 + 8 * nt + 2 * t); };
+            const auto delta_pair = [&](int nt) { return *reinterpret_cast<const AccPair*>(delta_s + c0 + 8 * nt + 2 * t); };
+            if constexpr (kWide) {
+                probabilities_cols_natural<kScoreMod>(p, ds, scores, lse2_pair, delta_pair, n0 + r0 + g, m0 + c0, 2 * t);
+            } else {
+                probabilities_cols<kScoreMod>(p, ds, scores, lse2_pair, delta_pair, n0 + r0 + g, m0 + c0, 2 * t);
+            }
             if (needs_mask) mask_tile_cols(p, st.mask, layout, a, n0 + r0 + g, m0 + c0, 2 * t, partial);
             score_gradients<kScoreMod>(ds, p, delta_pair);
 #pragma unroll
@@ -188,9 +212,14 @@ sm80_bwd(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
 #pragma unroll
                     for (int r = 0; r < 2; ++r) {
                         const int row = r0 + 16 * mt + g + 8 * r;
-                        *reinterpret_cast<unsigned*>(sP + row * kLdP + col) = pack2<T>(p[mt][nt][2 * r], p[mt][nt][2 * r + 1]);
-                        *reinterpret_cast<unsigned*>(sdS + row * kLdP + col) =
-                            pack2<T>(ds[mt][nt][2 * r], ds[mt][nt][2 * r + 1]);
+                        if constexpr (kWide) {
+                            *reinterpret_cast<AccPair*>(sP + row * kLdP + col) = AccPair{p[mt][nt][2 * r], p[mt][nt][2 * r + 1]};
+                            *reinterpret_cast<AccPair*>(sdS + row * kLdP + col) = AccPair{ds[mt][nt][2 * r], ds[mt][nt][2 * r + 1]};
+                        } else {
+                            *reinterpret_cast<unsigned*>(sP + row * kLdP + col) = pack2<T>(p[mt][nt][2 * r], p[mt][nt][2 * r + 1]);
+                            *reinterpret_cast<unsigned*>(sdS + row * kLdP + col) =
+                                pack2<T>(ds[mt][nt][2 * r], ds[mt][nt][2 * r + 1]);
+                        }
                     }
                 }
             }
@@ -214,20 +243,24 @@ sm80_bwd(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
             turn = dq_turn_counter<kBlockM>(args, b, h, q_tile, split);
             my_turn = later_key_tiles<kBlockM, kBlockN>(a, st.mask, layout, q_tile, work.tile, args.dq_splits);
         }
-        float* dq_rows = static_cast<float*>(args.dq_accum.ptr) + split * args.dq_split_stride +
-                         (rows_index(args.dq_accum, b, h, st.seq.q_start) + m0) * static_cast<long long>(args.dq_ld);
-        auto dq_share = [&](float (&dq_part)[Dq::kMTiles][Dq::kNTiles][4], int r0, int c0) {
+        Acc* dq_rows = static_cast<Acc*>(args.dq_accum.ptr) + split * args.dq_split_stride +
+                       (rows_index(args.dq_accum, b, h, st.seq.q_start) + m0) * static_cast<long long>(args.dq_ld);
+        auto dq_share = [&](Acc (&dq_part)[Dq::kMTiles][Dq::kNTiles][4], int r0, int c0) {
 #pragma unroll
             for (int mt = 0; mt < Dq::kMTiles; ++mt) {
 #pragma unroll
                 for (int nt = 0; nt < Dq::kNTiles; ++nt) {
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) dq_part[mt][nt][e] = 0.0f;
+                    for (int e = 0; e < 4; ++e) dq_part[mt][nt][e] = Acc(0);
                 }
             }
-            warp_ab<true, Dq::kMTiles, Dq::kNTiles, kBlockN, kLdP, kLd>(dq_part, sdS, r0, sK, c0);
+            if constexpr (kWide) {
+                warp_ab_wide<Ops, true, Dq::kMTiles, Dq::kNTiles, kBlockN, kLdP, kLd>(dq_part, sdS, r0, sK, c0);
+            } else {
+                warp_ab<true, Dq::kMTiles, Dq::kNTiles, kBlockN, kLdP, kLd>(dq_part, sdS, r0, sK, c0);
+            }
         };
-        auto add_dq_share = [&](const float (&dq_part)[Dq::kMTiles][Dq::kNTiles][4], int r0, int c0) {
+        auto add_dq_share = [&](const Acc (&dq_part)[Dq::kMTiles][Dq::kNTiles][4], int r0, int c0) {
 #pragma unroll
             for (int mt = 0; mt < Dq::kMTiles; ++mt) {
 #pragma unroll
@@ -238,8 +271,13 @@ sm80_bwd(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
                     for (int nt = 0; nt < Dq::kNTiles; ++nt) {
                         const int col = c0 + 8 * nt + 2 * t;  // even, and dq_ld is even
                         if (col < args.dq_ld) {
-                            reduce_add_f32x2(dq_rows + static_cast<long long>(row) * args.dq_ld + col,
-                                             dq_part[mt][nt][2 * r], dq_part[mt][nt][2 * r + 1]);
+                            Acc* dst = dq_rows + static_cast<long long>(row) * args.dq_ld + col;
+                            if constexpr (sizeof(Acc) == 8) {
+                                atomicAdd(dst, dq_part[mt][nt][2 * r]);
+                                atomicAdd(dst + 1, dq_part[mt][nt][2 * r + 1]);
+                            } else {
+                                reduce_add_f32x2(dst, dq_part[mt][nt][2 * r], dq_part[mt][nt][2 * r + 1]);
+                            }
                         }
                     }
                 }
@@ -247,14 +285,19 @@ sm80_bwd(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
         };
         auto dkdv_update = [&]() {
             const int r0 = Dkv::row0(warp), c0 = Dkv::col0(warp);
-            warp_ab<false, Dkv::kMTiles, Dkv::kNTiles, kBlockM, kLdP, kLd>(dv_acc, sP, r0, sdOs, c0);
-            warp_ab<false, Dkv::kMTiles, Dkv::kNTiles, kBlockM, kLdP, kLd>(dk_acc, sdS, r0, sQs, c0);
+            if constexpr (kWide) {
+                warp_ab_wide<Ops, false, Dkv::kMTiles, Dkv::kNTiles, kBlockM, kLdP, kLd>(dv_acc, sP, r0, sdOs, c0);
+                warp_ab_wide<Ops, false, Dkv::kMTiles, Dkv::kNTiles, kBlockM, kLdP, kLd>(dk_acc, sdS, r0, sQs, c0);
+            } else {
+                warp_ab<false, Dkv::kMTiles, Dkv::kNTiles, kBlockM, kLdP, kLd>(dv_acc, sP, r0, sdOs, c0);
+                warp_ab<false, Dkv::kMTiles, Dkv::kNTiles, kBlockM, kLdP, kLd>(dk_acc, sdS, r0, sQs, c0);
+            }
         };
         if constexpr (Tr::Passes::kDq == 1) {
             // The share stays in registers through phase 3, so under the ordered sum the CTA before this
             // one has had all of phase 3 to pass the turn on before this CTA asks for it.
             const int r0 = Dq::row0(warp), c0 = Dq::col0(warp);
-            float dq_part[Dq::kMTiles][Dq::kNTiles][4];
+            Acc dq_part[Dq::kMTiles][Dq::kNTiles][4];
             dq_share(dq_part, r0, c0);
             dkdv_update();
             if (turn != nullptr) wait_turn(turn, my_turn);
@@ -265,7 +308,7 @@ sm80_bwd(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
 #pragma unroll
             for (int pass = 0; pass < Tr::Passes::kDq; ++pass) {
                 const int r0 = Dq::row0(warp), c0 = pass * (kHeadDim / Tr::Passes::kDq) + Dq::col0(warp);
-                float dq_part[Dq::kMTiles][Dq::kNTiles][4];
+                Acc dq_part[Dq::kMTiles][Dq::kNTiles][4];
                 dq_share(dq_part, r0, c0);
                 if (turn != nullptr && pass == 0) wait_turn(turn, my_turn);
                 add_dq_share(dq_part, r0, c0);
@@ -285,9 +328,32 @@ sm80_bwd(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
     // Epilogue: dK = softmax_scale * dS^T Q (the scale of S = scale * Q K^T, applied once here), dV.
     const int r0 = n0 + Dkv::row0(warp), c0 = Dkv::col0(warp);
     store_fragments_wide<T>(head_rows<T>(args.dk, st.b, st.seq.k_start, st.hk), args.dk.row_stride, r0, st.seq.seqlen_k, c0,
-                            a.headdim, dk_acc, static_cast<float>(a.softmax_scale));
+                            a.headdim, dk_acc, static_cast<Acc>(a.softmax_scale));
     store_fragments_wide<T>(head_rows<T>(args.dv, st.b, st.seq.k_start, st.hk), args.dv.row_stride, r0, st.seq.seqlen_k, c0,
-                            a.headdim_v, dv_acc, 1.0f);
+                            a.headdim_v, dv_acc, Acc(1));
+}
+
+template <typename T, int kHeadDim, int kBlockN, int kBlockM, int kStages, bool kScoreMod>
+__global__ void __launch_bounds__(256, 1)
+sm80_bwd(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
+    sm80_bwd_body<T, kHeadDim, kBlockN, kBlockM, kStages, kScoreMod, false>(args);
+}
+
+// float32 in bfloat16 parts (kTf32: precision="tf32", two parts), the backward of sm80_fwd_parts: a
+// template of its own for its own tile table (cupyflash/_families/sm80.py).
+template <typename T, int kHeadDim, int kBlockN, int kBlockM, int kStages, bool kScoreMod, bool kTf32>
+__global__ void __launch_bounds__(256, 1)
+sm80_bwd_parts(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
+    static_assert(sizeof(T) == 4, "float32 only");
+    sm80_bwd_body<T, kHeadDim, kBlockN, kBlockM, kStages, kScoreMod, kTf32>(args);
+}
+
+// float64 on the float64 tensor cores, the backward of sm80_fwd_dmma.
+template <typename T, int kHeadDim, int kBlockN, int kBlockM, int kStages, bool kScoreMod>
+__global__ void __launch_bounds__(256, 1)
+sm80_bwd_dmma(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
+    static_assert(sizeof(T) == 8, "float64 only");
+    sm80_bwd_body<T, kHeadDim, kBlockN, kBlockM, kStages, kScoreMod, false>(args);
 }
 
 }  // namespace cupyflash

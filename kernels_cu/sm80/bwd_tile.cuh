@@ -12,6 +12,7 @@
 // (see sm80/tile.cuh) so the 8 rows one ldmatrix phase reads fall in 8 different bank groups.
 #pragma once
 #include "sm80/mma.cuh"
+#include "sm80/operands.cuh"
 #include "sm80/tile.cuh"
 
 namespace cupyflash {
@@ -45,12 +46,14 @@ constexpr bool dq_passes_fit(int dkv_floats, int dq_floats, int headdim, int pas
     return dkv_floats + dq_floats / passes <= budget && headdim % (8 * passes) == 0;
 }
 
-template <int kBlockN, int kBlockM, int kHeadDim>
+// kWords: registers per accumulator (2 for float64); kFloatBudget the 16-bit kernels' measured budget,
+// and the float32 kernels', whose split operands take what the budget leaves to fragments.
+template <int kBlockN, int kBlockM, int kHeadDim, int kWords = 1>
 struct Sm80BwdPasses {
     static constexpr int kFloatBudget = 144;
-    static constexpr int kDkvFloats = 2 * kBlockN * kHeadDim / 256;
-    static constexpr int kSdp = kDkvFloats + 2 * kBlockN * kBlockM / 256 <= kFloatBudget ? 1 : 2;
-    static constexpr int kDqFloats = kBlockM * kHeadDim / 256;
+    static constexpr int kDkvFloats = kWords * 2 * kBlockN * kHeadDim / 256;
+    static constexpr int kSdp = kDkvFloats + kWords * 2 * kBlockN * kBlockM / 256 <= kFloatBudget ? 1 : 2;
+    static constexpr int kDqFloats = kWords * kBlockM * kHeadDim / 256;
     static constexpr int kDq = dq_passes_fit(kDkvFloats, kDqFloats, kHeadDim, 1, kFloatBudget)   ? 1
                                : dq_passes_fit(kDkvFloats, kDqFloats, kHeadDim, 2, kFloatBudget) ? 2
                                                                                                  : 4;
@@ -64,9 +67,18 @@ struct Sm80BwdTraits {
     static constexpr int kStages = kStages_;  // buffers of the streamed Q/dO blocks
     static constexpr int kWarps = 8;
     static constexpr int kThreads = 32 * kWarps;
-    static constexpr int kLd = kHeadDim + 8;  // padded row of the K, V, Q and dO tiles
-    static constexpr int kLdP = kBlockM + 8;  // padded row of the P^T and dS^T tiles
-    using Passes = Sm80BwdPasses<kBlockN, kBlockM, kHeadDim>;
+    // float32 and float64 (kWide): P^T and dS^T in T like the other tiles (16-bit: the next products'
+    // operands; wide: split into parts, or multiplied, as they are read), the rows' lse in float64
+    // (16-bit: lse * LOG2E in float32) and delta in the accumulators' type (sm80/bwd.cu).
+    static constexpr bool kWide = sizeof(T) >= 4;
+    using Acc = acc_t<T>;
+    using LseStore = lse_t<T>;
+    // Padded rows, in elements: of the K, V, Q and dO tiles (kLd) and of the P^T and dS^T tiles (kLdP).
+    // 16-bit: 16 bytes of padding (ldmatrix); float32: 8 words (8-byte fragment loads of rows g in 32
+    // banks, sm80/operands.cuh); float64: 4 doubles, likewise.
+    static constexpr int kLd = kHeadDim + (sizeof(T) == 8 ? 4 : 8);
+    static constexpr int kLdP = kBlockM + (sizeof(T) == 8 ? 4 : 8);
+    using Passes = Sm80BwdPasses<kBlockN, kBlockM, kHeadDim, static_cast<int>(sizeof(Acc)) / 4>;
     using SdpGrid = WarpGrid<kBlockN, kBlockM / Passes::kSdp>;  // phase 1, per pass
     using DqGrid = WarpGrid<kBlockM, kHeadDim / Passes::kDq>;   // phase 2, per pass
     using DkvGrid = WarpGrid<kBlockN, kHeadDim>;                // phase 3
@@ -74,9 +86,9 @@ struct Sm80BwdTraits {
     static constexpr int kQueryTileElems = kBlockM * kLd;
     static constexpr int kProbTileElems = kBlockN * kLdP;
     static constexpr int kStateBytes = kCtaStateBytes;  // per-CTA state and tile queue, at the end
-    static constexpr int kSmemBytes =
-        (2 * kKeyTileElems + 2 * kStages * kQueryTileElems + 2 * kProbTileElems) * static_cast<int>(sizeof(T)) +
-        2 * kStages * kBlockM * static_cast<int>(sizeof(float)) + kStateBytes;
+    static constexpr int kSmemBytes = (2 * kKeyTileElems + 2 * kStages * kQueryTileElems) * static_cast<int>(sizeof(T)) +
+                                      2 * kProbTileElems * static_cast<int>(sizeof(T)) +
+                                      kStages * kBlockM * static_cast<int>(sizeof(LseStore) + sizeof(Acc)) + kStateBytes;
     static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "head-dim buckets are multiples of 32 up to 256");
     static_assert(kStages == 1 || kStages == 2, "one or two query buffers");
 };
@@ -170,6 +182,129 @@ __device__ __forceinline__ void warp_ab(float (&acc)[kMTiles][kNTiles][4], const
             load_b_frag_trans<kLdB>(bf, b, 16 * kk, b_col0 + 8 * (kNTiles - 1));
 #pragma unroll
             for (int mt = 0; mt < kMTiles; ++mt) mma_16816<T>(acc[mt][kNTiles - 1], af[mt], bf);
+        }
+    }
+}
+
+// The float32 and float64 backward's products (Sm80Operands: float32 in bfloat16 parts with split sums,
+// float64 on the float64 tensor cores). acc[0] = S^T = K Q^T summed exactly as the forward sums S = Q K^T
+// (sm80/fwd.cu: each k-step's leading products from zero, then added in k order; float32's small
+// products chained in their own sum, the products' roles swapped), so that P^T recomputes the
+// forward's probabilities from bitwise the same scores; acc[1] = dP^T = V dO^T summed the same way.
+// The k loop is rolled: the split operands of a k-step take the registers an unrolled one would give
+// the next step's loads.
+template <typename Ops, int kMTiles, int kNTiles, int kDepth, int kLd, typename T>
+__device__ __forceinline__ void warp_abt2_wide(typename Ops::Acc (&acc)[2][kMTiles][kNTiles][4], const T* a0, const T* b0,
+                                               const T* a1, const T* b1, int a_row0, int b_row0) {
+    using Acc = typename Ops::Acc;
+    const T* const a[2] = {a0, a1};
+    const T* const b[2] = {b0, b1};
+    Acc small[2][Ops::kSmallSum ? kMTiles : 1][Ops::kSmallSum ? kNTiles : 1][4];
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+            for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    acc[x][mt][nt][e] = Acc(0);
+                    if constexpr (Ops::kSmallSum) small[x][mt][nt][e] = Acc(0);
+                }
+            }
+        }
+    }
+#pragma unroll 1
+    for (int kk = 0; kk < kDepth / Ops::kK; ++kk) {
+        typename Ops::A af[2][kMTiles];
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt) Ops::template load_q<kLd>(af[x][mt], a[x], a_row0 + 16 * mt, Ops::kK * kk);
+        }
+        // n-tiles in pairs (an odd last one alone: the fragments of its missing partner are never used,
+        // and their loads and splits are dropped by the compiler).
+#pragma unroll
+        for (int np = 0; np < (kNTiles + 1) / 2; ++np) {
+            typename Ops::B2 bf[2];
+#pragma unroll
+            for (int x = 0; x < 2; ++x) Ops::template load_k<kLd>(bf[x], b[x], b_row0 + 16 * np, Ops::kK * kk);
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+                for (int x = 0; x < 2; ++x) {
+#pragma unroll
+                    for (int half = 0; half < 2 && 2 * np + half < kNTiles; ++half) {
+                        if constexpr (Ops::kSmallSum) {
+                            Ops::template mma_rn<true>(acc[x][mt][2 * np + half], small[x][mt][2 * np + half], af[x][mt], bf[x], half);
+                        } else {
+                            Ops::mma_rn(acc[x][mt][2 * np + half], af[x][mt], bf[x], half);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if constexpr (Ops::kSmallSum) {
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+                for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc[x][mt][nt][e] += small[x][mt][nt][e];
+                }
+            }
+        }
+    }
+}
+
+// acc[mt][nt] += A[a_row0 + 16 mt + .., 0..kDepth) x B[0..kDepth, b_col0 + 8 nt + ..) for the wide dtypes,
+// per 16 columns summed from zero and then added (the products' roundings, truncations for float32, are
+// of this block's share, not of the running dK, dV: see Sm80Operands' split sums). B is row-major [k][n];
+// A row-major [m][k] (P^T, dS^T) or, with kATransposed, stored [k][m] (dS from dS^T).
+template <typename Ops, bool kATransposed, int kMTiles, int kNTiles, int kDepth, int kLdA, int kLdB, typename TA, typename TB>
+__device__ __forceinline__ void warp_ab_wide(typename Ops::Acc (&acc)[kMTiles][kNTiles][4], const TA* a, int a_row0,
+                                             const TB* b, int b_col0) {
+    using Acc = typename Ops::Acc;
+#pragma unroll
+    for (int np = 0; np < (kNTiles + 1) / 2; ++np) {  // pairs of n-tiles, as warp_abt2_wide takes them
+        Acc z[kMTiles][2][4];
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) z[mt][i / 4][i % 4] = Acc(0);
+        }
+#pragma unroll 1
+        for (int kk = 0; kk < kDepth / Ops::kK; ++kk) {
+            typename Ops::A af[kMTiles];
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt) {
+                if constexpr (kATransposed) {
+                    Ops::template load_a_km<kLdA>(af[mt], a, a_row0 + 16 * mt, Ops::kK * kk);
+                } else {
+                    Ops::template load_q<kLdA>(af[mt], a, a_row0 + 16 * mt, Ops::kK * kk);
+                }
+            }
+            typename Ops::B2 bf;
+            Ops::template load_b_kn<kLdB>(bf, b, Ops::kK * kk, b_col0 + 16 * np);
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+                for (int half = 0; half < 2 && 2 * np + half < kNTiles; ++half) {
+                    if constexpr (Ops::kSmallSum) {
+                        Ops::mma(z[mt][half], z[mt][half], af[mt], bf, half);
+                    } else {
+                        Ops::mma(z[mt][half], af[mt], bf, half);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+            for (int i = 0; i < 8 && 2 * np + i / 4 < kNTiles; ++i) acc[mt][2 * np + i / 4][i % 4] += z[mt][i / 4][i % 4];
         }
     }
 }

@@ -30,11 +30,6 @@
 
 namespace cupyflash {
 
-// The scores of the 16-bit kernels (log2 units) and of the float32 and float64 ones (natural-log units).
-template <typename T> struct Sm80Scores { using type = Log2Scores; };
-template <> struct Sm80Scores<float> { using type = NaturalScores<float>; };
-template <> struct Sm80Scores<double> { using type = NaturalScores<double>; };
-
 // Per-CTA values, in shared memory. Scores: Sm80Scores.
 template <typename Scores>
 struct Sm80FwdState {

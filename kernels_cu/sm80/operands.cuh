@@ -28,11 +28,17 @@
 
 #pragma once
 #include "common/dtypes.cuh"
+#include "common/score_mod.cuh"
 #include "fragment/operand.cuh"
 #include "sm80/mma.cuh"
 #include "sm80/tile.cuh"
 
 namespace cupyflash {
+
+// The scores of the 16-bit kernels (log2 units) and of the float32 and float64 ones (natural-log units).
+template <typename T> struct Sm80Scores { using type = Log2Scores; };
+template <> struct Sm80Scores<float> { using type = NaturalScores<float>; };
+template <> struct Sm80Scores<double> { using type = NaturalScores<double>; };
 
 // kTf32 (float32 only, precision="tf32"): the two leading parts alone, x ~ hi + mid (16 significant
 // bits, a relative error of 2^-17, where TF32 keeps 11), and three products instead of six.
@@ -153,24 +159,46 @@ struct Sm80Operands<float, kTf32> {
     }
     // big += a_hi b_hi and small += the five products below it (a_mid b_lo, a_lo b_mid and a_lo b_lo,
     // below 2^-24 of a b, are left out): the two sums of kSplitSums. kTf32: the two products of hi and
-    // mid alone (what it leaves out is below 2^-15 of a b).
+    // mid alone (what it leaves out is below 2^-15 of a b). kSwapped: the products in the order of the
+    // same sums with the operands' roles exchanged, so that the backward's S^T = K Q^T adds, element by
+    // element, the very products of the forward's S = Q K^T in the same order (bitwise the same scores).
+    template <bool kSwapped = false>
     __device__ __forceinline__ static void mma(float (&big)[4], float (&small)[4], const A& a, const B2& b, int half) {
         if constexpr (!kTf32) {
-            mma_16816<Bf16>(small, a.lo, b.hi + 2 * half);
-            mma_16816<Bf16>(small, a.hi, b.lo + 2 * half);
+            mma_16816<Bf16>(small, kSwapped ? a.hi : a.lo, (kSwapped ? b.lo : b.hi) + 2 * half);
+            mma_16816<Bf16>(small, kSwapped ? a.lo : a.hi, (kSwapped ? b.hi : b.lo) + 2 * half);
             mma_16816<Bf16>(small, a.mid, b.mid + 2 * half);
         }
-        mma_16816<Bf16>(small, a.mid, b.hi + 2 * half);
-        mma_16816<Bf16>(small, a.hi, b.mid + 2 * half);
+        mma_16816<Bf16>(small, kSwapped ? a.hi : a.mid, (kSwapped ? b.mid : b.hi) + 2 * half);
+        mma_16816<Bf16>(small, kSwapped ? a.mid : a.hi, (kSwapped ? b.hi : b.mid) + 2 * half);
         mma_16816<Bf16>(big, a.hi, b.hi + 2 * half);
     }
     // The same with d += a_hi b_hi rounded to nearest: the leading products summed from zero, then one
     // FADD, so that their truncation is of this k-step's share of d, not of d (the scores' sum).
+    template <bool kSwapped = false>
     __device__ __forceinline__ static void mma_rn(float (&d)[4], float (&small)[4], const A& a, const B2& b, int half) {
         float z[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        mma(z, small, a, b, half);
+        mma<kSwapped>(z, small, a, b, half);
 #pragma unroll
         for (int i = 0; i < 4; ++i) d[i] += z[i];
+    }
+    // The backward's B operands from [k][n] tiles: load_v's layout.
+    template <int kLd>
+    __device__ __forceinline__ static void load_b_kn(B2& b, const float* tile, int k0, int n0) {
+        load_v<kLd>(b, tile, k0, n0);
+    }
+    // A[m][k] = tile[k][m] (the backward's dS from dS^T in shared memory), rows m0.., columns k0..k0+15: a0
+    // = A[g][2t, 2t + 1] = tile[k0 + 2t, + 1][m0 + g], a1 rows + 8, a2 columns + 8, a3 both; two 4-byte loads
+    // a pair.
+    template <int kLd>
+    __device__ __forceinline__ static void load_a_km(A& a, const float* tile, int m0, int k0) {
+        const int lane = threadIdx.x % 32;
+        const float* p = tile + (k0 + 2 * (lane % 4)) * kLd + m0 + lane / 4;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float* q = p + (i / 2) * 8 * kLd + (i % 2) * 8;  // a1: rows (m) + 8; a2: columns (k) + 8
+            split2(q[0], q[kLd], a.hi[i], a.mid[i], a.lo[i]);
+        }
     }
 };
 
@@ -230,6 +258,29 @@ struct Sm80Operands<double> {
         a.r[1] = s[kk][2];
         a.r[2] = s[kk][1];
         a.r[3] = s[kk][3];
+    }
+    // B[k][n] = tile[k][n] in the product's own k order (the backward's B operands from shared memory),
+    // keys k0..k0+7, columns n0.. (two n-tiles): b_i = tile[k0 + t + 4 i][n0 + g], the second n-tile's
+    // columns + 8.
+    template <int kLd>
+    __device__ __forceinline__ static void load_b_kn(B2& b, const double* tile, int k0, int n0) {
+        const int lane = threadIdx.x % 32;
+        const double* p = tile + (k0 + lane % 4) * kLd + n0 + lane / 4;
+        b.r[0] = p[0];
+        b.r[1] = p[4 * kLd];
+        b.r[2] = p[8];
+        b.r[3] = p[4 * kLd + 8];
+    }
+    // A[m][k] = tile[k][m] (dS from dS^T), rows m0.., columns k0..k0+7: a_i = tile[k0 + t + 4 (i / 2)][m0 + g
+    // + 8 (i % 2)].
+    template <int kLd>
+    __device__ __forceinline__ static void load_a_km(A& a, const double* tile, int m0, int k0) {
+        const int lane = threadIdx.x % 32;
+        const double* p = tile + (k0 + lane % 4) * kLd + m0 + lane / 4;
+        a.r[0] = p[0];
+        a.r[1] = p[8];
+        a.r[2] = p[4 * kLd];
+        a.r[3] = p[4 * kLd + 8];
     }
     // d += a * (n-tile `half` of b).
     __device__ __forceinline__ static void mma(double (&d)[4], const A& a, const B2& b, int half) {
