@@ -10,7 +10,8 @@ variant.
 
 Which builds run: a variant is built for the architectures whose devices dispatch can give it to (the
 sm80 family's fallback tiles, for devices with less shared memory than the H100's, and its score-modified
-variants only for sm_80), and
+variants only for sm_80; the float32 and float64 kernels' flagged variants, score_mod and tf32, only for
+sm_90, where they run on the H100/H200, their plain ones for both), and
 the variants of a 16-bit kernel differ in their dtype only by an instruction's type, with the same
 registers, so bfloat16 is built for every tile, flag and architecture and float16 once per kernel (its
 first tile, plain, on its first architecture). That keeps the
@@ -88,7 +89,11 @@ def _archs(variant, everything=False):
     """The architectures a variant is built for: its own target's, or those of ARCHS whose devices can
     select it (see the module docstring)."""
     archs = tuple(a for a in ARCHS if _kernels.builds_for(variant, a))
-    if everything or variant.kernel not in (sm80.FWD, sm80.BWD):
+    if everything:
+        return archs
+    if variant.kernel in (sm80.FWD_FP32, sm80.FWD_FP64, sm80.BWD_FP32, sm80.BWD_FP64):
+        return (90,) if any(variant.flags) else archs
+    if variant.kernel not in (sm80.FWD, sm80.BWD):
         return archs
     tiles = sm80.FWD_TILES if variant.kernel is sm80.FWD else sm80.BWD_TILES
     bucket = variant.param("headdim")
