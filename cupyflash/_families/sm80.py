@@ -161,6 +161,26 @@ def _bucket(p, device, buckets):
     return headdim_bucket(p.headdim, p.headdim_v, buckets)
 
 
+def _select(p, device, half, fp32, fp64, smem_bytes):
+    """The variant of a pass for ``p``: of the (kernel, tiles) of its dtype (``half`` for float16/bfloat16),
+    the first tile of its head-dim bucket whose ``smem_bytes`` fit the device; None where none does. The
+    float32 kernel takes p's precision as its tf32 flag."""
+    if p.dtype in (numpy.float32, numpy.float64) and device.capability >= MIN_CAPABILITY:
+        kernel, tiles = fp32 if p.dtype == numpy.float32 else fp64
+        bucket = headdim_bucket(p.headdim, p.headdim_v, tuple(tiles))
+    else:
+        kernel, tiles = half
+        bucket = _bucket(p, device, tuple(tiles))
+    if bucket is None:
+        return None
+    flags = {"tf32": p.precision == "tf32"} if kernel is fp32[0] else {}
+    for tile in tiles[bucket]:
+        variant = kernel.variant(common.dtype_name(p.dtype), (bucket, *tile), score_mod=p.score_mod, **flags)
+        if smem_bytes(variant) <= device.smem_optin:
+            return variant
+    return None
+
+
 def cxx_facts():
     """The family's constants and the shared memory and threads of every variant, as the kernels state
     them: (headers, {C++ expression: value}) for tests/test_compile.py."""
@@ -186,20 +206,7 @@ class Sm80Forward:
     kernels = (FWD, FWD_FP32, FWD_FP64)
 
     def select(self, p, device, operands):
-        if p.dtype in (numpy.float32, numpy.float64) and device.capability >= MIN_CAPABILITY:
-            kernel, tiles = (FWD_FP32, FWD_FP32_TILES) if p.dtype == numpy.float32 else (FWD_FP64, FWD_FP64_TILES)
-            bucket = headdim_bucket(p.headdim, p.headdim_v, tuple(tiles))
-        else:
-            kernel, tiles = FWD, FWD_TILES
-            bucket = _bucket(p, device, tuple(tiles))
-        if bucket is None:
-            return None
-        for tile in tiles[bucket]:
-            flags = {"tf32": p.precision == "tf32"} if kernel is FWD_FP32 else {}
-            variant = kernel.variant(common.dtype_name(p.dtype), (bucket, *tile), score_mod=p.score_mod, **flags)
-            if fwd_smem_bytes(variant) <= device.smem_optin:
-                return variant
-        return None
+        return _select(p, device, (FWD, FWD_TILES), (FWD_FP32, FWD_FP32_TILES), (FWD_FP64, FWD_FP64_TILES), fwd_smem_bytes)
 
     def plan(self, b, variant, p, q, k, v, device):
         out, lse = b.output(p.out_shape, p.dtype), b.output(p.lse_shape, lse_dtype(p.dtype))
@@ -213,32 +220,21 @@ class Sm80Forward:
 
 
 class Sm80Backward:
-    """float16/bfloat16, head dims up to 256, sm_80+: the first tile of the bucket that fits.
+    """float16/bfloat16, head dims up to 256, and float32 (in bfloat16 parts) and float64 up to 128,
+    sm_80+: the first tile of the bucket that fits.
 
-    dQ is summed over key tiles in float32 buffers of (batch, heads, seqlen_q, headdim rounded up to
-    even) rows ((heads, total_q, ...) for packed batches) and converted at the end; with
-    ``deterministic`` the key tiles add in a fixed order, into DETERMINISTIC_DQ_SPLITS buffers. Extra
-    device memory besides the gradients: delta (4 bytes per query row) and the float32 dQ buffers.
+    dQ is summed over key tiles in float32 (float64 for float64) buffers of (batch, heads, seqlen_q,
+    headdim rounded up to even) rows ((heads, total_q, ...) for packed batches) and converted at the end;
+    with ``deterministic`` the key tiles add in a fixed order, into DETERMINISTIC_DQ_SPLITS buffers.
+    Extra device memory besides the gradients: delta (4 bytes per query row, 8 for float64) and the dQ
+    buffers.
     """
 
     name = "sm80"
     kernels = (common.DELTA, BWD, BWD_FP32, BWD_FP64, common.DQ_CONVERT)
 
     def select(self, p, device, operands):
-        if p.dtype in (numpy.float32, numpy.float64) and device.capability >= MIN_CAPABILITY:
-            kernel, tiles = (BWD_FP32, BWD_FP32_TILES) if p.dtype == numpy.float32 else (BWD_FP64, BWD_FP64_TILES)
-            bucket = headdim_bucket(p.headdim, p.headdim_v, tuple(tiles))
-        else:
-            kernel, tiles = BWD, BWD_TILES
-            bucket = _bucket(p, device, tuple(tiles))
-        if bucket is None:
-            return None
-        for tile in tiles[bucket]:
-            flags = {"tf32": p.precision == "tf32"} if kernel is BWD_FP32 else {}
-            variant = kernel.variant(common.dtype_name(p.dtype), (bucket, *tile), score_mod=p.score_mod, **flags)
-            if bwd_smem_bytes(variant) <= device.smem_optin:
-                return variant
-        return None
+        return _select(p, device, (BWD, BWD_TILES), (BWD_FP32, BWD_FP32_TILES), (BWD_FP64, BWD_FP64_TILES), bwd_smem_bytes)
 
     def plan(self, b, variant, p, dout, q, k, v, out, lse, deterministic, device):
         block_n, block_m = variant.param("block_n"), variant.param("block_m")
