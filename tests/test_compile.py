@@ -11,7 +11,8 @@ variant.
 Which builds run: a variant is built for the architectures whose devices dispatch can give it to (the
 sm80 family's fallback tiles, for devices with less shared memory than the H100's, and its score-modified
 variants only for sm_80; the float32 and float64 kernels' flagged variants, score_mod and tf32, only for
-sm_90, where they run on the H100/H200, their plain ones for both), and
+sm_90, where they run on the H100/H200, their plain ones for both; their fallback tiles plain and for sm_80
+alone, the flags' code being built on the first tiles), and
 the variants of a 16-bit kernel differ in their dtype only by an instruction's type, with the same
 registers, so bfloat16 is built for every tile, flag and architecture and float16 once per kernel (its
 first tile, plain, on its first architecture). That keeps the
@@ -91,7 +92,12 @@ def _archs(variant, everything=False):
     archs = tuple(a for a in ARCHS if _kernels.builds_for(variant, a))
     if everything:
         return archs
-    if variant.kernel in (sm80.FWD_FP32, sm80.FWD_FP64, sm80.BWD_FP32, sm80.BWD_FP64):
+    wide = {sm80.FWD_FP32: sm80.FWD_FP32_TILES, sm80.FWD_FP64: sm80.FWD_FP64_TILES,
+            sm80.BWD_FP32: sm80.BWD_FP32_TILES, sm80.BWD_FP64: sm80.BWD_FP64_TILES}
+    if variant.kernel in wide:
+        if variant.tile[1:] != wide[variant.kernel][variant.param("headdim")][0]:
+            # A fallback tile (smaller devices only): plain, on sm_80; its flags are built on the first tile.
+            return () if any(variant.flags) else (80,)
         return (90,) if any(variant.flags) else archs
     if variant.kernel not in (sm80.FWD, sm80.BWD):
         return archs
@@ -254,6 +260,10 @@ def test_every_kernel_and_dtype_is_built():
     builds = _built(_families.VARIANTS, everything=False)
     built = {(v.kernel.name, v.dtype, a) for v, a in builds}
     for v in _families.VARIANTS:
+        if not _archs(v):  # a wide kernel's flagged fallback tile: its tile plain, its flags on the first tile
+            assert any((w.kernel, w.tile) == (v.kernel, v.tile) and not any(w.flags) for w, _ in builds), v.key
+            assert any((w.kernel, w.flags) == (v.kernel, v.flags) for w, _ in builds), v.key
+            continue
         assert (v.kernel.name, v.dtype, _archs(v)[0]) in built, v.key
         assert any((w.kernel, w.tile, w.flags) == (v.kernel, v.tile, v.flags) for w, _ in builds), v.key
     first_tiles = {(d, tiles[0]) for d, tiles in sm80.FWD_TILES.items()}

@@ -4,6 +4,7 @@ parts) and a float64 forward on the float64 tensor cores, up to head dim 128, on
 8.0 and newer. kernels_cu/sm80/tile.cuh and bwd_tile.cuh
 describe the tiles; bench/NOTES.md has the measurements behind the tile tables below."""
 
+import ml_dtypes
 import numpy
 
 from .. import _kernels, _params
@@ -29,8 +30,10 @@ FWD_TILES = {
     256: ((64, 1), (32, 1)),
 }
 #: The float32 forward's tiles (kernels_cu/sm80/operands.cuh), as FWD_TILES: 16 rows per warp, 32 keys
-#: per tile, since each operand's three parts take three times a 16-bit operand's registers.
-FWD_FP32_TILES = {32: ((32, 1),), 64: ((32, 1),), 96: ((32, 1),), 128: ((32, 1),)}
+#: per tile, since each operand's three parts take three times a 16-bit operand's registers; 16 keys
+#: where 32 do not fit (its operands in three bfloat16 planes, 6 bytes an element: head dims 96 and 128
+#: in the 163 KB of sm_80, 64 in the 99 KB of sm_86/sm_89).
+FWD_FP32_TILES = {32: ((32, 1),), 64: ((32, 1), (16, 1)), 96: ((32, 1), (16, 1)), 128: ((32, 1), (16, 1))}
 #: The float64 forward's tiles (the float64 tensor cores, kernels_cu/sm80/operands.cuh), as FWD_TILES: 16
 #: rows per warp; 32-key tiles, or 16: for head dims 96 and 128 always (at 32 keys their O, 64 doubles
 #: a thread at d128, and the split sums spilled 120-170 bytes), for 64 in the 99 KB of sm_86/sm_89
@@ -84,6 +87,9 @@ FWD_FP64 = _kernels.Kernel(
     "sm80_fwd_dmma", "sm80/fwd.cu", ("float64",), ("headdim", "block_n", "m_tiles"),
     tuple((d, *tile) for d, choices in FWD_FP64_TILES.items() for tile in choices), ("score_mod",),
 )
+#: The float32 forward's pre-pass: its operands split into bfloat16 planes (kernels_cu/sm80/planes.cu).
+PLANES = _kernels.Kernel("split_planes", "sm80/planes.cu", ("float32",), flags=("tf32",))
+PLANE_THREADS = 256
 BWD = _kernels.Kernel(
     "sm80_bwd", "sm80/bwd.cu", _kernels.HALF_DTYPES, ("headdim", "block_n", "block_m", "stages"),
     tuple((d, *tile) for d, choices in BWD_TILES.items() for tile in choices), ("score_mod",),
@@ -108,14 +114,15 @@ def fwd_smem_bytes(variant):
     """Dynamic shared memory of a forward variant (Sm80FwdTraits::kSmemBytes).
 
     The Q tile plus 1-3 stages of K and V tiles (3 where they fit in 99 KB; 1 for float64 where 2 would
-    pass FWD_TWO_CTA_BYTES), 16-bit rows padded by 8 elements, float32 rows of Q and K by 8 and of V by 4,
-    float64 by 4 and 2 (Sm80FwdTraits::kLd, kLdV), and the per-CTA state. The kernel traps if launched
-    with less than its traits require.
+    pass FWD_TWO_CTA_BYTES), 16-bit rows padded by 8 elements (float32: three bfloat16 planes of them),
+    float64 rows of Q and K by 4 and of V by 2 (Sm80FwdTraits::kLd, kLdV), and the per-CTA state. The
+    kernel traps if launched with less than its traits require.
     """
     headdim = variant.param("headdim")
-    itemsize = {"float32": 4, "float64": 8}.get(variant.dtype, 2)
+    # float32: three bfloat16 planes, rows padded as 16-bit rows (kernels_cu/sm80/planes.cu)
+    itemsize = {"float32": 2 * 3, "float64": 8}.get(variant.dtype, 2)
     row_bytes = (headdim + (4 if itemsize == 8 else 8)) * itemsize
-    v_row_bytes = (headdim + {8: 2, 4: 4}[itemsize]) * itemsize if itemsize > 2 else row_bytes
+    v_row_bytes = (headdim + 2) * itemsize if itemsize == 8 else row_bytes
     q_bytes = fwd_block_m(variant) * row_bytes
     stage_bytes = variant.param("block_n") * (row_bytes + v_row_bytes)
     if q_bytes + 3 * stage_bytes + CTA_STATE_BYTES <= 99 * 1024:
@@ -198,18 +205,39 @@ def cxx_facts():
     return ("sm80/tile.cuh", "sm80/bwd_tile.cuh", "common/ordered_sum.cuh"), facts
 
 
+def plan_planes(b, p, x, heads, tf32):
+    """float32 ``x`` ((batch, rows, heads, dim), or packed (rows, heads, dim)) as three bfloat16 planes,
+    split in plan ``b`` (kernels_cu/sm80/planes.cu): a workspace of (batch, rows, 3 * heads, dim rounded up
+    to 8), plane p of head h at head p * heads + h. The float32 forward reads these in its place."""
+    dim = x.shape[-1]
+    dim_planes = common.cdiv(dim, 8) * 8
+    planes = b.workspace((*x.shape[:-2], 3 * heads, dim_planes), ml_dtypes.bfloat16)
+    batched = not p.varlen
+    batch, rows = (x.shape[0], x.shape[1]) if batched else (1, x.shape[0])
+    src, dst = b.struct(_params.TENSOR_ARG), b.struct(_params.TENSOR_ARG)
+    src[0], dst[0] = _params.tensor(x, batched), _params.tensor(planes, batched)
+    chunks = batch * rows * heads * (dim_planes // 8)
+    ctas = min(common.cdiv(chunks, PLANE_THREADS), common.ROW_KERNEL_MAX_CTAS)
+    b.launch(common.function(PLANES.variant("float32", tf32=tf32)), (ctas, 1, 1), PLANE_THREADS,
+             (src, dst, *(common.int32_arg(b, n) for n in (batch, rows, heads, dim, dim_planes))))
+    return planes
+
+
 class Sm80Forward:
     """float16/bfloat16, head dims up to 256, and float32 (in bfloat16 parts) and float64 up to 128,
     sm_80+: the first tile of the bucket that fits."""
 
     name = "sm80"
-    kernels = (FWD, FWD_FP32, FWD_FP64)
+    kernels = (FWD, PLANES, FWD_FP32, FWD_FP64)
 
     def select(self, p, device, operands):
         return _select(p, device, (FWD, FWD_TILES), (FWD_FP32, FWD_FP32_TILES), (FWD_FP64, FWD_FP64_TILES), fwd_smem_bytes)
 
     def plan(self, b, variant, p, q, k, v, device):
         out, lse = b.output(p.out_shape, p.dtype), b.output(p.lse_shape, lse_dtype(p.dtype))
+        if variant.kernel is FWD_FP32:
+            tf32 = variant.param("tf32")
+            q, k, v = (plan_planes(b, p, x, heads, tf32) for x, heads in ((q, p.heads), (k, p.heads_k), (v, p.heads_k)))
         block_m = fwd_block_m(variant)
         lists = common.sparse_lists(b, p, block_m, variant.param("block_n"))
         args = common.fwd_args(b, p, q, k, v, out, lse, lists)

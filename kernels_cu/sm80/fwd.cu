@@ -47,7 +47,9 @@ struct Sm80FwdState {
 template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod, bool kTf32>
 struct Sm80FwdMainloop {
     using Tr = Sm80FwdTraits<T, kHeadDim, kBlockN, kMTiles>;
-    using Ops = Sm80Operands<T, kTf32>;
+    using Ops = typename Sm80FwdOperands<T, kTf32>::type;
+    using Stored = typename Ops::Stored;  // the tiles' element: T, or float32's bfloat16 planes
+    static_assert(Ops::kPlanes == Tr::kPlanes, "the traits size the operands' planes");
     // float32 and float64 keep their scores in natural-log units, at their accuracy (fragment/softmax.cuh).
     static constexpr bool kNatural = sizeof(T) >= 4;
     using Acc = typename Ops::Acc;
@@ -81,8 +83,8 @@ struct Sm80FwdMainloop {
             st.scores = Scores(a, seq, b, h);
             st.b = b;
             st.h = h;
-            st.k_rows = head_rows<const T>(a.k, b, seq.k_start, kv_head(h, a.heads, a.heads_k));
-            st.v_rows = head_rows<const T>(a.v, b, seq.k_start, kv_head(h, a.heads, a.heads_k));
+            st.k_rows = head_rows<const Stored>(a.k, b, seq.k_start, kv_head(h, a.heads, a.heads_k));
+            st.v_rows = head_rows<const Stored>(a.v, b, seq.k_start, kv_head(h, a.heads, a.heads_k));
         }
         st.tiles.start(1, [&](int) { return key_tiles<Tr::kBlockM, kBlockN>(a, mask, layout, qt); });
     }
@@ -90,20 +92,30 @@ struct Sm80FwdMainloop {
     // Leaves O (unnormalized) and the row statistics of the CTA's rows in o and softmax.
     __device__ __forceinline__ static void run(const AttnArgs& a, State& st, int m0, unsigned char* smem,
                                                Acc (&o)[kMTiles][kOTiles][4], Softmax (&softmax)[kMTiles]) {
-        T* sQ = reinterpret_cast<T*>(smem);
-        T* sK = sQ + Tr::kBlockM * kLd;            // kStages tiles of kBlockN rows
-        T* sV = sK + Tr::kStages * kBlockN * kLd;  // kStages tiles of kBlockN rows (kLdV apart)
+        // Q, then kStages K tiles and kStages V tiles, each of Tr::kPlanes planes.
+        Stored* sQ = reinterpret_cast<Stored*>(smem);
+        Stored* sK = sQ + Tr::kPlanes * Tr::kQPlane;
+        Stored* sV = sK + Tr::kStages * Tr::kPlanes * Tr::kKPlane;
         const bool vec = a.vec_loads != 0;
-        // Row 0 of this (batch entry, kv head) and key tile `entry`, staged into shared memory.
+        // Row 0 of this (batch entry, kv head) and key tile `entry`, staged into shared memory; plane p of
+        // head h is head p * heads_k + h (kernels_cu/sm80/planes.cu).
         auto load_k = [&](int entry, int stage) {
-            load_tile_async<kBlockN, kHeadDim, kLd, Tr::kThreads>(sK + stage * kBlockN * kLd,
-                                                                  static_cast<const T*>(st.k_rows), a.k.row_stride,
-                                                                  entry_tile(entry) * kBlockN, st.seq.seqlen_k, a.headdim, vec);
+#pragma unroll
+            for (int p = 0; p < Tr::kPlanes; ++p) {
+                load_tile_async<kBlockN, kHeadDim, kLd, Tr::kThreads>(
+                    sK + (stage * Tr::kPlanes + p) * Tr::kKPlane,
+                    static_cast<const Stored*>(st.k_rows) + p * static_cast<long long>(a.heads_k) * a.k.head_stride,
+                    a.k.row_stride, entry_tile(entry) * kBlockN, st.seq.seqlen_k, a.headdim, vec);
+            }
         };
         auto load_v = [&](int entry, int stage) {
-            load_tile_async<kBlockN, kHeadDim, kLdV, Tr::kThreads>(sV + stage * kBlockN * kLdV,
-                                                                   static_cast<const T*>(st.v_rows), a.v.row_stride,
-                                                                   entry_tile(entry) * kBlockN, st.seq.seqlen_k, a.headdim_v, vec);
+#pragma unroll
+            for (int p = 0; p < Tr::kPlanes; ++p) {
+                load_tile_async<kBlockN, kHeadDim, kLdV, Tr::kThreads>(
+                    sV + (stage * Tr::kPlanes + p) * Tr::kVPlane,
+                    static_cast<const Stored*>(st.v_rows) + p * static_cast<long long>(a.heads_k) * a.v.head_stride,
+                    a.v.row_stride, entry_tile(entry) * kBlockN, st.seq.seqlen_k, a.headdim_v, vec);
+            }
         };
 
         const int warp = threadIdx.x / 32;
@@ -130,7 +142,7 @@ struct Sm80FwdMainloop {
 #pragma unroll
             for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-                for (int kk = 0; kk < kDSteps; ++kk) Ops::template load_q<kLd>(q_frag[mt][kk], sQ, warp_row0 + 16 * mt, Ops::kK * kk);
+                for (int kk = 0; kk < kDSteps; ++kk) Ops::template load_q<kLd, Tr::kQPlane>(q_frag[mt][kk], sQ, warp_row0 + 16 * mt, Ops::kK * kk);
             }
         }
 
@@ -144,8 +156,8 @@ struct Sm80FwdMainloop {
             const int entry = st.tiles.entry_at(it);
             const int n0 = entry_tile(entry) * kBlockN;
             const bool partial = entry_partial(entry);
-            const T* sKj = sK + (it % Tr::kStages) * kBlockN * kLd;
-            const T* sVj = sV + (it % Tr::kStages) * kBlockN * kLdV;
+            const Stored* sKj = sK + (it % Tr::kStages) * Tr::kPlanes * Tr::kKPlane;
+            const Stored* sVj = sV + (it % Tr::kStages) * Tr::kPlanes * Tr::kVPlane;
             const bool next = st.tiles.segment_at(it + 1) >= 0;
             if constexpr (Tr::kStages > 1) {
                 if (next) {
@@ -187,13 +199,13 @@ struct Sm80FwdMainloop {
                     if constexpr (kQInRegs) {
                         af[mt] = q_frag[mt][kk];
                     } else {
-                        Ops::template load_q<kLd>(af[mt], sQ, warp_row0 + 16 * mt, Ops::kK * kk);
+                        Ops::template load_q<kLd, Tr::kQPlane>(af[mt], sQ, warp_row0 + 16 * mt, Ops::kK * kk);
                     }
                 }
 #pragma unroll
                 for (int np = 0; np < kNTiles / 2; ++np) {
                     typename Ops::B2 bk;
-                    Ops::template load_k<kLd>(bk, sKj, 16 * np, Ops::kK * kk);
+                    Ops::template load_k<kLd, Tr::kKPlane>(bk, sKj, 16 * np, Ops::kK * kk);
 #pragma unroll
                     for (int mt = 0; mt < kMTiles; ++mt) {
                         if constexpr (Ops::kSmallSum) {
@@ -267,7 +279,7 @@ struct Sm80FwdMainloop {
 #pragma unroll
                     for (int kk = 0; kk < kKSteps; ++kk) {
                         typename Ops::B2 bv;
-                        Ops::template load_v<kLdV>(bv, sVj, Ops::kK * kk, 16 * cp);
+                        Ops::template load_v<kLdV, Tr::kVPlane>(bv, sVj, Ops::kK * kk, 16 * cp);
 #pragma unroll
                         for (int mt = 0; mt < kMTiles; ++mt) {
                             Ops::mma(z[mt][0], z[mt][0], p[mt][kk], bv, 0);
@@ -296,7 +308,7 @@ struct Sm80FwdMainloop {
 #pragma unroll
                     for (int kk = 0; kk < kKSteps; ++kk) {
                         typename Ops::B2 bv;
-                        Ops::template load_v<kLdV>(bv, sVj, Ops::kK * kk, 8 * c);
+                        Ops::template load_v<kLdV, Tr::kVPlane>(bv, sVj, Ops::kK * kk, 8 * c);
 #pragma unroll
                         for (int mt = 0; mt < kMTiles; ++mt) {
                             typename Ops::A pa;
@@ -320,7 +332,7 @@ struct Sm80FwdMainloop {
 #pragma unroll
                     for (int cp = 0; cp < kOTiles / 2; ++cp) {
                         typename Ops::B2 bv;
-                        Ops::template load_v<kLdV>(bv, sVj, Ops::kK * kk, 16 * cp);
+                        Ops::template load_v<kLdV, Tr::kVPlane>(bv, sVj, Ops::kK * kk, 16 * cp);
 #pragma unroll
                         for (int mt = 0; mt < kMTiles; ++mt) {
                             Ops::mma(o[mt][2 * cp], p[mt], bv, 0);
@@ -359,10 +371,15 @@ __device__ __forceinline__ void sm80_fwd_body(const FwdArgs& args) {
     {
         const Sequence seq(a, work.b);
         if (m0 >= seq.seqlen_q) return;
-        // The CTA's Q tile loads while warp 0 builds the state.
-        load_tile_async<Tr::kBlockM, kHeadDim, Tr::kLd, Tr::kThreads>(
-            reinterpret_cast<T*>(smem_raw), head_rows<const T>(a.q, work.b, seq.q_start, work.h), a.q.row_stride, m0,
-            seq.seqlen_q, a.headdim, a.vec_loads != 0);
+        // The CTA's Q tile (its planes: head p * heads + h) loads while warp 0 builds the state.
+        using Stored = typename Mainloop::Stored;
+#pragma unroll
+        for (int p = 0; p < Tr::kPlanes; ++p) {
+            load_tile_async<Tr::kBlockM, kHeadDim, Tr::kLd, Tr::kThreads>(
+                reinterpret_cast<Stored*>(smem_raw) + p * Tr::kQPlane,
+                head_rows<const Stored>(a.q, work.b, seq.q_start, work.h + p * a.heads), a.q.row_stride, m0, seq.seqlen_q,
+                a.headdim, a.vec_loads != 0);
+        }
         if (threadIdx.x < 32) Mainloop::init_state(a, seq, work.b, work.h, work.tile, st);
     }
     __syncthreads();

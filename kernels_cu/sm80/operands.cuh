@@ -49,6 +49,8 @@ struct Sm80Operands {
     static constexpr int kK = 16;  // the product's k
     static constexpr bool kSplitSums = false;
     static constexpr bool kSmallSum = false;
+    using Stored = T;                 // the shared-memory tiles' element
+    static constexpr int kPlanes = 1;  // tiles per operand (kPlane elements apart; float32's forward: 3)
     struct A {
         unsigned r[4];
     };
@@ -57,17 +59,17 @@ struct Sm80Operands {
     };
 
     // Q rows row0..row0+15, head-dim columns col0..col0+kK-1.
-    template <int kLd>
+    template <int kLd, int kPlane = 0>
     __device__ __forceinline__ static void load_q(A& a, const T* tile, int row0, int col0) {
         load_a_frag<kLd>(a.r, tile, row0, col0);
     }
     // For S = Q K^T: keys n0..n0+15 (two n-tiles), head-dim columns k0..k0+kK-1.
-    template <int kLd>
+    template <int kLd, int kPlane = 0>
     __device__ __forceinline__ static void load_k(B2& b, const T* tile, int n0, int k0) {
         load_bt_frags<kLd>(b.r, tile, n0, k0);
     }
     // For O = P V: keys k0..k0+kK-1, value columns c0..c0+15 (two n-tiles).
-    template <int kLd>
+    template <int kLd, int kPlane = 0>
     __device__ __forceinline__ static void load_v(B2& b, const T* tile, int k0, int c0) {
         load_b_frags_trans<kLd>(b.r, tile, k0, c0);
     }
@@ -88,6 +90,8 @@ struct Sm80Operands<float, kTf32> {
     static constexpr int kK = 16;
     static constexpr bool kSplitSums = true;
     static constexpr bool kSmallSum = true;
+    using Stored = float;
+    static constexpr int kPlanes = 1;
     using Bf16 = __nv_bfloat16;
     struct A {
         unsigned hi[4], mid[4], lo[4];
@@ -116,7 +120,7 @@ struct Sm80Operands<float, kTf32> {
 
     // Q rows row0.., columns col0..col0+15: a0 = A[g][2t, 2t + 1], a1 row g + 8, a2 and a3 columns + 8,
     // each pair one 8-byte load (rows kLd = 8 mod 32 floats apart: a half-warp's 16 pairs in 32 banks).
-    template <int kLd>
+    template <int kLd, int kPlane = 0>
     __device__ __forceinline__ static void load_q(A& a, const float* tile, int row0, int col0) {
         const int lane = threadIdx.x % 32;
         const float* p = tile + (row0 + lane / 4) * kLd + col0 + 2 * (lane % 4);
@@ -127,7 +131,7 @@ struct Sm80Operands<float, kTf32> {
     }
     // B[k][n] = K[n][k], keys n0.. (two n-tiles), columns k0..k0+15: b0 = K[n0 + g][k0 + 2t, + 1], b1 the
     // columns + 8; the second n-tile's from key n0 + 8 + g.
-    template <int kLd>
+    template <int kLd, int kPlane = 0>
     __device__ __forceinline__ static void load_k(B2& b, const float* tile, int n0, int k0) {
         const int lane = threadIdx.x % 32;
         const float* p = tile + (n0 + lane / 4) * kLd + k0 + 2 * (lane % 4);
@@ -139,7 +143,7 @@ struct Sm80Operands<float, kTf32> {
     // B[k][n] = V[k][n], keys k0..k0+15, columns c0.. (two n-tiles): b0 = V[k0 + 2t, k0 + 2t + 1][c0 + g], b1
     // the keys + 8; a pair is two rows, two 4-byte loads (rows kLdV = 4 mod 32 floats apart: rows 2t and
     // 2t + 1 in banks 8t + g and 8t + 4 + g).
-    template <int kLdV>
+    template <int kLdV, int kPlane = 0>
     __device__ __forceinline__ static void load_v(B2& b, const float* tile, int k0, int c0) {
         const int lane = threadIdx.x % 32;
         const float* p = tile + (k0 + 2 * (lane % 4)) * kLdV + c0 + lane / 4;
@@ -208,6 +212,8 @@ struct Sm80Operands<double> {
     static constexpr int kK = 8;
     static constexpr bool kSplitSums = true;
     static constexpr bool kSmallSum = false;
+    using Stored = double;
+    static constexpr int kPlanes = 1;
     struct A {
         double r[4];
     };
@@ -217,7 +223,7 @@ struct Sm80Operands<double> {
 
     // Q rows row0.., columns col0..col0+7: a_i = A[g + 8 (i % 2)][t + 4 (i / 2)] (rows kLd = 4 mod 16
     // doubles apart: a half-warp's rows g < 4, columns t in 32 banks).
-    template <int kLd>
+    template <int kLd, int kPlane = 0>
     __device__ __forceinline__ static void load_q(A& a, const double* tile, int row0, int col0) {
         const int lane = threadIdx.x % 32;
         const double* p = tile + (row0 + lane / 4) * kLd + col0 + lane % 4;
@@ -228,7 +234,7 @@ struct Sm80Operands<double> {
     }
     // B[k][n] = K[n][k], keys n0.. (two n-tiles), columns k0..k0+7: b_i = K[n0 + g][k0 + t + 4 i], the
     // second n-tile's from key n0 + 8 + g.
-    template <int kLd>
+    template <int kLd, int kPlane = 0>
     __device__ __forceinline__ static void load_k(B2& b, const double* tile, int n0, int k0) {
         const int lane = threadIdx.x % 32;
         const double* p = tile + (n0 + lane / 4) * kLd + k0 + lane % 4;
@@ -241,7 +247,7 @@ struct Sm80Operands<double> {
     // product's k = t is key 2 t, k = t + 4 key 2 t + 1), columns c0.. (two n-tiles): b_0 = V[k0 + 2 t][c0
     // + g], b_1 = V[k0 + 2 t + 1][c0 + g] (rows kLdV = 2 mod 16 doubles apart: rows 2 t and 2 t + 1 of a
     // half-warp's columns in 32 banks).
-    template <int kLdV>
+    template <int kLdV, int kPlane = 0>
     __device__ __forceinline__ static void load_v(B2& b, const double* tile, int k0, int c0) {
         const int lane = threadIdx.x % 32;
         const double* p = tile + (k0 + 2 * (lane % 4)) * kLdV + c0 + lane / 4;
@@ -295,5 +301,41 @@ struct Sm80Operands<double> {
         for (int i = 0; i < 4; ++i) d[i] += z[i];
     }
 };
+
+// float32's forward from bfloat16 planes (kernels_cu/sm80/planes.cu split the inputs once: hi, mid and lo
+// tiles kPlane elements apart in shared memory, rows padded as the 16-bit tiles'), so that its fragments
+// load by ldmatrix as the 16-bit kernels' do, with no split in the main loop but P's; the parts, and so
+// the products and sums, are Sm80Operands<float>'s, bitwise.
+template <bool kTf32 = false>
+struct Sm80PlaneOperands : Sm80Operands<float, kTf32> {
+    using Base = Sm80Operands<float, kTf32>;
+    using typename Base::A;
+    using typename Base::B2;
+    using Stored = __nv_bfloat16;
+    static constexpr int kPlanes = 3;
+
+    template <int kLd, int kPlane>
+    __device__ __forceinline__ static void load_q(A& a, const Stored* tile, int row0, int col0) {
+        load_a_frag<kLd>(a.hi, tile, row0, col0);
+        load_a_frag<kLd>(a.mid, tile + kPlane, row0, col0);
+        if constexpr (!kTf32) load_a_frag<kLd>(a.lo, tile + 2 * kPlane, row0, col0);
+    }
+    template <int kLd, int kPlane>
+    __device__ __forceinline__ static void load_k(B2& b, const Stored* tile, int n0, int k0) {
+        load_bt_frags<kLd>(b.hi, tile, n0, k0);
+        load_bt_frags<kLd>(b.mid, tile + kPlane, n0, k0);
+        if constexpr (!kTf32) load_bt_frags<kLd>(b.lo, tile + 2 * kPlane, n0, k0);
+    }
+    template <int kLd, int kPlane>
+    __device__ __forceinline__ static void load_v(B2& b, const Stored* tile, int k0, int c0) {
+        load_b_frags_trans<kLd>(b.hi, tile, k0, c0);
+        load_b_frags_trans<kLd>(b.mid, tile + kPlane, k0, c0);
+        if constexpr (!kTf32) load_b_frags_trans<kLd>(b.lo, tile + 2 * kPlane, k0, c0);
+    }
+};
+
+// The forward's operand policy: float32 from planes, every other dtype as Sm80Operands.
+template <typename T, bool kTf32> struct Sm80FwdOperands { using type = Sm80Operands<T, kTf32>; };
+template <bool kTf32> struct Sm80FwdOperands<float, kTf32> { using type = Sm80PlaneOperands<kTf32>; };
 
 }  // namespace cupyflash

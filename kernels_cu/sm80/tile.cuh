@@ -28,18 +28,23 @@ struct Sm80FwdTraits {
     static constexpr int kWarps = kBlockM / (16 * kMTiles);
     static constexpr int kThreads = 32 * kWarps;
     // Padded shared-memory rows, in elements: Q and K (kLd), V (kLdV). 16-bit: 16 bytes of padding.
-    // float32: kLd = 8 mod 32 words, where a half-warp's 8-byte loads of rows g, columns 2t (Q, K) fall in
-    // 32 banks, and kLdV = 4 mod 32, where the 4-byte loads of rows 2t and 2t + 1 do (sm80/operands.cuh).
-    // float64: kLd = 4 doubles (8 words mod 32), where a half-warp's loads of rows g, columns t (Q, K)
-    // fall in 32 banks, and kLdV = 2 doubles (4 words mod 32), where those of rows 2t and 2t + 1 do.
+    // float32: three bfloat16 planes per tile (Sm80PlaneOperands), each padded as a 16-bit tile, kQPlane,
+    // kKPlane and kVPlane elements apart. float64: kLd = 4 doubles (8 words mod 32), where a half-warp's
+    // loads of rows g, columns t (Q, K) fall in 32 banks, and kLdV = 2 doubles (4 words mod 32), where
+    // those of rows 2t and 2t + 1 do.
+    static constexpr int kPlanes = sizeof(T) == 4 ? 3 : 1;
+    static constexpr int kStoredBytes = sizeof(T) == 4 ? 2 : static_cast<int>(sizeof(T));
     static constexpr int kLd = sizeof(T) == 8 ? kHeadDim + 4 : kHeadDim + 8;
-    static constexpr int kLdV = sizeof(T) == 8 ? kHeadDim + 2 : sizeof(T) == 4 ? kHeadDim + 4 : kLd;
+    static constexpr int kLdV = sizeof(T) == 8 ? kHeadDim + 2 : kLd;
+    static constexpr int kQPlane = kBlockM * kLd;
+    static constexpr int kKPlane = kBlockN * kLd;
+    static constexpr int kVPlane = kBlockN * kLdV;
     // K/V stages: block j + 1 loads while block j is computed. Three stages, where they fit in 99 KB
     // (the per-block limit of sm_86/sm_89), also drop the barrier at the end of each iteration: the
     // stage being refilled was last read two iterations back, before the previous iteration's barrier,
     // so warps drift apart and one warp's softmax overlaps another's mma.
-    static constexpr int kSmemBytesPerStageSet = kBlockN * (kLd + kLdV) * static_cast<int>(sizeof(T));
-    static constexpr int kQSmemBytes = kBlockM * kLd * static_cast<int>(sizeof(T));
+    static constexpr int kSmemBytesPerStageSet = kPlanes * kBlockN * (kLd + kLdV) * kStoredBytes;
+    static constexpr int kQSmemBytes = kPlanes * kBlockM * kLd * kStoredBytes;
     // Per-CTA values and the tile queue (sm80_fwd.cu), at the end of the dynamic shared memory.
     static constexpr int kStateBytes = kCtaStateBytes;
     // float64 at head dim 128 (Q alone 67.6 KB): two stages would leave one 4-warp CTA per SM (ncu: 6%
