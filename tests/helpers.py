@@ -305,19 +305,21 @@ def gpu_available():
 
 
 #: The kernel families a float16/bfloat16 case runs on (CUPYFLASH_FAMILY): the Hopper kernels where the
-#: GPU has them (elsewhere "sm90" falls through to sm80) and the mma.sync kernels; float32 and float64
-#: cases run the sm80 family (head dims up to 128, forward and backward) and the general kernels.
+#: GPU has them (elsewhere "sm90" falls through to sm80) and the mma.sync kernels; float32 cases run the
+#: Hopper forward (its backward is sm80's), the sm80 family (head dims up to 128, forward and backward)
+#: and the general kernels; float64 cases the sm80 family and the general kernels.
 HALF_FAMILIES = ("sm90", "sm80")
-FLOAT32_FAMILIES = ("sm80", "general")
+FLOAT32_FAMILIES = ("sm90", "sm80", "general")
+FLOAT64_FAMILIES = ("sm80", "general")
 
 
 def with_families(cases, dtype_of, ids):
     """pytest params (case, family) for every case: each 16-bit case once per HALF_FAMILIES, each float32
-    and float64 case once per FLOAT32_FAMILIES."""
+    case once per FLOAT32_FAMILIES, each float64 case once per FLOAT64_FAMILIES."""
     params = []
     for case, case_id in zip(cases, ids):
         itemsize = np.dtype(DTYPES[dtype_of(case)]).itemsize
-        families = HALF_FAMILIES if itemsize == 2 else FLOAT32_FAMILIES
+        families = {2: HALF_FAMILIES, 4: FLOAT32_FAMILIES, 8: FLOAT64_FAMILIES}[itemsize]
         params += [pytest.param(case, f, id=f"{case_id}-{f}" if f else case_id) for f in families]
     return params
 

@@ -88,7 +88,7 @@ def decode(dtype):
 
 
 DTYPES = {"float16": numpy.float16, "bfloat16": ml_dtypes.bfloat16, "float32": numpy.float32, "float64": numpy.float64}
-FAMILY_DTYPES = {"sm90": ("float16", "bfloat16"), "sm80": ("float16", "bfloat16", "float32", "float64"),
+FAMILY_DTYPES = {"sm90": ("float16", "bfloat16", "float32"), "sm80": ("float16", "bfloat16", "float32", "float64"),
                  "general": ("float32", "float64")}
 # Arguments: families ("sm80"), or a family and one dtype ("sm80:float32").
 runs = [(arg.split(":") + [None])[:2] for arg in sys.argv[1:] or FAMILY_DTYPES]

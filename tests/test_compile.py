@@ -54,6 +54,10 @@ SM90_SPILL_CEILING = {
     (192, 128, 128, False): 164, (192, 128, 128, True): 236, (192, 192, 128, False): 140,
     (192, 192, 128, True): 148, (256, 256, 128, False): 264, (256, 256, 128, True): 316,
 }
+#: The same for the float32 Hopper forward (sm90_fwd_planes), head dim -> bytes: the producer's ~150 as
+#: above, and at head dim 128 one consumer value kept in local memory across the mask (8-15 local-memory
+#: instructions outside the products).
+SM90_PLANES_SPILL_CEILING = {64: 176, 128: 184}
 #: The same for the sm90 backward, whose producer warpgroup runs three loops (tiles, lse and delta rows,
 #: dQ reductions) at 24 registers, and whose consumers spill a few values in the masked P^T path. The
 #: conflict-free dQ stores (four address registers instead of eight) and the alternating whole-tile dQ
@@ -243,6 +247,7 @@ def test_every_variant_compiles_without_spills(reports, builds, request, capsys)
                                           v.param("score_mod"))] for v in sm90.FWD.variants()}
     ceiling.update({v.key: SM90_BWD_SPILL_CEILING[(v.param("headdim"), v.param("headdim_v"), v.param("score_mod"))]
                     for v in sm90.BWD.variants()})
+    ceiling.update({v.key: SM90_PLANES_SPILL_CEILING[v.param("headdim")] for v in sm90.FWD_PLANES.variants()})
     for v in kvcache_device.DECODE.variants():
         ceiling[v.key] = KVC_SPILL_CEILING.get(v.param("headdim"), 0)
     spilled = {k: r for k, r in reports.items() if (r["spill_bytes"] or r["stack_bytes"])
@@ -281,6 +286,11 @@ def test_hopper_variants_run_on_hgmma(reports):
             continue  # the fp16 twin of a bf16 tile (test_every_kernel_and_dtype_is_built)
         steps = v.param("headdim") // 16 + v.param("block_n") // 16
         assert reports[(v.key, 90)]["hgmma"] >= steps, (v.key, reports[(v.key, 90)])
+    for v in sm90.FWD_PLANES.variants():
+        # Six bfloat16 products per k-step of S and of O += P V (three for "tf32").
+        products = 3 if v.param("tf32") else 6
+        steps = v.param("headdim") // 16 + v.param("block_n") // 16
+        assert reports[(v.key, 90)]["hgmma"] >= products * steps, (v.key, reports[(v.key, 90)])
     for v in sm90.BWD.variants():
         if v.key not in built:
             continue
@@ -386,7 +396,7 @@ def _static_asserts(lines, includes, arch=None):
 
 #: The folders of kernels_cu/ each folder may include (besides itself): the layers of ARCHITECTURE.md.
 KERNEL_LAYERS = {"common": set(), "generated": set(), "fragment": {"common"}, "general": {"common"},
-                 "sm80": {"common", "fragment"}, "sm90": {"common", "fragment", "generated"},
+                 "sm80": {"common", "fragment"}, "sm90": {"common", "fragment", "generated", "sm80"},
                  "kvcache": {"common", "fragment", "sm80"}}
 
 

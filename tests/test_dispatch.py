@@ -43,7 +43,8 @@ def test_sm90_only_on_compute_capability_9_0():
     assert sm90.FORWARD.select(p, H200, _operands(p)).key == "sm90_fwd_bf16_d128_v128_q128_n128_s2_mod_0"
     assert sm90.FORWARD.select(p, A100, _operands(p)) is None
     assert sm90.FORWARD.select(p, common.Device(100, 227 * 1024, 148), _operands(p)) is None
-    assert sm90.FORWARD.select(*_with_operands(_problem(dtype=np.float32), H200)) is None
+    assert sm90.FORWARD.select(*_with_operands(_problem(dtype=np.float64), H200)) is None
+    assert sm90.FORWARD.select(*_with_operands(_problem(dtype=np.float32), A100)) is None
 
 
 @pytest.mark.parametrize("headdim, headdim_v, expected", [
@@ -165,16 +166,17 @@ def test_sm90_forward_keeps_block_masks_whole(block_q, tile):
 
 
 @pytest.mark.parametrize("precision, device, expected", [
-    ("highest", H200, "sm80_fwd_parts_fp32_d64_n32_m1_mod_0_tf32_0"),
-    ("tf32", H200, "sm80_fwd_parts_fp32_d64_n32_m1_mod_0_tf32_1"),
+    ("highest", H200, "sm90_fwd_planes_fp32_d64_n64_s2_mod_0_tf32_0"),
+    ("tf32", H200, "sm90_fwd_planes_fp32_d64_n64_s2_mod_0_tf32_1"),
+    ("highest", A100, "sm80_fwd_parts_fp32_d64_n32_m1_mod_0_tf32_0"),
     ("tf32", A100, "sm80_fwd_parts_fp32_d64_n32_m1_mod_0_tf32_1"),
 ])
 def test_float32_forward_takes_its_precision(precision, device, expected):
-    """float32's forward runs the sm80 family's kernel in bfloat16 parts on sm_80+ (Hopper included),
-    three parts for "highest", two for "tf32"."""
+    """float32's forward runs in bfloat16 parts, the Hopper kernel on compute capability 9.0 and the sm80
+    family's on other sm_80+ GPUs, three parts for "highest", two for "tf32"."""
     p = _problem(64, dtype=np.float32, precision=precision)
     family, variant = _families.select(_families.FORWARD, p, device, _operands(p))
-    assert (family.name, variant.key) == ("sm80", expected)
+    assert (family.name, variant.key) == (expected[:4], expected)
 
 
 @pytest.mark.parametrize("headdim, device, expected", [

@@ -223,6 +223,8 @@ HALF_FAMILY_WEIGHTS = {"sm90": 0.4, "sm80": 0.4, "general": 0.2}
 #: not a draw, so that the fixed set's problems stay what they were when these kernels came (and the
 #: strict known failures on the general kernels, 304 and 355, stay there).
 WIDE_SM80_SEEDS = (4, 1)
+#: float32 cases run the Hopper forward (and sm80's backward) when seed % 4 == 3, by the same rule.
+FLOAT32_SM90_SEEDS = 3
 #: float64 cases run a np.longdouble oracle, which has no BLAS: a tenth of the budget.
 FLOAT64_BUDGET = 0.1
 #: Fewest query rows (batch * heads * seqlen_q) of a case; a smaller batch grows to reach it. The rule
@@ -345,7 +347,9 @@ def problem(seed, gpu=False):
         if DTYPES[dtype].itemsize == 2:
             family = _pick(rng, HALF_FAMILY_WEIGHTS)
         else:
-            family = "sm80" if seed % WIDE_SM80_SEEDS[0] == WIDE_SM80_SEEDS[1] else "general"
+            family = ("sm80" if seed % WIDE_SM80_SEEDS[0] == WIDE_SM80_SEEDS[1]
+                      else "sm90" if dtype == "float32" and seed % WIDE_SM80_SEEDS[0] == FLOAT32_SM90_SEEDS
+                      else "general")
     heads_k = int(rng.integers(1, limits.max_heads_k + 1))
     heads = heads_k * int(rng.integers(1, limits.max_group + 1))
     headdim, headdim_v = _headdims(rng, limits, family in ("sm90", "sm80") and DTYPES[dtype].itemsize == 2)
@@ -779,6 +783,7 @@ GPU_FEATURES = {
        for dtype in ("float16", "bfloat16") for family in HALF_FAMILY_WEIGHTS},
     **{f"{dtype} on {family}": _is(dtype=dtype, family=family) for dtype in ("float32", "float64")
        for family in ("sm80", "general")},
+    "float32 on sm90": _is(dtype="float32", family="sm90"),
     "float32 or float64 on sm80 at head dims up to 128": lambda p: (p.family == "sm80" and p.dtype in ("float32", "float64")
                                                                     and max(p.headdim, p.headdim_v) <= 128),
     "odd head dim on the tensor cores": lambda p: p.family in ("sm90", "sm80") and p.headdim in ODD_HEADDIMS,

@@ -15,6 +15,7 @@ import functools
 import numpy
 
 from .. import _kernels, _plan
+from .._problem import lse_dtype
 from . import common, sm80
 
 #: The only compute capability whose cubins these are (sm_90a code runs nowhere else).
@@ -78,6 +79,16 @@ FWD = _kernels.Kernel(
     "sm90_fwd", "sm90/fwd.cu", _kernels.HALF_DTYPES, ("headdim", "headdim_v", "block_m", "block_n", "stages"),
     tuple((*dims, *tile) for dims, tiles in FWD_TILES.items() for tile in tiles), ("score_mod",), arch="90a",
 )
+#: The float32 forward's tiles (kernels_cu/sm90/fwd_planes_mainloop.cuh): head-dim bucket -> ((keys per
+#: tile, K/V stages),). q, k and v are read as three bfloat16 planes (6 bytes an element): at head dim
+#: 128 the 128-row Q tile (96 KB) and one stage of 64-key K and V tiles (48 KB each) fill 194 KB.
+FWD_PLANES_TILES = {64: ((64, 2),), 128: ((64, 1),)}
+FWD_PLANES = _kernels.Kernel(
+    "sm90_fwd_planes", "sm90/fwd_planes.cu", ("float32",), ("headdim", "block_n", "stages"),
+    tuple((d, *tile) for d, tiles in FWD_PLANES_TILES.items() for tile in tiles), ("score_mod", "tf32"), arch="90a",
+)
+#: Query rows per CTA of the float32 forward (two consumer warpgroups).
+FWD_PLANES_BLOCK_M = 128
 BWD = _kernels.Kernel(
     "sm90_bwd", "sm90/bwd.cu", _kernels.HALF_DTYPES, ("headdim", "headdim_v", "block_m", "stages"),
     tuple((*dims, *tile) for dims, tile in BWD_TILES.items()), ("score_mod",), arch="90a",
@@ -112,6 +123,15 @@ def fwd_smem_bytes(variant):
     and V tiles, the O tile where it fits, the state, and the alignment slack."""
     ring, o_tile = _fwd_tile_bytes(variant)
     return ALIGN_SLACK + ring + (o_tile if fwd_stores_o(variant) else 0) + CTA_STATE_BYTES
+
+
+def fwd_planes_smem_bytes(variant):
+    """Dynamic shared memory of a float32 forward variant (Sm90FwdPlanesTraits::kSmemBytes): the Q tile
+    and ``stages`` K and V tiles, each of three bfloat16 planes (two for "tf32") in 64-column atoms, the
+    state and the alignment slack."""
+    d, block_n, stages = (variant.param(n) for n in ("headdim", "block_n", "stages"))
+    planes = 2 if variant.param("tf32") else 3
+    return ALIGN_SLACK + planes * 128 * _atoms(d) * (FWD_PLANES_BLOCK_M + 2 * stages * block_n) + CTA_STATE_BYTES
 
 
 def bwd_split_cols(variant):
@@ -281,22 +301,36 @@ def cxx_facts():
         traits = f"cupyflash::Sm90FwdTraits<__half, {', '.join(map(str, v.tile))}>"
         facts.update({f"{traits}::kSmemBytes": fwd_smem_bytes(v), f"{traits}::kThreads": fwd_threads(v),
                       f"{traits}::kBlockM": v.param("block_m"), f"(int){traits}::kStoreO": int(fwd_stores_o(v))})
+    for v in FWD_PLANES.variants():
+        traits = f"cupyflash::Sm90FwdPlanesTraits<{', '.join(map(str, v.tile))}, {str(v.param('tf32')).lower()}>"
+        facts.update({f"{traits}::kSmemBytes": fwd_planes_smem_bytes(v), f"{traits}::kThreads": 384,
+                      f"{traits}::kBlockM": FWD_PLANES_BLOCK_M})
     for v in BWD.variants():
         traits = f"cupyflash::Sm90BwdTraits<__half, {', '.join(map(str, v.tile))}>"
         facts.update({f"{traits}::kSmemBytes": bwd_smem_bytes(v), f"{traits}::kThreads": BWD_THREADS,
                       f"{traits}::kBlockN": bwd_block_n(v), f"(int){traits}::kSplitCols": int(bwd_split_cols(v))})
-    return ("sm90/fwd.cu", "sm90/bwd.cu"), facts
+    return ("sm90/fwd.cu", "sm90/fwd_planes.cu", "sm90/bwd.cu"), facts
 
 
 class Sm90Forward:
     """float16/bfloat16 on compute capability 9.0, head dims up to 256, inputs a TMA can address (other
-    inputs take the sm80 family)."""
+    inputs take the sm80 family); float32 up to head dim 128, any layout (its bfloat16 planes are the
+    kernel's operands)."""
 
     name = "sm90"
-    kernels = (FWD,)
+    kernels = (FWD, sm80.PLANES, FWD_PLANES)
 
     def select(self, p, device, operands):
-        if p.dtype.itemsize != 2 or device.capability != CAPABILITY:
+        if device.capability != CAPABILITY:
+            return None
+        if p.dtype == numpy.float32:
+            dim = sm80.headdim_bucket(p.headdim, p.headdim_v, tuple(FWD_PLANES_TILES))
+            if dim is None:
+                return None
+            variant = FWD_PLANES.variant("float32", (dim, *FWD_PLANES_TILES[dim][0]), score_mod=p.score_mod,
+                                         tf32=p.precision == "tf32")
+            return variant if fwd_planes_smem_bytes(variant) <= device.smem_optin else None
+        if p.dtype.itemsize != 2:
             return None
         dims = bucket(p.headdim, p.headdim_v)
         if dims is None or not all(tma_addressable(x, p.varlen) for x in operands):
@@ -314,6 +348,8 @@ class Sm90Forward:
         return variant if fwd_smem_bytes(variant) <= device.smem_optin else None
 
     def plan(self, b, variant, p, q, k, v, device):
+        if variant.kernel is FWD_PLANES:
+            return self._plan_planes(b, variant, p, q, k, v, device)
         block_m, block_n = variant.param("block_m"), variant.param("block_n")
         out, lse = b.output(p.out_shape, p.dtype), b.output(p.lse_shape, numpy.float32)
         lists = common.sparse_lists(b, p, block_m, block_n)
@@ -331,6 +367,16 @@ class Sm90Forward:
         # through a counter each launch leaves zero (Sm90QueryTileScheduler::next), a section of heads whose
         # K and V fit L2 at a time.
         work = common.cdiv(p.seqlen_q, block_m) * p.batch * p.heads
+        schedule = self._schedule(b, p, device)
+        smem = fwd_smem_bytes(variant)
+        b.launch(common.function(variant, smem), (min(work, device.sm_count), 1, 1), fwd_threads(variant),
+                 (args, maps, schedule), smem)
+        return out, lse
+
+
+    @staticmethod
+    def _schedule(b, p, device):
+        """The Sm90Schedule of a forward plan."""
         schedule = b.struct(SCHEDULE)
         # Query tiles end at each sequence's last row (a partial tile is the first, the shortest causal
         # walk), except under a block mask, whose lists are per query block from row 0.
@@ -340,8 +386,23 @@ class Sm90Forward:
             schedule["longest_first"] = 1
             schedule["section"] = l2_section(p, device)
             schedule["next_work"] = b.counters(1).data.ptr
-        smem = fwd_smem_bytes(variant)
-        b.launch(common.function(variant, smem), (min(work, device.sm_count), 1, 1), fwd_threads(variant),
+        return schedule
+
+    def _plan_planes(self, b, variant, p, q, k, v, device):
+        """float32: q, k and v split into bfloat16 planes (sm80.plan_planes), then the forward over them."""
+        block_n = variant.param("block_n")
+        out, lse = b.output(p.out_shape, p.dtype), b.output(p.lse_shape, lse_dtype(p.dtype))
+        tf32 = variant.param("tf32")
+        q, k, v = (sm80.plan_planes(b, p, x, heads, tf32) for x, heads in ((q, p.heads), (k, p.heads_k), (v, p.heads_k)))
+        lists = common.sparse_lists(b, p, FWD_PLANES_BLOCK_M, block_n)
+        args = common.fwd_args(b, p, q, k, v, out, lse, lists)
+        maps = b.struct(MAPS)
+        for field, x, rows in (("q", q, FWD_PLANES_BLOCK_M), ("k", k, block_n), ("v", v, block_n)):
+            tensor_map(b, maps, field, x, p.varlen, rows)
+        work = common.cdiv(p.seqlen_q, FWD_PLANES_BLOCK_M) * p.batch * p.heads
+        schedule = self._schedule(b, p, device)
+        smem = fwd_planes_smem_bytes(variant)
+        b.launch(common.function(variant, smem), (min(work, device.sm_count), 1, 1), 128 * (1 + FWD_PLANES_BLOCK_M // 64),
                  (args, maps, schedule), smem)
         return out, lse
 

@@ -3,7 +3,8 @@
 //                 parts the kernels split in registers), for every element of a (batch, rows, heads,
 //                 dim) tensor, into (batch, rows, 3 * heads, dim_planes): plane p of head h is head
 //                 p * heads + h, its columns from dim to dim_planes zero. With kTf32, lo is left zero.
-// A thread takes 8 columns of one (batch entry, row, head): 8 loads, 3 16-byte stores.
+// A thread takes 8 columns of one (batch entry, row, head): two 16-byte loads where they are whole and
+// aligned (else 8), three 16-byte stores.
 #include "common/dtypes.cuh"
 #include "common/params.cuh"
 #include "common/sequence.cuh"
@@ -27,13 +28,17 @@ split_planes(const CUPYFLASH_GRID_CONSTANT TensorArg src, const CUPYFLASH_GRID_C
         const int r = static_cast<int>((rest / heads) % rows);
         const int b = static_cast<int>(rest / (static_cast<long long>(heads) * rows));
         const float* x = head_rows<const float>(src, b, r, h) + c0;
+        float v[8];
+        if (c0 + 8 <= dim && reinterpret_cast<size_t>(x) % 16 == 0) {  // two 16-byte loads
+            const float4 a = reinterpret_cast<const float4*>(x)[0], c = reinterpret_cast<const float4*>(x)[1];
+            v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = c.x, v[5] = c.y, v[6] = c.z, v[7] = c.w;
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[e] = c0 + e < dim ? x[e] : 0.0f;
+        }
         unsigned hi[4], mid[4], lo[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const float x0 = c0 + 2 * i < dim ? x[2 * i] : 0.0f;
-            const float x1 = c0 + 2 * i + 1 < dim ? x[2 * i + 1] : 0.0f;
-            Ops::split2(x0, x1, hi[i], mid[i], lo[i]);
-        }
+        for (int i = 0; i < 4; ++i) Ops::split2(v[2 * i], v[2 * i + 1], hi[i], mid[i], lo[i]);
         __nv_bfloat16* out = head_rows<__nv_bfloat16>(dst, b, r, h) + c0;
         const long long plane = static_cast<long long>(heads) * dst.head_stride;
         *reinterpret_cast<uint4*>(out) = make_uint4(hi[0], hi[1], hi[2], hi[3]);

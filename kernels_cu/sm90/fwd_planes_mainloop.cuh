@@ -1,0 +1,361 @@
+// The Hopper forward's main loop for float32 (sm_90a): q, k and v arrive as three bfloat16 planes each
+// (x = hi + mid + lo exactly, split once by sm80/planes.cu), and every product is the six bfloat16 wgmma
+// products of Sm80Operands<float> (sm80/operands.cuh), in the same order and with the same split sums, so
+// that the scores are bitwise those of the sm80 float32 forward and backward (the backward recomputes P
+// from them: scores a few ulps apart at large logits broke its gradients, bench/NOTES.md, session 20).
+// sm90/fwd_planes.cu assembles it with the kernel body of sm90/fwd_kernel.cuh.
+//
+// Loads: the producer's TMA copies each plane of the Q tile and of each K and V tile as a 16-bit tile
+// (64-column atoms, 128-byte swizzle: sm90/primitives.cuh), the planes of a tile one after another.
+// precision="tf32" (kTf32) loads two planes and runs three products.
+//
+// Sums: wgmma, like mma.sync, truncates each product's float32 result toward zero, so
+//   S: the five small products of every k-step chain in `small`, and each k-step's leading product
+//      hi x hi is summed from zero (the wgmma's scale-d off) into one of two buffers z and added to S
+//      with a FADD once its group completes, while the next k-step's group runs;
+//   O: each 32 keys' P V (all six products of every k-step, the small ones first) is summed from zero in
+//      z and added to O, so its truncations are of that share (sm80's float32 tiles are 32 keys).
+// Registers per consumer thread at head dim 128 and 64-key tiles: O 64, S 32, small 32, z 2 x 32 while S
+// is formed; O 64, z 64 and P's planes 48 while P V is.
+//
+// Schedule: two consumer warpgroups of 64 rows take turns (Pingpong) to issue S, then P V, of each key
+// tile; the six products make the tensor cores' share six times the 16-bit kernel's, so one warpgroup's
+// products cover the other's softmax without the 16-bit kernel's overlap of S_{j+1} with P_j V_j inside
+// a warpgroup (its registers are not there).
+#pragma once
+#include "common/dtypes.cuh"
+#include "common/launch.cuh"
+#include "common/mask.cuh"
+#include "common/params.cuh"
+#include "common/score_mod.cuh"
+#include "common/sequence.cuh"
+#include "fragment/scores.cuh"
+#include "fragment/softmax.cuh"
+#include "generated/wgmma_ops.cuh"
+#include "sm80/operands.cuh"
+#include "sm90/fwd_mainloop.cuh"
+#include "sm90/pipeline.cuh"
+#include "sm90/primitives.cuh"
+
+namespace cupyflash {
+
+template <int kHeadDim_, int kBlockN_, int kStages_, bool kTf32>
+struct Sm90FwdPlanesTraits {
+    static constexpr int kHeadDim = kHeadDim_;   // q.k and v columns (one bucket covers both)
+    static constexpr int kHeadDimV = kHeadDim_;
+    static constexpr int kBlockM = 128;          // two consumer warpgroups
+    static constexpr int kBlockN = kBlockN_;
+    static constexpr int kStages = kStages_;
+    static constexpr int kConsumers = kBlockM / 64;
+    static constexpr int kThreads = 128 * (1 + kConsumers);
+    static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+    static constexpr int kProducerRegs = 24;
+    static constexpr int kConsumerRegs = (kLaunchRegs * (1 + kConsumers) - kProducerRegs) / kConsumers / 8 * 8;
+    static constexpr int kPlanes = kTf32 ? 2 : 3;  // hi, mid (and lo)
+    static constexpr int kAtomsQK = (kHeadDim + 63) / 64;
+    static constexpr int kAtomsV = kAtomsQK;
+    static constexpr int kQPlaneBytes = kBlockM * 128 * kAtomsQK;
+    static constexpr int kKPlaneBytes = kBlockN * 128 * kAtomsQK;
+    static constexpr int kVPlaneBytes = kBlockN * 128 * kAtomsV;
+    static constexpr int kQBytes = kPlanes * kQPlaneBytes;  // what a tile's TMA copies count
+    static constexpr int kKBytes = kPlanes * kKPlaneBytes;
+    static constexpr int kVBytes = kPlanes * kVPlaneBytes;
+    static constexpr int kKOffset = kQBytes;
+    static constexpr int kVOffset = kKOffset + kStages * kKBytes;
+    static constexpr int kFixedBytes = 1024 + kCtaStateBytes;
+    static constexpr bool kStoreO = false;  // the epilogue writes from the registers
+    static constexpr int kStateOffset = kVOffset + kStages * kVBytes;
+    static constexpr int kSmemBytes = kFixedBytes + kStateOffset;
+    static constexpr int kDSteps = kHeadDim / 16;
+    static constexpr int kKeySteps = kBlockN / 16;
+    static constexpr int kNTiles = kBlockN / 8;
+    static constexpr int kOTiles = kHeadDimV / 8;
+    static_assert(kHeadDim % 16 == 0 && kHeadDim <= 128, "head dims are multiples of 16 up to 128");
+    static_assert(kBlockN % 16 == 0 && kBlockN <= 128, "key tiles are multiples of 16 up to 128");
+    static_assert(kStages >= 1 && kStages <= Sm90FwdState::kMaxStages, "1 to 4 stages");
+    static_assert(kSmemBytes <= 227 * 1024, "the tiles must fit sm_90's 227 KB");
+};
+
+template <int kHeadDim, int kBlockN, int kStages, bool kScoreMod, bool kTf32>
+struct Sm90FwdPlanesMainloop {
+    using Tr = Sm90FwdPlanesTraits<kHeadDim, kBlockN, kStages, kTf32>;
+    using Ops = Sm80Operands<float, kTf32>;  // split2, the P fragments and the order of the products
+    using Softmax = FragmentSoftmax<Tr::kNTiles, true, float>;  // natural-log units, as sm80's float32
+    using Bf16 = __nv_bfloat16;
+    static constexpr int kBlockM = Tr::kBlockM;
+    static constexpr int kNTiles = Tr::kNTiles;
+    static constexpr int kOTiles = Tr::kOTiles;
+    // Named barriers: the turns 1 .. 2, then one per consumer for clear_foreign_values.
+    using Turns = Pingpong<1, Tr::kConsumers>;
+    static constexpr int kClearBarrier = 1 + Tr::kConsumers;
+    enum { kHi = 0, kMid = 1, kLo = 2 };  // plane p of head h is head p * heads + h (sm80/planes.cu)
+    // O += P V in parts of 32 keys, each summed from zero (issue_values).
+    static constexpr int kPartSteps = 2;
+    static constexpr int kParts = Tr::kKeySteps / kPartSteps;
+    static_assert(Tr::kKeySteps % kPartSteps == 0, "key tiles of whole 32-key parts");
+
+    // Producer: the planes of the Q tile of work tile (b, h, m0), counted on q_full.
+    __device__ __forceinline__ static void load_queries(const AttnArgs& a, const Sm90FwdMaps& maps, Sm90FwdState& st,
+                                                        unsigned char* smem, const Sequence& seq, int b, int h,
+                                                        int m0) {
+        const int batch = a.cu_seqlens_q != nullptr ? 0 : b;
+#pragma unroll
+        for (int p = 0; p < Tr::kPlanes; ++p) {
+#pragma unroll
+            for (int atom = 0; atom < Tr::kAtomsQK; ++atom) {
+                tma_load_4d(smem + p * Tr::kQPlaneBytes + atom * kBlockM * 128, maps.q, &st.q_full, 64 * atom,
+                            seq.q_start + m0, h + p * a.heads, batch);
+            }
+        }
+    }
+
+    // Producer: the planes of the K and V tiles of a work tile's walk, through the ring (i: ring slots
+    // filled so far, over all work tiles); as Sm90FwdMainloop::load_keys.
+    __device__ __forceinline__ static void load_keys(const AttnArgs& a, const Sm90FwdMaps& maps, Sm90FwdState& st,
+                                                     unsigned char* smem, const Sm90FwdTile& tile, int& i) {
+        const TileRange keys = tile.keys;
+        const int k_start = tile.seq.k_start;
+        const int kvh = kv_head(tile.h, a.heads, a.heads_k);
+        const int batch = a.cu_seqlens_k != nullptr ? 0 : tile.b;
+        for (int j = 0; j < keys.count; ++j, ++i) {
+            const int stage = i % kStages;
+            const int round_parity = (i / kStages - 1) & 1;
+            if (i >= kStages) mbarrier_wait(&st.empty_k[stage], round_parity);
+            const int entry = keys.entry(j);
+            st.entry[stage] = entry;  // released to the consumers by the arrival below
+            const int row = k_start + entry_tile(entry) * kBlockN;
+            unsigned char* k_tile = smem + Tr::kKOffset + stage * Tr::kKBytes;
+            unsigned char* v_tile = smem + Tr::kVOffset + stage * Tr::kVBytes;
+            mbarrier_arrive_expect_tx(&st.k_full[stage], Tr::kKBytes);
+#pragma unroll
+            for (int p = 0; p < Tr::kPlanes; ++p) {
+#pragma unroll
+                for (int atom = 0; atom < Tr::kAtomsQK; ++atom) {
+                    tma_load_4d(k_tile + p * Tr::kKPlaneBytes + atom * kBlockN * 128, maps.k, &st.k_full[stage],
+                                64 * atom, row, kvh + p * a.heads_k, batch);
+                }
+            }
+            if (i >= kStages) mbarrier_wait(&st.empty_v[stage], round_parity);
+            mbarrier_arrive_expect_tx(&st.v_full[stage], Tr::kVBytes);
+#pragma unroll
+            for (int p = 0; p < Tr::kPlanes; ++p) {
+#pragma unroll
+                for (int atom = 0; atom < Tr::kAtomsV; ++atom) {
+                    tma_load_4d(v_tile + p * Tr::kVPlaneBytes + atom * kBlockN * 128, maps.v, &st.v_full[stage],
+                                64 * atom, row, kvh + p * a.heads_k, batch);
+                }
+            }
+        }
+    }
+
+    // S = Q K^T of this warpgroup's 64 rows (Q row offset q_row) and the key tile at k_tile, complete on
+    // return: per k-step the small products into `small` (Ops::mma's order: lo hi, hi lo, mid mid, mid
+    // hi, hi mid), then hi hi from zero into z[kk % 2], one commit group per k-step; each group's z is
+    // added to s once the group is done (wgmma_wait<1>: the next one runs meanwhile), and small last.
+    __device__ __forceinline__ static void compute_scores(float (&s)[kNTiles][4], unsigned q_tile, int q_row,
+                                                          unsigned k_tile) {
+        using SS = WgmmaSS<Bf16, kBlockN>;
+        unsigned long long q[Tr::kPlanes], k[Tr::kPlanes];
+#pragma unroll
+        for (int p = 0; p < Tr::kPlanes; ++p) {
+            q[p] = kmajor_desc(q_tile + p * Tr::kQPlaneBytes, q_row);
+            k[p] = kmajor_desc(k_tile + p * Tr::kKPlaneBytes, 0);
+        }
+        float small[kNTiles][4];
+        float z[2][kNTiles][4];
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < Tr::kDSteps; ++kk) {
+            const unsigned qs = kmajor_step<kBlockM>(kk), ks = kmajor_step<kBlockN>(kk);
+            const auto qd = [&](int p) { return desc_advance(q[p], qs); };
+            const auto kd = [&](int p) { return desc_advance(k[p], ks); };
+            wgmma_fence();
+            if constexpr (!kTf32) {
+                if (kk == 0) {
+                    SS::overwrite(small, qd(kLo), kd(kHi));
+                } else {
+                    SS::mma(small, qd(kLo), kd(kHi), 1);
+                }
+                SS::mma(small, qd(kHi), kd(kLo), 1);
+                SS::mma(small, qd(kMid), kd(kMid), 1);
+                SS::mma(small, qd(kMid), kd(kHi), 1);
+            } else if (kk == 0) {
+                SS::overwrite(small, qd(kMid), kd(kHi));
+            } else {
+                SS::mma(small, qd(kMid), kd(kHi), 1);
+            }
+            SS::mma(small, qd(kHi), kd(kMid), 1);
+            SS::overwrite(z[kk % 2], qd(kHi), kd(kHi));
+            wgmma_commit();
+            if (kk > 0) {
+                wgmma_wait<1>();
+                fence_fragments(z[(kk - 1) % 2]);
+                add_to(s, z[(kk - 1) % 2]);
+            }
+        }
+        wgmma_wait<0>();
+        fence_fragments(z[(Tr::kDSteps - 1) % 2]);
+        fence_fragments(small);
+        add_to(s, z[(Tr::kDSteps - 1) % 2]);
+        add_to(s, small);
+    }
+
+    // z = P V of keys [32 part, 32 part + 32) of the key tile at v_tile from zero (Ops::mma's six products
+    // per k-step, small ones first), issued: the partial sums of sm80's 32-key tiles (summed over 64
+    // keys, z's truncations took O to 1.3x the rule's allowance at head dim 1).
+    __device__ __forceinline__ static void issue_values(float (&z)[kOTiles][4], const typename Ops::A (&p)[Tr::kKeySteps],
+                                                        unsigned v_tile, int part) {
+        using RS = WgmmaRS<Bf16, kHeadDim>;
+        unsigned long long v[Tr::kPlanes];
+#pragma unroll
+        for (int pl = 0; pl < Tr::kPlanes; ++pl) v[pl] = mnmajor_desc<kBlockN>(v_tile + pl * Tr::kVPlaneBytes);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = kPartSteps * part; kk < kPartSteps * (part + 1); ++kk) {
+            const auto vd = [&](int pl) { return desc_advance(v[pl], mnmajor_step(kk)); };
+            const int accumulate = kk > kPartSteps * part;
+            if constexpr (!kTf32) {
+                RS::mma(z, p[kk].lo, vd(kHi), accumulate);
+                RS::mma(z, p[kk].hi, vd(kLo), 1);
+                RS::mma(z, p[kk].mid, vd(kMid), 1);
+                RS::mma(z, p[kk].mid, vd(kHi), 1);
+            } else {
+                RS::mma(z, p[kk].mid, vd(kHi), accumulate);
+            }
+            RS::mma(z, p[kk].hi, vd(kMid), 1);
+            RS::mma(z, p[kk].hi, vd(kHi), 1);
+        }
+        wgmma_commit();
+    }
+
+    template <int kTiles>
+    __device__ __forceinline__ static void add_to(float (&d)[kTiles][4], const float (&x)[kTiles][4]) {
+#pragma unroll
+        for (int c = 0; c < kTiles; ++c) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) d[c][e] += x[c][e];
+        }
+    }
+
+    // The scores of key tile `entry` in natural-log units with the modifications (modify_rows_natural, as
+    // sm80's float32 forward and backward round them), then the mask where the tile needs one.
+    __device__ __forceinline__ static void modify_and_mask(float (&s)[kNTiles][4], const AttnArgs& a,
+                                                           const Sm90FwdTile& st, const NaturalScores<float>& scores,
+                                                           int entry, int row_g, int w0, int col_t) {
+        const int n0 = entry_tile(entry) * kBlockN;
+        auto& rows = reinterpret_cast<float(&)[1][kNTiles][4]>(s);
+        const auto row_of = [&](int, int r) { return row_g + 8 * r; };
+        modify_rows_natural<kScoreMod>(rows, scores, row_of, n0, col_t);
+        const bool partial = entry_partial(entry);
+        const int cuts = st.mask.key_cuts(w0, 64, n0, kBlockN);
+        if (partial || cuts != 0) mask_tile_rows<true>(rows, st.mask, st.layout, a, row_of, n0, col_t, partial, cuts);
+    }
+
+    // As Sm90FwdMainloop::clear_foreign_values, for every plane of the V tile.
+    __device__ __forceinline__ static void clear_foreign_values(unsigned char* v_tile, const AttnArgs& a,
+                                                                const Sm90FwdTile& tile, int entry, int wg) {
+        if (a.cu_seqlens_k == nullptr && a.seqused_k == nullptr) return;
+        const int first = tile.seq.seqlen_k - entry_tile(entry) * kBlockN;  // first row past the sequence
+        if (first >= kBlockN) return;
+#pragma unroll
+        for (int p = 0; p < Tr::kPlanes; ++p) {
+            zero_tile_rows(v_tile + p * Tr::kVPlaneBytes, kBlockN, first, Tr::kAtomsV, threadIdx.x % 128, 128);
+        }
+        fence_proxy_async();
+        named_barrier_sync(kClearBarrier + wg, 128);
+    }
+
+    // The walk's key tiles [*first, *last) that some real row of [w0, w0 + 64) sees (a dense walk's; a
+    // block-sparse list is computed whole): under a causal mask the first warpgroup's rows see one
+    // 64-key tile fewer than the second's.
+    __device__ __forceinline__ static void own_tiles(const Sm90FwdTile& tile, int w0, int* first, int* last) {
+        const int count = tile.keys.count;
+        *first = 0;
+        *last = count;
+        if (tile.keys.list != nullptr) return;
+        const int r0 = max(w0, 0), r1 = min(w0 + 64, tile.seq.seqlen_q);
+        int begin = 0, end = 0;
+        if (r1 > r0) tile.mask.key_range(r0, r1 - r0, &begin, &end);
+        if (end <= begin) {
+            *last = 0;
+            return;
+        }
+        *first = min(max(begin / kBlockN - tile.keys.first, 0), count);
+        *last = min(max(ceil_div(end, kBlockN) - tile.keys.first, *first), count);
+    }
+
+    // A key tile the warpgroup does not compute: its two turns, passed at once, and its stage released
+    // once loaded (an arrival before the load could count toward the stage's previous round).
+    __device__ __forceinline__ static void skip_tile(Sm90FwdState& st, int wg, int& i) {
+        const int stage = i % kStages;
+        const int parity = (i / kStages) & 1;
+#pragma unroll
+        for (int turn = 0; turn < 2; ++turn) {
+            Turns::take_turn(wg);
+            Turns::pass_turn(wg);
+        }
+        mbarrier_wait(&st.k_full[stage], parity);
+        release_stage(&st.empty_k[stage]);
+        mbarrier_wait(&st.v_full[stage], parity);
+        release_stage(&st.empty_v[stage]);
+        ++i;
+    }
+
+    // Consumer warpgroup wg (0 or 1): O (unnormalized) and the row statistics of its 64 rows of a work
+    // tile, through the tile's walk (i: ring slots consumed so far, over all work tiles). Releases the Q
+    // tile after its last S. Two turns per key tile of the walk (S, then P V), computed or skipped, the
+    // same count in both warpgroups.
+    __device__ __forceinline__ static void mma(const AttnArgs& a, Sm90FwdState& st, unsigned char* smem,
+                                               const Sm90FwdTile& tile, int wg, int& i, float (&o)[1][kOTiles][4],
+                                               Softmax (&softmax)[1]) {
+        const int warp = (threadIdx.x / 32) % 4;
+        const int lane = threadIdx.x % 32;
+        const int col_t = 2 * (lane % 4);
+        const unsigned q_tile = shared_addr(smem);
+        const unsigned k_tiles = q_tile + Tr::kKOffset;
+        const unsigned v_tiles = q_tile + Tr::kVOffset;
+        const int w0 = tile.m0 + 64 * wg;
+        const int row_g = w0 + 16 * warp + lane / 4;
+        int first, last;
+        own_tiles(tile, w0, &first, &last);
+        const NaturalScores<float> scores(a, tile.seq, tile.b, tile.h);
+#pragma unroll
+        for (int c = 0; c < kOTiles; ++c) o[0][c][0] = o[0][c][1] = o[0][c][2] = o[0][c][3] = 0.0f;
+        if (last == first) release_stage(&st.q_empty);
+        for (int j = 0; j < first; ++j) skip_tile(st, wg, i);
+        for (int j = first; j < last; ++j, ++i) {
+            const int stage = i % kStages;
+            const int parity = (i / kStages) & 1;
+            mbarrier_wait(&st.k_full[stage], parity);
+            const int entry = st.entry[stage];
+            float s[kNTiles][4];
+            Turns::take_turn(wg);
+            compute_scores(s, q_tile, 64 * wg, k_tiles + stage * Tr::kKBytes);
+            Turns::pass_turn(wg);
+            release_stage(&st.empty_k[stage]);
+            if (j == last - 1) release_stage(&st.q_empty);  // the next work tile's Q may load
+            modify_and_mask(s, a, tile, scores, entry, row_g, w0, col_t);
+            softmax[0].step(s, o[0]);
+            typename Ops::A p[Tr::kKeySteps];
+#pragma unroll
+            for (int kk = 0; kk < Tr::kKeySteps; ++kk) Ops::pack_p(p[kk], s, kk);
+            mbarrier_wait(&st.v_full[stage], parity);
+            clear_foreign_values(smem + Tr::kVOffset + stage * Tr::kVBytes, a, tile, entry, wg);
+            float z[kOTiles][4];
+            Turns::take_turn(wg);
+#pragma unroll
+            for (int part = 0; part < kParts; ++part) {
+                issue_values(z, p, v_tiles + stage * Tr::kVBytes, part);
+                if (part == kParts - 1) Turns::pass_turn(wg);
+                wgmma_wait<0>();
+                fence_fragments(z);
+                if (part == kParts - 1) release_stage(&st.empty_v[stage]);
+                add_to(o[0], z);
+            }
+        }
+        for (int j = last; j < tile.keys.count; ++j) skip_tile(st, wg, i);
+    }
+};
+
+}  // namespace cupyflash
