@@ -223,8 +223,9 @@ HALF_FAMILY_WEIGHTS = {"sm90": 0.4, "sm80": 0.4, "general": 0.2}
 #: not a draw, so that the fixed set's problems stay what they were when these kernels came (and the
 #: strict known failures on the general kernels, 304 and 355, stay there).
 WIDE_SM80_SEEDS = (4, 1)
-#: float32 cases run the Hopper forward (and sm80's backward) when seed % 4 == 3, by the same rule.
-FLOAT32_SM90_SEEDS = 3
+#: float32 cases run the Hopper forward (and sm80's backward) when seed % 4 == 2, by the same rule (the strict
+#: known failures, 304 and 355, stay on the general kernels).
+FLOAT32_SM90_SEEDS = 2
 #: float64 cases run a np.longdouble oracle, which has no BLAS: a tenth of the budget.
 FLOAT64_BUDGET = 0.1
 #: Fewest query rows (batch * heads * seqlen_q) of a case; a smaller batch grows to reach it. The rule
