@@ -389,16 +389,17 @@ class Sm90Forward:
         return schedule
 
     def _plan_planes(self, b, variant, p, q, k, v, device):
-        """float32: q, k and v split into bfloat16 planes (sm80.plan_planes), then the forward over them."""
+        """float32: k and v split into bfloat16 planes (sm80.plan_planes), then the forward over them and q
+        (whose planes the kernel's consumers split)."""
         block_n = variant.param("block_n")
         out, lse = b.output(p.out_shape, p.dtype), b.output(p.lse_shape, lse_dtype(p.dtype))
         tf32 = variant.param("tf32")
-        q, k, v = (sm80.plan_planes(b, p, x, heads, tf32) for x, heads in ((q, p.heads), (k, p.heads_k), (v, p.heads_k)))
+        k, v = (sm80.plan_planes(b, p, x, p.heads_k, tf32) for x in (k, v))
         lists = common.sparse_lists(b, p, FWD_PLANES_BLOCK_M, block_n)
         args = common.fwd_args(b, p, q, k, v, out, lse, lists)
         maps = b.struct(MAPS)
-        for field, x, rows in (("q", q, FWD_PLANES_BLOCK_M), ("k", k, block_n), ("v", v, block_n)):
-            tensor_map(b, maps, field, x, p.varlen, rows)
+        for field, x in (("k", k), ("v", v)):
+            tensor_map(b, maps, field, x, p.varlen, block_n)
         work = common.cdiv(p.seqlen_q, FWD_PLANES_BLOCK_M) * p.batch * p.heads
         schedule = self._schedule(b, p, device)
         smem = fwd_planes_smem_bytes(variant)

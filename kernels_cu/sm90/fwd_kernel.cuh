@@ -22,7 +22,7 @@ struct Sm90FwdKernel {
     __device__ __forceinline__ static void produce_queries(const AttnArgs& a, const Sm90FwdMaps& maps,
                                                            const Sm90Schedule& schedule, Sm90FwdState& st,
                                                            unsigned char* smem) {
-        tma_prefetch_desc(maps.q);
+        if constexpr (Tr::kQBytes > 0) tma_prefetch_desc(maps.q);  // (main loops whose consumers write Q: none)
         const Scheduler scheduler(a);
         for (int t = 0, w = Scheduler::first();; ++t) {  // t: work tiles published
             Sm90FwdTile& tile = st.tile[t % 2];

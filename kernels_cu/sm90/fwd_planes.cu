@@ -1,8 +1,8 @@
 // Hopper forward for float32 (sm_90a only): sm90_fwd_planes, the kernel body of sm90/fwd.cu
 // (sm90/fwd_kernel.cuh: TMA loads by a producer warpgroup, two consumer warpgroups, a persistent grid)
-// with the main loop of sm90/fwd_planes_mainloop.cuh, which reads q, k and v as the bfloat16 planes that
-// split_planes (sm80/planes.cu) writes and forms each product from six bfloat16 wgmma products (three
-// for precision="tf32"). Its scores are bitwise those of the sm80 float32 kernels, whose backward it
+// with the main loop of sm90/fwd_planes_mainloop.cuh, which reads k and v as the bfloat16 planes that
+// split_planes (sm80/planes.cu) writes, splits q itself, and forms each product from six bfloat16 wgmma
+// products (three for precision="tf32"). Its scores are bitwise those of the sm80 float32 kernels, whose backward it
 // pairs with. The epilogue writes out (float32) and lse (float64) from the registers.
 //
 // Grid: x = min(work tiles, SMs). Dynamic shared memory: Sm90FwdPlanesTraits::kSmemBytes.

@@ -5,9 +5,10 @@
 // from them: scores a few ulps apart at large logits broke its gradients, bench/NOTES.md, session 20).
 // sm90/fwd_planes.cu assembles it with the kernel body of sm90/fwd_kernel.cuh.
 //
-// Loads: the producer's TMA copies each plane of the Q tile and of each K and V tile as a 16-bit tile
-// (64-column atoms, 128-byte swizzle: sm90/primitives.cuh), the planes of a tile one after another.
-// precision="tf32" (kTf32) loads two planes and runs three products.
+// Loads: the producer's TMA copies each plane of each K and V tile as a 16-bit tile (64-column atoms,
+// 128-byte swizzle: sm90/primitives.cuh), the planes of a tile one after another; each consumer
+// warpgroup reads its rows of q (float32) and writes their planes into the Q tile in the same layout.
+// precision="tf32" (kTf32) keeps two planes and runs three products.
 //
 // Sums: wgmma, like mma.sync, truncates each product's float32 result toward zero, so
 //   S: the five small products of every k-step chain in `small`, and each k-step's leading product
@@ -57,10 +58,12 @@ struct Sm90FwdPlanesTraits {
     static constexpr int kQPlaneBytes = kBlockM * 128 * kAtomsQK;
     static constexpr int kKPlaneBytes = kBlockN * 128 * kAtomsQK;
     static constexpr int kVPlaneBytes = kBlockN * 128 * kAtomsV;
-    static constexpr int kQBytes = kPlanes * kQPlaneBytes;  // what a tile's TMA copies count
+    // Q's planes are written by the consumers (Sm90FwdPlanesMainloop::split_queries): its TMA copies
+    // count nothing. K's and V's by TMA.
+    static constexpr int kQBytes = 0;
     static constexpr int kKBytes = kPlanes * kKPlaneBytes;
     static constexpr int kVBytes = kPlanes * kVPlaneBytes;
-    static constexpr int kKOffset = kQBytes;
+    static constexpr int kKOffset = kPlanes * kQPlaneBytes;
     static constexpr int kVOffset = kKOffset + kStages * kKBytes;
     static constexpr int kFixedBytes = 1024 + kCtaStateBytes;
     static constexpr bool kStoreO = false;  // the epilogue writes from the registers
@@ -94,19 +97,55 @@ struct Sm90FwdPlanesMainloop {
     static constexpr int kParts = Tr::kKeySteps / kPartSteps;
     static_assert(Tr::kKeySteps % kPartSteps == 0, "key tiles of whole 32-key parts");
 
-    // Producer: the planes of the Q tile of work tile (b, h, m0), counted on q_full.
-    __device__ __forceinline__ static void load_queries(const AttnArgs& a, const Sm90FwdMaps& maps, Sm90FwdState& st,
-                                                        unsigned char* smem, const Sequence& seq, int b, int h,
-                                                        int m0) {
-        const int batch = a.cu_seqlens_q != nullptr ? 0 : b;
+    // Producer: nothing; the consumers split their Q rows themselves (split_queries).
+    __device__ __forceinline__ static void load_queries(const AttnArgs&, const Sm90FwdMaps&, Sm90FwdState&,
+                                                        unsigned char*, const Sequence&, int, int, int) {}
+
+    // Consumer warpgroup wg: its 64 rows of the work tile's Q (float32, a.q) split into the planes of the
+    // Q tile in shared memory, in the TMA's swizzled layout (sm90/primitives.cuh), zeros past the
+    // sequence and the head dim. Split here rather than by split_planes, whose pass over q cost as much
+    // as a tenth of the forward at 1k keys; Ops::split2 either way, so the planes are the same. A
+    // thread takes 8 columns of a row at a time, its loads all issued before the first split.
+    __device__ __forceinline__ static void split_queries(const AttnArgs& a, const Sm90FwdTile& tile, unsigned char* smem,
+                                                         int wg) {
+        constexpr int kChunks = kHeadDim / 8;             // 8-column chunks of a row
+        constexpr int kTasks = 64 * kChunks / 128;        // a thread's chunks
+        static_assert(64 * kChunks % 128 == 0, "whole chunks per thread");
+        const int thread = threadIdx.x % 128;
+        const float* q = head_rows<const float>(a.q, tile.b, tile.seq.q_start, tile.h);
+        float x[kTasks][8];
 #pragma unroll
-        for (int p = 0; p < Tr::kPlanes; ++p) {
+        for (int u = 0; u < kTasks; ++u) {
+            const int task = thread + 128 * u;
+            const int r = tile.m0 + 64 * wg + task / kChunks, c0 = 8 * (task % kChunks);
+            const float* src = q + static_cast<long long>(r) * a.q.row_stride + c0;
+            const bool in = r >= 0 && r < tile.seq.seqlen_q;
+            if (in && c0 + 8 <= a.headdim && reinterpret_cast<size_t>(src) % 16 == 0) {
+                const float4 lo4 = reinterpret_cast<const float4*>(src)[0], hi4 = reinterpret_cast<const float4*>(src)[1];
+                x[u][0] = lo4.x, x[u][1] = lo4.y, x[u][2] = lo4.z, x[u][3] = lo4.w;
+                x[u][4] = hi4.x, x[u][5] = hi4.y, x[u][6] = hi4.z, x[u][7] = hi4.w;
+            } else {
 #pragma unroll
-            for (int atom = 0; atom < Tr::kAtomsQK; ++atom) {
-                tma_load_4d(smem + p * Tr::kQPlaneBytes + atom * kBlockM * 128, maps.q, &st.q_full, 64 * atom,
-                            seq.q_start + m0, h + p * a.heads, batch);
+                for (int e = 0; e < 8; ++e) x[u][e] = in && c0 + e < a.headdim ? src[e] : 0.0f;
             }
         }
+#pragma unroll
+        for (int u = 0; u < kTasks; ++u) {
+            const int task = thread + 128 * u;
+            const int row = 64 * wg + task / kChunks, c0 = 8 * (task % kChunks);
+            unsigned planes[3][4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) Ops::split2(x[u][2 * i], x[u][2 * i + 1], planes[0][i], planes[1][i], planes[2][i]);
+            // 16-byte chunk (c0 % 64) / 8 of the row, XORed with row % 8 inside its atom.
+            unsigned char* dst = smem + (c0 / 64) * kBlockM * 128 + row * 128 + (((c0 % 64) / 8) ^ (row % 8)) * 16;
+#pragma unroll
+            for (int p = 0; p < Tr::kPlanes; ++p) {
+                *reinterpret_cast<uint4*>(dst + p * Tr::kQPlaneBytes) =
+                    make_uint4(planes[p][0], planes[p][1], planes[p][2], planes[p][3]);
+            }
+        }
+        fence_proxy_async();  // the stores, visible to wgmma
+        named_barrier_sync(kClearBarrier + wg, 128);
     }
 
     // Producer: the planes of the K and V tiles of a work tile's walk, through the ring (i: ring slots
@@ -323,6 +362,7 @@ struct Sm90FwdPlanesMainloop {
 #pragma unroll
         for (int c = 0; c < kOTiles; ++c) o[0][c][0] = o[0][c][1] = o[0][c][2] = o[0][c][3] = 0.0f;
         if (last == first) release_stage(&st.q_empty);
+        if (last > first) split_queries(a, tile, smem, wg);
         for (int j = 0; j < first; ++j) skip_tile(st, wg, i);
         for (int j = first; j < last; ++j, ++i) {
             const int stage = i % kStages;
