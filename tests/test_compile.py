@@ -10,9 +10,10 @@ variant.
 
 Which builds run: a variant is built for the architectures whose devices dispatch can give it to (the
 sm80 family's fallback tiles, for devices with less shared memory than the H100's, and its score-modified
-variants only for sm_80; the float32 and float64 kernels' flagged variants, score_mod and tf32, only for
-sm_90, where they run on the H100/H200, their plain ones for both; their fallback tiles plain and for sm_80
-alone, the flags' code being built on the first tiles), and
+variants only for sm_80; the float32 and float64 kernels' plain variants for both, their fallback tiles
+for sm_80, the sm80 float32 forward for sm_80 alone, sm_90 running the Hopper one; their flagged
+variants, score_mod and tf32, on the largest head dim's first tile only, for sm_90, where they run on the
+H100/H200, or sm_80 for the sm80 float32 forward: a flag's code with the tightest registers), and
 the variants of a 16-bit kernel differ in their dtype only by an instruction's type, with the same
 registers, so bfloat16 is built for every tile, flag and architecture and float16 once per kernel (its
 first tile, plain, on its first architecture). That keeps the
@@ -98,11 +99,17 @@ def _archs(variant, everything=False):
         return archs
     wide = {sm80.FWD_FP32: sm80.FWD_FP32_TILES, sm80.FWD_FP64: sm80.FWD_FP64_TILES,
             sm80.BWD_FP32: sm80.BWD_FP32_TILES, sm80.BWD_FP64: sm80.BWD_FP64_TILES}
-    if variant.kernel in wide:
-        if variant.tile[1:] != wide[variant.kernel][variant.param("headdim")][0]:
-            # A fallback tile (smaller devices only): plain, on sm_80; its flags are built on the first tile.
-            return () if any(variant.flags) else (80,)
-        return (90,) if any(variant.flags) else archs
+    if variant.kernel in wide or variant.kernel is sm90.FWD_PLANES:
+        # The float32 forward of sm80 serves compute capabilities other than 9.0 (which runs sm90's).
+        home = (80,) if variant.kernel is sm80.FWD_FP32 else archs
+        if any(variant.flags):
+            # Flags on the largest head dim's first tile, where registers are tightest, for sm_90 (where
+            # they run on the H100/H200) or the kernel's home; other tiles build plain.
+            largest = max(variant.kernel.tiles, key=lambda tile: tile[0])
+            return (home[-1],) if variant.tile == largest else ()
+        if variant.kernel in wide and variant.tile[1:] != wide[variant.kernel][variant.param("headdim")][0]:
+            return (80,)  # a fallback tile (smaller devices only)
+        return home
     if variant.kernel not in (sm80.FWD, sm80.BWD):
         return archs
     tiles = sm80.FWD_TILES if variant.kernel is sm80.FWD else sm80.BWD_TILES
@@ -265,7 +272,7 @@ def test_every_kernel_and_dtype_is_built():
     builds = _built(_families.VARIANTS, everything=False)
     built = {(v.kernel.name, v.dtype, a) for v, a in builds}
     for v in _families.VARIANTS:
-        if not _archs(v):  # a wide kernel's flagged fallback tile: its tile plain, its flags on the first tile
+        if not _archs(v):  # a wide kernel's flagged variant off its largest tile: the tile plain, the flags there
             assert any((w.kernel, w.tile) == (v.kernel, v.tile) and not any(w.flags) for w, _ in builds), v.key
             assert any((w.kernel, w.flags) == (v.kernel, v.flags) for w, _ in builds), v.key
             continue
@@ -287,6 +294,8 @@ def test_hopper_variants_run_on_hgmma(reports):
         steps = v.param("headdim") // 16 + v.param("block_n") // 16
         assert reports[(v.key, 90)]["hgmma"] >= steps, (v.key, reports[(v.key, 90)])
     for v in sm90.FWD_PLANES.variants():
+        if v.key not in built:
+            continue  # a flagged variant off the largest tile (test_every_kernel_and_dtype_is_built)
         # Six bfloat16 products per k-step of S and of O += P V (three for "tf32").
         products = 3 if v.param("tf32") else 6
         steps = v.param("headdim") // 16 + v.param("block_n") // 16
