@@ -67,6 +67,10 @@ struct Sm90FwdTraits {
     static constexpr int kKBytes = kBlockN * 128 * kAtomsQK;
     static constexpr int kVBytes = kBlockN * 128 * kAtomsV;
     static constexpr int kOBytes = kBlockM * 128 * kAtomsV;
+    // One plane per K and V tile (the float32 main loop's tiles have three: sm90/fwd_planes_mainloop.cuh).
+    static constexpr int kPlanes = 1;
+    static constexpr int kKPlaneBytes = kKBytes;
+    static constexpr int kVPlaneBytes = kVBytes;
     static constexpr int kKOffset = kQBytes;
     static constexpr int kVOffset = kKOffset + kStages * kKBytes;
     static constexpr int kOOffset = kVOffset + kStages * kVBytes;
@@ -113,12 +117,95 @@ struct Sm90FwdState {
     Sm90FwdTile tile[2];                     // work tile t in tile[t % 2]
 };
 
+// Producer: the K and V tiles of a work tile's walk, through the ring of Tr::kStages stages (i: ring
+// slots filled so far, over all work tiles). Each tile is Tr::kPlanes 16-bit tiles (plane p of kv head
+// h is head p * heads_k + h), Tr::kKPlaneBytes and Tr::kVPlaneBytes apart.
+template <typename Tr>
+__device__ __forceinline__ void sm90_load_key_tiles(const AttnArgs& a, const Sm90FwdMaps& maps, Sm90FwdState& st,
+                                                    unsigned char* smem, const Sm90FwdTile& tile, int& i) {
+    constexpr int kStages = Tr::kStages, kBlockN = Tr::kBlockN;
+    const TileRange keys = tile.keys;
+    const int k_start = tile.seq.k_start;
+    const int kvh = kv_head(tile.h, a.heads, a.heads_k);
+    const int batch = a.cu_seqlens_k != nullptr ? 0 : tile.b;
+    for (int j = 0; j < keys.count; ++j, ++i) {
+        const int stage = i % kStages;
+        // The consumers release a stage's K after S = Q K^T and its V after O += P V (round
+        // i / kStages - 1); K of the next tile loads while the last V is still being read.
+        const int round_parity = (i / kStages - 1) & 1;
+        if (i >= kStages) mbarrier_wait(&st.empty_k[stage], round_parity);
+        const int entry = keys.entry(j);
+        st.entry[stage] = entry;  // released to the consumers by the arrival below
+        const int row = k_start + entry_tile(entry) * kBlockN;
+        unsigned char* k_tile = smem + Tr::kKOffset + stage * Tr::kKBytes;
+        unsigned char* v_tile = smem + Tr::kVOffset + stage * Tr::kVBytes;
+        mbarrier_arrive_expect_tx(&st.k_full[stage], Tr::kKBytes);
+#pragma unroll
+        for (int p = 0; p < Tr::kPlanes; ++p) {
+#pragma unroll
+            for (int atom = 0; atom < Tr::kAtomsQK; ++atom) {
+                tma_load_4d(k_tile + p * Tr::kKPlaneBytes + atom * kBlockN * 128, maps.k, &st.k_full[stage], 64 * atom,
+                            row, kvh + p * a.heads_k, batch);
+            }
+        }
+        if (i >= kStages) mbarrier_wait(&st.empty_v[stage], round_parity);
+        mbarrier_arrive_expect_tx(&st.v_full[stage], Tr::kVBytes);
+#pragma unroll
+        for (int p = 0; p < Tr::kPlanes; ++p) {
+#pragma unroll
+            for (int atom = 0; atom < Tr::kAtomsV; ++atom) {
+                tma_load_4d(v_tile + p * Tr::kVPlaneBytes + atom * kBlockN * 128, maps.v, &st.v_full[stage], 64 * atom,
+                            row, kvh + p * a.heads_k, batch);
+            }
+        }
+    }
+}
+
+// Packed batches and KV caches (seqused_k): the V tile of a key tile that runs past its sequence's
+// end holds the next sequence's rows or unused cache rows (a TMA box reads whatever the tensor has
+// there). Their probabilities are 0, but 0 * inf or NaN would still reach this sequence's output, so a
+// consumer warpgroup zeroes those rows of every plane before its O += P V reads them, then meets at
+// named barrier `barrier` (its own). Every consumer zeroes the same rows; the later ones write zeros
+// over zeros.
+template <typename Tr>
+__device__ __forceinline__ void sm90_clear_foreign_values(unsigned char* v_tile, const AttnArgs& a,
+                                                          const Sm90FwdTile& tile, int entry, int barrier) {
+    if (a.cu_seqlens_k == nullptr && a.seqused_k == nullptr) return;
+    const int first = tile.seq.seqlen_k - entry_tile(entry) * Tr::kBlockN;  // first row past the sequence
+    if (first >= Tr::kBlockN) return;
+#pragma unroll
+    for (int p = 0; p < Tr::kPlanes; ++p) {
+        zero_tile_rows(v_tile + p * Tr::kVPlaneBytes, Tr::kBlockN, first, Tr::kAtomsV, threadIdx.x % 128, 128);
+    }
+    fence_proxy_async();
+    named_barrier_sync(barrier, 128);
+}
+
+// The walk's key tiles [*first, *last) that some real row of [w0, w0 + 64) sees: a contiguous part of a
+// dense walk; a block-sparse list whole.
+template <int kBlockN>
+__device__ __forceinline__ void sm90_seen_key_tiles(const Sm90FwdTile& tile, int w0, int* first, int* last) {
+    const int count = tile.keys.count;
+    *first = 0;
+    *last = count;
+    if (tile.keys.list != nullptr) return;
+    const int r0 = max(w0, 0), r1 = min(w0 + 64, tile.seq.seqlen_q);
+    int begin = 0, end = 0;
+    if (r1 > r0) tile.mask.key_range(r0, r1 - r0, &begin, &end);
+    if (end <= begin) {
+        *last = 0;
+        return;
+    }
+    *first = min(max(begin / kBlockN - tile.keys.first, 0), count);
+    *last = min(max(ceil_div(end, kBlockN) - tile.keys.first, *first), count);
+}
+
 template <typename T, int kHeadDim, int kHeadDimV, int kBlockM_, int kBlockN, int kStages, bool kScoreMod>
 struct Sm90FwdMainloop {
     using Tr = Sm90FwdTraits<T, kHeadDim, kHeadDimV, kBlockM_, kBlockN, kStages>;
     using Softmax = FragmentSoftmax<Tr::kNTiles>;
     static constexpr int kBlockM = Tr::kBlockM;
-    // Named barriers: the turns 1 .. kConsumers, then one per consumer for clear_foreign_values; the
+    // Named barriers: the turns 1 .. kConsumers, then one per consumer for sm90_clear_foreign_values; the
     // epilogue takes the kConsumers after those (Sm90FwdEpilogue::kBarrier).
     using Turns = Pingpong<1, Tr::kConsumers>;
     static constexpr int kClearBarrier = 1 + Tr::kConsumers;
@@ -135,37 +222,10 @@ struct Sm90FwdMainloop {
         }
     }
 
-    // Producer: the K and V tiles of a work tile's walk, through the ring (i: ring slots filled so far,
-    // over all work tiles).
+    // Producer: the K and V tiles of a work tile's walk (sm90_load_key_tiles).
     __device__ __forceinline__ static void load_keys(const AttnArgs& a, const Sm90FwdMaps& maps, Sm90FwdState& st,
                                                      unsigned char* smem, const Sm90FwdTile& tile, int& i) {
-        const TileRange keys = tile.keys;
-        const int k_start = tile.seq.k_start;
-        const int kvh = kv_head(tile.h, a.heads, a.heads_k);
-        const int batch = a.cu_seqlens_k != nullptr ? 0 : tile.b;
-        for (int j = 0; j < keys.count; ++j, ++i) {
-            const int stage = i % kStages;
-            // The consumers release a stage's K after S = Q K^T and its V after O += P V (round
-            // i / kStages - 1); K of the next tile loads while the last V is still being read.
-            const int round_parity = (i / kStages - 1) & 1;
-            if (i >= kStages) mbarrier_wait(&st.empty_k[stage], round_parity);
-            const int entry = keys.entry(j);
-            st.entry[stage] = entry;  // released to the consumers by the arrival below
-            const int row = k_start + entry_tile(entry) * kBlockN;
-            unsigned char* k_tile = smem + Tr::kKOffset + stage * Tr::kKBytes;
-            unsigned char* v_tile = smem + Tr::kVOffset + stage * Tr::kVBytes;
-            mbarrier_arrive_expect_tx(&st.k_full[stage], Tr::kKBytes);
-#pragma unroll
-            for (int atom = 0; atom < Tr::kAtomsQK; ++atom) {
-                tma_load_4d(k_tile + atom * kBlockN * 128, maps.k, &st.k_full[stage], 64 * atom, row, kvh, batch);
-            }
-            if (i >= kStages) mbarrier_wait(&st.empty_v[stage], round_parity);
-            mbarrier_arrive_expect_tx(&st.v_full[stage], Tr::kVBytes);
-#pragma unroll
-            for (int atom = 0; atom < Tr::kAtomsV; ++atom) {
-                tma_load_4d(v_tile + atom * kBlockN * 128, maps.v, &st.v_full[stage], 64 * atom, row, kvh, batch);
-            }
-        }
+        sm90_load_key_tiles<Tr>(a, maps, st, smem, tile, i);
     }
 
     // S = Q K^T of this warpgroup's 64 rows (Q row offset q_row) and the key tile in `stage`, issued.
@@ -229,42 +289,20 @@ struct Sm90FwdMainloop {
         return moved;
     }
 
-    // Packed batches and KV caches (seqused_k): the V tile of a key tile that runs past its sequence's
-    // end holds the next sequence's rows or unused cache rows (a TMA box reads whatever the tensor has
-    // there). Their probabilities are 0, but 0 * inf or NaN would still reach this sequence's output, so
-    // the warpgroup zeroes those rows before its O += P V reads them. Every consumer zeroes the same
-    // rows; the later ones write zeros over zeros.
-    __device__ __forceinline__ static void clear_foreign_values(unsigned char* v_tile, const AttnArgs& a,
-                                                                const Sm90FwdTile& tile, int entry, int wg) {
-        if (a.cu_seqlens_k == nullptr && a.seqused_k == nullptr) return;
-        const int first = tile.seq.seqlen_k - entry_tile(entry) * kBlockN;  // first row past the sequence
-        if (first >= kBlockN) return;
-        zero_tile_rows(v_tile, kBlockN, first, Tr::kAtomsV, threadIdx.x % 128, 128);
-        fence_proxy_async();
-        named_barrier_sync(kClearBarrier + wg, 128);
-    }
-
     // Three consumer warpgroups: each computes only the key tiles of the walk that some row of its own
     // sees (a contiguous part of a dense walk), so a 192-row tile does no more products and
     // exponentials under a causal mask or a window than 64-row tiles would. Block-sparse walks are
     // computed whole (the host keeps them on 128-row tiles).
     static constexpr bool kSkipTiles = Tr::kConsumers == 3;
 
-    // The walk's key tiles [*first, *last) that some real row of [w0, w0 + 64) sees.
+    // The walk's key tiles [*first, *last) this warpgroup computes.
     __device__ __forceinline__ static void own_tiles(const Sm90FwdTile& tile, int w0, int* first, int* last) {
-        const int count = tile.keys.count;
-        *first = 0;
-        *last = count;
-        if (!kSkipTiles || tile.keys.list != nullptr) return;
-        const int r0 = max(w0, 0), r1 = min(w0 + 64, tile.seq.seqlen_q);
-        int begin = 0, end = 0;
-        if (r1 > r0) tile.mask.key_range(r0, r1 - r0, &begin, &end);
-        if (end <= begin) {
-            *last = 0;
-            return;
+        if constexpr (kSkipTiles) {
+            sm90_seen_key_tiles<kBlockN>(tile, w0, first, last);
+        } else {
+            *first = 0;
+            *last = tile.keys.count;
         }
-        *first = min(max(begin / kBlockN - tile.keys.first, 0), count);
-        *last = min(max(ceil_div(end, kBlockN) - tile.keys.first, *first), count);
     }
 
     // A key tile the warpgroup does not compute: its turn, passed at once, and its stage released once
@@ -348,7 +386,7 @@ struct Sm90FwdMainloop {
             Turns::take_turn(wg);
             issue_scores(s, q_tile, 64 * wg, k_tiles + stage * Tr::kKBytes);
             mbarrier_wait(&st.v_full[prev], prev_parity);
-            clear_foreign_values(smem + Tr::kVOffset + prev * Tr::kVBytes, a, tile, v_entry, wg);
+            sm90_clear_foreign_values<Tr>(smem + Tr::kVOffset + prev * Tr::kVBytes, a, tile, v_entry, kClearBarrier + wg);
             issue_values(o[0], p, v_tiles + prev * Tr::kVBytes);
             Turns::pass_turn(wg);
             wgmma_wait<1>();
@@ -366,7 +404,7 @@ struct Sm90FwdMainloop {
         }
         mbarrier_wait(&st.v_full[stage], (i / kStages) & 1);
         Turns::take_turn(wg);
-        clear_foreign_values(smem + Tr::kVOffset + stage * Tr::kVBytes, a, tile, entry, wg);
+        sm90_clear_foreign_values<Tr>(smem + Tr::kVOffset + stage * Tr::kVBytes, a, tile, entry, kClearBarrier + wg);
         issue_values(o[0], p, v_tiles + stage * Tr::kVBytes);
         Turns::pass_turn(wg);
         wgmma_wait<0>();

@@ -88,7 +88,8 @@ struct Sm90FwdPlanesMainloop {
     static constexpr int kBlockM = Tr::kBlockM;
     static constexpr int kNTiles = Tr::kNTiles;
     static constexpr int kOTiles = Tr::kOTiles;
-    // Named barriers: the turns 1 .. 2, then one per consumer for clear_foreign_values.
+    // Named barriers: the turns 1 .. 2, then one per consumer for split_queries and
+    // sm90_clear_foreign_values.
     using Turns = Pingpong<1, Tr::kConsumers>;
     static constexpr int kClearBarrier = 1 + Tr::kConsumers;
     enum { kHi = 0, kMid = 1, kLo = 2 };  // plane p of head h is head p * heads + h (sm80/planes.cu)
@@ -148,43 +149,10 @@ struct Sm90FwdPlanesMainloop {
         named_barrier_sync(kClearBarrier + wg, 128);
     }
 
-    // Producer: the planes of the K and V tiles of a work tile's walk, through the ring (i: ring slots
-    // filled so far, over all work tiles); as Sm90FwdMainloop::load_keys.
+    // Producer: the planes of the K and V tiles of a work tile's walk (sm90_load_key_tiles).
     __device__ __forceinline__ static void load_keys(const AttnArgs& a, const Sm90FwdMaps& maps, Sm90FwdState& st,
                                                      unsigned char* smem, const Sm90FwdTile& tile, int& i) {
-        const TileRange keys = tile.keys;
-        const int k_start = tile.seq.k_start;
-        const int kvh = kv_head(tile.h, a.heads, a.heads_k);
-        const int batch = a.cu_seqlens_k != nullptr ? 0 : tile.b;
-        for (int j = 0; j < keys.count; ++j, ++i) {
-            const int stage = i % kStages;
-            const int round_parity = (i / kStages - 1) & 1;
-            if (i >= kStages) mbarrier_wait(&st.empty_k[stage], round_parity);
-            const int entry = keys.entry(j);
-            st.entry[stage] = entry;  // released to the consumers by the arrival below
-            const int row = k_start + entry_tile(entry) * kBlockN;
-            unsigned char* k_tile = smem + Tr::kKOffset + stage * Tr::kKBytes;
-            unsigned char* v_tile = smem + Tr::kVOffset + stage * Tr::kVBytes;
-            mbarrier_arrive_expect_tx(&st.k_full[stage], Tr::kKBytes);
-#pragma unroll
-            for (int p = 0; p < Tr::kPlanes; ++p) {
-#pragma unroll
-                for (int atom = 0; atom < Tr::kAtomsQK; ++atom) {
-                    tma_load_4d(k_tile + p * Tr::kKPlaneBytes + atom * kBlockN * 128, maps.k, &st.k_full[stage],
-                                64 * atom, row, kvh + p * a.heads_k, batch);
-                }
-            }
-            if (i >= kStages) mbarrier_wait(&st.empty_v[stage], round_parity);
-            mbarrier_arrive_expect_tx(&st.v_full[stage], Tr::kVBytes);
-#pragma unroll
-            for (int p = 0; p < Tr::kPlanes; ++p) {
-#pragma unroll
-                for (int atom = 0; atom < Tr::kAtomsV; ++atom) {
-                    tma_load_4d(v_tile + p * Tr::kVPlaneBytes + atom * kBlockN * 128, maps.v, &st.v_full[stage],
-                                64 * atom, row, kvh + p * a.heads_k, batch);
-                }
-            }
-        }
+        sm90_load_key_tiles<Tr>(a, maps, st, smem, tile, i);
     }
 
     // S = Q K^T of this warpgroup's 64 rows (Q row offset q_row) and the key tile at k_tile, complete on
@@ -291,39 +259,6 @@ struct Sm90FwdPlanesMainloop {
         if (partial || cuts != 0) mask_tile_rows<true>(rows, st.mask, st.layout, a, row_of, n0, col_t, partial, cuts);
     }
 
-    // As Sm90FwdMainloop::clear_foreign_values, for every plane of the V tile.
-    __device__ __forceinline__ static void clear_foreign_values(unsigned char* v_tile, const AttnArgs& a,
-                                                                const Sm90FwdTile& tile, int entry, int wg) {
-        if (a.cu_seqlens_k == nullptr && a.seqused_k == nullptr) return;
-        const int first = tile.seq.seqlen_k - entry_tile(entry) * kBlockN;  // first row past the sequence
-        if (first >= kBlockN) return;
-#pragma unroll
-        for (int p = 0; p < Tr::kPlanes; ++p) {
-            zero_tile_rows(v_tile + p * Tr::kVPlaneBytes, kBlockN, first, Tr::kAtomsV, threadIdx.x % 128, 128);
-        }
-        fence_proxy_async();
-        named_barrier_sync(kClearBarrier + wg, 128);
-    }
-
-    // The walk's key tiles [*first, *last) that some real row of [w0, w0 + 64) sees (a dense walk's; a
-    // block-sparse list is computed whole): under a causal mask the first warpgroup's rows see one
-    // 64-key tile fewer than the second's.
-    __device__ __forceinline__ static void own_tiles(const Sm90FwdTile& tile, int w0, int* first, int* last) {
-        const int count = tile.keys.count;
-        *first = 0;
-        *last = count;
-        if (tile.keys.list != nullptr) return;
-        const int r0 = max(w0, 0), r1 = min(w0 + 64, tile.seq.seqlen_q);
-        int begin = 0, end = 0;
-        if (r1 > r0) tile.mask.key_range(r0, r1 - r0, &begin, &end);
-        if (end <= begin) {
-            *last = 0;
-            return;
-        }
-        *first = min(max(begin / kBlockN - tile.keys.first, 0), count);
-        *last = min(max(ceil_div(end, kBlockN) - tile.keys.first, *first), count);
-    }
-
     // A key tile the warpgroup does not compute: its two turns, passed at once, and its stage released
     // once loaded (an arrival before the load could count toward the stage's previous round).
     __device__ __forceinline__ static void skip_tile(Sm90FwdState& st, int wg, int& i) {
@@ -357,7 +292,7 @@ struct Sm90FwdPlanesMainloop {
         const int w0 = tile.m0 + 64 * wg;
         const int row_g = w0 + 16 * warp + lane / 4;
         int first, last;
-        own_tiles(tile, w0, &first, &last);
+        sm90_seen_key_tiles<kBlockN>(tile, w0, &first, &last);  // causal: the first warpgroup sees a tile fewer
         const NaturalScores<float> scores(a, tile.seq, tile.b, tile.h);
 #pragma unroll
         for (int c = 0; c < kOTiles; ++c) o[0][c][0] = o[0][c][1] = o[0][c][2] = o[0][c][3] = 0.0f;
@@ -381,7 +316,7 @@ struct Sm90FwdPlanesMainloop {
 #pragma unroll
             for (int kk = 0; kk < Tr::kKeySteps; ++kk) Ops::pack_p(p[kk], s, kk);
             mbarrier_wait(&st.v_full[stage], parity);
-            clear_foreign_values(smem + Tr::kVOffset + stage * Tr::kVBytes, a, tile, entry, wg);
+            sm90_clear_foreign_values<Tr>(smem + Tr::kVOffset + stage * Tr::kVBytes, a, tile, entry, kClearBarrier + wg);
             float z[kOTiles][4];
             Turns::take_turn(wg);
 #pragma unroll
