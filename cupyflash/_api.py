@@ -102,15 +102,15 @@ _LSE_DOC = """
 
 _DETERMINISTIC_DOC = """
     deterministic : bool, keyword-only
-        False (the default): the float16/bfloat16 tensor-core backward adds each key tile's share of
-        dq into a float32 buffer with atomic additions, in whatever order the tiles finish, so dq can
-        differ from run to run in its last bits (dk and dv never do). True: the tiles add in a fixed
+        False (the default): the tensor-core backward (every dtype) adds each key tile's share of dq
+        into a float32 buffer (float64 for float64) with atomic additions, in whatever order the tiles
+        finish, so dq can differ from run to run in its last bits (dk and dv never do). True: the tiles add in a fixed
         order, so dq is bitwise identical from run to run on the same device, at the cost of time: 1-26%
         more on the H200's Hopper backward (at most 9% at head dims 64 and 96, 13% at 192 and 15% at
         128; 9-26% at head dim 256; bench/NOTES.md), and off the Hopper path of a second float32 dq
         buffer. The default is the faster mode because the run-to-run differences are far below the
-        rounding error of the result; training that must replay exactly should pass True. Every other
-        path (float32, float64, NumPy arrays) is deterministic either way."""
+        rounding error of the result; training that must replay exactly should pass True. The general
+        kernels and NumPy arrays are deterministic either way."""
 
 _PRECISION_DOC = """
     precision : {"highest", "tf32"}, keyword-only

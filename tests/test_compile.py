@@ -59,6 +59,10 @@ SM90_SPILL_CEILING = {
 #: above, and at head dim 128 one consumer value kept in local memory across the mask (8-15 local-memory
 #: instructions outside the products).
 SM90_PLANES_SPILL_CEILING = {64: 176, 128: 184}
+#: The same for the float32 Hopper backward (sm90_bwd_planes), head dim -> bytes: its producer's four
+#: loops as the 16-bit backward's below (no consumer local memory). At head dim 64 setmaxnreg gives the
+#: producer 40 registers (1216 -> 332 bytes); at 128 the consumers need 240 and the producer keeps 24.
+SM90_BWD_PLANES_SPILL_CEILING = {64: 332, 128: 812}
 #: The same for the sm90 backward, whose producer warpgroup runs three loops (tiles, lse and delta rows,
 #: dQ reductions) at 24 registers, and whose consumers spill a few values in the masked P^T path. The
 #: conflict-free dQ stores (four address registers instead of eight) and the alternating whole-tile dQ
@@ -99,7 +103,7 @@ def _archs(variant, everything=False):
         return archs
     wide = {sm80.FWD_FP32: sm80.FWD_FP32_TILES, sm80.FWD_FP64: sm80.FWD_FP64_TILES,
             sm80.BWD_FP32: sm80.BWD_FP32_TILES, sm80.BWD_FP64: sm80.BWD_FP64_TILES}
-    if variant.kernel in wide or variant.kernel is sm90.FWD_PLANES:
+    if variant.kernel in wide or variant.kernel in (sm90.FWD_PLANES, sm90.BWD_PLANES):
         # The float32 forward of sm80 serves compute capabilities other than 9.0 (which runs sm90's).
         home = (80,) if variant.kernel is sm80.FWD_FP32 else archs
         if any(variant.flags):
@@ -255,6 +259,7 @@ def test_every_variant_compiles_without_spills(reports, builds, request, capsys)
     ceiling.update({v.key: SM90_BWD_SPILL_CEILING[(v.param("headdim"), v.param("headdim_v"), v.param("score_mod"))]
                     for v in sm90.BWD.variants()})
     ceiling.update({v.key: SM90_PLANES_SPILL_CEILING[v.param("headdim")] for v in sm90.FWD_PLANES.variants()})
+    ceiling.update({v.key: SM90_BWD_PLANES_SPILL_CEILING[v.param("headdim")] for v in sm90.BWD_PLANES.variants()})
     for v in kvcache_device.DECODE.variants():
         ceiling[v.key] = KVC_SPILL_CEILING.get(v.param("headdim"), 0)
     spilled = {k: r for k, r in reports.items() if (r["spill_bytes"] or r["stack_bytes"])
@@ -306,6 +311,15 @@ def test_hopper_variants_run_on_hgmma(reports):
         # S^T and dP^T (head-dim steps), dV and dK (query steps), dQ (key steps).
         steps = (v.param("headdim") + v.param("headdim_v")) // 16 + 2 * v.param("block_m") // 16 + sm90.bwd_block_n(v) // 16
         assert reports[(v.key, 90)]["hgmma"] >= steps, (v.key, reports[(v.key, 90)])
+    for v in sm90.BWD_PLANES.variants():
+        if v.key not in built:
+            continue
+        # Six products (three for "tf32") per k-step of S^T and dP^T (head-dim steps), dV and dK (query
+        # steps) and each warpgroup's dQ share (key steps: one share at head dim 64, two above).
+        products = 3 if v.param("tf32") else 6
+        block = sm90.BWD_PLANES_BLOCK
+        steps = 2 * v.param("headdim") // 16 + 2 * block // 16 + (1 if v.param("headdim") <= 64 else 2) * block // 16
+        assert reports[(v.key, 90)]["hgmma"] >= products * steps, (v.key, reports[(v.key, 90)])
 
 
 def test_generated_wgmma_header_is_current():

@@ -206,12 +206,13 @@ def test_forward_dispatch(dtype, headdim, headdim_v, device, expected):
      ("float16", 160, 64, H200, "sm90_bwd_fp16_d192_v192_q64_s2_mod_0"),
      ("bfloat16", 256, 256, H200, "sm90_bwd_bf16_d256_v256_q64_s2_mod_0"),
      ("float16", 257, 64, H200, None), ("float64", 64, 64, H200, "sm80_bwd_dmma_fp64_d64_n64_q32_s1_mod_0"),
-     ("float32", 100, 100, H200, "sm80_bwd_parts_fp32_d128_n64_q64_s1_mod_0_tf32_0"), ("float64", 160, 160, H200, None)],
+     ("float32", 100, 100, H200, "sm90_bwd_planes_fp32_d128_s1_mod_0_tf32_0"), ("float64", 160, 160, H200, None)],
 )
 def test_backward_dispatch(dtype, headdim, headdim_v, device, expected):
     """fp16/bf16 with head dims up to 256 take the Hopper backward on compute capability 9.0 where a TMA
-    can read the inputs, else the tensor-core backward (on any sm_80+); float32 and float64 up to 128 the
-    tensor-core backward of their own; the rest the general path."""
+    can read the inputs, else the tensor-core backward (on any sm_80+); float32 up to 128 the Hopper one
+    from bfloat16 planes (any layout); float64 up to 128 the tensor-core backward of its own; the rest
+    the general path."""
     assert _selected(_families.BACKWARD, dtype, headdim, headdim_v, device) == expected
 
 

@@ -93,6 +93,16 @@ BWD = _kernels.Kernel(
     "sm90_bwd", "sm90/bwd.cu", _kernels.HALF_DTYPES, ("headdim", "headdim_v", "block_m", "stages"),
     tuple((*dims, *tile) for dims, tile in BWD_TILES.items()), ("score_mod",), arch="90a",
 )
+#: The float32 backward's Q/dO stages per head-dim bucket (kernels_cu/sm90/bwd_planes_mainloop.cuh): 64-key
+#: CTAs and 64-query tiles whose operands are three bfloat16 planes each; at head dim 128 K and V (48 KB
+#: each), one Q and dO stage (96 KB) and the P'/dS^T buffer (24 KB) fill 224 KB.
+BWD_PLANES_STAGES = {64: 2, 128: 1}
+BWD_PLANES = _kernels.Kernel(
+    "sm90_bwd_planes", "sm90/bwd_planes.cu", ("float32",), ("headdim", "stages"),
+    tuple(BWD_PLANES_STAGES.items()), ("score_mod", "tf32"), arch="90a",
+)
+#: Keys per CTA and queries per tile of the float32 backward.
+BWD_PLANES_BLOCK = 64
 
 
 def _atoms(columns):
@@ -158,6 +168,18 @@ def bwd_smem_bytes(variant):
     dq_tiles = 0 if split else 2 if block_m == 64 else 1
     dq_tile = dq_tiles * block_m * d * 4
     return ALIGN_SLACK + tiles + stages * 2 * block_m * 4 + dq_tile + CTA_STATE_BYTES
+
+
+def bwd_planes_smem_bytes(variant):
+    """Dynamic shared memory of a float32 backward variant (Sm90BwdPlanesTraits::kSmemBytes): K and V and
+    ``stages`` Q and dO tiles, each of three bfloat16 planes (two for "tf32") in 64-column atoms of 64
+    rows, the P'/dS^T buffer, ``stages`` rows of lse (float64) and delta, the state, and the alignment
+    slack."""
+    d, stages = variant.param("headdim"), variant.param("stages")
+    planes = 2 if variant.param("tf32") else 3
+    block = BWD_PLANES_BLOCK
+    x = max(planes * block * block * 2, block * block * 4)
+    return ALIGN_SLACK + planes * block * 128 * _atoms(d) * (2 + 2 * stages) + x + stages * block * 12 + CTA_STATE_BYTES
 
 
 def l2_section(p, device):
@@ -309,7 +331,11 @@ def cxx_facts():
         traits = f"cupyflash::Sm90BwdTraits<__half, {', '.join(map(str, v.tile))}>"
         facts.update({f"{traits}::kSmemBytes": bwd_smem_bytes(v), f"{traits}::kThreads": BWD_THREADS,
                       f"{traits}::kBlockN": bwd_block_n(v), f"(int){traits}::kSplitCols": int(bwd_split_cols(v))})
-    return ("sm90/fwd.cu", "sm90/fwd_planes.cu", "sm90/bwd.cu"), facts
+    for v in BWD_PLANES.variants():
+        traits = f"cupyflash::Sm90BwdPlanesTraits<{', '.join(map(str, v.tile))}, {str(v.param('tf32')).lower()}>"
+        facts.update({f"{traits}::kSmemBytes": bwd_planes_smem_bytes(v), f"{traits}::kThreads": BWD_THREADS,
+                      f"{traits}::kBlockN": BWD_PLANES_BLOCK, f"{traits}::kBlockM": BWD_PLANES_BLOCK})
+    return ("sm90/fwd.cu", "sm90/fwd_planes.cu", "sm90/bwd.cu", "sm90/bwd_planes.cu"), facts
 
 
 class Sm90Forward:
@@ -408,43 +434,50 @@ class Sm90Forward:
         return out, lse
 
 
-def bwd_tile_group(variant, p, key_tiles, deterministic, sm_count):
-    """BwdArgs::tile_group (common/scheduler.cuh): under a causal mask (an unbounded left window and a
-    bounded right one, no block mask), where a key tile's walk shrinks with its index, the pairs of
-    about one wave of CTAs (one per SM) take their key tiles in turn, so that the longest walks start
-    first; 1 (tiles fastest) otherwise, under the ordered sum, which has its own launch orders, and
-    above head dim 128, where the 64-key CTAs gained nothing from it (bench/NOTES.md, session 16: +2-6%
-    at head dims 64 and 128, causal 1024-8192; -4% to +2% at head dim 256)."""
-    causal_walks = p.window_left < 0 <= p.window_right and p.block_mask is None
-    if deterministic or not causal_walks or bwd_split_cols(variant):
+def bwd_tile_group(p, key_tiles, deterministic, sm_count, grouped):
+    """BwdArgs::tile_group (common/scheduler.cuh): under a causal mask (``grouped``: an unbounded left
+    window and a bounded right one, no block mask, 128-key CTAs), where a key tile's walk shrinks with
+    its index, the pairs of about one wave of CTAs (one per SM) take their key tiles in turn, so that
+    the longest walks start first; 1 (tiles fastest) otherwise, under the ordered sum, which has its own
+    launch orders, and for 64-key CTAs (split columns), which gained nothing from it (bench/NOTES.md,
+    session 16: +2-6% at head dims 64 and 128, causal 1024-8192; -4% to +2% at head dim 256)."""
+    if deterministic or not grouped:
         return 1
     return max(1, sm_count // key_tiles)
 
 
-def bwd_tail_pairs(variant, p, key_tiles, deterministic, sm_count):
-    """BwdArgs::tail_pairs (common/scheduler.cuh): above head dim 128, under a causal mask, the pairs of
-    about the last two waves of CTAs take their key tiles in turn after the others' tiles fastest, so
-    the grid ends on its shortest walks (the SMs idled 5% of a causal 1k or 4k backward at its end,
-    bench/NOTES.md, session 17); 0 otherwise."""
-    causal_walks = p.window_left < 0 <= p.window_right and p.block_mask is None
-    if deterministic or not causal_walks or not bwd_split_cols(variant):
+def bwd_tail_pairs(p, key_tiles, deterministic, sm_count, tailed):
+    """BwdArgs::tail_pairs (common/scheduler.cuh): for 64-key CTAs under a causal mask (``tailed``), the
+    pairs of about the last two waves of CTAs take their key tiles in turn after the others' tiles
+    fastest, so the grid ends on its shortest walks (the SMs idled 5% of a causal 1k or 4k backward at
+    its end, bench/NOTES.md, session 17); 0 otherwise."""
+    if deterministic or not tailed:
         return 0
     return min(p.batch * p.heads_k, common.cdiv(2 * sm_count, key_tiles))
 
 
 class Sm90Backward:
     """float16/bfloat16 on compute capability 9.0, head dims up to 256 (BWD_TILES), inputs a TMA can
-    address.
+    address; float32 up to head dim 128, any layout (its bfloat16 planes are the kernel's operands).
 
     The argument setup, delta, the float32 dQ buffers, the ordered sum of the deterministic mode and
     the dQ conversion are the sm80 family's; only the main kernel differs.
     """
 
     name = "sm90"
-    kernels = (common.DELTA, BWD, common.DQ_CONVERT)
+    kernels = (common.DELTA, sm80.PLANES, BWD, BWD_PLANES, common.DQ_CONVERT)
 
     def select(self, p, device, operands):
-        if p.dtype.itemsize != 2 or device.capability != CAPABILITY:
+        if device.capability != CAPABILITY:
+            return None
+        if p.dtype == numpy.float32:
+            dim = sm80.headdim_bucket(p.headdim, p.headdim_v, tuple(BWD_PLANES_STAGES))
+            if dim is None:
+                return None
+            variant = BWD_PLANES.variant("float32", (dim, BWD_PLANES_STAGES[dim]), score_mod=p.score_mod,
+                                         tf32=p.precision == "tf32")
+            return variant if bwd_planes_smem_bytes(variant) <= device.smem_optin else None
+        if p.dtype.itemsize != 2:
             return None
         dims = bucket(p.headdim, p.headdim_v, tuple(BWD_TILES))
         if dims is None or not all(tma_addressable(x, p.varlen) for x in operands):
@@ -453,7 +486,14 @@ class Sm90Backward:
         return variant if bwd_smem_bytes(variant) <= device.smem_optin else None
 
     def plan(self, b, variant, p, dout, q, k, v, out, lse, deterministic, device):
-        block_m, block_n = variant.param("block_m"), bwd_block_n(variant)
+        planes = variant.kernel is BWD_PLANES
+        if planes:
+            # 64 keys per CTA, consumers in roles: the 16-bit kernel's split columns.
+            block_m = block_n = BWD_PLANES_BLOCK
+            split_cols, smem = True, bwd_planes_smem_bytes(variant)
+        else:
+            block_m, block_n = variant.param("block_m"), bwd_block_n(variant)
+            split_cols, smem = bwd_split_cols(variant), bwd_smem_bytes(variant)
         key_tiles = common.cdiv(p.seqlen_k, block_n)
         # The ordered sum by walk order (rotated walks, common/ordered_sum.cuh) is for problems where every
         # key tile visits every query tile: no causal mask, window or block mask. It needs the CTAs of a
@@ -467,17 +507,20 @@ class Sm90Backward:
         args, grads, dq_accum = sm80.backward_buffers(b, p, dout, q, k, v, out, lse, block_m, block_n,
                                                       deterministic, dq_align=4, order=order,
                                                       splits=DETERMINISTIC_DQ_SPLITS_SPLIT_COLS_BY_WALK
-                                                      if by_walk and bwd_split_cols(variant) else
-                                                      DETERMINISTIC_DQ_SPLITS)
-        args["tile_group"] = bwd_tile_group(variant, p, key_tiles, deterministic, device.sm_count)
-        args["tail_pairs"] = bwd_tail_pairs(variant, p, key_tiles, deterministic, device.sm_count)
+                                                      if by_walk and split_cols else DETERMINISTIC_DQ_SPLITS)
+        causal_walks = p.window_left < 0 <= p.window_right and p.block_mask is None
+        args["tile_group"] = bwd_tile_group(p, key_tiles, deterministic, device.sm_count, causal_walks and not split_cols)
+        args["tail_pairs"] = bwd_tail_pairs(p, key_tiles, deterministic, device.sm_count, causal_walks and split_cols)
         common.plan_delta(b, p, args)
+        if planes:
+            tf32 = variant.param("tf32")
+            q, dout = (sm80.plan_planes(b, p, x, p.heads, tf32) for x in (q, dout))
+            k, v = (sm80.plan_planes(b, p, x, p.heads_k, tf32) for x in (k, v))
         maps = b.struct(BWD_MAPS)
         for field, x, rows in (("q", q, block_m), ("k", k, block_n), ("v", v, block_n), ("dout", dout, block_m)):
             tensor_map(b, maps, field, x, p.varlen, rows)
         accum_map(b, maps, "dq_accum", dq_accum, p, int(args["dq_ld"][0]), block_m)
         grid = (key_tiles * p.batch * p.heads_k, 1, 1)
-        smem = bwd_smem_bytes(variant)
         b.launch(common.function(variant, smem), grid, BWD_THREADS, (args, maps), smem)
         common.plan_dq_convert(b, p, args)
         return grads

@@ -194,14 +194,11 @@ struct Sm90BwdState {
     int entry[kMaxStages];                     // its tile-list entry (common/mask.cuh)
 };
 
-template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kStages, bool kScoreMod>
-struct Sm90BwdMainloop {
-    using Tr = Sm90BwdTraits<T, kHeadDim, kHeadDimV, kBlockM, kStages>;
-    static constexpr int kBlockN = Tr::kBlockN;
-    // Named barrier of the 256 consumer threads (id 0 is __syncthreads); the turns take 2 and 3.
-    static constexpr int kConsumerBarrier = 1;
-    using Turns = Pingpong<2>;
-
+// What every Hopper backward main loop of kBlockN-key CTAs and kBlockM-query tiles shares: the CTA's
+// walk, under the ordered sum the producer thread that polls the turns, and the bank order of the
+// consumers' dQ stores (a dQ share of whole 32-column atoms).
+template <int kBlockM, int kBlockN>
+struct Sm90BwdShared {
     // The CTA's walk: f(query head, entry) for the query tiles of each head of the GQA group, heads in
     // order, each head's tiles ascending from its entry `rotation` and round (the ordered sum's rotated
     // walks, common/ordered_sum.cuh; 0 otherwise, and below every head's tile count when not 0). Every
@@ -216,6 +213,57 @@ struct Sm90BwdMainloop {
             for (int j = rotation; j < rotation + tiles.count; ++j) f(h, tiles.entry(j < tiles.count ? j : j - tiles.count));
         }
     }
+
+    // The dQ stores' bank order. A lane holds 8 bytes of each n-tile's row g (lanes 4g .. 4g + 3: its 8
+    // columns, two 16-byte chunks {c, c + 1} with c even); the swizzle puts them at chunks {c, c + 1} ^ g,
+    // so rows g and g ^ 1 of a half-warp would share their two chunks and each store take two wavefronts.
+    // In store j the lanes of odd rows write n-tile j ^ 2 instead (chunks c ^ 4), which lands where
+    // n-tile j would under the key g ^ 4: the 16 lanes of a half-warp then cover the 8 chunks once.
+    // n-tile j's chunk is then lane_chunk ^ 2 (j % 4), lane_chunk that of n-tile 0 (the lane's column
+    // pair in it, under the key): four offsets per lane, whatever the number of stores.
+    __device__ __forceinline__ static int dq_lane_offset(int lane) {
+        const int g = lane / 4;
+        const int key = g % 2 ? g ^ 4 : g;
+        return (((lane % 4) / 2) ^ key) * 16 + (lane % 2) * 8;
+    }
+    template <int kTiles>
+    __device__ __forceinline__ static float2 dq_pair(const float (&dq)[kTiles][4], int j, int r, bool odd) {
+        return odd ? make_float2(dq[j ^ 2][2 * r], dq[j ^ 2][2 * r + 1]) : make_float2(dq[j][2 * r], dq[j][2 * r + 1]);
+    }
+
+    // Producer thread 96 (warp 3), under the ordered sum: polls the turn counters of the reducing thread's
+    // tiles, up to two tiles ahead of it, and tells it through turn_ready, so the poll's round trip to
+    // L2 (about a microsecond a tile) is off the reducing thread's path.
+    __device__ __forceinline__ static void wait_turns(const BwdArgs& args, Sm90BwdState& st, const Sequence& seq,
+                                                      const TileWork& work) {
+        if (!args.deterministic) return;
+        const AttnArgs& a = args.attn;
+        const int split = work.tile % args.dq_splits;
+        const Mask mask(a, seq);
+        const bool rotated = rotated_walks(args, mask);
+        int i = 0;
+        walk(a, mask, work, walk_rotation<kBlockM, kBlockN>(args, mask, work.tile), [&](int h, int entry) {
+            const int q_tile = entry_tile(entry);
+            if (i >= 2) mbarrier_wait(&st.turn_free[i % 2], ((i - 2) / 2) & 1);
+            wait_for_turn(dq_turn_counter<kBlockM>(args, work.b, h, q_tile, split),
+                          key_tile_turn<kBlockM, kBlockN>(args, mask, BlockLayout(a, work.b, h), q_tile, work.tile, rotated));
+            mbarrier_arrive(&st.turn_ready[i % 2]);
+            ++i;
+        });
+    }
+};
+
+template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kStages, bool kScoreMod>
+struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHeadDimV, kBlockM, kStages>::kBlockN> {
+    using Tr = Sm90BwdTraits<T, kHeadDim, kHeadDimV, kBlockM, kStages>;
+    using Base = Sm90BwdShared<kBlockM, Tr::kBlockN>;
+    using Base::walk;
+    using Base::dq_lane_offset;
+    using Base::dq_pair;
+    static constexpr int kBlockN = Tr::kBlockN;
+    // Named barrier of the 256 consumer threads (id 0 is __syncthreads); the turns take 2 and 3.
+    static constexpr int kConsumerBarrier = 1;
+    using Turns = Pingpong<2>;
 
     // Producer thread 0: K and V, then Q and dO of every tile of the walk, then the end marker.
     __device__ __forceinline__ static void load_tiles(const BwdArgs& args, const Sm90BwdMaps& maps, Sm90BwdState& st,
@@ -438,24 +486,8 @@ struct Sm90BwdMainloop {
         named_barrier_sync(kConsumerBarrier, 256);
     }
 
-    // The dQ stores' bank order. A lane holds 8 bytes of each n-tile's row g (lanes 4g .. 4g + 3: its 8
-    // columns, two 16-byte chunks {c, c + 1} with c even); the swizzle puts them at chunks {c, c + 1} ^ g,
-    // so rows g and g ^ 1 of a half-warp would share their two chunks and each store take two wavefronts.
-    // In store j the lanes of odd rows write n-tile j ^ 2 instead (chunks c ^ 4), which lands where
-    // n-tile j would under the key g ^ 4: the 16 lanes of a half-warp then cover the 8 chunks once.
-    // n-tile j's chunk is then lane_chunk ^ 2 (j % 4), lane_chunk that of n-tile 0 (the lane's column
-    // pair in it, under the key): four offsets per lane, whatever the number of stores.
     static_assert(Tr::kDqTiles % 4 == 0 && Tr::kDqTiles1 % 4 == 0,
-                  "the odd rows' n-tile j ^ 2 stays in the 32-column atom");
-    __device__ __forceinline__ static int dq_lane_offset(int lane) {
-        const int g = lane / 4;
-        const int key = g % 2 ? g ^ 4 : g;
-        return (((lane % 4) / 2) ^ key) * 16 + (lane % 2) * 8;
-    }
-    template <int kTiles>
-    __device__ __forceinline__ static float2 dq_pair(const float (&dq)[kTiles][4], int j, int r, bool odd) {
-        return odd ? make_float2(dq[j ^ 2][2 * r], dq[j ^ 2][2 * r + 1]) : make_float2(dq[j][2 * r], dq[j][2 * r + 1]);
-    }
+                  "the odd rows' n-tile j ^ 2 stays in the 32-column atom (dq_lane_offset)");
 
     // This warpgroup's dQ share into a shared float32 tile: rows (64 wg when kDqByRows) + 16 warp + g
     // + 8 r, columns 8 nt + 2 t, at atom column / 32, row, 16-byte chunk ((column % 32) / 4) ^ (row % 8),
@@ -850,27 +882,6 @@ struct Sm90BwdMainloop {
             fence_proxy_async();
             mbarrier_arrive(&st.dq_staged[wg][stage]);
         }
-    }
-
-    // Producer thread 96 (warp 3), under the ordered sum: polls the turn counters of the reducing thread's
-    // tiles, up to two tiles ahead of it, and tells it through turn_ready, so the poll's round trip to
-    // L2 (about a microsecond a tile) is off the reducing thread's path.
-    __device__ __forceinline__ static void wait_turns(const BwdArgs& args, Sm90BwdState& st, const Sequence& seq,
-                                                      const TileWork& work) {
-        if (!args.deterministic) return;
-        const AttnArgs& a = args.attn;
-        const int split = work.tile % args.dq_splits;
-        const Mask mask(a, seq);
-        const bool rotated = rotated_walks(args, mask);
-        int i = 0;
-        walk(a, mask, work, walk_rotation<kBlockM, kBlockN>(args, mask, work.tile), [&](int h, int entry) {
-            const int q_tile = entry_tile(entry);
-            if (i >= 2) mbarrier_wait(&st.turn_free[i % 2], ((i - 2) / 2) & 1);
-            wait_for_turn(dq_turn_counter<kBlockM>(args, work.b, h, q_tile, split),
-                          key_tile_turn<kBlockM, kBlockN>(args, mask, BlockLayout(a, work.b, h), q_tile, work.tile, rotated));
-            mbarrier_arrive(&st.turn_ready[i % 2]);
-            ++i;
-        });
     }
 
     // Producer thread 64 (warp 2): adds each tile's dQ share (stored by the consumers in the dQ tile,

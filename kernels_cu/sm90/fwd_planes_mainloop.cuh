@@ -32,10 +32,10 @@
 #include "common/sequence.cuh"
 #include "fragment/scores.cuh"
 #include "fragment/softmax.cuh"
-#include "generated/wgmma_ops.cuh"
 #include "sm80/operands.cuh"
 #include "sm90/fwd_mainloop.cuh"
 #include "sm90/pipeline.cuh"
+#include "sm90/planes_products.cuh"
 #include "sm90/primitives.cuh"
 
 namespace cupyflash {
@@ -82,7 +82,8 @@ struct Sm90FwdPlanesTraits {
 template <int kHeadDim, int kBlockN, int kStages, bool kScoreMod, bool kTf32>
 struct Sm90FwdPlanesMainloop {
     using Tr = Sm90FwdPlanesTraits<kHeadDim, kBlockN, kStages, kTf32>;
-    using Ops = Sm80Operands<float, kTf32>;  // split2, the P fragments and the order of the products
+    using Products = Sm90PlaneProducts<kTf32>;
+    using Ops = typename Products::Ops;  // split2 and the P fragments
     using Softmax = FragmentSoftmax<Tr::kNTiles, true, float>;  // natural-log units, as sm80's float32
     using Bf16 = __nv_bfloat16;
     static constexpr int kBlockM = Tr::kBlockM;
@@ -92,7 +93,6 @@ struct Sm90FwdPlanesMainloop {
     // sm90_clear_foreign_values.
     using Turns = Pingpong<1, Tr::kConsumers>;
     static constexpr int kClearBarrier = 1 + Tr::kConsumers;
-    enum { kHi = 0, kMid = 1, kLo = 2 };  // plane p of head h is head p * heads + h (sm80/planes.cu)
     // O += P V in parts of 32 keys, each summed from zero (issue_values).
     static constexpr int kPartSteps = 2;
     static constexpr int kParts = Tr::kKeySteps / kPartSteps;
@@ -156,93 +156,20 @@ struct Sm90FwdPlanesMainloop {
     }
 
     // S = Q K^T of this warpgroup's 64 rows (Q row offset q_row) and the key tile at k_tile, complete on
-    // return: per k-step the small products into `small` (Ops::mma's order: lo hi, hi lo, mid mid, mid
-    // hi, hi mid), then hi hi from zero into z[kk % 2], one commit group per k-step; each group's z is
-    // added to s once the group is done (wgmma_wait<1>: the next one runs meanwhile), and small last.
+    // return, in the scores' split sums (Products::scores).
     __device__ __forceinline__ static void compute_scores(float (&s)[kNTiles][4], unsigned q_tile, int q_row,
                                                           unsigned k_tile) {
-        using SS = WgmmaSS<Bf16, kBlockN>;
-        unsigned long long q[Tr::kPlanes], k[Tr::kPlanes];
-#pragma unroll
-        for (int p = 0; p < Tr::kPlanes; ++p) {
-            q[p] = kmajor_desc(q_tile + p * Tr::kQPlaneBytes, q_row);
-            k[p] = kmajor_desc(k_tile + p * Tr::kKPlaneBytes, 0);
-        }
-        float small[kNTiles][4];
-        float z[2][kNTiles][4];
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < Tr::kDSteps; ++kk) {
-            const unsigned qs = kmajor_step<kBlockM>(kk), ks = kmajor_step<kBlockN>(kk);
-            const auto qd = [&](int p) { return desc_advance(q[p], qs); };
-            const auto kd = [&](int p) { return desc_advance(k[p], ks); };
-            wgmma_fence();
-            if constexpr (!kTf32) {
-                if (kk == 0) {
-                    SS::overwrite(small, qd(kLo), kd(kHi));
-                } else {
-                    SS::mma(small, qd(kLo), kd(kHi), 1);
-                }
-                SS::mma(small, qd(kHi), kd(kLo), 1);
-                SS::mma(small, qd(kMid), kd(kMid), 1);
-                SS::mma(small, qd(kMid), kd(kHi), 1);
-            } else if (kk == 0) {
-                SS::overwrite(small, qd(kMid), kd(kHi));
-            } else {
-                SS::mma(small, qd(kMid), kd(kHi), 1);
-            }
-            SS::mma(small, qd(kHi), kd(kMid), 1);
-            SS::overwrite(z[kk % 2], qd(kHi), kd(kHi));
-            wgmma_commit();
-            if (kk > 0) {
-                wgmma_wait<1>();
-                fence_fragments(z[(kk - 1) % 2]);
-                add_to(s, z[(kk - 1) % 2]);
-            }
-        }
-        wgmma_wait<0>();
-        fence_fragments(z[(Tr::kDSteps - 1) % 2]);
-        fence_fragments(small);
-        add_to(s, z[(Tr::kDSteps - 1) % 2]);
-        add_to(s, small);
+        Products::template scores<kBlockN, Tr::kDSteps, kBlockM, kBlockN, false>(s, q_tile, q_row, Tr::kQPlaneBytes,
+                                                                                 k_tile, 0, Tr::kKPlaneBytes);
     }
 
-    // z = P V of keys [32 part, 32 part + 32) of the key tile at v_tile from zero (Ops::mma's six products
-    // per k-step, small ones first), issued: the partial sums of sm80's 32-key tiles (summed over 64
-    // keys, z's truncations took O to 1.3x the rule's allowance at head dim 1).
+    // z = P V of keys [32 part, 32 part + 32) of the key tile at v_tile from zero, issued: the partial
+    // sums of sm80's 32-key tiles (summed over 64 keys, z's truncations took O to 1.3x the rule's
+    // allowance at head dim 1).
     __device__ __forceinline__ static void issue_values(float (&z)[kOTiles][4], const typename Ops::A (&p)[Tr::kKeySteps],
                                                         unsigned v_tile, int part) {
-        using RS = WgmmaRS<Bf16, kHeadDim>;
-        unsigned long long v[Tr::kPlanes];
-#pragma unroll
-        for (int pl = 0; pl < Tr::kPlanes; ++pl) v[pl] = mnmajor_desc<kBlockN>(v_tile + pl * Tr::kVPlaneBytes);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = kPartSteps * part; kk < kPartSteps * (part + 1); ++kk) {
-            const auto vd = [&](int pl) { return desc_advance(v[pl], mnmajor_step(kk)); };
-            const int accumulate = kk > kPartSteps * part;
-            if constexpr (!kTf32) {
-                RS::mma(z, p[kk].lo, vd(kHi), accumulate);
-                RS::mma(z, p[kk].hi, vd(kLo), 1);
-                RS::mma(z, p[kk].mid, vd(kMid), 1);
-                RS::mma(z, p[kk].mid, vd(kHi), 1);
-            } else {
-                RS::mma(z, p[kk].mid, vd(kHi), accumulate);
-            }
-            RS::mma(z, p[kk].hi, vd(kMid), 1);
-            RS::mma(z, p[kk].hi, vd(kHi), 1);
-        }
-        wgmma_commit();
-    }
-
-    template <int kTiles>
-    __device__ __forceinline__ static void add_to(float (&d)[kTiles][4], const float (&x)[kTiles][4]) {
-#pragma unroll
-        for (int c = 0; c < kTiles; ++c) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) d[c][e] += x[c][e];
-        }
+        Products::template issue_rs<kHeadDim, kBlockN>(z, p, v_tile, Tr::kVPlaneBytes, kPartSteps * part,
+                                                       kPartSteps * (part + 1));
     }
 
     // The scores of key tile `entry` in natural-log units with the modifications (modify_rows_natural, as
@@ -326,7 +253,7 @@ struct Sm90FwdPlanesMainloop {
                 wgmma_wait<0>();
                 fence_fragments(z);
                 if (part == kParts - 1) release_stage(&st.empty_v[stage]);
-                add_to(o[0], z);
+                Products::add_to(o[0], z);
             }
         }
         for (int j = last; j < tile.keys.count; ++j) skip_tile(st, wg, i);
