@@ -91,6 +91,8 @@ struct Sm90BwdPlanesTraits {
     static constexpr int kOpSteps = kBlockM / 16;
     static_assert(kHeadDim % 32 == 0 && kHeadDim <= 128, "head dims are whole 32-column dQ atoms up to 128");
     static_assert(kStages >= 1 && kStages <= Sm90BwdState::kMaxStages, "1 to 4 stages");
+    static_assert(kDqCols0 % 32 == 0 && kDqCols1 % 32 == 0,
+                  "whole 32-column dQ atoms per warpgroup (the odd rows' n-tile j ^ 2 of dq_lane_offset stays in its atom)");
     static_assert(kDqAtoms0 * kBlockM * 128 <= kQBytes && (kDqAtoms - kDqAtoms0) * kBlockM * 128 <= kQBytes,
                   "each dQ share fits the stage's operand it goes over");
     static_assert(kSmemBytes <= 227 * 1024, "the tiles must fit sm_90's 227 KB");
