@@ -231,6 +231,26 @@ struct Sm90BwdShared {
         return odd ? make_float2(dq[j ^ 2][2 * r], dq[j ^ 2][2 * r + 1]) : make_float2(dq[j][2 * r], dq[j][2 * r + 1]);
     }
 
+    // A consumer warpgroup's dQ share (kTiles n-tiles: columns 8 nt + 2 t) into 32-column float32 atoms,
+    // n-tile j into the atom at shared offset atom_offset(j / 4), rows 16 warp + g + 8 r at 16-byte chunk
+    // ((column % 32) / 4) ^ (row % 8), in the bank order above.
+    template <int kTiles, typename AtomOffset>
+    __device__ __forceinline__ static void store_dq_atoms(unsigned char* smem, const float (&dq)[kTiles][4], int warp,
+                                                          int lane, const AtomOffset& atom_offset) {
+        static_assert(kTiles % 4 == 0, "the odd rows' n-tile j ^ 2 stays in the 32-column atom");
+        const int row0 = 16 * warp + lane / 4;
+        const bool odd = (lane / 4) % 2;
+        const int offset = dq_lane_offset(lane);
+#pragma unroll
+        for (int j = 0; j < kTiles; ++j) {
+            unsigned char* atom = smem + atom_offset(j / 4) + row0 * 128;
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                *reinterpret_cast<float2*>(atom + r * 8 * 128 + (offset ^ (32 * (j % 4)))) = dq_pair(dq, j, r, odd);
+            }
+        }
+    }
+
     // Producer thread 96 (warp 3), under the ordered sum: polls the turn counters of the reducing thread's
     // tiles, up to two tiles ahead of it, and tells it through turn_ready, so the poll's round trip to
     // L2 (about a microsecond a tile) is off the reducing thread's path.
@@ -250,6 +270,74 @@ struct Sm90BwdShared {
             mbarrier_arrive(&st.turn_ready[i % 2]);
             ++i;
         });
+    }
+
+    // Producer thread 64 (warp 2): each tile's dQ share into buffer `split` of the float32
+    // accumulator. Per tile of the walk (i-th), under the ordered sum after its turn, share(i, reduce)
+    // adds the share's 32-column atoms with reduce(atom, shared offset), one TMA reduction each, and
+    // frees their shared memory once read; the turn is handed on once the additions are written. The
+    // rows of a tile past its sequence's end hold exact zeros (their probabilities are 0 and their Q
+    // and dO rows zero), so in a packed batch adding them to the next sequence's rows changes nothing;
+    // past the tensor the TMA drops them.
+    template <typename Share>
+    __device__ __forceinline__ static void reduce_walk(const BwdArgs& args, const Sm90BwdMaps& maps, Sm90BwdState& st,
+                                                       unsigned char* smem, const Sequence& seq, const TileWork& work,
+                                                       Share&& share) {
+        const AttnArgs& a = args.attn;
+        tma_prefetch_desc(maps.dq_accum);
+        const int split = work.tile % args.dq_splits;
+        const int batch = a.cu_seqlens_q != nullptr ? 0 : work.b;
+        const Mask mask(a, seq);
+        int i = 0;
+        walk(a, mask, work, walk_rotation<kBlockM, kBlockN>(args, mask, work.tile), [&](int h, int entry) {
+            const int m0 = entry_tile(entry) * kBlockM;
+            int* turn = nullptr;
+            if (args.deterministic) {
+                turn = dq_turn_counter<kBlockM>(args, work.b, h, m0 / kBlockM, split);
+                mbarrier_wait(&st.turn_ready[i % 2], (i / 2) & 1);  // wait_turns saw the turn come
+                mbarrier_arrive(&st.turn_free[i % 2]);
+                fence_proxy_async_global();  // the earlier CTAs' additions before this one's
+            }
+            const auto reduce = [&](int atom, int offset) {
+                if (32 * atom < args.dq_ld) {
+                    tma_reduce_add_5d(maps.dq_accum, smem + offset, 32 * atom, seq.q_start + m0, h, batch, split);
+                }
+            };
+            share(i, reduce);
+            if (turn != nullptr) {
+                bulk_wait();
+                fence_proxy_async_global();
+                hand_on_turn(turn);
+            }
+            ++i;
+        });
+        // Before the CTA ends its shared memory must have been read; the additions themselves land before
+        // the kernel completes, as every write does (the dQ conversion is a later launch). Waiting for
+        // them here (bulk_wait) kept this thread 2.9 us past the consumers' epilogue (bench/NOTES.md,
+        // session 12). Under the ordered sum each turn has already waited for its writes.
+        bulk_wait_read();
+    }
+
+    // A share staged over tile i's stage by the two consumer warpgroups in roles (split columns): each
+    // warpgroup's atoms as it stages them (dq_staged[w]; warpgroup 0's atoms [0, kAtoms0) over dO,
+    // warpgroup 1's [kAtoms0, kAtoms) over Q, at atom_offset(stage, atom)), the dO tile freed for the
+    // loads (empty) once warpgroup 0's are read, so the next dO loads while Q's atoms are still read,
+    // and the Q tile (q_empty) once all are.
+    template <int kStages, int kAtoms0, int kAtoms, typename Reduce, typename AtomOffset>
+    __device__ __forceinline__ static void reduce_staged(Sm90BwdState& st, int i, const Reduce& reduce,
+                                                         const AtomOffset& atom_offset) {
+        const int stage = i % kStages;
+#pragma unroll
+        for (int w = 0; w < 2; ++w) {
+            mbarrier_wait(&st.dq_staged[w][stage], (i / kStages) & 1);
+#pragma unroll
+            for (int atom = w ? kAtoms0 : 0; atom < (w ? kAtoms : kAtoms0); ++atom) reduce(atom, atom_offset(stage, atom));
+            bulk_commit();
+        }
+        bulk_wait_read<1>();
+        mbarrier_arrive(&st.empty[stage]);
+        bulk_wait_read();
+        mbarrier_arrive(&st.q_empty[stage]);
     }
 };
 
@@ -533,17 +621,7 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
     __device__ __forceinline__ static void store_query_gradient_staged(unsigned char* smem, int stage,
                                                                        const float (&dq)[kTiles][4], int wg, int warp,
                                                                        int lane) {
-        const int row0 = 16 * warp + lane / 4;
-        const bool odd = (lane / 4) % 2;
-        const int offset = dq_lane_offset(lane);
-#pragma unroll
-        for (int j = 0; j < kTiles; ++j) {
-            unsigned char* atom = smem + staged_dq_atom(stage, wg * kPerWg0 + j / 4) + row0 * 128;
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                *reinterpret_cast<float2*>(atom + r * 8 * 128 + (offset ^ (32 * (j % 4)))) = dq_pair(dq, j, r, odd);
-            }
-        }
+        Base::store_dq_atoms(smem, dq, warp, lane, [&](int atom) { return staged_dq_atom(stage, wg * kPerWg0 + atom); });
     }
 
     // dQ_part of tile j = dS_j K once both warpgroups have stored their halves of dS^T_j (buffer j % 2),
@@ -884,57 +962,17 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
         }
     }
 
-    // Producer thread 64 (warp 2): adds each tile's dQ share (stored by the consumers in the dQ tile,
-    // or with kSplitCols in the tile's stage, which it then releases) into buffer `split` of the float32
-    // accumulator, one TMA reduction per 32 columns. The rows of a tile past its
-    // sequence's end hold exact zeros (their probabilities are 0 and their Q and dO rows zero), so in a
-    // packed batch adding them to the next sequence's rows changes nothing; past the tensor the TMA
-    // drops them. Under the ordered sum, after the CTAs of the later key tiles (ordered_sum.cuh), and
-    // the turn is handed on once the additions are written.
+    // Producer thread 64 (warp 2): adds each tile's dQ share (stored by the consumers in the dQ tile, or
+    // with kSplitCols in the tile's stage, which it then releases) into the float32 accumulator
+    // (Sm90BwdShared::reduce_walk).
     __device__ __forceinline__ static void reduce_queries(const BwdArgs& args, const Sm90BwdMaps& maps, Sm90BwdState& st,
                                                           unsigned char* smem, const Sequence& seq, const TileWork& work) {
-        const AttnArgs& a = args.attn;
-        tma_prefetch_desc(maps.dq_accum);
-        const int split = work.tile % args.dq_splits;
-        const int batch = a.cu_seqlens_q != nullptr ? 0 : work.b;
-        const Mask mask(a, seq);
-        int i = 0;
-        walk(a, mask, work, walk_rotation<kBlockM, kBlockN>(args, mask, work.tile), [&](int h, int entry) {
-            const int m0 = entry_tile(entry) * kBlockM;
-            int* turn = nullptr;
-            if (args.deterministic) {
-                turn = dq_turn_counter<kBlockM>(args, work.b, h, m0 / kBlockM, split);
-                mbarrier_wait(&st.turn_ready[i % 2], (i / 2) & 1);  // wait_turns saw the turn come
-                mbarrier_arrive(&st.turn_free[i % 2]);
-                fence_proxy_async_global();  // the earlier CTAs' additions before this one's
-            }
-            const int stage = i % kStages;
-            const int buffer = Tr::kDqAlternate ? i % 2 : 0;
-            const auto reduce = [&](int atom, int offset) {
-                if (32 * atom < args.dq_ld) {
-                    tma_reduce_add_5d(maps.dq_accum, smem + offset, 32 * atom, seq.q_start + m0, h, batch, split);
-                }
-            };
-            // A shared tile is free once read; under the ordered sum the turn is handed on once the
-            // additions are written.
+        Base::reduce_walk(args, maps, st, smem, seq, work, [&](int i, const auto& reduce) {
             if constexpr (Tr::kSplitCols) {
-                // Each warpgroup's share as it comes (warpgroup 0's over dO first), each freed for the
-                // loads as soon as read, so the next tile's dO loads while Q's atoms are still read.
-                constexpr int kAtoms = Tr::kDqAtoms;
-#pragma unroll
-                for (int w = 0; w < 2; ++w) {
-                    mbarrier_wait(&st.dq_staged[w][stage], (i / kStages) & 1);
-#pragma unroll
-                    for (int atom = w ? kPerWg0 : 0; atom < (w ? kAtoms : kPerWg0); ++atom) {
-                        reduce(atom, staged_dq_atom(stage, atom));
-                    }
-                    bulk_commit();
-                }
-                bulk_wait_read<1>();
-                mbarrier_arrive(&st.empty[stage]);
-                bulk_wait_read();
-                mbarrier_arrive(&st.q_empty[stage]);
+                Base::template reduce_staged<kStages, kPerWg0, Tr::kDqAtoms>(
+                    st, i, reduce, [](int stage, int atom) { return staged_dq_atom(stage, atom); });
             } else {
+                const int buffer = Tr::kDqAlternate ? i % 2 : 0;
                 mbarrier_wait(&st.dq_full[buffer], (i / Tr::kDqBuffers) & 1);
 #pragma unroll
                 for (int atom = 0; atom < Tr::kDqAtoms; ++atom) {
@@ -944,18 +982,7 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
                 bulk_wait_read();
                 mbarrier_arrive(&st.dq_empty[buffer]);
             }
-            if (turn != nullptr) {
-                bulk_wait();
-                fence_proxy_async_global();
-                hand_on_turn(turn);
-            }
-            ++i;
         });
-        // Before the CTA ends its shared memory must have been read; the additions themselves land before
-        // the kernel completes, as every write does (the dQ conversion is a later launch). Waiting for
-        // them here (bulk_wait) kept this thread 2.9 us past the consumers' epilogue (bench/NOTES.md,
-        // session 12). Under the ordered sum each turn has already waited for its writes.
-        bulk_wait_read();
     }
 };
 

@@ -91,8 +91,6 @@ struct Sm90BwdPlanesTraits {
     static constexpr int kOpSteps = kBlockM / 16;
     static_assert(kHeadDim % 32 == 0 && kHeadDim <= 128, "head dims are whole 32-column dQ atoms up to 128");
     static_assert(kStages >= 1 && kStages <= Sm90BwdState::kMaxStages, "1 to 4 stages");
-    static_assert(kDqCols0 % 32 == 0 && kDqCols1 % 32 == 0,
-                  "whole 32-column dQ atoms per warpgroup (the odd rows' n-tile j ^ 2 of dq_lane_offset stays in its atom)");
     static_assert(kDqAtoms0 * kBlockM * 128 <= kQBytes && (kDqAtoms - kDqAtoms0) * kBlockM * 128 <= kQBytes,
                   "each dQ share fits the stage's operand it goes over");
     static_assert(kSmemBytes <= 227 * 1024, "the tiles must fit sm_90's 227 KB");
@@ -193,53 +191,15 @@ struct Sm90BwdPlanesMainloop : Sm90BwdShared<64, 64> {
                                     : Tr::kQOffset + stage * Tr::kQBytes + (atom - Tr::kDqAtoms0) * kBlockM * 128;
     }
 
-    // Producer thread 64 (warp 2): adds each tile's dQ shares, as each warpgroup stages its own, into
-    // buffer `split` of the float32 accumulator (one TMA reduction per 32 columns), and frees the dO
-    // tile (empty) and the Q tile (q_empty) for the next loads as soon as the reductions have read them.
-    // Rows past a sequence's end hold exact zeros (see sm90/bwd_mainloop.cuh). Under the ordered sum,
-    // after the CTAs of the later key tiles, the turn handed on once the additions are written.
+    // Producer thread 64 (warp 2): adds each tile's dQ shares, as each warpgroup stages its own, into the
+    // float32 accumulator and frees the dO tile (empty) and the Q tile (q_empty) for the next loads as
+    // soon as the reductions have read them (Sm90BwdShared::reduce_walk and reduce_staged).
     __device__ __forceinline__ static void reduce_queries(const BwdArgs& args, const Sm90BwdMaps& maps, Sm90BwdState& st,
                                                           unsigned char* smem, const Sequence& seq, const TileWork& work) {
-        const AttnArgs& a = args.attn;
-        tma_prefetch_desc(maps.dq_accum);
-        const int split = work.tile % args.dq_splits;
-        const int batch = a.cu_seqlens_q != nullptr ? 0 : work.b;
-        const Mask mask(a, seq);
-        int i = 0;
-        walk(a, mask, work, walk_rotation<kBlockM, kBlockN>(args, mask, work.tile), [&](int h, int entry) {
-            const int m0 = entry_tile(entry) * kBlockM;
-            int* turn = nullptr;
-            if (args.deterministic) {
-                turn = dq_turn_counter<kBlockM>(args, work.b, h, m0 / kBlockM, split);
-                mbarrier_wait(&st.turn_ready[i % 2], (i / 2) & 1);  // wait_turns saw the turn come
-                mbarrier_arrive(&st.turn_free[i % 2]);
-                fence_proxy_async_global();  // the earlier CTAs' additions before this one's
-            }
-            const int stage = i % kStages;
-#pragma unroll
-            for (int w = 0; w < 2; ++w) {
-                mbarrier_wait(&st.dq_staged[w][stage], (i / kStages) & 1);
-#pragma unroll
-                for (int atom = w ? Tr::kDqAtoms0 : 0; atom < (w ? Tr::kDqAtoms : Tr::kDqAtoms0); ++atom) {
-                    if (32 * atom < args.dq_ld) {
-                        tma_reduce_add_5d(maps.dq_accum, smem + staged_dq_atom(stage, atom), 32 * atom, seq.q_start + m0,
-                                          h, batch, split);
-                    }
-                }
-                bulk_commit();
-            }
-            bulk_wait_read<1>();
-            mbarrier_arrive(&st.empty[stage]);
-            bulk_wait_read();
-            mbarrier_arrive(&st.q_empty[stage]);
-            if (turn != nullptr) {
-                bulk_wait();
-                fence_proxy_async_global();
-                hand_on_turn(turn);
-            }
-            ++i;
+        Base::reduce_walk(args, maps, st, smem, seq, work, [&](int i, const auto& reduce) {
+            Base::template reduce_staged<kStages, Tr::kDqAtoms0, Tr::kDqAtoms>(
+                st, i, reduce, [](int stage, int atom) { return staged_dq_atom(stage, atom); });
         });
-        bulk_wait_read();  // the shared memory read before the CTA ends (sm90/bwd_mainloop.cuh)
     }
 
     // Zeroes the rows of a tile's planes from row `first` on (packed batches, see sm90/bwd_mainloop.cuh);
@@ -264,24 +224,6 @@ struct Sm90BwdPlanesMainloop : Sm90BwdShared<64, 64> {
                     *reinterpret_cast<unsigned*>(x + pl * Tr::kDsPlaneBytes + row * 128 + chunk * 16 + col_t * 2) =
                         Products::plane(a[kk], pl)[reg];
                 }
-            }
-        }
-    }
-
-    // This warpgroup's dQ share (kTiles n-tiles from column 8 kTiles wg... : its atoms from first_atom)
-    // into the stage, rows 16 warp + g + 8 r, in the bank order of Sm90BwdShared::dq_lane_offset.
-    template <int kTiles>
-    __device__ __forceinline__ static void stage_dq(unsigned char* smem, int stage, const float (&dq)[kTiles][4],
-                                                    int first_atom, int warp, int lane) {
-        const int row0 = 16 * warp + lane / 4;
-        const bool odd = (lane / 4) % 2;
-        const int offset = dq_lane_offset(lane);
-#pragma unroll
-        for (int j = 0; j < kTiles; ++j) {
-            unsigned char* atom = smem + staged_dq_atom(stage, first_atom + j / 4) + row0 * 128;
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                *reinterpret_cast<float2*>(atom + r * 8 * 128 + (offset ^ (32 * (j % 4)))) = dq_pair(dq, j, r, odd);
             }
         }
     }
@@ -349,7 +291,7 @@ struct Sm90BwdPlanesMainloop : Sm90BwdShared<64, 64> {
                 wgmma_wait<0>();
                 fence_fragments(dq);
                 mbarrier_arrive(&st.ds_free[0]);
-                stage_dq(smem, stage, dq, first_atom, warp, lane);
+                store_dq_atoms(smem, dq, warp, lane, [&](int atom) { return staged_dq_atom(stage, first_atom + atom); });
             };
             float s[kSTiles][4];  // S^T, then P^T (warpgroup 0); dP^T, then dS^T (warpgroup 1)
             if (wg == 0) {
