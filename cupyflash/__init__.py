@@ -21,6 +21,7 @@ from ._api import (
     ring_flash_attention_vjp,
 )
 from ._block_mask import BlockMask
+from ._dropout import dropout_mask
 from ._problem import SUPPORTED_DTYPES
 from ._ring import VirtualRing, zigzag_shard, zigzag_unshard
 
@@ -30,6 +31,7 @@ __all__ = [
     "BlockMask",
     "SUPPORTED_DTYPES",
     "VirtualRing",
+    "dropout_mask",
     "flash_attention",
     "flash_attention_backward",
     "flash_attention_varlen",

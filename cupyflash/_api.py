@@ -95,8 +95,8 @@ _BLOCK_MASK_DOC = """
 _LSE_DOC = """
     lse : array
         Only with ``return_lse=True``: ``ln(sum_j exp(s_ij))`` over the keys row i sees, s being the
-        scaled, capped and biased score; -inf for a row that sees no key and NaN for a row whose scores
-        hold a NaN. float32 for float16/bfloat16 inputs, float64 for float32 and float64 inputs (the
+        scaled, capped and biased score (with ``sinks``, ``exp(sinks[h])`` joins the sum); -inf for a
+        row that sees no key and NaN for a row whose scores hold a NaN. float32 for float16/bfloat16 inputs, float64 for float32 and float64 inputs (the
         backward pass recomputes every probability from it, and a float32 lse would triple the error
         of float32 gradients)."""
 
@@ -121,6 +121,32 @@ _PRECISION_DOC = """
         multiply two bfloat16 parts of each value in three products instead of three parts in six;
         every other path computes as for "highest"."""
 
+_TRAINING_DOC = """
+    sinks : float32 array of q's kind, shape (heads,), or None, keyword-only
+        Attention sinks (gpt-oss): a learnable logit per query head in every row's softmax denominator,
+        whose value is 0. Row i of head h is ``out_i = sum_j exp(s_ij - L_i) v_j`` with
+        ``L_i = ln(exp(sinks[h]) + sum_j exp(s_ij))``, and the lse returned is ``L_i``; a row that sees no
+        key gets out 0 and lse ``sinks[h]``. -inf is no sink. NumPy sinks may not be NaN or +inf
+        (ValueError); CuPy sinks are not read on the host, and a NaN there makes its head's rows NaN.
+    dropout_p : float in [0, 1), keyword-only
+        Attention dropout: each probability is kept with probability ``1 - dropout_p`` (within 2^-32)
+        and scaled by ``1 / (1 - dropout_p)`` before the product with v; lse is the softmax's before
+        dropout. NumPy arrays only in this version (NotImplementedError for CuPy arrays).
+    dropout_seed : int in [0, 2^64), keyword-only
+        Required when ``dropout_p > 0``. The keep decision of (batch entry b, query head h, query i,
+        key j) is a pure function of (seed, offset, b, h, i, j) (Philox4x32-10;
+        :func:`cupyflash.dropout_mask` returns it), so the backward, given the same three arguments,
+        drops the same probabilities, and every run draws the same ones.
+    dropout_offset : int in [0, 2^32), keyword-only
+        The generator's fourth counter word: one seed with a different offset per layer and step."""
+
+_MAX_SCORE_DOC = """
+    return_max_score : bool, keyword-only
+        Also return ``max_score``: the largest score (after the scale, softcap and ALiBi; the sinks are
+        not scores) over every row of each query head and the keys it sees, float32 (batch, heads), -inf
+        where the head sees no key (QK-clip reads it). NumPy arrays only in this version
+        (NotImplementedError for CuPy arrays)."""
+
 _NOTES_DOC = """
     CuPy arrays run on CuPy's current device and stream; NumPy arrays run the same tiled algorithm on
     the CPU. Accumulation is float32 (float64 for float64 inputs); float32 is float32-accurate unless
@@ -128,12 +154,26 @@ _NOTES_DOC = """
     A NaN (or an inf that makes one) in q or k reaches exactly the rows that see it."""
 
 
-def _forward(key, p, q, k, v, return_lse, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None):
-    """out, or (out, lse) with ``return_lse``, of a checked forward call; a CuPy call's plan is kept
-    under ``key``."""
+def _plain(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score=False):
+    """Whether a call leaves sinks, dropout and the maximum score at their defaults: only such calls
+    have plans (the others take the checked path every call)."""
+    return (sinks is None and dropout_p.__class__ is float and dropout_p == 0.0 and dropout_seed is None
+            and dropout_offset.__class__ is int and dropout_offset == 0 and return_max_score is False)
+
+
+def _results(out, lse, max_score, return_lse, return_max_score):
+    """out, then lse and max_score when asked for: a tuple when there is more than out."""
+    results = (out,) + ((lse,) if return_lse else ()) + ((max_score,) if return_max_score else ())
+    return results if len(results) > 1 else out
+
+
+def _forward(key, p, q, k, v, return_lse, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None,
+             return_max_score=False):
+    """out, then lse with ``return_lse`` and max_score with ``return_max_score``, of a checked forward
+    call; a CuPy call's plan is kept under ``key``."""
     if key is None or not _compute.plannable(p):
-        out, lse = _compute.forward(p, q, k, v)
-        return (out, lse) if return_lse else out
+        results = _compute.forward(p, q, k, v, max_score=return_max_score)
+        return _results(results[0], results[1], results[-1], return_lse, return_max_score)
     from . import _cuda
 
     plan = _cuda.forward_plan(p, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, return_lse=return_lse)
@@ -144,7 +184,8 @@ def _forward(key, p, q, k, v, return_lse, alibi_slopes=None, cu_seqlens_q=None, 
 
 def _backward(key, p, dout, q, k, v, out, lse, deterministic, alibi_slopes=None, cu_seqlens_q=None,
               cu_seqlens_k=None):
-    """(dq, dk, dv) of a checked backward call; a CuPy call's plan is kept under ``key``."""
+    """(dq, dk, dv), and dsinks with sinks, of a checked backward call; a CuPy call's plan is kept under
+    ``key``."""
     deterministic = _problem.check_flag("deterministic", deterministic)
     if key is None or not _compute.plannable(p):
         return _compute.backward(p, dout, q, k, v, out, lse, deterministic)
@@ -158,42 +199,51 @@ def _backward(key, p, dout, q, k, v, out, lse, deterministic, alibi_slopes=None,
 def flash_attention(q: Array, k: Array, v: Array, *, causal: bool = False, softmax_scale: Optional[float] = None,
                     window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[Array] = None,
                     block_mask: Optional[BlockMask] = None, return_lse: bool = False,
-                    precision: str = "highest") -> Union[Array, Tuple[Array, Array]]:
+                    precision: str = "highest", sinks: Optional[Array] = None, dropout_p: float = 0.0,
+                    dropout_seed: Optional[int] = None, dropout_offset: int = 0,
+                    return_max_score: bool = False) -> Union[Array, Tuple[Array, ...]]:
     """Exact attention ``softmax(softmax_scale * q k^T) v``, tiled so no score matrix is stored.
 
     Parameters
     ----------{shapes}{mask}{block_mask}
     return_lse : bool, keyword-only
-        Also return the log-sum-exp needed by :func:`flash_attention_backward`.{precision}
+        Also return the log-sum-exp needed by :func:`flash_attention_backward`.{precision}{training}{max_score}
 
     Returns
     -------
     out : array of q's kind and dtype, shape (batch, seqlen_q, heads, headdim_v)
         A row that sees no key (causal with seqlen_q > seqlen_k, a window or block mask that hides every
         key, or seqlen_k == 0) is 0, never NaN.{lse}
+    max_score : float32 array, shape (batch, heads)
+        Only with ``return_max_score=True``, after lse when both are asked for.
 
     Notes
     -----{notes}
     """
-    key = _keys.forward(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes, block_mask, return_lse,
-                        precision)
+    plain = _plain(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score)
+    key = None if not plain else _keys.forward(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes,
+                                               block_mask, return_lse, precision)
     plan = PLANS.get(key)
     if plan is not None:
         results = plan.run(q, k, v, alibi_slopes, None, None, None)
         return results if return_lse else results[0]
     q, k, v = _problem.arrays(q=q, k=k, v=v)
     p = _problem.forward_problem(q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window_size,
-                                 softcap=softcap, alibi_slopes=alibi_slopes, block_mask=block_mask, precision=precision)
+                                 softcap=softcap, alibi_slopes=alibi_slopes, block_mask=block_mask, precision=precision,
+                                 sinks=sinks, dropout_p=dropout_p, dropout_seed=dropout_seed,
+                                 dropout_offset=dropout_offset)
     return_lse = _problem.check_flag("return_lse", return_lse)
-    return _forward(key, p, q, k, v, return_lse, alibi_slopes)
+    return_max_score = _problem.check_max_score(return_max_score, p.xp)
+    return _forward(key, p, q, k, v, return_lse, alibi_slopes, return_max_score=return_max_score)
 
 
 def flash_attention_backward(dout: Array, q: Array, k: Array, v: Array, out: Array, lse: Array, *, causal: bool = False,
                              softmax_scale: Optional[float] = None, window_size: Tuple[int, int] = (-1, -1),
                              softcap: float = 0.0, alibi_slopes: Optional[Array] = None,
                              block_mask: Optional[BlockMask] = None, deterministic: bool = False,
-                             precision: str = "highest") -> Grads:
-    """Gradients of :func:`flash_attention` with respect to q, k and v.
+                             precision: str = "highest", sinks: Optional[Array] = None, dropout_p: float = 0.0,
+                             dropout_seed: Optional[int] = None, dropout_offset: int = 0) -> Grads:
+    """Gradients of :func:`flash_attention` with respect to q, k and v (and the sinks).
 
     Recomputes the attention probabilities from ``lse`` tile by tile: the extra memory is
     O(batch * heads * seqlen_q), never O(seqlen_q * seqlen_k).
@@ -204,45 +254,53 @@ def flash_attention_backward(dout: Array, q: Array, k: Array, v: Array, out: Arr
         Gradient of the loss with respect to ``out``.{shapes}
     out, lse : arrays returned by ``flash_attention(q, k, v, ..., return_lse=True)`` with the same
         mask and score arguments. A float32 or float64 lse of another origin is accepted and converted
-        to the precision of :func:`flash_attention`'s.{mask}{block_mask}{deterministic}{precision}
+        to the precision of :func:`flash_attention`'s.{mask}{block_mask}{deterministic}{precision}{training}
+        The sinks and the three dropout arguments must be those of the forward call.
 
     Returns
     -------
     dq, dk, dv : arrays with the shapes and dtype of q, k and v
         With GQA/MQA, dk and dv are summed over the query heads that share a kv head. Rows that see no
         key contribute nothing (their dq is 0).
+    dsinks : float32 array, shape (heads,)
+        Only with ``sinks``: ``dsinks[h] = -sum_{b,i} exp(sinks[h] - lse_bhi) * sum_d(dout * out)_bhi``.
     """
-    key = _keys.backward(dout, q, k, v, out, lse, causal, softmax_scale, window_size, softcap, alibi_slopes, block_mask,
-                         deterministic, precision)
+    plain = _plain(sinks, dropout_p, dropout_seed, dropout_offset)
+    key = None if not plain else _keys.backward(dout, q, k, v, out, lse, causal, softmax_scale, window_size, softcap,
+                                                alibi_slopes, block_mask, deterministic, precision)
     plan = PLANS.get(key)
     if plan is not None:
         return plan.run(dout, q, k, v, out, lse, alibi_slopes, None, None, None)
     dout, q, k, v, out, lse = _problem.arrays(dout=dout, q=q, k=k, v=v, out=out, lse=lse)
     p = _problem.backward_problem(dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
                                   window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
-                                  block_mask=block_mask, precision=precision)
+                                  block_mask=block_mask, precision=precision, sinks=sinks, dropout_p=dropout_p,
+                                  dropout_seed=dropout_seed, dropout_offset=dropout_offset)
     return _backward(key, p, dout, q, k, v, out, lse, deterministic, alibi_slopes)
 
 
 def flash_attention_vjp(q: Array, k: Array, v: Array, *, causal: bool = False, softmax_scale: Optional[float] = None,
                         window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                         alibi_slopes: Optional[Array] = None, block_mask: Optional[BlockMask] = None,
-                        deterministic: bool = False,
-                        precision: str = "highest") -> Tuple[Array, Callable[[Array], Grads]]:
-    """Forward pass and a function that maps ``dout`` to ``(dq, dk, dv)``.
+                        deterministic: bool = False, precision: str = "highest", sinks: Optional[Array] = None,
+                        dropout_p: float = 0.0, dropout_seed: Optional[int] = None,
+                        dropout_offset: int = 0) -> Tuple[Array, Callable[[Array], Grads]]:
+    """Forward pass and a function that maps ``dout`` to ``(dq, dk, dv)`` (and ``dsinks``).
 
     Parameters
-    ----------{shapes}{mask}{block_mask}{deterministic}{precision}
+    ----------{shapes}{mask}{block_mask}{deterministic}{precision}{training}
 
     Returns
     -------
     out : array, shape (batch, seqlen_q, heads, headdim_v)
     vjp : callable
-        ``vjp(dout) -> (dq, dk, dv)``; keeps q, k, v, out and lse alive until it is released.
+        ``vjp(dout) -> (dq, dk, dv)``, or ``(dq, dk, dv, dsinks)`` with ``sinks``; keeps q, k, v, out and
+        lse alive until it is released.
     """
     deterministic = _problem.check_flag("deterministic", deterministic)
     options = {"causal": causal, "softmax_scale": softmax_scale, "window_size": window_size, "softcap": softcap,
-               "alibi_slopes": alibi_slopes, "block_mask": block_mask, "precision": precision}
+               "alibi_slopes": alibi_slopes, "block_mask": block_mask, "precision": precision, "sinks": sinks,
+               "dropout_p": dropout_p, "dropout_seed": dropout_seed, "dropout_offset": dropout_offset}
     out, lse = flash_attention(q, k, v, return_lse=True, **options)
 
     def vjp(dout):
@@ -255,7 +313,9 @@ def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
                            max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None, causal: bool = False,
                            softmax_scale: Optional[float] = None, window_size: Tuple[int, int] = (-1, -1),
                            softcap: float = 0.0, alibi_slopes: Optional[Array] = None, return_lse: bool = False,
-                           precision: str = "highest") -> Union[Array, Tuple[Array, Array]]:
+                           precision: str = "highest", sinks: Optional[Array] = None, dropout_p: float = 0.0,
+                           dropout_seed: Optional[int] = None, dropout_offset: int = 0,
+                           return_max_score: bool = False) -> Union[Array, Tuple[Array, ...]]:
     """:func:`flash_attention` over a batch of sequences of different lengths, packed without padding.
 
     Every sequence is its own problem: masks, windows and ALiBi distances are aligned to its own
@@ -265,7 +325,8 @@ def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
     ----------{varlen_shapes}{mask}
         For ALiBi, ``alibi_slopes`` of shape (batch, heads) gives each sequence its row.
     return_lse : bool, keyword-only
-        Also return the log-sum-exp needed by :func:`flash_attention_varlen_backward`.{precision}
+        Also return the log-sum-exp needed by :func:`flash_attention_varlen_backward`.{precision}{training}
+        For dropout, the batch index of sequence b is b, and i and j count from its first row.{max_score}
 
     Returns
     -------
@@ -273,12 +334,16 @@ def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
         Rows that see no key are 0.
     lse : array, shape (heads, total_q)
         Only with ``return_lse=True``; as in :func:`flash_attention`.
+    max_score : float32 array, shape (batch, heads)
+        Only with ``return_max_score=True``: per sequence and query head.
 
     Notes
     -----{notes}
     """
-    key = _keys.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
-                               window_size, softcap, alibi_slopes, return_lse, precision)
+    plain = _plain(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score)
+    key = None if not plain else _keys.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                      causal, softmax_scale, window_size, softcap, alibi_slopes,
+                                                      return_lse, precision)
     plan = PLANS.get(key)
     if plan is not None:
         results = plan.run(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None)
@@ -288,9 +353,11 @@ def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
     p = _problem.varlen_forward_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                                         max_seqlen_k=max_seqlen_k, causal=causal, softmax_scale=softmax_scale,
                                         window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
-                                        precision=precision)
+                                        precision=precision, sinks=sinks, dropout_p=dropout_p,
+                                        dropout_seed=dropout_seed, dropout_offset=dropout_offset)
     return_lse = _problem.check_flag("return_lse", return_lse)
-    return _forward(key, p, q, k, v, return_lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
+    return_max_score = _problem.check_max_score(return_max_score, p.xp)
+    return _forward(key, p, q, k, v, return_lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, return_max_score)
 
 
 def flash_attention_varlen_backward(dout: Array, q: Array, k: Array, v: Array, out: Array, lse: Array,
@@ -298,22 +365,29 @@ def flash_attention_varlen_backward(dout: Array, q: Array, k: Array, v: Array, o
                                     max_seqlen_k: Optional[int] = None, causal: bool = False,
                                     softmax_scale: Optional[float] = None, window_size: Tuple[int, int] = (-1, -1),
                                     softcap: float = 0.0, alibi_slopes: Optional[Array] = None,
-                                    deterministic: bool = False, precision: str = "highest") -> Grads:
-    """Gradients of :func:`flash_attention_varlen` with respect to q, k and v.
+                                    deterministic: bool = False, precision: str = "highest",
+                                    sinks: Optional[Array] = None, dropout_p: float = 0.0,
+                                    dropout_seed: Optional[int] = None, dropout_offset: int = 0) -> Grads:
+    """Gradients of :func:`flash_attention_varlen` with respect to q, k and v (and the sinks).
 
     Parameters
     ----------
     dout : array, shape (total_q, heads, headdim_v), dtype of q
         Gradient of the loss with respect to ``out``.{varlen_shapes}
     out, lse : arrays returned by ``flash_attention_varlen(..., return_lse=True)`` with the same
-        arguments; lse has shape (heads, total_q).{mask}{deterministic}{precision}
+        arguments; lse has shape (heads, total_q).{mask}{deterministic}{precision}{training}
+        The sinks and the three dropout arguments must be those of the forward call.
 
     Returns
     -------
     dq, dk, dv : arrays with the shapes and dtype of q, k and v
+    dsinks : float32 array, shape (heads,)
+        Only with ``sinks``, as in :func:`flash_attention_backward`.
     """
-    key = _keys.varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                causal, softmax_scale, window_size, softcap, alibi_slopes, deterministic, precision)
+    plain = _plain(sinks, dropout_p, dropout_seed, dropout_offset)
+    key = None if not plain else _keys.varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                                                       max_seqlen_q, max_seqlen_k, causal, softmax_scale,
+                                                       window_size, softcap, alibi_slopes, deterministic, precision)
     plan = PLANS.get(key)
     if plan is not None:
         return plan.run(dout, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None)
@@ -323,7 +397,8 @@ def flash_attention_varlen_backward(dout: Array, q: Array, k: Array, v: Array, o
     p = _problem.varlen_backward_problem(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                                          max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
                                          softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
-                                         alibi_slopes=alibi_slopes, precision=precision)
+                                         alibi_slopes=alibi_slopes, precision=precision, sinks=sinks,
+                                         dropout_p=dropout_p, dropout_seed=dropout_seed, dropout_offset=dropout_offset)
     return _backward(key, p, dout, q, k, v, out, lse, deterministic, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
 
 
@@ -332,21 +407,25 @@ def flash_attention_varlen_vjp(q: Array, k: Array, v: Array, cu_seqlens_q: Array
                                causal: bool = False, softmax_scale: Optional[float] = None,
                                window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                                alibi_slopes: Optional[Array] = None, deterministic: bool = False,
-                               precision: str = "highest") -> Tuple[Array, Callable[[Array], Grads]]:
-    """Packed forward pass and a function that maps ``dout`` to ``(dq, dk, dv)``.
+                               precision: str = "highest", sinks: Optional[Array] = None, dropout_p: float = 0.0,
+                               dropout_seed: Optional[int] = None,
+                               dropout_offset: int = 0) -> Tuple[Array, Callable[[Array], Grads]]:
+    """Packed forward pass and a function that maps ``dout`` to ``(dq, dk, dv)`` (and ``dsinks``).
 
     Parameters
-    ----------{varlen_shapes}{mask}{deterministic}{precision}
+    ----------{varlen_shapes}{mask}{deterministic}{precision}{training}
 
     Returns
     -------
     out : array, shape (total_q, heads, headdim_v)
     vjp : callable
-        ``vjp(dout) -> (dq, dk, dv)``; keeps the inputs, out and lse alive until it is released.
+        ``vjp(dout) -> (dq, dk, dv)``, or ``(dq, dk, dv, dsinks)`` with ``sinks``; keeps the inputs, out and
+        lse alive until it is released.
     """
     deterministic = _problem.check_flag("deterministic", deterministic)
     options = {"max_seqlen_q": max_seqlen_q, "max_seqlen_k": max_seqlen_k, "causal": causal, "softmax_scale": softmax_scale,
-               "window_size": window_size, "softcap": softcap, "alibi_slopes": alibi_slopes, "precision": precision}
+               "window_size": window_size, "softcap": softcap, "alibi_slopes": alibi_slopes, "precision": precision,
+               "sinks": sinks, "dropout_p": dropout_p, "dropout_seed": dropout_seed, "dropout_offset": dropout_offset}
     out, lse = flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, return_lse=True, **options)
 
     def vjp(dout):
@@ -364,6 +443,8 @@ _DOCS = {
     "{lse}": _LSE_DOC,
     "{deterministic}": _DETERMINISTIC_DOC,
     "{precision}": _PRECISION_DOC,
+    "{training}": _TRAINING_DOC,
+    "{max_score}": _MAX_SCORE_DOC,
     "{notes}": _NOTES_DOC,
 }
 for _function in (flash_attention, flash_attention_backward, flash_attention_vjp, flash_attention_varlen,

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Tuple, Union
 
 import numpy
 
-from . import _numpy_impl
+from . import _merge, _numpy_impl
 from ._problem import Problem, lse_dtype
 
 if TYPE_CHECKING:
@@ -18,30 +18,46 @@ if TYPE_CHECKING:
     Array = Union[numpy.ndarray, cupy.ndarray]
 
 
-def forward(p: Problem, q: Array, k: Array, v: Array) -> Tuple[Array, Array]:
-    """``(out, lse)`` of problem ``p`` for its operands q, k and v."""
-    if p.is_empty:
-        xp = p.xp
-        return xp.zeros(p.out_shape, dtype=p.dtype), xp.full(p.lse_shape, -numpy.inf, dtype=lse_dtype(p.dtype))
-    if p.xp is numpy:
-        return _numpy_impl.forward(q, k, v, p)
-    from . import _cuda
+def forward(p: Problem, q: Array, k: Array, v: Array, max_score: bool = False) -> Tuple[Array, ...]:
+    """``(out, lse)`` of problem ``p`` for its operands q, k and v, and with ``max_score`` (NumPy only
+    in this version) the largest score of each head, float32 (batch, heads).
 
-    return _cuda.forward(p, q, k, v)
+    The sinks join the softmax after the kernels, as one more part of a merge (cupyflash/_merge.py)."""
+    xp = p.xp
+    if p.is_empty:
+        results = xp.zeros(p.out_shape, dtype=p.dtype), xp.full(p.lse_shape, -numpy.inf, dtype=lse_dtype(p.dtype))
+        if max_score:
+            results += (xp.full((p.batch, p.heads), -numpy.inf, dtype=numpy.float32),)
+    elif xp is numpy:
+        results = _numpy_impl.forward(q, k, v, p, max_score=max_score)
+    else:
+        from . import _cuda
+
+        results = _cuda.forward(p, q, k, v)
+    if p.sinks is not None:
+        results = _merge.add_sinks(xp, results[0], results[1], p.sinks, p.varlen) + tuple(results[2:])
+    return results
 
 
 def backward(p: Problem, dout: Array, q: Array, k: Array, v: Array, out: Array, lse: Array,
-             deterministic: bool) -> Tuple[Array, Array, Array]:
-    """``(dq, dk, dv)`` of problem ``p``; ``lse`` is float32 or float64 (converted to the precision of the
-    forward's)."""
-    if p.is_empty:
-        xp = p.xp
-        return tuple(xp.zeros(x.shape, p.dtype) for x in (q, k, v))
-    if p.xp is numpy:
-        return _numpy_impl.backward(dout, q, k, v, out, lse.astype(lse_dtype(p.dtype), copy=False), p)
-    from . import _cuda
+             deterministic: bool) -> Tuple[Array, ...]:
+    """``(dq, dk, dv)`` of problem ``p``, and ``dsinks`` after them when it has sinks; ``lse`` is float32
+    or float64 (converted to the precision of the forward's).
 
-    return _cuda.backward(p, dout, q, k, v, out, lse, deterministic)
+    With sinks, ``lse`` already holds them, so the kernels' probabilities exp(s - lse) and delta =
+    sum(dout * out) are those of the softmax with sinks, and dq, dk and dv need nothing more."""
+    xp = p.xp
+    if p.is_empty:
+        grads = tuple(xp.zeros(x.shape, p.dtype) for x in (q, k, v))
+    elif xp is numpy:
+        grads = _numpy_impl.backward(dout, q, k, v, out, lse.astype(lse_dtype(p.dtype), copy=False), p)
+    else:
+        from . import _cuda
+
+        grads = _cuda.backward(p, dout, q, k, v, out, lse, deterministic)
+    if p.sinks is not None:
+        grads = tuple(grads) + (_merge.sink_gradient(xp, dout, out, lse, p.sinks, p.varlen),)
+    return grads
 
 
 def plannable(p: Problem) -> bool:

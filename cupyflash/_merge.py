@@ -47,3 +47,44 @@ def merge(xp, outs, lses, packed):
         term = _to_rows(w * scale, packed) * part.astype(acc, copy=False)
         out = term if out is None else out + term
     return out.astype(out_dtype), lse
+
+
+def _sink_rows(sinks, acc, packed):
+    """Sinks (heads,) broadcast against an lse: (1, heads, 1), or (heads, 1) for packed batches."""
+    sinks = sinks.astype(acc, copy=False)
+    return sinks[:, None] if packed else sinks[None, :, None]
+
+
+def add_sinks(xp, out, lse, sinks, packed):
+    """(out, lse) of attention whose softmax denominators also hold ``exp(sinks[h])``, from the
+    attention ``out``, ``lse`` without them: the merge above with a part that saw one key of score
+    ``sinks[h]`` and value 0. So ``lse' = ln(exp(lse) + exp(sink))`` and ``out' = exp(lse - lse') out``; a
+    row that saw no key keeps out 0 and gets lse' = sink, and a sink of -inf changes nothing."""
+    acc = _problem.lse_dtype(out.dtype)
+    lse = lse.astype(acc, copy=False)
+    sink = _sink_rows(sinks, acc, packed)
+    top = xp.maximum(lse, sink)  # NaN wins
+    shift = xp.where(xp.isneginf(top), acc.type(0), top)
+    own, other = xp.exp(lse - shift), xp.exp(sink - shift)
+    total = own + other
+    seen = total != 0
+    safe = xp.where(seen, total, acc.type(1))
+    merged = xp.where(seen, shift + xp.log(safe), acc.type(-numpy.inf))
+    scale = xp.where(seen, own / safe, acc.type(0))
+    return (_to_rows(scale, packed) * out.astype(acc, copy=False)).astype(out.dtype), merged
+
+
+def sink_gradient(xp, dout, out, lse, sinks, packed):
+    """d loss / d sinks: ``-sum_{b,i} exp(sinks[h] - lse_bhi) * sum_d(dout * out)_bhi`` per head, float32
+    (heads,). The sink's probability in row i is exp(sink - lse_i), and the gradient of a softmax
+    logit is its probability times (its value's dP, here 0, minus delta_i = sum_d dout * out)."""
+    acc = _problem.lse_dtype(out.dtype)
+    delta = (dout.astype(acc, copy=False) * out.astype(acc, copy=False)).sum(axis=-1)  # (.., seqlen_q, heads)
+    delta = delta.T if packed else delta.transpose(0, 2, 1)  # the layout of lse
+    lse = lse.astype(acc, copy=False)
+    # lse is -inf only in a row that saw no key beside a sink of -inf: its sink has probability 0.
+    unseen = xp.isneginf(lse)
+    weight = xp.where(unseen, acc.type(0), xp.exp(_sink_rows(sinks, acc, packed) - xp.where(unseen, acc.type(0), lse)))
+    terms = weight * delta
+    total = terms.sum(axis=-1) if packed else terms.sum(axis=(0, 2))
+    return (-total).astype(numpy.float32)

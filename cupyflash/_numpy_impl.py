@@ -19,6 +19,7 @@ import dataclasses
 
 import numpy as np
 
+from . import _dropout
 from ._policy import Window, layout_cells, modify_scores, tiles_of
 from ._problem import acc_dtype, lse_dtype
 
@@ -51,6 +52,7 @@ class _Masking:
     slopes: object  # (batch, heads_k, group) or None
     layout: object  # (batch, heads_k, group, q_blocks, k_blocks) bool, or None
     block_size: tuple
+    dropout: object  # _Dropout, or None
 
     @classmethod
     def of(cls, p, acc):
@@ -65,7 +67,8 @@ class _Masking:
             layout = np.broadcast_to(full, (batch, heads) + full.shape[2:]).reshape(shape + full.shape[2:])
             block_size = p.block_mask.block_size
         window = Window.of(p.seqlen_q, p.seqlen_k, p.window_left, p.window_right)
-        return cls(window, acc.type(p.softmax_scale), p.softcap, slopes, layout, block_size)
+        dropout = _Dropout.of(p, shape, acc) if p.dropout else None
+        return cls(window, acc.type(p.softmax_scale), p.softcap, slopes, layout, block_size, dropout)
 
     def tile_blocks(self, m0, m1, n0, n1):
         """The layout's cells over rows [m0, m1) and keys [n0, n1), or None without a layout."""
@@ -116,15 +119,41 @@ class _Masking:
                 yield m0
 
 
+@dataclasses.dataclass
+class _Dropout:
+    """Dropout of one dense problem: the keep decisions of a tile (cupyflash/_dropout.py) as the factor
+    that multiplies its probabilities, 0 or 1 / (1 - dropout_p) in the accumulation dtype."""
+
+    seed: int
+    offset: int
+    p: float
+    bh: object  # (batch, heads_k, group): b * heads + h of every head, b counted from p.batch_start
+    scale: object  # 1 / (1 - p) in the accumulation dtype
+
+    @classmethod
+    def of(cls, p, shape, acc):
+        batch, heads_k, group = shape
+        b = p.batch_start + np.arange(batch)[:, None, None]
+        h = np.arange(heads_k)[None, :, None] * group + np.arange(group)[None, None, :]
+        return cls(p.dropout_seed, p.dropout_offset, p.dropout_p, b * p.heads + h, acc.type(1 / (1 - p.dropout_p)))
+
+    def factor(self, m0, m1, n0, n1):
+        """(batch, heads_k, group, m1 - m0, n1 - n0): 0 where dropped, 1 / (1 - p) where kept."""
+        kept = _dropout.keep(self.seed, self.offset, self.bh, (m0, m1), (n0, n1), self.p)
+        return np.where(kept, self.scale, self.scale.dtype.type(0))
+
+
 def _per_sequence(p, run, arrays, out_like):
     """Runs a dense ``run(sub_problem, *arrays)`` per sequence of a packed problem and packs the results.
 
     ``arrays`` are packed ``(total, heads, dim)`` arrays whose first axis is in query rows (``"q"``) or
     key rows (``"k"``) per the ``out_like`` key; ``out_like`` lists, per result, ``(kind, shape)`` where
-    kind is ``"q"``, ``"k"`` or ``"lse"``.
+    kind is ``"q"``, ``"k"``, ``"lse"`` or ``"batch"`` (one row per sequence: the maximum score).
+    Sequence ``b`` runs as a problem of batch 1 whose ``batch_start`` is ``b`` (dropout's batch index).
     """
     cu_q, cu_k = np.asarray(p.cu_seqlens_q), np.asarray(p.cu_seqlens_k)
-    results = [np.zeros(shape, dtype) for _, shape, dtype in out_like]
+    # A sequence without queries sees no key: its maximum score stays -inf.
+    results = [np.full(shape, -np.inf if kind == "batch" else 0, dtype) for kind, shape, dtype in out_like]
     for b in range(p.batch):
         rows = {"q": slice(cu_q[b], cu_q[b + 1]), "k": slice(cu_k[b], cu_k[b + 1])}
         slopes = None
@@ -133,21 +162,23 @@ def _per_sequence(p, run, arrays, out_like):
             slopes = slopes[b] if slopes.ndim == 2 else slopes
         sub = dataclasses.replace(
             p, batch=1, seqlen_q=int(cu_q[b + 1] - cu_q[b]), seqlen_k=int(cu_k[b + 1] - cu_k[b]), alibi_slopes=slopes,
-            cu_seqlens_q=None, cu_seqlens_k=None, total_q=0, total_k=0,
+            cu_seqlens_q=None, cu_seqlens_k=None, total_q=0, total_k=0, batch_start=b,
         )
         if sub.seqlen_q == 0:
             continue
         parts = run(sub, *(x[rows[kind]][None] for kind, x in arrays))
         for (kind, _, _), result, part in zip(out_like, results, parts):
-            if kind == "lse":
+            if kind == "batch":
+                result[b] = part[0]
+            elif kind == "lse":
                 result[:, rows["q"]] = part[0]
             else:
                 result[rows[kind]] = part[0]
     return results
 
 
-def forward(q, k, v, p, block_m=64, block_n=64):
-    """Tiled FlashAttention forward pass on the CPU.
+def forward(q, k, v, p, block_m=64, block_n=64, max_score=False):
+    """Tiled FlashAttention forward pass on the CPU (without the sinks, which cupyflash/_compute.py adds).
 
     Parameters
     ----------
@@ -156,6 +187,8 @@ def forward(q, k, v, p, block_m=64, block_n=64):
     p : cupyflash._problem.Problem
     block_m, block_n : int, optional
         Query rows and key columns per tile.
+    max_score : bool, optional
+        Also return the largest score each head sees.
 
     Returns
     -------
@@ -164,11 +197,17 @@ def forward(q, k, v, p, block_m=64, block_n=64):
     lse : ndarray, shape ``p.lse_shape``
         Natural-log log-sum-exp of the modified scores, in ``_problem.lse_dtype`` (float64 for
         float32/float64 inputs, float32 for 16-bit ones); ``-inf`` for rows seeing no key.
+    max_score : ndarray, float32, shape (batch, heads)
+        Only with ``max_score``: the largest modified score over the head's rows and the keys they see
+        (-inf where none; NaN where a score is NaN).
     """
     if p.varlen:
+        results = (("q", p.out_shape, p.dtype), ("lse", p.lse_shape, lse_dtype(p.dtype)))
+        if max_score:
+            results += (("batch", (p.batch, p.heads), np.float32),)
         return tuple(_per_sequence(
-            p, lambda sub, *xs: forward(*xs, sub, block_m, block_n), (("q", q), ("k", k), ("k", v)),
-            (("q", p.out_shape, p.dtype), ("lse", p.lse_shape, lse_dtype(p.dtype))),
+            p, lambda sub, *xs: forward(*xs, sub, block_m, block_n, max_score), (("q", q), ("k", k), ("k", v)),
+            results,
         ))
     acc = acc_dtype(q.dtype)
     lse_dt = lse_dtype(q.dtype)
@@ -180,6 +219,7 @@ def forward(q, k, v, p, block_m=64, block_n=64):
 
     out = np.empty((batch, heads_k, group, seqlen_q, p.headdim_v), dtype=acc)
     lse = np.empty((batch, heads_k, group, seqlen_q), dtype=lse_dt)
+    top = np.full((batch, heads_k, group), -np.inf, dtype=acc)  # the largest score of each head
     for m0 in range(0, seqlen_q, block_m):
         m1 = min(m0 + block_m, seqlen_q)
         q_tile = qh[..., m0:m1, :]
@@ -198,9 +238,12 @@ def forward(q, k, v, p, block_m=64, block_n=64):
             # while m_old is still -inf.
             alpha = np.exp(m_i - m_base)
             e = np.exp(s - m_base[..., None])
-            l_i = l_i * alpha + e.sum(axis=-1)
+            l_i = l_i * alpha + e.sum(axis=-1)  # lse is the softmax's before dropout
+            if masking.dropout is not None:
+                e = e * masking.dropout.factor(m0, m1, n0, n1)
             acc_o = acc_o * alpha[..., None] + np.matmul(e, vh[..., n0:n1, :])
             m_i = m_new
+        top = np.maximum(top, m_i.max(axis=-1, initial=-np.inf))
         # A row that saw no key keeps l = 0 (NaN scores give l = NaN, which propagates): the
         # substituted 1 avoids 0/0 and log(0), and the where puts out = 0 and lse = -inf in place.
         seen = l_i != 0
@@ -209,7 +252,10 @@ def forward(q, k, v, p, block_m=64, block_n=64):
         # lse = ln(sum_j exp(s_j)) = m + ln(l), exactly m when one key dominates, evaluated in the lse
         # dtype (float64 for float32 inputs, as the kernels do: see _problem.lse_dtype).
         lse[..., m0:m1] = np.where(seen, m_i.astype(lse_dt) + np.log(l_safe.astype(lse_dt)), -np.inf)
-    return _merge_heads(out, q.dtype), lse.reshape(batch, heads_k * group, seqlen_q)
+    results = _merge_heads(out, q.dtype), lse.reshape(batch, heads_k * group, seqlen_q)
+    if max_score:
+        results += (top.reshape(batch, heads_k * group).astype(np.float32),)
+    return results
 
 
 def backward(dout, q, k, v, out, lse, p, block_m=64, block_n=64):
@@ -271,9 +317,16 @@ def backward(dout, q, k, v, out, lse, p, block_m=64, block_n=64):
             # P = exp(s - lse), recomputed from the same rounded s; the difference is taken in the lse
             # dtype, then the exponential in the accumulation dtype.
             prob = np.exp((s.astype(lse_dt) - lse_base[..., m0:m1, None]).astype(acc))
-            # Sums over the query group (axis 2) fold GQA into one kv head.
-            dv[..., n0:n1, :] += np.matmul(prob.swapaxes(-1, -2), do_tile).sum(axis=2)
             dp = np.matmul(do_tile, v_tile.swapaxes(-1, -2))
+            dropped = prob
+            if masking.dropout is not None:
+                # out = (P * Z) V with Z the tile's dropout factor: dV takes P * Z, and dP's share of
+                # the loss reaches P through Z.
+                factor = masking.dropout.factor(m0, m1, n0, n1)
+                dropped = prob * factor
+                dp = dp * factor
+            # Sums over the query group (axis 2) fold GQA into one kv head.
+            dv[..., n0:n1, :] += np.matmul(dropped.swapaxes(-1, -2), do_tile).sum(axis=2)
             ds = prob * (dp - delta[..., m0:m1, None])
             if grad is not None:
                 ds = ds * grad  # through the softcap's tanh

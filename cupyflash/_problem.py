@@ -90,6 +90,11 @@ class Problem:
     check_on_device: bool = False  # cu_seqlens was not checked on the host (see varlen_forward_problem)
     precision: str = "highest"  # PRECISIONS; "tf32" only for float32
     seqused_k: object = None  # dense batches only: int32 (batch,) keys each entry uses (<= seqlen_k), or None
+    sinks: object = None  # float32 (heads,) of q's kind: a logit in every softmax denominator, or None
+    dropout_p: float = 0.0  # probabilities dropped with this chance (cupyflash/_dropout.py), 0 for none
+    dropout_seed: int = 0
+    dropout_offset: int = 0
+    batch_start: int = 0  # dropout's batch index of this problem's first entry (a packed sequence's index)
 
     @property
     def varlen(self):
@@ -104,6 +109,10 @@ class Problem:
     def score_mod(self):
         """Scores are modified (softcap or ALiBi): the kernels built with the score modifications run."""
         return self.softcap != 0.0 or self.alibi_slopes is not None
+
+    @property
+    def dropout(self):
+        return self.dropout_p != 0.0
 
     @property
     def out_shape(self):
@@ -207,6 +216,17 @@ def check_flag(name, value):
     return bool(value)
 
 
+def check_max_score(value, xp):
+    """return_max_score: a bool; True only for NumPy arrays in this version."""
+    value = check_flag("return_max_score", value)
+    if value and xp is not numpy:
+        raise NotImplementedError(
+            "return_max_score runs on NumPy arrays in this version: the CUDA kernels do not return it yet "
+            "(README, 'Dropout, sinks and the maximum score')"
+        )
+    return value
+
+
 #: precision= values: "highest" (float32 accuracy, every dtype's default) and "tf32" (float32 inputs only:
 #: at least TF32's accuracy, for the kernels that have a faster form at it).
 PRECISIONS = ("highest", "tf32")
@@ -300,6 +320,56 @@ def check_alibi_slopes(slopes, xp, batch, heads):
     return xp.ascontiguousarray(slopes)
 
 
+def check_sinks(sinks, xp, heads):
+    """Attention sinks: float32 (heads,) of q's kind. NumPy sinks may not be NaN or +inf (-inf is no sink);
+    CuPy sinks are not read (it would synchronize)."""
+    if sinks is None:
+        return None
+    kind = array_module({"sinks": sinks})
+    if kind is not xp:
+        raise TypeError(
+            f"sinks must be a {'cupy' if xp is not numpy else 'numpy'} array like q, got a "
+            f"{'cupy' if kind is not numpy else 'numpy'} array"
+        )
+    if xp is numpy and not sinks.dtype.isnative:
+        sinks = sinks.astype(sinks.dtype.newbyteorder("="))
+    if sinks.dtype != numpy.float32:
+        raise TypeError(f"sinks has dtype {sinks.dtype}; expected float32")
+    if sinks.shape != (heads,):
+        raise ValueError(f"sinks must have shape ({heads},) (one logit per query head), got {sinks.shape}")
+    if xp is numpy and (numpy.isnan(sinks) | (sinks == numpy.inf)).any():
+        bad = int(numpy.flatnonzero(numpy.isnan(sinks) | (sinks == numpy.inf))[0])
+        raise ValueError(f"sinks must be finite or -inf (no sink); got {sinks[bad]} at index {bad}")
+    check_devices(xp, {"sinks": sinks})
+    return xp.ascontiguousarray(sinks)
+
+
+def check_dropout(dropout_p, dropout_seed, dropout_offset):
+    """(p, seed, offset) of dropout: p a real in [0, 1); with p > 0 a seed, an int in [0, 2^64); the
+    offset an int in [0, 2^32). The seed is not needed (and may be None) without dropout."""
+    from ._dropout import MAX_OFFSET, MAX_SEED
+
+    if isinstance(dropout_p, (bool, numpy.bool_)) or not isinstance(dropout_p, numbers.Real):
+        raise TypeError(f"dropout_p must be a real number, got {type(dropout_p).__name__} {dropout_p!r}")
+    p = float(dropout_p)
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if not is_int(dropout_offset):
+        raise TypeError(f"dropout_offset must be an int, got {type(dropout_offset).__name__} {dropout_offset!r}")
+    if not 0 <= dropout_offset <= MAX_OFFSET:
+        raise ValueError(f"dropout_offset must be in [0, 2**32), got {dropout_offset}")
+    if dropout_seed is None:
+        if p > 0:
+            raise ValueError("dropout_p > 0 needs dropout_seed (an int in [0, 2**64)); the same seed and "
+                             "dropout_offset make the backward drop the same probabilities")
+        return p, 0, int(dropout_offset)
+    if not is_int(dropout_seed):
+        raise TypeError(f"dropout_seed must be an int or None, got {type(dropout_seed).__name__} {dropout_seed!r}")
+    if not 0 <= dropout_seed <= MAX_SEED:
+        raise ValueError(f"dropout_seed must be in [0, 2**64), got {dropout_seed}")
+    return p, int(dropout_seed), int(dropout_offset)
+
+
 def check_block_mask(mask, batch, heads, seqlen_q, seqlen_k):
     if mask is None:
         return None
@@ -343,9 +413,18 @@ def check_grid(batch, seqlen_q, seqlen_k, heads, heads_k):
         )
 
 
-def _options(p, causal, window_size, softcap, alibi_slopes, block_mask, precision):
-    """Completes problem fields ``p`` (a dict) with the mask, the score modifications and the precision."""
+def _options(p, causal, window_size, softcap, alibi_slopes, block_mask, precision, sinks, dropout_p, dropout_seed,
+             dropout_offset):
+    """Completes problem fields ``p`` (a dict) with the mask, the score modifications, the precision, the
+    sinks and dropout."""
     p["precision"] = check_precision(precision, p["dtype"])
+    p["sinks"] = check_sinks(sinks, p["xp"], p["heads"])
+    p["dropout_p"], p["dropout_seed"], p["dropout_offset"] = check_dropout(dropout_p, dropout_seed, dropout_offset)
+    if p["dropout_p"] and p["xp"] is not numpy:
+        raise NotImplementedError(
+            "dropout runs on NumPy arrays in this version: the CUDA kernels do not draw it yet (README, "
+            "'Dropout, sinks and the maximum score')"
+        )
     p["window_left"], p["window_right"] = check_window(window_size, check_flag("causal", causal))
     p["softcap"] = check_softcap(softcap, p["dtype"], p["softmax_scale"])
     p["alibi_slopes"] = check_alibi_slopes(alibi_slopes, p["xp"], p["batch"], p["heads"])
@@ -371,7 +450,8 @@ def _heads_and_dims(q, k, v):
 
 
 def forward_problem(q, k, v, *, causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0,
-                    alibi_slopes=None, block_mask=None, precision="highest"):
+                    alibi_slopes=None, block_mask=None, precision="highest", sinks=None, dropout_p=0.0,
+                    dropout_seed=None, dropout_offset=0):
     """Check the inputs of a forward call (after :func:`arrays`) and return its :class:`Problem`."""
     named = {"q": q, "k": k, "v": v}
     xp = array_module(named)
@@ -390,7 +470,8 @@ def forward_problem(q, k, v, *, causal=False, softmax_scale=None, window_size=(-
     check_devices(xp, named)
     p = {"xp": xp, "dtype": dtype, "batch": batch, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k, "heads": heads, "heads_k": heads_k,
          "headdim": headdim, "headdim_v": headdim_v, "softmax_scale": check_softmax_scale(softmax_scale, headdim, dtype)}
-    return _options(p, causal, window_size, softcap, alibi_slopes, block_mask, precision)
+    return _options(p, causal, window_size, softcap, alibi_slopes, block_mask, precision, sinks, dropout_p,
+                    dropout_seed, dropout_offset)
 
 
 def _cu_seqlens(name, cu, xp, total, batch=None):
@@ -433,7 +514,7 @@ def _check_cu_seqlens_on_host(name, cu, total, given_max):
 
 def varlen_forward_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None,
                            causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           precision="highest"):
+                           precision="highest", sinks=None, dropout_p=0.0, dropout_seed=None, dropout_offset=0):
     """Check the inputs of a packed (varlen) forward call (after :func:`arrays`); return its :class:`Problem`.
 
     NumPy inputs, and CuPy inputs without both max_seqlen, check cu_seqlens on the host (for CuPy, one
@@ -469,7 +550,8 @@ def varlen_forward_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=
     p = {"xp": xp, "dtype": dtype, "batch": batch, "seqlen_q": max_q, "seqlen_k": max_k, "heads": heads, "heads_k": heads_k,
          "headdim": headdim, "headdim_v": headdim_v, "softmax_scale": check_softmax_scale(softmax_scale, headdim, dtype),
          "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k, "total_q": total_q, "total_k": total_k, "check_on_device": on_device}
-    return _options(p, causal, window_size, softcap, alibi_slopes, None, precision)
+    return _options(p, causal, window_size, softcap, alibi_slopes, None, precision, sinks, dropout_p, dropout_seed,
+                    dropout_offset)
 
 
 def _backward_arrays(problem, dout, q, out, lse):

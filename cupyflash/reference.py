@@ -37,6 +37,16 @@ the key column, both counted from 0 within one sequence, and
 * ``block_mask`` (:class:`cupyflash.BlockMask`): ``(i, j)`` is allowed iff
   ``layout[b, h, i // block_q, j // block_k]`` (a leading axis of size 1
   broadcasts), ANDed with the window;
+* ``sinks`` (one logit per query head, gpt-oss): ``exp(sinks[h])`` joins
+  every row's softmax denominator as a key of value 0, so
+  ``lse = ln(exp(sinks[h]) + sum_j exp(s_ij))`` and a row that sees no key
+  gets ``lse = sinks[h]``;
+* dropout: with ``keep`` a given boolean mask (see
+  :func:`cupyflash.dropout_mask`), each probability becomes
+  ``p_ij * keep_ij / (1 - dropout_p)`` before the product with ``v``; lse
+  is the softmax's before dropout;
+* the maximum score of a head is the largest modified score over its rows
+  and the keys they see (``-inf`` when it sees none); sinks are not scores;
 * masked scores are ``-inf``; a row that sees no key gets ``out = 0``,
   ``lse = -inf`` and zero gradients, while NaN inputs propagate to the
   ``out`` and ``lse`` of every row whose scores they reach;
@@ -322,7 +332,48 @@ def _scores(xp, q, k, causal, softmax_scale, window_size, softcap, alibi_slopes,
     return s, t
 
 
-def _probabilities(xp, s, store, acc):
+def _sinks(xp, sinks, heads_k, group, acc):
+    """Return ``sinks`` (heads,) as ``(1, heads_k, group, 1)`` in ``acc``, or None."""
+    if sinks is None:
+        return None
+    sinks = _on_module(xp, sinks)
+    if sinks.shape != (heads_k * group,):
+        raise ValueError(f"sinks must have shape ({heads_k * group},), got {tuple(sinks.shape)}")
+    return sinks.astype(acc).reshape(1, heads_k, group, 1)
+
+
+def _dropout_factor(xp, dropout_p, dropout_mask, shape, acc):
+    """Return ``keep / (1 - dropout_p)`` in the split-head layout ``shape``, or None without dropout.
+
+    ``dropout_mask`` is the boolean keep mask, (batch, heads, seqlen_q, seqlen_k).
+    """
+    dropout_p = float(dropout_p)
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if dropout_p == 0.0:
+        return None
+    if dropout_mask is None:
+        raise ValueError("dropout_p > 0 needs dropout_mask (the keep mask: cupyflash.dropout_mask)")
+    batch, heads_k, group, seqlen_q, seqlen_k = shape
+    keep = _on_module(xp, dropout_mask)
+    if keep.shape != (batch, heads_k * group, seqlen_q, seqlen_k):
+        raise ValueError(f"dropout_mask must have shape {(batch, heads_k * group, seqlen_q, seqlen_k)}, "
+                         f"got {tuple(keep.shape)}")
+    keep = keep.reshape(shape)
+    return xp.where(keep, acc.type(1.0 / (1.0 - dropout_p)), acc.type(0))
+
+
+def _max_score(xp, s):
+    """Return the largest score of each head, (batch, heads) float32; ``-inf`` where every score is."""
+    batch, heads_k, group = s.shape[:3]
+    if s.shape[-1] == 0 or s.shape[-2] == 0:
+        top = xp.full((batch, heads_k, group), -np.inf, dtype=s.dtype)
+    else:
+        top = s.max(axis=(-2, -1))
+    return top.reshape(batch, heads_k * group).astype(np.float32)
+
+
+def _probabilities(xp, s, store, acc, sink=None):
     """Return the softmax probabilities, row maxima and row sums of masked scores.
 
     Parameters
@@ -333,16 +384,21 @@ def _probabilities(xp, s, store, acc):
         Scores from :func:`_scores`, in ``acc``.
     store, acc : numpy.dtype
         See :func:`_precisions`.
+    sink : array, shape (1, heads_k, group, 1), or None
+        Sinks from :func:`_sinks`: one more term of every row's sum, as a
+        score of its own.
 
     Returns
     -------
     p : array, shape of ``s``
         Probabilities, rounded through ``store``; rows seeing no key are 0.
     m : array, shape (batch, heads_k, group, seqlen_q)
-        Row maxima of the scores (``-inf`` for rows seeing no key).
+        Row maxima of the scores and the sink (``-inf`` for rows seeing no
+        key and no sink).
     total : array, shape (batch, heads_k, group, seqlen_q)
-        Row sums of ``exp(scores - m)``: 0 exactly for rows seeing no key
-        (every score ``-inf``), NaN for rows reached by a NaN input.
+        Row sums of ``exp(scores - m)`` (and ``exp(sink - m)``): 0 exactly
+        for rows seeing no key and no sink, NaN for rows reached by a NaN
+        input.
     """
     rnd = _rounder(store, acc)
     if s.shape[-1] == 0:
@@ -350,11 +406,15 @@ def _probabilities(xp, s, store, acc):
         m = xp.full(s.shape[:-1], -np.inf, dtype=acc)
     else:
         m = s.max(axis=-1)
+    if sink is not None:
+        m = xp.maximum(m, sink)
     # A row that sees no key has m = -inf; subtracting 0 instead keeps
     # exp(-inf - 0) = 0 where -inf - (-inf) would be NaN.
     m_base = xp.where(m == -np.inf, acc.type(0), m)
     e = xp.exp(s - m_base[..., None])
     total = e.sum(axis=-1)
+    if sink is not None:
+        total = total + xp.exp(sink - m_base)
     # Dividing by 1 where the sum is 0 avoids 0/0; those rows are all zeros anyway.
     # The test is ``total != 0``, not ``total > 0``, so that a NaN sum stays NaN.
     p = rnd(e / xp.where(total != 0, total, acc.type(1))[..., None])
@@ -380,7 +440,8 @@ def _default_scale(softmax_scale, headdim):
 
 
 def attention(q, k, v, causal=False, softmax_scale=None, *, window_size=(-1, -1), softcap=0.0,
-              alibi_slopes=None, block_mask=None, compute_dtype=None):
+              alibi_slopes=None, block_mask=None, sinks=None, dropout_p=0.0, dropout_mask=None,
+              return_max_score=False, compute_dtype=None):
     """Naive softmax attention forward pass.
 
     Parameters
@@ -409,6 +470,14 @@ def attention(q, k, v, causal=False, softmax_scale=None, *, window_size=(-1, -1)
     block_mask : cupyflash.BlockMask, optional
         Allows ``(i, j)`` iff ``layout[b, h, i // block_q, j // block_k]``
         (leading axes of size 1 broadcast), ANDed with the window.
+    sinks : array, shape (heads,), optional
+        One logit per query head in every row's softmax denominator.
+    dropout_p : float, optional
+        Dropout probability in [0, 1); with ``dropout_p > 0``, ``dropout_mask``
+        (bool, (batch, heads, seqlen_q, seqlen_k), True where kept) says which
+        probabilities survive.
+    return_max_score : bool, optional
+        Also return each head's largest score, float32 (batch, heads).
     compute_dtype : dtype-like, optional
         ``None`` (default) computes the float64 oracle.  A floating dtype
         (float16, ``ml_dtypes.bfloat16``, float32, float64, or
@@ -421,10 +490,12 @@ def attention(q, k, v, causal=False, softmax_scale=None, *, window_size=(-1, -1)
         In float64 for the oracle, else in ``compute_dtype``.  Rows seeing
         no key are 0.
     lse : array, shape (batch, heads, seqlen_q)
-        Natural-log log-sum-exp of each row's modified, masked scores;
-        ``-inf`` for rows seeing no key, NaN for rows reached by a NaN input.
-        float64 for the oracle, float32 for 16- and 32-bit ``compute_dtype``,
-        else ``compute_dtype``.
+        Natural-log log-sum-exp of each row's modified, masked scores (and
+        sink); ``-inf`` for rows seeing no key and no sink, NaN for rows
+        reached by a NaN input.  float64 for the oracle, float32 for 16- and
+        32-bit ``compute_dtype``, else ``compute_dtype``.
+    max_score : array, float32, shape (batch, heads)
+        Only with ``return_max_score``.
 
     Raises
     ------
@@ -436,7 +507,11 @@ def attention(q, k, v, causal=False, softmax_scale=None, *, window_size=(-1, -1)
     xp, store, acc, qh, kh, vh = _prepare(q, k, v, compute_dtype)
     rnd = _rounder(store, acc)
     s, _ = _scores(xp, qh, kh, causal, softmax_scale, window_size, softcap, alibi_slopes, block_mask, store, acc)
-    p, m, total = _probabilities(xp, s, store, acc)
+    sink = _sinks(xp, sinks, qh.shape[1], qh.shape[2], acc)
+    p, m, total = _probabilities(xp, s, store, acc, sink)
+    factor = _dropout_factor(xp, dropout_p, dropout_mask, s.shape, acc)
+    if factor is not None:
+        p = rnd(p * factor)
     out = rnd(xp.matmul(p, vh))
     # log(0) is avoided by the substitution; the where puts -inf back.  As in
     # _probabilities, ``total != 0`` lets a NaN sum through to a NaN lse.
@@ -444,11 +519,14 @@ def attention(q, k, v, causal=False, softmax_scale=None, *, window_size=(-1, -1)
     lse = xp.where(seen, m + xp.log(xp.where(seen, total, acc.type(1))), acc.type(-np.inf))
     batch, heads_k, group, seqlen_q = lse.shape
     lse = lse.reshape(batch, heads_k * group, seqlen_q)
+    if return_max_score:
+        return _merge_heads(out).astype(store), lse, _max_score(xp, s)
     return _merge_heads(out).astype(store), lse
 
 
 def attention_backward(dout, q, k, v, causal=False, softmax_scale=None, *, window_size=(-1, -1), softcap=0.0,
-                       alibi_slopes=None, block_mask=None, compute_dtype=None):
+                       alibi_slopes=None, block_mask=None, sinks=None, dropout_p=0.0, dropout_mask=None,
+                       compute_dtype=None):
     """Naive softmax attention backward pass.
 
     Implements, with ``P`` the (modified, masked) softmax probabilities and
@@ -461,13 +539,19 @@ def attention_backward(dout, q, k, v, causal=False, softmax_scale=None, *, windo
     the bracketed factor, the derivative of ``softcap * tanh(s0 / softcap)``
     at the scaled scores ``s0``, applying with a softcap.  ALiBi and the
     masks enter only through ``P``.  ``dK`` and ``dV`` are summed over the
-    query heads sharing a key/value head.
+    query heads sharing a key/value head.  With dropout (``Z = keep / (1 -
+    dropout_p)``), ``O = (P * Z) V``, so ``dV = (P * Z)^T dO`` and ``dP``
+    becomes ``Z * (dO V^T)``.  With sinks, each row's sink is one more
+    softmax entry whose value is 0: its probability ``p_sink = exp(sink -
+    lse)`` gets the gradient ``p_sink * (0 - delta)``, summed over the rows
+    of its head.
 
     Parameters
     ----------
     dout : array, shape (batch, seqlen_q, heads, headdim_v)
         Gradient of the loss with respect to ``out``.
-    q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes, block_mask, compute_dtype
+    q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes, block_mask, sinks, dropout_p, dropout_mask,
+    compute_dtype
         As in :func:`attention`.
 
     Returns
@@ -477,18 +561,25 @@ def attention_backward(dout, q, k, v, causal=False, softmax_scale=None, *, windo
     dv : array, shape of ``v``
         In float64 for the oracle, else in ``compute_dtype``.  Rows of ``q``
         seeing no key get a zero gradient.
+    dsinks : array, shape (heads,)
+        Only with ``sinks``, in the accumulation dtype.
     """
     softmax_scale = _default_scale(softmax_scale, q.shape[-1])
     xp, store, acc, qh, kh, vh = _prepare(q, k, v, compute_dtype)
     rnd = _rounder(store, acc)
     doh = _split_heads(dout.astype(store).astype(acc), k.shape[2])
     s, t = _scores(xp, qh, kh, causal, softmax_scale, window_size, softcap, alibi_slopes, block_mask, store, acc)
-    p, _, _ = _probabilities(xp, s, store, acc)
-    out = rnd(xp.matmul(p, vh))
+    sink = _sinks(xp, sinks, qh.shape[1], qh.shape[2], acc)
+    p, m, total = _probabilities(xp, s, store, acc, sink)
+    factor = _dropout_factor(xp, dropout_p, dropout_mask, s.shape, acc)
+    dropped = p if factor is None else rnd(p * factor)
+    out = rnd(xp.matmul(dropped, vh))
     scale = acc.type(softmax_scale)
     # Sums over the query group (axis 2) happen in ``acc`` before rounding.
-    dv = rnd(xp.matmul(p.swapaxes(-1, -2), doh).sum(axis=2))
+    dv = rnd(xp.matmul(dropped.swapaxes(-1, -2), doh).sum(axis=2))
     dp = rnd(xp.matmul(doh, vh.swapaxes(-1, -2)))
+    if factor is not None:
+        dp = rnd(dp * factor)
     delta = (doh * out).sum(axis=-1)
     ds = p * (dp - delta[..., None])
     if t is not None:
@@ -497,11 +588,18 @@ def attention_backward(dout, q, k, v, causal=False, softmax_scale=None, *, windo
     ds = rnd(ds)
     dq = rnd(xp.matmul(ds, kh) * scale)
     dk = rnd(xp.matmul(ds.swapaxes(-1, -2), qh).sum(axis=2) * scale)
-    return (
+    grads = (
         _merge_heads(dq).astype(store),
         dk.transpose(0, 2, 1, 3).astype(store),
         dv.transpose(0, 2, 1, 3).astype(store),
     )
+    if sink is None:
+        return grads
+    # The sink's probability: exp(sink - m) / total, 0 where nothing (not even the sink) is seen.
+    m_base = xp.where(m == -np.inf, acc.type(0), m)
+    p_sink = xp.exp(sink - m_base) / xp.where(total != 0, total, acc.type(1))
+    dsinks = -(p_sink * delta).sum(axis=(0, 3))
+    return grads + (dsinks.reshape(-1),)
 
 
 def _sequences(cu_seqlens_q, cu_seqlens_k, total_q, total_k):
@@ -555,8 +653,18 @@ def _sequence_slopes(alibi_slopes, batch):
     return [alibi_slopes[b] for b in range(batch)]
 
 
+def _sequence_masks(dropout_p, dropout_masks, batch):
+    """Return each sequence's keep mask ``(1, heads, seqlen_q, seqlen_k)``, or Nones without dropout."""
+    if float(dropout_p) == 0.0:
+        return [None] * batch
+    if dropout_masks is None or len(dropout_masks) != batch:
+        raise ValueError(f"dropout_p > 0 needs dropout_masks: one keep mask per sequence ({batch})")
+    return [mask[None] for mask in dropout_masks]
+
+
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, softmax_scale=None, *,
-                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, compute_dtype=None):
+                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None, dropout_p=0.0,
+                     dropout_masks=None, return_max_score=False, compute_dtype=None):
     """Naive variable-length attention forward pass (FlashAttention-2's packed layout).
 
     Sequence ``b`` is an independent problem: queries
@@ -576,32 +684,44 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, softmax_
         As in :func:`attention`.
     alibi_slopes : array, shape (heads,) or (batch, heads), optional
         Shared slopes, or row ``b`` for sequence ``b``.
+    sinks, dropout_p, return_max_score
+        As in :func:`attention`.
+    dropout_masks : sequence of bool arrays, optional
+        With ``dropout_p > 0``, sequence ``b``'s keep mask, (heads, seqlen_q_b, seqlen_k_b).
 
     Returns
     -------
     out : array, shape (total_q, heads, headdim_v)
     lse : array, shape (heads, total_q)
         Dtypes as in :func:`attention`.  Rows of a sequence with no keys (and
-        rows outside every sequence) get ``out = 0`` and ``lse = -inf``.
+        rows outside every sequence) get ``out = 0`` and ``lse = -inf`` (the
+        sink with sinks).
+    max_score : array, float32, shape (batch, heads)
+        Only with ``return_max_score``.
     """
     xp = _array_module(q)
     store, acc = _precisions(compute_dtype)
     sequences = _sequences(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0])
     slopes = _sequence_slopes(alibi_slopes, len(sequences))
+    masks = _sequence_masks(dropout_p, dropout_masks, len(sequences))
     out = xp.zeros(q.shape[:2] + v.shape[2:], dtype=store)
     lse = xp.full((q.shape[1], q.shape[0]), -np.inf, dtype=acc)
-    for ((q0, q1), (k0, k1)), sequence_slopes in zip(sequences, slopes):
-        seq_out, seq_lse = attention(
+    top = xp.full((len(sequences), q.shape[1]), -np.inf, dtype=np.float32)
+    for b, (((q0, q1), (k0, k1)), sequence_slopes, mask) in enumerate(zip(sequences, slopes, masks)):
+        seq_out, seq_lse, seq_top = attention(
             q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], causal, softmax_scale, window_size=window_size,
-            softcap=softcap, alibi_slopes=sequence_slopes, compute_dtype=compute_dtype,
+            softcap=softcap, alibi_slopes=sequence_slopes, sinks=sinks, dropout_p=dropout_p, dropout_mask=mask,
+            return_max_score=True, compute_dtype=compute_dtype,
         )
         out[q0:q1] = seq_out[0]
         lse[:, q0:q1] = seq_lse[0]
-    return out, lse
+        top[b] = seq_top[0]
+    return (out, lse, top) if return_max_score else (out, lse)
 
 
 def attention_varlen_backward(dout, q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, softmax_scale=None, *,
-                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None, compute_dtype=None):
+                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None, dropout_p=0.0,
+                              dropout_masks=None, compute_dtype=None):
     """Naive variable-length attention backward pass.
 
     Each sequence runs :func:`attention_backward` with a batch of 1; see
@@ -611,7 +731,8 @@ def attention_varlen_backward(dout, q, k, v, cu_seqlens_q, cu_seqlens_k, causal=
     ----------
     dout : array, shape (total_q, heads, headdim_v)
         Gradient of the loss with respect to ``out``.
-    q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, window_size, softcap, alibi_slopes, compute_dtype
+    q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, window_size, softcap, alibi_slopes, sinks,
+    dropout_p, dropout_masks, compute_dtype
         As in :func:`attention_varlen`.
 
     Returns
@@ -622,19 +743,26 @@ def attention_varlen_backward(dout, q, k, v, cu_seqlens_q, cu_seqlens_k, causal=
         Dtypes as in :func:`attention_backward`.  Query rows seeing no key,
         keys of sequences without queries and rows outside every sequence get
         zero gradients.
+    dsinks : array, shape (heads,)
+        Only with ``sinks``: summed over the sequences.
     """
     xp = _array_module(q)
-    store, _ = _precisions(compute_dtype)
+    store, acc = _precisions(compute_dtype)
     sequences = _sequences(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0])
     slopes = _sequence_slopes(alibi_slopes, len(sequences))
+    masks = _sequence_masks(dropout_p, dropout_masks, len(sequences))
     dq, dk, dv = (xp.zeros(x.shape, dtype=store) for x in (q, k, v))
-    for ((q0, q1), (k0, k1)), sequence_slopes in zip(sequences, slopes):
+    dsinks = xp.zeros(q.shape[1], dtype=acc)
+    for ((q0, q1), (k0, k1)), sequence_slopes, mask in zip(sequences, slopes, masks):
         grads = attention_backward(
             dout[None, q0:q1], q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], causal, softmax_scale,
-            window_size=window_size, softcap=softcap, alibi_slopes=sequence_slopes, compute_dtype=compute_dtype,
+            window_size=window_size, softcap=softcap, alibi_slopes=sequence_slopes, sinks=sinks, dropout_p=dropout_p,
+            dropout_mask=mask, compute_dtype=compute_dtype,
         )
-        dq[q0:q1], dk[k0:k1], dv[k0:k1] = (g[0] for g in grads)
-    return dq, dk, dv
+        dq[q0:q1], dk[k0:k1], dv[k0:k1] = (g[0] for g in grads[:3])
+        if sinks is not None:
+            dsinks = dsinks + grads[3]
+    return (dq, dk, dv) if sinks is None else (dq, dk, dv, dsinks)
 
 
 def merge_attention_states(outs, lses):

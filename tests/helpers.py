@@ -80,25 +80,54 @@ def random_qkv(xp, batch, seqlen_q, seqlen_k, heads, heads_k, headdim, headdim_v
 
 
 def _host_options(options):
-    """Mask and score options with any device array (ALiBi slopes) copied to the host."""
+    """Mask and score options with any device array (ALiBi slopes, sinks) copied to the host."""
     options = dict(options)
-    if options.get("alibi_slopes") is not None:
-        options["alibi_slopes"] = to_host(options["alibi_slopes"])
+    for name in ("alibi_slopes", "sinks"):
+        if options.get(name) is not None:
+            options[name] = to_host(options[name])
+    return options
+
+
+def _reference_dropout(options, q, cu):
+    """Turns the API's dropout_seed and dropout_offset in ``options`` into the reference's keep masks,
+    drawn by cupyflash.dropout_mask (whose definition tests/test_training.py checks on its own)."""
+    import cupyflash
+
+    seed = options.pop("dropout_seed", None)
+    offset = options.pop("dropout_offset", 0)
+    if not options.get("dropout_p"):
+        return options
+    p = options["dropout_p"]
+    if cu is None:
+        batch, seqlen_q, heads = q.shape[:3]
+        options["dropout_mask"] = cupyflash.dropout_mask(seed, (batch, heads, seqlen_q, options.pop("seqlen_k")), p,
+                                                         offset)
+    else:
+        cu_q, cu_k = cu
+        lengths = list(zip(np.diff(cu_q), np.diff(cu_k)))
+        longest = (max([a for a, _ in lengths], default=0), max([b for _, b in lengths], default=0))
+        full = cupyflash.dropout_mask(seed, (len(lengths), q.shape[1]) + longest, p, offset)
+        options["dropout_masks"] = [full[b, :, :a, :c] for b, (a, c) in enumerate(lengths)]
     return options
 
 
 def _reference_results(q, k, v, causal, softmax_scale, dout, compute_dtype, options):
-    """Run the reference on the host; return a dict of its results."""
+    """Run the reference on the host; return a dict of its results (with ``max_score`` always, and
+    ``dsinks`` with sinks)."""
     q, k, v = (to_host(x) for x in (q, k, v))
     options = _host_options(options)
     cu = options.pop("cu_seqlens", None)
     if cu is not None:
         cu_q, cu_k = (to_host(c) for c in cu)
-        out, lse = reference.attention_varlen(q, k, v, cu_q, cu_k, causal, softmax_scale, compute_dtype=compute_dtype,
-                                              **options)
+        options = _reference_dropout(options, q, (cu_q, cu_k))
+        out, lse, top = reference.attention_varlen(q, k, v, cu_q, cu_k, causal, softmax_scale,
+                                                   compute_dtype=compute_dtype, return_max_score=True, **options)
     else:
-        out, lse = reference.attention(q, k, v, causal, softmax_scale, compute_dtype=compute_dtype, **options)
-    results = {"out": out, "lse": lse}
+        options = _reference_dropout(dict(options, seqlen_k=k.shape[1]), q, None)
+        options.pop("seqlen_k", None)
+        out, lse, top = reference.attention(q, k, v, causal, softmax_scale, compute_dtype=compute_dtype,
+                                            return_max_score=True, **options)
+    results = {"out": out, "lse": lse, "max_score": top}
     if dout is not None:
         if cu is not None:
             grads = reference.attention_varlen_backward(to_host(dout), q, k, v, cu_q, cu_k, causal, softmax_scale,
@@ -106,7 +135,7 @@ def _reference_results(q, k, v, causal, softmax_scale, dout, compute_dtype, opti
         else:
             grads = reference.attention_backward(to_host(dout), q, k, v, causal, softmax_scale,
                                                  compute_dtype=compute_dtype, **options)
-        results.update(zip(("dq", "dk", "dv"), grads))
+        results.update(zip(("dq", "dk", "dv", "dsinks"), grads))
     return results
 
 
@@ -209,8 +238,9 @@ def assert_within_rule(name, got, oracle, plain, factor):
 def _outputs(got, ref, base, dtype):
     """Apply the rule to every result of ``got`` (name -> array) and check dtypes."""
     lse_dtype = np.float64 if np.dtype(dtype).itemsize >= 4 else np.float32
+    dtypes = {"lse": lse_dtype, "max_score": np.float32, "dsinks": np.float32}
     for name, value in got.items():
-        assert value.dtype == (lse_dtype if name == "lse" else dtype), name
+        assert value.dtype == dtypes.get(name, dtype), name
         factor = OUTPUT_FACTOR if name in ("out", "lse") else GRAD_FACTOR
         assert_within_rule(name, value, ref[name], base[name], factor)
 
@@ -229,12 +259,14 @@ def check_dense(xp, sizes, dtype, *, causal=False, backward=True, deterministic=
     batch, seqlen_q, seqlen_k, heads, heads_k, headdim, headdim_v = sizes
     q, k, v = random_qkv(xp, batch, seqlen_q, seqlen_k, heads, heads_k, headdim, headdim_v, dt, seed, scale)
     dout = random_normal(xp, (batch, seqlen_q, heads, headdim_v), dt, np.random.default_rng(seed + 1))
-    out, lse = cupyflash.flash_attention(q, k, v, causal=causal, return_lse=True, **options)
-    got = {"out": out, "lse": lse}
+    # The maximum score is checked wherever it is computed (NumPy arrays in this version).
+    extra = {"return_max_score": True} if xp is np else {}
+    out, lse, *top = cupyflash.flash_attention(q, k, v, causal=causal, return_lse=True, **extra, **options)
+    got = {"out": out, "lse": lse, **dict(zip(("max_score",), top))}
     if backward:
         grads = cupyflash.flash_attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=deterministic,
                                                    **options)
-        got.update(zip(("dq", "dk", "dv"), grads))
+        got.update(zip(("dq", "dk", "dv", "dsinks"), grads))
     dout_ref = dout if backward else None
     _outputs(got, oracle(q, k, v, causal, dout=dout_ref, **options), plain(q, k, v, causal, dout=dout_ref, **options), dt)
     return got
@@ -264,12 +296,14 @@ def check_varlen(xp, lengths_q, lengths_k, heads, heads_k, headdim, headdim_v, d
     dout = random_normal(xp, (int(cu_q[-1]), heads, headdim_v), dt, rng)
     cu = (xp.asarray(cu_q), xp.asarray(cu_k))
     sizes = {} if max_seqlen is None else {"max_seqlen_q": max_seqlen[0], "max_seqlen_k": max_seqlen[1]}
-    out, lse = cupyflash.flash_attention_varlen(q, k, v, *cu, causal=causal, return_lse=True, **sizes, **options)
-    got = {"out": out, "lse": lse}
+    extra = {"return_max_score": True} if xp is np else {}
+    out, lse, *top = cupyflash.flash_attention_varlen(q, k, v, *cu, causal=causal, return_lse=True, **sizes, **extra,
+                                                      **options)
+    got = {"out": out, "lse": lse, **dict(zip(("max_score",), top))}
     if backward:
         grads = cupyflash.flash_attention_varlen_backward(dout, q, k, v, out, lse, *cu, causal=causal,
                                                           deterministic=deterministic, **sizes, **options)
-        got.update(zip(("dq", "dk", "dv"), grads))
+        got.update(zip(("dq", "dk", "dv", "dsinks"), grads))
     dout_ref = dout if backward else None
     ref = oracle(q, k, v, causal, dout=dout_ref, cu_seqlens=cu, **options)
     base = plain(q, k, v, causal, dout=dout_ref, cu_seqlens=cu, **options)

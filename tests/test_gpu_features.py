@@ -164,3 +164,30 @@ def test_varlen_zero_max_seqlen_with_rows_is_nan():
     assert bool(cupy.isnan(out).all()) and bool(cupy.isnan(lse).all())
     grads = cupyflash.flash_attention_varlen_backward(out, q, k, v, out, lse, cu, cu, max_seqlen_q=11, max_seqlen_k=0)
     assert all(bool(cupy.isnan(g).all()) for g in grads)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("sizes, causal", [((2, 137, 201, 6, 2, 64, 64), True), ((1, 300, 96, 4, 4, 128, 128), True),
+                                           ((2, 65, 65, 8, 1, 96, 96), False)])
+def test_sinks(sizes, causal, dtype):
+    """Sinks on every dtype's default kernels (the merge of the kernels' results with the sink, and the
+    backward from the lse that holds it): out, lse, dq, dk, dv and dsinks against the oracle. The rows
+    that see no key (causal, seqlen_q > seqlen_k) get lse = sink."""
+    heads = sizes[3]
+    sinks = cupy.asarray((np.random.default_rng(heads).standard_normal(heads) * 2).astype(np.float32))
+    check_dense(cupy, sizes, DTYPES[dtype], causal=causal, sinks=sinks)
+
+
+def test_sinks_varlen():
+    sinks = cupy.asarray(np.array([0.5, -1.0, -np.inf, 2.0], np.float32))
+    check_varlen(cupy, [77, 0, 130], [90, 12, 64], 4, 2, 64, 64, DTYPES["bfloat16"], causal=True,
+                 max_seqlen=(130, 90), sinks=sinks)
+
+
+def test_dropout_and_max_score_refused_on_cupy():
+    """Until the kernels draw dropout and return the maximum score, a CuPy call says so (NumPy runs both)."""
+    q, k, v = random_qkv(cupy, 1, 16, 16, 2, 2, 64, 64, DTYPES["bfloat16"], seed=0)
+    with pytest.raises(NotImplementedError, match="dropout runs on NumPy arrays"):
+        cupyflash.flash_attention(q, k, v, dropout_p=0.1, dropout_seed=1)
+    with pytest.raises(NotImplementedError, match="return_max_score runs on NumPy arrays"):
+        cupyflash.flash_attention(q, k, v, return_max_score=True)

@@ -76,6 +76,14 @@ _EVERY_FUNCTION = textwrap.dedent("""
     out, vjp = cupyflash.flash_attention_varlen_vjp(*packed[:3], cu, cu, causal=True)
     check("flash_attention_varlen_vjp", vjp(packed[3])[2], want_grads[2].reshape(b * s, hk, d))
 
+    keep = cupyflash.dropout_mask(5, (b, h, s, s), 0.25, offset=2)
+    check("dropout_mask", keep.mean(), 0.75, tol=0.1)
+    sinks = rng.standard_normal(h).astype(np.float32)
+    out, top = cupyflash.flash_attention(q, k, v, causal=True, sinks=sinks, dropout_p=0.25, dropout_seed=5,
+                                         dropout_offset=2, return_max_score=True)
+    check("flash_attention", out, reference.attention(q, k, v, causal=True, sinks=sinks, dropout_p=0.25,
+                                                      dropout_mask=keep)[0])
+
     mask = cupyflash.BlockMask.longformer(s, block_size=(4, 4), window_blocks=0, global_blocks=1)
     check("BlockMask.longformer", cupyflash.flash_attention(q, k, v, block_mask=mask),
           reference.attention(q, k, v, block_mask=mask)[0])

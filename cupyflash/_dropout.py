@@ -1,0 +1,125 @@
+"""Dropout's keep decisions: a pure function of (seed, offset, b, h, i, j), from the counter-based
+generator Philox4x32-10 (Salmon et al., SC 2011; Random123's constants and round), so that the NumPy
+twin, the reference and any kernel can draw the same decision for the same entry without sharing state.
+
+The decision for batch entry (or packed sequence) ``b``, query head ``h`` of ``heads``, query row ``i``
+and key column ``j`` (both counted from 0 within the sequence) is
+
+    words = philox4x32_10(counter=(I, J, b * heads + h, offset), key=(seed mod 2^32, seed >> 32))
+    keep  = words[2 * bit3(i) + bit3(j)] >= floor(dropout_p * 2^32)
+
+where ``I`` is ``i`` with its bit 3 removed (``(i >> 4) * 8 + i % 8``), ``J`` likewise for ``j``, and
+bit3(x) = (x >> 3) & 1. One generator call thus serves the four entries {i, i ^ 8} x {j, j ^ 8}: a
+thread of an mma.sync or wgmma accumulator holds rows r and r + 8 of a 16-row block, and a thread of
+the backward's transposed fragment holds keys r and r + 8, so both directions use every word they
+draw. Each entry is kept with probability ``1 - floor(dropout_p * 2^32) / 2^32`` (``1 - dropout_p``
+within 2^-32).
+"""
+
+import math
+
+import numpy
+
+#: Philox4x32's multipliers and Weyl key increments (Random123).
+_M0, _M1 = 0xD2511F53, 0xCD9E8D57
+_W0, _W1 = 0x9E3779B9, 0xBB67AE85
+_ROUNDS = 10
+_LOW = numpy.uint64(0xFFFFFFFF)
+_SHIFT = numpy.uint64(32)
+
+#: Largest seed (64 bits, the generator's key) and offset (32 bits, its fourth counter word), inclusive.
+MAX_SEED = 2**64 - 1
+MAX_OFFSET = 2**32 - 1
+
+
+def philox4x32_10(c0, c1, c2, c3, k0, k1):
+    """The four 32-bit words of Philox4x32-10 for counters (c0, c1, c2, c3) (integer arrays that
+    broadcast, each word below 2^32) and the key (k0, k1) (ints below 2^32); returns uint32 arrays."""
+    c0, c1, c2, c3 = (numpy.asarray(c, dtype=numpy.uint64) for c in (c0, c1, c2, c3))
+    k0, k1 = numpy.uint64(k0), numpy.uint64(k1)
+    m0, m1, w0, w1 = (numpy.uint64(x) for x in (_M0, _M1, _W0, _W1))
+    for _ in range(_ROUNDS):
+        p0 = m0 * c0  # below 2^64: both factors are below 2^32
+        p1 = m1 * c2
+        c0, c1, c2, c3 = (p1 >> _SHIFT) ^ c1 ^ k0, p1 & _LOW, (p0 >> _SHIFT) ^ c3 ^ k1, p0 & _LOW
+        k0, k1 = (k0 + w0) & _LOW, (k1 + w1) & _LOW
+    return tuple(c.astype(numpy.uint32) for c in (c0, c1, c2, c3))
+
+
+def threshold(dropout_p):
+    """The 32-bit threshold a word must reach to keep its entry: floor(dropout_p * 2^32), exact (the
+    product by a power of two is exact in float64, and dropout_p < 1 keeps it below 2^32)."""
+    return math.floor(dropout_p * 2.0**32)
+
+
+def _blocks(start, stop):
+    """For positions [start, stop): the generator's counter word of each distinct 16-row block half
+    (bit 3 removed), the index of each position's counter, and each position's bit 3."""
+    x = numpy.arange(start, stop, dtype=numpy.int64)
+    folded = (x >> 4) * 8 + (x & 7)
+    counters, index = numpy.unique(folded, return_inverse=True)
+    return counters, index.reshape(-1), (x >> 3) & 1
+
+
+def keep(seed, offset, bh, rows, cols, dropout_p):
+    """Keep decisions of query rows ``rows`` = (start, stop) against key columns ``cols`` = (start, stop)
+    for the heads ``bh`` (an int array of ``b * heads + h`` values, any shape): a bool array of shape
+    ``bh.shape + (rows, cols)``. Each generator call is made once and its four words all used."""
+    bh = numpy.asarray(bh, dtype=numpy.int64)
+    ci, index_i, bit_i = _blocks(*rows)
+    cj, index_j, bit_j = _blocks(*cols)
+    words = philox4x32_10(ci[:, None], cj[None, :], bh[..., None, None], offset, seed & 0xFFFFFFFF, seed >> 32)
+    stacked = numpy.stack(words, axis=-1)  # bh.shape + (distinct rows, distinct columns, 4)
+    which = 2 * bit_i[:, None] + bit_j[None, :]
+    chosen = stacked[..., index_i[:, None], index_j[None, :], which]
+    return chosen >= numpy.uint32(threshold(dropout_p))
+
+
+def dropout_mask(seed, shape, p, offset=0):
+    """The keep mask of attention dropout: ``mask[b, h, i, j]`` is True where the probability of query
+    ``i`` (head ``h``, batch entry ``b``) for key ``j`` is kept by ``flash_attention(...,
+    dropout_p=p, dropout_seed=seed, dropout_offset=offset)`` and by its backward.
+
+    For tests and debugging: it takes O(batch * heads * seqlen_q * seqlen_k) memory and host time (about
+    a second per 10^7 entries), where the attention functions draw the decisions tile by tile and store
+    none. For packed (varlen) batches, sequence ``b`` of the packed call is batch entry ``b`` here, with
+    ``i`` and ``j`` counted from its first row.
+
+    Parameters
+    ----------
+    seed : int
+        In [0, 2^64).
+    shape : (batch, heads, seqlen_q, seqlen_k)
+        ``heads`` is the number of query heads.
+    p : float
+        The dropout probability, in [0, 1).
+    offset : int
+        In [0, 2^32): the generator's fourth counter word, so one seed serves many calls (say, one
+        offset per layer and step).
+
+    Returns
+    -------
+    numpy.ndarray of bool, shape ``shape``
+        Each entry is True (kept) with probability ``1 - floor(p * 2^32) / 2^32``, independently of the
+        others; the attention functions scale kept probabilities by ``1 / (1 - p)``. Move it to the GPU
+        with ``cupy.asarray``.
+    """
+    from . import _problem
+
+    if not isinstance(shape, (tuple, list)) or len(shape) != 4 or not all(_problem.is_int(x) for x in shape):
+        raise TypeError(f"shape must be (batch, heads, seqlen_q, seqlen_k), four ints; got {shape!r}")
+    if min(shape) < 0:
+        raise ValueError(f"shape must hold non-negative sizes, got {tuple(shape)}")
+    batch, heads, seqlen_q, seqlen_k = (int(x) for x in shape)
+    p, seed, offset = _problem.check_dropout(p, seed, offset)
+    if p == 0.0:
+        return numpy.ones((batch, heads, seqlen_q, seqlen_k), dtype=bool)
+    mask = numpy.empty((batch, heads, seqlen_q, seqlen_k), dtype=bool)
+    rows = max(1, 2**20 // max(seqlen_k, 1))  # bounds the generator's temporaries to a few tens of MB
+    rows = max(16, rows - rows % 16)
+    for b in range(batch):
+        for h in range(heads):
+            for i in range(0, seqlen_q, rows):
+                stop = min(i + rows, seqlen_q)
+                mask[b, h, i:stop] = keep(seed, offset, b * heads + h, (i, stop), (0, seqlen_k), p)
+    return mask

@@ -1,0 +1,251 @@
+"""Attention sinks, dropout and the per-head maximum score on the NumPy path: the generator against
+Random123's known answers and a scalar transcription of its documented definition, the keep mask's
+statistics, every feature against the float64 oracle with the tolerance rule (odd shapes, GQA, causal,
+windows, packed batches, every dtype), the oracle's own gradients against central differences, and the
+checks of the new arguments."""
+
+import numpy as np
+import pytest
+from helpers import DTYPES, central_differences, check_dense, check_varlen, random_qkv
+
+import cupyflash
+from cupyflash import _dropout, reference
+
+pytestmark = pytest.mark.filterwarnings("error")
+
+
+# --- the generator ------------------------------------------------------------------------------------
+
+#: Random123's kat_vectors for Philox4x32-10: (counter, key, output).
+_KNOWN_ANSWERS = [
+    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+    ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+]
+
+
+@pytest.mark.parametrize("counter, key, expected", _KNOWN_ANSWERS)
+def test_philox_known_answers(counter, key, expected):
+    assert tuple(int(w) for w in _dropout.philox4x32_10(*counter, *key)) == expected
+
+
+def _scalar_philox(counter, key):
+    """Philox4x32-10 on Python ints, one call, written from the paper's round function."""
+    c = list(counter)
+    k0, k1 = key
+    for _ in range(10):
+        p0, p1 = 0xD2511F53 * c[0], 0xCD9E8D57 * c[2]
+        c = [(p1 >> 32) ^ c[1] ^ k0, p1 & 0xFFFFFFFF, (p0 >> 32) ^ c[3] ^ k1, p0 & 0xFFFFFFFF]
+        k0, k1 = (k0 + 0x9E3779B9) & 0xFFFFFFFF, (k1 + 0xBB67AE85) & 0xFFFFFFFF
+    return c
+
+
+def _scalar_keep(seed, offset, b, h, heads, i, j, p):
+    """The keep decision of one entry, transcribed from cupyflash/_dropout.py's definition."""
+    fold = lambda x: (x >> 4) * 8 + x % 8  # noqa: E731
+    words = _scalar_philox((fold(i), fold(j), b * heads + h, offset), (seed % 2**32, seed >> 32))
+    return words[2 * ((i >> 3) & 1) + ((j >> 3) & 1)] >= int(p * 2**32)
+
+
+@pytest.mark.parametrize("seed, offset, p", [(0, 0, 0.5), (2**64 - 1, 2**32 - 1, 0.1), (123456789012345, 77, 0.9)])
+def test_dropout_mask_is_its_definition(seed, offset, p):
+    """Every entry of an odd-sized mask against the scalar transcription (rows and columns past 16, so
+    the fold of bit 3 and the word choice are exercised)."""
+    shape = (2, 3, 37, 21)
+    mask = cupyflash.dropout_mask(seed, shape, p, offset)
+    assert mask.shape == shape and mask.dtype == bool
+    expected = np.array([_scalar_keep(seed, offset, b, h, 3, i, j, p) for b, h, i, j in np.ndindex(shape)])
+    np.testing.assert_array_equal(mask.reshape(-1), expected)
+
+
+def test_dropout_mask_statistics():
+    """Keep rate within 4 sigma over 2^21 entries, at three rates; no correlation (|r| < 4 / sqrt(n))
+    between neighbours in i, in j, across the bit-3 partners that share a generator call, across heads
+    and across offsets."""
+    for p in (0.1, 0.5, 0.83):
+        mask = cupyflash.dropout_mask(2024, (1, 2, 1024, 1024), p, offset=3)
+        n = mask.size
+        assert abs(mask.mean() - (1 - p)) < 4 * np.sqrt(p * (1 - p) / n), p
+        x = mask.astype(np.float64)
+        other = cupyflash.dropout_mask(2024, (1, 2, 1024, 1024), p, offset=4).astype(np.float64)
+        pairs = {
+            "j+1": (x[..., :-1], x[..., 1:]),
+            "i+1": (x[..., :-1, :], x[..., 1:, :]),
+            "j^8": (x[..., 0:1024:16], x[..., 8:1024:16]),
+            "i^8": (x[..., 0:1024:16, :], x[..., 8:1024:16, :]),
+            "i^8,j^8": (x[..., 0:1024:16, 0:1024:16], x[..., 8:1024:16, 8:1024:16]),
+            "head": (x[:, 0], x[:, 1]),
+            "offset": (x, other),
+        }
+        for name, (a, b) in pairs.items():
+            r = np.corrcoef(a.reshape(-1), b.reshape(-1))[0, 1]
+            assert abs(r) < 4 / np.sqrt(a.size), (p, name, r)
+
+
+def test_dropout_mask_edges():
+    assert cupyflash.dropout_mask(1, (2, 2, 5, 0), 0.5).shape == (2, 2, 5, 0)
+    assert cupyflash.dropout_mask(None, (1, 1, 3, 3), 0.0).all()  # no dropout: every entry kept
+    # Entries depend on (b, h, i, j) only: a larger mask holds the smaller one.
+    big = cupyflash.dropout_mask(9, (3, 4, 50, 40), 0.3)
+    np.testing.assert_array_equal(big[:2, :4, :33, :17], cupyflash.dropout_mask(9, (2, 4, 33, 17), 0.3)[:, :, :, :])
+    with pytest.raises(TypeError, match="shape"):
+        cupyflash.dropout_mask(1, (2, 2, 5), 0.5)
+    with pytest.raises(ValueError, match="dropout_p"):
+        cupyflash.dropout_mask(1, (1, 1, 2, 2), 1.0)
+
+
+# --- the features against the oracle -----------------------------------------------------------------
+
+def _sinks(heads, seed, with_minus_inf=False):
+    sinks = np.random.default_rng(seed).standard_normal(heads).astype(np.float32) * 2
+    if with_minus_inf:
+        sinks[0] = -np.inf
+    return sinks
+
+
+#: dsinks sums a head's rows into one number, so the rule's max over heads needs several heads to mean
+#: anything (with two, the plain baseline's one value can land within a hundredth of an ulp).
+_DENSE = [
+    # (batch, seqlen_q, seqlen_k, heads, heads_k, headdim, headdim_v), causal, window
+    ((2, 37, 45, 4, 2, 16, 16), False, (-1, -1)),
+    ((1, 70, 33, 6, 3, 8, 12), True, (-1, -1)),  # rows that see no key
+    ((2, 19, 64, 6, 2, 24, 24), False, (5, 3)),
+    ((1, 1, 131, 4, 1, 32, 32), True, (-1, -1)),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("case", _DENSE, ids=lambda c: f"{c[0]}-causal{int(c[1])}-w{c[2][0]}_{c[2][1]}")
+@pytest.mark.parametrize("feature", ["sinks", "dropout", "both"])
+def test_dense(feature, case, dtype):
+    sizes, causal, window = case
+    options = {"window_size": window}
+    if feature in ("sinks", "both"):
+        options["sinks"] = _sinks(sizes[3], sizes[1], with_minus_inf=feature == "both")
+    if feature in ("dropout", "both"):
+        options.update(dropout_p=0.17 if feature == "dropout" else 0.5, dropout_seed=2**40 + sizes[1],
+                       dropout_offset=sizes[2])
+    if feature == "both":
+        options["softcap"] = 3.0
+    check_dense(np, sizes, DTYPES[dtype], causal=causal, **options)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen(causal, dtype):
+    """Packed sequences (one without queries, one without keys): the dropout draws of sequence b are
+    batch entry b's, counted from its first row."""
+    options = {"sinks": _sinks(4, 3), "dropout_p": 0.25, "dropout_seed": 11, "dropout_offset": 2}
+    check_varlen(np, [17, 0, 40, 9], [23, 5, 40, 0], 4, 2, 16, 16, DTYPES[dtype], causal=causal, **options)
+
+
+def test_no_key_rows_with_sinks():
+    """A row that sees no key: out 0, lse the sink (or -inf for a -inf sink), dq 0; the maximum score -inf."""
+    q, k, v = random_qkv(np, 1, 6, 2, 2, 2, 8, 8, np.float32, seed=5)
+    sinks = np.array([1.5, -np.inf], np.float32)
+    out, lse, top = cupyflash.flash_attention(q, k, v, causal=True, sinks=sinks, return_lse=True,
+                                              return_max_score=True)
+    # causal with seqlen_q 6 > seqlen_k 2: rows 0-3 see no key.
+    assert (out[:, :4] == 0).all()
+    np.testing.assert_array_equal(lse[0, 0, :4], [1.5] * 4)
+    np.testing.assert_array_equal(lse[0, 1, :4], [-np.inf] * 4)
+    assert np.isfinite(top).all()
+    empty = cupyflash.flash_attention(q, k[:, :0], v[:, :0], sinks=sinks, return_lse=True, return_max_score=True)
+    assert (empty[0] == 0).all() and (empty[1][0, 0] == 1.5).all() and (empty[2] == -np.inf).all()
+    dout = np.ones_like(out)
+    dq, dk, dv, dsinks = cupyflash.flash_attention_backward(dout, q, k, v, out, lse, causal=True, sinks=sinks)
+    assert (dq[:, :4] == 0).all() and dsinks.dtype == np.float32 and dsinks[1] == 0
+
+
+def test_max_score_marks_nan_and_hidden_heads():
+    q, k, v = random_qkv(np, 2, 9, 12, 2, 2, 8, 8, np.float64, seed=8)
+    q[1, 3, 0, 0] = np.nan
+    layout = np.ones((2, 2, 1, 1), bool)
+    layout[0, 1] = False  # head 1 of entry 0 sees nothing
+    mask = cupyflash.BlockMask.from_dense(layout, (16, 16))
+    _, top = cupyflash.flash_attention(q, k, v, block_mask=mask, return_max_score=True)
+    assert top.shape == (2, 2) and top.dtype == np.float32
+    assert np.isnan(top[1, 0]) and top[0, 1] == -np.inf and np.isfinite(top[[0, 1], [0, 1]]).all()
+
+
+def test_dropout_reproducible_and_regenerated():
+    """Same arguments, same bits; another offset or seed, other draws; dropout 0 with a seed is no dropout."""
+    q, k, v = random_qkv(np, 1, 40, 40, 2, 1, 16, 16, np.float32, seed=1)
+    run = lambda **o: cupyflash.flash_attention(q, k, v, causal=True, **o)  # noqa: E731
+    a, b = run(dropout_p=0.3, dropout_seed=5), run(dropout_p=0.3, dropout_seed=5)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, run(dropout_p=0.3, dropout_seed=5, dropout_offset=1))
+    assert not np.array_equal(a, run(dropout_p=0.3, dropout_seed=6))
+    np.testing.assert_array_equal(run(dropout_p=0.0, dropout_seed=5), run())
+
+
+def test_vjp_returns_dsinks():
+    q, k, v = random_qkv(np, 1, 20, 30, 4, 2, 8, 8, np.float32, seed=3)
+    sinks = _sinks(4, 1)
+    dout = np.random.default_rng(0).standard_normal((1, 20, 4, 8)).astype(np.float32)
+    options = {"causal": True, "sinks": sinks, "dropout_p": 0.2, "dropout_seed": 4}
+    out, vjp = cupyflash.flash_attention_vjp(q, k, v, **options)
+    grads = vjp(dout)
+    out2, lse = cupyflash.flash_attention(q, k, v, return_lse=True, **options)
+    expected = cupyflash.flash_attention_backward(dout, q, k, v, out2, lse, **options)
+    assert len(grads) == 4
+    for got, want in zip((out, *grads), (out2, *expected)):
+        np.testing.assert_array_equal(got, want)
+
+
+# --- the oracle's own gradients -----------------------------------------------------------------------
+
+def test_oracle_gradients_against_central_differences():
+    """The float64 reference's dq, dk, dv and dsinks with sinks, dropout and a softcap, against central
+    differences of its forward (the backward formulas are derived, not checked elsewhere)."""
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal(shape) for shape in ((1, 5, 2, 3), (1, 7, 1, 3), (1, 7, 1, 2)))
+    sinks = rng.standard_normal(2)
+    dout = rng.standard_normal((1, 5, 2, 2))
+    keep = cupyflash.dropout_mask(3, (1, 2, 5, 7), 0.4)
+    options = {"causal": True, "softcap": 2.0, "dropout_p": 0.4, "dropout_mask": keep}
+
+    def loss():
+        return float((reference.attention(q, k, v, sinks=sinks, **options)[0] * dout).sum())
+
+    grads = reference.attention_backward(dout, q, k, v, sinks=sinks, **options)
+    for got, x in zip(grads, (q, k, v, sinks)):
+        np.testing.assert_allclose(got, central_differences(loss, x, 1e-6), rtol=1e-6, atol=1e-8)
+
+
+# --- argument checks ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("options, error, match", [
+    ({"dropout_p": 1.0, "dropout_seed": 1}, ValueError, r"dropout_p must be in \[0, 1\)"),
+    ({"dropout_p": -0.1, "dropout_seed": 1}, ValueError, "dropout_p must be in"),
+    ({"dropout_p": True, "dropout_seed": 1}, TypeError, "dropout_p must be a real number"),
+    ({"dropout_p": 0.1}, ValueError, "needs dropout_seed"),
+    ({"dropout_p": 0.1, "dropout_seed": -1}, ValueError, r"dropout_seed must be in \[0, 2\*\*64\)"),
+    ({"dropout_p": 0.1, "dropout_seed": 2**64}, ValueError, "dropout_seed must be in"),
+    ({"dropout_p": 0.1, "dropout_seed": 1.0}, TypeError, "dropout_seed must be an int"),
+    ({"dropout_p": 0.1, "dropout_seed": 1, "dropout_offset": 2**32}, ValueError, "dropout_offset must be in"),
+    ({"dropout_offset": "1"}, TypeError, "dropout_offset must be an int"),
+    ({"sinks": np.zeros(3, np.float32)}, ValueError, r"sinks must have shape \(4,\)"),
+    ({"sinks": np.zeros(4, np.float64)}, TypeError, "sinks has dtype float64; expected float32"),
+    ({"sinks": [0.0] * 4}, TypeError, "sinks must be a cupy.ndarray or numpy.ndarray"),
+    ({"sinks": np.array([0, np.nan, 0, 0], np.float32)}, ValueError, "sinks must be finite or -inf"),
+    ({"sinks": np.array([0, 0, np.inf, 0], np.float32)}, ValueError, "got inf at index 2"),
+    ({"return_max_score": 1}, TypeError, "return_max_score must be a bool"),
+])
+def test_argument_checks(options, error, match):
+    q, k, v = random_qkv(np, 1, 8, 8, 4, 2, 8, 8, np.float32, seed=0)
+    with pytest.raises(error, match=match):
+        cupyflash.flash_attention(q, k, v, **options)
+    backward_options = {name: value for name, value in options.items() if name != "return_max_score"}
+    if backward_options:
+        out, lse = cupyflash.flash_attention(q, k, v, return_lse=True)
+        with pytest.raises(error, match=match):
+            cupyflash.flash_attention_backward(out, q, k, v, out, lse, **backward_options)
+
+
+def test_big_endian_sinks_are_read_natively():
+    q, k, v = random_qkv(np, 1, 8, 8, 2, 2, 8, 8, np.float32, seed=0)
+    sinks = np.array([0.5, -1.0], np.float32)
+    expected = cupyflash.flash_attention(q, k, v, sinks=sinks)
+    np.testing.assert_array_equal(cupyflash.flash_attention(q, k, v, sinks=sinks.astype(">f4")), expected)
