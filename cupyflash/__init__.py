@@ -7,6 +7,7 @@
 
 from . import reference
 from ._api import (
+    apply_rotary,
     flash_attention,
     flash_attention_backward,
     flash_attention_varlen,
@@ -31,6 +32,7 @@ __all__ = [
     "BlockMask",
     "SUPPORTED_DTYPES",
     "VirtualRing",
+    "apply_rotary",
     "dropout_mask",
     "flash_attention",
     "flash_attention_backward",

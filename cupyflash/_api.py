@@ -734,3 +734,51 @@ def ring_flash_attention_vjp(q: Array, k: Array, v: Array, comm: Union[VirtualRi
 
 for _function in (ring_flash_attention, ring_flash_attention_backward, ring_flash_attention_vjp):
     _function.__doc__ = _function.__doc__.replace("{ring}", _RING_DOC).replace("{ring_unused}", "")
+
+
+def apply_rotary(x: Array, cos: Array, sin: Array, *, interleaved: bool = False, seqlen_offsets: Union[int, Array] = 0,
+                 cu_seqlens: Optional[Array] = None, max_seqlen: Optional[int] = None, conjugate: bool = False,
+                 inplace: bool = False) -> Array:
+    """Rotary position embedding (RoPE) for training, FlashAttention's ``apply_rotary_emb``.
+
+    Row t of each sequence sits at position ``p = seqlen_offsets[b] + t``; each pair (a, b) of its first
+    ``rotary_dim = 2 * cos.shape[1]`` columns becomes ``(a cos[p, c] - b sin[p, c], a sin[p, c] + b cos[p,
+    c])``, the columns from rotary_dim on pass through. The arithmetic runs in float32 (float64 for
+    float64 x) and rounds once to x's dtype.
+
+    Parameters
+    ----------
+    x : cupy.ndarray or numpy.ndarray, shape (batch, seqlen, heads, headdim)
+        Or, with ``cu_seqlens``, packed sequences (total, heads, headdim). float16, bfloat16, float32 or
+        float64.
+    cos, sin : arrays of x's kind, shape (seqlen_rotary, rotary_dim / 2), x's dtype or float32
+        Row p holds the cosines and sines of position p's angles; rotary_dim <= headdim.
+    interleaved : bool, keyword-only
+        False (GPT-NeoX, the default): pairs (c, c + rotary_dim / 2). True (GPT-J): pairs (2c, 2c + 1).
+    seqlen_offsets : int, or int32 array of shape (batch,) of x's kind, keyword-only
+        The position of each sequence's first row (a KV cache's length when rotating new tokens).
+        Positions must stay below seqlen_rotary: ValueError for an int or NumPy offsets; CuPy offsets
+        are not read on the host, and a row past the tables gets NaN in its rotated columns.
+    cu_seqlens : int32 array of x's kind, shape (batch + 1,), or None, keyword-only
+        Packed x: sequence b holds rows ``cu_seqlens[b]:cu_seqlens[b + 1]``, its positions counted from
+        its first row.
+    max_seqlen : int or None, keyword-only
+        Packed x: the longest sequence. None reads cu_seqlens on the host (one device-to-host copy for
+        CuPy), which also checks it.
+    conjugate : bool, keyword-only
+        Rotate by the opposite angles: the inverse rotation, which is also the gradient (``dx =
+        apply_rotary(dy, cos, sin, conjugate=True, <the same keywords>)``).
+    inplace : bool, keyword-only
+        Write the result into x and return x.
+
+    Returns
+    -------
+    array of x's kind, shape and dtype
+        x rotated (x itself with ``inplace=True``).
+    """
+    from . import _rotary
+
+    x, cos, sin = _problem.arrays(x=x, cos=cos, sin=sin)
+    r = _problem.rotary_problem(x, cos, sin, interleaved=interleaved, seqlen_offsets=seqlen_offsets,
+                                cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, conjugate=conjugate, inplace=inplace)
+    return _rotary.apply(r, x, cos, sin)

@@ -648,3 +648,79 @@ def merge_stacked(out, lse, packed):
         raise ValueError("out has 0 parts along its first axis; merging needs at least one")
     xp, _ = merge_parts({"out[0]": out[0]}, {"lse[0]": lse[0]})
     return xp, out.shape[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class Rotary:
+    """A checked apply_rotary call: x (batch, seqlen, heads, headdim) or packed (total, heads, headdim)."""
+
+    xp: object
+    rotary_dim: int
+    interleaved: bool
+    conjugate: bool
+    inplace: bool
+    offsets: object  # int, or int32 (batch,) of x's kind
+    cu_seqlens: object  # int32 (batch + 1,) of x's kind, or None
+    max_seqlen: int  # the longest sequence (dense: seqlen)
+
+
+def rotary_problem(x, cos, sin, *, interleaved, seqlen_offsets, cu_seqlens, max_seqlen, conjugate, inplace):
+    """Checks the arguments of :func:`cupyflash.apply_rotary` (after :func:`arrays`); returns a Rotary."""
+    named = {"x": x, "cos": cos, "sin": sin}
+    xp = array_module(named)
+    if x.dtype not in SUPPORTED_DTYPES.values():
+        raise TypeError(f"x has dtype {x.dtype}; expected {_SUPPORTED_TEXT}")
+    for name, table in (("cos", cos), ("sin", sin)):
+        if table.dtype not in (x.dtype, numpy.dtype(numpy.float32)):
+            raise TypeError(f"{name} has dtype {table.dtype}; expected x's dtype ({x.dtype}) or float32")
+        check_rank(name, table, ("seqlen_rotary", "rotary_dim / 2"))
+    if cos.shape != sin.shape:
+        raise ValueError(f"cos and sin must have one shape; got {cos.shape} and {sin.shape}")
+    packed = cu_seqlens is not None
+    check_rank("x", x, ("total", "heads", "headdim") if packed else ("batch", "seqlen", "heads", "headdim"))
+    rotary_dim = 2 * cos.shape[1]
+    if not 0 < rotary_dim <= x.shape[-1]:
+        raise ValueError(f"cos has {cos.shape[1]} columns: rotary_dim = 2 * that must be in [2, headdim = "
+                         f"{x.shape[-1]}]")
+    for name, flag in (("interleaved", interleaved), ("conjugate", conjugate), ("inplace", inplace)):
+        check_flag(name, flag)
+    lengths = None  # each sequence's length, where known on the host
+    if packed:
+        cu_seqlens = _cu_seqlens("cu_seqlens", cu_seqlens, xp, x.shape[0])
+        batch = cu_seqlens.shape[0] - 1
+        max_seqlen = _max_seqlen("max_seqlen", max_seqlen)
+        if max_seqlen is None or xp is numpy:
+            host = cu_seqlens if xp is numpy else cu_seqlens.get()
+            max_seqlen = _check_cu_seqlens_on_host("cu_seqlens", host, x.shape[0], max_seqlen)
+            lengths = numpy.diff(numpy.asarray(host, numpy.int64))
+    else:
+        if max_seqlen is not None:
+            raise ValueError("max_seqlen goes with cu_seqlens (packed x); a dense x's seqlen is its second axis")
+        batch, max_seqlen = x.shape[:2]
+        lengths = numpy.full(batch, max_seqlen, numpy.int64)
+    if is_int(seqlen_offsets):
+        offsets = int(seqlen_offsets)
+        if offsets < 0:
+            raise ValueError(f"seqlen_offsets must be non-negative, got {offsets}")
+        last = offsets + (max_seqlen if lengths is None else int(lengths.max(initial=0)))
+    else:
+        if array_module({"seqlen_offsets": seqlen_offsets}) is not xp:
+            raise TypeError("seqlen_offsets must be an int or an int32 array of x's kind")
+        if seqlen_offsets.dtype != numpy.int32 or seqlen_offsets.shape != (batch,):
+            raise TypeError(f"seqlen_offsets must be an int or an int32 array of shape ({batch},); got "
+                            f"{seqlen_offsets.dtype} {seqlen_offsets.shape}")
+        offsets = xp.ascontiguousarray(seqlen_offsets)
+        # CuPy offsets are not read on the host: a position past cos's rows makes its row NaN there.
+        last = None
+        if xp is numpy:
+            if offsets.min(initial=0) < 0:
+                raise ValueError(f"seqlen_offsets must be non-negative, got {offsets.min()}")
+            last = int(numpy.where(lengths > 0, offsets + lengths, 0).max(initial=0))  # empty ones use none
+    if last is not None and max_seqlen and last > cos.shape[0]:
+        raise ValueError(f"cos and sin have {cos.shape[0]} rows (positions), but positions run to {last - 1} "
+                         "(seqlen_offsets plus the longest sequence)")
+    if inplace and xp is numpy and not x.flags.writeable:
+        raise ValueError("inplace=True needs a writable x")
+    check_devices(xp, {**named, **({"cu_seqlens": cu_seqlens} if packed else {})})
+    return Rotary(xp, rotary_dim, bool(interleaved), bool(conjugate), bool(inplace), offsets,
+                  cu_seqlens, max_seqlen)

@@ -191,3 +191,29 @@ def test_dropout_and_max_score_refused_on_cupy():
         cupyflash.flash_attention(q, k, v, dropout_p=0.1, dropout_seed=1)
     with pytest.raises(NotImplementedError, match="return_max_score runs on NumPy arrays"):
         cupyflash.flash_attention(q, k, v, return_max_score=True)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("packed", [False, True])
+def test_apply_rotary_matches_numpy(packed, dtype):
+    """The CuPy path against the NumPy one (within one rounding: the GPU may fuse a * c - b * s); CuPy
+    offsets past the tables give NaN in the rotated columns only."""
+    dt = DTYPES[dtype]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 40, 4, 64)).astype(dt)
+    angles = rng.uniform(-5, 5, (64, 24))
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    offsets = np.array([0, 11, 24], np.int32)
+    options = {"seqlen_offsets": offsets}
+    if packed:
+        x = x.reshape(120, 4, 64)
+        options["cu_seqlens"] = packed_offsets([40, 50, 30])
+    want = cupyflash.apply_rotary(x, cos, sin, **options).astype(np.float64)
+    gpu = {name: cupy.asarray(value) for name, value in options.items()}
+    got = to_host(cupyflash.apply_rotary(cupy.asarray(x), cupy.asarray(cos), cupy.asarray(sin), **gpu))
+    ulp = np.spacing(np.abs(want).astype(dt)).astype(np.float64)
+    assert (np.abs(got.astype(np.float64) - want) <= ulp).all()
+    gpu["seqlen_offsets"] = cupy.asarray(np.array([0, 11, 40], np.int32))  # the last rows past the 64 positions
+    far = to_host(cupyflash.apply_rotary(cupy.asarray(x), cupy.asarray(cos), cupy.asarray(sin), **gpu))
+    rows = far.reshape(-1, 4, 64)[-30:].astype(np.float64)
+    assert np.isnan(rows[-1, :, :48]).all() and not np.isnan(rows[..., 48:]).any()

@@ -84,6 +84,11 @@ _EVERY_FUNCTION = textwrap.dedent("""
     check("flash_attention", out, reference.attention(q, k, v, causal=True, sinks=sinks, dropout_p=0.25,
                                                       dropout_mask=keep)[0])
 
+    angles = rng.standard_normal((s, d // 2))
+    rotated = cupyflash.apply_rotary(q, np.cos(angles), np.sin(angles), interleaved=True)
+    check("apply_rotary", rotated, reference.apply_rotary(q, np.cos(angles), np.sin(angles),
+                                                          np.broadcast_to(np.arange(s), (b, s)), interleaved=True))
+
     mask = cupyflash.BlockMask.longformer(s, block_size=(4, 4), window_blocks=0, global_blocks=1)
     check("BlockMask.longformer", cupyflash.flash_attention(q, k, v, block_mask=mask),
           reference.attention(q, k, v, block_mask=mask)[0])
