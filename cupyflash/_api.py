@@ -531,7 +531,8 @@ def flash_attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, *, k:
                                  window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                                  alibi_slopes: Optional[Array] = None, softmax_scale: Optional[float] = None,
                                  num_splits: int = 0, return_lse: bool = False,
-                                 precision: str = "highest") -> Union[Array, Tuple[Array, Array]]:
+                                 precision: str = "highest", sinks: Optional[Array] = None,
+                                 return_max_score: bool = False) -> Union[Array, Tuple[Array, ...]]:
     """Attention of new queries to a KV cache, after appending new keys and values to it
     (FlashAttention-2's ``flash_attn_with_kvcache``): decoding, chunked prefill, speculative
     verification.
@@ -580,12 +581,19 @@ def flash_attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, *, k:
         Also return the log-sum-exp (see :func:`flash_attention`).
     precision : {"highest", "tf32"}, keyword-only
         As in :func:`flash_attention` (the forward families run float32 caches).
+    sinks : float32 array of q's kind, shape (heads,), or None, keyword-only
+        Attention sinks, as in :func:`flash_attention` (the lse returned includes them).
+    return_max_score : bool, keyword-only
+        Also return each batch entry's and query head's largest score, as in :func:`flash_attention`.
+        NumPy arrays only in this version (NotImplementedError for CuPy arrays).
 
     Returns
     -------
     out : array of q's kind and dtype, shape (batch, seqlen_q, heads, headdim_v)
     lse : array, shape (batch, heads, seqlen_q)
         Only with ``return_lse=True``.
+    max_score : float32 array, shape (batch, heads)
+        Only with ``return_max_score=True``, after lse when both are asked for.
 
     Notes
     -----
@@ -607,7 +615,7 @@ def flash_attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, *, k:
     """
     return _kvcache.attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos,
                               rotary_sin, rotary_interleaved, causal, window_size, softcap, alibi_slopes, softmax_scale,
-                              num_splits, return_lse, precision)
+                              num_splits, return_lse, precision, sinks, return_max_score)
 
 
 _RING_DOC = """
@@ -641,13 +649,18 @@ _RING_DOC = """
         does the same causal work) or "contiguous" (rank r holds chunk r of world). Both need the
         same number of query and key rows on a rank. Ignored without a mask.
     precision : {"highest", "tf32"}, keyword-only
-        As in :func:`flash_attention`, for each step's calls."""
+        As in :func:`flash_attention`, for each step's calls.
+    sinks : float32 array of q's kind, shape (heads,), or None, keyword-only
+        Attention sinks, as in :func:`flash_attention`: the same on every rank. They join each row's
+        softmax once, after the blocks are merged; the backward returns their gradient summed over every
+        rank's rows (the same bits on every rank)."""
 
 
 def ring_flash_attention(q: Array, k: Array, v: Array, comm: Union[VirtualRing, cupy.cuda.nccl.NcclCommunicator], *,
                          causal: bool = False, softmax_scale: Optional[float] = None,
                          window_size: Tuple[int, int] = (-1, -1), layout: Optional[str] = None,
-                         return_lse: bool = False, precision: str = "highest") -> Union[Array, Tuple[Array, Array]]:
+                         return_lse: bool = False, precision: str = "highest",
+                         sinks: Optional[Array] = None) -> Union[Array, Tuple[Array, Array]]:
     """Attention over a sequence sharded across the ranks of a ring (ring attention): each rank's
     queries attend to every rank's keys and values as the K/V blocks pass around the ring, the partial
     results merged by their log-sum-exp. No rank holds more than its shard and two blocks.
@@ -664,9 +677,9 @@ def ring_flash_attention(q: Array, k: Array, v: Array, comm: Union[VirtualRing, 
         Equal, within rounding, to the rows of :func:`flash_attention` on the unsharded sequence.
     """
     q, k, v = _problem.arrays(q=q, k=k, v=v)
-    p = _problem.forward_problem(q, k, v, softmax_scale=softmax_scale, precision=precision)
+    p = _problem.forward_problem(q, k, v, softmax_scale=softmax_scale, precision=precision, sinks=sinks)
     _, ring, geometry = _ring._check("ring_flash_attention", {"q": q, "k": k, "v": v}, comm, causal, window_size,
-                                      layout, p.softmax_scale, p.precision)
+                                      layout, p.softmax_scale, p.precision, p.sinks)
     return_lse = _problem.check_flag("return_lse", return_lse)
     out, lse = _ring.ring_forward(p, q, k, v, ring, geometry)
     return (out, lse) if return_lse else out
@@ -676,14 +689,14 @@ def ring_flash_attention_backward(dout: Array, q: Array, k: Array, v: Array, out
                                   comm: Union[VirtualRing, cupy.cuda.nccl.NcclCommunicator], *, causal: bool = False,
                                   softmax_scale: Optional[float] = None, window_size: Tuple[int, int] = (-1, -1),
                                   layout: Optional[str] = None, deterministic: bool = False,
-                                  precision: str = "highest") -> Grads:
+                                  precision: str = "highest", sinks: Optional[Array] = None) -> Grads:
     """Gradients of :func:`ring_flash_attention` for this rank's shard: dq of its queries, and dk, dv of
     its keys and values summed over every rank's queries (the accumulators travel with the blocks).
 
     Parameters
     ----------
     dout : array, this rank's rows of the gradient of the loss with respect to out
-    q, k, v, comm, causal, softmax_scale, window_size, layout, precision
+    q, k, v, comm, causal, softmax_scale, window_size, layout, precision, sinks
         As given to :func:`ring_flash_attention`.{ring_unused}
     out, lse : this rank's results of ``ring_flash_attention(..., return_lse=True)``
     deterministic : bool, keyword-only
@@ -692,12 +705,15 @@ def ring_flash_attention_backward(dout: Array, q: Array, k: Array, v: Array, out
     Returns
     -------
     dq, dk, dv : arrays with the shapes and dtype of this rank's q, k and v
+    dsinks : float32 array, shape (heads,)
+        Only with ``sinks``: summed over every rank's rows, the same on every rank.
     """
     dout, q, k, v, out, lse = _problem.arrays(dout=dout, q=q, k=k, v=v, out=out, lse=lse)
-    p = _problem.backward_problem(dout, q, k, v, out, lse, softmax_scale=softmax_scale, precision=precision)
+    p = _problem.backward_problem(dout, q, k, v, out, lse, softmax_scale=softmax_scale, precision=precision,
+                                  sinks=sinks)
     _, ring, geometry = _ring._check("ring_flash_attention_backward",
                                       {"dout": dout, "q": q, "k": k, "v": v, "out": out, "lse": lse}, comm, causal,
-                                      window_size, layout, p.softmax_scale, p.precision)
+                                      window_size, layout, p.softmax_scale, p.precision, p.sinks)
     deterministic = _problem.check_flag("deterministic", deterministic)
     lse = lse.astype(_problem.lse_dtype(p.dtype), copy=False)
     return _ring.ring_backward(p, dout, q, k, v, out, lse, ring, geometry, deterministic)
@@ -706,8 +722,8 @@ def ring_flash_attention_backward(dout: Array, q: Array, k: Array, v: Array, out
 def ring_flash_attention_vjp(q: Array, k: Array, v: Array, comm: Union[VirtualRing, cupy.cuda.nccl.NcclCommunicator],
                              *, causal: bool = False, softmax_scale: Optional[float] = None,
                              window_size: Tuple[int, int] = (-1, -1), layout: Optional[str] = None,
-                             deterministic: bool = False,
-                             precision: str = "highest") -> Tuple[Array, Callable[[Array], Grads]]:
+                             deterministic: bool = False, precision: str = "highest",
+                             sinks: Optional[Array] = None) -> Tuple[Array, Callable[[Array], Grads]]:
     """:func:`ring_flash_attention` and a function that maps this rank's ``dout`` to its ``(dq, dk, dv)``
     (a ring call too: every rank must make it).
 
@@ -720,10 +736,11 @@ def ring_flash_attention_vjp(q: Array, k: Array, v: Array, comm: Union[VirtualRi
     -------
     out : array, this rank's rows
     vjp : callable
-        ``vjp(dout) -> (dq, dk, dv)`` of this rank's shard (:func:`ring_flash_attention_backward`).
+        ``vjp(dout) -> (dq, dk, dv)`` of this rank's shard (:func:`ring_flash_attention_backward`), and
+        dsinks after them with ``sinks``.
     """
     options = {"causal": causal, "softmax_scale": softmax_scale, "window_size": window_size, "layout": layout,
-               "precision": precision}
+               "precision": precision, "sinks": sinks}
     out, lse = ring_flash_attention(q, k, v, comm, return_lse=True, **options)
 
     def vjp(dout):

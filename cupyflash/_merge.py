@@ -55,12 +55,13 @@ def _sink_rows(sinks, acc, packed):
     return sinks[:, None] if packed else sinks[None, :, None]
 
 
-def add_sinks(xp, out, lse, sinks, packed):
+def add_sinks(xp, out, lse, sinks, packed, acc=None):
     """(out, lse) of attention whose softmax denominators also hold ``exp(sinks[h])``, from the
     attention ``out``, ``lse`` without them: the merge above with a part that saw one key of score
     ``sinks[h]`` and value 0. So ``lse' = ln(exp(lse) + exp(sink))`` and ``out' = exp(lse - lse') out``; a
-    row that saw no key keeps out 0 and gets lse' = sink, and a sink of -inf changes nothing."""
-    acc = _problem.lse_dtype(out.dtype)
+    row that saw no key keeps out 0 and gets lse' = sink, and a sink of -inf changes nothing. ``acc`` is
+    the lse's dtype (by default that of ``out``'s dtype; a ring passes its inputs', its out being wider)."""
+    acc = _problem.lse_dtype(out.dtype) if acc is None else acc
     lse = lse.astype(acc, copy=False)
     sink = _sink_rows(sinks, acc, packed)
     top = xp.maximum(lse, sink)  # NaN wins

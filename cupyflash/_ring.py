@@ -136,7 +136,7 @@ _POLL = 0.05
 #: What the exchanges of a ring call carry, by tag, for a VirtualRing's errors: the n-th exchange of a
 #: call under a tag brings what ring step n works on (step 0 is a rank's own block).
 _CARRIED = {"kv": "the K/V block of step {n}", "dkv": "the dK/dV accumulators of step {n}",
-            "dkv home": "the finished dK/dV sums of its own block"}
+            "dkv home": "the finished dK/dV sums of its own block", "dsinks": "the dsinks share of hop {n}"}
 
 
 class _PeerFailed(RuntimeError):
@@ -496,7 +496,7 @@ def _steps(world, layout, rows, left, right):
     return 1
 
 
-def _check(function, named, comm, causal, window_size, layout, softmax_scale, precision):
+def _check(function, named, comm, causal, window_size, layout, softmax_scale, precision, sinks=None):
     """Common checks of the ring calls; returns (array module, ring, geometry). ``function`` names the
     call and ``named`` holds its arrays; a VirtualRing rank also checks that its call agrees with the
     other ranks' (an NCCL rank cannot without a host synchronization)."""
@@ -522,7 +522,8 @@ def _check(function, named, comm, causal, window_size, layout, softmax_scale, pr
     if isinstance(ring, VirtualRing):
         signature = {"function": function, "arrays": xp.__name__, "dtype": str(named["q"].dtype), "causal": causal,
                      "window_size": tuple(int(w) for w in window_size), "layout": layout,
-                     "softmax_scale": softmax_scale, "precision": precision}
+                     "softmax_scale": softmax_scale, "precision": precision,
+                     "sinks": None if sinks is None else sinks.tolist() if xp is numpy else "given"}
         signature.update((f"{name} shape", tuple(x.shape)) for name, x in named.items())
         ring._begin(function, signature)
     return xp, ring, geometry
@@ -548,9 +549,25 @@ def _visiting_blocks(ring, xp, k, v, steps):
 
 def _block_problem(p, q, k, window):
     """The problem of one call of a ring step: problem ``p`` of the rank's shard on the query and key rows
-    ``q`` and ``k`` of a block, with ``window`` (checked by the planner, cupyflash/_ring.py)."""
+    ``q`` and ``k`` of a block, with ``window`` (checked by the planner, cupyflash/_ring.py). The sinks
+    join once, after the merge of every block (a block's lse must be of its keys alone)."""
     return dataclasses.replace(p, seqlen_q=q.shape[1], seqlen_k=k.shape[1], window_left=window[0],
-                               window_right=window[1])
+                               window_right=window[1], sinks=None)
+
+
+def _summed_over_ranks(ring, xp, share):
+    """The sum of every rank's ``share`` (arrays of one shape), added in rank order on every rank so
+    that all hold the same bits: the shares travel world - 1 hops around the ring."""
+    shares = {ring.rank: share}
+    held = share
+    for hop in range(1, ring.world):
+        arriving = xp.empty_like(share)
+        ring.exchange((held,), (arriving,), "dsinks").wait()
+        held = shares[(ring.rank - hop) % ring.world] = arriving
+    total = shares[0]
+    for rank in range(1, ring.world):
+        total = total + shares[rank]
+    return total
 
 
 def ring_forward(p, q, k, v, ring, geometry):
@@ -572,14 +589,16 @@ def ring_forward(p, q, k, v, ring, geometry):
                 lse = xp.full((batch, heads, rows), -numpy.inf, acc)
             merged, merged_lse = _merge.merge(xp, [out[:, rows_q], part.astype(acc)], [lse[:, :, rows_q], part_lse], False)
             out[:, rows_q], lse[:, :, rows_q] = merged, merged_lse
+    if p.sinks is not None:
+        out, lse = _merge.add_sinks(xp, out, lse, p.sinks, False, acc)
     return out.astype(q.dtype), lse
 
 
 def ring_backward(p, dout, q, k, v, out, lse, ring, geometry, deterministic):
-    """(dq, dk, dv) of this rank's shard (validated inputs of problem ``p``). Each call's partial gradients
-    come from the block backward given the global out and lse (so its probabilities are the global
-    softmax's); dK and dV accumulate in the block's travelling accumulators, which go home after the last
-    step."""
+    """(dq, dk, dv) of this rank's shard, and dsinks (summed over every rank's rows) with sinks
+    (validated inputs of problem ``p``). Each call's partial gradients come from the block backward given
+    the global out and lse (so its probabilities are the global softmax's, sinks included); dK and dV
+    accumulate in the block's travelling accumulators, which go home after the last step."""
     xp = p.xp
     acc = _problem.acc_dtype(q.dtype)
     world, steps = ring.world, geometry.steps
@@ -617,4 +636,7 @@ def ring_backward(p, dout, q, k, v, out, lse, ring, geometry, deterministic):
         home = (xp.empty_like(grads[0]), xp.empty_like(grads[1]))
         ring.exchange(grads, home, "dkv home", hops).wait()
         grads = home
-    return dq.astype(q.dtype), grads[0], grads[1]
+    if p.sinks is None:
+        return dq.astype(q.dtype), grads[0], grads[1]
+    dsinks = _summed_over_ranks(ring, xp, _merge.sink_gradient(xp, dout, out, lse, p.sinks, False))
+    return dq.astype(q.dtype), grads[0], grads[1], dsinks

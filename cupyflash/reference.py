@@ -841,7 +841,7 @@ def apply_rotary(x, cos, sin, positions, interleaved=True):
 def attention_with_kvcache(q, k_cache, v_cache, *, k=None, v=None, cache_seqlens=None, cache_batch_idx=None,
                            block_table=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=True,
                            causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           compute_dtype=None):
+                           sinks=None, return_max_score=False, compute_dtype=None):
     """Naive attention of queries to a KV cache (FlashAttention-2's ``flash_attn_with_kvcache``).
 
     Batch entry ``b`` attends to the first ``cache_seqlens[b]`` keys of its cache and, when ``k`` and
@@ -870,7 +870,7 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k=None, v=None, cache_seqlens
         cache positions; ``q`` at ``cache_seqlens[b] + i`` when ``causal`` or a window is set, else all
         of its rows at ``cache_seqlens[b]``.
     rotary_interleaved : bool
-    causal, softmax_scale, window_size, softcap, alibi_slopes, compute_dtype
+    causal, softmax_scale, window_size, softcap, alibi_slopes, sinks, return_max_score, compute_dtype
         As in :func:`attention` (``alibi_slopes`` of shape (heads,) or (batch, heads)).
 
     Returns
@@ -878,6 +878,8 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k=None, v=None, cache_seqlens
     out : array, shape (batch, seqlen_q, heads, headdim_v)
     lse : array, shape (batch, heads, seqlen_q)
         Dtypes as in :func:`attention`.
+    max_score : array, float32, shape (batch, heads)
+        Only with ``return_max_score``.
     k_cache, v_cache : arrays
         Copies of the caches with the new keys (rotated, rounded to the cache dtype) and values written.
     """
@@ -918,7 +920,7 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k=None, v=None, cache_seqlens
             k_cache[index, row] = k_new[b].astype(k_cache.dtype)
             v_cache[index, row] = v_new[b].astype(v_cache.dtype)
     slopes = _sequence_slopes(alibi_slopes, batch)
-    outs, lses = [], []
+    outs, lses, tops = [], [], []
     for b in range(batch):
         old = np.arange(lengths[b])
         index, row = where(b, old)
@@ -927,8 +929,12 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k=None, v=None, cache_seqlens
         if k is not None:  # the new keys unrounded, as a kernel holding them in registers would use them
             keys = xp.concatenate([keys, k_new[b]])
             values = xp.concatenate([values, v_new[b]])
-        out, lse = attention(q[b:b + 1], keys[None], values[None], causal, softmax_scale, window_size=window_size,
-                             softcap=softcap, alibi_slopes=slopes[b], compute_dtype=compute_dtype)
+        out, lse, top = attention(q[b:b + 1], keys[None], values[None], causal, softmax_scale,
+                                  window_size=window_size, softcap=softcap, alibi_slopes=slopes[b], sinks=sinks,
+                                  return_max_score=True, compute_dtype=compute_dtype)
         outs.append(out)
         lses.append(lse)
+        tops.append(top)
+    if return_max_score:
+        return xp.concatenate(outs), xp.concatenate(lses), xp.concatenate(tops), k_cache, v_cache
     return xp.concatenate(outs), xp.concatenate(lses), k_cache, v_cache

@@ -80,14 +80,23 @@ def _check(xp, dtype, options=None, **sizes):
                                                                                sorted(options.items())))
     host = {n: to_host(x) for n, x in arrays.items()}
     host_q, host_k, host_v = (to_host(x) for x in (q, k_cache, v_cache))
-    slopes = options.get("alibi_slopes")
-    ref_options = dict(options, alibi_slopes=to_host(slopes) if slopes is not None else None)
+    slopes, sinks = options.get("alibi_slopes"), options.get("sinks")
+    ref_options = dict(options, alibi_slopes=to_host(slopes) if slopes is not None else None,
+                       sinks=to_host(sinks) if sinks is not None else None)
     ref_options.pop("num_splits", None)
     # A float64 oracle cannot judge float64 results (helpers.oracle).
     wide = np.longdouble if dtype == "float64" else None
-    want = reference.attention_with_kvcache(host_q, host_k, host_v, **host, **ref_options, compute_dtype=wide)
-    base = reference.attention_with_kvcache(host_q, host_k, host_v, **host, **ref_options, compute_dtype=DTYPES[dtype])
-    out, lse = cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **arrays, **options, return_lse=True)
+    want = reference.attention_with_kvcache(host_q, host_k, host_v, **host, **ref_options, compute_dtype=wide,
+                                            return_max_score=True)
+    base = reference.attention_with_kvcache(host_q, host_k, host_v, **host, **ref_options, compute_dtype=DTYPES[dtype],
+                                            return_max_score=True)
+    if xp is np:  # the maximum score: NumPy arrays only in this version
+        out, lse, top = cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **arrays, **options, return_lse=True,
+                                                               return_max_score=True)
+        assert top.dtype == np.float32
+        assert_within_rule("max_score", top, want[2], base[2], OUTPUT_FACTOR)
+    else:
+        out, lse = cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **arrays, **options, return_lse=True)
     if xp is not np:
         # A second call of the layout runs the cached plan: it appends the same tokens at the same
         # positions, so it must reproduce the first call bit for bit.
@@ -96,7 +105,7 @@ def _check(xp, dtype, options=None, **sizes):
     assert out.dtype == DTYPES[dtype] and out.shape == want[0].shape
     assert_within_rule("out", out, want[0], base[0], OUTPUT_FACTOR)
     assert_within_rule("lse", lse, want[1], base[1], OUTPUT_FACTOR)
-    for name, got, expected in (("k_cache", k_cache, want[2]), ("v_cache", v_cache, want[3])):
+    for name, got, expected in (("k_cache", k_cache, want[3]), ("v_cache", v_cache, want[4])):
         got = to_host(got).astype(np.float64)
         # Rotated keys are rounded once from float32 (the kernel) or float64 (the reference).
         tolerance = np.spacing(np.abs(expected).astype(DTYPES[dtype])).astype(np.float64)
@@ -128,14 +137,18 @@ CASES = [
      {"causal": True}),
     ("float64", dict(DECODE, headdim=40, headdim_v=24, capacity=50, lengths=[49, 0, 10], batch_idx=True),
      {"softcap": 5.0, "alibi": True}),
+    ("bfloat16", dict(DECODE, page_size=16, lengths=[699, 0, 5]), {"sinks": True, "causal": True}),
+    ("float32", dict(DECODE, capacity=40, lengths=[38, 0, 10], headdim=32, headdim_v=32, seqlen_q=3, new=2),
+     {"sinks": True, "causal": True}),
 ]
 CASE_IDS = [
     "bf16-decode-append", "fp16-decode-splits5", "bf16-paged16-rotary-halves", "bf16-paged1-d64",
     "fp16-paged64-chunk-causal-rotary", "bf16-d96-v72-batch-idx-window-softcap", "fp16-d256-alibi-causal",
     "bf16-prefill-dense-rotary", "bf16-prefill-batch-idx-mqa", "fp32-paged8-rotary", "fp64-batch-idx-softcap-alibi",
+    "bf16-decode-paged-sinks", "fp32-chunk-causal-sinks",
 ]
 # The NumPy twin runs the small cases (the CPU is slow on 700-key caches of 128 columns).
-NUMPY_CASES = [3, 9, 10]
+NUMPY_CASES = [3, 9, 10, 12]
 
 
 def _options(xp, case):
@@ -144,6 +157,9 @@ def _options(xp, case):
     if options.pop("alibi", False):
         slopes = 2.0 ** (-8.0 * (np.arange(sizes["heads"]) + 1) / sizes["heads"])
         options["alibi_slopes"] = xp.asarray(slopes.astype(np.float32))
+    if options.pop("sinks", False):
+        sinks = np.random.default_rng(sizes["heads"]).standard_normal(sizes["heads"]) * 2
+        options["sinks"] = xp.asarray(sinks.astype(np.float32))
     return dtype, sizes, options
 
 

@@ -45,13 +45,19 @@ def _layout_functions(xp, layout, world, seqlen):
     return shard, lambda xs, axis=1: xp.concatenate(xs, axis=axis)
 
 
-def _check_ring(xp, dtype, world, causal, layout, window=(-1, -1), sizes=(2, 4, 2, 16, 8), seqlen=24):
+def _check_ring(xp, dtype, world, causal, layout, window=(-1, -1), sizes=(2, 4, 2, 16, 8), seqlen=24, sinks=False):
+    """The ring's results, unsharded, against the oracle; with ``sinks``, also dsinks, which every rank
+    must hold bit for bit."""
     batch, heads, heads_k, headdim, headdim_v = sizes
     q, k, v = random_qkv(xp, batch, seqlen, seqlen, heads, heads_k, headdim, headdim_v, DTYPES[dtype],
                          seed_from(dtype, world, causal, layout, window))
     dout = xp.asarray(np.random.default_rng(1).standard_normal((batch, seqlen, heads, headdim_v)).astype(DTYPES[dtype]))
     shard, unshard = _layout_functions(xp, layout, world, seqlen)
     options = {"causal": causal, "layout": layout, "window_size": window}
+    extra = {}
+    if sinks:
+        extra["sinks"] = xp.asarray((np.random.default_rng(world).standard_normal(heads) * 2).astype(np.float32))
+        options.update(extra)
 
     def rank(ring):
         r = ring.rank
@@ -63,11 +69,15 @@ def _check_ring(xp, dtype, world, causal, layout, window=(-1, -1), sizes=(2, 4, 
     results = cupyflash.VirtualRing.run(world, rank)
     got = {"out": unshard([r[0] for r in results]), "lse": unshard([r[1] for r in results], 2)}
     got.update({name: unshard([r[2 + i] for r in results]) for i, name in enumerate(("dq", "dk", "dv"))})
-    want = oracle(q, k, v, causal, dout=dout, window_size=window)
-    base = plain(q, k, v, causal, dout=dout, window_size=window)
+    if sinks:
+        dsinks = [r[5] for r in results]
+        assert all(bool((x == dsinks[0]).all()) for x in dsinks), "the ranks' dsinks differ"
+        got["dsinks"] = dsinks[0]
+    want = oracle(q, k, v, causal, dout=dout, window_size=window, **extra)
+    base = plain(q, k, v, causal, dout=dout, window_size=window, **extra)
     lse_dtype = np.float64 if np.dtype(DTYPES[dtype]).itemsize >= 4 else np.float32
     for name, value in got.items():
-        assert value.dtype == (lse_dtype if name == "lse" else DTYPES[dtype]), name
+        assert value.dtype == {"lse": lse_dtype, "dsinks": np.float32}.get(name, DTYPES[dtype]), name
         factor = OUTPUT_FACTOR if name in ("out", "lse") else GRAD_FACTOR
         assert_within_rule(name, value, want[name], base[name], factor)
 
@@ -105,6 +115,18 @@ def test_virtual_ring_cupy(dtype, world, causal, layout, window):
     # Windows scaled with the sequence (16x): a few hundred keys wide.
     window = tuple(w if w < 0 else 16 * w for w in window)
     _check_ring(cupy, dtype, world, causal, layout, window, sizes=(2, 8, 2, 128, 128), seqlen=384)
+
+
+@pytest.mark.parametrize("dtype, world, causal, layout", [("float32", 3, True, "zigzag"), ("bfloat16", 4, False, None),
+                                                         ("float64", 2, True, "contiguous")])
+def test_virtual_ring_sinks(dtype, world, causal, layout):
+    """Sinks join once after the merge; dsinks sums every rank's rows in rank order on every rank."""
+    _check_ring(np, dtype, world, causal, layout, sizes=(2, 6, 2, 16, 8), sinks=True)
+
+
+@pytest.mark.gpu
+def test_virtual_ring_sinks_cupy():
+    _check_ring(cupy, "bfloat16", 3, True, "zigzag", sizes=(2, 8, 2, 128, 128), seqlen=384, sinks=True)
 
 
 def _window_mask(rows_q, rows_k, left, right):

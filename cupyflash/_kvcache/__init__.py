@@ -7,7 +7,7 @@ Importing this package needs no CuPy: device.py is imported by the first CuPy ca
 
 import numpy
 
-from .. import _keys, _plan, _problem
+from .. import _keys, _merge, _plan, _problem
 from . import call as _call
 from . import host as _host
 
@@ -19,11 +19,13 @@ PLANS = _plan.PlanCache()
 
 def attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
               rotary_interleaved, causal, window_size, softcap, alibi_slopes, softmax_scale, num_splits, return_lse,
-              precision):
+              precision, sinks=None, return_max_score=False):
     """The body of cupyflash.flash_attention_with_kvcache (its docstring describes the arguments)."""
-    key = _keys.kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
-                        rotary_interleaved, causal, window_size, softcap, alibi_slopes, softmax_scale, num_splits,
-                        return_lse, precision)
+    # Calls with sinks or the maximum score take the checked path (no plan) every time.
+    plain = sinks is None and return_max_score is False
+    key = None if not plain else _keys.kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table,
+                                               rotary_cos, rotary_sin, rotary_interleaved, causal, window_size,
+                                               softcap, alibi_slopes, softmax_scale, num_splits, return_lse, precision)
     plan = PLANS.get(key)
     if plan is not None:
         results = plan(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
@@ -36,15 +38,17 @@ def attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_t
         named["cache_seqlens"] = cache_seqlens
     checked = dict(zip(named, _problem.arrays(**named)))
     return_lse = _problem.check_flag("return_lse", return_lse)
+    return_max_score = _problem.check_max_score(return_max_score, _problem.array_module({"q": checked["q"]}))
     c = _call.check(
         checked["q"], checked["k_cache"], checked["v_cache"], k=checked.get("k"), v=checked.get("v"),
         cache_seqlens=checked.get("cache_seqlens", cache_seqlens), cache_batch_idx=checked.get("cache_batch_idx"),
         block_table=checked.get("block_table"), rotary_cos=checked.get("rotary_cos"),
         rotary_sin=checked.get("rotary_sin"), rotary_interleaved=rotary_interleaved, causal=causal,
         window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, softmax_scale=softmax_scale,
-        num_splits=num_splits, max_splits=MAX_SPLITS, precision=precision)
+        num_splits=num_splits, max_splits=MAX_SPLITS, precision=precision, sinks=sinks)
+    top = None
     if c.xp is numpy:
-        out, lse = _host.attention(c)
+        out, lse, *top = _host.attention(c, max_score=return_max_score)
     elif c.batch == 0 or c.heads == 0:
         out = c.xp.zeros(c.out_shape, c.dtype)
         lse = c.xp.full(c.lse_shape, -numpy.inf, _problem.lse_dtype(c.dtype))
@@ -52,7 +56,10 @@ def attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_t
         from . import device
 
         int_seqlens = cache_seqlens is not None and "cache_seqlens" not in named
-        (out, lse), plan = device.attention(c, alibi_slopes, return_lse, int_seqlens)
-        if plan is not None:
+        (out, lse), plan = device.attention(c, alibi_slopes, return_lse or c.sinks is not None, int_seqlens)
+        if plan is not None and key is not None:
             PLANS.put(key, plan)
-    return (out, lse) if return_lse else out
+    if c.sinks is not None:
+        out, lse = _merge.add_sinks(c.xp, out, lse, c.sinks, packed=False)
+    results = (out,) + ((lse,) if return_lse else ()) + tuple(top or ())
+    return results if len(results) > 1 else out

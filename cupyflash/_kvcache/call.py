@@ -50,6 +50,7 @@ class KvCacheCall:
     block_table: object
     rotary_cos: object
     rotary_sin: object
+    sinks: object = None       # float32 (heads,) of q's kind, or None
 
     @property
     def out_shape(self):
@@ -85,7 +86,7 @@ def _count(name, value, low, high=None):
 
 def check(q, k_cache, v_cache, *, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
           rotary_interleaved, causal, window_size, softcap, alibi_slopes, softmax_scale, num_splits, max_splits,
-          precision):
+          precision, sinks=None):
     """Checks a flash_attention_with_kvcache call (arrays from :func:`_problem.arrays`); returns its
     :class:`KvCacheCall`. NumPy calls also check cache_seqlens, cache_batch_idx and block_table's values
     here; CuPy calls check array values on the device (see the decode kernel)."""
@@ -197,6 +198,7 @@ def check(q, k_cache, v_cache, *, k, v, cache_seqlens, cache_batch_idx, block_ta
     softcap = _problem.check_softcap(softcap, dtype, scale)
     precision = _problem.check_precision(precision, dtype)
     alibi_slopes = _problem.check_alibi_slopes(alibi_slopes, xp, batch, heads)
+    sinks = _problem.check_sinks(sinks, xp, heads)
     num_splits = _count("num_splits", num_splits, 0, max_splits)
     _problem.check_sizes((("capacity", capacity), ("seqlen_q", seqlen_q), ("headdim", headdim),
                             ("headdim_v", headdim_v)))
@@ -213,7 +215,8 @@ def check(q, k_cache, v_cache, *, k, v, cache_seqlens, cache_batch_idx, block_ta
         rotary_interleaved=rotary_interleaved,
         rotary_q_at_row=causal or window_left >= 0 or window_right >= 0, cache_seqlens=cache_seqlens,
         cache_seqlens_value=value, num_splits=num_splits, q=q, k_cache=k_cache, v_cache=v_cache, k_new=k, v_new=v,
-        cache_batch_idx=cache_batch_idx, block_table=block_table, rotary_cos=rotary_cos, rotary_sin=rotary_sin)
+        cache_batch_idx=cache_batch_idx, block_table=block_table, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+        sinks=sinks)
     if xp is numpy:
         _check_values_on_host(call)
     return call

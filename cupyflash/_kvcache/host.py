@@ -8,8 +8,9 @@ from .. import _compute, _problem, reference
 from .call import cache_positions, cached_lengths
 
 
-def attention(c):
-    """(out, lse) of a checked NumPy call ``c``; the new keys and values are written into the caches first."""
+def attention(c, max_score=False):
+    """(out, lse), and with ``max_score`` each entry's and head's largest score, of a checked NumPy call
+    ``c`` (without its sinks); the new keys and values are written into the caches first."""
     lengths = cached_lengths(c)
     q = c.q
     if c.k_new is not None:
@@ -38,9 +39,9 @@ def attention(c):
                          softmax_scale=c.softmax_scale, window_left=c.window_left, window_right=c.window_right,
                          softcap=c.softcap, alibi_slopes=_per_entry_slopes(c), cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
                          total_q=packed_q.shape[0], total_k=k.shape[0], precision=c.precision)
-    out, lse = _compute.forward(p, packed_q, k, v)
+    out, lse, *top = _compute.forward(p, packed_q, k, v, max_score=max_score)
     lse = lse.reshape(c.heads, c.batch, c.seqlen_q).transpose(1, 0, 2)
-    return out.reshape(c.out_shape), numpy.ascontiguousarray(lse)
+    return (out.reshape(c.out_shape), numpy.ascontiguousarray(lse), *top)
 
 
 def _per_entry_slopes(c):
