@@ -96,9 +96,9 @@ _LSE_DOC = """
     lse : array
         Only with ``return_lse=True``: ``ln(sum_j exp(s_ij))`` over the keys row i sees, s being the
         scaled, capped and biased score (with ``sinks``, ``exp(sinks[h])`` joins the sum); -inf for a
-        row that sees no key and NaN for a row whose scores hold a NaN. float32 for float16/bfloat16 inputs, float64 for float32 and float64 inputs (the
-        backward pass recomputes every probability from it, and a float32 lse would triple the error
-        of float32 gradients)."""
+        row that sees no key and NaN for a row whose scores hold a NaN. float32 for float16/bfloat16
+        inputs, float64 for float32 and float64 inputs (the backward pass recomputes every probability
+        from it, and a float32 lse would triple the error of float32 gradients)."""
 
 _DETERMINISTIC_DOC = """
     deterministic : bool, keyword-only
