@@ -6,14 +6,17 @@ The decision for batch entry (or packed sequence) ``b``, query head ``h`` of ``h
 and key column ``j`` (both counted from 0 within the sequence) is
 
     words = philox4x32_10(counter=(I, J, b * heads + h, offset), key=(seed mod 2^32, seed >> 32))
-    keep  = words[2 * bit3(i) + bit3(j)] >= floor(dropout_p * 2^32)
+    u     = 16-bit half bit0(j) of words[2 * bit3(i) + bit3(j)]    (half 0: the low 16 bits)
+    keep  = u >= floor(dropout_p * 2^16)
 
-where ``I`` is ``i`` with its bit 3 removed (``(i >> 4) * 8 + i % 8``), ``J`` likewise for ``j``, and
-bit3(x) = (x >> 3) & 1. One generator call thus serves the four entries {i, i ^ 8} x {j, j ^ 8}: a
-thread of an mma.sync or wgmma accumulator holds rows r and r + 8 of a 16-row block, and a thread of
-the backward's transposed fragment holds keys r and r + 8, so both directions use every word they
-draw. Each entry is kept with probability ``1 - floor(dropout_p * 2^32) / 2^32`` (``1 - dropout_p``
-within 2^-32).
+where ``I`` is ``i`` without its bit 3 (``(i >> 4) * 8 + i % 8``), ``J`` is ``j`` without its bits 0
+and 3 (``(j >> 4) * 4 + (j >> 1) % 4``), and bitN(x) = (x >> N) & 1. One generator call thus serves
+the eight entries {i, i ^ 8} x {j, j ^ 1, j ^ 8, j ^ 9}: exactly the entries of those rows and keys that
+one thread of an mma.sync or wgmma accumulator holds (rows r and r + 8 of a 16-row block, column pairs
+2c, 2c + 1 of two 8-column blocks), so the forward uses every word it draws; the backward, whose
+transposed fragments hold keys r and r + 8 and query pairs, uses half of each. Each entry is kept with
+probability ``1 - floor(dropout_p * 2^16) / 2^16``: ``1 - dropout_p`` within 2^-16, exactly for
+multiples of 2^-16 (0.5, 0.25, 0.125, ...); kept probabilities are scaled by ``1 / (1 - dropout_p)``.
 """
 
 import math
@@ -47,32 +50,40 @@ def philox4x32_10(c0, c1, c2, c3, k0, k1):
 
 
 def threshold(dropout_p):
-    """The 32-bit threshold a word must reach to keep its entry: floor(dropout_p * 2^32), exact (the
-    product by a power of two is exact in float64, and dropout_p < 1 keeps it below 2^32)."""
-    return math.floor(dropout_p * 2.0**32)
+    """The 16-bit threshold an entry's half word must reach to keep it: floor(dropout_p * 2^16), exact
+    (the product by a power of two is exact in float64, and dropout_p < 1 keeps it below 2^16)."""
+    return math.floor(dropout_p * 2.0**16)
 
 
-def _blocks(start, stop):
-    """For positions [start, stop): the generator's counter word of each distinct 16-row block half
-    (bit 3 removed), the index of each position's counter, and each position's bit 3."""
+def _fold_rows(x):
+    return (x >> 4) * 8 + (x & 7)
+
+
+def _fold_cols(x):
+    return (x >> 4) * 4 + ((x >> 1) & 3)
+
+
+def _counters(start, stop, fold):
+    """For positions [start, stop): the distinct counter words ``fold`` gives them, and the index of each
+    position's word among those."""
     x = numpy.arange(start, stop, dtype=numpy.int64)
-    folded = (x >> 4) * 8 + (x & 7)
-    counters, index = numpy.unique(folded, return_inverse=True)
-    return counters, index.reshape(-1), (x >> 3) & 1
+    counters, index = numpy.unique(fold(x), return_inverse=True)
+    return x, counters, index.reshape(-1)
 
 
 def keep(seed, offset, bh, rows, cols, dropout_p):
     """Keep decisions of query rows ``rows`` = (start, stop) against key columns ``cols`` = (start, stop)
     for the heads ``bh`` (an int array of ``b * heads + h`` values, any shape): a bool array of shape
-    ``bh.shape + (rows, cols)``. Each generator call is made once and its four words all used."""
+    ``bh.shape + (rows, cols)``. Each generator call is made once."""
     bh = numpy.asarray(bh, dtype=numpy.int64)
-    ci, index_i, bit_i = _blocks(*rows)
-    cj, index_j, bit_j = _blocks(*cols)
+    i, ci, index_i = _counters(*rows, _fold_rows)
+    j, cj, index_j = _counters(*cols, _fold_cols)
     words = philox4x32_10(ci[:, None], cj[None, :], bh[..., None, None], offset, seed & 0xFFFFFFFF, seed >> 32)
     stacked = numpy.stack(words, axis=-1)  # bh.shape + (distinct rows, distinct columns, 4)
-    which = 2 * bit_i[:, None] + bit_j[None, :]
+    which = 2 * ((i[:, None] >> 3) & 1) + ((j[None, :] >> 3) & 1)
     chosen = stacked[..., index_i[:, None], index_j[None, :], which]
-    return chosen >= numpy.uint32(threshold(dropout_p))
+    half = (chosen >> (16 * (j & 1)).astype(numpy.uint32)) & numpy.uint32(0xFFFF)
+    return half >= numpy.uint32(threshold(dropout_p))
 
 
 def dropout_mask(seed, shape, p, offset=0):
@@ -100,7 +111,7 @@ def dropout_mask(seed, shape, p, offset=0):
     Returns
     -------
     numpy.ndarray of bool, shape ``shape``
-        Each entry is True (kept) with probability ``1 - floor(p * 2^32) / 2^32``, independently of the
+        Each entry is True (kept) with probability ``1 - floor(p * 2^16) / 2^16``, independently of the
         others; the attention functions scale kept probabilities by ``1 / (1 - p)``. Move it to the GPU
         with ``cupy.asarray``.
     """

@@ -79,7 +79,9 @@ def _check_ring(xp, dtype, world, causal, layout, window=(-1, -1), sizes=(2, 4, 
     for name, value in got.items():
         assert value.dtype == {"lse": lse_dtype, "dsinks": np.float32}.get(name, DTYPES[dtype]), name
         factor = OUTPUT_FACTOR if name in ("out", "lse") else GRAD_FACTOR
-        assert_within_rule(name, value, want[name], base[name], factor)
+        # dsinks: the plain baseline's error is at least the rounding of its terms (helpers._outputs).
+        floor = np.finfo(np.float32).eps * float(np.max(want["dsinks_terms"])) if name == "dsinks" else 0.0
+        assert_within_rule(name, value, want[name], base[name], factor, floor)
 
 
 CASES = [
