@@ -129,7 +129,7 @@ _TRAINING_DOC = """
         key gets out 0 and lse ``sinks[h]``. -inf is no sink. NumPy sinks may not be NaN or +inf
         (ValueError); CuPy sinks are not read on the host, and a NaN there makes its head's rows NaN.
     dropout_p : float in [0, 1), keyword-only
-        Attention dropout: each probability is kept with probability ``1 - dropout_p`` (within 2^-32)
+        Attention dropout: each probability is kept with probability ``1 - dropout_p`` (within 2^-16)
         and scaled by ``1 / (1 - dropout_p)`` before the product with v; lse is the softmax's before
         dropout. NumPy arrays only in this version (NotImplementedError for CuPy arrays).
     dropout_seed : int in [0, 2^64), keyword-only
