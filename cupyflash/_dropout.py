@@ -86,7 +86,7 @@ def keep(seed, offset, bh, rows, cols, dropout_p):
     return half >= numpy.uint32(threshold(dropout_p))
 
 
-def dropout_mask(seed, shape, p, offset=0):
+def dropout_mask(seed, shape, p, offset=0, *, like=None):
     """The keep mask of attention dropout: ``mask[b, h, i, j]`` is True where the probability of query
     ``i`` (head ``h``, batch entry ``b``) for key ``j`` is kept by ``flash_attention(...,
     dropout_p=p, dropout_seed=seed, dropout_offset=offset)`` and by its backward.
@@ -107,6 +107,9 @@ def dropout_mask(seed, shape, p, offset=0):
     offset : int
         In [0, 2^32): the generator's fourth counter word, so one seed serves many calls (say, one
         offset per layer and step).
+    like : numpy.ndarray, optional, keyword-only
+        The kind of array to return. NumPy only in this version: the GPU's draw (a CuPy ``like``,
+        kernels_cu/common/dropout.cuh) raises NotImplementedError until the GPU's dropout is enabled.
 
     Returns
     -------
@@ -123,6 +126,13 @@ def dropout_mask(seed, shape, p, offset=0):
         raise ValueError(f"shape must hold non-negative sizes, got {tuple(shape)}")
     batch, heads, seqlen_q, seqlen_k = (int(x) for x in shape)
     p, seed, offset = _problem.check_dropout(p, seed, offset)
+    if like is not None and _problem.array_module({"like": like}) is not numpy:
+        if not _problem.CUDA_DROPOUT:
+            raise NotImplementedError("dropout_mask draws on the host in this version (like=None or a NumPy "
+                                      "array); cupy.asarray moves the mask to the GPU")
+        from ._families import common
+
+        return common.dropout_mask(p, seed, offset, (batch, heads, seqlen_q, seqlen_k))
     if p == 0.0:
         return numpy.ones((batch, heads, seqlen_q, seqlen_k), dtype=bool)
     mask = numpy.empty((batch, heads, seqlen_q, seqlen_k), dtype=bool)

@@ -27,6 +27,11 @@ BLOCK_SPARSE_ARG = numpy.dtype(
     ],
     align=True,
 )
+DROPOUT_ARG = numpy.dtype(
+    [("seed", numpy.uint64), ("offset", numpy.uint32), ("threshold", numpy.uint32), ("scale", _F64),
+     ("enabled", _I32)],
+    align=True,
+)
 ATTN_ARGS = numpy.dtype(
     [
         ("q", TENSOR_ARG), ("k", TENSOR_ARG), ("v", TENSOR_ARG),
@@ -35,7 +40,7 @@ ATTN_ARGS = numpy.dtype(
         ("batch", _I32), ("heads", _I32), ("heads_k", _I32), ("headdim", _I32), ("headdim_v", _I32),
         ("seqlen_q", _I32), ("seqlen_k", _I32), ("total_q", _I32), ("total_k", _I32),
         ("window_left", _I32), ("window_right", _I32), ("vec_loads", _I32),
-        ("sparse", BLOCK_SPARSE_ARG),
+        ("sparse", BLOCK_SPARSE_ARG), ("dropout", DROPOUT_ARG),
     ],
     align=True,
 )
@@ -70,16 +75,25 @@ NAN_FILL = numpy.dtype(
     [("ptr", _PTR, (3,)), ("words", _I64, (3,)), ("nan", numpy.uint64, (3,)), ("width", _I32, (3,))], align=True
 )
 
+#: DropoutMaskArgs (kernels_cu/common/dropout_mask.cu).
+DROPOUT_MASK_ARGS = numpy.dtype(
+    [("dropout", DROPOUT_ARG), ("mask", _PTR), ("batch", _I32), ("heads", _I32), ("seqlen_q", _I32),
+     ("seqlen_k", _I32)],
+    align=True,
+)
+
 #: C++ struct name -> dtype, for the layout test.
 STRUCTS = {
     "TensorArg": TENSOR_ARG,
     "RowsArg": ROWS_ARG,
     "BlockSparseArg": BLOCK_SPARSE_ARG,
+    "DropoutArg": DROPOUT_ARG,
     "AttnArgs": ATTN_ARGS,
     "FwdArgs": FWD_ARGS,
     "BwdArgs": BWD_ARGS,
     "KvCacheArgs": KV_CACHE_ARGS,
     "NanFill": NAN_FILL,
+    "DropoutMaskArgs": DROPOUT_MASK_ARGS,
 }
 
 

@@ -8,8 +8,9 @@ Run on a GPU from the repository root:
     PYTHONPATH=$PWD compute-sanitizer --tool racecheck --error-exitcode 1 python3 tests/sanitize_attention.py sm90
 
 It checks no values (the GPU tests do); the sanitizer reports any access outside an allocation, or any
-shared-memory race. Sizes are small so the instrumented run takes a minute or two. Arguments name the
-families to run (default: all three), or a family and one of its dtypes ("sm80:float32").
+shared-memory race. The general family's run includes its dropout kernels and the device dropout mask.
+Sizes are small so the instrumented run takes a minute or two. Arguments name the families to run
+(default: all three), or a family and one of its dtypes ("sm80:float32").
 """
 
 import os
@@ -87,6 +88,18 @@ def decode(dtype):
             cupyflash.flash_attention_with_kvcache(q, k_cache, k_cache.copy(), num_splits=3, **options)
 
 
+def dropout(dtype):
+    """The general kernels built with dropout (which CuPy calls take once cupyflash._problem.CUDA_DROPOUT
+    is on), dense and packed, and the device mask."""
+    cupyflash._problem.CUDA_DROPOUT = True
+    options = {"causal": True, "dropout_p": 0.3, "dropout_seed": 7}
+    for _ in range(2):
+        q, k, v, do = (normal(s, dtype) for s in ((2, 77, 4, 40), (2, 101, 2, 40), (2, 101, 2, 40), (2, 77, 4, 40)))
+        out, lse = cupyflash.flash_attention(q, k, v, return_lse=True, **options)
+        cupyflash.flash_attention_backward(do, q, k, v, out, lse, **options)
+    cupyflash.dropout_mask(1, (2, 3, 45, 37), 0.3, like=q)
+
+
 DTYPES = {"float16": numpy.float16, "bfloat16": ml_dtypes.bfloat16, "float32": numpy.float32, "float64": numpy.float64}
 FAMILY_DTYPES = {"sm90": ("float16", "bfloat16", "float32"), "sm80": ("float16", "bfloat16", "float32", "float64"),
                  "general": ("float32", "float64")}
@@ -99,5 +112,7 @@ for family, only in runs:
         packed(dtype)
         if dtype != numpy.float64:
             decode(dtype)
+        if family == "general":
+            dropout(dtype)
 cupy.cuda.Device().synchronize()
 print("sanitize_attention: done")

@@ -342,9 +342,9 @@ def test_variant_table_is_closed_and_named():
             for tile in kernel.tiles:
                 for flags in itertools.product((False, True), repeat=len(kernel.flags)):
                     assert _kernels.Variant(kernel, dtype, tile, flags) in _families.VARIANTS
-    general = _families.general.FWD.variant("float32")
-    assert general.key == "general_fwd_fp32"
-    assert general.name_expression == "cupyflash::general_fwd<float>"
+    general = _families.general.FWD.variant("float32", dropout=True)
+    assert general.key == "general_fwd_fp32_drop_1"
+    assert general.name_expression == "cupyflash::general_fwd<float, true>"
     tc = sm80.FWD.variant("bfloat16", (128, 32, 2), score_mod=True)
     assert tc.key == "sm80_fwd_bf16_d128_n32_m2_mod_1"
     assert tc.name_expression == "cupyflash::sm80_fwd<__nv_bfloat16, 128, 32, 2, true>"
@@ -461,6 +461,7 @@ def test_argument_structs_match_params_cuh():
 
     expected = []
     lines = ['#include <cuda/std/cstddef>', '#include "common/params.cuh"', '#include "common/checks.cu"',
+             '#include "common/dropout_mask.cu"',
              "using namespace cupyflash;",
              'extern "C" __global__ void layout(unsigned long long* out) {']
     for name, dtype in _params.STRUCTS.items():

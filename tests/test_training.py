@@ -4,12 +4,15 @@ statistics, every feature against the float64 oracle with the tolerance rule (od
 windows, packed batches, every dtype), the oracle's own gradients against central differences, and the
 checks of the new arguments."""
 
+import shutil
+import subprocess
+
 import numpy as np
 import pytest
 from helpers import DTYPES, central_differences, check_dense, check_varlen, random_qkv
 
 import cupyflash
-from cupyflash import _dropout, reference
+from cupyflash import _dropout, _kernels, reference
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -58,6 +61,41 @@ def test_dropout_mask_is_its_definition(seed, offset, p):
     assert mask.shape == shape and mask.dtype == bool
     expected = np.array([_scalar_keep(seed, offset, b, h, 3, i, j, p) for b, h, i, j in np.ndindex(shape)])
     np.testing.assert_array_equal(mask.reshape(-1), expected)
+
+
+_HOST_PROGRAM = r"""
+#include <cstdio>
+#include <cstdlib>
+#include "common/dropout.cuh"
+int main(int argc, char** argv) {
+    cupyflash::DropoutArg d{strtoull(argv[1], nullptr, 10), static_cast<unsigned>(strtoul(argv[2], nullptr, 10)),
+                            static_cast<unsigned>(strtoul(argv[3], nullptr, 10)), 1.0, 1};
+    const int batch = atoi(argv[4]), heads = atoi(argv[5]), rows = atoi(argv[6]), cols = atoi(argv[7]);
+    for (int b = 0; b < batch; ++b)
+        for (int h = 0; h < heads; ++h)
+            for (int i = 0; i < rows; ++i)
+                for (int j = 0; j < cols; ++j) putchar(cupyflash::dropout_keep(d, b * heads + h, i, j) ? '1' : '0');
+    return 0;
+}
+"""
+
+
+def test_kernel_header_is_the_definition_on_the_host(tmp_path):
+    """kernels_cu/common/dropout.cuh, built as host C++ (it is host/device code), against the Python
+    definition bit for bit (tests/test_gpu_training.py checks the device build)."""
+    compiler = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if compiler is None:
+        pytest.skip("no host C++ compiler")
+    source = tmp_path / "keep.cpp"
+    source.write_text(_HOST_PROGRAM)
+    binary = tmp_path / "keep"
+    subprocess.run([compiler, "-std=c++17", "-O1", "-I", _kernels.kernel_dir(), str(source), "-o", str(binary)],
+                   check=True, capture_output=True)
+    seed, offset, p, shape = 2**63 + 12345, 4000000000, 0.37, (2, 3, 45, 33)
+    run = subprocess.run([str(binary), str(seed), str(offset), str(_dropout.threshold(p)), *map(str, shape)],
+                         check=True, capture_output=True, text=True)
+    got = np.frombuffer(run.stdout.encode(), np.uint8).reshape(shape) == ord("1")
+    np.testing.assert_array_equal(got, cupyflash.dropout_mask(seed, shape, p, offset))
 
 
 def test_dropout_mask_statistics():

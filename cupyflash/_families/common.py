@@ -9,7 +9,7 @@ import functools
 import cupy
 import numpy
 
-from .. import _kernels, _params, _plan
+from .. import _dropout, _kernels, _params, _plan
 
 
 def cdiv(a, b):
@@ -95,7 +95,18 @@ def attn(p, q, k, v, lists=None, vec=None):
         alibi_batch_stride, p.softmax_scale, p.softcap, p.batch, p.heads, p.heads_k, p.headdim, p.headdim_v,
         p.seqlen_q, p.seqlen_k, p.total_q, p.total_k, p.window_left, p.window_right,
         vec_loads(q, k, v) if vec is None else vec, sparse(p.block_mask, lists) if lists is not None else _NO_SPARSE,
+        dropout(p),
     )
+
+
+def dropout(p):
+    """A ``DropoutArg`` as a tuple of its fields (kernels_cu/common/dropout.cuh; cupyflash/_dropout.py)."""
+    if not p.dropout:
+        return _NO_DROPOUT
+    return (p.dropout_seed, p.dropout_offset, _dropout.threshold(p.dropout_p), 1.0 / (1.0 - p.dropout_p), 1)
+
+
+_NO_DROPOUT = (0, 0, 0, 1.0, 0)
 
 
 def sparse(mask, lists):
@@ -240,3 +251,26 @@ def plan_varlen_check(b, p, q, k, v, *results):
         fill["width"][0, i] = x.dtype.itemsize
     ctas = min(cdiv(max(x.size for x in results), CHECK_THREADS), FILL_MAX_CTAS, CHECK_MAX_READS // (p.batch + 1))
     b.launch(function(VARLEN_CHECK_FILL.variant()), (max(ctas, 1), 1, 1), CHECK_THREADS, (args, fill))
+
+
+#: cupyflash.dropout_mask on the GPU (kernels_cu/common/dropout_mask.cu): one thread per generator call,
+#: grid-stride over at most DROPOUT_MASK_MAX_CTAS CTAs of DROPOUT_MASK_THREADS.
+DROPOUT_MASK = _kernels.Kernel("dropout_mask", "common/dropout_mask.cu", ())
+DROPOUT_MASK_THREADS = 256
+DROPOUT_MASK_MAX_CTAS = 1 << 14
+
+
+def dropout_mask(p, seed, offset, shape):
+    """The keep mask of dropout (probability ``p``, checked ``seed`` and ``offset``) of ``shape``
+    (batch, heads, seqlen_q, seqlen_k), as a CuPy bool array on the current device and stream."""
+    mask = cupy.empty(shape, dtype=numpy.bool_)
+    if mask.size == 0:
+        return mask
+    args = numpy.zeros(1, _params.DROPOUT_MASK_ARGS)
+    args[0] = ((seed, offset, _dropout.threshold(p), 1.0 / (1.0 - p), int(p > 0)), mask.data.ptr, *shape)
+    batch, heads, seqlen_q, seqlen_k = shape
+    calls = batch * heads * cdiv(seqlen_q, 16) * cdiv(seqlen_k, 16) * 32
+    ctas = min(cdiv(calls, DROPOUT_MASK_THREADS), DROPOUT_MASK_MAX_CTAS)
+    kernel = _kernels.get_kernel(DROPOUT_MASK.variant())
+    kernel((ctas,), (DROPOUT_MASK_THREADS,), (args,))
+    return mask

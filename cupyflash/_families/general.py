@@ -16,9 +16,9 @@ CHUNK = 64
 # serve both only because they are square.
 assert BLOCK_M == BLOCK_N
 
-FWD = _kernels.Kernel("general_fwd", "general/fwd.cu", _kernels.ALL_DTYPES)
-DQ = _kernels.Kernel("general_bwd_dq", "general/bwd.cu", _kernels.ALL_DTYPES)
-DKDV = _kernels.Kernel("general_bwd_dkdv", "general/bwd.cu", _kernels.ALL_DTYPES)
+FWD = _kernels.Kernel("general_fwd", "general/fwd.cu", _kernels.ALL_DTYPES, flags=("dropout",))
+DQ = _kernels.Kernel("general_bwd_dq", "general/bwd.cu", _kernels.ALL_DTYPES, flags=("dropout",))
+DKDV = _kernels.Kernel("general_bwd_dkdv", "general/bwd.cu", _kernels.ALL_DTYPES, flags=("dropout",))
 
 def cxx_facts():
     """The family's constants as the kernels state them: (headers, {C++ expression: value}) for
@@ -38,7 +38,7 @@ class GeneralForward:
     kernels = (FWD,)
 
     def select(self, p, device, operands):
-        return FWD.variant(common.dtype_name(p.dtype))
+        return FWD.variant(common.dtype_name(p.dtype), dropout=p.dropout)
 
     def plan(self, b, variant, p, q, k, v, device):
         out, lse = b.output(p.out_shape, p.dtype), b.output(p.lse_shape, lse_dtype(p.dtype))
@@ -55,7 +55,7 @@ class GeneralBackward:
     kernels = (common.DELTA, DQ, DKDV)
 
     def select(self, p, device, operands):
-        return DQ.variant(common.dtype_name(p.dtype))
+        return DQ.variant(common.dtype_name(p.dtype), dropout=p.dropout)
 
     def plan(self, b, variant, p, dout, q, k, v, out, lse, deterministic, device):
         dq, dk, dv = (b.output(x.shape, p.dtype) for x in (q, k, v))
@@ -65,10 +65,10 @@ class GeneralBackward:
         common.plan_delta(b, p, args)
         dtype = common.dtype_name(p.dtype)
         grid_dq = (common.cdiv(p.seqlen_q, BLOCK_M) * p.batch * p.heads, common.cdiv(p.headdim, CHUNK), 1)
-        b.launch(common.function(DQ.variant(dtype)), grid_dq, THREADS, (args,))
+        b.launch(common.function(DQ.variant(dtype, dropout=p.dropout)), grid_dq, THREADS, (args,))
         grid_dkdv = (common.cdiv(p.seqlen_k, BLOCK_M) * p.batch * p.heads_k,
                      common.cdiv(max(p.headdim, p.headdim_v), CHUNK), 1)
-        b.launch(common.function(DKDV.variant(dtype)), grid_dkdv, THREADS, (args,))
+        b.launch(common.function(DKDV.variant(dtype, dropout=p.dropout)), grid_dkdv, THREADS, (args,))
         return dq, dk, dv
 
 

@@ -347,7 +347,7 @@ class Sm90Forward:
     kernels = (FWD, sm80.PLANES, FWD_PLANES)
 
     def select(self, p, device, operands):
-        if device.capability != CAPABILITY:
+        if device.capability != CAPABILITY or p.dropout:  # dropout: the general family's for now
             return None
         if p.dtype == numpy.float32:
             dim = sm80.headdim_bucket(p.headdim, p.headdim_v, tuple(FWD_PLANES_TILES))
@@ -468,7 +468,7 @@ class Sm90Backward:
     kernels = (common.DELTA, sm80.PLANES, BWD, BWD_PLANES, common.DQ_CONVERT)
 
     def select(self, p, device, operands):
-        if device.capability != CAPABILITY:
+        if device.capability != CAPABILITY or p.dropout:  # dropout: the general family's for now
             return None
         if p.dtype == numpy.float32:
             dim = sm80.headdim_bucket(p.headdim, p.headdim_v, tuple(BWD_PLANES_STAGES))

@@ -11,6 +11,8 @@
 #define CUPYFLASH_GRID_CONSTANT
 #endif
 
+#include "common/dropout.cuh"
+
 namespace cupyflash {
 
 // A (batch, rows, heads, dim) tensor with a contiguous last axis: element (b, row, h, c) is at
@@ -69,6 +71,7 @@ struct AttnArgs {
     int window_left, window_right;  // -1: unbounded; causal is window_right = 0
     int vec_loads;               // 1: every base and stride is 16-byte aligned (cp.async paths)
     BlockSparseArg sparse;       // sparse.kv_index null: no block mask
+    DropoutArg dropout;          // common/dropout.cuh; read by the kernels built with dropout
 };
 
 struct FwdArgs {

@@ -5,7 +5,8 @@
 //                      query heads that share the kv head and their query tiles.
 // Both main kernels recompute P = exp(s - lse) from the saved lse (nothing of size
 // seqlen_q x seqlen_k is stored), then dP = dO V^T and dS = P * (dP - delta), times the softcap's
-// 1 - tanh^2. Each gradient element is written by exactly one CTA with a fixed summation order, so
+// 1 - tanh^2. With kDropout, Z = keep / (1 - p) (common/dropout.cuh, the forward's draws): dV takes P * Z
+// and dS = P * (dP * Z - delta). Each gradient element is written by exactly one CTA with a fixed summation order, so
 // the general backward is deterministic, and GQA/MQA sums dK/dV over the group inside the CTA
 // instead of materializing per-head copies.
 #include "common/dtypes.cuh"
@@ -20,8 +21,8 @@
 namespace cupyflash {
 
 // Grid: x = query tiles * batch * heads, y = ceil(headdim / kChunk).
-template <typename T>
-__global__ void __launch_bounds__(GeneralTraits<T>::kThreads, GeneralTraits<T>::kMinCtasPerSm)
+template <typename T, bool kDropout>
+__global__ void __launch_bounds__(GeneralTraits<T>::kThreads, GeneralTraits<T>::min_ctas_per_sm(kDropout))
 general_bwd_dq(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
     using Tr = GeneralTraits<T>;
     using Acc = acc_t<T>;
@@ -74,6 +75,10 @@ general_bwd_dq(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
             Acc grad;
             const Acc s = scores.modified(p[j], i, col, &grad);
             p[j] = recompute_prob(s, lse_i, visible);
+            if constexpr (kDropout) {
+                const bool kept = dropout_keep(a.dropout, static_cast<unsigned>(b * a.heads + h), i, col);
+                dp[j] *= kept ? static_cast<Acc>(a.dropout.scale) : Acc(0);
+            }
             dp[j] = p[j] * (dp[j] - delta_i) * grad;  // dS
         }
         store_weights(dp, sm);
@@ -91,8 +96,8 @@ general_bwd_dq(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
 
 // Grid: x = key tiles * batch * heads_k, y = ceil(max(headdim, headdim_v) / kChunk). The score tile is
 // transposed here: rows are keys, columns are queries.
-template <typename T>
-__global__ void __launch_bounds__(GeneralTraits<T>::kThreads, GeneralTraits<T>::kMinCtasPerSm)
+template <typename T, bool kDropout>
+__global__ void __launch_bounds__(GeneralTraits<T>::kThreads, GeneralTraits<T>::min_ctas_per_sm(kDropout))
 general_bwd_dkdv(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
     using Tr = GeneralTraits<T>;
     using Acc = acc_t<T>;
@@ -152,7 +157,14 @@ general_bwd_dkdv(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
                 Acc grad;
                 const Acc s = scores.modified(p[j], i, n, &grad);
                 p[j] = recompute_prob(s, lse_i, visible);
-                ds[j] = p[j] * (ds[j] - delta_i) * grad;
+                if constexpr (kDropout) {
+                    const bool kept = dropout_keep(a.dropout, static_cast<unsigned>(b * a.heads + h), i, n);
+                    const Acc z = kept ? static_cast<Acc>(a.dropout.scale) : Acc(0);
+                    ds[j] = p[j] * (ds[j] * z - delta_i) * grad;
+                    p[j] *= z;  // dV's weights: the probabilities as the forward kept them
+                } else {
+                    ds[j] = p[j] * (ds[j] - delta_i) * grad;
+                }
             }
             if (do_dv) {
                 store_weights(p, sm);

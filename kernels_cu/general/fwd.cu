@@ -5,6 +5,10 @@
 // Grid: x = query tiles * batch * heads (query tiles fastest), y = ceil(headdim_v / kChunk).
 // Every chunk recomputes the scores of its query tile (cheap next to never refusing a head dim);
 // chunk 0 writes the log-sum-exp.
+//
+// kDropout: each exponential joins the row's sum, then is zeroed where common/dropout.cuh drops its
+// entry (one generator call per entry: this path's columns are strided over the lanes), and the output
+// takes the 1 / (1 - p) of the kept ones at the end. lse stays the softmax's before dropout.
 #include "common/dtypes.cuh"
 #include "common/mask.cuh"
 #include "common/params.cuh"
@@ -17,8 +21,8 @@
 
 namespace cupyflash {
 
-template <typename T>
-__global__ void __launch_bounds__(GeneralTraits<T>::kThreads, GeneralTraits<T>::kMinCtasPerSm)
+template <typename T, bool kDropout>
+__global__ void __launch_bounds__(GeneralTraits<T>::kThreads, GeneralTraits<T>::min_ctas_per_sm(kDropout))
 general_fwd(const CUPYFLASH_GRID_CONSTANT FwdArgs args) {
     using Tr = GeneralTraits<T>;
     using Acc = acc_t<T>;
@@ -76,6 +80,13 @@ general_fwd(const CUPYFLASH_GRID_CONSTANT FwdArgs args) {
             block_sum += s[j];
         }
         stats.sum = stats.sum * rescale + group_sum<Tr::kLanesPerRow>(block_sum);
+        if constexpr (kDropout) {
+            const unsigned bh = static_cast<unsigned>(b * a.heads + h);
+#pragma unroll
+            for (int j = 0; j < Tr::kScoresPerThread; ++j) {
+                if (!dropout_keep(a.dropout, bh, i, n0 + lane + Tr::kLanesPerRow * j)) s[j] = Acc(0);
+            }
+        }
 #pragma unroll
         for (int j = 0; j < Tr::kOutPerThread; ++j) o[j] *= rescale;
         store_weights(s, sm);
@@ -89,7 +100,9 @@ general_fwd(const CUPYFLASH_GRID_CONSTANT FwdArgs args) {
 #pragma unroll
     for (int j = 0; j < Tr::kOutPerThread; ++j) {
         const int c = c0 + lane + Tr::kLanesPerRow * j;
-        if (c < a.headdim_v) out_row[c] = from_acc<T>(seen ? o[j] / stats.sum : Acc(0));
+        Acc value = seen ? o[j] / stats.sum : Acc(0);
+        if constexpr (kDropout) value *= static_cast<Acc>(a.dropout.scale);
+        if (c < a.headdim_v) out_row[c] = from_acc<T>(value);
     }
     if (blockIdx.y == 0 && lane == 0) {
         static_cast<lse_t<T>*>(args.lse.ptr)[rows_index(args.lse, b, h, seq.q_start) + i] = stats.template lse<lse_t<T>>();

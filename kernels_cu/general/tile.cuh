@@ -21,6 +21,8 @@ struct GeneralTraits {
     // in general_bwd_dq for sm_90); float64 dK/dV needs more than 170 (it spilled 240 bytes on sm_90),
     // so float64 asks for 2 (a 255-register cap).
     static constexpr int kMinCtasPerSm = sizeof(Acc) == 8 ? 2 : 3;
+    // Dropout's generator calls need more registers than 170 in dK/dV (8 bytes spilled): 2 CTAs there.
+    static constexpr int min_ctas_per_sm(bool dropout) { return dropout ? 2 : kMinCtasPerSm; }
     static constexpr int kBlockM = 32;  // score-tile rows: queries (forward, dQ) or keys (dK/dV)
     static constexpr int kBlockN = 32;  // score-tile columns: keys (forward, dQ) or queries (dK/dV)
     static constexpr int kLanesPerRow = kThreads / kBlockM;           // 4

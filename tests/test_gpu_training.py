@@ -1,0 +1,81 @@
+"""Dropout on the GPU (GPU only): the device generator (kernels_cu/common/dropout.cuh) against the
+definition bit for bit, through cupyflash.dropout_mask; the general kernels built with dropout against
+the float64 oracle given the same keep mask (every dtype, GQA, causal, windows, packed batches, sinks);
+runs reproducible to the bit and dispatch. Until this file has passed on a GPU, CuPy calls refuse
+dropout (cupyflash._problem.CUDA_DROPOUT); its tests turn the kernels on."""
+
+import numpy as np
+import pytest
+from helpers import DTYPES, check_dense, check_varlen, gpu_available, random_qkv, to_host
+
+import cupyflash
+from cupyflash import _families, _problem
+
+pytestmark = pytest.mark.gpu
+
+if gpu_available():
+    import cupy
+else:
+    cupy = None
+
+
+@pytest.fixture(autouse=True)
+def _dropout_kernels(monkeypatch):
+    monkeypatch.setattr(_problem, "CUDA_DROPOUT", True)
+
+
+@pytest.mark.parametrize("shape, p, seed, offset", [((2, 3, 37, 21), 0.5, 0, 0), ((1, 2, 300, 517), 0.1, 2**64 - 1, 7),
+                                                    ((3, 1, 16, 16), 0.83, 12345678901, 2**32 - 1),
+                                                    ((1, 1, 5, 0), 0.2, 1, 0)])
+def test_device_mask_is_the_definition(shape, p, seed, offset):
+    want = cupyflash.dropout_mask(seed, shape, p, offset)
+    got = cupyflash.dropout_mask(seed, shape, p, offset, like=cupy.empty(0))
+    assert isinstance(got, cupy.ndarray) and got.dtype == bool and got.shape == shape
+    np.testing.assert_array_equal(to_host(got), want)
+
+
+_CASES = [
+    # sizes (batch, seqlen_q, seqlen_k, heads, heads_k, headdim, headdim_v), causal, options
+    ((2, 77, 101, 4, 2, 64, 64), True, {}),
+    ((1, 130, 45, 6, 3, 40, 24), False, {"window_size": (20, 5)}),
+    ((2, 64, 64, 2, 1, 128, 128), True, {"softcap": 8.0}),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("case", _CASES, ids=["gqa-causal", "window-d40-v24", "softcap-d128"])
+def test_dense(case, dtype):
+    sizes, causal, options = case
+    check_dense(cupy, sizes, DTYPES[dtype], causal=causal, dropout_p=0.2, dropout_seed=99, dropout_offset=sizes[1],
+                **options)
+
+
+def test_dense_with_sinks():
+    sinks = cupy.asarray(np.array([0.5, -1.0, 2.0, -np.inf], np.float32))
+    check_dense(cupy, (2, 90, 70, 4, 2, 64, 64), DTYPES["bfloat16"], causal=True, sinks=sinks, dropout_p=0.5,
+                dropout_seed=3)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_varlen(dtype):
+    check_varlen(cupy, [77, 0, 130, 5], [90, 12, 64, 0], 4, 2, 64, 64, DTYPES[dtype], causal=True,
+                 max_seqlen=(130, 90), dropout_p=0.3, dropout_seed=2**40, dropout_offset=5)
+
+
+def test_reproducible_and_dispatched_to_the_general_kernels():
+    q, k, v = random_qkv(cupy, 2, 100, 100, 4, 2, 64, 64, DTYPES["bfloat16"], seed=0)
+    p = _problem.forward_problem(q, k, v, causal=True, dropout_p=0.1, dropout_seed=1)
+    device = _families.common.current_device()
+    family, variant = _families.select(_families.FORWARD, p, device, (q, k, v))
+    assert family.name == "general" and variant.key == "general_fwd_bf16_drop_1"
+    options = {"causal": True, "dropout_p": 0.1, "dropout_seed": 1}
+    out, lse = cupyflash.flash_attention(q, k, v, return_lse=True, **options)
+    again = cupyflash.flash_attention(q, k, v, **options)
+    assert bool((out.view(np.uint16) == again.view(np.uint16)).all())
+    dout = cupy.ones_like(out)
+    grads = cupyflash.flash_attention_backward(dout, q, k, v, out, lse, **options)
+    grads_again = cupyflash.flash_attention_backward(dout, q, k, v, out, lse, **options)
+    assert all(bool((a.view(np.uint16) == b.view(np.uint16)).all()) for a, b in zip(grads, grads_again))
+    # Agrees with the NumPy twin to within the rounding of the two (same draws).
+    host = cupyflash.flash_attention(*(to_host(x) for x in (q, k, v)), **options)
+    assert np.abs(to_host(out).astype(np.float64) - host.astype(np.float64)).max() < 0.02
