@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Tuple, Union
 
 import numpy
 
-from . import _merge, _numpy_impl
+from . import _merge, _numpy_impl, _problem
 from ._problem import Problem, lse_dtype
 
 if TYPE_CHECKING:
@@ -22,8 +22,11 @@ def forward(p: Problem, q: Array, k: Array, v: Array, max_score: bool = False) -
     """``(out, lse)`` of problem ``p`` for its operands q, k and v, and with ``max_score`` (NumPy only
     in this version) the largest score of each head, float32 (batch, heads).
 
-    The sinks join the softmax after the kernels, as one more part of a merge (cupyflash/_merge.py)."""
+    The CUDA forwards join the sinks to each row's sum in their epilogues (fragment/softmax.cuh's
+    finish); the NumPy twin, and a problem with nothing to compute, merge them in afterwards as one more
+    part (cupyflash/_merge.py's add_sinks, the same arithmetic)."""
     xp = p.xp
+    fused = False
     if p.is_empty:
         results = xp.zeros(p.out_shape, dtype=p.dtype), xp.full(p.lse_shape, -numpy.inf, dtype=lse_dtype(p.dtype))
         if max_score:
@@ -33,8 +36,8 @@ def forward(p: Problem, q: Array, k: Array, v: Array, max_score: bool = False) -
     else:
         from . import _cuda
 
-        results = _cuda.forward(p, q, k, v)
-    if p.sinks is not None:
+        results, fused = _cuda.forward(p, q, k, v), _problem.NEW_KERNELS_ENABLED
+    if p.sinks is not None and not fused:
         results = _merge.add_sinks(xp, results[0], results[1], p.sinks, p.varlen) + tuple(results[2:])
     return results
 

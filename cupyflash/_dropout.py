@@ -127,7 +127,7 @@ def dropout_mask(seed, shape, p, offset=0, *, like=None):
     batch, heads, seqlen_q, seqlen_k = (int(x) for x in shape)
     p, seed, offset = _problem.check_dropout(p, seed, offset)
     if like is not None and _problem.array_module({"like": like}) is not numpy:
-        if not _problem.CUDA_DROPOUT:
+        if not _problem.NEW_KERNELS_ENABLED:
             raise NotImplementedError("dropout_mask draws on the host in this version (like=None or a NumPy "
                                       "array); cupy.asarray moves the mask to the GPU")
         from ._families import common

@@ -35,7 +35,8 @@ HALF_DTYPES = ("float16", "bfloat16")
 
 #: Template parameters as they appear in variant keys.
 _KEY_PREFIX = {"headdim": "d", "headdim_v": "v", "block_n": "n", "m_tiles": "m", "block_m": "q", "stages": "s",
-               "score_mod": "mod", "tf32": "tf32", "dropout": "drop"}
+               "score_mod": "mod", "tf32": "tf32", "dropout": "drop",
+               "float32_tables": "f32tab"}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -40,7 +40,7 @@ ATTN_ARGS = numpy.dtype(
         ("batch", _I32), ("heads", _I32), ("heads_k", _I32), ("headdim", _I32), ("headdim_v", _I32),
         ("seqlen_q", _I32), ("seqlen_k", _I32), ("total_q", _I32), ("total_k", _I32),
         ("window_left", _I32), ("window_right", _I32), ("vec_loads", _I32),
-        ("sparse", BLOCK_SPARSE_ARG), ("dropout", DROPOUT_ARG),
+        ("sparse", BLOCK_SPARSE_ARG), ("dropout", DROPOUT_ARG), ("sinks", _PTR),
     ],
     align=True,
 )
@@ -82,6 +82,16 @@ DROPOUT_MASK_ARGS = numpy.dtype(
     align=True,
 )
 
+#: RotaryArgs (kernels_cu/common/rotary.cu).
+ROTARY_ARGS = numpy.dtype(
+    [
+        ("x", TENSOR_ARG), ("out", TENSOR_ARG), ("cos", _PTR), ("sin", _PTR), ("cu_seqlens", _PTR), ("offsets", _PTR),
+        ("rows", _I64), ("offset", _I32), ("batch", _I32), ("seqlen", _I32), ("heads", _I32), ("headdim", _I32),
+        ("half", _I32), ("table_rows", _I32), ("interleaved", _I32), ("conjugate", _I32), ("copy_rest", _I32),
+    ],
+    align=True,
+)
+
 #: C++ struct name -> dtype, for the layout test.
 STRUCTS = {
     "TensorArg": TENSOR_ARG,
@@ -94,6 +104,7 @@ STRUCTS = {
     "KvCacheArgs": KV_CACHE_ARGS,
     "NanFill": NAN_FILL,
     "DropoutMaskArgs": DROPOUT_MASK_ARGS,
+    "RotaryArgs": ROTARY_ARGS,
 }
 
 

@@ -344,10 +344,12 @@ def check_sinks(sinks, xp, heads):
     return xp.ascontiguousarray(sinks)
 
 
-#: Whether CuPy calls may take dropout: the general kernels draw it (kernels_cu/general, built with
-#: kDropout), but until their first GPU run has passed tests/test_gpu_training.py (which turns this on)
-#: a CuPy call refuses it rather than risk a silently wrong result.
-CUDA_DROPOUT = False
+#: Kernels written in a session without a GPU and not yet run: dropout in the general kernels (built with
+#: kDropout) and the device dropout mask, apply_rotary's fused kernel, and the forwards' fused sinks. Off,
+#: CuPy calls refuse dropout (NotImplementedError) and take the elementwise rotary and sink merges,
+#: rather than risk a silently wrong result; the GPU tests turn it on for themselves (tests/
+#: test_gpu_training.py, tests/test_gpu_features.py), and the switch goes once they have passed.
+NEW_KERNELS_ENABLED = False
 
 
 def check_dropout(dropout_p, dropout_seed, dropout_offset):
@@ -426,7 +428,7 @@ def _options(p, causal, window_size, softcap, alibi_slopes, block_mask, precisio
     p["precision"] = check_precision(precision, p["dtype"])
     p["sinks"] = check_sinks(sinks, p["xp"], p["heads"])
     p["dropout_p"], p["dropout_seed"], p["dropout_offset"] = check_dropout(dropout_p, dropout_seed, dropout_offset)
-    if p["dropout_p"] and p["xp"] is not numpy and not CUDA_DROPOUT:
+    if p["dropout_p"] and p["xp"] is not numpy and not NEW_KERNELS_ENABLED:
         raise NotImplementedError(
             "dropout runs on NumPy arrays in this version: the CUDA kernels do not draw it yet (README, "
             "'Dropout, sinks and the maximum score')"

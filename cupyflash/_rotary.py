@@ -6,11 +6,13 @@ rotation, which is also the gradient: a rotation's transpose is its inverse). Th
 (2c, 2c + 1) when interleaved, else (c, c + rotary_dim / 2) (GPT-NeoX). The arithmetic runs in
 float32 (float64 for float64 x) and rounds once to x's dtype.
 
-On CuPy arrays it is a few elementwise kernels on the current stream, with no host synchronization; a
-fused kernel (one read and one write of x) is issue 23's next step."""
+On CuPy arrays it is a few elementwise kernels on the current stream, with no host synchronization; the
+fused kernel (kernels_cu/common/rotary.cu: one read and one write of x) replaces them once its first GPU
+run has passed (cupyflash._problem.NEW_KERNELS_ENABLED)."""
 
 import numpy
 
+from . import _problem
 from ._problem import acc_dtype
 
 
@@ -33,6 +35,11 @@ def _positions(xp, r, x):
 def apply(r, x, cos, sin):
     """x rotated (a new array, or x itself with ``r.inplace``)."""
     xp = r.xp
+    if xp is not numpy and _problem.NEW_KERNELS_ENABLED:
+        from ._families import common
+
+        # float32 tables serve every dtype; a float32 x reads them as its own dtype.
+        return common.rotary(r, x, cos, sin, x if r.inplace else xp.empty(x.shape, x.dtype))
     acc = acc_dtype(x.dtype)
     half = r.rotary_dim // 2
     positions = _positions(xp, r, x)

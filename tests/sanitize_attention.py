@@ -89,9 +89,9 @@ def decode(dtype):
 
 
 def dropout(dtype):
-    """The general kernels built with dropout (which CuPy calls take once cupyflash._problem.CUDA_DROPOUT
-    is on), dense and packed, and the device mask."""
-    cupyflash._problem.CUDA_DROPOUT = True
+    """The general kernels built with dropout (which CuPy calls take once
+    cupyflash._problem.NEW_KERNELS_ENABLED is on) and the device mask."""
+    cupyflash._problem.NEW_KERNELS_ENABLED = True
     options = {"causal": True, "dropout_p": 0.3, "dropout_seed": 7}
     for _ in range(2):
         q, k, v, do = (normal(s, dtype) for s in ((2, 77, 4, 40), (2, 101, 2, 40), (2, 101, 2, 40), (2, 77, 4, 40)))

@@ -169,19 +169,46 @@ def test_varlen_zero_max_seqlen_with_rows_is_nan():
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
 @pytest.mark.parametrize("sizes, causal", [((2, 137, 201, 6, 2, 64, 64), True), ((1, 300, 96, 4, 4, 128, 128), True),
                                            ((2, 65, 65, 8, 1, 96, 96), False)])
-def test_sinks(sizes, causal, dtype):
-    """Sinks on every dtype's default kernels (the merge of the kernels' results with the sink, and the
-    backward from the lse that holds it): out, lse, dq, dk, dv and dsinks against the oracle. The rows
-    that see no key (causal, seqlen_q > seqlen_k) get lse = sink."""
+@pytest.mark.parametrize("fused", [False, True], ids=["merged", "fused"])
+def test_sinks(fused, sizes, causal, dtype, monkeypatch):
+    """Sinks on every dtype's default kernels (merged with the kernels' results, or joined in their
+    epilogues once cupyflash._problem.NEW_KERNELS_ENABLED is on; the backward from the lse that holds
+    them): out, lse, dq, dk, dv and dsinks against the oracle. The rows that see no key (causal,
+    seqlen_q > seqlen_k) get lse = sink."""
+    from cupyflash import _problem
+
+    monkeypatch.setattr(_problem, "NEW_KERNELS_ENABLED", fused)
     heads = sizes[3]
     sinks = cupy.asarray((np.random.default_rng(heads).standard_normal(heads) * 2).astype(np.float32))
     check_dense(cupy, sizes, DTYPES[dtype], causal=causal, sinks=sinks)
 
 
-def test_sinks_varlen():
+@pytest.mark.parametrize("fused", [False, True], ids=["merged", "fused"])
+def test_sinks_varlen(fused, monkeypatch):
+    from cupyflash import _problem
+
+    monkeypatch.setattr(_problem, "NEW_KERNELS_ENABLED", fused)
     sinks = cupy.asarray(np.array([0.5, -1.0, -np.inf, 2.0], np.float32))
     check_varlen(cupy, [77, 0, 130], [90, 12, 64], 4, 2, 64, 64, DTYPES["bfloat16"], causal=True,
                  max_seqlen=(130, 90), sinks=sinks)
+
+
+@pytest.mark.parametrize("family, dtype", [("sm90", "bfloat16"), ("sm90", "float32"), ("sm80", "float16"),
+                                           ("sm80", "float32"), ("sm80", "float64"), ("general", "bfloat16"),
+                                           ("general", "float64")])
+def test_sinks_fused_on_every_family(family, dtype, monkeypatch):
+    """Every forward's epilogue joins the sink (fragment/softmax.cuh's finish, the general row softmax),
+    NaN sinks and rows without keys included."""
+    from cupyflash import _problem
+
+    monkeypatch.setattr(_problem, "NEW_KERNELS_ENABLED", True)
+    use_family(monkeypatch, family)
+    sinks = cupy.asarray(np.array([1.5, -np.inf, -3.0, 0.25], np.float32))
+    check_dense(cupy, (2, 150, 97, 4, 2, 64, 64), DTYPES[dtype], causal=True, sinks=sinks)
+    q, k, v = random_qkv(cupy, 1, 8, 8, 4, 2, 64, 64, DTYPES[dtype], seed=1)
+    out, lse = cupyflash.flash_attention(q, k, v, sinks=cupy.asarray(np.array([0, np.nan, 0, 0], np.float32)),
+                                         return_lse=True)
+    assert bool(cupy.isnan(lse[0, 1]).all()) and not bool(cupy.isnan(lse[0, [0, 2, 3]]).any())
 
 
 def test_dropout_and_max_score_refused_on_cupy():
@@ -193,11 +220,16 @@ def test_dropout_and_max_score_refused_on_cupy():
         cupyflash.flash_attention(q, k, v, return_max_score=True)
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
 @pytest.mark.parametrize("packed", [False, True])
-def test_apply_rotary_matches_numpy(packed, dtype):
-    """The CuPy path against the NumPy one (within one rounding: the GPU may fuse a * c - b * s); CuPy
-    offsets past the tables give NaN in the rotated columns only."""
+@pytest.mark.parametrize("fused", [False, True], ids=["elementwise", "fused"])
+def test_apply_rotary_matches_numpy(fused, packed, dtype, monkeypatch):
+    """The CuPy paths (the elementwise kernels, and the fused kernel that replaces them once this passes:
+    cupyflash._problem.NEW_KERNELS_ENABLED) against the NumPy one (within one rounding: the GPU may fuse
+    a * c - b * s); CuPy offsets past the tables give NaN in the rotated columns only."""
+    from cupyflash import _problem
+
+    monkeypatch.setattr(_problem, "NEW_KERNELS_ENABLED", fused)
     dt = DTYPES[dtype]
     rng = np.random.default_rng(0)
     x = rng.standard_normal((3, 40, 4, 64)).astype(dt)
@@ -211,8 +243,11 @@ def test_apply_rotary_matches_numpy(packed, dtype):
     want = cupyflash.apply_rotary(x, cos, sin, **options).astype(np.float64)
     gpu = {name: cupy.asarray(value) for name, value in options.items()}
     got = to_host(cupyflash.apply_rotary(cupy.asarray(x), cupy.asarray(cos), cupy.asarray(sin), **gpu))
-    ulp = np.spacing(np.abs(want).astype(dt)).astype(np.float64)
-    assert (np.abs(got.astype(np.float64) - want) <= ulp).all()
+    # One rounding to dt, plus the accumulator's rounding of the two products (a fused multiply-add may
+    # round differently where they cancel).
+    eps = np.finfo(np.float64 if dt == np.float64 else np.float32).eps
+    tolerance = np.spacing(np.abs(want).astype(dt)).astype(np.float64) + 4 * eps * np.abs(x.astype(np.float64)).max()
+    assert (np.abs(got.astype(np.float64) - want) <= tolerance).all()
     gpu["seqlen_offsets"] = cupy.asarray(np.array([0, 11, 40], np.int32))  # the last rows past the 64 positions
     far = to_host(cupyflash.apply_rotary(cupy.asarray(x), cupy.asarray(cos), cupy.asarray(sin), **gpu))
     rows = far.reshape(-1, 4, 64)[-30:].astype(np.float64)

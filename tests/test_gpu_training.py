@@ -2,7 +2,7 @@
 definition bit for bit, through cupyflash.dropout_mask; the general kernels built with dropout against
 the float64 oracle given the same keep mask (every dtype, GQA, causal, windows, packed batches, sinks);
 runs reproducible to the bit and dispatch. Until this file has passed on a GPU, CuPy calls refuse
-dropout (cupyflash._problem.CUDA_DROPOUT); its tests turn the kernels on."""
+dropout (cupyflash._problem.NEW_KERNELS_ENABLED); its tests turn the kernels on."""
 
 import numpy as np
 import pytest
@@ -21,7 +21,7 @@ else:
 
 @pytest.fixture(autouse=True)
 def _dropout_kernels(monkeypatch):
-    monkeypatch.setattr(_problem, "CUDA_DROPOUT", True)
+    monkeypatch.setattr(_problem, "NEW_KERNELS_ENABLED", True)
 
 
 @pytest.mark.parametrize("shape, p, seed, offset", [((2, 3, 37, 21), 0.5, 0, 0), ((1, 2, 300, 517), 0.1, 2**64 - 1, 7),

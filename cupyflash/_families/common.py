@@ -9,7 +9,7 @@ import functools
 import cupy
 import numpy
 
-from .. import _dropout, _kernels, _params, _plan
+from .. import _dropout, _kernels, _params, _plan, _problem
 
 
 def cdiv(a, b):
@@ -95,7 +95,7 @@ def attn(p, q, k, v, lists=None, vec=None):
         alibi_batch_stride, p.softmax_scale, p.softcap, p.batch, p.heads, p.heads_k, p.headdim, p.headdim_v,
         p.seqlen_q, p.seqlen_k, p.total_q, p.total_k, p.window_left, p.window_right,
         vec_loads(q, k, v) if vec is None else vec, sparse(p.block_mask, lists) if lists is not None else _NO_SPARSE,
-        dropout(p),
+        dropout(p), _params.pointer(p.sinks) if _problem.NEW_KERNELS_ENABLED else 0,
     )
 
 
@@ -274,3 +274,37 @@ def dropout_mask(p, seed, offset, shape):
     kernel = _kernels.get_kernel(DROPOUT_MASK.variant())
     kernel((ctas,), (DROPOUT_MASK_THREADS,), (args,))
     return mask
+
+
+#: cupyflash.apply_rotary on the GPU (kernels_cu/common/rotary.cu): a thread per rotated pair or copied
+#: column, grid-stride over at most ROTARY_MAX_CTAS CTAs of ROTARY_THREADS.
+ROTARY = _kernels.Kernel("rotary_apply", "common/rotary.cu", _kernels.ALL_DTYPES, flags=("float32_tables",))
+ROTARY_THREADS = 256
+ROTARY_MAX_CTAS = 1 << 16
+
+
+def rotary(r, x, cos, sin, out):
+    """Launches the rotary embedding of checked call ``r`` (cupyflash._problem.Rotary) from ``x`` into
+    ``out`` (x itself when in place) on the current stream."""
+    packed = r.cu_seqlens is not None
+    batched = not packed
+    rows = x.shape[0] if packed else x.shape[0] * x.shape[1]
+    heads, headdim = x.shape[-2:]
+    half = r.rotary_dim // 2
+    copy_rest = out is not x
+    cos, sin = cupy.ascontiguousarray(cos), cupy.ascontiguousarray(sin)
+    offsets = None if isinstance(r.offsets, int) else r.offsets
+    args = numpy.zeros(1, _params.ROTARY_ARGS)
+    args[0] = (
+        _params.tensor(x, batched), _params.tensor(out, batched), cos.data.ptr, sin.data.ptr,
+        _params.pointer(r.cu_seqlens), _params.pointer(offsets), rows, r.offsets if offsets is None else 0,
+        r.cu_seqlens.shape[0] - 1 if packed else x.shape[0], 0 if packed else x.shape[1], heads, headdim, half,
+        cos.shape[0], int(r.interleaved), int(r.conjugate), int(copy_rest),
+    )
+    work = rows * heads * (half + (headdim - 2 * half if copy_rest else 0))
+    if work == 0:
+        return out
+    ctas = min(cdiv(work, ROTARY_THREADS), ROTARY_MAX_CTAS)
+    variant = ROTARY.variant(dtype_name(x.dtype), float32_tables=cos.dtype == numpy.float32 and x.dtype != numpy.float32)
+    _kernels.get_kernel(variant)((ctas,), (ROTARY_THREADS,), (args,))
+    return out

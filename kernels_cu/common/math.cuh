@@ -14,9 +14,11 @@ constexpr double kLn2 = 0.6931471805599453094;
 template <typename Acc> struct Consts;
 template <> struct Consts<float> {
     static __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+    static __device__ __forceinline__ float nan() { return __int_as_float(0x7fc00000); }
 };
 template <> struct Consts<double> {
     static __device__ __forceinline__ double neg_inf() { return __longlong_as_double(0xfff0000000000000ll); }
+    static __device__ __forceinline__ double nan() { return __longlong_as_double(0x7ff8000000000000ll); }
 };
 
 // 2^x on the special-function unit (ftz; -inf gives 0).

@@ -72,7 +72,13 @@ struct AttnArgs {
     int vec_loads;               // 1: every base and stride is 16-byte aligned (cp.async paths)
     BlockSparseArg sparse;       // sparse.kv_index null: no block mask
     DropoutArg dropout;          // common/dropout.cuh; read by the kernels built with dropout
+    const float* sinks;          // (heads,) attention sinks, joined to each row's sum by the forwards; null: none
 };
+
+// The attention sink of query head h (natural-log units), -inf without sinks.
+__device__ __forceinline__ float attention_sink(const AttnArgs& a, int h) {
+    return a.sinks != nullptr ? a.sinks[h] : __int_as_float(0xff800000);
+}
 
 struct FwdArgs {
     AttnArgs attn;

@@ -42,6 +42,19 @@ struct OnlineSoftmaxRow {
     __device__ __forceinline__ L lse() const {
         return seen() ? L(max) + log_acc(L(sum)) : Consts<L>::neg_inf();
     }
+
+    // Joins the attention sink (natural-log units, finite or NaN) to the row: one more term exp(sink)
+    // of the sum, whose value is 0, in the sum's own maximum top = max(max, sink) so nothing overflows.
+    // Returns the factor exp(max - top) of the outputs accumulated so far (each then divided by the new
+    // sum); sum becomes the row's sum at top, and max becomes top, so lse() is the row's with the sink.
+    // A row that saw no key gets factor 0 (out 0) and lse = sink; a NaN sink makes the row NaN.
+    __device__ __forceinline__ Acc add_sink(Acc sink) {
+        const Acc top = fmax(max, sink);
+        const Acc own = seen() ? exp_acc(max - top) : Acc(0);
+        sum = sum * own + exp_acc(sink - top);
+        max = top;
+        return own;
+    }
 };
 
 // Backward probability P = exp(s - lse) of a visible entry, else 0, with the difference taken in the

@@ -174,8 +174,9 @@ __device__ __forceinline__ void fwd_epilogue(const FwdArgs& args, const Sequence
                                              const Acc (&o)[kMTiles][kOTiles][4], Softmax (&softmax)[kMTiles]) {
     Acc inv_l[kMTiles][2];
     lse_t<T> row_lse[kMTiles][2];
+    const float sink = attention_sink(args.attn, h);
 #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) softmax[mt].finish(inv_l[mt], row_lse[mt]);
+    for (int mt = 0; mt < kMTiles; ++mt) softmax[mt].finish(inv_l[mt], row_lse[mt], sink);
     store_out<T>(args, seq, b, h, row0, o, inv_l);
     store_lse(args, seq, b, h, row0, row_lse);
 }

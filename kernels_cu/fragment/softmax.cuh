@@ -80,31 +80,57 @@ struct FragmentSoftmax {
     // Adds the quad's partial sums; returns 1 / l per row (0 for a row that saw no key, whose output
     // must be 0 rather than 0/0) and writes the natural-log lse (-inf for such a row). A NaN score makes
     // l NaN, and NaN != 0: the row's output and lse come out NaN, as the reference's do.
-    __device__ __forceinline__ void finish(float (&inv_l)[2], float (&lse)[2]) {
+    //
+    // sink (natural-log units; -inf: none) is the row's attention sink: one more term exp(sink) of the
+    // sum, whose value is 0. With the sum's own maximum M = max(m, sink), l' = l exp(m - M) + exp(sink - M)
+    // and the output's factor is exp(m - M) / l': nothing overflows, a row that saw no key gets out 0
+    // and lse = sink, and a NaN sink makes the row NaN (cupyflash/_merge.py's add_sinks, fused).
+    __device__ __forceinline__ void finish(float (&inv_l)[2], float (&lse)[2], float sink) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const float total = group_sum<4>(l[r]);
             const bool seen = total != 0.0f;
-            inv_l[r] = seen ? 1.0f / total : 0.0f;
-            if constexpr (kNatural) {
-                lse[r] = seen ? m2[r] + logf(total) : Consts<float>::neg_inf();
+            if (sink == Consts<float>::neg_inf()) {
+                inv_l[r] = seen ? 1.0f / total : 0.0f;
+                if constexpr (kNatural) {
+                    lse[r] = seen ? m2[r] + logf(total) : Consts<float>::neg_inf();
+                } else {
+                    lse[r] = seen ? kLn2F * (m2[r] + __log2f(total)) : Consts<float>::neg_inf();
+                }
             } else {
-                lse[r] = seen ? kLn2F * (m2[r] + __log2f(total)) : Consts<float>::neg_inf();
+                const float sink_units = kNatural ? sink : sink * kLog2eF;
+                const float top = fmaxf(m2[r], sink_units);
+                const float own = seen ? exp_units(m2[r] - top) : 0.0f;
+                const float sum = total * own + exp_units(sink_units - top);
+                inv_l[r] = own / sum;
+                if constexpr (kNatural) {
+                    lse[r] = top + logf(sum);
+                } else {
+                    lse[r] = kLn2F * (top + __log2f(sum));
+                }
             }
         }
     }
 
     // finish with the lse in float64 (float32 and float64 inputs, whose lse is saved in float64:
     // common/dtypes.cuh's lse_t), LN2 * m2 + ln(l) in float64: for float32, m2 is a float32 score, and l's
-    // own float32 sum is the only rounding the lse keeps.
-    __device__ __forceinline__ void finish(Acc (&inv_l)[2], double (&lse)[2]) {
+    // own float32 sum is the only rounding the lse keeps. The sink as above, in float64.
+    __device__ __forceinline__ void finish(Acc (&inv_l)[2], double (&lse)[2], float sink) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const Acc total = group_sum<4>(l[r]);
             const bool seen = total != Acc(0);
-            inv_l[r] = seen ? Acc(1) / total : Acc(0);
             const double m = kNatural ? static_cast<double>(m2[r]) : kLn2 * static_cast<double>(m2[r]);
-            lse[r] = seen ? m + log(static_cast<double>(total)) : Consts<double>::neg_inf();
+            if (sink == Consts<float>::neg_inf()) {
+                inv_l[r] = seen ? Acc(1) / total : Acc(0);
+                lse[r] = seen ? m + log(static_cast<double>(total)) : Consts<double>::neg_inf();
+            } else {
+                const double top = fmax(m, static_cast<double>(sink));
+                const double own = seen ? exp(m - top) : 0.0;
+                const double sum = static_cast<double>(total) * own + exp(static_cast<double>(sink) - top);
+                inv_l[r] = static_cast<Acc>(own / sum);
+                lse[r] = top + log(sum);
+            }
         }
     }
 

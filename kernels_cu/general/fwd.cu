@@ -93,14 +93,18 @@ general_fwd(const CUPYFLASH_GRID_CONSTANT FwdArgs args) {
         accumulate_chunk(o, V, n0, c0, sm);
     }
 
-    // Epilogue. A row that saw no key has sum 0: its output is 0 (not 0/0) and its lse is -inf.
+    // Epilogue. A row that saw no key has sum 0: its output is 0 (not 0/0) and its lse is -inf. An
+    // attention sink joins the sum here (its row then always has a sum).
     if (i >= seq.seqlen_q) return;
+    Acc own = Acc(1);  // the factor of the accumulated outputs (exactly 1 without a sink)
+    const float sink = attention_sink(a, h);
+    if (sink != Consts<float>::neg_inf()) own = stats.add_sink(static_cast<Acc>(sink));
     const bool seen = stats.seen();
     T* out_row = head_rows<T>(args.out, b, seq.q_start, h) + static_cast<long long>(i) * args.out.row_stride;
 #pragma unroll
     for (int j = 0; j < Tr::kOutPerThread; ++j) {
         const int c = c0 + lane + Tr::kLanesPerRow * j;
-        Acc value = seen ? o[j] / stats.sum : Acc(0);
+        Acc value = seen ? o[j] * own / stats.sum : Acc(0);
         if constexpr (kDropout) value *= static_cast<Acc>(a.dropout.scale);
         if (c < a.headdim_v) out_row[c] = from_acc<T>(value);
     }

@@ -34,7 +34,7 @@ struct Sm90FwdEpilogue {
         const int row_w = tile.m0 + 64 * wg + 16 * ((threadIdx.x / 32) % 4);  // this warp's first row
         float inv_l[1][2];
         float row_lse[1][2];
-        softmax[0].finish(inv_l[0], row_lse[0]);
+        softmax[0].finish(inv_l[0], row_lse[0], attention_sink(args.attn, tile.h));
         bool staged = false;
         if constexpr (Tr::kStoreO) {
             const int w0 = tile.m0 + 64 * wg;
