@@ -684,6 +684,8 @@ def rotary_problem(x, cos, sin, *, interleaved, seqlen_offsets, cu_seqlens, max_
         check_rank(name, table, ("seqlen_rotary", "rotary_dim / 2"))
     if cos.shape != sin.shape:
         raise ValueError(f"cos and sin must have one shape; got {cos.shape} and {sin.shape}")
+    if cos.dtype != sin.dtype:
+        raise TypeError(f"cos and sin must have one dtype; got {cos.dtype} and {sin.dtype}")
     packed = cu_seqlens is not None
     check_rank("x", x, ("total", "heads", "headdim") if packed else ("batch", "seqlen", "heads", "headdim"))
     rotary_dim = 2 * cos.shape[1]

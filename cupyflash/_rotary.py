@@ -35,7 +35,8 @@ def _positions(xp, r, x):
 def apply(r, x, cos, sin):
     """x rotated (a new array, or x itself with ``r.inplace``)."""
     xp = r.xp
-    if xp is not numpy and _problem.NEW_KERNELS_ENABLED:
+    # The fused kernel reads columns at unit stride (other layouts take the elementwise kernels).
+    if xp is not numpy and _problem.NEW_KERNELS_ENABLED and x.strides[-1] == x.itemsize:
         from ._families import common
 
         # float32 tables serve every dtype; a float32 x reads them as its own dtype.
@@ -44,7 +45,7 @@ def apply(r, x, cos, sin):
     half = r.rotary_dim // 2
     positions = _positions(xp, r, x)
     rows = cos.shape[0]
-    inside = positions < rows
+    inside = (positions >= 0) & (positions < rows)  # CuPy offsets are not read on the host
     index = xp.where(inside, positions, 0)[..., 0, 0]
     c = cos.astype(acc)[index][..., None, :]  # (.., 1, half)
     s = sin.astype(acc)[index][..., None, :]

@@ -8,7 +8,7 @@ Run on a GPU from the repository root:
     PYTHONPATH=$PWD compute-sanitizer --tool racecheck --error-exitcode 1 python3 tests/sanitize_attention.py sm90
 
 It checks no values (the GPU tests do); the sanitizer reports any access outside an allocation, or any
-shared-memory race. The general family's run includes its dropout kernels and the device dropout mask.
+shared-memory race. The sm90 and general runs include their dropout kernels and the device dropout mask.
 Sizes are small so the instrumented run takes a minute or two. Arguments name the families to run
 (default: all three), or a family and one of its dtypes ("sm80:float32").
 """
@@ -89,8 +89,8 @@ def decode(dtype):
 
 
 def dropout(dtype):
-    """The general kernels built with dropout (which CuPy calls take once
-    cupyflash._problem.NEW_KERNELS_ENABLED is on) and the device mask."""
+    """The kernels built with dropout (the Hopper 16-bit forward, the general kernels; CuPy calls take them
+    once cupyflash._problem.NEW_KERNELS_ENABLED is on) and the device mask."""
     cupyflash._problem.NEW_KERNELS_ENABLED = True
     options = {"causal": True, "dropout_p": 0.3, "dropout_seed": 7}
     for _ in range(2):
@@ -112,7 +112,7 @@ for family, only in runs:
         packed(dtype)
         if dtype != numpy.float64:
             decode(dtype)
-        if family == "general":
+        if family in ("sm90", "general"):
             dropout(dtype)
 cupy.cuda.Device().synchronize()
 print("sanitize_attention: done")

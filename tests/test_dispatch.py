@@ -40,7 +40,7 @@ def test_sm90_buckets_cover_both_head_dims_at_least_cost(headdim, headdim_v, exp
 
 def test_sm90_only_on_compute_capability_9_0():
     p = _problem()
-    assert sm90.FORWARD.select(p, H200, _operands(p)).key == "sm90_fwd_bf16_d128_v128_q128_n128_s2_mod_0"
+    assert sm90.FORWARD.select(p, H200, _operands(p)).key == "sm90_fwd_bf16_d128_v128_q128_n128_s2_mod_0_drop_0"
     assert sm90.FORWARD.select(p, A100, _operands(p)) is None
     assert sm90.FORWARD.select(p, common.Device(100, 227 * 1024, 148), _operands(p)) is None
     assert sm90.FORWARD.select(*_with_operands(_problem(dtype=np.float64), H200)) is None
@@ -152,7 +152,7 @@ def test_sm90_forward_tile_is_the_same_for_every_walk(headdim, seqlen_q, seqlen_
     kv = np.zeros((1, seqlen_k, 2, headdim), ml_dtypes.bfloat16)
     p = problems.forward_problem(q, kv, kv, **options)
     variant = sm90.FORWARD.select(p, H200, _operands(p))
-    assert variant.key == f"sm90_fwd_bf16_d{headdim}_v{headdim}_{tile}_mod_0"
+    assert variant.key == f"sm90_fwd_bf16_d{headdim}_v{headdim}_{tile}_mod_0_drop_0"
     assert sm90.fwd_stores_o(variant)
     assert sm90.fwd_threads(variant) == threads
 
@@ -166,7 +166,24 @@ def test_sm90_forward_keeps_block_masks_whole(block_q, tile):
     q = np.zeros((1, seqlen, 2, 64), ml_dtypes.bfloat16)
     layout = np.ones((1, 2, seqlen // block_q, seqlen // 128), bool)
     p = problems.forward_problem(q, q, q, block_mask=BlockMask.from_dense(layout, (block_q, 128)))
-    assert sm90.FORWARD.select(p, H200, _operands(p)).key == f"sm90_fwd_bf16_d64_v64_{tile}_mod_0"
+    assert sm90.FORWARD.select(p, H200, _operands(p)).key == f"sm90_fwd_bf16_d64_v64_{tile}_mod_0_drop_0"
+
+
+@pytest.mark.parametrize("headdim, expected", [(64, "sm90_fwd_bf16_d64_v64_q128_n128_s4_mod_0_drop_1"),
+                                               (128, "sm90_fwd_bf16_d128_v128_q128_n128_s2_mod_0_drop_1")])
+def test_dropout_takes_the_hopper_forward_on_128_row_tiles_and_the_general_kernels_elsewhere(headdim, expected):
+    """bfloat16 dropout: the sm90 forward built with it (head dim 64 on its 128-row tile, whose consumers have
+    the registers for the generator); the sm90 and sm80 backwards, the sm80 forward and float32 hand it on."""
+    p = _problem(headdim, causal=True, dropout_p=0.1, dropout_seed=1)
+    assert sm90.FORWARD.select(p, H200, _operands(p)).key == expected
+    assert sm90.BACKWARD.select(p, H200, _operands(p)) is None
+    family, variant = _families.select(_families.FORWARD, p, A100, _operands(p))
+    assert (family.name, variant.key) == ("general", "general_fwd_bf16_drop_1")
+    p32 = _problem(headdim, dtype=np.float32, dropout_p=0.1, dropout_seed=1)
+    family, variant = _families.select(_families.FORWARD, p32, H200, _operands(p32))
+    assert (family.name, variant.key) == ("general", "general_fwd_fp32_drop_1")
+    family, variant = _families.select(_families.BACKWARD, p, H200, _operands(p))
+    assert (family.name, variant.key) == ("general", "general_bwd_dq_bf16_drop_1")
 
 
 @pytest.mark.parametrize("precision, device, expected", [

@@ -1,12 +1,13 @@
 """Dropout on the GPU (GPU only): the device generator (kernels_cu/common/dropout.cuh) against the
-definition bit for bit, through cupyflash.dropout_mask; the general kernels built with dropout against
-the float64 oracle given the same keep mask (every dtype, GQA, causal, windows, packed batches, sinks);
+definition bit for bit, through cupyflash.dropout_mask; the Hopper 16-bit forward and the general kernels
+built with dropout against the float64 oracle given the same keep mask (every dtype, GQA, causal,
+windows, packed batches, sinks);
 runs reproducible to the bit and dispatch. Until this file has passed on a GPU, CuPy calls refuse
 dropout (cupyflash._problem.NEW_KERNELS_ENABLED); its tests turn the kernels on."""
 
 import numpy as np
 import pytest
-from helpers import DTYPES, check_dense, check_varlen, gpu_available, random_qkv, to_host
+from helpers import DTYPES, check_dense, check_varlen, gpu_available, random_qkv, to_host, use_family
 
 import cupyflash
 from cupyflash import _families, _problem
@@ -42,9 +43,13 @@ _CASES = [
 ]
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("dtype, family", [("float16", ""), ("bfloat16", ""), ("bfloat16", "general"),
+                                           ("float32", ""), ("float64", "")])
 @pytest.mark.parametrize("case", _CASES, ids=["gqa-causal", "window-d40-v24", "softcap-d128"])
-def test_dense(case, dtype):
+def test_dense(case, dtype, family, monkeypatch):
+    """16-bit: the Hopper forward built with dropout where it takes the problem (the default dispatch), and
+    the general kernels; the backward is the general family's."""
+    use_family(monkeypatch, family)
     sizes, causal, options = case
     check_dense(cupy, sizes, DTYPES[dtype], causal=causal, dropout_p=0.2, dropout_seed=99, dropout_offset=sizes[1],
                 **options)
@@ -62,12 +67,15 @@ def test_varlen(dtype):
                  max_seqlen=(130, 90), dropout_p=0.3, dropout_seed=2**40, dropout_offset=5)
 
 
-def test_reproducible_and_dispatched_to_the_general_kernels():
+def test_reproducible_and_dispatched():
     q, k, v = random_qkv(cupy, 2, 100, 100, 4, 2, 64, 64, DTYPES["bfloat16"], seed=0)
     p = _problem.forward_problem(q, k, v, causal=True, dropout_p=0.1, dropout_seed=1)
     device = _families.common.current_device()
     family, variant = _families.select(_families.FORWARD, p, device, (q, k, v))
-    assert family.name == "general" and variant.key == "general_fwd_bf16_drop_1"
+    if device.capability == 90:
+        assert variant.key == "sm90_fwd_bf16_d64_v64_q128_n128_s4_mod_0_drop_1"
+    else:
+        assert family.name == "general" and variant.key == "general_fwd_bf16_drop_1"
     options = {"causal": True, "dropout_p": 0.1, "dropout_seed": 1}
     out, lse = cupyflash.flash_attention(q, k, v, return_lse=True, **options)
     again = cupyflash.flash_attention(q, k, v, **options)

@@ -90,6 +90,8 @@ def test_inplace_and_strided_views():
 @pytest.mark.parametrize("call, error, match", [
     (lambda x, c, s: cupyflash.apply_rotary(x, c, s[:, :3]), ValueError, "cos and sin must have one shape"),
     (lambda x, c, s: cupyflash.apply_rotary(x, c.astype(np.float64), s), TypeError, "cos has dtype float64"),
+    (lambda x, c, s: cupyflash.apply_rotary(x.astype(np.float16), c, s.astype(np.float16)), TypeError,
+     "cos and sin must have one dtype"),
     (lambda x, c, s: cupyflash.apply_rotary(x[0], c, s), ValueError, "x: 3-dimensional array given"),
     (lambda x, c, s: cupyflash.apply_rotary(x[..., :6], c, s), ValueError, r"rotary_dim = 2 \* that must be in"),
     (lambda x, c, s: cupyflash.apply_rotary(x, c, s, seqlen_offsets=3), ValueError, "positions run to 10"),

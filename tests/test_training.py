@@ -98,6 +98,53 @@ def test_kernel_header_is_the_definition_on_the_host(tmp_path):
     np.testing.assert_array_equal(got, cupyflash.dropout_mask(seed, shape, p, offset))
 
 
+_FRAGMENT_PROGRAM = r"""
+#include <cstdio>
+#include <cstdlib>
+#include "fragment/dropout.cuh"
+// Every thread of a warp's 16-row fragment (lane: rows row0 + lane / 4 and + 8, keys n0 + 8 nt + 2 (lane % 4)
+// + {0, 1}) drops its probabilities; prints the kept mask of rows row0 .. row0 + 15, keys n0 .. n0 + 63.
+int main(int argc, char** argv) {
+    cupyflash::DropoutArg d{strtoull(argv[1], nullptr, 10), static_cast<unsigned>(strtoul(argv[2], nullptr, 10)),
+                            static_cast<unsigned>(strtoul(argv[3], nullptr, 10)), 1.0, 1};
+    const unsigned bh = strtoul(argv[4], nullptr, 10);
+    const int row0 = atoi(argv[5]), n0 = atoi(argv[6]);
+    char kept[16][64];
+    for (int lane = 0; lane < 32; ++lane) {
+        float p[8][4];
+        for (auto& tile : p) for (float& x : tile) x = 1.0f;
+        const int row = row0 + lane / 4, col_t = 2 * (lane % 4);
+        cupyflash::drop_fragment(p, d, bh, row, n0, col_t);
+        for (int nt = 0; nt < 8; ++nt)
+            for (int e = 0; e < 4; ++e) kept[lane / 4 + 8 * (e / 2)][8 * nt + col_t + e % 2] = p[nt][e] != 0.0f ? '1' : '0';
+    }
+    for (auto& line : kept) fwrite(line, 1, 64, stdout);
+    return 0;
+}
+"""
+
+
+def test_fragment_dropout_is_the_definition_on_the_host(tmp_path):
+    """fragment/dropout.cuh (the tensor-core kernels' per-thread draws) as host C++: a warp's fragment of
+    16 rows by 64 keys, rows starting on a multiple of 16 (one call per row pair) and not (one per row),
+    against the definition."""
+    compiler = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if compiler is None:
+        pytest.skip("no host C++ compiler")
+    source = tmp_path / "fragment.cpp"
+    source.write_text(_FRAGMENT_PROGRAM)
+    binary = tmp_path / "fragment"
+    subprocess.run([compiler, "-std=c++17", "-O1", "-D__device__=", "-D__forceinline__=inline", "-I",
+                    _kernels.kernel_dir(), str(source), "-o", str(binary)], check=True, capture_output=True)
+    seed, offset, p, heads = 987654321987, 31, 0.45, 6
+    for b, h, row0, n0 in ((0, 0, 0, 0), (1, 5, 48, 128), (0, 3, 13, 64), (2, 1, 1000, 16)):
+        run = subprocess.run([str(binary), str(seed), str(offset), str(_dropout.threshold(p)), str(b * heads + h),
+                              str(row0), str(n0)], check=True, capture_output=True, text=True)
+        got = np.frombuffer(run.stdout.encode(), np.uint8).reshape(16, 64) == ord("1")
+        want = _dropout.keep(seed, offset, b * heads + h, (row0, row0 + 16), (n0, n0 + 64), p)
+        np.testing.assert_array_equal(got, want, err_msg=f"rows from {row0}, keys from {n0}")
+
+
 def test_dropout_mask_statistics():
     """Keep rate within 4 sigma over 2^21 entries, at three rates (one not a multiple of 2^-16: the rate
     is 1 - floor(p 2^16) / 2^16); no correlation (|r| < 4 / sqrt(n)) between neighbours in i, in j, across

@@ -293,6 +293,9 @@ def rotary(r, x, cos, sin, out):
     half = r.rotary_dim // 2
     copy_rest = out is not x
     cos, sin = cupy.ascontiguousarray(cos), cupy.ascontiguousarray(sin)
+    work = rows * heads * (half + (headdim - 2 * half if copy_rest else 0))
+    if work == 0:
+        return out
     offsets = None if isinstance(r.offsets, int) else r.offsets
     args = numpy.zeros(1, _params.ROTARY_ARGS)
     args[0] = (
@@ -301,9 +304,6 @@ def rotary(r, x, cos, sin, out):
         r.cu_seqlens.shape[0] - 1 if packed else x.shape[0], 0 if packed else x.shape[1], heads, headdim, half,
         cos.shape[0], int(r.interleaved), int(r.conjugate), int(copy_rest),
     )
-    work = rows * heads * (half + (headdim - 2 * half if copy_rest else 0))
-    if work == 0:
-        return out
     ctas = min(cdiv(work, ROTARY_THREADS), ROTARY_MAX_CTAS)
     variant = ROTARY.variant(dtype_name(x.dtype), float32_tables=cos.dtype == numpy.float32 and x.dtype != numpy.float32)
     _kernels.get_kernel(variant)((ctas,), (ROTARY_THREADS,), (args,))

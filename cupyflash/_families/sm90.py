@@ -77,7 +77,8 @@ DETERMINISTIC_DQ_SPLITS_SPLIT_COLS_BY_WALK = 2
 
 FWD = _kernels.Kernel(
     "sm90_fwd", "sm90/fwd.cu", _kernels.HALF_DTYPES, ("headdim", "headdim_v", "block_m", "block_n", "stages"),
-    tuple((*dims, *tile) for dims, tiles in FWD_TILES.items() for tile in tiles), ("score_mod",), arch="90a",
+    tuple((*dims, *tile) for dims, tiles in FWD_TILES.items() for tile in tiles), ("score_mod", "dropout"),
+    arch="90a",
 )
 #: The float32 forward's tiles (kernels_cu/sm90/fwd_planes_mainloop.cuh): head-dim bucket -> ((keys per
 #: tile, K/V stages),). q, k and v are read as three bfloat16 planes (6 bytes an element): at head dim
@@ -347,9 +348,11 @@ class Sm90Forward:
     kernels = (FWD, sm80.PLANES, FWD_PLANES)
 
     def select(self, p, device, operands):
-        if device.capability != CAPABILITY or p.dropout:  # dropout: the general family's for now
+        if device.capability != CAPABILITY:
             return None
         if p.dtype == numpy.float32:
+            if p.dropout:  # the float32 kernel has no dropout yet: the general family's
+                return None
             dim = sm80.headdim_bucket(p.headdim, p.headdim_v, tuple(FWD_PLANES_TILES))
             if dim is None:
                 return None
@@ -367,10 +370,12 @@ class Sm90Forward:
         tiles = FWD_TILES[dims]
         tile = tiles[0]
         # A block mask's query blocks (128 rows or multiples of 128, as a rule) would straddle 192-row
-        # tiles, each of which would then take the element mask: such masks keep the 128-row tile.
-        if p.block_mask is not None and p.block_mask.block_size[0] % tile[0] != 0:
+        # tiles, each of which would then take the element mask: such masks keep the 128-row tile. So does
+        # dropout: the 192-row tile's consumers (160 registers) spilled around the generator (100 local
+        # accesses against 40).
+        if p.dropout or p.block_mask is not None and p.block_mask.block_size[0] % tile[0] != 0:
             tile = tiles[-1]
-        variant = FWD.variant(common.dtype_name(p.dtype), (*dims, *tile), score_mod=score_mod)
+        variant = FWD.variant(common.dtype_name(p.dtype), (*dims, *tile), score_mod=score_mod, dropout=p.dropout)
         return variant if fwd_smem_bytes(variant) <= device.smem_optin else None
 
     def plan(self, b, variant, p, q, k, v, device):
@@ -405,8 +410,9 @@ class Sm90Forward:
         """The Sm90Schedule of a forward plan."""
         schedule = b.struct(SCHEDULE)
         # Query tiles end at each sequence's last row (a partial tile is the first, the shortest causal
-        # walk), except under a block mask, whose lists are per query block from row 0.
-        schedule["align_end"] = int(p.block_mask is None)
+        # walk), except under a block mask, whose lists are per query block from row 0, and with dropout,
+        # whose generator calls serve rows r and r + 8 of 16-row blocks from row 0 (fragment/dropout.cuh).
+        schedule["align_end"] = int(p.block_mask is None and not p.dropout)
         if (p.varlen or p.seqused_k is not None or p.block_mask is not None or p.window_left >= 0
                 or p.window_right >= 0):
             schedule["longest_first"] = 1

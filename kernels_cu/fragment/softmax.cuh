@@ -97,10 +97,13 @@ struct FragmentSoftmax {
                 } else {
                     lse[r] = seen ? kLn2F * (m2[r] + __log2f(total)) : Consts<float>::neg_inf();
                 }
+            } else if (!seen) {  // the sink alone: exactly its own lse (no round trip through log2 units)
+                inv_l[r] = 0.0f;
+                lse[r] = sink;
             } else {
                 const float sink_units = kNatural ? sink : sink * kLog2eF;
                 const float top = fmaxf(m2[r], sink_units);
-                const float own = seen ? exp_units(m2[r] - top) : 0.0f;
+                const float own = exp_units(m2[r] - top);
                 const float sum = total * own + exp_units(sink_units - top);
                 inv_l[r] = own / sum;
                 if constexpr (kNatural) {

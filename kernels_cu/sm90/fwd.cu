@@ -15,6 +15,9 @@
 //     (Mainloop::mma) and write its rows (Epilogue::store: through shared memory and TMA stores where
 //     the O tile fits, else from the accumulators).
 // setmaxnreg gives the producer 24 registers and the consumers the rest: 240 each of two, 160 of three.
+// kDropout: the consumers drop probabilities after their row sums (fragment/dropout.cuh), the epilogue
+// scales the output by 1 / (1 - p); the host starts work tiles on multiples of 16 rows then (no
+// Sm90Schedule::align_end), so each generator call serves a thread's two rows.
 //
 // Grid: x = min(work tiles, SMs). Dynamic shared memory: Sm90FwdTraits::kSmemBytes.
 #include "sm90/fwd_epilogue.cuh"
@@ -24,12 +27,12 @@
 
 namespace cupyflash {
 
-template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kBlockN, int kStages, bool kScoreMod>
+template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kBlockN, int kStages, bool kScoreMod, bool kDropout>
 __global__ void __launch_bounds__(Sm90FwdTraits<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages>::kThreads, 1)
 sm90_fwd(const CUPYFLASH_GRID_CONSTANT FwdArgs args, const CUPYFLASH_GRID_CONSTANT Sm90FwdMaps maps,
          const Sm90Schedule schedule) {
-    using Mainloop = Sm90FwdMainloop<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages, kScoreMod>;
-    using Kernel = Sm90FwdKernel<Mainloop, Sm90FwdEpilogue<T, typename Mainloop::Tr>,
+    using Mainloop = Sm90FwdMainloop<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages, kScoreMod, kDropout>;
+    using Kernel = Sm90FwdKernel<Mainloop, Sm90FwdEpilogue<T, typename Mainloop::Tr, kDropout>,
                                  Sm90QueryTileScheduler<Mainloop::kBlockM>>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Kernel::run(args, maps, schedule, smem_raw);

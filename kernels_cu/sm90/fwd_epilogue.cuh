@@ -21,7 +21,8 @@ namespace cupyflash {
 // rows past a dense sequence's end (the map's rows are the sequence's); a packed sequence's last tile
 // would write the next sequence's rows, so it takes the register path, as do rows before a sequence's
 // start (Sm90Schedule::align_end).
-template <typename T, typename Tr>
+// kDropout: the output takes the kept probabilities' 1 / (1 - p) with 1 / l.
+template <typename T, typename Tr, bool kDropout = false>
 struct Sm90FwdEpilogue {
     // Named barriers kBarrier + wg, after the main loop's (Sm90FwdMainloop): a warpgroup's rows of the O tile.
     static constexpr int kBarrier = 1 + 2 * Tr::kConsumers;
@@ -35,6 +36,11 @@ struct Sm90FwdEpilogue {
         float inv_l[1][2];
         float row_lse[1][2];
         softmax[0].finish(inv_l[0], row_lse[0], attention_sink(args.attn, tile.h));
+        if constexpr (kDropout) {
+            const float keep_scale = static_cast<float>(args.attn.dropout.scale);
+            inv_l[0][0] *= keep_scale;
+            inv_l[0][1] *= keep_scale;
+        }
         bool staged = false;
         if constexpr (Tr::kStoreO) {
             const int w0 = tile.m0 + 64 * wg;

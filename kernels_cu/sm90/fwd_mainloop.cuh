@@ -24,6 +24,7 @@
 #include "common/params.cuh"
 #include "common/score_mod.cuh"
 #include "common/sequence.cuh"
+#include "fragment/dropout.cuh"
 #include "fragment/operand.cuh"
 #include "fragment/scores.cuh"
 #include "fragment/softmax.cuh"
@@ -200,7 +201,8 @@ __device__ __forceinline__ void sm90_seen_key_tiles(const Sm90FwdTile& tile, int
     *last = min(max(ceil_div(end, kBlockN) - tile.keys.first, *first), count);
 }
 
-template <typename T, int kHeadDim, int kHeadDimV, int kBlockM_, int kBlockN, int kStages, bool kScoreMod>
+template <typename T, int kHeadDim, int kHeadDimV, int kBlockM_, int kBlockN, int kStages, bool kScoreMod,
+          bool kDropout = false>
 struct Sm90FwdMainloop {
     using Tr = Sm90FwdTraits<T, kHeadDim, kHeadDimV, kBlockM_, kBlockN, kStages>;
     using Softmax = FragmentSoftmax<Tr::kNTiles>;
@@ -289,6 +291,16 @@ struct Sm90FwdMainloop {
         return moved;
     }
 
+    // Dropout (kDropout) of key tile `entry`'s probabilities, after the softmax has summed them: the lse
+    // is the softmax's before dropout, and the epilogue applies the kept ones' 1 / (1 - p).
+    __device__ __forceinline__ static void drop(float (&s)[Tr::kNTiles][4], const AttnArgs& a, const Sm90FwdTile& tile,
+                                                int entry, int row_g, int col_t) {
+        if constexpr (kDropout) {
+            drop_fragment(s, a.dropout, static_cast<unsigned>(tile.b * a.heads + tile.h), row_g,
+                          entry_tile(entry) * kBlockN, col_t);
+        }
+    }
+
     // Three consumer warpgroups: each computes only the key tiles of the walk that some row of its own
     // sees (a contiguous part of a dense walk), so a 192-row tile does no more products and
     // exponentials under a causal mask or a window than 64-row tiles would. Block-sparse walks are
@@ -372,6 +384,7 @@ struct Sm90FwdMainloop {
         if (count == 1) release_stage(&st.q_empty);
         modify_and_mask(s, a, tile, scores, entry, row_g, w0, col_t);
         fold(softmax[0], s, rescale, scale_log2);  // O is still 0: nothing to rescale
+        drop(s, a, tile, entry, row_g, col_t);
         to_operand<T>(p, s);
         int v_entry = entry;  // the key tile whose probabilities p holds
         for (int j = 1; j < count; ++j) {
@@ -399,6 +412,7 @@ struct Sm90FwdMainloop {
             fence_fragments(o[0]);
             release_stage(&st.empty_v[prev]);
             if (__any_sync(0xffffffffu, moved)) Softmax::rescale_rows(o[0], rescale);
+            drop(s, a, tile, entry, row_g, col_t);
             to_operand<T>(p, s);
             v_entry = entry;
         }

@@ -1,0 +1,51 @@
+// Dropout of an accumulator fragment's probabilities (common/dropout.cuh draws the decisions): a thread
+// of an mma.sync m16n8 or wgmma m64nN accumulator holds, per 8-key n-tile nt, rows `row` and row + 8 and
+// the two keys n0 + 8 nt + col_t + {0, 1} (col_t = 2 (lane % 4)), as p[nt][0..1] and p[nt][2..3]. One
+// generator call decides the eight entries {i, i + 8} x {j, j + 1, j + 8, j + 9} of a 16-row, 16-key
+// block, which is exactly a thread's share of n-tiles 2k and 2k + 1 when row % 16 < 8: every word the
+// call draws is used. A fragment whose row is 8-15 mod 16 (a tile that does not start on a multiple of
+// 16 rows) takes one call per row and 16-key block instead, half of each used.
+#pragma once
+#include "common/dropout.cuh"
+
+namespace cupyflash {
+
+// Zeroes the dropped probabilities of p (the kept ones keep their value: the 1 / (1 - p) of the kept
+// ones is applied to the output at the end). bh = b * heads + h; row, n0 and the keys counted from the
+// start of the sequence; n0 a multiple of 16. The calls run in a loop that is not unrolled, collecting
+// their eight bits each into one mask, so that one call's registers are live at a time (unrolled, the
+// sm90 forward's consumers spilled around them); the mask is then applied to the unrolled fragment.
+template <int kNTiles, typename Acc>
+__device__ __forceinline__ void drop_fragment(Acc (&p)[kNTiles][4], const DropoutArg& d, unsigned bh, int row,
+                                              int n0, int col_t) {
+    static_assert(kNTiles % 2 == 0 && kNTiles <= 16, "16-key blocks, at most 8 (one 64-bit mask)");
+    const bool aligned = (row & 8) == 0;
+    unsigned long long kept = 0;  // 8 bits per 16-key block k: bits 0-3 row `row`'s keys, 4-7 row + 8's
+#pragma unroll 1
+    for (int k = 0; k < kNTiles / 2; ++k) {
+        const unsigned col_word = dropout_col_word(n0 + 16 * k + col_t);
+        unsigned bits;
+        if (aligned) {
+            bits = dropout_keep_bits(d, bh, dropout_row_word(row), col_word);
+        } else {
+            // row has bit 3 set: its entries are the upper half of its call; row + 8 starts the next block.
+            bits = (dropout_keep_bits(d, bh, dropout_row_word(row), col_word) >> 4) |
+                   (dropout_keep_bits(d, bh, dropout_row_word(row + 8), col_word) << 4);
+        }
+        kept |= static_cast<unsigned long long>(bits & 0xFFu) << (8 * k);
+    }
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; nt += 2) {
+        const unsigned bits = static_cast<unsigned>(kept >> (4 * nt));  // block nt / 2 in the low 8 bits
+        if (!(bits & 1u)) p[nt][0] = Acc(0);
+        if (!(bits & 2u)) p[nt][1] = Acc(0);
+        if (!(bits & 4u)) p[nt + 1][0] = Acc(0);
+        if (!(bits & 8u)) p[nt + 1][1] = Acc(0);
+        if (!(bits & 16u)) p[nt][2] = Acc(0);
+        if (!(bits & 32u)) p[nt][3] = Acc(0);
+        if (!(bits & 64u)) p[nt + 1][2] = Acc(0);
+        if (!(bits & 128u)) p[nt + 1][3] = Acc(0);
+    }
+}
+
+}  // namespace cupyflash
