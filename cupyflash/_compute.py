@@ -36,7 +36,7 @@ def forward(p: Problem, q: Array, k: Array, v: Array, max_score: bool = False) -
     else:
         from . import _cuda
 
-        results, fused = _cuda.forward(p, q, k, v), _problem.NEW_KERNELS_ENABLED
+        results, fused = _cuda.forward(p, q, k, v, max_score=max_score), _problem.NEW_KERNELS_ENABLED
     if p.sinks is not None and not fused:
         results = _merge.add_sinks(xp, results[0], results[1], p.sinks, p.varlen) + tuple(results[2:])
     return results

@@ -44,7 +44,7 @@ ATTN_ARGS = numpy.dtype(
     ],
     align=True,
 )
-FWD_ARGS = numpy.dtype([("attn", ATTN_ARGS), ("out", TENSOR_ARG), ("lse", ROWS_ARG)], align=True)
+FWD_ARGS = numpy.dtype([("attn", ATTN_ARGS), ("out", TENSOR_ARG), ("lse", ROWS_ARG), ("max_score", _PTR)], align=True)
 BWD_ARGS = numpy.dtype(
     [
         ("attn", ATTN_ARGS),

@@ -95,6 +95,7 @@ class Problem:
     dropout_seed: int = 0
     dropout_offset: int = 0
     batch_start: int = 0  # dropout's batch index of this problem's first entry (a packed sequence's index)
+    max_score: object = None  # CUDA plans: the slot of the maximum score's (batch, heads) images, or None
 
     @property
     def varlen(self):
@@ -217,9 +218,10 @@ def check_flag(name, value):
 
 
 def check_max_score(value, xp):
-    """return_max_score: a bool; True only for NumPy arrays in this version."""
+    """return_max_score: a bool; True only for NumPy arrays in this version (and CuPy arrays once the
+    general forward's maximum is enabled: NEW_KERNELS_ENABLED)."""
     value = check_flag("return_max_score", value)
-    if value and xp is not numpy:
+    if value and xp is not numpy and not NEW_KERNELS_ENABLED:
         raise NotImplementedError(
             "return_max_score runs on NumPy arrays in this version: the CUDA kernels do not return it yet "
             "(README, 'Dropout, sinks and the maximum score')"

@@ -87,3 +87,34 @@ def test_reproducible_and_dispatched():
     # Agrees with the NumPy twin to within the rounding of the two (same draws).
     host = cupyflash.flash_attention(*(to_host(x) for x in (q, k, v)), **options)
     assert np.abs(to_host(out).astype(np.float64) - host.astype(np.float64)).max() < 0.02
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_max_score(dtype):
+    """The general forward's per-head maximum (common/max_score.cuh), dense and packed, against the oracle's
+    (float32; the kernels' scores round as the plain implementation's do), -inf for a head that sees
+    nothing and NaN where a score is NaN."""
+    from helpers import assert_within_rule, oracle, plain
+
+    q, k, v = random_qkv(cupy, 2, 150, 97, 4, 2, 64, 64, DTYPES[dtype], seed=3)
+    out, lse, top = cupyflash.flash_attention(q, k, v, causal=True, softcap=5.0, return_lse=True,
+                                              return_max_score=True)
+    assert top.dtype == np.float32 and top.shape == (2, 4)
+    want, base = oracle(q, k, v, True, softcap=5.0), plain(q, k, v, True, softcap=5.0)
+    assert_within_rule("max_score", top, want["max_score"], base["max_score"], 2)
+    assert_within_rule("out", out, want["out"], base["out"], 2)
+    q[1, 7, 2, 0] = float("nan")
+    layout = np.ones((2, 4, 2, 1), bool)
+    layout[0, 3] = False
+    mask = cupyflash.BlockMask.from_dense(layout, (128, 128))
+    _, top = cupyflash.flash_attention(q, k, v, block_mask=mask, return_max_score=True)
+    top = to_host(top)
+    assert np.isnan(top[1, 2]) and top[0, 3] == -np.inf and np.isfinite(top[0, :3]).all()
+    cu = cupy.asarray(np.array([0, 40, 40, 150], np.int32))
+    packed = [x.reshape(-1, *x.shape[2:])[:150] for x in random_qkv(cupy, 1, 150, 150, 4, 2, 64, 64, DTYPES[dtype],
+                                                                       seed=4)]
+    _, top = cupyflash.flash_attention_varlen(*packed, cu, cu, causal=True, return_max_score=True)
+    host = cupyflash.flash_attention_varlen(*(to_host(x) for x in packed), to_host(cu), to_host(cu), causal=True,
+                                            return_max_score=True)[1]
+    np.testing.assert_allclose(to_host(top), host, rtol=2e-3 if DTYPES[dtype].itemsize == 2 else 1e-6)
+    assert (to_host(top)[1] == -np.inf).all()

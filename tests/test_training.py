@@ -145,6 +145,44 @@ def test_fragment_dropout_is_the_definition_on_the_host(tmp_path):
         np.testing.assert_array_equal(got, want, err_msg=f"rows from {row0}, keys from {n0}")
 
 
+_MAX_SCORE_PROGRAM = r"""
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+inline int __float_as_int(float x) { int i; std::memcpy(&i, &x, 4); return i; }
+inline unsigned atomicMax(unsigned* slot, unsigned x) { unsigned old = *slot; *slot = old > x ? old : x; return old; }
+#include "common/max_score.cuh"
+int main(int argc, char** argv) {
+    for (int k = 1; k < argc; ++k) printf("%u\n", cupyflash::max_score_image(strtof(argv[k], nullptr)));
+    return 0;
+}
+"""
+
+
+def test_max_score_images_order_like_the_floats(tmp_path):
+    """common/max_score.cuh's images (built as host C++) order as the floats do, -inf at 0 and NaN above
+    +inf, and decode back to the floats (common.decode_max_scores, on NumPy arrays)."""
+    compiler = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if compiler is None:
+        pytest.skip("no host C++ compiler")
+    pytest.importorskip("cupy")  # _families imports CuPy (no GPU needed)
+    from cupyflash._families import common
+
+    source = tmp_path / "image.cpp"
+    source.write_text(_MAX_SCORE_PROGRAM)
+    binary = tmp_path / "image"
+    subprocess.run([compiler, "-std=c++17", "-O1", "-D__device__=", "-D__forceinline__=inline", "-I",
+                    _kernels.kernel_dir(), str(source), "-o", str(binary)], check=True, capture_output=True)
+    values = ["-inf", "-3.4e38", "-1", "-1e-40", "-0", "0", "1e-40", "2.5", "3.4e38", "inf", "nan", "-nan"]
+    run = subprocess.run([str(binary), *values], check=True, capture_output=True, text=True)
+    images = np.array(run.stdout.split(), np.uint32)
+    assert images[0] == 0 and (np.diff(images[:11].astype(np.int64)) > 0).all() and images[11] == images[10]
+    decoded = common.decode_max_scores(np, images)
+    expected = np.array([float(x) for x in values], np.float32)
+    np.testing.assert_array_equal(decoded[:10].view(np.uint32), expected[:10].view(np.uint32))
+    assert np.isnan(decoded[10:]).all()
+
+
 def test_dropout_mask_statistics():
     """Keep rate within 4 sigma over 2^21 entries, at three rates (one not a multiple of 2^-16: the rate
     is 1 - floor(p 2^16) / 2^16); no correlation (|r| < 4 / sqrt(n)) between neighbours in i, in j, across

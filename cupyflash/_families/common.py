@@ -144,7 +144,8 @@ def lse_strides(p):
 def fwd_args(b, p, q, k, v, out, lse, lists):
     """The ``FwdArgs`` of a forward call, a struct of plan ``b``."""
     args = b.struct(_params.FWD_ARGS)
-    args[0] = (attn(p, q, k, v, lists), _params.tensor(out, not p.varlen), _params.rows(lse, *lse_strides(p)))
+    args[0] = (attn(p, q, k, v, lists), _params.tensor(out, not p.varlen), _params.rows(lse, *lse_strides(p)),
+               _params.pointer(p.max_score))
     return args
 
 
@@ -308,3 +309,12 @@ def rotary(r, x, cos, sin, out):
     variant = ROTARY.variant(dtype_name(x.dtype), float32_tables=cos.dtype == numpy.float32 and x.dtype != numpy.float32)
     _kernels.get_kernel(variant)((ctas,), (ROTARY_THREADS,), (args,))
     return out
+
+
+def decode_max_scores(xp, images):
+    """float32 maxima from the (batch, heads) uint32 images the forwards leave (kernels_cu/common/
+    max_score.cuh: the bits ordered as unsigned integers, -inf at 0), on NumPy or CuPy arrays."""
+    ordered = (images.astype(numpy.uint64) + 0x007FFFFF).astype(numpy.uint32) ^ numpy.uint32(0x80000000)
+    signed = ordered.view(numpy.int32)
+    bits = xp.where(signed >= 0, signed, signed ^ numpy.int32(0x7FFFFFFF))
+    return bits.view(numpy.float32)

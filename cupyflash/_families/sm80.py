@@ -172,7 +172,7 @@ def _select(p, device, half, fp32, fp64, smem_bytes):
     """The variant of a pass for ``p``: of the (kernel, tiles) of its dtype (``half`` for float16/bfloat16),
     the first tile of its head-dim bucket whose ``smem_bytes`` fit the device; None where none does. The
     float32 kernel takes p's precision as its tf32 flag. Dropout is the general family's for now."""
-    if p.dropout:
+    if p.dropout or p.max_score is not None:  # the general family's for now
         return None
     if p.dtype in (numpy.float32, numpy.float64) and device.capability >= MIN_CAPABILITY:
         kernel, tiles = fp32 if p.dtype == numpy.float32 else fp64

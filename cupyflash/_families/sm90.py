@@ -348,7 +348,7 @@ class Sm90Forward:
     kernels = (FWD, sm80.PLANES, FWD_PLANES)
 
     def select(self, p, device, operands):
-        if device.capability != CAPABILITY:
+        if device.capability != CAPABILITY or p.max_score is not None:  # the maximum: the general family's
             return None
         if p.dtype == numpy.float32:
             if p.dropout:  # the float32 kernel has no dropout yet: the general family's

@@ -38,7 +38,10 @@ def attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_t
         named["cache_seqlens"] = cache_seqlens
     checked = dict(zip(named, _problem.arrays(**named)))
     return_lse = _problem.check_flag("return_lse", return_lse)
-    return_max_score = _problem.check_max_score(return_max_score, _problem.array_module({"q": checked["q"]}))
+    return_max_score = _problem.check_flag("return_max_score", return_max_score)
+    if return_max_score and _problem.array_module({"q": checked["q"]}) is not numpy:
+        raise NotImplementedError("flash_attention_with_kvcache returns the maximum score for NumPy arrays only in "
+                                  "this version (the decode kernel does not compute it yet)")
     c = _call.check(
         checked["q"], checked["k_cache"], checked["v_cache"], k=checked.get("k"), v=checked.get("v"),
         cache_seqlens=checked.get("cache_seqlens", cache_seqlens), cache_batch_idx=checked.get("cache_batch_idx"),

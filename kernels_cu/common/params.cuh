@@ -84,6 +84,7 @@ struct FwdArgs {
     AttnArgs attn;
     TensorArg out;
     RowsArg lse;                 // float for 16-bit inputs, double for float32/float64 (lse_t)
+    unsigned* max_score;         // (batch, heads) images of the largest scores (common/max_score.cuh); null: none
 };
 
 struct BwdArgs {

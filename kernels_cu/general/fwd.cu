@@ -11,6 +11,7 @@
 // takes the 1 / (1 - p) of the kept ones at the end. lse stays the softmax's before dropout.
 #include "common/dtypes.cuh"
 #include "common/mask.cuh"
+#include "common/max_score.cuh"
 #include "common/params.cuh"
 #include "common/reduce.cuh"
 #include "common/scheduler.cuh"
@@ -96,6 +97,11 @@ general_fwd(const CUPYFLASH_GRID_CONSTANT FwdArgs args) {
     // Epilogue. A row that saw no key has sum 0: its output is 0 (not 0/0) and its lse is -inf. An
     // attention sink joins the sum here (its row then always has a sum).
     if (i >= seq.seqlen_q) return;
+    if (args.max_score != nullptr && blockIdx.y == 0 && lane == 0) {
+        // The row's largest score (the running maximum skips NaN; a NaN score left its sum NaN).
+        const float top = stats.sum != stats.sum ? __int_as_float(0x7FC00000) : static_cast<float>(stats.max);
+        record_max_score(args.max_score + static_cast<long long>(b) * a.heads + h, top);
+    }
     Acc own = Acc(1);  // the factor of the accumulated outputs (exactly 1 without a sink)
     const float sink = attention_sink(a, h);
     if (sink != Consts<float>::neg_inf()) own = stats.add_sink(static_cast<Acc>(sink));
