@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 
 
 def forward(p: Problem, q: Array, k: Array, v: Array, max_score: bool = False) -> Tuple[Array, ...]:
-    """``(out, lse)`` of problem ``p`` for its operands q, k and v, and with ``max_score`` (NumPy only
-    in this version) the largest score of each head, float32 (batch, heads).
+    """``(out, lse)`` of problem ``p`` for its operands q, k and v, and with ``max_score`` the largest
+    score of each head, float32 (batch, heads).
 
     The CUDA forwards join the sinks to each row's sum in their epilogues (fragment/softmax.cuh's
     finish); the NumPy twin, and a problem with nothing to compute, merge them in afterwards as one more

@@ -33,22 +33,26 @@ def forward_plan(p, q, k, v, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=
     what the kernels cannot read as it is, on every run). Its run takes ``(q, k, v, alibi_slopes,
     cu_seqlens_q, cu_seqlens_k, seqused_k)`` and returns ``(out, lse)``, or ``(out,)`` without
     ``return_lse`` (the kernels still write lse, into the workspace); with ``max_score``, then the
-    (batch, heads) uint32 images of the maxima (common.decode_max_scores), zeroed (-inf) each run."""
+    float32 (batch, heads) maxima (the forward raises their images in a workspace zeroed each run, then
+    common.plan_max_score_decode)."""
     device = common.current_device()
     b = _plan.PlanBuilder()
     operands = tuple(b.input(*common.readable(x)) for x in (q, k, v))
     ps = _problem_inputs(b, p, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k)
-    images = None
+    images = top = None
     if max_score:
         images = b.workspace((p.batch, p.heads), numpy.uint32, zeroed=True)
+        top = b.output((p.batch, p.heads), numpy.float32)
         ps = dataclasses.replace(ps, max_score=images)
     if _launchable(p):
         family, variant = _families.select(_families.FORWARD, ps, device, operands)
         out, lse = family.plan(b, variant, ps, *operands, device)
     else:
         out, lse = b.output(p.out_shape, p.dtype), b.output(p.lse_shape, lse_dtype(p.dtype))
-    common.plan_varlen_check(b, ps, *operands, out, lse)
-    return b.build(((out, lse) if return_lse else (out,)) + ((images,) if max_score else ()))
+    if max_score:
+        common.plan_max_score_decode(b, images, top)
+    common.plan_varlen_check(b, ps, *operands, out, lse, *((top,) if max_score else ()))
+    return b.build(((out, lse) if return_lse else (out,)) + ((top,) if max_score else ()))
 
 
 def backward_plan(p, dout, q, k, v, out, lse, deterministic, alibi_slopes=None, cu_seqlens_q=None,
@@ -79,10 +83,7 @@ def forward(p, q, k, v, max_score=False):
     """``(out, lse)`` of a validated, non-empty problem whose arrays are its own, and with ``max_score`` the
     largest score of each (batch entry, head), float32."""
     plan = forward_plan(p, q, k, v, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, max_score=max_score)
-    results = plan(q, k, v, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k)
-    if max_score:
-        results = (*results[:2], common.decode_max_scores(cupy, results[2]))
-    return results
+    return plan(q, k, v, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k)
 
 
 def backward(p, dout, q, k, v, out, lse, deterministic):

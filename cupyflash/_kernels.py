@@ -44,7 +44,8 @@ class Kernel:
     """A C++ kernel template: ``cupyflash::<name><storage type, *tile values, *flags>``.
 
     ``tiles`` is the closed table of the integer ``tile_params``' values; every combination of the
-    boolean ``flags`` is built for every tile and dtype. A template without a storage type has no
+    boolean ``flags`` is built for every tile and dtype, but those ``excludes(tile, flags)`` names (a
+    function of the tile and the {flag: value} dict; None: none). A template without a storage type has no
     ``dtypes`` (its variants' dtype is None). ``arch`` names the one target of a kernel that uses
     architecture-specific instructions (``"90a"``: wgmma, setmaxnreg), None for kernels built for
     whatever device runs them.
@@ -57,13 +58,17 @@ class Kernel:
     tiles: tuple = ((),)
     flags: tuple = ()
     arch: str = None
+    excludes: object = None
 
     def variant(self, dtype=None, tile=(), **flags):
         """The variant of ``dtype`` and ``tile`` with the given flags (missing flags are False)."""
         unknown = set(flags) - set(self.flags)
         if unknown:
             raise ValueError(f"{self.name} has no flags {sorted(unknown)}")
-        return Variant(self, dtype, tuple(tile), tuple(bool(flags.get(f, False)) for f in self.flags))
+        values = tuple(bool(flags.get(f, False)) for f in self.flags)
+        if self._excluded(tuple(tile), values):
+            raise ValueError(f"{self.name} is not built with tile {tuple(tile)} and flags {dict(zip(self.flags, values))}")
+        return Variant(self, dtype, tuple(tile), values)
 
     def variants(self):
         """Every variant of the template."""
@@ -72,7 +77,11 @@ class Kernel:
             for dtype in (self.dtypes or (None,))
             for tile in self.tiles
             for flags in itertools.product((False, True), repeat=len(self.flags))
+            if not self._excluded(tile, flags)
         )
+
+    def _excluded(self, tile, flags):
+        return self.excludes is not None and self.excludes(tile, dict(zip(self.flags, flags)))
 
 
 @dataclasses.dataclass(frozen=True)

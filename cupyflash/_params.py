@@ -92,6 +92,9 @@ ROTARY_ARGS = numpy.dtype(
     align=True,
 )
 
+#: MaxScoreDecodeArgs (kernels_cu/common/max_score.cu).
+MAX_SCORE_DECODE_ARGS = numpy.dtype([("images", _PTR), ("out", _PTR), ("count", _I32)], align=True)
+
 #: C++ struct name -> dtype, for the layout test.
 STRUCTS = {
     "TensorArg": TENSOR_ARG,
@@ -105,6 +108,7 @@ STRUCTS = {
     "NanFill": NAN_FILL,
     "DropoutMaskArgs": DROPOUT_MASK_ARGS,
     "RotaryArgs": ROTARY_ARGS,
+    "MaxScoreDecodeArgs": MAX_SCORE_DECODE_ARGS,
 }
 
 

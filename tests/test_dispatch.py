@@ -48,12 +48,12 @@ def test_sm90_only_on_compute_capability_9_0():
 
 
 @pytest.mark.parametrize("headdim, headdim_v, expected", [
-    (32, 32, "sm90_bwd_bf16_d64_v64_q128_s2_mod_0"), (64, 64, "sm90_bwd_bf16_d64_v64_q128_s2_mod_0"),
-    (96, 96, "sm90_bwd_bf16_d96_v96_q64_s2_mod_0"), (80, 80, "sm90_bwd_bf16_d96_v96_q64_s2_mod_0"),
-    (64, 128, "sm90_bwd_bf16_d128_v128_q64_s2_mod_0"),
-    (128, 128, "sm90_bwd_bf16_d128_v128_q64_s2_mod_0"), (160, 160, "sm90_bwd_bf16_d192_v192_q64_s2_mod_0"),
-    (192, 192, "sm90_bwd_bf16_d192_v192_q64_s2_mod_0"),
-        (256, 256, "sm90_bwd_bf16_d256_v256_q64_s2_mod_0"),
+    (32, 32, "sm90_bwd_bf16_d64_v64_q128_s2_mod_0_drop_0"), (64, 64, "sm90_bwd_bf16_d64_v64_q128_s2_mod_0_drop_0"),
+    (96, 96, "sm90_bwd_bf16_d96_v96_q64_s2_mod_0_drop_0"), (80, 80, "sm90_bwd_bf16_d96_v96_q64_s2_mod_0_drop_0"),
+    (64, 128, "sm90_bwd_bf16_d128_v128_q64_s2_mod_0_drop_0"),
+    (128, 128, "sm90_bwd_bf16_d128_v128_q64_s2_mod_0_drop_0"), (160, 160, "sm90_bwd_bf16_d192_v192_q64_s2_mod_0_drop_0"),
+    (192, 192, "sm90_bwd_bf16_d192_v192_q64_s2_mod_0_drop_0"),
+        (256, 256, "sm90_bwd_bf16_d256_v256_q64_s2_mod_0_drop_0"),
 ])
 def test_sm90_backward_buckets(headdim, headdim_v, expected):
     variant = sm90.BACKWARD.select(*_with_operands(_problem(headdim, headdim_v), H200))
@@ -169,21 +169,26 @@ def test_sm90_forward_keeps_block_masks_whole(block_q, tile):
     assert sm90.FORWARD.select(p, H200, _operands(p)).key == f"sm90_fwd_bf16_d64_v64_{tile}_mod_0_drop_0"
 
 
-@pytest.mark.parametrize("headdim, expected", [(64, "sm90_fwd_bf16_d64_v64_q128_n128_s4_mod_0_drop_1"),
-                                               (128, "sm90_fwd_bf16_d128_v128_q128_n128_s2_mod_0_drop_1")])
-def test_dropout_takes_the_hopper_forward_on_128_row_tiles_and_the_general_kernels_elsewhere(headdim, expected):
+@pytest.mark.parametrize("headdim, forward, backward", [
+    (64, "sm90_fwd_bf16_d64_v64_q128_n128_s4_mod_0_drop_1", "sm90_bwd_bf16_d64_v64_q128_s2_mod_0_drop_1"),
+    (128, "sm90_fwd_bf16_d128_v128_q128_n128_s2_mod_0_drop_1", "sm90_bwd_bf16_d128_v128_q64_s2_mod_0_drop_1"),
+    (256, "sm90_fwd_bf16_d256_v256_q128_n80_s2_mod_0_drop_1", None),
+])
+def test_dropout_takes_the_hopper_kernels_and_the_general_kernels_elsewhere(headdim, forward, backward):
     """bfloat16 dropout: the sm90 forward built with it (head dim 64 on its 128-row tile, whose consumers have
-    the registers for the generator); the sm90 and sm80 backwards, the sm80 forward and float32 hand it on."""
+    the registers for the generator) and the sm90 backward up to head dim 128 (above, its split-column
+    roles have no dropout: the general kernels); the sm80 family and float32 hand it on."""
     p = _problem(headdim, causal=True, dropout_p=0.1, dropout_seed=1)
-    assert sm90.FORWARD.select(p, H200, _operands(p)).key == expected
-    assert sm90.BACKWARD.select(p, H200, _operands(p)) is None
+    assert sm90.FORWARD.select(p, H200, _operands(p)).key == forward
+    family, variant = _families.select(_families.BACKWARD, p, H200, _operands(p))
+    assert (family.name, variant.key) == (("sm90", backward) if backward else ("general", "general_bwd_dq_bf16_drop_1"))
     family, variant = _families.select(_families.FORWARD, p, A100, _operands(p))
     assert (family.name, variant.key) == ("general", "general_fwd_bf16_drop_1")
     p32 = _problem(headdim, dtype=np.float32, dropout_p=0.1, dropout_seed=1)
     family, variant = _families.select(_families.FORWARD, p32, H200, _operands(p32))
     assert (family.name, variant.key) == ("general", "general_fwd_fp32_drop_1")
-    family, variant = _families.select(_families.BACKWARD, p, H200, _operands(p))
-    assert (family.name, variant.key) == ("general", "general_bwd_dq_bf16_drop_1")
+    with pytest.raises(ValueError, match="not built"):
+        sm90.BWD.variant("bfloat16", (256, 256, 64, 2), dropout=True)
 
 
 @pytest.mark.parametrize("precision, device, expected", [

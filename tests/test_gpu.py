@@ -199,12 +199,12 @@ def test_forward_dispatch(dtype, headdim, headdim_v, device, expected):
 @pytest.mark.parametrize(
     "dtype, headdim, headdim_v, device, expected",
     [("bfloat16", 128, 128, A100, "sm80_bwd_bf16_d128_n128_q64_s1_mod_0"),
-     ("bfloat16", 128, 128, H200, "sm90_bwd_bf16_d128_v128_q64_s2_mod_0"),
-     ("float16", 40, 104, H200, "sm90_bwd_fp16_d128_v128_q64_s2_mod_0"),
+     ("bfloat16", 128, 128, H200, "sm90_bwd_bf16_d128_v128_q64_s2_mod_0_drop_0"),
+     ("float16", 40, 104, H200, "sm90_bwd_fp16_d128_v128_q64_s2_mod_0_drop_0"),
      # v rows of 200 bytes: no TMA can read them, so dispatch gives the call to the sm80 kernels.
      ("float16", 40, 100, H200, "sm80_bwd_fp16_d128_n128_q64_s2_mod_0"),
-     ("float16", 160, 64, H200, "sm90_bwd_fp16_d192_v192_q64_s2_mod_0"),
-     ("bfloat16", 256, 256, H200, "sm90_bwd_bf16_d256_v256_q64_s2_mod_0"),
+     ("float16", 160, 64, H200, "sm90_bwd_fp16_d192_v192_q64_s2_mod_0_drop_0"),
+     ("bfloat16", 256, 256, H200, "sm90_bwd_bf16_d256_v256_q64_s2_mod_0_drop_0"),
      ("float16", 257, 64, H200, None), ("float64", 64, 64, H200, "sm80_bwd_dmma_fp64_d64_n64_q32_s1_mod_0"),
      ("float32", 100, 100, H200, "sm90_bwd_planes_fp32_d128_s1_mod_0_tf32_0"), ("float64", 160, 160, H200, None)],
 )

@@ -1,6 +1,6 @@
 """Dropout on the GPU (GPU only): the device generator (kernels_cu/common/dropout.cuh) against the
-definition bit for bit, through cupyflash.dropout_mask; the Hopper 16-bit forward and the general kernels
-built with dropout against the float64 oracle given the same keep mask (every dtype, GQA, causal,
+definition bit for bit, through cupyflash.dropout_mask; the Hopper 16-bit forward and backward and the
+general kernels built with dropout against the float64 oracle given the same keep mask (every dtype, GQA, causal,
 windows, packed batches, sinks);
 runs reproducible to the bit and dispatch. Until this file has passed on a GPU, CuPy calls refuse
 dropout (cupyflash._problem.NEW_KERNELS_ENABLED); its tests turn the kernels on."""
@@ -47,8 +47,8 @@ _CASES = [
                                            ("float32", ""), ("float64", "")])
 @pytest.mark.parametrize("case", _CASES, ids=["gqa-causal", "window-d40-v24", "softcap-d128"])
 def test_dense(case, dtype, family, monkeypatch):
-    """16-bit: the Hopper forward built with dropout where it takes the problem (the default dispatch), and
-    the general kernels; the backward is the general family's."""
+    """16-bit: the Hopper forward and backward built with dropout where they take the problem (the default
+    dispatch: these head dims are within the backward's 128), and the general kernels."""
     use_family(monkeypatch, family)
     sizes, causal, options = case
     check_dense(cupy, sizes, DTYPES[dtype], causal=causal, dropout_p=0.2, dropout_seed=99, dropout_offset=sizes[1],
@@ -118,3 +118,7 @@ def test_max_score(dtype):
                                             return_max_score=True)[1]
     np.testing.assert_allclose(to_host(top), host, rtol=2e-3 if DTYPES[dtype].itemsize == 2 else 1e-6)
     assert (to_host(top)[1] == -np.inf).all()
+    # An overflowing score is +inf (its row's sum is NaN, but no score is).
+    big = cupy.full((1, 3, 2, 64), 1e20, np.float32)
+    _, top = cupyflash.flash_attention(big, big, big, return_max_score=True)
+    assert (to_host(top) == np.inf).all()

@@ -124,10 +124,37 @@ int main(int argc, char** argv) {
 """
 
 
+_TRANSPOSED_PROGRAM = r"""
+#include <cstdio>
+#include <cstdlib>
+#include "fragment/dropout.cuh"
+// A warp's transposed fragment (lane: keys key0 + lane / 4 and + 8, queries m0 + 8 nt + 2 (lane % 4) + {0, 1});
+// prints the kept mask of queries m0 .. m0 + 63 (rows) by keys key0 .. key0 + 15.
+int main(int argc, char** argv) {
+    cupyflash::DropoutArg d{strtoull(argv[1], nullptr, 10), static_cast<unsigned>(strtoul(argv[2], nullptr, 10)),
+                            static_cast<unsigned>(strtoul(argv[3], nullptr, 10)), 1.0, 1};
+    const unsigned bh = strtoul(argv[4], nullptr, 10);
+    const int key0 = atoi(argv[5]), m0 = atoi(argv[6]);
+    char kept[64][16];
+    for (int lane = 0; lane < 32; ++lane) {
+        float p[8][4];
+        for (auto& tile : p) for (float& x : tile) x = 1.0f;
+        const int key = key0 + lane / 4, col_t = 2 * (lane % 4);
+        cupyflash::apply_dropout_transposed(p, cupyflash::dropout_bits_transposed<8>(d, bh, key, m0, col_t), 1.0f);
+        for (int nt = 0; nt < 8; ++nt)
+            for (int e = 0; e < 4; ++e) kept[8 * nt + col_t + e % 2][lane / 4 + 8 * (e / 2)] = p[nt][e] != 0.0f ? '1' : '0';
+    }
+    for (auto& line : kept) fwrite(line, 1, 16, stdout);
+    return 0;
+}
+"""
+
+
 def test_fragment_dropout_is_the_definition_on_the_host(tmp_path):
     """fragment/dropout.cuh (the tensor-core kernels' per-thread draws) as host C++: a warp's fragment of
     16 rows by 64 keys, rows starting on a multiple of 16 (one call per row pair) and not (one per row),
-    against the definition."""
+    and the backward's transposed fragment of 16 keys (aligned and not) by 64 queries, against the
+    definition."""
     compiler = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if compiler is None:
         pytest.skip("no host C++ compiler")
@@ -143,6 +170,18 @@ def test_fragment_dropout_is_the_definition_on_the_host(tmp_path):
         got = np.frombuffer(run.stdout.encode(), np.uint8).reshape(16, 64) == ord("1")
         want = _dropout.keep(seed, offset, b * heads + h, (row0, row0 + 16), (n0, n0 + 64), p)
         np.testing.assert_array_equal(got, want, err_msg=f"rows from {row0}, keys from {n0}")
+    # The backward's transposed fragments: keys as rows, queries as columns.
+    source = tmp_path / "transposed.cpp"
+    source.write_text(_TRANSPOSED_PROGRAM)
+    binary = tmp_path / "transposed"
+    subprocess.run([compiler, "-std=c++17", "-O1", "-D__device__=", "-D__forceinline__=inline", "-I",
+                    _kernels.kernel_dir(), str(source), "-o", str(binary)], check=True, capture_output=True)
+    for b, h, key0, m0 in ((0, 0, 0, 0), (1, 5, 48, 128), (0, 3, 13, 64), (2, 1, 1001, 16)):
+        run = subprocess.run([str(binary), str(seed), str(offset), str(_dropout.threshold(p)), str(b * heads + h),
+                              str(key0), str(m0)], check=True, capture_output=True, text=True)
+        got = np.frombuffer(run.stdout.encode(), np.uint8).reshape(64, 16) == ord("1")
+        want = _dropout.keep(seed, offset, b * heads + h, (m0, m0 + 64), (key0, key0 + 16), p)
+        np.testing.assert_array_equal(got, want, err_msg=f"keys from {key0}, queries from {m0}")
 
 
 _MAX_SCORE_PROGRAM = r"""
@@ -150,24 +189,25 @@ _MAX_SCORE_PROGRAM = r"""
 #include <cstdlib>
 #include <cstring>
 inline int __float_as_int(float x) { int i; std::memcpy(&i, &x, 4); return i; }
+inline float __int_as_float(int i) { float x; std::memcpy(&x, &i, 4); return x; }
 inline unsigned atomicMax(unsigned* slot, unsigned x) { unsigned old = *slot; *slot = old > x ? old : x; return old; }
 #include "common/max_score.cuh"
 int main(int argc, char** argv) {
-    for (int k = 1; k < argc; ++k) printf("%u\n", cupyflash::max_score_image(strtof(argv[k], nullptr)));
+    for (int k = 1; k < argc; ++k) {
+        const unsigned image = cupyflash::max_score_image(strtof(argv[k], nullptr));
+        printf("%u %a\n", image, cupyflash::max_score_value(image));
+    }
     return 0;
 }
 """
 
 
 def test_max_score_images_order_like_the_floats(tmp_path):
-    """common/max_score.cuh's images (built as host C++) order as the floats do, -inf at 0 and NaN above
-    +inf, and decode back to the floats (common.decode_max_scores, on NumPy arrays)."""
+    """common/max_score.cuh's images (built as host C++) order as the floats do, -inf at 0 (a zeroed
+    buffer) and NaN above +inf, and decode back to the floats (max_score_value)."""
     compiler = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if compiler is None:
         pytest.skip("no host C++ compiler")
-    pytest.importorskip("cupy")  # _families imports CuPy (no GPU needed)
-    from cupyflash._families import common
-
     source = tmp_path / "image.cpp"
     source.write_text(_MAX_SCORE_PROGRAM)
     binary = tmp_path / "image"
@@ -175,9 +215,10 @@ def test_max_score_images_order_like_the_floats(tmp_path):
                     _kernels.kernel_dir(), str(source), "-o", str(binary)], check=True, capture_output=True)
     values = ["-inf", "-3.4e38", "-1", "-1e-40", "-0", "0", "1e-40", "2.5", "3.4e38", "inf", "nan", "-nan"]
     run = subprocess.run([str(binary), *values], check=True, capture_output=True, text=True)
-    images = np.array(run.stdout.split(), np.uint32)
+    lines = [line.split() for line in run.stdout.splitlines()]
+    images = np.array([int(image) for image, _ in lines], np.uint32)
     assert images[0] == 0 and (np.diff(images[:11].astype(np.int64)) > 0).all() and images[11] == images[10]
-    decoded = common.decode_max_scores(np, images)
+    decoded = np.array([float.fromhex(value) if "nan" not in value else np.nan for _, value in lines], np.float32)
     expected = np.array([float(x) for x in values], np.float32)
     np.testing.assert_array_equal(decoded[:10].view(np.uint32), expected[:10].view(np.uint32))
     assert np.isnan(decoded[10:]).all()

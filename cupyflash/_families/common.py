@@ -311,10 +311,16 @@ def rotary(r, x, cos, sin, out):
     return out
 
 
-def decode_max_scores(xp, images):
-    """float32 maxima from the (batch, heads) uint32 images the forwards leave (kernels_cu/common/
-    max_score.cuh: the bits ordered as unsigned integers, -inf at 0), on NumPy or CuPy arrays."""
-    ordered = (images.astype(numpy.uint64) + 0x007FFFFF).astype(numpy.uint32) ^ numpy.uint32(0x80000000)
-    signed = ordered.view(numpy.int32)
-    bits = xp.where(signed >= 0, signed, signed ^ numpy.int32(0x7FFFFFFF))
-    return bits.view(numpy.float32)
+#: The maximum score's decoding (kernels_cu/common/max_score.cu): (batch, heads) images into float32.
+MAX_SCORE_DECODE = _kernels.Kernel("max_score_decode", "common/max_score.cu", ())
+MAX_SCORE_THREADS = 256
+
+
+def plan_max_score_decode(b, images, top):
+    """The launch of plan ``b`` that decodes the maximum score's ``images`` (a zeroed workspace the
+    forward's rows raise, FwdArgs.max_score) into the float32 output ``top`` (slots of one shape)."""
+    args = b.struct(_params.MAX_SCORE_DECODE_ARGS)
+    count = int(numpy.prod(top.shape))
+    args[0] = (_params.pointer(images), _params.pointer(top), count)
+    ctas = max(1, min(cdiv(count, MAX_SCORE_THREADS), 1024))
+    b.launch(function(MAX_SCORE_DECODE.variant()), (ctas, 1, 1), MAX_SCORE_THREADS, (args,))

@@ -90,9 +90,13 @@ FWD_PLANES = _kernels.Kernel(
 )
 #: Query rows per CTA of the float32 forward (two consumer warpgroups).
 FWD_PLANES_BLOCK_M = 128
+#: Head dims up to which the backward's consumers each hold their keys' dK and dV (above, the split-column
+#: roles, Sm90BwdTraits::kSplitCols), the tiles built with dropout.
+BWD_DROPOUT_MAX_HEADDIM = 128
 BWD = _kernels.Kernel(
     "sm90_bwd", "sm90/bwd.cu", _kernels.HALF_DTYPES, ("headdim", "headdim_v", "block_m", "stages"),
-    tuple((*dims, *tile) for dims, tile in BWD_TILES.items()), ("score_mod",), arch="90a",
+    tuple((*dims, *tile) for dims, tile in BWD_TILES.items()), ("score_mod", "dropout"), arch="90a",
+    excludes=lambda tile, flags: flags["dropout"] and max(tile[:2]) > BWD_DROPOUT_MAX_HEADDIM,
 )
 #: The float32 backward's Q/dO stages per head-dim bucket (kernels_cu/sm90/bwd_planes_mainloop.cuh): 64-key
 #: CTAs and 64-query tiles whose operands are three bfloat16 planes each; at head dim 128 K and V (48 KB
@@ -474,9 +478,11 @@ class Sm90Backward:
     kernels = (common.DELTA, sm80.PLANES, BWD, BWD_PLANES, common.DQ_CONVERT)
 
     def select(self, p, device, operands):
-        if device.capability != CAPABILITY or p.dropout:  # dropout: the general family's for now
+        if device.capability != CAPABILITY:
             return None
         if p.dtype == numpy.float32:
+            if p.dropout:  # the float32 kernel has no dropout yet: the general family's
+                return None
             dim = sm80.headdim_bucket(p.headdim, p.headdim_v, tuple(BWD_PLANES_STAGES))
             if dim is None:
                 return None
@@ -488,7 +494,10 @@ class Sm90Backward:
         dims = bucket(p.headdim, p.headdim_v, tuple(BWD_TILES))
         if dims is None or not all(tma_addressable(x, p.varlen) for x in operands):
             return None
-        variant = BWD.variant(common.dtype_name(p.dtype), (*dims, *BWD_TILES[dims]), score_mod=p.score_mod)
+        if p.dropout and max(dims) > BWD_DROPOUT_MAX_HEADDIM:  # the split-column roles draw no dropout
+            return None
+        variant = BWD.variant(common.dtype_name(p.dtype), (*dims, *BWD_TILES[dims]), score_mod=p.score_mod,
+                              dropout=p.dropout)
         return variant if bwd_smem_bytes(variant) <= device.smem_optin else None
 
     def plan(self, b, variant, p, dout, q, k, v, out, lse, deterministic, device):

@@ -48,4 +48,56 @@ __device__ __forceinline__ void drop_fragment(Acc (&p)[kNTiles][4], const Dropou
     }
 }
 
+// The same decisions for a transposed fragment (the backward's S^T, dP^T): its rows are keys (key_row and
+// key_row + 8) and its columns queries m0 + 8 nt + col_t + {0, 1}, so p[nt][e + 2 r] is the entry of query
+// m0 + 8 nt + col_t + e and key key_row + 8 r. A call then serves a thread's four entries of one query
+// pair {i, i + 8} (n-tiles 2k and 2k + 1, column e) and its two keys: two calls per 16-query block, half
+// of each call's bits used. The queries must start on a multiple of 16 (m0 % 16 == 0: the backward's
+// query tiles do); keys 8-15 mod 16 take a second call per pair, as rows do above. Returns the keep bits,
+// 4 per (block, column e) k = 2 block + e: (i, key_row), (i, key_row + 8), (i + 8, key_row), (i + 8,
+// key_row + 8); apply_dropout_transposed applies them. The calls need no fragment: a kernel draws them
+// while its products run.
+template <int kNTiles>
+__device__ __forceinline__ unsigned long long dropout_bits_transposed(const DropoutArg& d, unsigned bh, int key_row,
+                                                                      int m0, int col_t) {
+    static_assert(kNTiles % 2 == 0 && kNTiles <= 16, "16-query blocks, at most 8 (one 64-bit mask)");
+    const bool aligned = (key_row & 8) == 0;
+    const int key_bit = key_row & 1;  // bit 0 of both keys
+    unsigned long long kept = 0;
+#pragma unroll 1
+    for (int k = 0; k < kNTiles; ++k) {  // (block, column e) = (k / 2, k % 2)
+        const unsigned row_word = dropout_row_word(m0 + 16 * (k / 2) + col_t + k % 2);
+        unsigned bits;  // the call's bits of (query i, key j): 2 (2 bit3(i) + bit3(j)) + bit0(j)
+        if (aligned) {
+            bits = dropout_keep_bits(d, bh, row_word, dropout_col_word(key_row));
+        } else {
+            // key_row has bit 3 set (its bits are the bit3(j) = 1 ones of its call); key_row + 8 starts the
+            // next 16-key block (bit3(j) = 0 there): the two calls' bits merged as one aligned call's.
+            const unsigned upper = dropout_keep_bits(d, bh, row_word, dropout_col_word(key_row));
+            const unsigned lower = dropout_keep_bits(d, bh, row_word, dropout_col_word(key_row + 8));
+            bits = ((upper >> 2) & 0x33u) | ((lower << 2) & 0xCCu);
+        }
+        const unsigned four = ((bits >> key_bit) & 1u) | (((bits >> (2 + key_bit)) & 1u) << 1) |
+                              (((bits >> (4 + key_bit)) & 1u) << 2) | (((bits >> (6 + key_bit)) & 1u) << 3);
+        kept |= static_cast<unsigned long long>(four) << (4 * k);
+    }
+    return kept;
+}
+
+// p[nt][e + 2 r] = kept ? p * scale : 0 for the bits of dropout_bits_transposed.
+template <int kNTiles, typename Acc>
+__device__ __forceinline__ void apply_dropout_transposed(Acc (&p)[kNTiles][4], unsigned long long kept, Acc scale) {
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; nt += 2) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const unsigned four = static_cast<unsigned>(kept >> (4 * (nt + e)));  // k = 2 (nt / 2) + e
+            p[nt][e] = (four & 1u) ? p[nt][e] * scale : Acc(0);
+            p[nt][e + 2] = (four & 2u) ? p[nt][e + 2] * scale : Acc(0);
+            p[nt + 1][e] = (four & 4u) ? p[nt + 1][e] * scale : Acc(0);
+            p[nt + 1][e + 2] = (four & 8u) ? p[nt + 1][e + 2] * scale : Acc(0);
+        }
+    }
+}
+
 }  // namespace cupyflash

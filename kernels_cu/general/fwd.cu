@@ -51,6 +51,7 @@ general_fwd(const CUPYFLASH_GRID_CONSTANT FwdArgs args) {
 
     // Main loop.
     OnlineSoftmaxRow<Acc> stats;
+    bool saw_nan = false;  // a NaN score among this lane's (the maximum score's, which fmax would skip)
     Acc o[Tr::kOutPerThread];
 #pragma unroll
     for (int j = 0; j < Tr::kOutPerThread; ++j) o[j] = 0;
@@ -71,6 +72,7 @@ general_fwd(const CUPYFLASH_GRID_CONSTANT FwdArgs args) {
             s[j] = scores.modified(s[j], i, col, &unused_grad);
             if (!pair_visible(a, mask, layout, i, col, full, partial)) s[j] = Consts<Acc>::neg_inf();
             block_max = fmax(block_max, s[j]);
+            saw_nan |= s[j] != s[j];
         }
         Acc rescale;
         const Acc base = stats.advance(group_max<Tr::kLanesPerRow>(block_max), &rescale);
@@ -97,10 +99,11 @@ general_fwd(const CUPYFLASH_GRID_CONSTANT FwdArgs args) {
     // Epilogue. A row that saw no key has sum 0: its output is 0 (not 0/0) and its lse is -inf. An
     // attention sink joins the sum here (its row then always has a sum).
     if (i >= seq.seqlen_q) return;
-    if (args.max_score != nullptr && blockIdx.y == 0 && lane == 0) {
-        // The row's largest score (the running maximum skips NaN; a NaN score left its sum NaN).
-        const float top = stats.sum != stats.sum ? __int_as_float(0x7FC00000) : static_cast<float>(stats.max);
-        record_max_score(args.max_score + static_cast<long long>(b) * a.heads + h, top);
+    if (args.max_score != nullptr && blockIdx.y == 0) {
+        // The row's largest score: the running maximum, or NaN where a lane of the row saw one.
+        const bool row_nan = group_sum<Tr::kLanesPerRow>(static_cast<int>(saw_nan)) != 0;
+        const float top = row_nan ? __int_as_float(0x7FC00000) : static_cast<float>(stats.max);
+        if (lane == 0) record_max_score(args.max_score + static_cast<long long>(b) * a.heads + h, top);
     }
     Acc own = Acc(1);  // the factor of the accumulated outputs (exactly 1 without a sink)
     const float sink = attention_sink(a, h);

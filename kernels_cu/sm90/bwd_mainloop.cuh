@@ -74,6 +74,7 @@
 #include "common/scheduler.cuh"
 #include "common/score_mod.cuh"
 #include "common/sequence.cuh"
+#include "fragment/dropout.cuh"
 #include "fragment/operand.cuh"
 #include "fragment/scores.cuh"
 #include "fragment/softmax.cuh"
@@ -341,7 +342,7 @@ struct Sm90BwdShared {
     }
 };
 
-template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kStages, bool kScoreMod>
+template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kStages, bool kScoreMod, bool kDropout = false>
 struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHeadDimV, kBlockM, kStages>::kBlockN> {
     using Tr = Sm90BwdTraits<T, kHeadDim, kHeadDimV, kBlockM, kStages>;
     using Base = Sm90BwdShared<kBlockM, Tr::kBlockN>;
@@ -509,10 +510,20 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
     // then dS^T = P^T * (dP^T - delta). rows: the stage's lse * LOG2E, then delta (kBlockM each). With
     // kRowsAhead each row is read before the wait for the product that needs it, while the products run:
     // read after it, its latency sits on the path to the exponentials.
+    //
+    // kDropout: the tile's keep decisions are drawn first, while S^T and dP^T are in flight; dP^T takes Z =
+    // keep / (1 - p) before it meets delta (and the softcap's derivative), so dS^T = P^T (dP^T Z - delta),
+    // and P^T takes Z after dS^T, for dV += (P^T Z) dO.
     __device__ __forceinline__ static void score_gradients_of(float (&s)[Tr::kSTiles][4], float (&dp)[Tr::kSTiles][4],
                                                               const AttnArgs& a, const Mask& mask, const Log2Scores& scores,
                                                               const float* rows, int h, int b, int entry, int m0,
                                                               int key_g, int key0, int col_t) {
+        unsigned long long kept = 0;
+        if constexpr (kDropout) {
+            kept = dropout_bits_transposed<Tr::kSTiles>(a.dropout, static_cast<unsigned>(b * a.heads + h), key_g, m0,
+                                                        col_t);
+        }
+        const float keep_scale = static_cast<float>(a.dropout.scale);
         float2 lse2[Tr::kSTiles];
         float2 delta[Tr::kSTiles];
         const auto lse2_pair = [&](int nt) {
@@ -526,6 +537,7 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
             if constexpr (kRowsAhead) read_row_pairs(delta, rows + kBlockM, col_t);
             wgmma_wait<0>();
             fence_fragments(dp);
+            if constexpr (kDropout) apply_dropout_transposed(dp, kept, keep_scale);
         } else {
             wgmma_wait<1>();  // dP^T still in flight
         }
@@ -540,7 +552,9 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
         if constexpr (kRowsAhead && !kScoreMod) read_row_pairs(delta, rows + kBlockM, col_t);
         wgmma_wait<0>();
         fence_fragments(dp);
+        if constexpr (kDropout && !kScoreMod) apply_dropout_transposed(dp, kept, keep_scale);
         score_gradients<kScoreMod>(ds, p, delta_pair);
+        if constexpr (kDropout) apply_dropout_transposed(s, kept, keep_scale);
     }
 
     // This thread's dS^T (or P^T) fragments into a [kBlockN keys][kBlockM queries] buffer: key row kr =

@@ -16,7 +16,7 @@
 //     the O tile fits, else from the accumulators).
 // setmaxnreg gives the producer 24 registers and the consumers the rest: 240 each of two, 160 of three.
 // kDropout: the consumers drop probabilities after their row sums (fragment/dropout.cuh), the epilogue
-// scales the output by 1 / (1 - p); the host starts work tiles on multiples of 16 rows then (no
+// scales the output by 1 / (1 - p); the host starts work tiles at multiples of their rows then (no
 // Sm90Schedule::align_end), so each generator call serves a thread's two rows.
 //
 // Grid: x = min(work tiles, SMs). Dynamic shared memory: Sm90FwdTraits::kSmemBytes.
