@@ -411,6 +411,13 @@ def test_argument_checks(options, error, match):
             cupyflash.flash_attention_backward(out, q, k, v, out, lse, **backward_options)
 
 
+def test_kvcache_refuses_dropout():
+    """Dropout is for training: the KV-cache call has no such argument (TypeError names it)."""
+    q, k, v = random_qkv(np, 1, 1, 8, 2, 2, 8, 8, np.float32, seed=0)
+    with pytest.raises(TypeError, match="dropout_p"):
+        cupyflash.flash_attention_with_kvcache(q, k, v, dropout_p=0.1)
+
+
 def test_big_endian_sinks_are_read_natively():
     q, k, v = random_qkv(np, 1, 8, 8, 2, 2, 8, 8, np.float32, seed=0)
     sinks = np.array([0.5, -1.0], np.float32)
