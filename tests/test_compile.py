@@ -14,7 +14,8 @@ variants only for sm_80; the float32 and float64 kernels' plain variants for bot
 for sm_80, the sm80 float32 forward for sm_80 alone, sm_90 running the Hopper one; their flagged
 variants, score_mod and tf32, on the largest head dim's first tile only, for sm_90, where they run on the
 H100/H200, or sm_80 for the sm80 float32 forward: a flag's code with the tightest registers; the sm90
-forward's dropout variants on head dims 128 and 256, the general kernels' for sm_90 only), and
+forward's dropout variants on the 128-row tiles of head dims 64, 128 and 256, the backward's on head
+dims 64 and 128, the general kernels' for sm_90 only), and
 the variants of a 16-bit kernel differ in their dtype only by an instruction's type, with the same
 registers, so bfloat16 is built for every tile, flag and architecture and float16 once per kernel (its
 first tile, plain, on its first architecture). That keeps the
@@ -135,12 +136,13 @@ def _archs(variant, everything=False):
     if variant.kernel in (general.FWD, general.DQ, general.DKDV) and variant.param("dropout"):
         return archs[-1:]  # the generator's code is the same on both; its registers on the newer
     if variant.kernel is sm90.BWD and variant.param("dropout"):
-        return archs if variant.param("headdim") == 128 else ()  # as the forward's, on the bench's tile
+        return archs if variant.param("headdim") in (64, 128) else ()  # the bench's tile and d64's 16-tile mask
     if variant.kernel is sm90.FWD and variant.param("dropout"):
-        # Dropout on the bench's tile (head dim 128, whose consumers keep out of local memory with it) and
-        # the largest head dim's (the tightest registers), both score_mod flags; the others with
-        # --all-variants (their ceilings are recorded in SM90_DROPOUT_SPILL_CEILING).
-        return archs if variant.param("headdim") in (128, 256) else ()
+        # Dropout on the bench's tile (head dim 128, whose consumers keep out of local memory with it), d64's
+        # 128-row tile (dropout's there) and the largest head dim's (the tightest registers), both
+        # score_mod flags; the others with --all-variants (ceilings in SM90_DROPOUT_SPILL_CEILING).
+        selected = variant.param("headdim") in (64, 128, 256) and variant.param("block_m") == 128
+        return archs if selected else ()
     if variant.kernel not in (sm80.FWD, sm80.BWD):
         return archs
     tiles = sm80.FWD_TILES if variant.kernel is sm80.FWD else sm80.BWD_TILES

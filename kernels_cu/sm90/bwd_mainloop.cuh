@@ -520,6 +520,8 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
                                                               int key_g, int key0, int col_t) {
         unsigned long long kept = 0;
         if constexpr (kDropout) {
+            // The draws need m0 % 16 == 0: the walk's query tiles start at multiples of kBlockM.
+            static_assert(kBlockM % 16 == 0 && !Tr::kSplitCols, "dropout: 16-aligned query tiles, per-consumer keys");
             kept = dropout_bits_transposed<Tr::kSTiles>(a.dropout, static_cast<unsigned>(b * a.heads + h), key_g, m0,
                                                         col_t);
         }
