@@ -297,19 +297,25 @@ def check_softcap(value, dtype, softmax_scale):
     return value
 
 
+def _float32_of_kind(name, x, xp):
+    """A float32 array argument of q's kind ``xp`` (a big-endian NumPy one converted); TypeError otherwise."""
+    kind = array_module({name: x})
+    if kind is not xp:
+        raise TypeError(
+            f"{name} must be a {'cupy' if xp is not numpy else 'numpy'} array like q, got a "
+            f"{'cupy' if kind is not numpy else 'numpy'} array"
+        )
+    if xp is numpy and not x.dtype.isnative:
+        x = x.astype(x.dtype.newbyteorder("="))
+    if x.dtype != numpy.float32:
+        raise TypeError(f"{name} has dtype {x.dtype}; expected float32")
+    return x
+
+
 def check_alibi_slopes(slopes, xp, batch, heads):
     if slopes is None:
         return None
-    kind = array_module({"alibi_slopes": slopes})
-    if kind is not xp:
-        raise TypeError(
-            f"alibi_slopes must be a {'cupy' if xp is not numpy else 'numpy'} array like q, got a "
-            f"{'cupy' if kind is not numpy else 'numpy'} array"
-        )
-    if xp is numpy and not slopes.dtype.isnative:
-        slopes = slopes.astype(slopes.dtype.newbyteorder("="))
-    if slopes.dtype != numpy.float32:
-        raise TypeError(f"alibi_slopes has dtype {slopes.dtype}; expected float32")
+    slopes = _float32_of_kind("alibi_slopes", slopes, xp)
     if slopes.shape not in ((heads,), (batch, heads)):
         raise ValueError(f"alibi_slopes must have shape ({heads},) or ({batch}, {heads}) (batch, heads), got {slopes.shape}")
     # Host values are free to check; CuPy slopes are not (it would synchronize): there a NaN or an inf
@@ -327,16 +333,7 @@ def check_sinks(sinks, xp, heads):
     CuPy sinks are not read (it would synchronize)."""
     if sinks is None:
         return None
-    kind = array_module({"sinks": sinks})
-    if kind is not xp:
-        raise TypeError(
-            f"sinks must be a {'cupy' if xp is not numpy else 'numpy'} array like q, got a "
-            f"{'cupy' if kind is not numpy else 'numpy'} array"
-        )
-    if xp is numpy and not sinks.dtype.isnative:
-        sinks = sinks.astype(sinks.dtype.newbyteorder("="))
-    if sinks.dtype != numpy.float32:
-        raise TypeError(f"sinks has dtype {sinks.dtype}; expected float32")
+    sinks = _float32_of_kind("sinks", sinks, xp)
     if sinks.shape != (heads,):
         raise ValueError(f"sinks must have shape ({heads},) (one logit per query head), got {sinks.shape}")
     if xp is numpy and (numpy.isnan(sinks) | (sinks == numpy.inf)).any():

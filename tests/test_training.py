@@ -63,6 +63,20 @@ def test_dropout_mask_is_its_definition(seed, offset, p):
     np.testing.assert_array_equal(mask.reshape(-1), expected)
 
 
+def _host_build(tmp_path, name, program):
+    """``program`` built as host C++ against kernels_cu/ (device qualifiers defined away); skips the test
+    without a host compiler. Returns the binary's path."""
+    compiler = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if compiler is None:
+        pytest.skip("no host C++ compiler")
+    source = tmp_path / f"{name}.cpp"
+    source.write_text(program)
+    binary = tmp_path / name
+    subprocess.run([compiler, "-std=c++17", "-O1", "-D__device__=", "-D__forceinline__=inline", "-I",
+                    _kernels.kernel_dir(), str(source), "-o", str(binary)], check=True, capture_output=True)
+    return str(binary)
+
+
 _HOST_PROGRAM = r"""
 #include <cstdio>
 #include <cstdlib>
@@ -83,16 +97,9 @@ int main(int argc, char** argv) {
 def test_kernel_header_is_the_definition_on_the_host(tmp_path):
     """kernels_cu/common/dropout.cuh, built as host C++ (it is host/device code), against the Python
     definition bit for bit (tests/test_gpu_training.py checks the device build)."""
-    compiler = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
-    if compiler is None:
-        pytest.skip("no host C++ compiler")
-    source = tmp_path / "keep.cpp"
-    source.write_text(_HOST_PROGRAM)
-    binary = tmp_path / "keep"
-    subprocess.run([compiler, "-std=c++17", "-O1", "-I", _kernels.kernel_dir(), str(source), "-o", str(binary)],
-                   check=True, capture_output=True)
+    binary = _host_build(tmp_path, "keep", _HOST_PROGRAM)
     seed, offset, p, shape = 2**63 + 12345, 4000000000, 0.37, (2, 3, 45, 33)
-    run = subprocess.run([str(binary), str(seed), str(offset), str(_dropout.threshold(p)), *map(str, shape)],
+    run = subprocess.run([binary, str(seed), str(offset), str(_dropout.threshold(p)), *map(str, shape)],
                          check=True, capture_output=True, text=True)
     got = np.frombuffer(run.stdout.encode(), np.uint8).reshape(shape) == ord("1")
     np.testing.assert_array_equal(got, cupyflash.dropout_mask(seed, shape, p, offset))
@@ -155,29 +162,18 @@ def test_fragment_dropout_is_the_definition_on_the_host(tmp_path):
     16 rows by 64 keys, rows starting on a multiple of 16 (one call per row pair) and not (one per row),
     and the backward's transposed fragment of 16 keys (aligned and not) by 64 queries, against the
     definition."""
-    compiler = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
-    if compiler is None:
-        pytest.skip("no host C++ compiler")
-    source = tmp_path / "fragment.cpp"
-    source.write_text(_FRAGMENT_PROGRAM)
-    binary = tmp_path / "fragment"
-    subprocess.run([compiler, "-std=c++17", "-O1", "-D__device__=", "-D__forceinline__=inline", "-I",
-                    _kernels.kernel_dir(), str(source), "-o", str(binary)], check=True, capture_output=True)
+    binary = _host_build(tmp_path, "fragment", _FRAGMENT_PROGRAM)
     seed, offset, p, heads = 987654321987, 31, 0.45, 6
     for b, h, row0, n0 in ((0, 0, 0, 0), (1, 5, 48, 128), (0, 3, 13, 64), (2, 1, 1000, 16)):
-        run = subprocess.run([str(binary), str(seed), str(offset), str(_dropout.threshold(p)), str(b * heads + h),
+        run = subprocess.run([binary, str(seed), str(offset), str(_dropout.threshold(p)), str(b * heads + h),
                               str(row0), str(n0)], check=True, capture_output=True, text=True)
         got = np.frombuffer(run.stdout.encode(), np.uint8).reshape(16, 64) == ord("1")
         want = _dropout.keep(seed, offset, b * heads + h, (row0, row0 + 16), (n0, n0 + 64), p)
         np.testing.assert_array_equal(got, want, err_msg=f"rows from {row0}, keys from {n0}")
     # The backward's transposed fragments: keys as rows, queries as columns.
-    source = tmp_path / "transposed.cpp"
-    source.write_text(_TRANSPOSED_PROGRAM)
-    binary = tmp_path / "transposed"
-    subprocess.run([compiler, "-std=c++17", "-O1", "-D__device__=", "-D__forceinline__=inline", "-I",
-                    _kernels.kernel_dir(), str(source), "-o", str(binary)], check=True, capture_output=True)
+    binary = _host_build(tmp_path, "transposed", _TRANSPOSED_PROGRAM)
     for b, h, key0, m0 in ((0, 0, 0, 0), (1, 5, 48, 128), (0, 3, 13, 64), (2, 1, 1001, 16)):
-        run = subprocess.run([str(binary), str(seed), str(offset), str(_dropout.threshold(p)), str(b * heads + h),
+        run = subprocess.run([binary, str(seed), str(offset), str(_dropout.threshold(p)), str(b * heads + h),
                               str(key0), str(m0)], check=True, capture_output=True, text=True)
         got = np.frombuffer(run.stdout.encode(), np.uint8).reshape(64, 16) == ord("1")
         want = _dropout.keep(seed, offset, b * heads + h, (m0, m0 + 64), (key0, key0 + 16), p)
@@ -205,16 +201,9 @@ int main(int argc, char** argv) {
 def test_max_score_images_order_like_the_floats(tmp_path):
     """common/max_score.cuh's images (built as host C++) order as the floats do, -inf at 0 (a zeroed
     buffer) and NaN above +inf, and decode back to the floats (max_score_value)."""
-    compiler = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
-    if compiler is None:
-        pytest.skip("no host C++ compiler")
-    source = tmp_path / "image.cpp"
-    source.write_text(_MAX_SCORE_PROGRAM)
-    binary = tmp_path / "image"
-    subprocess.run([compiler, "-std=c++17", "-O1", "-D__device__=", "-D__forceinline__=inline", "-I",
-                    _kernels.kernel_dir(), str(source), "-o", str(binary)], check=True, capture_output=True)
+    binary = _host_build(tmp_path, "image", _MAX_SCORE_PROGRAM)
     values = ["-inf", "-3.4e38", "-1", "-1e-40", "-0", "0", "1e-40", "2.5", "3.4e38", "inf", "nan", "-nan"]
-    run = subprocess.run([str(binary), *values], check=True, capture_output=True, text=True)
+    run = subprocess.run([binary, *values], check=True, capture_output=True, text=True)
     lines = [line.split() for line in run.stdout.splitlines()]
     images = np.array([int(image) for image, _ in lines], np.uint32)
     assert images[0] == 0 and (np.diff(images[:11].astype(np.int64)) > 0).all() and images[11] == images[10]
