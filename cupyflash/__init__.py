@@ -5,7 +5,7 @@
 >>> out = cupyflash.flash_attention(q, k, v, causal=True)
 """
 
-from . import reference
+from . import mods, reference
 from ._api import (
     apply_rotary,
     flash_attention,
@@ -43,6 +43,7 @@ __all__ = [
     "flash_attention_with_kvcache",
     "merge_attention_states",
     "merge_attention_states_stacked",
+    "mods",
     "reference",
     "ring_flash_attention",
     "ring_flash_attention_backward",

@@ -4,7 +4,7 @@ _plan.py); any other is checked (cupyflash/_problem.py, the only checks of a cal
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, Tuple, Union
 
 from . import _compute, _keys, _kvcache, _merge, _plan, _problem, _ring
 
@@ -147,6 +147,18 @@ _MAX_SCORE_DOC = """
         where the head sees no key (QK-clip reads it). NumPy arrays only in this version
         (NotImplementedError for CuPy arrays)."""
 
+_SCORE_MOD_DOC = """
+    score_mod : callable or None, keyword-only
+        ``score_mod(score, b, h, q_idx, kv_idx, *buffers)``: the score the softmax sees, from the scaled
+        score ``softmax_scale * q . k`` of batch entry (or packed sequence) b, query head h, query q_idx and
+        key kv_idx (0-based within the sequence). Traced once into an expression (:mod:`cupyflash.mods`
+        holds its functions; Python control flow on its values is a TypeError); not with softcap or
+        alibi_slopes, which it can write. The backward differentiates it. NumPy arrays only in this version.
+    score_mod_buffers : tuple of arrays of q's kind, or None, keyword-only
+        The arrays the score_mod indexes (float32, float64, int32 or bool, rank at most 4), one int per axis;
+        an index out of range makes the score NaN. Given, the backward returns their gradients last."""
+
+
 _NOTES_DOC = """
     CuPy arrays run on CuPy's current device and stream; NumPy arrays run the same tiled algorithm on
     the CPU. Accumulation is float32 (float64 for float64 inputs); float32 is float32-accurate unless
@@ -154,11 +166,12 @@ _NOTES_DOC = """
     A NaN (or an inf that makes one) in q or k reaches exactly the rows that see it."""
 
 
-def _plain(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score=False):
-    """Whether a call leaves sinks, dropout and the maximum score at their defaults: only such calls
-    have plans (the others take the checked path every call)."""
+def _plain(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score=False, score_mod=None):
+    """Whether a call leaves sinks, dropout, the maximum score and score_mod at their defaults: only such
+    calls have plans (the others take the checked path every call)."""
     return (sinks is None and dropout_p.__class__ is float and dropout_p == 0.0 and dropout_seed is None
-            and dropout_offset.__class__ is int and dropout_offset == 0 and return_max_score is False)
+            and dropout_offset.__class__ is int and dropout_offset == 0 and return_max_score is False
+            and score_mod is None)
 
 
 def _results(out, lse, max_score, return_lse, return_max_score):
@@ -201,13 +214,14 @@ def flash_attention(q: Array, k: Array, v: Array, *, causal: bool = False, softm
                     block_mask: Optional[BlockMask] = None, return_lse: bool = False,
                     precision: str = "highest", sinks: Optional[Array] = None, dropout_p: float = 0.0,
                     dropout_seed: Optional[int] = None, dropout_offset: int = 0,
+                    score_mod: Optional[Callable] = None, score_mod_buffers: Optional[Sequence[Array]] = None,
                     return_max_score: bool = False) -> Union[Array, Tuple[Array, ...]]:
     """Exact attention ``softmax(softmax_scale * q k^T) v``, tiled so no score matrix is stored.
 
     Parameters
     ----------{shapes}{mask}{block_mask}
     return_lse : bool, keyword-only
-        Also return the log-sum-exp needed by :func:`flash_attention_backward`.{precision}{training}{max_score}
+        Also return the log-sum-exp needed by :func:`flash_attention_backward`.{precision}{training}{score_mod}{max_score}
 
     Returns
     -------
@@ -220,7 +234,7 @@ def flash_attention(q: Array, k: Array, v: Array, *, causal: bool = False, softm
     Notes
     -----{notes}
     """
-    plain = _plain(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score)
+    plain = _plain(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score, score_mod)
     key = None if not plain else _keys.forward(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes,
                                                block_mask, return_lse, precision)
     plan = PLANS.get(key)
@@ -231,7 +245,8 @@ def flash_attention(q: Array, k: Array, v: Array, *, causal: bool = False, softm
     p = _problem.forward_problem(q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window_size,
                                  softcap=softcap, alibi_slopes=alibi_slopes, block_mask=block_mask, precision=precision,
                                  sinks=sinks, dropout_p=dropout_p, dropout_seed=dropout_seed,
-                                 dropout_offset=dropout_offset)
+                                 dropout_offset=dropout_offset,
+        score_mod=score_mod, score_mod_buffers=score_mod_buffers)
     return_lse = _problem.check_flag("return_lse", return_lse)
     return_max_score = _problem.check_max_score(return_max_score, p.xp)
     return _forward(key, p, q, k, v, return_lse, alibi_slopes, return_max_score=return_max_score)
@@ -242,7 +257,8 @@ def flash_attention_backward(dout: Array, q: Array, k: Array, v: Array, out: Arr
                              softcap: float = 0.0, alibi_slopes: Optional[Array] = None,
                              block_mask: Optional[BlockMask] = None, deterministic: bool = False,
                              precision: str = "highest", sinks: Optional[Array] = None, dropout_p: float = 0.0,
-                             dropout_seed: Optional[int] = None, dropout_offset: int = 0) -> Grads:
+                             dropout_seed: Optional[int] = None, dropout_offset: int = 0,
+                             score_mod: Optional[Callable] = None, score_mod_buffers: Optional[Sequence[Array]] = None) -> Grads:
     """Gradients of :func:`flash_attention` with respect to q, k and v (and the sinks).
 
     Recomputes the attention probabilities from ``lse`` tile by tile: the extra memory is
@@ -254,7 +270,7 @@ def flash_attention_backward(dout: Array, q: Array, k: Array, v: Array, out: Arr
         Gradient of the loss with respect to ``out``.{shapes}
     out, lse : arrays returned by ``flash_attention(q, k, v, ..., return_lse=True)`` with the same
         mask and score arguments. A float32 or float64 lse of another origin is accepted and converted
-        to the precision of :func:`flash_attention`'s.{mask}{block_mask}{deterministic}{precision}{training}
+        to the precision of :func:`flash_attention`'s.{mask}{block_mask}{deterministic}{precision}{training}{score_mod}
         The sinks and the three dropout arguments must be those of the forward call.
 
     Returns
@@ -264,8 +280,11 @@ def flash_attention_backward(dout: Array, q: Array, k: Array, v: Array, out: Arr
         key contribute nothing (their dq is 0).
     dsinks : float32 array, shape (heads,)
         Only with ``sinks``: ``dsinks[h] = -sum_{b,i} exp(sinks[h] - lse_bhi) * sum_d(dout * out)_bhi``.
+    dbuffers : tuple
+        Only with ``score_mod_buffers``: one gradient per buffer, in its dtype (None for int32 and bool
+        buffers), accumulated in float32 (float64 for float64 inputs).
     """
-    plain = _plain(sinks, dropout_p, dropout_seed, dropout_offset)
+    plain = _plain(sinks, dropout_p, dropout_seed, dropout_offset, score_mod=score_mod)
     key = None if not plain else _keys.backward(dout, q, k, v, out, lse, causal, softmax_scale, window_size, softcap,
                                                 alibi_slopes, block_mask, deterministic, precision)
     plan = PLANS.get(key)
@@ -275,7 +294,8 @@ def flash_attention_backward(dout: Array, q: Array, k: Array, v: Array, out: Arr
     p = _problem.backward_problem(dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
                                   window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                                   block_mask=block_mask, precision=precision, sinks=sinks, dropout_p=dropout_p,
-                                  dropout_seed=dropout_seed, dropout_offset=dropout_offset)
+                                  dropout_seed=dropout_seed, dropout_offset=dropout_offset,
+        score_mod=score_mod, score_mod_buffers=score_mod_buffers)
     return _backward(key, p, dout, q, k, v, out, lse, deterministic, alibi_slopes)
 
 
@@ -284,23 +304,26 @@ def flash_attention_vjp(q: Array, k: Array, v: Array, *, causal: bool = False, s
                         alibi_slopes: Optional[Array] = None, block_mask: Optional[BlockMask] = None,
                         deterministic: bool = False, precision: str = "highest", sinks: Optional[Array] = None,
                         dropout_p: float = 0.0, dropout_seed: Optional[int] = None,
-                        dropout_offset: int = 0) -> Tuple[Array, Callable[[Array], Grads]]:
+                        dropout_offset: int = 0,
+                        score_mod: Optional[Callable] = None, score_mod_buffers: Optional[Sequence[Array]] = None) -> Tuple[Array, Callable[[Array], Grads]]:
     """Forward pass and a function that maps ``dout`` to ``(dq, dk, dv)`` (and ``dsinks``).
 
     Parameters
-    ----------{shapes}{mask}{block_mask}{deterministic}{precision}{training}
+    ----------{shapes}{mask}{block_mask}{deterministic}{precision}{training}{score_mod}
 
     Returns
     -------
     out : array, shape (batch, seqlen_q, heads, headdim_v)
     vjp : callable
-        ``vjp(dout) -> (dq, dk, dv)``, or ``(dq, dk, dv, dsinks)`` with ``sinks``; keeps q, k, v, out and
+        ``vjp(dout) -> (dq, dk, dv)``, or ``(dq, dk, dv, dsinks)`` with ``sinks``, and the buffers' gradients last with
+        ``score_mod_buffers``; keeps q, k, v, out and
         lse alive until it is released.
     """
     deterministic = _problem.check_flag("deterministic", deterministic)
     options = {"causal": causal, "softmax_scale": softmax_scale, "window_size": window_size, "softcap": softcap,
                "alibi_slopes": alibi_slopes, "block_mask": block_mask, "precision": precision, "sinks": sinks,
-               "dropout_p": dropout_p, "dropout_seed": dropout_seed, "dropout_offset": dropout_offset}
+               "dropout_p": dropout_p, "dropout_seed": dropout_seed, "dropout_offset": dropout_offset,
+               "score_mod": score_mod, "score_mod_buffers": score_mod_buffers}
     out, lse = flash_attention(q, k, v, return_lse=True, **options)
 
     def vjp(dout):
@@ -315,6 +338,7 @@ def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
                            softcap: float = 0.0, alibi_slopes: Optional[Array] = None, return_lse: bool = False,
                            precision: str = "highest", sinks: Optional[Array] = None, dropout_p: float = 0.0,
                            dropout_seed: Optional[int] = None, dropout_offset: int = 0,
+                           score_mod: Optional[Callable] = None, score_mod_buffers: Optional[Sequence[Array]] = None,
                            return_max_score: bool = False) -> Union[Array, Tuple[Array, ...]]:
     """:func:`flash_attention` over a batch of sequences of different lengths, packed without padding.
 
@@ -325,7 +349,7 @@ def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
     ----------{varlen_shapes}{mask}
         For ALiBi, ``alibi_slopes`` of shape (batch, heads) gives each sequence its row.
     return_lse : bool, keyword-only
-        Also return the log-sum-exp needed by :func:`flash_attention_varlen_backward`.{precision}{training}
+        Also return the log-sum-exp needed by :func:`flash_attention_varlen_backward`.{precision}{training}{score_mod}
         For dropout, the batch index of sequence b is b, and i and j count from its first row.{max_score}
 
     Returns
@@ -340,7 +364,7 @@ def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
     Notes
     -----{notes}
     """
-    plain = _plain(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score)
+    plain = _plain(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score, score_mod)
     key = None if not plain else _keys.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                       causal, softmax_scale, window_size, softcap, alibi_slopes,
                                                       return_lse, precision)
@@ -354,7 +378,8 @@ def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
                                         max_seqlen_k=max_seqlen_k, causal=causal, softmax_scale=softmax_scale,
                                         window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                                         precision=precision, sinks=sinks, dropout_p=dropout_p,
-                                        dropout_seed=dropout_seed, dropout_offset=dropout_offset)
+                                        dropout_seed=dropout_seed, dropout_offset=dropout_offset,
+        score_mod=score_mod, score_mod_buffers=score_mod_buffers)
     return_lse = _problem.check_flag("return_lse", return_lse)
     return_max_score = _problem.check_max_score(return_max_score, p.xp)
     return _forward(key, p, q, k, v, return_lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, return_max_score)
@@ -367,7 +392,8 @@ def flash_attention_varlen_backward(dout: Array, q: Array, k: Array, v: Array, o
                                     softcap: float = 0.0, alibi_slopes: Optional[Array] = None,
                                     deterministic: bool = False, precision: str = "highest",
                                     sinks: Optional[Array] = None, dropout_p: float = 0.0,
-                                    dropout_seed: Optional[int] = None, dropout_offset: int = 0) -> Grads:
+                                    dropout_seed: Optional[int] = None, dropout_offset: int = 0,
+                                    score_mod: Optional[Callable] = None, score_mod_buffers: Optional[Sequence[Array]] = None) -> Grads:
     """Gradients of :func:`flash_attention_varlen` with respect to q, k and v (and the sinks).
 
     Parameters
@@ -375,7 +401,7 @@ def flash_attention_varlen_backward(dout: Array, q: Array, k: Array, v: Array, o
     dout : array, shape (total_q, heads, headdim_v), dtype of q
         Gradient of the loss with respect to ``out``.{varlen_shapes}
     out, lse : arrays returned by ``flash_attention_varlen(..., return_lse=True)`` with the same
-        arguments; lse has shape (heads, total_q).{mask}{deterministic}{precision}{training}
+        arguments; lse has shape (heads, total_q).{mask}{deterministic}{precision}{training}{score_mod}
         The sinks and the three dropout arguments must be those of the forward call.
 
     Returns
@@ -383,8 +409,10 @@ def flash_attention_varlen_backward(dout: Array, q: Array, k: Array, v: Array, o
     dq, dk, dv : arrays with the shapes and dtype of q, k and v
     dsinks : float32 array, shape (heads,)
         Only with ``sinks``, as in :func:`flash_attention_backward`.
+    dbuffers : tuple
+        Only with ``score_mod_buffers``, as in :func:`flash_attention_backward`.
     """
-    plain = _plain(sinks, dropout_p, dropout_seed, dropout_offset)
+    plain = _plain(sinks, dropout_p, dropout_seed, dropout_offset, score_mod=score_mod)
     key = None if not plain else _keys.varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                                                        max_seqlen_q, max_seqlen_k, causal, softmax_scale,
                                                        window_size, softcap, alibi_slopes, deterministic, precision)
@@ -398,7 +426,8 @@ def flash_attention_varlen_backward(dout: Array, q: Array, k: Array, v: Array, o
                                          max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
                                          softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
                                          alibi_slopes=alibi_slopes, precision=precision, sinks=sinks,
-                                         dropout_p=dropout_p, dropout_seed=dropout_seed, dropout_offset=dropout_offset)
+                                         dropout_p=dropout_p, dropout_seed=dropout_seed, dropout_offset=dropout_offset,
+        score_mod=score_mod, score_mod_buffers=score_mod_buffers)
     return _backward(key, p, dout, q, k, v, out, lse, deterministic, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
 
 
@@ -409,23 +438,26 @@ def flash_attention_varlen_vjp(q: Array, k: Array, v: Array, cu_seqlens_q: Array
                                alibi_slopes: Optional[Array] = None, deterministic: bool = False,
                                precision: str = "highest", sinks: Optional[Array] = None, dropout_p: float = 0.0,
                                dropout_seed: Optional[int] = None,
-                               dropout_offset: int = 0) -> Tuple[Array, Callable[[Array], Grads]]:
+                               dropout_offset: int = 0,
+                               score_mod: Optional[Callable] = None, score_mod_buffers: Optional[Sequence[Array]] = None) -> Tuple[Array, Callable[[Array], Grads]]:
     """Packed forward pass and a function that maps ``dout`` to ``(dq, dk, dv)`` (and ``dsinks``).
 
     Parameters
-    ----------{varlen_shapes}{mask}{deterministic}{precision}{training}
+    ----------{varlen_shapes}{mask}{deterministic}{precision}{training}{score_mod}
 
     Returns
     -------
     out : array, shape (total_q, heads, headdim_v)
     vjp : callable
-        ``vjp(dout) -> (dq, dk, dv)``, or ``(dq, dk, dv, dsinks)`` with ``sinks``; keeps the inputs, out and
+        ``vjp(dout) -> (dq, dk, dv)``, or ``(dq, dk, dv, dsinks)`` with ``sinks``, and the buffers' gradients last with
+        ``score_mod_buffers``; keeps the inputs, out and
         lse alive until it is released.
     """
     deterministic = _problem.check_flag("deterministic", deterministic)
     options = {"max_seqlen_q": max_seqlen_q, "max_seqlen_k": max_seqlen_k, "causal": causal, "softmax_scale": softmax_scale,
                "window_size": window_size, "softcap": softcap, "alibi_slopes": alibi_slopes, "precision": precision,
-               "sinks": sinks, "dropout_p": dropout_p, "dropout_seed": dropout_seed, "dropout_offset": dropout_offset}
+               "sinks": sinks, "dropout_p": dropout_p, "dropout_seed": dropout_seed, "dropout_offset": dropout_offset,
+               "score_mod": score_mod, "score_mod_buffers": score_mod_buffers}
     out, lse = flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, return_lse=True, **options)
 
     def vjp(dout):
@@ -444,6 +476,7 @@ _DOCS = {
     "{deterministic}": _DETERMINISTIC_DOC,
     "{precision}": _PRECISION_DOC,
     "{training}": _TRAINING_DOC,
+    "{score_mod}": _SCORE_MOD_DOC,
     "{max_score}": _MAX_SCORE_DOC,
     "{notes}": _NOTES_DOC,
 }

@@ -45,22 +45,36 @@ def forward(p: Problem, q: Array, k: Array, v: Array, max_score: bool = False) -
 def backward(p: Problem, dout: Array, q: Array, k: Array, v: Array, out: Array, lse: Array,
              deterministic: bool) -> Tuple[Array, ...]:
     """``(dq, dk, dv)`` of problem ``p``, and ``dsinks`` after them when it has sinks; ``lse`` is float32
-    or float64 (converted to the precision of the forward's).
+    or float64 (converted to the precision of the forward's). With score_mod buffers (``p.user_buffers``),
+    the tuple of their gradients comes last (None for int and bool buffers).
 
     With sinks, ``lse`` already holds them, so the kernels' probabilities exp(s - lse) and delta =
     sum(dout * out) are those of the softmax with sinks, and dq, dk and dv need nothing more."""
     xp = p.xp
+    buffer_grads = None
     if p.is_empty:
         grads = tuple(xp.zeros(x.shape, p.dtype) for x in (q, k, v))
     elif xp is numpy:
         grads = _numpy_impl.backward(dout, q, k, v, out, lse.astype(lse_dtype(p.dtype), copy=False), p)
+        grads, buffer_grads = grads[:3], (grads[3] if len(grads) > 3 else None)
     else:
         from . import _cuda
 
         grads = _cuda.backward(p, dout, q, k, v, out, lse, deterministic)
+    grads = tuple(grads)
     if p.sinks is not None:
-        grads = tuple(grads) + (_merge.sink_gradient(xp, dout, out, lse, p.sinks, p.varlen),)
+        grads += (_merge.sink_gradient(xp, dout, out, lse, p.sinks, p.varlen),)
+    if p.user_buffers is not None:
+        grads += (_buffer_gradients(xp, p.user_buffers, buffer_grads),)
     return grads
+
+
+def _buffer_gradients(xp, buffers, accumulated):
+    """The score_mod buffers' gradients in their own dtypes: None for int and bool buffers, zeros for a
+    problem with nothing to compute."""
+    if accumulated is None:
+        accumulated = [xp.zeros(b.shape, b.dtype) if b.dtype.kind == "f" else None for b in buffers]
+    return tuple(None if g is None else g.astype(b.dtype) for g, b in zip(accumulated, buffers))
 
 
 def plannable(p: Problem) -> bool:

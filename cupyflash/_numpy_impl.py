@@ -19,7 +19,7 @@ import dataclasses
 
 import numpy as np
 
-from . import _dropout
+from . import _dropout, _trace
 from ._policy import Window, layout_cells, modify_scores, tiles_of
 from ._problem import acc_dtype, lse_dtype
 
@@ -53,6 +53,7 @@ class _Masking:
     layout: object  # (batch, heads_k, group, q_blocks, k_blocks) bool, or None
     block_size: tuple
     dropout: object  # _Dropout, or None
+    user: object = None  # _UserScores, or None
 
     @classmethod
     def of(cls, p, acc):
@@ -68,7 +69,8 @@ class _Masking:
             block_size = p.block_mask.block_size
         window = Window.of(p.seqlen_q, p.seqlen_k, p.window_left, p.window_right)
         dropout = _Dropout.of(p, shape, acc) if p.dropout else None
-        return cls(window, acc.type(p.softmax_scale), p.softcap, slopes, layout, block_size, dropout)
+        user = _UserScores.of(p, shape, acc) if p.user_score is not None else None
+        return cls(window, acc.type(p.softmax_scale), p.softcap, slopes, layout, block_size, dropout, user)
 
     def tile_blocks(self, m0, m1, n0, n1):
         """The layout's cells over rows [m0, m1) and keys [n0, n1), or None without a layout."""
@@ -76,19 +78,24 @@ class _Masking:
             return None
         return layout_cells(self.layout, self.block_size, np.arange(m0, m1), np.arange(n0, n1))
 
-    def scores(self, q_tile, k_tile, m0, n0):
-        """Scaled and modified scores of one tile, -inf where masked, and d(modified)/d(scaled).
+    def scores(self, q_tile, k_tile, m0, n0, backward=False):
+        """Scaled and modified scores of one tile, -inf where masked, d(modified)/d(scaled) (None for
+        the identity), and the scaled scores themselves (for a score_mod's buffer gradients).
 
         Like the general CUDA path this works in natural-log units: the scaled score is rounded once,
         and the backward pass recomputes exactly the same value, so ``exp(s - lse)`` carries only the
         rounding of ``lse`` itself. Only tiles that are not full evaluate the mask.
         """
         s = np.matmul(q_tile, k_tile.swapaxes(-1, -2)) * self.scale
+        scaled = s
         rows, cols = s.shape[-2:]
         i = np.arange(m0, m0 + rows)[:, None]
         j = np.arange(n0, n0 + cols)[None, :]
         offset = self.window.seqlen_k - self.window.seqlen_q
-        s, grad = modify_scores(np, s, i, j, self.softcap, self.slopes, offset)
+        if self.user is not None:
+            s, grad = self.user.modify(s, i, j, backward)
+        else:
+            s, grad = modify_scores(np, s, i, j, self.softcap, self.slopes, offset)
         blocks = self.tile_blocks(m0, m0 + rows, n0, n0 + cols)
         full = self.window.tile_is_full(m0, rows, n0, cols) and (blocks is None or bool(blocks.all()))
         if not full:
@@ -96,7 +103,7 @@ class _Masking:
             if blocks is not None:
                 visible = visible & blocks
             s = np.where(visible, s, -np.inf)
-        return s, grad
+        return s, grad, scaled
 
     def key_tiles(self, m0, block_m, block_n):
         """Start of every key tile that query tile [m0, m0 + block_m) visits."""
@@ -141,6 +148,67 @@ class _Dropout:
         """(batch, heads_k, group, m1 - m0, n1 - n0): 0 where dropped, 1 / (1 - p) where kept."""
         kept = _dropout.keep(self.seed, self.offset, self.bh, (m0, m1), (n0, n1), self.p)
         return np.where(kept, self.scale, self.scale.dtype.type(0))
+
+
+class _UserScores:
+    """A score_mod (cupyflash/_trace.py) on the tiles of one dense problem, and the gradients of its
+    floating-point buffers, accumulated in the accumulation dtype."""
+
+    def __init__(self, traced, buffers, b, h, acc):
+        self.traced, self.buffers, self.b, self.h, self.acc = traced, buffers, b, h, acc
+        self.grads = [np.zeros(x.shape, acc) if x.dtype.kind == "f" else None for x in buffers]
+
+    @classmethod
+    def of(cls, p, shape, acc):
+        batch, heads_k, group = shape
+        b = (p.batch_start + np.arange(batch, dtype=np.int32)).reshape(batch, 1, 1, 1, 1)
+        h = (np.arange(heads_k, dtype=np.int32)[:, None] * group + np.arange(group, dtype=np.int32)).reshape(
+            1, heads_k, group, 1, 1)
+        return cls(p.user_score, p.user_buffers or (), b, h, acc)
+
+    def _env(self, s, i, j):
+        return {"score": s, "b": self.b, "h": self.h, "q_idx": i.astype(np.int32), "kv_idx": j.astype(np.int32)}
+
+    def modify(self, s, i, j, backward):
+        """The modified scores (NaN where an index they read is out of range) and, in the backward
+        pass, their derivative with respect to the scaled scores ``s``."""
+        roots = [self.traced.root] + ([self.traced.gradients()[0]] if backward else [])
+        results = _trace.evaluate(roots, self._env(s, i, j), self.buffers, self.acc, np)
+        value, valid = results[0]
+        if valid is not None:
+            value = np.where(valid, value, self.acc.type(np.nan))
+        value = np.broadcast_to(value, s.shape)
+        return value, (np.broadcast_to(results[1][0], s.shape) if backward else None)
+
+    def scatter(self, scaled, i, j, ds_mod):
+        """Adds ``ds_mod * d(modified)/d(load)`` of every floating-point buffer load into its gradient;
+        pairs where ``ds_mod`` is 0 (masked, or of zero probability) add nothing."""
+        _, loads = self.traced.gradients()
+        if not loads:
+            return
+        env = self._env(scaled, i, j)
+        roots = [g for _, g in loads] + [x for load, _ in loads for x in load.args]
+        results = _trace.evaluate(roots, env, self.buffers, self.acc, np)
+        at = len(loads)
+        for (load, _), (g, ok) in zip(loads, results):
+            number = load.value[0]
+            buf = self.buffers[number]
+            index = [r[0] for r in results[at:at + len(load.args)]]
+            at += len(load.args)
+            take = ds_mod != 0
+            if ok is not None:
+                take = take & ok
+            for x, size in zip(index, buf.shape):
+                take = take & (x >= 0) & (x < size)
+            shape = ds_mod.shape
+            picked = np.broadcast_to(take, shape)
+            amount = (ds_mod * g)[picked]
+            where = tuple(np.broadcast_to(x, shape)[picked] for x in index)
+            np.add.at(self.grads[number], where, amount)
+
+    def results(self):
+        """The buffers' gradients in the accumulation dtype (None for int and bool buffers)."""
+        return tuple(self.grads)
 
 
 def _per_sequence(p, run, arrays, out_like):
@@ -229,7 +297,7 @@ def forward(q, k, v, p, block_m=64, block_n=64, max_score=False):
         acc_o = np.zeros(tile_shape + (p.headdim_v,), dtype=acc)
         for n0 in masking.key_tiles(m0, block_m, block_n):
             n1 = min(n0 + block_n, p.seqlen_k)
-            s, _ = masking.scores(q_tile, kh[..., n0:n1, :], m0, n0)
+            s, _, _ = masking.scores(q_tile, kh[..., n0:n1, :], m0, n0)
             m_new = np.maximum(m_i, s.max(axis=-1))  # a NaN score makes the row NaN, as in the reference
             # While a row has seen only masked keys its max is -inf; using 0 as the subtraction base
             # keeps exp(-inf - 0) = 0 where -inf - (-inf) would be NaN.
@@ -281,11 +349,23 @@ def backward(dout, q, k, v, out, lse, p, block_m=64, block_n=64):
     """
     if p.varlen:
         lse_rows = lse.T  # (total_q, heads): packed like the tensors
-        return tuple(_per_sequence(
-            p, lambda sub, do, q_, k_, v_, o_, l_: backward(do, q_, k_, v_, o_, l_[0].T[None], sub, block_m, block_n),
-            (("q", dout), ("q", q), ("k", k), ("k", v), ("q", out), ("q", lse_rows)),
+        buffer_grads = []  # a score_mod's, per sequence: summed over them
+
+        def run(sub, do, q_, k_, v_, o_, l_):
+            grads = backward(do, q_, k_, v_, o_, l_[0].T[None], sub, block_m, block_n)
+            buffer_grads.append(grads[3:])
+            return grads[:3]
+
+        grads = tuple(_per_sequence(
+            p, run, (("q", dout), ("q", q), ("k", k), ("k", v), ("q", out), ("q", lse_rows)),
             (("q", q.shape, p.dtype), ("k", k.shape, p.dtype), ("k", v.shape, p.dtype)),
         ))
+        if p.user_score is None:
+            return grads
+        total = _UserScores.of(p, (1, p.heads_k, p.heads // max(p.heads_k, 1)), acc_dtype(q.dtype))
+        for (parts,) in buffer_grads:
+            total.grads = [None if t is None else t + g for t, g in zip(total.grads, parts)]
+        return grads + (total.results(),)
     acc = acc_dtype(q.dtype)
     lse_dt = lse_dtype(q.dtype)
     qh = _split_heads(q, p.heads_k, acc)
@@ -313,7 +393,7 @@ def backward(dout, q, k, v, out, lse, p, block_m=64, block_n=64):
             m1 = min(m0 + block_m, seqlen_q)
             q_tile = qh[..., m0:m1, :]
             do_tile = doh[..., m0:m1, :]
-            s, grad = masking.scores(q_tile, k_tile, m0, n0)
+            s, grad, scaled = masking.scores(q_tile, k_tile, m0, n0, backward=True)
             # P = exp(s - lse), recomputed from the same rounded s; the difference is taken in the lse
             # dtype, then the exponential in the accumulation dtype.
             prob = np.exp((s.astype(lse_dt) - lse_base[..., m0:m1, None]).astype(acc))
@@ -328,15 +408,19 @@ def backward(dout, q, k, v, out, lse, p, block_m=64, block_n=64):
             # Sums over the query group (axis 2) fold GQA into one kv head.
             dv[..., n0:n1, :] += np.matmul(dropped.swapaxes(-1, -2), do_tile).sum(axis=2)
             ds = prob * (dp - delta[..., m0:m1, None])
+            if masking.user is not None:
+                # ds is the gradient of the modified score: the score_mod's buffers take it first.
+                masking.user.scatter(scaled, np.arange(m0, m1)[:, None], np.arange(n0, n1)[None, :], ds)
             if grad is not None:
-                ds = ds * grad  # through the softcap's tanh
+                ds = ds * grad  # through the softcap's tanh, or the score_mod
             dk[..., n0:n1, :] += np.matmul(ds.swapaxes(-1, -2), q_tile).sum(axis=2)
             dq[..., m0:m1, :] += np.matmul(ds, k_tile)
     # dS is the gradient with respect to the scaled product softmax_scale * q.k; the chain rule
     # through the scale is applied once, at the end.
     scale = acc.type(p.softmax_scale)
-    return (
+    grads = (
         _merge_heads(dq * scale, q.dtype),
         np.ascontiguousarray((dk * scale).transpose(0, 2, 1, 3).astype(q.dtype)),
         np.ascontiguousarray(dv.transpose(0, 2, 1, 3).astype(q.dtype)),
     )
+    return grads + ((masking.user.results(),) if masking.user is not None else ())

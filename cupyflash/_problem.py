@@ -96,6 +96,8 @@ class Problem:
     dropout_offset: int = 0
     batch_start: int = 0  # dropout's batch index of this problem's first entry (a packed sequence's index)
     max_score: object = None  # CUDA plans: the slot of the maximum score's (batch, heads) images, or None
+    user_score: object = None  # a traced score_mod (cupyflash/_trace.py's Traced), or None
+    user_buffers: object = None  # its buffers (a tuple of arrays of q's kind) when given, else None
 
     @property
     def varlen(self):
@@ -343,6 +345,55 @@ def check_sinks(sinks, xp, heads):
     return xp.ascontiguousarray(sinks)
 
 
+def check_buffers(name, buffers, xp):
+    """Buffers of a score or mask function: a tuple or list of arrays of q's kind, of the dtypes
+    ``_trace.BUFFER_KINDS`` names and rank at most ``_trace.MAX_RANK``; returned C-contiguous (and
+    native-endian)."""
+    from . import _trace
+
+    if not isinstance(buffers, (tuple, list)):
+        raise TypeError(f"{name} must be a tuple of arrays, got {type(buffers).__module__}.{type(buffers).__qualname__}")
+    if len(buffers) > _trace.MAX_BUFFERS:
+        raise ValueError(f"{name} holds at most {_trace.MAX_BUFFERS} arrays, got {len(buffers)}")
+    checked = []
+    for n, x in enumerate(buffers):
+        label = f"{name}[{n}]"
+        kind = array_module({label: x})
+        if kind is not xp:
+            raise TypeError(f"{label} must be a {'cupy' if xp is not numpy else 'numpy'} array like q, got a "
+                            f"{'cupy' if kind is not numpy else 'numpy'} array")
+        if xp is numpy and not x.dtype.isnative:
+            x = x.astype(x.dtype.newbyteorder("="))
+        if x.dtype not in _trace.BUFFER_KINDS:
+            raise TypeError(f"{label} has dtype {x.dtype}; expected float32, float64, int32 or bool")
+        if x.ndim > _trace.MAX_RANK:
+            raise ValueError(f"{label} has rank {x.ndim}; at most {_trace.MAX_RANK} axes")
+        check_devices(xp, {label: x})
+        checked.append(xp.ascontiguousarray(x))
+    return tuple(checked)
+
+
+def check_score_mod(score_mod, buffers, xp, softcap, alibi_slopes):
+    """score_mod and score_mod_buffers: returns (traced function or None, buffers tuple or None)."""
+    if score_mod is None:
+        if buffers is not None:
+            raise ValueError("score_mod_buffers was given without a score_mod")
+        return None, None
+    if softcap != 0.0 or alibi_slopes is not None:
+        raise ValueError("score_mod cannot be combined with softcap or alibi_slopes: write them in the score_mod "
+                         "(README, 'Score and mask functions')")
+    if xp is not numpy:
+        raise NotImplementedError(
+            "score_mod runs on NumPy arrays in this version: the CUDA kernels do not compile it yet (README, "
+            "'Score and mask functions')"
+        )
+    from . import _trace
+
+    checked = check_buffers("score_mod_buffers", () if buffers is None else buffers, xp)
+    traced = _trace.trace(score_mod, "score", [(x.dtype, x.ndim) for x in checked])
+    return traced, (None if buffers is None else checked)
+
+
 #: Kernels written in a session without a GPU and not yet run: dropout in the general kernels (built with
 #: kDropout) and the device dropout mask, apply_rotary's fused kernel, and the forwards' fused sinks. Off,
 #: CuPy calls refuse dropout (NotImplementedError) and take the elementwise rotary and sink merges,
@@ -421,7 +472,7 @@ def check_grid(batch, seqlen_q, seqlen_k, heads, heads_k):
 
 
 def _options(p, causal, window_size, softcap, alibi_slopes, block_mask, precision, sinks, dropout_p, dropout_seed,
-             dropout_offset):
+             dropout_offset, score_mod=None, score_mod_buffers=None):
     """Completes problem fields ``p`` (a dict) with the mask, the score modifications, the precision, the
     sinks and dropout."""
     p["precision"] = check_precision(precision, p["dtype"])
@@ -435,6 +486,8 @@ def _options(p, causal, window_size, softcap, alibi_slopes, block_mask, precisio
     p["window_left"], p["window_right"] = check_window(window_size, check_flag("causal", causal))
     p["softcap"] = check_softcap(softcap, p["dtype"], p["softmax_scale"])
     p["alibi_slopes"] = check_alibi_slopes(alibi_slopes, p["xp"], p["batch"], p["heads"])
+    p["user_score"], p["user_buffers"] = check_score_mod(score_mod, score_mod_buffers, p["xp"], p["softcap"],
+                                                         p["alibi_slopes"])
     if block_mask is not None:
         if p.get("cu_seqlens_q") is not None:
             raise TypeError("block_mask is not supported with packed (varlen) batches")
@@ -458,7 +511,7 @@ def _heads_and_dims(q, k, v):
 
 def forward_problem(q, k, v, *, causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0,
                     alibi_slopes=None, block_mask=None, precision="highest", sinks=None, dropout_p=0.0,
-                    dropout_seed=None, dropout_offset=0):
+                    dropout_seed=None, dropout_offset=0, score_mod=None, score_mod_buffers=None):
     """Check the inputs of a forward call (after :func:`arrays`) and return its :class:`Problem`."""
     named = {"q": q, "k": k, "v": v}
     xp = array_module(named)
@@ -478,7 +531,7 @@ def forward_problem(q, k, v, *, causal=False, softmax_scale=None, window_size=(-
     p = {"xp": xp, "dtype": dtype, "batch": batch, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k, "heads": heads, "heads_k": heads_k,
          "headdim": headdim, "headdim_v": headdim_v, "softmax_scale": check_softmax_scale(softmax_scale, headdim, dtype)}
     return _options(p, causal, window_size, softcap, alibi_slopes, block_mask, precision, sinks, dropout_p,
-                    dropout_seed, dropout_offset)
+                    dropout_seed, dropout_offset, score_mod, score_mod_buffers)
 
 
 def _cu_seqlens(name, cu, xp, total, batch=None):
@@ -521,7 +574,8 @@ def _check_cu_seqlens_on_host(name, cu, total, given_max):
 
 def varlen_forward_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None,
                            causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           precision="highest", sinks=None, dropout_p=0.0, dropout_seed=None, dropout_offset=0):
+                           precision="highest", sinks=None, dropout_p=0.0, dropout_seed=None, dropout_offset=0,
+                           score_mod=None, score_mod_buffers=None):
     """Check the inputs of a packed (varlen) forward call (after :func:`arrays`); return its :class:`Problem`.
 
     NumPy inputs, and CuPy inputs without both max_seqlen, check cu_seqlens on the host (for CuPy, one
@@ -558,7 +612,7 @@ def varlen_forward_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=
          "headdim": headdim, "headdim_v": headdim_v, "softmax_scale": check_softmax_scale(softmax_scale, headdim, dtype),
          "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k, "total_q": total_q, "total_k": total_k, "check_on_device": on_device}
     return _options(p, causal, window_size, softcap, alibi_slopes, None, precision, sinks, dropout_p, dropout_seed,
-                    dropout_offset)
+                    dropout_offset, score_mod, score_mod_buffers)
 
 
 def _backward_arrays(problem, dout, q, out, lse):

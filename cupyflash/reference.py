@@ -68,6 +68,8 @@ import operator
 
 import numpy as np
 
+from . import _trace
+
 #: Dtypes whose matrix products accumulate in float32 in the plain baseline.
 _FLOAT32_ACCUMULATED = ("float16", "bfloat16", "float32")
 
@@ -277,8 +279,55 @@ def _softcap(softcap):
     return softcap
 
 
-def _scores(xp, q, k, causal, softmax_scale, window_size, softcap, alibi_slopes, block_mask, store, acc):
-    """Return the modified, masked scores and the softcap's tanh.
+def _user_score(xp, score_mod, score_mod_buffers, softcap, alibi_slopes):
+    """Return ``(traced score_mod, buffers on xp)``, or None without a score_mod."""
+    if score_mod is None:
+        return None
+    if softcap or alibi_slopes is not None:
+        raise ValueError("score_mod cannot be combined with softcap or alibi_slopes")
+    buffers = tuple(_on_module(xp, b) for b in (score_mod_buffers or ()))
+    return _trace.trace(score_mod, "score", [(b.dtype, b.ndim) for b in buffers]), buffers
+
+
+def _user_env(xp, s, heads_k, group):
+    """The leaves of a score_mod over split-head scores ``s`` (batch, heads_k, group, seqlen_q, seqlen_k)."""
+    batch, seqlen_q, seqlen_k = s.shape[0], s.shape[-2], s.shape[-1]
+    h = xp.arange(heads_k, dtype=np.int32)[:, None] * group + xp.arange(group, dtype=np.int32)[None, :]
+    return {"score": s, "b": xp.arange(batch, dtype=np.int32).reshape(batch, 1, 1, 1, 1),
+            "h": h.reshape(1, heads_k, group, 1, 1), "q_idx": xp.arange(seqlen_q, dtype=np.int32)[:, None],
+            "kv_idx": xp.arange(seqlen_k, dtype=np.int32)[None, :]}
+
+
+def _buffer_gradients(xp, user, scaled, ds_mod, acc):
+    """d(loss)/d(buffer) of a score_mod: ``ds_mod`` (the gradient of the modified scores) times the
+    derivative of the score_mod with respect to each load, added at the load's index, where ``ds_mod``
+    is not 0 and the load is in range; None for int and bool buffers."""
+    traced, buffers = user
+    _, loads = traced.gradients()
+    env = _user_env(xp, scaled, scaled.shape[1], scaled.shape[2])
+    grads = [xp.zeros(b.shape, acc) if b.dtype.kind == "f" else None for b in buffers]
+    for load, g in loads:
+        results = _trace.evaluate([g] + list(load.args), env, buffers, acc, xp)
+        (value, ok), index = results[0], [r[0] for r in results[1:]]
+        buf = buffers[load.value[0]]
+        take = ds_mod != 0
+        if ok is not None:
+            take = take & ok
+        for x, size in zip(index, buf.shape):
+            take = take & (x >= 0) & (x < size)
+        picked = xp.broadcast_to(take, ds_mod.shape)
+        where = tuple(xp.broadcast_to(x, ds_mod.shape)[picked] for x in index)
+        amount = (ds_mod * value)[picked]
+        if xp is np:
+            np.add.at(grads[load.value[0]], where, amount)
+        else:
+            xp.add.at(grads[load.value[0]], where, amount)
+    return tuple(None if g is None else g.astype(b.dtype) for g, b in zip(grads, buffers))
+
+
+def _scores(xp, q, k, causal, softmax_scale, window_size, softcap, alibi_slopes, block_mask, store, acc, user=None):
+    """Return the modified, masked scores, their derivative with respect to the scaled scores and the
+    scaled scores.
 
     In order: ``s = softmax_scale * q . k``; with a softcap,
     ``s = softcap * tanh(s / softcap)``; with ALiBi,
@@ -296,14 +345,19 @@ def _scores(xp, q, k, causal, softmax_scale, window_size, softcap, alibi_slopes,
         As in :func:`attention` (``softmax_scale`` already defaulted).
     store, acc : numpy.dtype
         See :func:`_precisions`.
+    user : tuple, optional
+        ``(traced score_mod, buffers)`` from :func:`_user_score`: replaces the
+        softcap and ALiBi (an index out of range makes the score NaN).
 
     Returns
     -------
     s : array, shape (batch, heads_k, group, seqlen_q, seqlen_k)
         Scores in ``acc``; masked entries are ``-inf``.
-    t : array of the shape of ``s``, or None
-        ``tanh(s0 / softcap)`` of the scaled scores ``s0`` (``None`` without
-        a softcap), for the backward pass.
+    grad : array of the shape of ``s``, or None
+        d(modified score)/d(scaled score): ``1 - tanh^2(s0 / softcap)`` with a
+        softcap, the score_mod's derivative with one, else None.
+    s0 : array of the shape of ``s``
+        The scaled scores ``softmax_scale * q . k``.
     """
     rnd = _rounder(store, acc)
     batch, heads_k, group, seqlen_q, _ = q.shape
@@ -317,11 +371,21 @@ def _scores(xp, q, k, causal, softmax_scale, window_size, softcap, alibi_slopes,
     slopes = None if alibi_slopes is None else _alibi_slopes(xp, alibi_slopes, batch, heads_k, group, acc)
 
     s = rnd(xp.matmul(q, k.swapaxes(-1, -2)) * acc.type(softmax_scale))
-    t = None
+    scaled = s
+    grad = None
+    if user is not None:
+        traced, buffers = user
+        env = _user_env(xp, s, heads_k, group)
+        (value, ok), (grad, _) = _trace.evaluate([traced.root, traced.gradients()[0]], env, buffers, acc, xp)
+        if ok is not None:
+            value = xp.where(ok, value, acc.type(np.nan))
+        s = rnd(xp.broadcast_to(value, s.shape))
+        grad = xp.broadcast_to(grad, s.shape)
     if softcap > 0:
         cap = acc.type(softcap)
         t = xp.tanh(s / cap)
         s = rnd(cap * t)
+        grad = acc.type(1) - t * t
     if slopes is not None:
         rows = xp.arange(seqlen_q)[:, None]
         cols = xp.arange(seqlen_k)[None, :]
@@ -329,7 +393,7 @@ def _scores(xp, q, k, causal, softmax_scale, window_size, softcap, alibi_slopes,
         s = rnd(s - slopes * distance)
     if mask is not None:
         s = xp.where(mask, s, acc.type(-np.inf))
-    return s, t
+    return s, grad, scaled
 
 
 def _sinks(xp, sinks, heads_k, group, acc):
@@ -441,7 +505,7 @@ def _default_scale(softmax_scale, headdim):
 
 def attention(q, k, v, causal=False, softmax_scale=None, *, window_size=(-1, -1), softcap=0.0,
               alibi_slopes=None, block_mask=None, sinks=None, dropout_p=0.0, dropout_mask=None,
-              return_max_score=False, compute_dtype=None):
+              return_max_score=False, score_mod=None, score_mod_buffers=None, compute_dtype=None):
     """Naive softmax attention forward pass.
 
     Parameters
@@ -478,6 +542,12 @@ def attention(q, k, v, causal=False, softmax_scale=None, *, window_size=(-1, -1)
         probabilities survive.
     return_max_score : bool, optional
         Also return each head's largest score, float32 (batch, heads).
+    score_mod : callable, optional
+        ``score_mod(score, b, h, q_idx, kv_idx, *buffers)`` (see
+        :func:`cupyflash.flash_attention`), evaluated elementwise in the
+        accumulation precision; not with a softcap or ALiBi.
+    score_mod_buffers : sequence of arrays, optional
+        The arrays it indexes.
     compute_dtype : dtype-like, optional
         ``None`` (default) computes the float64 oracle.  A floating dtype
         (float16, ``ml_dtypes.bfloat16``, float32, float64, or
@@ -506,7 +576,9 @@ def attention(q, k, v, causal=False, softmax_scale=None, *, window_size=(-1, -1)
     softmax_scale = _default_scale(softmax_scale, q.shape[-1])
     xp, store, acc, qh, kh, vh = _prepare(q, k, v, compute_dtype)
     rnd = _rounder(store, acc)
-    s, _ = _scores(xp, qh, kh, causal, softmax_scale, window_size, softcap, alibi_slopes, block_mask, store, acc)
+    user = _user_score(xp, score_mod, score_mod_buffers, softcap, alibi_slopes)
+    s, _, _ = _scores(xp, qh, kh, causal, softmax_scale, window_size, softcap, alibi_slopes, block_mask, store, acc,
+                      user)
     sink = _sinks(xp, sinks, qh.shape[1], qh.shape[2], acc)
     p, m, total = _probabilities(xp, s, store, acc, sink)
     factor = _dropout_factor(xp, dropout_p, dropout_mask, s.shape, acc)
@@ -526,7 +598,7 @@ def attention(q, k, v, causal=False, softmax_scale=None, *, window_size=(-1, -1)
 
 def attention_backward(dout, q, k, v, causal=False, softmax_scale=None, *, window_size=(-1, -1), softcap=0.0,
                        alibi_slopes=None, block_mask=None, sinks=None, dropout_p=0.0, dropout_mask=None,
-                       compute_dtype=None):
+                       score_mod=None, score_mod_buffers=None, compute_dtype=None):
     """Naive softmax attention backward pass.
 
     Implements, with ``P`` the (modified, masked) softmax probabilities and
@@ -551,7 +623,7 @@ def attention_backward(dout, q, k, v, causal=False, softmax_scale=None, *, windo
     dout : array, shape (batch, seqlen_q, heads, headdim_v)
         Gradient of the loss with respect to ``out``.
     q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes, block_mask, sinks, dropout_p, dropout_mask,
-    compute_dtype
+    score_mod, score_mod_buffers, compute_dtype
         As in :func:`attention`.
 
     Returns
@@ -563,12 +635,18 @@ def attention_backward(dout, q, k, v, causal=False, softmax_scale=None, *, windo
         seeing no key get a zero gradient.
     dsinks : array, shape (heads,)
         Only with ``sinks``, in the accumulation dtype.
+    dbuffers : tuple
+        Only with ``score_mod_buffers``: each buffer's gradient in its dtype
+        (None for int32 and bool buffers), ``dS_mod * d(score_mod)/d(load)``
+        added at every load's index, with ``dS_mod = P * (dP - delta)``.
     """
     softmax_scale = _default_scale(softmax_scale, q.shape[-1])
     xp, store, acc, qh, kh, vh = _prepare(q, k, v, compute_dtype)
     rnd = _rounder(store, acc)
     doh = _split_heads(dout.astype(store).astype(acc), k.shape[2])
-    s, t = _scores(xp, qh, kh, causal, softmax_scale, window_size, softcap, alibi_slopes, block_mask, store, acc)
+    user = _user_score(xp, score_mod, score_mod_buffers, softcap, alibi_slopes)
+    s, grad, scaled = _scores(xp, qh, kh, causal, softmax_scale, window_size, softcap, alibi_slopes, block_mask, store,
+                              acc, user)
     sink = _sinks(xp, sinks, qh.shape[1], qh.shape[2], acc)
     p, m, total = _probabilities(xp, s, store, acc, sink)
     factor = _dropout_factor(xp, dropout_p, dropout_mask, s.shape, acc)
@@ -582,9 +660,12 @@ def attention_backward(dout, q, k, v, causal=False, softmax_scale=None, *, windo
         dp = rnd(dp * factor)
     delta = (doh * out).sum(axis=-1)
     ds = p * (dp - delta[..., None])
-    if t is not None:
-        # d(softcap * tanh(s0 / softcap)) / ds0 = 1 - tanh^2(s0 / softcap).
-        ds = ds * (acc.type(1) - t * t)
+    dbuffers = None
+    if user is not None and score_mod_buffers is not None:
+        dbuffers = _buffer_gradients(xp, user, scaled, ds, acc)
+    if grad is not None:
+        # Through the score modification: 1 - tanh^2(s0 / softcap) for the softcap.
+        ds = ds * grad
     ds = rnd(ds)
     dq = rnd(xp.matmul(ds, kh) * scale)
     dk = rnd(xp.matmul(ds.swapaxes(-1, -2), qh).sum(axis=2) * scale)
@@ -593,13 +674,14 @@ def attention_backward(dout, q, k, v, causal=False, softmax_scale=None, *, windo
         dk.transpose(0, 2, 1, 3).astype(store),
         dv.transpose(0, 2, 1, 3).astype(store),
     )
+    extra = () if dbuffers is None else (dbuffers,)
     if sink is None:
-        return grads
+        return grads + extra
     # The sink's probability: exp(sink - m) / total, 0 where nothing (not even the sink) is seen.
     m_base = xp.where(m == -np.inf, acc.type(0), m)
     p_sink = xp.exp(sink - m_base) / xp.where(total != 0, total, acc.type(1))
     dsinks = -(p_sink * delta).sum(axis=(0, 3))
-    return grads + (dsinks.reshape(-1),)
+    return grads + (dsinks.reshape(-1),) + extra
 
 
 def _sequences(cu_seqlens_q, cu_seqlens_k, total_q, total_k):
@@ -664,7 +746,8 @@ def _sequence_masks(dropout_p, dropout_masks, batch):
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, softmax_scale=None, *,
                      window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None, dropout_p=0.0,
-                     dropout_masks=None, return_max_score=False, compute_dtype=None):
+                     dropout_masks=None, return_max_score=False, score_mod=None, score_mod_buffers=None,
+                     compute_dtype=None):
     """Naive variable-length attention forward pass (FlashAttention-2's packed layout).
 
     Sequence ``b`` is an independent problem: queries
@@ -684,8 +767,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, softmax_
         As in :func:`attention`.
     alibi_slopes : array, shape (heads,) or (batch, heads), optional
         Shared slopes, or row ``b`` for sequence ``b``.
-    sinks, dropout_p, return_max_score
-        As in :func:`attention`.
+    sinks, dropout_p, return_max_score, score_mod, score_mod_buffers
+        As in :func:`attention`; the score_mod's ``b`` is the sequence index.
     dropout_masks : sequence of bool arrays, optional
         With ``dropout_p > 0``, sequence ``b``'s keep mask, (heads, seqlen_q_b, seqlen_k_b).
 
@@ -711,7 +794,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, softmax_
         seq_out, seq_lse, seq_top = attention(
             q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], causal, softmax_scale, window_size=window_size,
             softcap=softcap, alibi_slopes=sequence_slopes, sinks=sinks, dropout_p=dropout_p, dropout_mask=mask,
-            return_max_score=True, compute_dtype=compute_dtype,
+            return_max_score=True, score_mod=_sequence_score_mod(score_mod, b), score_mod_buffers=score_mod_buffers,
+            compute_dtype=compute_dtype,
         )
         out[q0:q1] = seq_out[0]
         lse[:, q0:q1] = seq_lse[0]
@@ -721,7 +805,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, softmax_
 
 def attention_varlen_backward(dout, q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, softmax_scale=None, *,
                               window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None, dropout_p=0.0,
-                              dropout_masks=None, compute_dtype=None):
+                              dropout_masks=None, score_mod=None, score_mod_buffers=None, compute_dtype=None):
     """Naive variable-length attention backward pass.
 
     Each sequence runs :func:`attention_backward` with a batch of 1; see
@@ -732,7 +816,7 @@ def attention_varlen_backward(dout, q, k, v, cu_seqlens_q, cu_seqlens_k, causal=
     dout : array, shape (total_q, heads, headdim_v)
         Gradient of the loss with respect to ``out``.
     q, k, v, cu_seqlens_q, cu_seqlens_k, causal, softmax_scale, window_size, softcap, alibi_slopes, sinks,
-    dropout_p, dropout_masks, compute_dtype
+    dropout_p, dropout_masks, score_mod, score_mod_buffers, compute_dtype
         As in :func:`attention_varlen`.
 
     Returns
@@ -745,6 +829,8 @@ def attention_varlen_backward(dout, q, k, v, cu_seqlens_q, cu_seqlens_k, causal=
         zero gradients.
     dsinks : array, shape (heads,)
         Only with ``sinks``: summed over the sequences.
+    dbuffers : tuple
+        Only with ``score_mod_buffers``: summed over the sequences.
     """
     xp = _array_module(q)
     store, acc = _precisions(compute_dtype)
@@ -753,16 +839,32 @@ def attention_varlen_backward(dout, q, k, v, cu_seqlens_q, cu_seqlens_k, causal=
     masks = _sequence_masks(dropout_p, dropout_masks, len(sequences))
     dq, dk, dv = (xp.zeros(x.shape, dtype=store) for x in (q, k, v))
     dsinks = xp.zeros(q.shape[1], dtype=acc)
-    for ((q0, q1), (k0, k1)), sequence_slopes, mask in zip(sequences, slopes, masks):
+    buffers = None
+    if score_mod_buffers is not None:
+        buffers = [xp.zeros(b.shape, acc) if b.dtype.kind == "f" else None for b in score_mod_buffers]
+    for b, (((q0, q1), (k0, k1)), sequence_slopes, mask) in enumerate(zip(sequences, slopes, masks)):
         grads = attention_backward(
             dout[None, q0:q1], q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], causal, softmax_scale,
             window_size=window_size, softcap=softcap, alibi_slopes=sequence_slopes, sinks=sinks, dropout_p=dropout_p,
-            dropout_mask=mask, compute_dtype=compute_dtype,
+            dropout_mask=mask, score_mod=_sequence_score_mod(score_mod, b), score_mod_buffers=score_mod_buffers,
+            compute_dtype=compute_dtype,
         )
         dq[q0:q1], dk[k0:k1], dv[k0:k1] = (g[0] for g in grads[:3])
         if sinks is not None:
             dsinks = dsinks + grads[3]
-    return (dq, dk, dv) if sinks is None else (dq, dk, dv, dsinks)
+        if buffers is not None:
+            buffers = [None if t is None else t + g for t, g in zip(buffers, grads[-1])]
+    result = (dq, dk, dv) if sinks is None else (dq, dk, dv, dsinks)
+    if buffers is not None:
+        result += (tuple(None if t is None else t.astype(b.dtype) for t, b in zip(buffers, score_mod_buffers)),)
+    return result
+
+
+def _sequence_score_mod(score_mod, index):
+    """``score_mod`` of packed sequence ``index`` run as a batch of 1: its ``b`` is ``index``."""
+    if score_mod is None:
+        return None
+    return lambda score, b, *rest: score_mod(score, b + index, *rest)
 
 
 def merge_attention_states(outs, lses):

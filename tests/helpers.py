@@ -85,6 +85,8 @@ def _host_options(options):
     for name in ("alibi_slopes", "sinks"):
         if options.get(name) is not None:
             options[name] = to_host(options[name])
+    if options.get("score_mod_buffers") is not None:
+        options["score_mod_buffers"] = tuple(to_host(b) for b in options["score_mod_buffers"])
     return options
 
 
@@ -135,10 +137,25 @@ def _reference_results(q, k, v, causal, softmax_scale, dout, compute_dtype, opti
         else:
             grads = reference.attention_backward(to_host(dout), q, k, v, causal, softmax_scale,
                                                  compute_dtype=compute_dtype, **options)
-        results.update(zip(("dq", "dk", "dv", "dsinks"), grads))
+        results.update(grad_names(grads, options))
         if options.get("sinks") is not None:
             results["dsinks_floor"] = _sink_floor(to_host(dout), out, lse, options["sinks"], cu is not None, q.dtype)
     return results
+
+
+def grad_names(grads, options):
+    """The backward's results by name: dq, dk, dv, dsinks with sinks, and dbuffer<n> for each
+    floating-point score_mod buffer (their tuple comes last)."""
+    named = dict(zip(("dq", "dk", "dv"), grads))
+    rest = list(grads[3:])
+    if options.get("sinks") is not None:
+        named["dsinks"] = rest.pop(0)
+    if options.get("score_mod_buffers") is not None:
+        for n, g in enumerate(rest.pop(0)):
+            if g is not None:
+                named[f"dbuffer{n}"] = g
+    assert not rest, f"unexpected results after the gradients: {len(rest)}"
+    return named
 
 
 def _sink_floor(dout, out, lse, sinks, packed, dtype):
@@ -273,7 +290,8 @@ def _outputs(got, ref, base, dtype):
     lse_dtype = np.float64 if np.dtype(dtype).itemsize >= 4 else np.float32
     dtypes = {"lse": lse_dtype, "max_score": np.float32, "dsinks": np.float32}
     for name, value in got.items():
-        assert value.dtype == dtypes.get(name, dtype), name
+        expected = ref[name].dtype if name.startswith("dbuffer") else dtypes.get(name, dtype)  # the buffer's
+        assert value.dtype == expected, name
         factor = OUTPUT_FACTOR if name in ("out", "lse") else GRAD_FACTOR
         floor = ref["dsinks_floor"] if name == "dsinks" else 0.0
         assert_within_rule(name, value, ref[name], base[name], factor, floor)
@@ -300,7 +318,7 @@ def check_dense(xp, sizes, dtype, *, causal=False, backward=True, deterministic=
     if backward:
         grads = cupyflash.flash_attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=deterministic,
                                                    **options)
-        got.update(zip(("dq", "dk", "dv", "dsinks"), grads))
+        got.update(grad_names(grads, options))
     dout_ref = dout if backward else None
     _outputs(got, oracle(q, k, v, causal, dout=dout_ref, **options), plain(q, k, v, causal, dout=dout_ref, **options), dt)
     return got
@@ -337,7 +355,7 @@ def check_varlen(xp, lengths_q, lengths_k, heads, heads_k, headdim, headdim_v, d
     if backward:
         grads = cupyflash.flash_attention_varlen_backward(dout, q, k, v, out, lse, *cu, causal=causal,
                                                           deterministic=deterministic, **sizes, **options)
-        got.update(zip(("dq", "dk", "dv", "dsinks"), grads))
+        got.update(grad_names(grads, options))
     dout_ref = dout if backward else None
     ref = oracle(q, k, v, causal, dout=dout_ref, cu_seqlens=cu, **options)
     base = plain(q, k, v, causal, dout=dout_ref, cu_seqlens=cu, **options)

@@ -1,0 +1,866 @@
+"""Score and mask functions written in Python, traced once into an expression.
+
+A ``score_mod(score, b, h, q_idx, kv_idx, *buffers)`` or ``mask_mod(b, h, q_idx, kv_idx, *buffers)`` is
+called once with symbolic arguments (:class:`Expr`); what it computes becomes a DAG of typed nodes,
+hash-consed so that equal subexpressions are one node. The DAG is then
+
+* evaluated elementwise on NumPy (or CuPy) arrays by :func:`evaluate` (the NumPy twin and
+  :mod:`cupyflash.reference`),
+* differentiated symbolically (:func:`Traced.gradients`: d(result)/d(score) and d(result)/d(each load of
+  a floating-point buffer), themselves expressions), and
+* written out as CUDA by :func:`cuda_source` for the kernels.
+
+Its :attr:`Traced.key` names the expression, never the Python function, the buffers' values, shapes or
+addresses: compiled variants are cached by it.
+
+Semantics, the same on every path:
+
+* Three kinds of value: bool, int (32-bit signed, wrapping) and float (the problem's compute precision:
+  float64 for float64 inputs, else float32; Python float constants are rounded to it). Arithmetic promotes
+  bool to int to float as Python does; ``/`` always gives a float; ``//`` and ``%`` round toward minus
+  infinity (Python's rule), and an integer division by 0 gives 0. ``&``, ``|``, ``^``, ``~`` are logical on
+  bools and bitwise on ints.
+* ``x.astype(numpy.int32)`` truncates toward zero (NaN gives 0, out-of-range values saturate);
+  ``astype(bool)`` is ``x != 0``; ``astype(float)`` (or float32, float64) converts to the compute float.
+* A buffer is indexed by exactly one int per axis. An index outside the buffer makes the result NaN (the
+  score; for a mask_mod, the pair stays visible with a NaN score), so an error is never silent. A load in
+  the branch that :func:`mods.where <cupyflash.mods.where>` does not take does not count: guard indices
+  with ``mods.where``.
+* ``minimum``/``maximum`` propagate NaN, as NumPy's do.
+"""
+
+import math
+import numbers
+
+import numpy
+
+#: Value kinds, in promotion order.
+BOOL, INT, FLOAT = "bool", "int", "float"
+_RANK = {BOOL: 0, INT: 1, FLOAT: 2}
+_INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
+
+#: Buffer dtypes a function may index, and the kind each load gives.
+BUFFER_KINDS = {
+    numpy.dtype(numpy.float32): FLOAT,
+    numpy.dtype(numpy.float64): FLOAT,
+    numpy.dtype(numpy.int32): INT,
+    numpy.dtype(numpy.bool_): BOOL,
+}
+#: Buffers per function and axes per buffer that the kernels' argument block holds.
+MAX_BUFFERS = 8
+MAX_RANK = 4
+
+#: Elementwise functions of one float argument (cupyflash.mods), with their NumPy form.
+_UNARY_FLOAT = {
+    "exp": numpy.exp,
+    "exp2": numpy.exp2,
+    "log": numpy.log,
+    "log2": numpy.log2,
+    "sqrt": numpy.sqrt,
+    "tanh": numpy.tanh,
+    "sigmoid": None,  # 1 / (1 + exp(-x)), evaluated below
+}
+
+
+class _Context:
+    """The trace in progress: the table that hash-conses its nodes."""
+
+    def __init__(self):
+        self.nodes = {}
+
+    def node(self, op, args, kind, value=None):
+        key = (op, tuple(id(a) for a in args), kind, _const_key(value))
+        found = self.nodes.get(key)
+        if found is None:
+            found = Expr(self, op, args, kind, value)
+            self.nodes[key] = found
+        return found
+
+
+def _const_key(value):
+    # 1, 1.0 and True are equal in Python; -0.0 and 0.0 too. repr tells them apart.
+    return (type(value).__name__, repr(value)) if isinstance(value, (bool, int, float)) else value
+
+
+def _describe(x):
+    return f"{type(x).__module__}.{type(x).__qualname__}" if not isinstance(x, Expr) else f"a traced {x.kind}"
+
+
+class Expr:
+    """A traced value: the operators and :mod:`cupyflash.mods` build the expression; anything that needs
+    its value now (``if``, ``bool()``, ``float()``, NumPy or ``math`` functions) is a TypeError."""
+
+    __slots__ = ("ctx", "op", "args", "kind", "value")
+    __array_ufunc__ = None  # NumPy hands binary operators back to Expr and refuses its ufuncs on it
+
+    def __init__(self, ctx, op, args, kind, value=None):
+        self.ctx, self.op, self.args, self.kind, self.value = ctx, op, args, kind, value
+
+    def __repr__(self):
+        return f"<traced {self.kind} {self.op}>"
+
+    # What cannot be traced.
+    def __bool__(self):
+        raise TypeError("a traced value has no truth value at trace time: Python control flow (if, while, and, "
+                        "or, not, chained comparisons) cannot depend on it; use mods.where, &, | and ~")
+
+    def __float__(self):
+        raise TypeError("a traced value cannot become a Python float: math and NumPy functions cannot be traced; "
+                        "use the functions of cupyflash.mods")
+
+    __int__ = __index__ = __complex__ = __float__
+
+    def __iter__(self):
+        raise TypeError("a traced value is a scalar: it cannot be iterated")
+
+    def __len__(self):
+        raise TypeError("a traced value is a scalar: it has no len()")
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)  # protocols probed by Python and NumPy (__array__, __deepcopy__...)
+        raise TypeError(f"a traced value has no attribute {name!r} (it supports arithmetic, comparisons, astype "
+                        "and the functions of cupyflash.mods)")
+
+    def __hash__(self):
+        return id(self)
+
+    def astype(self, dtype):
+        """Converts to int (numpy.int32: truncation toward zero), bool (``!= 0``) or float."""
+        if dtype is float:
+            return convert(self, FLOAT)
+        if dtype is int:
+            return convert(self, INT)
+        if dtype is bool:
+            return convert(self, BOOL)
+        try:
+            dt = numpy.dtype(dtype)
+        except TypeError:
+            dt = None
+        if dt in (numpy.float32, numpy.float64):
+            return convert(self, FLOAT)
+        if dt == numpy.int32:
+            return convert(self, INT)
+        if dt == numpy.bool_:
+            return convert(self, BOOL)
+        raise TypeError(f"astype takes numpy.int32, bool or a float dtype (float, numpy.float32, numpy.float64), "
+                        f"got {dtype!r}")
+
+    # Arithmetic.
+    def __add__(self, other):
+        return arithmetic("add", self, other)
+
+    def __radd__(self, other):
+        return arithmetic("add", other, self)
+
+    def __sub__(self, other):
+        return arithmetic("sub", self, other)
+
+    def __rsub__(self, other):
+        return arithmetic("sub", other, self)
+
+    def __mul__(self, other):
+        return arithmetic("mul", self, other)
+
+    def __rmul__(self, other):
+        return arithmetic("mul", other, self)
+
+    def __truediv__(self, other):
+        return arithmetic("truediv", self, other)
+
+    def __rtruediv__(self, other):
+        return arithmetic("truediv", other, self)
+
+    def __floordiv__(self, other):
+        return arithmetic("floordiv", self, other)
+
+    def __rfloordiv__(self, other):
+        return arithmetic("floordiv", other, self)
+
+    def __mod__(self, other):
+        return arithmetic("mod", self, other)
+
+    def __rmod__(self, other):
+        return arithmetic("mod", other, self)
+
+    def __pow__(self, other):
+        return power(self, other)
+
+    def __rpow__(self, other):
+        raise TypeError("only a Python number can be an exponent: write mods.exp2(x * mods.log2(base)) for "
+                        "base ** x")
+
+    def __neg__(self):
+        x = convert(self, INT) if self.kind == BOOL else self
+        return self.ctx.node("neg", (x,), x.kind)
+
+    def __pos__(self):
+        return convert(self, INT) if self.kind == BOOL else self
+
+    def __abs__(self):
+        return unary("abs", self)
+
+    # Comparisons.
+    def __eq__(self, other):
+        return compare("eq", self, other)
+
+    def __ne__(self, other):
+        return compare("ne", self, other)
+
+    def __lt__(self, other):
+        return compare("lt", self, other)
+
+    def __le__(self, other):
+        return compare("le", self, other)
+
+    def __gt__(self, other):
+        return compare("gt", self, other)
+
+    def __ge__(self, other):
+        return compare("ge", self, other)
+
+    # Logic (bools) and bits (ints).
+    def __and__(self, other):
+        return bitwise("and", self, other)
+
+    __rand__ = __and__
+
+    def __or__(self, other):
+        return bitwise("or", self, other)
+
+    __ror__ = __or__
+
+    def __xor__(self, other):
+        return bitwise("xor", self, other)
+
+    __rxor__ = __xor__
+
+    def __invert__(self):
+        if self.kind == FLOAT:
+            raise TypeError("~ takes a bool or an int, got a traced float")
+        return self.ctx.node("invert", (self,), self.kind)
+
+
+def lift(ctx, x, what="an operand"):
+    """``x`` as a node of trace ``ctx``: an Expr of this trace, or a Python (or NumPy scalar) number."""
+    if isinstance(x, Expr):
+        if x.ctx is not ctx:
+            raise TypeError("a traced value of another function's trace cannot be used here")
+        return x
+    if isinstance(x, (bool, numpy.bool_)):
+        return ctx.node("const", (), BOOL, bool(x))
+    if isinstance(x, numbers.Integral):
+        if not _INT_MIN <= int(x) <= _INT_MAX:
+            raise ValueError(f"integer constant {int(x)} does not fit the 32-bit ints score functions compute with")
+        return ctx.node("const", (), INT, int(x))
+    if isinstance(x, numbers.Real):
+        return ctx.node("const", (), FLOAT, float(x))
+    raise TypeError(f"{what} of a score or mask function must be a traced value or a Python number, got "
+                    f"{_describe(x)} (pass arrays as buffers and index them)")
+
+
+def _context(*xs):
+    for x in xs:
+        if isinstance(x, Expr):
+            return x.ctx
+    return None
+
+
+def convert(x, kind):
+    """``x`` converted to ``kind`` (a node of its own unless it already has that kind)."""
+    if x.kind == kind:
+        return x
+    if x.op == "const":
+        value = {BOOL: bool, INT: _to_int_scalar, FLOAT: float}[kind](x.value)
+        return x.ctx.node("const", (), kind, value)
+    return x.ctx.node("to_" + kind, (x,), kind)
+
+
+def _to_int_scalar(v):
+    if isinstance(v, float):
+        if math.isnan(v):
+            return 0
+        return int(min(max(math.trunc(v), _INT_MIN), _INT_MAX)) if math.isfinite(v) else (_INT_MAX if v > 0 else _INT_MIN)
+    return int(v)
+
+
+def _promote(ctx, a, b, floor=INT):
+    """Both operands at their common kind, at least ``floor``."""
+    kind = max((a.kind, b.kind, floor), key=_RANK.__getitem__)
+    return convert(a, kind), convert(b, kind), kind
+
+
+def arithmetic(op, a, b):
+    ctx = _context(a, b)
+    a, b = lift(ctx, a), lift(ctx, b)
+    if op == "truediv":
+        a, b, kind = _promote(ctx, a, b, FLOAT)
+    else:
+        a, b, kind = _promote(ctx, a, b)
+    return ctx.node(op, (a, b), kind)
+
+
+def power(base, exponent):
+    ctx = base.ctx
+    if isinstance(exponent, Expr) or not isinstance(exponent, numbers.Real) or isinstance(exponent, bool):
+        raise TypeError(f"the exponent of ** must be a Python number, got {_describe(exponent)}: write "
+                        "mods.exp2(y * mods.log2(x)) for x ** y")
+    if isinstance(exponent, numbers.Integral) and 0 <= int(exponent) <= 8:
+        # Small integer powers are products, exact for ints and as rounded as x * x ... for floats.
+        x = convert(base, INT) if base.kind == BOOL else base
+        result = lift(ctx, 1 if x.kind == INT else 1.0)
+        for _ in range(int(exponent)):
+            result = x if result.op == "const" and result.value == 1 else arithmetic("mul", result, x)
+        return result
+    return ctx.node("pow", (convert(base, FLOAT),), FLOAT, float(exponent))
+
+
+def compare(op, a, b):
+    ctx = _context(a, b)
+    a, b = lift(ctx, a), lift(ctx, b)
+    a, b, _ = _promote(ctx, a, b, BOOL if op in ("eq", "ne") else INT)
+    return ctx.node(op, (a, b), BOOL)
+
+
+def bitwise(op, a, b):
+    ctx = _context(a, b)
+    a, b = lift(ctx, a), lift(ctx, b)
+    if FLOAT in (a.kind, b.kind):
+        raise TypeError(f"{ {'and': '&', 'or': '|', 'xor': '^'}[op]} takes bools or ints, got a float operand")
+    a, b, kind = _promote(ctx, a, b, BOOL)
+    return ctx.node(op, (a, b), kind)
+
+
+def unary(op, x):
+    """``op`` (abs, floor, ceil, or one of _UNARY_FLOAT) of the traced ``x``."""
+    if op in _UNARY_FLOAT:
+        return x.ctx.node(op, (convert(x, FLOAT),), FLOAT)
+    if op == "abs":
+        x = convert(x, INT) if x.kind == BOOL else x
+        return x.ctx.node("abs", (x,), x.kind)
+    # floor and ceil: the identity on ints, as on Python ints.
+    if x.kind != FLOAT:
+        return convert(x, INT)
+    return x.ctx.node(op, (x,), FLOAT)
+
+
+def select(cond, a, b):
+    ctx = _context(cond, a, b)
+    cond = lift(ctx, cond, "the condition of mods.where")
+    if cond.kind != BOOL:
+        raise TypeError(f"the condition of mods.where must be a bool (a comparison, &, |, ~), got a traced {cond.kind}")
+    a, b = lift(ctx, a), lift(ctx, b)
+    a, b, kind = _promote(ctx, a, b, BOOL)
+    return ctx.node("where", (cond, a, b), kind)
+
+
+def extremum(op, a, b):
+    ctx = _context(a, b)
+    a, b = lift(ctx, a), lift(ctx, b)
+    a, b, kind = _promote(ctx, a, b, INT)
+    return ctx.node(op, (a, b), kind)
+
+
+class Buffer:
+    """A traced buffer: index it with one int per axis (``table[h, q_idx - kv_idx + 128]``)."""
+
+    def __init__(self, ctx, number, dtype, ndim):
+        self._ctx, self._number, self._dtype, self.ndim = ctx, number, dtype, ndim
+
+    def __repr__(self):
+        return f"<traced buffer {self._number}: {self._dtype} of rank {self.ndim}>"
+
+    def __getitem__(self, index):
+        index = index if isinstance(index, tuple) else (index,)
+        where = f"buffer {self._number} ({self._dtype}, rank {self.ndim})"
+        if len(index) != self.ndim:
+            raise TypeError(f"{where} takes exactly {self.ndim} indices (one int per axis), got {len(index)}")
+        nodes = []
+        for axis, i in enumerate(index):
+            if i is None or i is Ellipsis or isinstance(i, slice):
+                raise TypeError(f"{where} takes one int per axis; axis {axis} got {i!r} (slices, None and ... "
+                                "cannot be traced)")
+            node = lift(self._ctx, i, f"index {axis} of {where}")
+            if node.kind == FLOAT:
+                raise TypeError(f"index {axis} of {where} is a float: convert it with .astype(numpy.int32)")
+            nodes.append(convert(node, INT))
+        return self._ctx.node("load", tuple(nodes), BUFFER_KINDS[self._dtype], (self._number, self._dtype.name))
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise TypeError(f"a traced buffer supports only indexing, not {name!r} (its shape is not part of the "
+                        "trace: pass sizes as Python numbers or as buffers)")
+
+    def __array__(self, *args, **kwargs):
+        raise TypeError("a traced buffer cannot become an array: index it with one int per axis")
+
+
+_LEAVES = {"score": ("score", "b", "h", "q_idx", "kv_idx"), "mask": ("b", "h", "q_idx", "kv_idx")}
+
+
+def _topological(root):
+    order, seen, stack = [], set(), [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        if done:
+            order.append(node)
+            continue
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.append((node, True))
+        stack.extend((a, False) for a in reversed(node.args) if id(a) not in seen)
+    return order
+
+
+class Traced:
+    """One traced function: its expression, key and (for score_mods) gradients.
+
+    ``kind`` is "score" (result: float) or "mask" (result: bool); ``buffers`` the (dtype, ndim) of each
+    buffer argument.
+    """
+
+    def __init__(self, kind, ctx, root, buffers, name):
+        self.kind, self.ctx, self.root, self.buffers, self.name = kind, ctx, root, tuple(buffers), name
+        self.nodes = _topological(root)
+        self.key = _key(self.nodes, kind, self.buffers)
+        self._gradients = None
+
+    def leaf(self, name):
+        return self.ctx.nodes.get((name, (), INT if name != "score" else FLOAT, None))
+
+    @property
+    def uses(self):
+        """The leaves (score, b, h, q_idx, kv_idx) the expression reads."""
+        return {n.op for n in self.nodes if n.op in _LEAVES["score"]}
+
+    def gradients(self):
+        """``(dscore, loads)``: the derivative of the result with respect to the score, and for every load
+        of a floating-point buffer, ``(load, derivative)``; both expressions in the same trace."""
+        if self._gradients is None:
+            self._gradients = _reverse(self)
+        return self._gradients
+
+
+def _key(nodes, kind, buffers):
+    number = {id(n): i for i, n in enumerate(nodes)}
+    return (kind, tuple((d.name, r) for d, r in buffers),
+            tuple((n.op, n.kind, tuple(number[id(a)] for a in n.args), _const_key(n.value)) for n in nodes))
+
+
+def trace(fn, kind, buffers, argument="score_mod"):
+    """Traces ``fn`` (a score_mod if ``kind`` is "score", else a mask_mod) over buffers of the given
+    (dtype, ndim); returns a :class:`Traced`. Raises TypeError naming what cannot be traced."""
+    if not callable(fn):
+        raise TypeError(f"{argument} must be a function, got {_describe(fn)}")
+    if len(buffers) > MAX_BUFFERS:
+        raise ValueError(f"{argument} takes at most {MAX_BUFFERS} buffers, got {len(buffers)}")
+    ctx = _Context()
+    leaves = [ctx.node(name, (), FLOAT if name == "score" else INT) for name in _LEAVES[kind]]
+    proxies = [Buffer(ctx, i, numpy.dtype(d), r) for i, (d, r) in enumerate(buffers)]
+    name = getattr(fn, "__qualname__", repr(fn))
+    try:
+        result = fn(*leaves, *proxies)
+    except TypeError as e:
+        raise TypeError(f"{argument} {name} cannot be traced: {e}") from e
+    try:
+        root = lift(ctx, result, "the result")
+    except TypeError as e:
+        raise TypeError(f"{argument} {name} must return a traced value or a number, got {_describe(result)}") from e
+    if kind == "score":
+        if root.kind == BOOL:
+            raise TypeError(f"{argument} {name} returned a bool; a score_mod returns the score (a mask belongs in "
+                            "a mask_mod: BlockMask.from_mask_mod)")
+        root = convert(root, FLOAT)
+    elif root.kind != BOOL:
+        raise TypeError(f"mask_mod {name} must return a bool (a comparison, &, |, ~), got a traced {root.kind}")
+    return Traced(kind, ctx, root, [(numpy.dtype(d), r) for d, r in buffers], name)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Gradients: reverse mode over the DAG, building expressions.
+
+def _zero(ctx):
+    return ctx.node("const", (), FLOAT, 0.0)
+
+
+def _add(a, b):
+    if a is None:
+        return b
+    if b.op == "const" and b.value == 0.0:
+        return a
+    if a.op == "const" and a.value == 0.0:
+        return b
+    return arithmetic("add", a, b)
+
+
+def _mul(a, b):
+    for x, y in ((a, b), (b, a)):
+        if x.op == "const" and x.value == 1.0 and y.kind == FLOAT:
+            return y
+    return arithmetic("mul", a, b)
+
+
+def _local_derivatives(n):
+    """d(n)/d(arg) for each float argument of node ``n``, as expressions (None for none)."""
+    ctx = n.ctx
+    a = n.args[0] if n.args else None
+    one = lift(ctx, 1.0)
+    op = n.op
+    if op == "add":
+        return one, one
+    if op == "sub":
+        return one, lift(ctx, -1.0)
+    if op == "mul":
+        return n.args[1], n.args[0]
+    if op == "truediv":
+        b = n.args[1]
+        return arithmetic("truediv", one, b), -arithmetic("truediv", n, b)
+    if op == "neg":
+        return (lift(ctx, -1.0),)
+    if op == "exp":
+        return (n,)
+    if op == "exp2":
+        return (n * math.log(2.0),)
+    if op == "log":
+        return (arithmetic("truediv", one, a),)
+    if op == "log2":
+        return (arithmetic("truediv", lift(ctx, 1.0 / math.log(2.0)), a),)
+    if op == "sqrt":
+        return (arithmetic("truediv", lift(ctx, 0.5), n),)
+    if op == "tanh":
+        return (one - n * n,)
+    if op == "sigmoid":
+        return (n * (one - n),)
+    if op == "pow":
+        return (n.value * ctx.node("pow", (a,), FLOAT, n.value - 1.0),)
+    if op == "abs":
+        return (select(a < 0.0, -1.0, select(a > 0.0, 1.0, 0.0)),)
+    if op == "minimum":
+        return select(n.args[0] <= n.args[1], 1.0, 0.0), select(n.args[0] <= n.args[1], 0.0, 1.0)
+    if op == "maximum":
+        return select(n.args[0] >= n.args[1], 1.0, 0.0), select(n.args[0] >= n.args[1], 0.0, 1.0)
+    if op == "where":
+        return None, select(a, 1.0, 0.0), select(a, 0.0, 1.0)
+    # floor, ceil, mod, floordiv, conversions, comparisons: no gradient flows (piecewise constant, or ints).
+    return ()
+
+
+def _reverse(t):
+    ctx = t.ctx
+    adjoint = {id(t.root): lift(ctx, 1.0)}
+    loads = []
+    for n in reversed(t.nodes):
+        g = adjoint.get(id(n))
+        if g is None or n.kind != FLOAT:
+            continue
+        if n.op == "load":
+            loads.append((n, g))
+            continue
+        if n.op == "where":
+            # Selecting, not multiplying: a NaN or inf in the branch not taken must not reach the other.
+            cond, a, b = n.args
+            contributions = (None, select(cond, g, 0.0), select(cond, 0.0, g))
+        else:
+            contributions = tuple(None if d is None else _mul(g, d) for d in _local_derivatives(n))
+        for arg, c in zip(n.args, contributions):
+            if c is not None and arg.kind == FLOAT:
+                adjoint[id(arg)] = _add(adjoint.get(id(arg)), c)
+    score = t.leaf("score")
+    dscore = adjoint.get(id(score)) if score is not None else None
+    return (dscore if dscore is not None else _zero(ctx)), loads[::-1]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Elementwise evaluation on NumPy or CuPy arrays.
+
+def _module(arrays):
+    for x in arrays:
+        if x is not None and type(x).__module__.startswith("cupy"):
+            import cupy
+
+            return cupy
+    return numpy
+
+
+def evaluate(roots, env, buffers, ftype, xp=None):
+    """Values of the expressions ``roots`` (nodes of one trace) on arrays.
+
+    ``env`` maps the leaves ("score", "b", "h", "q_idx", "kv_idx") to arrays that broadcast together
+    (ints as int32, the score in ``ftype``); ``buffers`` are the buffer arrays. Returns, per root, its
+    value and whether every load it depends on was in range (an array, or None when it has no loads).
+    """
+    xp = xp or _module(list(env.values()) + list(buffers))
+    ftype = numpy.dtype(ftype)
+    values, valid = {}, {}
+    order = _topological_many(roots)
+    with numpy.errstate(all="ignore"):
+        for n in order:
+            args = [values[id(a)] for a in n.args]
+            values[id(n)] = _evaluate_node(xp, n, args, env, buffers, ftype)
+            if n.op == "where":
+                # Only the branch taken counts: a guarded index is in range where it is read.
+                c, a, b = n.args
+                va, vb = valid.get(id(a)), valid.get(id(b))
+                flags = [] if valid.get(id(c)) is None else [valid[id(c)]]
+                if va is not None or vb is not None:
+                    flags.append(xp.where(args[0], True if va is None else va, True if vb is None else vb))
+            else:
+                flags = [valid[id(a)] for a in n.args if valid.get(id(a)) is not None]
+                if n.op == "load":
+                    flags.append(_in_range(xp, args, buffers[n.value[0]].shape))
+            valid[id(n)] = _all(flags)
+    return [(values[id(r)], valid.get(id(r))) for r in roots]
+
+
+def _topological_many(roots):
+    order, seen = [], set()
+    for r in roots:
+        for n in _topological(r):
+            if id(n) not in seen:
+                seen.add(id(n))
+                order.append(n)
+    return order
+
+
+def _all(flags):
+    result = None
+    for f in flags:
+        result = f if result is None else result & f
+    return result
+
+
+def _in_range(xp, indices, shape):
+    ok = None
+    for i, size in zip(indices, shape):
+        f = (i >= 0) & (i < size)
+        ok = f if ok is None else ok & f
+    return ok
+
+
+def _int32(xp, x):
+    return xp.asarray(x).astype(numpy.int32, copy=False)
+
+
+def _evaluate_node(xp, n, args, env, buffers, ftype):
+    op, kind = n.op, n.kind
+    dtype = {BOOL: numpy.bool_, INT: numpy.int32, FLOAT: ftype}[kind]
+    if op == "const":
+        return xp.asarray(n.value, dtype=dtype)
+    if op in ("score", "b", "h", "q_idx", "kv_idx"):
+        return xp.asarray(env[op], dtype=dtype)
+    if op == "load":
+        buf = buffers[n.value[0]]
+        index = tuple(xp.clip(i, 0, max(size - 1, 0)) for i, size in zip(args, buf.shape))
+        if buf.size == 0:
+            return xp.zeros(xp.broadcast(*index).shape if index else (), dtype)
+        return buf[index].astype(dtype)
+    if op == "to_float":
+        return args[0].astype(ftype)
+    if op == "to_int":
+        x = args[0]
+        if x.dtype.kind == "f":
+            # Truncation toward zero; NaN gives 0, beyond the int32 range saturates (as cvt.rzi.s32 does).
+            t = xp.trunc(x.astype(numpy.float64))
+            return xp.where(xp.isnan(t), 0, xp.clip(t, _INT_MIN, _INT_MAX)).astype(numpy.int32)
+        return x.astype(numpy.int32)
+    if op == "to_bool":
+        return args[0] != 0
+    if op in ("add", "sub", "mul"):
+        f = {"add": xp.add, "sub": xp.subtract, "mul": xp.multiply}[op]
+        return f(args[0], args[1]).astype(dtype)  # int32 wraps
+    if op == "truediv":
+        return (args[0] / args[1]).astype(dtype)
+    if op in ("floordiv", "mod"):
+        a, b = args
+        if kind == INT:
+            safe = xp.where(b == 0, 1, b).astype(numpy.int32)
+            r = xp.floor_divide(a, safe) if op == "floordiv" else xp.remainder(a, safe)
+            return xp.where(b == 0, 0, r).astype(numpy.int32)
+        q = xp.floor(a / b).astype(dtype)
+        return q if op == "floordiv" else (a - b * q).astype(dtype)
+    if op == "neg":
+        return (-args[0]).astype(dtype)
+    if op == "abs":
+        return xp.abs(args[0]).astype(dtype)
+    if op in ("eq", "ne", "lt", "le", "gt", "ge"):
+        f = {"eq": xp.equal, "ne": xp.not_equal, "lt": xp.less, "le": xp.less_equal, "gt": xp.greater,
+             "ge": xp.greater_equal}[op]
+        return f(args[0], args[1])
+    if op in ("and", "or", "xor"):
+        f = {"and": xp.bitwise_and, "or": xp.bitwise_or, "xor": xp.bitwise_xor}[op]
+        return f(args[0], args[1]).astype(dtype)
+    if op == "invert":
+        return (xp.logical_not(args[0]) if kind == BOOL else xp.invert(args[0])).astype(dtype)
+    if op == "where":
+        return xp.where(args[0], args[1], args[2]).astype(dtype)
+    if op in ("minimum", "maximum"):
+        return getattr(xp, op)(args[0], args[1]).astype(dtype)
+    if op in ("floor", "ceil"):
+        return getattr(xp, op)(args[0]).astype(dtype)
+    if op == "sigmoid":
+        one = dtype.type(1)
+        return (one / (one + xp.exp(-args[0]))).astype(dtype)
+    if op == "pow":
+        return xp.power(args[0], dtype.type(n.value)).astype(dtype)
+    if op in _UNARY_FLOAT:
+        return getattr(xp, op)(args[0]).astype(dtype)
+    raise AssertionError(f"unknown node {op}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# CUDA (kernels_cu/common/user_mod.cuh holds the operations; the kernels include what this writes).
+
+_CTYPE = {BOOL: "bool", INT: "int", FLOAT: "F"}
+_BUFFER_CTYPE = {"float32": "float", "float64": "double", "int32": "int", "bool": "bool"}
+_INFIX = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+_BITS = {"and": "&", "or": "|", "xor": "^"}
+_HELPER = {"add": "user_add", "sub": "user_sub", "mul": "user_mul", "truediv": "user_div", "floordiv": "user_floordiv",
+           "mod": "user_mod", "minimum": "user_minimum", "maximum": "user_maximum"}
+
+
+def _float_literal(value):
+    if math.isnan(value):
+        return "user_nan(F(0))"
+    if math.isinf(value):
+        return ("-" if value < 0 else "") + "user_inf(F(0))"
+    # A hexadecimal double, rounded to F as NumPy rounds a Python float to float32.
+    return f"F({value.hex()})"
+
+
+def _int_literal(value):
+    return "(-2147483647 - 1)" if value == _INT_MIN else f"{value}"
+
+
+def _expression(n, name):
+    """C++ of node ``n``, its arguments named by ``name``."""
+    a = [name(x) for x in n.args]
+    op, kind = n.op, n.kind
+    if op == "const":
+        if kind == BOOL:
+            return "true" if n.value else "false"
+        return _int_literal(n.value) if kind == INT else _float_literal(n.value)
+    if op in _LEAVES["score"]:
+        return op
+    if op == "to_float":
+        return f"F({a[0]})"
+    if op == "to_int":
+        return f"user_to_int({a[0]})" if n.args[0].kind == FLOAT else f"int({a[0]})"
+    if op == "to_bool":
+        return f"({a[0]} != 0)"
+    if op in _HELPER:
+        return f"{_HELPER[op]}({a[0]}, {a[1]})"
+    if op in _INFIX:
+        return f"({a[0]} {_INFIX[op]} {a[1]})"
+    if op in _BITS:
+        return f"{_CTYPE[kind]}({a[0]} {_BITS[op]} {a[1]})"
+    if op == "invert":
+        return f"(!{a[0]})" if kind == BOOL else f"(~{a[0]})"
+    if op == "neg":
+        return f"user_neg({a[0]})"
+    if op == "where":
+        return f"({a[0]} ? {a[1]} : {a[2]})"
+    if op == "pow":
+        return f"user_pow({a[0]}, {_float_literal(n.value)})"
+    return f"user_{op}({a[0]})"  # abs, floor, ceil and the float functions
+
+
+class _Writer:
+    """Statements computing a set of nodes, each once, with validity flags where loads are involved."""
+
+    def __init__(self, buffers_name):
+        self.lines, self.names, self.ok, self.buffers_name = [], {}, {}, buffers_name
+
+    def name(self, n):
+        return self.names[id(n)]
+
+    def flag(self, n):
+        return self.ok.get(id(n))
+
+    def emit(self, roots):
+        for n in _topological_many(roots):
+            if id(n) in self.names:
+                continue
+            v = f"v{len(self.names)}"
+            flags = [self.flag(x) for x in n.args if self.flag(x) is not None]
+            if n.op == "load":
+                number, dtype = n.value
+                index = ", ".join(self.name(x) for x in n.args)
+                ok = f"ok{len(self.names)}"
+                self.lines.append(f"const int {v}_at[{max(len(n.args), 1)}] = {{{index or '0'}}};")
+                self.lines.append(f"bool {ok}_in;")
+                self.lines.append(f"const {_CTYPE[n.kind]} {v} = {_CTYPE[n.kind]}(user_load<{_BUFFER_CTYPE[dtype]}>("
+                                  f"{self.buffers_name}.buf[{number}], {v}_at, {len(n.args)}, &{ok}_in));")
+                flags.append(f"{ok}_in")
+            else:
+                self.lines.append(f"const {_CTYPE[n.kind]} {v} = {_expression(n, self.name)};")
+            if n.op == "where":
+                c, x, y = n.args
+                fx, fy = self.flag(x), self.flag(y)
+                flags = [] if self.flag(c) is None else [self.flag(c)]
+                if fx is not None or fy is not None:
+                    flags.append(f"({self.name(c)} ? {fx or 'true'} : {fy or 'true'})")
+            self.names[id(n)] = v
+            if flags:
+                ok = f"ok{len(self.names) - 1}"
+                self.lines.append(f"const bool {ok} = {' && '.join(flags)};")
+                self.ok[id(n)] = ok
+
+    def body(self, indent="    "):
+        return "\n".join(indent + line for line in self.lines)
+
+
+_SCORE_PARAMS = "F score, int b, int h, int q_idx, int kv_idx, const ModBuffers& score_buffers"
+_MASK_PARAMS = "int b, int h, int q_idx, int kv_idx, const ModBuffers& mask_buffers"
+
+
+def cuda_source(t):
+    """C++ of traced function ``t``, in namespace cupyflash::user_score (a score_mod: value, dscore and
+    scatter) or cupyflash::user_mask (a mask_mod: visible); needs common/user_mod.cuh."""
+    header = f"// Generated by cupyflash/_trace.py from {t.kind}_mod {t.name!r}.\n"
+    if t.kind == "mask":
+        w = _Writer("mask_buffers")
+        w.emit([t.root])
+        ok = w.flag(t.root)
+        return header + (
+            "namespace cupyflash { namespace user_mask {\n"
+            "// Whether query q_idx sees key kv_idx; *poisoned when an index it reads is out of range (the\n"
+            "// pair then stays visible, with a NaN score).\n"
+            f"CUPYFLASH_HD bool visible({_MASK_PARAMS}, bool* poisoned) {{\n{w.body()}\n"
+            f"    *poisoned = {'!' + ok if ok else 'false'};\n"
+            f"    return {w.name(t.root)}{' || !' + ok if ok else ''};\n}}\n}}}}  // namespace cupyflash::user_mask\n"
+        )
+    dscore, loads = t.gradients()
+    value = _Writer("score_buffers")
+    value.emit([t.root])
+    ok = value.flag(t.root)
+    result = f"({ok} ? {value.name(t.root)} : user_nan(F(0)))" if ok else value.name(t.root)
+    grad = _Writer("score_buffers")
+    grad.emit([dscore])
+    scatter = _Writer("score_buffers")
+    scatter.emit([g for _, g in loads] + [x for load, _ in loads for x in load.args])
+    adds = []
+    for load, g in loads:
+        number, dtype = load.value
+        index = ", ".join(scatter.name(x) for x in load.args)
+        flag = scatter.flag(g)
+        guard = "ds_mod != F(0)" + (f" && {flag}" if flag else "")
+        adds.append(f"    {{\n        const int at[{max(len(load.args), 1)}] = {{{index or '0'}}};\n"
+                    f"        if ({guard} && user_in_range(score_buffers.buf[{number}], at, {len(load.args)}))\n"
+                    f"            sink.add({number}, user_offset(score_buffers.buf[{number}], at, {len(load.args)}), "
+                    f"user_mul(ds_mod, {scatter.name(g)}));\n    }}")
+    return header + (
+        "namespace cupyflash { namespace user_score {\n"
+        "// The modified score: NaN when an index it reads is out of range.\n"
+        f"template <typename F>\nCUPYFLASH_HD F value({_SCORE_PARAMS}) {{\n{value.body()}\n    return {result};\n}}\n"
+        "// d(value) / d(score).\n"
+        f"template <typename F>\nCUPYFLASH_HD F dscore({_SCORE_PARAMS}) {{\n{grad.body()}\n"
+        f"    return {grad.name(dscore)};\n}}\n"
+        "// Adds ds_mod * d(value) / d(load) to the gradient of every floating-point buffer element the score\n"
+        "// reads (sink.add(buffer, offset, amount)); nothing where ds_mod is 0 (masked or zero-probability\n"
+        "// pairs), so an infinite or NaN derivative there does not reach the buffer.\n"
+        f"template <typename F, typename Sink>\nCUPYFLASH_HD void scatter({_SCORE_PARAMS}, F ds_mod, Sink& sink) {{\n"
+        f"{scatter.body()}\n" + "\n".join(adds) + ("\n" if adds else "") +
+        "    (void)ds_mod; (void)sink;\n}\n}}  // namespace cupyflash::user_score\n"
+    )

@@ -1,0 +1,170 @@
+// What the code generated from a score_mod or mask_mod (cupyflash/_trace.py's cuda_source) is written in:
+// the buffers' argument block and the scalar operations, each with the semantics cupyflash/_trace.py
+// defines and its NumPy evaluation computes. Floating-point + - * / and sqrt are the correctly rounded
+// _rn forms, which the compiler does not contract into FMAs, so the forward and the backward kernels
+// compute bitwise the same modified score, and the same as NumPy; the other functions are the CUDA math
+// library's (a few ulps from NumPy's).
+//
+// Host and device code alike (tests/test_mods.py builds the generated code as host C++ and compares it
+// with the NumPy evaluation).
+#pragma once
+
+#if defined(__CUDACC__)
+#define CUPYFLASH_HD __host__ __device__ __forceinline__
+#else
+#include <cmath>
+#define CUPYFLASH_HD inline
+#endif
+
+namespace cupyflash {
+
+constexpr int kMaxModBuffers = 8;
+constexpr int kMaxModRank = 4;
+
+// One buffer of a score or mask function: C-contiguous, its sizes per axis (axes past its rank unused).
+struct ModBuffer {
+    const void* data;
+    long long size[kMaxModRank];
+};
+
+struct ModBuffers {
+    ModBuffer buf[kMaxModBuffers];
+};
+
+// Where the backward adds the gradients of the floating-point buffers of a score function: one array of
+// the accumulation dtype per buffer, shaped like it (null for buffers that take none).
+struct ModGrads {
+    void* data[kMaxModBuffers];
+};
+
+// The buffer's element at the given indices, if every one is in range (else *ok is false and 0 returned).
+template <typename T>
+CUPYFLASH_HD T user_load(const ModBuffer& m, const int* index, int rank, bool* ok) {
+    long long linear = 0;
+    bool in = true;
+    for (int d = 0; d < rank; ++d) {
+        in = in && index[d] >= 0 && index[d] < m.size[d];
+        linear = linear * m.size[d] + index[d];
+    }
+    *ok = in;
+    return in ? static_cast<const T*>(m.data)[linear] : T(0);
+}
+
+// Whether every index is in range.
+CUPYFLASH_HD bool user_in_range(const ModBuffer& m, const int* index, int rank) {
+    bool in = true;
+    for (int d = 0; d < rank; ++d) in = in && index[d] >= 0 && index[d] < m.size[d];
+    return in;
+}
+
+// The linear position of an in-range element (user_load's ok), for the gradients.
+CUPYFLASH_HD long long user_offset(const ModBuffer& m, const int* index, int rank) {
+    long long linear = 0;
+    for (int d = 0; d < rank; ++d) linear = linear * m.size[d] + index[d];
+    return linear;
+}
+
+// 32-bit ints wrap, as NumPy's int32 does (signed overflow is undefined in C++, unsigned is not).
+CUPYFLASH_HD int user_add(int a, int b) { return static_cast<int>(static_cast<unsigned>(a) + static_cast<unsigned>(b)); }
+CUPYFLASH_HD int user_sub(int a, int b) { return static_cast<int>(static_cast<unsigned>(a) - static_cast<unsigned>(b)); }
+CUPYFLASH_HD int user_mul(int a, int b) { return static_cast<int>(static_cast<unsigned>(a) * static_cast<unsigned>(b)); }
+CUPYFLASH_HD int user_neg(int a) { return static_cast<int>(0u - static_cast<unsigned>(a)); }
+CUPYFLASH_HD int user_abs(int a) { return a < 0 ? user_neg(a) : a; }
+
+// Python's // and % (toward minus infinity; the remainder takes the divisor's sign); a divisor of 0
+// gives 0, as NumPy does, and INT_MIN // -1 wraps to INT_MIN.
+CUPYFLASH_HD int user_floordiv(int a, int b) {
+    if (b == 0) return 0;
+    if (b == -1) return user_neg(a);
+    const int q = a / b;
+    return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+CUPYFLASH_HD int user_mod(int a, int b) {
+    if (b == 0 || b == -1) return 0;
+    const int r = a % b;
+    return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+
+#if defined(__CUDA_ARCH__)
+CUPYFLASH_HD float user_add(float a, float b) { return __fadd_rn(a, b); }
+CUPYFLASH_HD double user_add(double a, double b) { return __dadd_rn(a, b); }
+CUPYFLASH_HD float user_sub(float a, float b) { return __fsub_rn(a, b); }
+CUPYFLASH_HD double user_sub(double a, double b) { return __dsub_rn(a, b); }
+CUPYFLASH_HD float user_mul(float a, float b) { return __fmul_rn(a, b); }
+CUPYFLASH_HD double user_mul(double a, double b) { return __dmul_rn(a, b); }
+CUPYFLASH_HD float user_div(float a, float b) { return __fdiv_rn(a, b); }
+CUPYFLASH_HD double user_div(double a, double b) { return __ddiv_rn(a, b); }
+CUPYFLASH_HD float user_sqrt(float a) { return __fsqrt_rn(a); }
+CUPYFLASH_HD double user_sqrt(double a) { return __dsqrt_rn(a); }
+// Truncation toward zero with saturation; NaN gives 0 (cvt.rzi.s32).
+CUPYFLASH_HD int user_to_int(float a) { return __float2int_rz(a); }
+CUPYFLASH_HD int user_to_int(double a) { return __double2int_rz(a); }
+CUPYFLASH_HD float user_nan(float) { return __int_as_float(0x7fc00000); }
+CUPYFLASH_HD double user_nan(double) { return __longlong_as_double(0x7ff8000000000000ll); }
+CUPYFLASH_HD float user_inf(float) { return __int_as_float(0x7f800000); }
+CUPYFLASH_HD double user_inf(double) { return __longlong_as_double(0x7ff0000000000000ll); }
+#else
+// The host build (x86-64 without -mfma: nothing to contract into) computes the IEEE operations too.
+CUPYFLASH_HD float user_add(float a, float b) { return a + b; }
+CUPYFLASH_HD double user_add(double a, double b) { return a + b; }
+CUPYFLASH_HD float user_sub(float a, float b) { return a - b; }
+CUPYFLASH_HD double user_sub(double a, double b) { return a - b; }
+CUPYFLASH_HD float user_mul(float a, float b) { return a * b; }
+CUPYFLASH_HD double user_mul(double a, double b) { return a * b; }
+CUPYFLASH_HD float user_div(float a, float b) { return a / b; }
+CUPYFLASH_HD double user_div(double a, double b) { return a / b; }
+CUPYFLASH_HD float user_sqrt(float a) { return std::sqrt(a); }
+CUPYFLASH_HD double user_sqrt(double a) { return std::sqrt(a); }
+template <typename F>
+CUPYFLASH_HD int user_to_int(F a) {
+    if (a != a) return 0;
+    if (a >= F(2147483647.0)) return 2147483647;
+    if (a <= F(-2147483648.0)) return -2147483647 - 1;
+    return static_cast<int>(a);
+}
+CUPYFLASH_HD float user_nan(float) { return NAN; }
+CUPYFLASH_HD double user_nan(double) { return NAN; }
+CUPYFLASH_HD float user_inf(float) { return INFINITY; }
+CUPYFLASH_HD double user_inf(double) { return INFINITY; }
+#endif
+
+CUPYFLASH_HD float user_exp(float a) { return expf(a); }
+CUPYFLASH_HD double user_exp(double a) { return exp(a); }
+CUPYFLASH_HD float user_exp2(float a) { return exp2f(a); }
+CUPYFLASH_HD double user_exp2(double a) { return exp2(a); }
+CUPYFLASH_HD float user_log(float a) { return logf(a); }
+CUPYFLASH_HD double user_log(double a) { return log(a); }
+CUPYFLASH_HD float user_log2(float a) { return log2f(a); }
+CUPYFLASH_HD double user_log2(double a) { return log2(a); }
+CUPYFLASH_HD float user_tanh(float a) { return tanhf(a); }
+CUPYFLASH_HD double user_tanh(double a) { return tanh(a); }
+CUPYFLASH_HD float user_floor(float a) { return floorf(a); }
+CUPYFLASH_HD double user_floor(double a) { return floor(a); }
+CUPYFLASH_HD float user_ceil(float a) { return ceilf(a); }
+CUPYFLASH_HD double user_ceil(double a) { return ceil(a); }
+CUPYFLASH_HD float user_abs(float a) { return fabsf(a); }
+CUPYFLASH_HD double user_abs(double a) { return fabs(a); }
+CUPYFLASH_HD float user_pow(float a, float b) { return powf(a, b); }
+CUPYFLASH_HD double user_pow(double a, double b) { return pow(a, b); }
+template <typename F>
+CUPYFLASH_HD F user_sigmoid(F a) { return user_div(F(1), user_add(F(1), user_exp(-a))); }
+template <typename F>
+CUPYFLASH_HD F user_neg(F a) { return -a; }
+
+// NumPy's minimum and maximum: NaN if either is NaN (fminf/fmaxf would drop it).
+template <typename T>
+CUPYFLASH_HD T user_minimum(T a, T b) { return (a != a || b != b) ? user_add(a, b) : (b < a ? b : a); }
+template <typename T>
+CUPYFLASH_HD T user_maximum(T a, T b) { return (a != a || b != b) ? user_add(a, b) : (b > a ? b : a); }
+template <>
+CUPYFLASH_HD int user_minimum(int a, int b) { return b < a ? b : a; }
+template <>
+CUPYFLASH_HD int user_maximum(int a, int b) { return b > a ? b : a; }
+
+// float x float -> float mod and floordiv: floor(a / b) and a - b * floor(a / b), each step rounded.
+template <typename F>
+CUPYFLASH_HD F user_floordiv(F a, F b) { return user_floor(user_div(a, b)); }
+template <typename F>
+CUPYFLASH_HD F user_mod(F a, F b) { return user_sub(a, user_mul(b, user_floordiv(a, b))); }
+
+}  // namespace cupyflash

@@ -1,0 +1,350 @@
+"""Score functions written in Python (issue 24): the tracer (cupyflash/_trace.py) against the functions
+run eagerly on NumPy arrays, its gradients against central differences, its CUDA (built as host C++)
+against its NumPy evaluation, and score_mod through the public API against the reference."""
+
+import math
+import subprocess
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import cupyflash
+from cupyflash import _kernels, _trace, mods, reference
+from helpers import central_differences, check_dense, check_varlen
+from test_training import _host_build
+
+F32 = np.float32
+
+
+def _grid(batch=2, heads=3, rows=5, cols=7, seed=0, scale=3.0, dtype=F32):
+    rng = np.random.default_rng(seed)
+    env = {
+        "score": (rng.standard_normal((batch, heads, rows, cols)) * scale).astype(dtype),
+        "b": np.arange(batch, dtype=np.int32)[:, None, None, None],
+        "h": np.arange(heads, dtype=np.int32)[None, :, None, None],
+        "q_idx": np.arange(rows, dtype=np.int32)[:, None],
+        "kv_idx": np.arange(cols, dtype=np.int32)[None, :],
+    }
+    return env
+
+
+def _table(shape=(3, 21), seed=1, dtype=F32):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+def rel_bias(score, b, h, q_idx, kv_idx, table):
+    return score + table[h, mods.clip(kv_idx - q_idx + 10, 0, 20)]
+
+
+def gated(score, b, h, q_idx, kv_idx, table):
+    gate = mods.sigmoid(table[h, mods.minimum(kv_idx, 20)])
+    return mods.where(q_idx >= kv_idx, score * gate, score - 2.5) + mods.tanh(score / 7.0) * (b + 1)
+
+
+def mixed(score, b, h, q_idx, kv_idx, table):
+    bucket = (mods.log(mods.abs(q_idx - kv_idx) + 1.0) * 4).astype(np.int32)  # T5-style log buckets
+    parity = ((q_idx + 2 * kv_idx) % 3 == 1) | (h == 2)
+    return mods.where(parity, score ** 2 / 10, mods.exp2(score / 4)) - table[h, mods.clip(bucket, 0, 20)] \
+        + mods.maximum(score, -1.0) * 0.5 - (q_idx // 2 - kv_idx // 3) / 8
+
+
+FUNCTIONS = [rel_bias, gated, mixed]
+
+
+def _trace_of(fn, buffers):
+    return _trace.trace(fn, "score", [(b.dtype, b.ndim) for b in buffers])
+
+
+@pytest.mark.parametrize("fn", FUNCTIONS, ids=lambda f: f.__name__)
+def test_evaluation_is_the_function_run_on_arrays(fn):
+    """The traced expression, evaluated, equals the function run eagerly on NumPy arrays (mods on arrays)."""
+    env, table = _grid(), _table()
+    traced = _trace_of(fn, [table])
+    (got, ok), = _trace.evaluate([traced.root], env, [table], F32)
+    direct = fn(env["score"], env["b"], env["h"], env["q_idx"], env["kv_idx"], table)
+    assert ok is None or ok.all()
+    np.testing.assert_allclose(np.broadcast_to(got, env["score"].shape), direct, rtol=2e-6, atol=1e-6)
+
+
+def test_integer_and_conversion_semantics():
+    """Python's // and % (toward minus infinity), 0 for a division by 0, int32 wrap-around, truncating
+    astype with NaN -> 0 and saturation, and NaN-propagating minimum."""
+    a = np.array([7, -7, 7, -7, 5, -(2**31), 2**31 - 1], np.int32)[:, None]
+    b = np.array([2, 2, -2, -2, 0, -1, 1], np.int32)[:, None]
+    x = np.array([np.nan, np.inf, -np.inf, 2.9, -2.9, 3e9], F32)[None, :]
+
+    def fn(score, b_, h, q_idx, kv_idx):
+        return (q_idx // kv_idx) * 1000 + q_idx % kv_idx
+
+    traced = _trace.trace(fn, "score", [])
+    (value, _), = _trace.evaluate([traced.root], {"score": F32(0), "b": 0, "h": 0, "q_idx": a, "kv_idx": b},
+                                  [], F32)
+
+    def wrap(x):
+        return (x + 2**31) % 2**32 - 2**31
+
+    expect = [wrap(wrap((0 if y == 0 else wrap(x // y)) * 1000) + (0 if y == 0 else x % y))
+              for x, y in zip(a.ravel().tolist(), b.ravel().tolist())]
+    np.testing.assert_array_equal(value.ravel(), np.array(expect, np.int64).astype(F32))
+    traced = _trace.trace(lambda s, b_, h, q, k: mods.minimum(s, 0.0), "score", [])
+    (value, _), = _trace.evaluate([traced.root], {"score": x, "b": 0, "h": 0, "q_idx": 0, "kv_idx": 0}, [], F32)
+    np.testing.assert_array_equal(value.ravel(), np.array([np.nan, 0, -np.inf, 0, -2.9, 0], F32))
+    traced = _trace.trace(lambda s, b_, h, q, k: s.astype(np.int32), "score", [])
+    (value, _), = _trace.evaluate([traced.root], {"score": x, "b": 0, "h": 0, "q_idx": 0, "kv_idx": 0}, [], F32)
+    np.testing.assert_array_equal(value.ravel(), np.array([0, 2**31 - 1, -(2**31), 2, -2, 2**31 - 1], np.int64).astype(F32))
+
+
+def test_out_of_range_loads_are_nan_unless_the_branch_is_not_taken():
+    table = _table((3, 5))
+    env = _grid(rows=4, cols=9)
+    plain = _trace_of(lambda s, b, h, q, k, t: s + t[h, k], [table])
+    guarded = _trace_of(lambda s, b, h, q, k, t: mods.where(k < 5, s + t[h, mods.minimum(k, 9)], s), [table])
+    (value, ok), = _trace.evaluate([plain.root], env, [table], F32)
+    assert (ok == (env["kv_idx"] < 5)).all() and ok.shape[-1] == 9
+    (value, ok), = _trace.evaluate([guarded.root], env, [table], F32)
+    assert ok.all()
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda s, b, h, q, k: s if q > k else 0.0, "no truth value"),
+    (lambda s, b, h, q, k: math.exp(s), "cannot become a Python float"),
+    (lambda s, b, h, q, k: np.exp(s), "ufunc"),
+    (lambda s, b, h, q, k: q < k, "returned a bool"),
+    (lambda s, b, h, q, k: s + np.ones(3), "Python number"),
+    (lambda s, b, h, q, k: s.shape, "no attribute 'shape'"),
+    (lambda s, b, h, q, k: 2.0 ** s, "exponent"),
+    (lambda s, b, h, q, k: s & 1, "bools or ints"),
+    (lambda s, b, h, q, k: mods.where(q, s, 0.0), "condition"),
+])
+def test_what_cannot_be_traced_is_a_type_error_naming_it(bad, message):
+    with pytest.raises(TypeError, match=message):
+        _trace.trace(bad, "score", [])
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda s, b, h, q, k, t: s + t[h], "takes exactly 2 indices"),
+    (lambda s, b, h, q, k, t: s + t[h, s], "is a float"),
+    (lambda s, b, h, q, k, t: s + t[h, 1:3], "slices"),
+    (lambda s, b, h, q, k, t: s + t.shape[0], "shape is not part of the trace"),
+])
+def test_buffer_misuse_is_a_type_error(bad, message):
+    with pytest.raises(TypeError, match=message):
+        _trace.trace(bad, "score", [(np.dtype(F32), 2)])
+
+
+def test_key_names_the_expression_not_the_function():
+    """A new closure with the same expression has the key; a changed constant, buffer dtype or rank does
+    not; buffer shapes and values never enter it."""
+    def make(c):
+        return lambda s, b, h, q, k, t: s * c + t[h, k]
+
+    key = _trace_of(make(2.0), [_table()]).key
+    assert _trace_of(make(2.0), [_table((9, 9))]).key == key
+    assert _trace_of(make(3.0), [_table()]).key != key
+    assert _trace_of(make(2), [_table()]).key == key  # 2 * a float is 2.0 * it: the same expression
+    assert _trace_of(make(2.0), [_table(dtype=np.float64)]).key != key
+    assert _trace.trace(lambda s, b, h, q, k: s + q - q, "score", []).key != \
+        _trace.trace(lambda s, b, h, q, k: s + 0, "score", []).key
+
+
+@pytest.mark.parametrize("fn", FUNCTIONS, ids=lambda f: f.__name__)
+def test_gradients_against_central_differences(fn):
+    """d/dscore and d/dload, in float64, against central differences of the evaluated function."""
+    env, table = _grid(batch=1, heads=3, rows=4, cols=6, dtype=np.float64, scale=1.5), _table(dtype=np.float64)
+    env["score"] = env["score"] + 0.01  # away from where's and maximum's switching points at 0 and -1
+    traced = _trace_of(fn, [table])
+    dscore, loads = traced.gradients()
+
+    def total(score, tbl):
+        (v, _), = _trace.evaluate([traced.root], dict(env, score=score), [tbl], np.float64)
+        return np.broadcast_to(v, env["score"].shape)
+
+    step = 1e-6
+    numeric = (total(env["score"] + step, table) - total(env["score"] - step, table)) / (2 * step)
+    (analytic, _), = _trace.evaluate([dscore], env, [table], np.float64)
+    np.testing.assert_allclose(np.broadcast_to(analytic, numeric.shape), numeric, rtol=1e-6, atol=1e-7)
+    # Buffer gradient of sum(weights * f): scatter weights * d f / d load at each load's index.
+    weights = np.random.default_rng(3).standard_normal(env["score"].shape)
+    grad = np.zeros_like(table)
+    for load, g in loads:
+        results = _trace.evaluate([g] + list(load.args), env, [table], np.float64)
+        shape = env["score"].shape
+        index = tuple(np.broadcast_to(r[0], shape) for r in results[1:])
+        np.add.at(grad, index, weights * np.broadcast_to(results[0][0], shape))
+    numeric = central_differences(lambda: float((weights * total(env["score"], table)).sum()), table, 1e-6)
+    np.testing.assert_allclose(grad, numeric, rtol=1e-6, atol=1e-7)
+
+
+_HOST_DRIVER = r"""
+#include <cstdio>
+#include <cstdlib>
+#include "common/user_mod.cuh"
+%s
+struct Sink {
+    double* grad;
+    void add(int, long long offset, %s amount) { grad[offset] += amount; }
+};
+int main(int argc, char** argv) {
+    const int heads = 3, rows = 5, cols = 30, tsize = 21;
+    static %s table[heads * tsize];
+    static double grad[heads * tsize];
+    for (int i = 0; i < heads * tsize; ++i) table[i] = static_cast<%s>(strtod(argv[1 + i], nullptr));
+    cupyflash::ModBuffers m{};
+    m.buf[0].data = table;
+    m.buf[0].size[0] = heads;
+    m.buf[0].size[1] = tsize;
+    Sink sink{grad};
+    for (int h = 0; h < heads; ++h)
+        for (int i = 0; i < rows; ++i)
+            for (int j = 0; j < cols; ++j) {
+                const %s s = static_cast<%s>(strtod(argv[1 + heads * tsize + (h * rows + i) * cols + j], nullptr));
+                printf("%%a %%a\n", static_cast<double>(cupyflash::user_score::value(s, 1, h, i, j, m)),
+                       static_cast<double>(cupyflash::user_score::dscore(s, 1, h, i, j, m)));
+                cupyflash::user_score::scatter(s, 1, h, i, j, m, static_cast<%s>(1), sink);
+            }
+    for (int i = 0; i < heads * tsize; ++i) printf("%%a\n", grad[i]);
+    return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("fn", FUNCTIONS + [lambda s, b, h, q, k, t: s + t[h, k]], ids=["rel_bias", "gated", "mixed",
+                                                                                        "out_of_range"])
+def test_cuda_source_is_the_numpy_evaluation(tmp_path, fn, dtype):
+    """The generated CUDA, built as host C++: value, dscore and the scattered buffer gradient against the
+    NumPy evaluation (+ - * / bitwise, int ops exactly; the math library's functions within a few ulps);
+    the out-of-range case (keys past the table) gives NaN scores and scatters nothing there."""
+    table = _table(dtype=dtype)
+    traced = _trace_of(fn, [table])
+    ctype = "float" if dtype == np.float32 else "double"
+    binary = _host_build(tmp_path, "mod", _HOST_DRIVER % ((_trace.cuda_source(traced),) + (ctype,) * 6))
+    env = _grid(batch=1, rows=5, cols=30, dtype=dtype)
+    env["b"] = np.int32(1)
+    env["h"] = np.arange(3, dtype=np.int32)[:, None, None]
+    env["score"] = env["score"][0]
+    args = [repr(float(x)) for x in table.ravel()] + [repr(float(x)) for x in env["score"].ravel()]
+    run = subprocess.run([binary, *args], check=True, capture_output=True, text=True)
+    lines = run.stdout.split()
+    pairs = np.array([float.fromhex(x) for x in lines[:2 * env["score"].size]]).reshape(env["score"].shape + (2,))
+    grad = np.array([float.fromhex(x) for x in lines[2 * env["score"].size:]]).reshape(table.shape)
+    dscore, loads = traced.gradients()
+    (value, ok), (deriv, _) = _trace.evaluate([traced.root, dscore], env, [table], dtype)
+    value = np.where(ok, value, np.nan) if ok is not None else value
+    ulps = 4 * np.nanmax(np.spacing(np.maximum(np.abs(np.broadcast_to(value, pairs.shape[:-1])), 1.0).astype(dtype)))
+    if ok is not None:
+        assert np.isnan(pairs[..., 0][~np.broadcast_to(ok, pairs.shape[:-1])]).all()
+    np.testing.assert_allclose(pairs[..., 0], np.broadcast_to(value, pairs.shape[:-1]), rtol=0, atol=ulps)
+    np.testing.assert_allclose(pairs[..., 1], np.broadcast_to(deriv, pairs.shape[:-1]), rtol=0, atol=ulps)
+    expect = np.zeros(table.shape)
+    shape = env["score"].shape
+    for load, g in loads:
+        results = _trace.evaluate([g] + list(load.args), env, [table], dtype)
+        index = [np.broadcast_to(r[0], shape) for r in results[1:]]
+        inside = np.ones(shape, bool)
+        for x, size in zip(index, table.shape):
+            inside &= (x >= 0) & (x < size)
+        np.add.at(expect, tuple(x[inside] for x in index), np.broadcast_to(results[0][0], shape)[inside])
+    np.testing.assert_allclose(grad, expect, rtol=1e-5, atol=1e-5)
+
+
+# -------------------------------------------------------------------------------- through the API
+
+def _softcap_mod(cap):
+    return lambda s, b, h, q, k: cap * mods.tanh(s / cap)
+
+
+def _alibi_mod(seqlen_q, seqlen_k):
+    return lambda s, b, h, q, k, slopes: s - slopes[h] * mods.abs(q + (seqlen_k - seqlen_q) - k)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, ml_dtypes.bfloat16, np.float16],
+                         ids=["float64", "float32", "bfloat16", "float16"])
+def test_score_mod_against_the_oracle(dtype):
+    """T5 relative bias with a learned table (its gradient checked too), GQA, causal, odd sizes."""
+    table = _table((4, 21), seed=5) * F32(0.5)
+    check_dense(np, (2, 37, 45, 4, 2, 24, 16), dtype, causal=True, score_mod=rel_bias, score_mod_buffers=(table,))
+
+
+def test_score_mod_varlen_against_the_oracle():
+    """Packed sequences: b is the sequence index (the function reads it)."""
+    table = _table((3, 21), seed=6)
+    check_varlen(np, [5, 0, 17, 33], [9, 4, 17, 20], 3, 1, 16, 16, np.float32, causal=True, score_mod=gated,
+                 score_mod_buffers=(table,))
+
+
+def test_builtins_written_as_score_mods_are_the_builtins():
+    """softcap and ALiBi written as score_mods give the built-ins' results (float64)."""
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((2, n, 4, 16)) for n in (19, 23, 23))
+    dout = rng.standard_normal((2, 19, 4, 16))
+    slopes = rng.uniform(0.1, 1.0, 4).astype(F32)
+    for builtin, mod in (({"softcap": 3.0}, {"score_mod": _softcap_mod(3.0)}),
+                         ({"alibi_slopes": slopes}, {"score_mod": _alibi_mod(19, 23), "score_mod_buffers": (slopes,)})):
+        out, lse = cupyflash.flash_attention(q, k, v, causal=True, return_lse=True, **builtin)
+        out_m, lse_m = cupyflash.flash_attention(q, k, v, causal=True, return_lse=True, **mod)
+        np.testing.assert_allclose(out_m, out, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(lse_m, lse, rtol=1e-12, atol=1e-12)
+        grads = cupyflash.flash_attention_backward(dout, q, k, v, out, lse, causal=True, **builtin)
+        grads_m = cupyflash.flash_attention_backward(dout, q, k, v, out_m, lse_m, causal=True, **mod)
+        for a, b in zip(grads_m[:3], grads):
+            np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_buffer_gradients_against_central_differences():
+    """d(loss)/d(table) of the reference's float64 attention, by central differences, against the
+    NumPy twin's backward; int buffers get None."""
+    rng = np.random.default_rng(8)
+    q, k, v = (rng.standard_normal((1, n, 2, 8)) for n in (6, 9, 9))
+    dout = rng.standard_normal((1, 6, 2, 8))
+    table = rng.standard_normal((2, 21))
+    shift = np.array([3], np.int32)
+
+    def fn(s, b, h, qi, ki, t, sh):
+        return s * mods.sigmoid(t[h, mods.clip(ki - qi + sh[0], 0, 20)])
+
+    out, lse = cupyflash.flash_attention(q, k, v, return_lse=True, score_mod=fn, score_mod_buffers=(table, shift))
+    *_, (dtable, dshift) = cupyflash.flash_attention_backward(dout, q, k, v, out, lse, score_mod=fn,
+                                                              score_mod_buffers=(table, shift))
+    assert dshift is None and dtable.dtype == np.float64
+
+    def loss():
+        return float((reference.attention(q, k, v, score_mod=fn, score_mod_buffers=(table, shift))[0] * dout).sum())
+
+    np.testing.assert_allclose(dtable, central_differences(loss, table, 1e-6), rtol=1e-6, atol=1e-8)
+
+
+def test_out_of_range_index_makes_the_rows_nan():
+    rng = np.random.default_rng(9)
+    q, k, v = (rng.standard_normal((1, n, 1, 8)) for n in (4, 6, 6))
+    table = np.zeros(5)
+    out = cupyflash.flash_attention(q, k, v, score_mod=lambda s, b, h, qi, ki, t: s + t[ki],
+                                    score_mod_buffers=(table,))
+    assert np.isnan(out).all()  # every row sees key 5, past the table
+    out = cupyflash.flash_attention(q, k, v, score_mod=lambda s, b, h, qi, ki, t: s + t[mods.minimum(ki, 4)],
+                                    score_mod_buffers=(table,))
+    np.testing.assert_allclose(out, cupyflash.flash_attention(q, k, v))
+
+
+def test_score_mod_arguments_are_checked():
+    rng = np.random.default_rng(10)
+    q = k = v = rng.standard_normal((1, 4, 2, 8))
+    with pytest.raises(ValueError, match="softcap or alibi_slopes"):
+        cupyflash.flash_attention(q, k, v, softcap=2.0, score_mod=_softcap_mod(2.0))
+    with pytest.raises(ValueError, match="without a score_mod"):
+        cupyflash.flash_attention(q, k, v, score_mod_buffers=(np.zeros(3),))
+    with pytest.raises(TypeError, match="dtype int64"):
+        cupyflash.flash_attention(q, k, v, score_mod=lambda s, b, h, qi, ki, t: s, score_mod_buffers=(np.zeros(3, np.int64),))
+    with pytest.raises(TypeError, match="must be a function"):
+        cupyflash.flash_attention(q, k, v, score_mod=3.0)
+    with pytest.raises(TypeError, match="tuple of arrays"):
+        cupyflash.flash_attention(q, k, v, score_mod=lambda s, b, h, qi, ki, t: s, score_mod_buffers=np.zeros(3))
+    with pytest.raises(TypeError, match="cannot be traced"):
+        cupyflash.flash_attention(q, k, v, score_mod=lambda s, b, h, qi, ki: s if qi > ki else s)
+    # The vjp carries the score_mod and returns the buffers' gradients last.
+    table = np.ones((2, 1))
+    out, vjp = cupyflash.flash_attention_vjp(q, k, v, score_mod=lambda s, b, h, qi, ki, t: s * t[h, 0],
+                                             score_mod_buffers=(table,))
+    grads = vjp(np.ones_like(out))
+    assert len(grads) == 4 and grads[3][0].shape == (2, 1)
