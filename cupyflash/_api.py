@@ -305,7 +305,8 @@ def flash_attention_vjp(q: Array, k: Array, v: Array, *, causal: bool = False, s
                         deterministic: bool = False, precision: str = "highest", sinks: Optional[Array] = None,
                         dropout_p: float = 0.0, dropout_seed: Optional[int] = None,
                         dropout_offset: int = 0,
-                        score_mod: Optional[Callable] = None, score_mod_buffers: Optional[Sequence[Array]] = None) -> Tuple[Array, Callable[[Array], Grads]]:
+                        score_mod: Optional[Callable] = None,
+                        score_mod_buffers: Optional[Sequence[Array]] = None) -> Tuple[Array, Callable[[Array], Grads]]:
     """Forward pass and a function that maps ``dout`` to ``(dq, dk, dv)`` (and ``dsinks``).
 
     Parameters
@@ -393,7 +394,8 @@ def flash_attention_varlen_backward(dout: Array, q: Array, k: Array, v: Array, o
                                     deterministic: bool = False, precision: str = "highest",
                                     sinks: Optional[Array] = None, dropout_p: float = 0.0,
                                     dropout_seed: Optional[int] = None, dropout_offset: int = 0,
-                                    score_mod: Optional[Callable] = None, score_mod_buffers: Optional[Sequence[Array]] = None) -> Grads:
+                                    score_mod: Optional[Callable] = None,
+                                    score_mod_buffers: Optional[Sequence[Array]] = None) -> Grads:
     """Gradients of :func:`flash_attention_varlen` with respect to q, k and v (and the sinks).
 
     Parameters
@@ -439,7 +441,8 @@ def flash_attention_varlen_vjp(q: Array, k: Array, v: Array, cu_seqlens_q: Array
                                precision: str = "highest", sinks: Optional[Array] = None, dropout_p: float = 0.0,
                                dropout_seed: Optional[int] = None,
                                dropout_offset: int = 0,
-                               score_mod: Optional[Callable] = None, score_mod_buffers: Optional[Sequence[Array]] = None) -> Tuple[Array, Callable[[Array], Grads]]:
+                               score_mod: Optional[Callable] = None,
+                               score_mod_buffers: Optional[Sequence[Array]] = None) -> Tuple[Array, Callable[[Array], Grads]]:
     """Packed forward pass and a function that maps ``dout`` to ``(dq, dk, dv)`` (and ``dsinks``).
 
     Parameters

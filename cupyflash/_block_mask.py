@@ -74,6 +74,7 @@ class BlockMask:
         """Use :meth:`from_dense`; this constructor takes an already checked boolean layout."""
         self._layout = layout
         self.block_size = block_size
+        self.mask_mod = None  # from_mask_mod: (traced mask_mod, buffers, full layout, (seqlen_q, seqlen_k))
         self._lists = {}
         self._copies = {}
         xp = self._module(layout)
@@ -128,6 +129,69 @@ class BlockMask:
             return cls(layout, block_size)
         with layout.device:
             return cls(xp.array(layout, order="C"), block_size)
+
+    @classmethod
+    def from_mask_mod(cls, mask_mod, batch, heads, seqlen_q, seqlen_k, block_size=(128, 128), buffers=()):
+        """A mask from a function of the positions (FlexAttention's ``create_block_mask``).
+
+        Parameters
+        ----------
+        mask_mod : callable
+            ``mask_mod(b, h, q_idx, kv_idx, *buffers) -> bool``: whether query q_idx of batch entry b and
+            query head h sees key kv_idx. Traced once, like a score_mod (README, "Score and mask
+            functions"); an index outside a buffer makes the pair visible with a NaN score.
+        batch, heads : int
+            The calls' batch and query heads, or 1 for a mask that does not depend on them.
+        seqlen_q, seqlen_k : int
+            The calls' sequence lengths (at least 1): the mask serves exactly these.
+        block_size : (int, int)
+            (block_q, block_k).
+        buffers : tuple of arrays
+            The arrays the function indexes (float32, float64, int32 or bool, rank at most 4), all NumPy
+            or all CuPy; the mask's layout is built on their device (on the host without buffers).
+
+        Returns
+        -------
+        BlockMask
+            Layout (batch, heads, q_blocks, k_blocks): a block is set where the function holds for some
+            pair in it. The calls evaluate the function only in blocks where it does not hold for every
+            pair (and skip the blocks where it holds for none).
+        """
+        from . import _problem, _trace
+
+        rows, cols, block_size = cls._grid(seqlen_q, seqlen_k, block_size)
+        for name, value in (("batch", batch), ("heads", heads)):
+            if cls._count(name, value) < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
+        cupy = _cupy()
+        xp = cupy if cupy is not None and any(isinstance(b, cupy.ndarray) for b in buffers) else numpy
+        buffers = _problem.check_buffers("buffers", buffers, xp)
+        traced = _trace.trace(mask_mod, "mask", [(b.dtype, b.ndim) for b in buffers], "mask_mod")
+        block_q, block_k = block_size
+        b = xp.arange(batch, dtype=numpy.int32).reshape(batch, 1, 1, 1)
+        h = xp.arange(heads, dtype=numpy.int32).reshape(1, heads, 1, 1)
+        kv_idx = xp.arange(seqlen_k, dtype=numpy.int32)[None, :]
+        some = xp.zeros((batch, heads, rows, cols), dtype=bool)
+        every = xp.zeros((batch, heads, rows, cols), dtype=bool)
+        for r in range(rows):  # one block row of queries at a time: memory of block_q * seqlen_k pairs
+            q_idx = xp.arange(r * block_q, min((r + 1) * block_q, seqlen_q), dtype=numpy.int32)[:, None]
+            (seen, ok), = _trace.evaluate([traced.root], {"b": b, "h": h, "q_idx": q_idx, "kv_idx": kv_idx},
+                                          buffers, numpy.float32, xp)
+            shape = (batch, heads, q_idx.shape[0], seqlen_k)
+            seen = xp.broadcast_to(seen, shape)
+            # A pair whose index is out of range is visible (with a NaN score): its block is partial.
+            certain = seen if ok is None else seen & xp.broadcast_to(ok, shape)
+            padded = xp.zeros(shape[:3] + (cols * block_k,), dtype=bool)
+            padded[..., :seqlen_k] = seen if ok is None else seen | ~xp.broadcast_to(ok, shape)
+            some[:, :, r] = padded.reshape(shape[:3] + (cols, block_k)).any(axis=(2, 4))
+            padded[..., :seqlen_k] = certain
+            padded[..., seqlen_k:] = True  # keys past the end do not make a block partial
+            every[:, :, r] = padded.reshape(shape[:3] + (cols, block_k)).all(axis=(2, 4))
+        mask = cls.from_dense(some, block_size)
+        if xp is numpy:
+            every.flags.writeable = False
+        mask.mask_mod = (traced, buffers, every, (seqlen_q, seqlen_k))
+        return mask
 
     @classmethod
     def longformer(cls, seqlen_q, seqlen_k=None, *, block_size=(128, 128), window_blocks=1, global_blocks=1):
@@ -257,7 +321,8 @@ class BlockMask:
         return self._own.q_index >> 1
 
     def __repr__(self):
-        return f"BlockMask(shape={self.shape}, block_size={self.block_size}, density={self.density:.3f})"
+        kind = "" if self.mask_mod is None else f", mask_mod={self.mask_mod[0].name}"
+        return f"BlockMask(shape={self.shape}, block_size={self.block_size}, density={self.density:.3f}{kind})"
 
     # --------------------------------------------------------------------------------- for the calls
 

@@ -54,6 +54,7 @@ class _Masking:
     block_size: tuple
     dropout: object  # _Dropout, or None
     user: object = None  # _UserScores, or None
+    mask_fn: object = None  # a mask_mod's (traced, buffers, full layout like ``layout``, b, h), or None
 
     @classmethod
     def of(cls, p, acc):
@@ -62,15 +63,23 @@ class _Masking:
         slopes = None
         if p.alibi_slopes is not None:
             slopes = np.broadcast_to(np.asarray(p.alibi_slopes, np.float32), (batch, heads)).reshape(shape)
-        layout, block_size = None, None
+        layout, block_size, mask_fn = None, None, None
         if p.block_mask is not None:
             full = p.block_mask.layout_on(np)
             layout = np.broadcast_to(full, (batch, heads) + full.shape[2:]).reshape(shape + full.shape[2:])
             block_size = p.block_mask.block_size
+            if p.block_mask.mask_mod is not None:
+                traced, buffers, every, _ = p.block_mask.mask_mod
+                every = np.broadcast_to(every, (batch, heads) + every.shape[2:]).reshape(shape + every.shape[2:])
+                ids = _UserScores.of(p, shape, acc)
+                # A mask built for a batch or heads of 1 is that entry's (b = 0, h = 0) for all of them.
+                b = ids.b if full.shape[0] > 1 else np.zeros_like(ids.b)
+                h = ids.h if full.shape[1] > 1 else np.zeros_like(ids.h)
+                mask_fn = (traced, buffers, every, b, h)
         window = Window.of(p.seqlen_q, p.seqlen_k, p.window_left, p.window_right)
         dropout = _Dropout.of(p, shape, acc) if p.dropout else None
         user = _UserScores.of(p, shape, acc) if p.user_score is not None else None
-        return cls(window, acc.type(p.softmax_scale), p.softcap, slopes, layout, block_size, dropout, user)
+        return cls(window, acc.type(p.softmax_scale), p.softcap, slopes, layout, block_size, dropout, user, mask_fn)
 
     def tile_blocks(self, m0, m1, n0, n1):
         """The layout's cells over rows [m0, m1) and keys [n0, n1), or None without a layout."""
@@ -97,10 +106,22 @@ class _Masking:
         else:
             s, grad = modify_scores(np, s, i, j, self.softcap, self.slopes, offset)
         blocks = self.tile_blocks(m0, m0 + rows, n0, n0 + cols)
+        if self.mask_fn is not None:
+            # A mask_mod's tile is full where its function holds for every pair of the tile's blocks.
+            blocks = layout_cells(self.mask_fn[2], self.block_size, np.arange(m0, m0 + rows), np.arange(n0, n0 + cols))
         full = self.window.tile_is_full(m0, rows, n0, cols) and (blocks is None or bool(blocks.all()))
         if not full:
             visible = self.window.visible(i, j)
-            if blocks is not None:
+            if self.mask_fn is not None:
+                traced, buffers, _, b, h = self.mask_fn
+                env = {"b": b, "h": h, "q_idx": i.astype(np.int32), "kv_idx": j.astype(np.int32)}
+                (seen, ok), = _trace.evaluate([traced.root], env, buffers, self.scale.dtype, np)
+                if ok is not None:
+                    # An index out of range: the pair stays visible, with a NaN score.
+                    s = np.where(ok, s, self.scale.dtype.type(np.nan))
+                    seen = seen | ~ok
+                visible = visible & seen
+            elif blocks is not None:
                 visible = visible & blocks
             s = np.where(visible, s, -np.inf)
         return s, grad, scaled

@@ -438,6 +438,9 @@ def check_block_mask(mask, batch, heads, seqlen_q, seqlen_k):
             f"block_mask must be a cupyflash.BlockMask (see BlockMask.from_dense), got {type(mask).__module__}."
             f"{type(mask).__qualname__}"
         )
+    if mask.mask_mod is not None and mask.mask_mod[3] != (seqlen_q, seqlen_k):
+        raise ValueError(f"block_mask was built by from_mask_mod for (seqlen_q, seqlen_k) = {mask.mask_mod[3]}, "
+                         f"got {(seqlen_q, seqlen_k)}")
     block_q, block_k = mask.block_size
     expected = (-(-seqlen_q // block_q), -(-seqlen_k // block_k))
     b, h, rows, cols = mask.shape
@@ -492,6 +495,11 @@ def _options(p, causal, window_size, softcap, alibi_slopes, block_mask, precisio
         if p.get("cu_seqlens_q") is not None:
             raise TypeError("block_mask is not supported with packed (varlen) batches")
         p["block_mask"] = check_block_mask(block_mask, p["batch"], p["heads"], p["seqlen_q"], p["seqlen_k"])
+        if block_mask.mask_mod is not None and p["xp"] is not numpy:
+            raise NotImplementedError(
+                "a BlockMask from from_mask_mod runs on NumPy arrays in this version: the CUDA kernels do not "
+                "compile its mask_mod yet (README, 'Score and mask functions')"
+            )
     return Problem(**p)
 
 

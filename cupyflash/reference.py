@@ -365,8 +365,23 @@ def _scores(xp, q, k, causal, softmax_scale, window_size, softcap, alibi_slopes,
     softcap = _softcap(softcap)
     # Arguments are checked before the arithmetic starts.
     mask = _window_mask(xp, seqlen_q, seqlen_k, *_window_bounds(window_size, causal))
+    poisoned = None
     if block_mask is not None:
         cells = _block_cells(xp, block_mask, batch, heads_k, group, seqlen_q, seqlen_k)
+        if block_mask.mask_mod is not None:
+            # The mask is its function, on every pair (the layout only says which blocks the kernels visit).
+            traced, buffers = block_mask.mask_mod[:2]
+            env = _user_env(xp, xp.zeros((batch, heads_k, group, seqlen_q, seqlen_k), acc), heads_k, group)
+            del env["score"]
+            # Built for a batch or heads of 1: entry b = 0 (head h = 0) serves every one.
+            layout_batch, layout_heads = block_mask.layout.shape[:2]
+            if layout_batch == 1:
+                env["b"] = xp.zeros_like(env["b"])
+            if layout_heads == 1:
+                env["h"] = xp.zeros_like(env["h"])
+            (cells, ok), = _trace.evaluate([traced.root], env, tuple(_on_module(xp, b) for b in buffers), acc, xp)
+            if ok is not None:
+                poisoned, cells = ~ok, cells | ~ok
         mask = cells if mask is None else mask & cells
     slopes = None if alibi_slopes is None else _alibi_slopes(xp, alibi_slopes, batch, heads_k, group, acc)
 
@@ -391,6 +406,8 @@ def _scores(xp, q, k, causal, softmax_scale, window_size, softcap, alibi_slopes,
         cols = xp.arange(seqlen_k)[None, :]
         distance = xp.abs(rows + (seqlen_k - seqlen_q) - cols).astype(acc)
         s = rnd(s - slopes * distance)
+    if poisoned is not None:
+        s = xp.where(poisoned, acc.type(np.nan), s)  # a mask_mod's index out of range
     if mask is not None:
         s = xp.where(mask, s, acc.type(-np.inf))
     return s, grad, scaled

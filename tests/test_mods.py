@@ -8,11 +8,11 @@ import subprocess
 import ml_dtypes
 import numpy as np
 import pytest
-
-import cupyflash
-from cupyflash import _kernels, _trace, mods, reference
 from helpers import central_differences, check_dense, check_varlen
 from test_training import _host_build
+
+import cupyflash
+from cupyflash import _trace, mods, reference
 
 F32 = np.float32
 
@@ -348,3 +348,66 @@ def test_score_mod_arguments_are_checked():
                                              score_mod_buffers=(table,))
     grads = vjp(np.ones_like(out))
     assert len(grads) == 4 and grads[3][0].shape == (2, 1)
+
+
+# -------------------------------------------------------------------------------- mask functions
+
+def same_document(b, h, q_idx, kv_idx, doc):
+    return doc[b, q_idx] == doc[b, kv_idx]
+
+
+def _documents(batch, seqlen, count, seed):
+    rng = np.random.default_rng(seed)
+    return np.sort(rng.integers(0, count, (batch, seqlen)), axis=1).astype(np.int32)
+
+
+def test_from_mask_mod_classifies_blocks():
+    """Set blocks are those where the function holds for some pair, full ones where it holds for all
+    (odd sizes: the last blocks are cut by the sequence ends); heads broadcast."""
+    doc = _documents(2, 77, 4, 11)
+    mask = cupyflash.BlockMask.from_mask_mod(same_document, 2, 1, 77, 77, block_size=(16, 32), buffers=(doc,))
+    pairs = doc[:, :, None] == doc[:, None, :]
+    padded = np.zeros((2, 80, 96), bool)
+    padded[:, :77, :77] = pairs
+    some = padded.reshape(2, 5, 16, 3, 32).any(axis=(2, 4))
+    filled = np.ones((2, 80, 96), bool)
+    filled[:, :77, :77] = pairs
+    every = filled.reshape(2, 5, 16, 3, 32).all(axis=(2, 4))
+    np.testing.assert_array_equal(mask.layout[:, 0], some)
+    np.testing.assert_array_equal(mask.mask_mod[2][:, 0], every & some)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16], ids=["float32", "bfloat16"])
+def test_document_mask_against_the_oracle(dtype):
+    doc = _documents(2, 150, 5, 12)
+    mask = cupyflash.BlockMask.from_mask_mod(same_document, 2, 1, 150, 150, block_size=(64, 64), buffers=(doc,))
+    check_dense(np, (2, 150, 150, 4, 2, 16, 16), dtype, causal=True, block_mask=mask)
+
+
+def test_mask_mods_equal_their_built_in_forms():
+    """A sliding window and causal written as a mask_mod give window_size's results; a prefix-LM mask
+    (bidirectional prefix, causal after it) matches its dense boolean form."""
+    rng = np.random.default_rng(13)
+    q, k, v = (rng.standard_normal((1, 90, 2, 16)) for _ in range(3))
+    window = cupyflash.BlockMask.from_mask_mod(lambda b, h, qi, ki: (ki <= qi) & (qi - ki <= 20), 1, 1, 90, 90,
+                                               block_size=(32, 32))
+    np.testing.assert_allclose(cupyflash.flash_attention(q, k, v, block_mask=window),
+                               cupyflash.flash_attention(q, k, v, window_size=(20, 0)), rtol=1e-12, atol=1e-12)
+    prefix = np.array([30], np.int32)
+    lm = cupyflash.BlockMask.from_mask_mod(lambda b, h, qi, ki, n: (ki < n[0]) | (ki <= qi), 1, 1, 90, 90,
+                                           block_size=(16, 16), buffers=(prefix,))
+    out = cupyflash.flash_attention(q, k, v, block_mask=lm)
+    allowed = (np.arange(90)[None, :] < 30) | (np.arange(90)[None, :] <= np.arange(90)[:, None])
+    s = np.einsum("bqhd,bkhd->bhqk", q, k) / 4.0
+    s = np.where(allowed, s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(out, np.einsum("bhqk,bkhd->bqhd", p / p.sum(-1, keepdims=True), v), atol=1e-12)
+
+
+def test_mask_mod_arguments_are_checked():
+    with pytest.raises(TypeError, match="must return a bool"):
+        cupyflash.BlockMask.from_mask_mod(lambda b, h, qi, ki: qi - ki, 1, 1, 8, 8, block_size=(4, 4))
+    mask = cupyflash.BlockMask.from_mask_mod(lambda b, h, qi, ki: ki <= qi, 1, 1, 8, 8, block_size=(4, 4))
+    q = np.ones((1, 6, 1, 8))
+    with pytest.raises(ValueError, match="built by from_mask_mod"):
+        cupyflash.flash_attention(q, q, q, block_mask=mask)
