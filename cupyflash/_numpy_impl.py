@@ -71,11 +71,9 @@ class _Masking:
             if p.block_mask.mask_mod is not None:
                 traced, buffers, every, _ = p.block_mask.mask_mod
                 every = np.broadcast_to(every, (batch, heads) + every.shape[2:]).reshape(shape + every.shape[2:])
-                ids = _UserScores.of(p, shape, acc)
+                b, h = _positions(p, shape)
                 # A mask built for a batch or heads of 1 is that entry's (b = 0, h = 0) for all of them.
-                b = ids.b if full.shape[0] > 1 else np.zeros_like(ids.b)
-                h = ids.h if full.shape[1] > 1 else np.zeros_like(ids.h)
-                mask_fn = (traced, buffers, every, b, h)
+                mask_fn = (traced, buffers, every, b if full.shape[0] > 1 else 0 * b, h if full.shape[1] > 1 else 0 * h)
         window = Window.of(p.seqlen_q, p.seqlen_k, p.window_left, p.window_right)
         dropout = _Dropout.of(p, shape, acc) if p.dropout else None
         user = _UserScores.of(p, shape, acc) if p.user_score is not None else None
@@ -115,7 +113,7 @@ class _Masking:
             if self.mask_fn is not None:
                 traced, buffers, _, b, h = self.mask_fn
                 env = {"b": b, "h": h, "q_idx": i.astype(np.int32), "kv_idx": j.astype(np.int32)}
-                (seen, ok), = _trace.evaluate([traced.root], env, buffers, self.scale.dtype, np)
+                (seen, ok), = _trace.evaluate([traced.root], env, buffers, np.float32, np)  # as from_mask_mod
                 if ok is not None:
                     # An index out of range: the pair stays visible, with a NaN score.
                     s = np.where(ok, s, self.scale.dtype.type(np.nan))
@@ -171,6 +169,16 @@ class _Dropout:
         return np.where(kept, self.scale, self.scale.dtype.type(0))
 
 
+def _positions(p, shape):
+    """A score or mask function's ``b`` and ``h`` over the (batch, heads_k, group) layout ``shape``, as
+    int32 arrays that broadcast against a tile: b counts from ``p.batch_start`` (a packed sequence's index)."""
+    batch, heads_k, group = shape
+    b = (p.batch_start + np.arange(batch, dtype=np.int32)).reshape(batch, 1, 1, 1, 1)
+    h = (np.arange(heads_k, dtype=np.int32)[:, None] * group + np.arange(group, dtype=np.int32)).reshape(
+        1, heads_k, group, 1, 1)
+    return b, h
+
+
 class _UserScores:
     """A score_mod (cupyflash/_trace.py) on the tiles of one dense problem, and the gradients of its
     floating-point buffers, accumulated in the accumulation dtype."""
@@ -181,11 +189,7 @@ class _UserScores:
 
     @classmethod
     def of(cls, p, shape, acc):
-        batch, heads_k, group = shape
-        b = (p.batch_start + np.arange(batch, dtype=np.int32)).reshape(batch, 1, 1, 1, 1)
-        h = (np.arange(heads_k, dtype=np.int32)[:, None] * group + np.arange(group, dtype=np.int32)).reshape(
-            1, heads_k, group, 1, 1)
-        return cls(p.user_score, p.user_buffers or (), b, h, acc)
+        return cls(p.user_score, p.user_buffers or (), *_positions(p, shape), acc)
 
     def _env(self, s, i, j):
         return {"score": s, "b": self.b, "h": self.h, "q_idx": i.astype(np.int32), "kv_idx": j.astype(np.int32)}
@@ -383,10 +387,11 @@ def backward(dout, q, k, v, out, lse, p, block_m=64, block_n=64):
         ))
         if p.user_score is None:
             return grads
-        total = _UserScores.of(p, (1, p.heads_k, p.heads // max(p.heads_k, 1)), acc_dtype(q.dtype))
+        acc = acc_dtype(q.dtype)
+        total = [np.zeros(x.shape, acc) if x.dtype.kind == "f" else None for x in p.user_buffers or ()]
         for (parts,) in buffer_grads:
-            total.grads = [None if t is None else t + g for t, g in zip(total.grads, parts)]
-        return grads + (total.results(),)
+            total = [None if t is None else t + g for t, g in zip(total, parts)]
+        return grads + (tuple(total),)
     acc = acc_dtype(q.dtype)
     lse_dt = lse_dtype(q.dtype)
     qh = _split_heads(q, p.heads_k, acc)

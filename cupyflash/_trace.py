@@ -50,16 +50,9 @@ BUFFER_KINDS = {
 MAX_BUFFERS = 8
 MAX_RANK = 4
 
-#: Elementwise functions of one float argument (cupyflash.mods), with their NumPy form.
-_UNARY_FLOAT = {
-    "exp": numpy.exp,
-    "exp2": numpy.exp2,
-    "log": numpy.log,
-    "log2": numpy.log2,
-    "sqrt": numpy.sqrt,
-    "tanh": numpy.tanh,
-    "sigmoid": None,  # 1 / (1 + exp(-x)), evaluated below
-}
+#: Elementwise functions of one float argument (cupyflash.mods): NumPy's (CuPy's) function of that name,
+#: but sigmoid, 1 / (1 + exp(-x)).
+_UNARY_FLOAT = ("exp", "exp2", "log", "log2", "sqrt", "tanh", "sigmoid")
 
 
 class _Context:
@@ -430,11 +423,6 @@ class Traced:
     def leaf(self, name):
         return self.ctx.nodes.get((name, (), INT if name != "score" else FLOAT, None))
 
-    @property
-    def uses(self):
-        """The leaves (score, b, h, q_idx, kv_idx) the expression reads."""
-        return {n.op for n in self.nodes if n.op in _LEAVES["score"]}
-
     def gradients(self):
         """``(dscore, loads)``: the derivative of the result with respect to the score, and for every load
         of a floating-point buffer, ``(load, derivative)``; both expressions in the same trace."""
@@ -575,7 +563,8 @@ def _reverse(t):
 # ----------------------------------------------------------------------------------------------------------
 # Elementwise evaluation on NumPy or CuPy arrays.
 
-def _module(arrays):
+def module(arrays):
+    """cupy if any of ``arrays`` (arrays, numbers or None) is a CuPy array, else numpy."""
     for x in arrays:
         if x is not None and type(x).__module__.startswith("cupy"):
             import cupy
@@ -591,7 +580,7 @@ def evaluate(roots, env, buffers, ftype, xp=None):
     (ints as int32, the score in ``ftype``); ``buffers`` are the buffer arrays. Returns, per root, its
     value and whether every load it depends on was in range (an array, or None when it has no loads).
     """
-    xp = xp or _module(list(env.values()) + list(buffers))
+    xp = xp or module(list(env.values()) + list(buffers))
     ftype = numpy.dtype(ftype)
     values, valid = {}, {}
     order = _topological_many(roots)

@@ -7,8 +7,6 @@ example to look at a mask. ``clip(x, lo, hi)`` is ``minimum(maximum(x, lo), hi)`
 ``1 / (1 + exp(-x))``; ``where(c, a, b)`` is the only conditional a traced function can have.
 """
 
-import numpy
-
 from . import _trace
 
 __all__ = [
@@ -18,12 +16,7 @@ __all__ = [
 
 
 def _xp(*xs):
-    for x in xs:
-        if type(x).__module__.startswith("cupy"):
-            import cupy
-
-            return cupy
-    return numpy
+    return _trace.module(xs)
 
 
 def _traced(*xs):

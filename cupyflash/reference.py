@@ -379,7 +379,9 @@ def _scores(xp, q, k, causal, softmax_scale, window_size, softcap, alibi_slopes,
                 env["b"] = xp.zeros_like(env["b"])
             if layout_heads == 1:
                 env["h"] = xp.zeros_like(env["h"])
-            (cells, ok), = _trace.evaluate([traced.root], env, tuple(_on_module(xp, b) for b in buffers), acc, xp)
+            # Its floats are float32, as from_mask_mod classified its blocks with.
+            (cells, ok), = _trace.evaluate([traced.root], env, tuple(_on_module(xp, b) for b in buffers), np.float32,
+                                           xp)
             if ok is not None:
                 poisoned, cells = ~ok, cells | ~ok
         mask = cells if mask is None else mask & cells

@@ -11,12 +11,7 @@
 //
 // Host and device code alike (the host build is the tests' check against the Python definition).
 #pragma once
-
-#if defined(__CUDACC__)
-#define CUPYFLASH_HD __host__ __device__ __forceinline__
-#else
-#define CUPYFLASH_HD inline
-#endif
+#include "common/host_device.cuh"
 
 namespace cupyflash {
 

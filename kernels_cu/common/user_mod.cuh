@@ -8,12 +8,9 @@
 // Host and device code alike (tests/test_mods.py builds the generated code as host C++ and compares it
 // with the NumPy evaluation).
 #pragma once
-
-#if defined(__CUDACC__)
-#define CUPYFLASH_HD __host__ __device__ __forceinline__
-#else
+#include "common/host_device.cuh"
+#if !defined(__CUDACC__)
 #include <cmath>
-#define CUPYFLASH_HD inline
 #endif
 
 namespace cupyflash {
