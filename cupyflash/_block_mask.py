@@ -38,11 +38,12 @@ class TileLists:
     ``kv_count`` (..., q_tiles) and ``kv_index`` (..., q_tiles, k_tiles): the key tiles each query tile
     visits; ``q_count`` (..., k_tiles) and ``q_index`` (..., k_tiles, q_tiles): the query tiles each key
     tile visits. Entries are ``tile * 2 + partial``, ascending; partial marks a tile that covers set and
-    clear blocks and so needs the element mask.
+    clear blocks, or (with ``full``, a mask_mod's blocks where it holds for every pair) a block that is
+    not full, and so needs the element mask.
     """
 
-    def __init__(self, xp, layout, block_size, tile_q, tile_k):
-        covered, partial = _policy.coarsen(xp, layout, block_size, tile_q, tile_k)
+    def __init__(self, xp, layout, block_size, tile_q, tile_k, full=None):
+        covered, partial = _policy.coarsen(xp, layout, block_size, tile_q, tile_k, full)
         self.tile_q, self.tile_k = tile_q, tile_k
         self.q_tiles, self.k_tiles = covered.shape[-2:]
         self.kv_count, self.kv_index = _policy.tile_lists(xp, covered, partial)
@@ -342,6 +343,28 @@ class BlockMask:
             self._copies[key] = xp.asarray(self._layout) if xp is not numpy else self._layout.get()
         return self._copies[key]
 
+    def mask_buffers_on(self, xp):
+        """A mask_mod's buffers on ``xp`` (numpy, or cupy on the current device), copied once when needed."""
+        buffers = self.mask_mod[1]
+        if all(self._module(x) is xp and (xp is numpy or x.device.id == xp.cuda.Device().id) for x in buffers):
+            return buffers
+        key = ("buffers", xp.__name__, xp.cuda.Device().id if xp is not numpy else None)
+        if key not in self._copies:
+            self._copies[key] = tuple(xp.asarray(x) if xp is not numpy else x.get() for x in buffers)
+        return self._copies[key]
+
+    def _full_on(self, xp):
+        """A mask_mod's full-block layout on ``xp`` (None without a mask_mod)."""
+        if self.mask_mod is None:
+            return None
+        full = self.mask_mod[2]
+        if self._module(full) is xp and (xp is numpy or full.device.id == xp.cuda.Device().id):
+            return full
+        key = ("full", xp.__name__, xp.cuda.Device().id if xp is not numpy else None)
+        if key not in self._copies:
+            self._copies[key] = xp.asarray(full) if xp is not numpy else full.get()
+        return self._copies[key]
+
     def tile_lists(self, xp, tile_q, tile_k):
         """The :class:`TileLists` at a kernel's tile shape on ``xp`` (the current device), built once.
 
@@ -351,7 +374,7 @@ class BlockMask:
         key = (xp.__name__, xp.cuda.Device().id if xp is not numpy else None, tile_q, tile_k)
         lists = self._lists.get(key)
         if lists is None:
-            lists = TileLists(xp, self.layout_on(xp), self.block_size, tile_q, tile_k)
+            lists = TileLists(xp, self.layout_on(xp), self.block_size, tile_q, tile_k, self._full_on(xp))
             if xp is not numpy:
                 xp.cuda.get_current_stream().synchronize()
             self._lists[key] = lists

@@ -61,6 +61,7 @@ def backward(p: Problem, dout: Array, q: Array, k: Array, v: Array, out: Array, 
         from . import _cuda
 
         grads = _cuda.backward(p, dout, q, k, v, out, lse, deterministic)
+        grads, buffer_grads = grads[:3], (grads[3] if len(grads) > 3 else None)
     grads = tuple(grads)
     if p.sinks is not None:
         grads += (_merge.sink_gradient(xp, dout, out, lse, p.sinks, p.varlen),)

@@ -10,7 +10,7 @@ import numpy
 
 from . import _families, _plan
 from ._families import common
-from ._problem import lse_dtype
+from ._problem import acc_dtype, lse_dtype
 
 
 def _launchable(p):
@@ -19,26 +19,36 @@ def _launchable(p):
     return p.seqlen_q > 0 and p.seqlen_k > 0
 
 
-def _problem_inputs(b, p, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k):
-    """The problem's own arrays as plan inputs (in this order), and the problem with their slots."""
+def _problem_inputs(b, p, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, user_buffers=()):
+    """The problem's own arrays as plan inputs (in this order, then the score_mod's buffers), and the
+    problem with their slots."""
     slots = {name: b.input(*common.contiguous(x)) if x is not None else b.input(None)
              for name, x in (("alibi_slopes", alibi_slopes), ("cu_seqlens_q", cu_seqlens_q),
                              ("cu_seqlens_k", cu_seqlens_k), ("seqused_k", seqused_k))}
+    if p.user_buffers is not None:
+        slots["user_buffers"] = tuple(b.input(*common.contiguous(x)) for x in user_buffers)
     return dataclasses.replace(p, **slots)
 
 
+def buffer_gradients(p):
+    """Zeroed accumulators of the score_mod buffers' gradients (the accumulation dtype, None for int and
+    bool buffers), which a backward plan's kernels add into."""
+    dtype = acc_dtype(p.dtype)
+    return tuple(cupy.zeros(x.shape, dtype) if x.dtype.kind == "f" else None for x in p.user_buffers or ())
+
+
 def forward_plan(p, q, k, v, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, return_lse=True,
-                 max_score=False):
+                 max_score=False, user_buffers=()):
     """The plan of the forward of problem ``p`` for operands as the call gives them (the plan converts
     what the kernels cannot read as it is, on every run). Its run takes ``(q, k, v, alibi_slopes,
-    cu_seqlens_q, cu_seqlens_k, seqused_k)`` and returns ``(out, lse)``, or ``(out,)`` without
-    ``return_lse`` (the kernels still write lse, into the workspace); with ``max_score``, then the
-    float32 (batch, heads) maxima (the forward raises their images in a workspace zeroed each run, then
-    common.plan_max_score_decode)."""
+    cu_seqlens_q, cu_seqlens_k, seqused_k, *user_buffers)`` (the score_mod's buffers) and returns
+    ``(out, lse)``, or ``(out,)`` without ``return_lse`` (the kernels still write lse, into the
+    workspace); with ``max_score``, then the float32 (batch, heads) maxima (the forward raises their
+    images in a workspace zeroed each run, then common.plan_max_score_decode)."""
     device = common.current_device()
     b = _plan.PlanBuilder()
     operands = tuple(b.input(*common.readable(x)) for x in (q, k, v))
-    ps = _problem_inputs(b, p, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k)
+    ps = _problem_inputs(b, p, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, user_buffers)
     images = top = None
     if max_score:
         images = b.workspace((p.batch, p.heads), numpy.uint32, zeroed=True)
@@ -56,10 +66,12 @@ def forward_plan(p, q, k, v, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=
 
 
 def backward_plan(p, dout, q, k, v, out, lse, deterministic, alibi_slopes=None, cu_seqlens_q=None,
-                  cu_seqlens_k=None):
+                  cu_seqlens_k=None, user_buffers=(), user_grads=()):
     """The plan of the backward of problem ``p`` (see :func:`forward_plan`). Its run takes ``(dout, q, k,
-    v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None)`` and returns ``(dq, dk, dv)``; lse may
-    be float32 or float64 (the plan converts it to the precision of the forward's)."""
+    v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None, *user_buffers, *user_grads)`` (the
+    score_mod's buffers, then their zeroed gradient accumulators of :func:`buffer_gradients`, which it
+    adds into) and returns ``(dq, dk, dv)``; lse may be float32 or float64 (the plan converts it to the
+    precision of the forward's)."""
     device = common.current_device()
     b = _plan.PlanBuilder()
     operands = tuple(b.input(*common.readable(x)) for x in (dout, q, k, v, out))
@@ -68,7 +80,9 @@ def backward_plan(p, dout, q, k, v, out, lse, deterministic, alibi_slopes=None, 
         lse_slot = b.input(lse)
     else:
         lse_slot = b.input(cupy.ascontiguousarray(lse.astype(dtype)), lambda x: cupy.ascontiguousarray(x.astype(dtype)))
-    ps = _problem_inputs(b, p, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None)
+    ps = _problem_inputs(b, p, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None, user_buffers)
+    if p.user_buffers is not None:
+        ps = dataclasses.replace(ps, user_grads=tuple(b.input(g) for g in user_grads))
     dout_s, q_s, k_s, v_s, out_s = operands
     if _launchable(p):
         family, variant = _families.select(_families.BACKWARD, ps, device, (q_s, k_s, v_s, dout_s))
@@ -82,11 +96,18 @@ def backward_plan(p, dout, q, k, v, out, lse, deterministic, alibi_slopes=None, 
 def forward(p, q, k, v, max_score=False):
     """``(out, lse)`` of a validated, non-empty problem whose arrays are its own, and with ``max_score`` the
     largest score of each (batch entry, head), float32."""
-    plan = forward_plan(p, q, k, v, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, max_score=max_score)
-    return plan(q, k, v, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k)
+    buffers = p.user_buffers or ()
+    plan = forward_plan(p, q, k, v, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, max_score=max_score,
+                        user_buffers=buffers)
+    return plan(q, k, v, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, *buffers)
 
 
 def backward(p, dout, q, k, v, out, lse, deterministic):
-    """``(dq, dk, dv)`` of a validated, non-empty problem."""
-    plan = backward_plan(p, dout, q, k, v, out, lse, deterministic, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k)
-    return plan(dout, q, k, v, out, lse, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k, None)
+    """``(dq, dk, dv)`` of a validated, non-empty problem, then with score_mod buffers the list of their
+    gradients in the accumulation dtype (None for int and bool buffers)."""
+    buffers, grads = p.user_buffers or (), buffer_gradients(p)
+    plan = backward_plan(p, dout, q, k, v, out, lse, deterministic, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k,
+                         buffers, grads)
+    results = tuple(plan(dout, q, k, v, out, lse, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k, None, *buffers,
+                         *grads))
+    return results + ((list(grads),) if p.user_buffers is not None else ())

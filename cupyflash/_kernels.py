@@ -59,16 +59,20 @@ class Kernel:
     flags: tuple = ()
     arch: str = None
     excludes: object = None
+    user_functions: bool = False
 
-    def variant(self, dtype=None, tile=(), **flags):
-        """The variant of ``dtype`` and ``tile`` with the given flags (missing flags are False)."""
+    def variant(self, dtype=None, tile=(), user=None, **flags):
+        """The variant of ``dtype`` and ``tile`` with the given flags (missing flags are False), built after
+        ``user`` (a :class:`UserCode`, or None) when the template takes user functions."""
         unknown = set(flags) - set(self.flags)
         if unknown:
             raise ValueError(f"{self.name} has no flags {sorted(unknown)}")
+        if user is not None and not self.user_functions:
+            raise ValueError(f"{self.name} takes no score_mod or mask_mod")
         values = tuple(bool(flags.get(f, False)) for f in self.flags)
         if self._excluded(tuple(tile), values):
             raise ValueError(f"{self.name} is not built with tile {tuple(tile)} and flags {dict(zip(self.flags, values))}")
-        return Variant(self, dtype, tuple(tile), values)
+        return Variant(self, dtype, tuple(tile), values, user)
 
     def variants(self):
         """Every variant of the template."""
@@ -85,13 +89,50 @@ class Kernel:
 
 
 @dataclasses.dataclass(frozen=True)
+class UserCode:
+    """The C++ generated from a score_mod and a mask_mod (cupyflash/_trace.py's kernel_source), compiled
+    ahead of a kernel's source: the kernel then takes ``cupyflash::UserScore`` and ``cupyflash::UserMask``
+    (or ``NoUserScore``, ``NoUserMask`` for the one it lacks) as its last template arguments. ``key``, a
+    hash of the two traced keys, names it in variant keys: the expressions, never the Python functions."""
+
+    key: str
+    source: str
+    score: bool
+    mask: bool
+
+    @property
+    def template_args(self):
+        return ("cupyflash::UserScore" if self.score else "cupyflash::NoUserScore",
+                "cupyflash::UserMask" if self.mask else "cupyflash::NoUserMask")
+
+
+_user_codes = {}
+
+
+def user_code(score, mask):
+    """The :class:`UserCode` of traced score_mod ``score`` and mask_mod ``mask`` (either may be None, not
+    both), made once per pair of keys."""
+    key = (None if score is None else score.key, None if mask is None else mask.key)
+    code = _user_codes.get(key)
+    if code is None:
+        from . import _trace
+
+        digest = hashlib.sha256(repr(key).encode()).hexdigest()[:12]
+        code = _user_codes.setdefault(key, UserCode(digest, _trace.kernel_source(score, mask), score is not None,
+                                                    mask is not None))
+    return code
+
+
+@dataclasses.dataclass(frozen=True)
 class Variant:
-    """One compiled kernel: a template and every parameter it takes."""
+    """One compiled kernel: a template and every parameter it takes (``user``: the generated code of the
+    score and mask functions it is built with, or None)."""
 
     kernel: Kernel
     dtype: str
     tile: tuple = ()
     flags: tuple = ()
+    user: UserCode = None
 
     def param(self, name):
         """Value of a tile parameter or flag by name."""
@@ -105,6 +146,8 @@ class Variant:
         key = self.kernel.name + (f"_{SHORT_DTYPE[self.dtype]}" if self.dtype else "")
         key += "".join(f"_{_KEY_PREFIX[n]}{v}" for n, v in zip(self.kernel.tile_params, self.tile))
         key += "".join(f"_{_KEY_PREFIX[n]}_{int(v)}" for n, v in zip(self.kernel.flags, self.flags))
+        if self.user is not None:
+            key += f"_fn{self.user.key}"
         return key
 
     @property
@@ -112,10 +155,18 @@ class Variant:
         return self.kernel.source_file
 
     @property
+    def source(self):
+        """The source string NVRTC compiles: the kernel's file, after the user functions' code if any."""
+        text = source(self.kernel.source_file)
+        return text if self.user is None else self.user.source + text
+
+    @property
     def name_expression(self):
         if self.dtype is None and not self.tile and not self.flags:
             return f"cupyflash::{self.kernel.name}"
         args = [CTYPES[self.dtype], *(str(v) for v in self.tile), *("true" if f else "false" for f in self.flags)]
+        if self.user is not None:
+            args += self.user.template_args
         return f"cupyflash::{self.kernel.name}<{', '.join(args)}>"
 
 
@@ -183,7 +234,7 @@ def get_kernel(variant):
     kernel = _kernels.get(cache_key)
     if kernel is None:
         module = cupy.RawModule(
-            code=source(variant.source_file),
+            code=variant.source,
             options=compile_options(variant.kernel.arch),
             name_expressions=(variant.name_expression,),
         )
@@ -238,7 +289,7 @@ def runtime_nvrtc_options(arch, kernel_arch=None):
 
 
 def compile_offline(variants, arch):
-    """Compile ``variants`` (all of one source file) to one cubin for ``sm_<arch>`` with NVRTC alone
+    """Compile ``variants`` (all of one source file and user code) to one cubin for ``sm_<arch>`` with NVRTC alone
     (kernels with an ``arch`` of their own build for that target, on an ``arch`` device: ``"90a"`` on 90).
 
     One program for many variants parses the sources once. Needs no GPU. Returns ``(cubin_bytes,
@@ -249,12 +300,13 @@ def compile_offline(variants, arch):
     from cupy_backends.cuda.libs import nvrtc
 
     variants = tuple(variants)
-    files = {v.source_file for v in variants}
-    if len(files) != 1:
-        raise ValueError(f"compile_offline takes variants of one source file, got {sorted(files)}")
+    texts = {v.source for v in variants}
+    if len(texts) != 1:
+        raise ValueError(f"compile_offline takes variants of one source file and user code, got "
+                         f"{sorted({v.key for v in variants})}")
     kernel_arch = variants[0].kernel.arch
     options = runtime_nvrtc_options(arch, kernel_arch) + ("--ptxas-options=-v",)
-    program = nvrtc.createProgram(source(files.pop()), variants[0].source_file, (), ())
+    program = nvrtc.createProgram(texts.pop(), variants[0].source_file, (), ())
     try:
         for v in variants:
             nvrtc.addNameExpression(program, v.name_expression)

@@ -9,6 +9,8 @@ every struct's size and every field's offset against NVRTC's ``sizeof``/``offset
 
 import numpy
 
+from ._trace import MAX_BUFFERS, MAX_RANK
+
 _PTR = numpy.uint64
 _I64 = numpy.int64
 _I32 = numpy.int32
@@ -32,6 +34,9 @@ DROPOUT_ARG = numpy.dtype(
      ("enabled", _I32)],
     align=True,
 )
+MOD_BUFFER = numpy.dtype([("data", _PTR), ("size", _I64, (MAX_RANK,))], align=True)
+MOD_BUFFERS = numpy.dtype([("buf", MOD_BUFFER, (MAX_BUFFERS,))], align=True)
+MOD_GRADS = numpy.dtype([("data", _PTR, (MAX_BUFFERS,))], align=True)
 ATTN_ARGS = numpy.dtype(
     [
         ("q", TENSOR_ARG), ("k", TENSOR_ARG), ("v", TENSOR_ARG),
@@ -41,6 +46,7 @@ ATTN_ARGS = numpy.dtype(
         ("seqlen_q", _I32), ("seqlen_k", _I32), ("total_q", _I32), ("total_k", _I32),
         ("window_left", _I32), ("window_right", _I32), ("vec_loads", _I32),
         ("sparse", BLOCK_SPARSE_ARG), ("dropout", DROPOUT_ARG), ("sinks", _PTR),
+        ("score_buffers", MOD_BUFFERS), ("mask_buffers", MOD_BUFFERS),
     ],
     align=True,
 )
@@ -52,7 +58,7 @@ BWD_ARGS = numpy.dtype(
         ("lse", ROWS_ARG), ("delta", ROWS_ARG), ("dq_accum", ROWS_ARG),
         ("dq_turns", _PTR), ("dq_split_stride", _I64), ("turns_split_stride", _I64),
         ("dq_ld", _I32), ("dq_splits", _I32), ("deterministic", _I32), ("tile_group", _I32),
-        ("tail_pairs", _I32),
+        ("tail_pairs", _I32), ("score_grads", MOD_GRADS),
     ],
     align=True,
 )
@@ -101,6 +107,9 @@ STRUCTS = {
     "RowsArg": ROWS_ARG,
     "BlockSparseArg": BLOCK_SPARSE_ARG,
     "DropoutArg": DROPOUT_ARG,
+    "ModBuffer": MOD_BUFFER,
+    "ModBuffers": MOD_BUFFERS,
+    "ModGrads": MOD_GRADS,
     "AttnArgs": ATTN_ARGS,
     "FwdArgs": FWD_ARGS,
     "BwdArgs": BWD_ARGS,

@@ -83,12 +83,14 @@ def layout_cells(layout, block_size, rows, cols):
     return layout[..., (rows // block_q)[:, None], (cols // block_k)[None, :]]
 
 
-def coarsen(xp, layout, block_size, tile_q, tile_k):
+def coarsen(xp, layout, block_size, tile_q, tile_k, full=None):
     """The layout (..., R, C) seen at a kernel's tiles of tile_q rows by tile_k keys.
 
     Returns ``(any, partial)`` of shape (..., ceil(R * block_q / tile_q), ceil(C * block_k / tile_k)):
     ``any`` where the tile covers a set block, ``partial`` where it covers set and clear blocks (and so
-    needs the element mask). A tile covers the blocks its rows and keys fall in; rows past R * block_q
+    needs the element mask); with ``full`` (a mask_mod's blocks where it holds for every pair, shaped
+    like ``layout``), where it covers a set block and a block that is not full (the kernels then
+    evaluate the mask_mod there). A tile covers the blocks its rows and keys fall in; rows past R * block_q
     have no block, and the last tile's real rows (below seqlen_q, hence below R * block_q) cover the
     same blocks as all of its rows within R * block_q, so the result holds for every seqlen with those
     R and C. Computed with 2-D prefix sums, on the device for CuPy layouts.
@@ -97,8 +99,6 @@ def coarsen(xp, layout, block_size, tile_q, tile_k):
     n_rows, n_cols = layout.shape[-2:]
     q_tiles = -(-n_rows * block_q // tile_q)
     k_tiles = -(-n_cols * block_k // tile_k)
-    sums = xp.zeros(layout.shape[:-2] + (n_rows + 1, n_cols + 1), dtype=numpy.int32)
-    sums[..., 1:, 1:] = layout.astype(numpy.int32).cumsum(-2).cumsum(-1)
     t_q = xp.arange(q_tiles)
     t_k = xp.arange(k_tiles)
     r0 = (t_q * tile_q) // block_q
@@ -106,10 +106,15 @@ def coarsen(xp, layout, block_size, tile_q, tile_k):
     c0 = (t_k * tile_k) // block_k
     c1 = xp.minimum(((t_k + 1) * tile_k - 1) // block_k, n_cols - 1) + 1
     r0, r1, c0, c1 = r0[:, None], r1[:, None], c0[None, :], c1[None, :]
-    count = sums[..., r1, c1] - sums[..., r0, c1] - sums[..., r1, c0] + sums[..., r0, c0]
+
+    def count(cells):  # set cells of each tile's blocks, by 2-D prefix sums
+        sums = xp.zeros(cells.shape[:-2] + (n_rows + 1, n_cols + 1), dtype=numpy.int32)
+        sums[..., 1:, 1:] = cells.astype(numpy.int32).cumsum(-2).cumsum(-1)
+        return sums[..., r1, c1] - sums[..., r0, c1] - sums[..., r1, c0] + sums[..., r0, c0]
+
     area = (r1 - r0) * (c1 - c0)
-    covered = count > 0
-    return covered, covered & (count < area)
+    covered = count(layout) > 0
+    return covered, covered & (count(layout if full is None else full) < area)
 
 
 def tile_lists(xp, covered, partial):

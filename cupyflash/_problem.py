@@ -98,6 +98,8 @@ class Problem:
     max_score: object = None  # CUDA plans: the slot of the maximum score's (batch, heads) images, or None
     user_score: object = None  # a traced score_mod (cupyflash/_trace.py's Traced), or None
     user_buffers: object = None  # its buffers (a tuple of arrays of q's kind) when given, else None
+    user_grads: object = None  # CUDA backward plans: the slots of the buffers' gradient accumulators (None each for
+                               # int and bool buffers), or None
 
     @property
     def varlen(self):
@@ -107,6 +109,11 @@ class Problem:
     def query_rows(self):
         """Query rows over the batch: batch * seqlen_q, or total_q for packed batches."""
         return self.total_q if self.varlen else self.batch * self.seqlen_q
+
+    @property
+    def user_mask(self):
+        """The block mask's traced mask_mod (BlockMask.from_mask_mod), or None."""
+        return None if self.block_mask is None or self.block_mask.mask_mod is None else self.block_mask.mask_mod[0]
 
     @property
     def score_mod(self):
@@ -382,10 +389,10 @@ def check_score_mod(score_mod, buffers, xp, softcap, alibi_slopes):
     if softcap != 0.0 or alibi_slopes is not None:
         raise ValueError("score_mod cannot be combined with softcap or alibi_slopes: write them in the score_mod "
                          "(README, 'Score and mask functions')")
-    if xp is not numpy:
+    if xp is not numpy and not NEW_KERNELS_ENABLED:
         raise NotImplementedError(
-            "score_mod runs on NumPy arrays in this version: the CUDA kernels do not compile it yet (README, "
-            "'Score and mask functions')"
+            "score_mod runs on NumPy arrays in this version: its CUDA kernels are not yet verified on a GPU "
+            "(README, 'Score and mask functions')"
         )
     from . import _trace
 
@@ -395,11 +402,24 @@ def check_score_mod(score_mod, buffers, xp, softcap, alibi_slopes):
 
 
 #: Kernels written in a session without a GPU and not yet run: dropout in the general kernels (built with
-#: kDropout) and the device dropout mask, apply_rotary's fused kernel, and the forwards' fused sinks. Off,
-#: CuPy calls refuse dropout (NotImplementedError) and take the elementwise rotary and sink merges,
+#: kDropout) and the device dropout mask, apply_rotary's fused kernel, the forwards' fused sinks, and the
+#: general kernels built with a score_mod or mask_mod. Off, CuPy calls refuse dropout, score_mod and
+#: from_mask_mod masks (NotImplementedError) and take the elementwise rotary and sink merges,
 #: rather than risk a silently wrong result; the GPU tests turn it on for themselves (tests/
 #: test_gpu_training.py, tests/test_gpu_features.py), and the switch goes once they have passed.
 NEW_KERNELS_ENABLED = False
+
+
+def check_deterministic(deterministic, p):
+    """The backward's ``deterministic`` flag for problem ``p``: CuPy kernels add a score_mod's buffer
+    gradients with atomics, so they refuse it (NotImplementedError) for floating-point buffers."""
+    deterministic = check_flag("deterministic", deterministic)
+    if deterministic and p.xp is not numpy and any(x.dtype.kind == "f" for x in p.user_buffers or ()):
+        raise NotImplementedError(
+            "deterministic=True with floating-point score_mod_buffers on CuPy arrays: their gradients are "
+            "added with atomics in this version (NumPy arrays, or deterministic=False)"
+        )
+    return deterministic
 
 
 def check_dropout(dropout_p, dropout_seed, dropout_offset):
@@ -495,10 +515,10 @@ def _options(p, causal, window_size, softcap, alibi_slopes, block_mask, precisio
         if p.get("cu_seqlens_q") is not None:
             raise TypeError("block_mask is not supported with packed (varlen) batches")
         p["block_mask"] = check_block_mask(block_mask, p["batch"], p["heads"], p["seqlen_q"], p["seqlen_k"])
-        if block_mask.mask_mod is not None and p["xp"] is not numpy:
+        if block_mask.mask_mod is not None and p["xp"] is not numpy and not NEW_KERNELS_ENABLED:
             raise NotImplementedError(
-                "a BlockMask from from_mask_mod runs on NumPy arrays in this version: the CUDA kernels do not "
-                "compile its mask_mod yet (README, 'Score and mask functions')"
+                "a BlockMask from from_mask_mod runs on NumPy arrays in this version: its CUDA kernels are not "
+                "yet verified on a GPU (README, 'Score and mask functions')"
             )
     return Problem(**p)
 

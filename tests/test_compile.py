@@ -300,6 +300,30 @@ def test_every_variant_compiles_without_spills(reports, builds, request, capsys)
     assert len(reports) == len(builds)
 
 
+def test_user_function_variants_compile_without_spills():
+    """The general kernels built with a score_mod (a float and an int buffer, gathers, a sigmoid gate) and
+    a mask_mod (a document mask) compile for sm_80 and sm_90 without spills; the variant keys name the
+    generated code."""
+    import numpy as np
+
+    from cupyflash import _trace, mods
+
+    def score(s, b, h, qi, ki, table, shift):
+        return s * mods.sigmoid(table[h, mods.clip(ki - qi + shift[0], 0, 256)]) + table[h, 0]
+
+    def mask(b, h, qi, ki, doc):
+        return (doc[b, qi] == doc[b, ki]) & (ki <= qi)
+
+    user = _kernels.user_code(_trace.trace(score, "score", [(np.dtype(np.float32), 2), (np.dtype(np.int32), 1)]),
+                              _trace.trace(mask, "mask", [(np.dtype(np.int32), 2)]))
+    for arch, dtypes in ((80, ("float16",)), (90, ("bfloat16", "float64"))):
+        for kernels in ((general.FWD,), (general.DQ, general.DKDV)):
+            variants = [k.variant(d, user=user) for k in kernels for d in dtypes]
+            for key, r in _report(variants, arch).items():
+                assert not r["spill_bytes"] and not r["stack_bytes"], (key, r)
+                assert key[0].endswith(f"_fn{user.key}")
+
+
 def test_every_kernel_and_dtype_is_built():
     """The suite's selection still builds every kernel of every dtype, every tile and flag of every
     kernel, and every sm80 tile where the H100's shared memory selects it (its plain variant)."""

@@ -199,9 +199,9 @@ int main(int argc, char** argv) {
         for (int i = 0; i < rows; ++i)
             for (int j = 0; j < cols; ++j) {
                 const %s s = static_cast<%s>(strtod(argv[1 + heads * tsize + (h * rows + i) * cols + j], nullptr));
-                printf("%%a %%a\n", static_cast<double>(cupyflash::user_score::value(s, 1, h, i, j, m)),
-                       static_cast<double>(cupyflash::user_score::dscore(s, 1, h, i, j, m)));
-                cupyflash::user_score::scatter(s, 1, h, i, j, m, static_cast<%s>(1), sink);
+                printf("%%a %%a\n", static_cast<double>(cupyflash::UserScore::value(s, 1, h, i, j, m)),
+                       static_cast<double>(cupyflash::UserScore::dscore(s, 1, h, i, j, m)));
+                cupyflash::UserScore::scatter(s, 1, h, i, j, m, static_cast<%s>(1), sink);
             }
     for (int i = 0; i < heads * tsize; ++i) printf("%%a\n", grad[i]);
     return 0;

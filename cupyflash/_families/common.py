@@ -96,7 +96,34 @@ def attn(p, q, k, v, lists=None, vec=None):
         p.seqlen_q, p.seqlen_k, p.total_q, p.total_k, p.window_left, p.window_right,
         vec_loads(q, k, v) if vec is None else vec, sparse(p.block_mask, lists) if lists is not None else _NO_SPARSE,
         dropout(p), _params.pointer(p.sinks) if _problem.NEW_KERNELS_ENABLED else 0,
+        mod_buffers(p.user_buffers), mod_buffers(p.block_mask.mask_buffers_on(cupy) if p.user_mask is not None else None),
     )
+
+
+def user_code(p):
+    """The generated code of problem ``p``'s score_mod and mask_mod (a _kernels.UserCode), or None."""
+    if p.user_score is None and p.user_mask is None:
+        return None
+    return _kernels.user_code(p.user_score, p.user_mask)
+
+
+def mod_buffers(buffers):
+    """A ``ModBuffers`` (kernels_cu/common/user_mod.cuh) as a tuple of its fields: the address and sizes of
+    each of ``buffers`` (C-contiguous arrays or plan slots on the device; None: none)."""
+    if not buffers:
+        return _NO_MOD_BUFFERS
+    rows = [(_params.pointer(x), tuple(x.shape) + (0,) * (_params.MAX_RANK - x.ndim)) for x in buffers]
+    return (rows + [_NO_MOD_BUFFER] * (_params.MAX_BUFFERS - len(rows)),)
+
+
+_NO_MOD_BUFFER = (0, (0,) * _params.MAX_RANK)
+_NO_MOD_BUFFERS = ([_NO_MOD_BUFFER] * _params.MAX_BUFFERS,)
+
+
+def mod_grads(grads):
+    """A ``ModGrads`` as a tuple: the address of each buffer's gradient accumulator (None: 0)."""
+    pointers = [_params.pointer(g) for g in grads or ()]
+    return (pointers + [0] * (_params.MAX_BUFFERS - len(pointers)),)
 
 
 def dropout(p):
@@ -131,6 +158,8 @@ def sparse_lists(b, p, tile_q, tile_k):
         return None
     lists = p.block_mask.tile_lists(cupy, tile_q, tile_k)
     b.keep(lists, p.block_mask.layout_on(cupy))
+    if p.user_mask is not None:
+        b.keep(p.block_mask.mask_buffers_on(cupy))
     return lists
 
 
@@ -164,7 +193,7 @@ def bwd_args(b, p, dout, q, k, v, out, lse, delta, dq, dk, dv, lists, dq_fields=
     # The backward streams dO with cp.async too.
     args[0] = (attn(p, q, k, v, lists, vec=vec_loads(q, k, v, dout)),
                *(_params.tensor(x, batched) for x in (out, dout, dq, dk, dv)),
-               _params.rows(lse, *strides), _params.rows(delta, *strides), *dq_fields, 1, 0)
+               _params.rows(lse, *strides), _params.rows(delta, *strides), *dq_fields, 1, 0, mod_grads(p.user_grads))
     return args
 
 

@@ -2,7 +2,7 @@
 path of float32, float64, head dims above 256 and GPUs older than sm_80). kernels_cu/general/tile.cuh
 describes the tiles; every kernel is deterministic."""
 
-from .. import _kernels
+from .. import _kernels, _params
 from .._problem import acc_dtype, lse_dtype
 from . import common
 
@@ -16,9 +16,10 @@ CHUNK = 64
 # serve both only because they are square.
 assert BLOCK_M == BLOCK_N
 
-FWD = _kernels.Kernel("general_fwd", "general/fwd.cu", _kernels.ALL_DTYPES, flags=("dropout",))
-DQ = _kernels.Kernel("general_bwd_dq", "general/bwd.cu", _kernels.ALL_DTYPES, flags=("dropout",))
-DKDV = _kernels.Kernel("general_bwd_dkdv", "general/bwd.cu", _kernels.ALL_DTYPES, flags=("dropout",))
+FWD = _kernels.Kernel("general_fwd", "general/fwd.cu", _kernels.ALL_DTYPES, flags=("dropout",), user_functions=True)
+DQ = _kernels.Kernel("general_bwd_dq", "general/bwd.cu", _kernels.ALL_DTYPES, flags=("dropout",), user_functions=True)
+DKDV = _kernels.Kernel("general_bwd_dkdv", "general/bwd.cu", _kernels.ALL_DTYPES, flags=("dropout",),
+                       user_functions=True)
 
 def cxx_facts():
     """The family's constants as the kernels state them: (headers, {C++ expression: value}) for
@@ -28,7 +29,9 @@ def cxx_facts():
         traits = f"cupyflash::GeneralTraits<{ctype}>"
         facts.update({f"{traits}::kThreads": THREADS, f"{traits}::kBlockM": BLOCK_M, f"{traits}::kBlockN": BLOCK_N,
                       f"{traits}::kChunk": CHUNK})
-    return ("general/tile.cuh",), facts
+    # The score and mask functions' argument block, which this family's kernels read.
+    facts.update({"cupyflash::kMaxModBuffers": _params.MAX_BUFFERS, "cupyflash::kMaxModRank": _params.MAX_RANK})
+    return ("general/tile.cuh", "common/user_mod.cuh"), facts
 
 
 class GeneralForward:
@@ -36,9 +39,10 @@ class GeneralForward:
 
     name = "general"
     kernels = (FWD,)
+    user_functions = True
 
     def select(self, p, device, operands):
-        return FWD.variant(common.dtype_name(p.dtype), dropout=p.dropout)
+        return FWD.variant(common.dtype_name(p.dtype), dropout=p.dropout, user=common.user_code(p))
 
     def plan(self, b, variant, p, q, k, v, device):
         out, lse = b.output(p.out_shape, p.dtype), b.output(p.lse_shape, lse_dtype(p.dtype))
@@ -49,13 +53,15 @@ class GeneralForward:
 
 
 class GeneralBackward:
-    """Supports every problem on every device; deterministic in both modes."""
+    """Supports every problem on every device; deterministic in both modes (but for a score_mod's buffer
+    gradients, added with atomics)."""
 
     name = "general"
     kernels = (common.DELTA, DQ, DKDV)
+    user_functions = True
 
     def select(self, p, device, operands):
-        return DQ.variant(common.dtype_name(p.dtype), dropout=p.dropout)
+        return DQ.variant(common.dtype_name(p.dtype), dropout=p.dropout, user=common.user_code(p))
 
     def plan(self, b, variant, p, dout, q, k, v, out, lse, deterministic, device):
         dq, dk, dv = (b.output(x.shape, p.dtype) for x in (q, k, v))
@@ -65,10 +71,10 @@ class GeneralBackward:
         common.plan_delta(b, p, args)
         dtype = common.dtype_name(p.dtype)
         grid_dq = (common.cdiv(p.seqlen_q, BLOCK_M) * p.batch * p.heads, common.cdiv(p.headdim, CHUNK), 1)
-        b.launch(common.function(DQ.variant(dtype, dropout=p.dropout)), grid_dq, THREADS, (args,))
+        b.launch(common.function(variant), grid_dq, THREADS, (args,))
         grid_dkdv = (common.cdiv(p.seqlen_k, BLOCK_M) * p.batch * p.heads_k,
                      common.cdiv(max(p.headdim, p.headdim_v), CHUNK), 1)
-        b.launch(common.function(DKDV.variant(dtype, dropout=p.dropout)), grid_dkdv, THREADS, (args,))
+        b.launch(common.function(DKDV.variant(dtype, dropout=p.dropout, user=variant.user)), grid_dkdv, THREADS, (args,))
         return dq, dk, dv
 
 

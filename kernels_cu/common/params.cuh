@@ -12,6 +12,7 @@
 #endif
 
 #include "common/dropout.cuh"
+#include "common/user_mod.cuh"
 
 namespace cupyflash {
 
@@ -73,6 +74,8 @@ struct AttnArgs {
     BlockSparseArg sparse;       // sparse.kv_index null: no block mask
     DropoutArg dropout;          // common/dropout.cuh; read by the kernels built with dropout
     const float* sinks;          // (heads,) attention sinks, joined to each row's sum by the forwards; null: none
+    ModBuffers score_buffers;    // a score_mod's buffers (common/user_calls.cuh; kernels built with one read them)
+    ModBuffers mask_buffers;     // a BlockMask.from_mask_mod's buffers
 };
 
 // The attention sink of query head h (natural-log units), -inf without sinks.
@@ -99,6 +102,7 @@ struct BwdArgs {
     int deterministic;
     int tile_group;              // sm90: (batch entry, kv head) pairs whose key tiles launch in turn (scheduler.cuh)
     int tail_pairs;              // sm90: the last pairs, whose key tiles launch in turn after the others' (0: tile_group)
+    ModGrads score_grads;        // accumulators of the score_mod buffers' gradients (zeroed before the launch)
 };
 
 // Attention of queries to a KV cache (kvcache/kvcache.cu). attn.q holds the queries: kvc_append reads them

@@ -9,6 +9,11 @@
 // and dS = P * (dP * Z - delta). Each gradient element is written by exactly one CTA with a fixed summation order, so
 // the general backward is deterministic, and GQA/MQA sums dK/dV over the group inside the CTA
 // instead of materializing per-head copies.
+//
+// ScoreFn and MaskFn as in general/fwd.cu. With a score_mod, grad is its derivative, and dQ's CTAs of
+// the first column chunk add the gradients of its floating-point buffers (ds_mod = P * (dP - delta)
+// times the function's derivative by each element it read) with atomics, which makes those gradients,
+// and only those, depend on the order of the adds.
 #include "common/dtypes.cuh"
 #include "common/mask.cuh"
 #include "common/params.cuh"
@@ -16,12 +21,13 @@
 #include "common/score_mod.cuh"
 #include "common/sequence.cuh"
 #include "common/softmax.cuh"
+#include "common/user_calls.cuh"
 #include "general/tile.cuh"
 
 namespace cupyflash {
 
 // Grid: x = query tiles * batch * heads, y = ceil(headdim / kChunk).
-template <typename T, bool kDropout>
+template <typename T, bool kDropout, typename ScoreFn = NoUserScore, typename MaskFn = NoUserMask>
 __global__ void __launch_bounds__(GeneralTraits<T>::kThreads, GeneralTraits<T>::min_ctas_per_sm(kDropout))
 general_bwd_dq(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
     using Tr = GeneralTraits<T>;
@@ -44,7 +50,9 @@ general_bwd_dq(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
     const RowView<T> V{head_rows<const T>(a.v, b, seq.k_start, hk), a.v.row_stride, seq.seqlen_k, a.headdim_v};
     const Mask mask(a, seq);
     const BlockLayout layout(a, b, h);
-    const NaturalScores<Acc> scores(a, seq, b, h);
+    const typename GeneralScoresOf<Acc, ScoreFn>::type scores(a, seq, b, h);
+    const int mask_b = user_mask_batch(a, b), mask_h = user_mask_head(a, h);
+    AtomicBufferGrads buffer_grads{&args.score_grads};
 
     const int row = threadIdx.x / Tr::kLanesPerRow;
     const int lane = threadIdx.x % Tr::kLanesPerRow;
@@ -71,15 +79,26 @@ general_bwd_dq(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
 #pragma unroll
         for (int j = 0; j < Tr::kScoresPerThread; ++j) {
             const int col = n0 + lane + Tr::kLanesPerRow * j;
-            const bool visible = pair_visible(a, mask, layout, i, col, full, partial);
+            bool visible = pair_visible(a, mask, layout, i, col, full, partial);
+            const Acc x = p[j];
             Acc grad;
-            const Acc s = scores.modified(p[j], i, col, &grad);
+            Acc s = scores.modified(x, i, col, &grad);
+            if constexpr (MaskFn::kEnabled) {
+                if (partial && visible) visible = user_mask_visible<MaskFn>(a, mask_b, mask_h, i, col, &s);
+            }
             p[j] = recompute_prob(s, lse_i, visible);
             if constexpr (kDropout) {
                 const bool kept = dropout_keep(a.dropout, static_cast<unsigned>(b * a.heads + h), i, col);
                 dp[j] *= kept ? static_cast<Acc>(a.dropout.scale) : Acc(0);
             }
-            dp[j] = p[j] * (dp[j] - delta_i) * grad;  // dS
+            const Acc ds_mod = p[j] * (dp[j] - delta_i);  // the gradient of the modified score
+            if constexpr (ScoreFn::kEnabled) {
+                if (blockIdx.y == 0) {
+                    ScoreFn::scatter(scale_score(x, scores.scale), b, h, i, col, a.score_buffers, ds_mod,
+                                     buffer_grads);
+                }
+            }
+            dp[j] = ds_mod * grad;  // dS
         }
         store_weights(dp, sm);
         accumulate_chunk(acc, K, n0, c0, sm);
@@ -96,7 +115,7 @@ general_bwd_dq(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
 
 // Grid: x = key tiles * batch * heads_k, y = ceil(max(headdim, headdim_v) / kChunk). The score tile is
 // transposed here: rows are keys, columns are queries.
-template <typename T, bool kDropout>
+template <typename T, bool kDropout, typename ScoreFn = NoUserScore, typename MaskFn = NoUserMask>
 __global__ void __launch_bounds__(GeneralTraits<T>::kThreads, GeneralTraits<T>::min_ctas_per_sm(kDropout))
 general_bwd_dkdv(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
     using Tr = GeneralTraits<T>;
@@ -136,7 +155,8 @@ general_bwd_dkdv(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
         const Lse* lse_h = static_cast<const Lse*>(args.lse.ptr) + rows_index(args.lse, b, h, seq.q_start);
         const Acc* delta_h = static_cast<const Acc*>(args.delta.ptr) + rows_index(args.delta, b, h, seq.q_start);
         const BlockLayout layout(a, b, h);
-        const NaturalScores<Acc> scores(a, seq, b, h);
+        const typename GeneralScoresOf<Acc, ScoreFn>::type scores(a, seq, b, h);
+        const int mask_b = user_mask_batch(a, b), mask_h = user_mask_head(a, h);
         const TileRange tiles = query_tiles<Tr::kBlockN, Tr::kBlockM>(a, mask, layout, work.tile);
         for (int it = 0; it < tiles.count; ++it) {
             const int entry = tiles.entry(it);
@@ -153,9 +173,12 @@ general_bwd_dkdv(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
                 const bool in_range = i < seq.seqlen_q;
                 const Lse lse_i = in_range ? lse_h[i] : Consts<Lse>::neg_inf();
                 const Acc delta_i = in_range ? delta_h[i] : Acc(0);
-                const bool visible = pair_visible(a, mask, layout, i, n, full, partial);
+                bool visible = pair_visible(a, mask, layout, i, n, full, partial);
                 Acc grad;
-                const Acc s = scores.modified(p[j], i, n, &grad);
+                Acc s = scores.modified(p[j], i, n, &grad);
+                if constexpr (MaskFn::kEnabled) {
+                    if (partial && visible) visible = user_mask_visible<MaskFn>(a, mask_b, mask_h, i, n, &s);
+                }
                 p[j] = recompute_prob(s, lse_i, visible);
                 if constexpr (kDropout) {
                     const bool kept = dropout_keep(a.dropout, static_cast<unsigned>(b * a.heads + h), i, n);

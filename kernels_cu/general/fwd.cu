@@ -9,6 +9,10 @@
 // kDropout: each exponential joins the row's sum, then is zeroed where common/dropout.cuh drops its
 // entry (one generator call per entry: this path's columns are strided over the lanes), and the output
 // takes the 1 / (1 - p) of the kept ones at the end. lse stays the softmax's before dropout.
+//
+// ScoreFn and MaskFn: a score_mod's and a mask_mod's generated code (common/user_calls.cuh), or
+// NoUserScore and NoUserMask. The score_mod replaces the softcap and ALiBi (the host refuses both
+// together); the mask_mod runs on the tiles the block-sparse lists mark partial.
 #include "common/dtypes.cuh"
 #include "common/mask.cuh"
 #include "common/max_score.cuh"
@@ -18,11 +22,12 @@
 #include "common/score_mod.cuh"
 #include "common/sequence.cuh"
 #include "common/softmax.cuh"
+#include "common/user_calls.cuh"
 #include "general/tile.cuh"
 
 namespace cupyflash {
 
-template <typename T, bool kDropout>
+template <typename T, bool kDropout, typename ScoreFn = NoUserScore, typename MaskFn = NoUserMask>
 __global__ void __launch_bounds__(GeneralTraits<T>::kThreads, GeneralTraits<T>::min_ctas_per_sm(kDropout))
 general_fwd(const CUPYFLASH_GRID_CONSTANT FwdArgs args) {
     using Tr = GeneralTraits<T>;
@@ -43,7 +48,8 @@ general_fwd(const CUPYFLASH_GRID_CONSTANT FwdArgs args) {
     const RowView<T> V{head_rows<const T>(a.v, b, seq.k_start, hk), a.v.row_stride, seq.seqlen_k, a.headdim_v};
     const Mask mask(a, seq);
     const BlockLayout layout(a, b, h);
-    const NaturalScores<Acc> scores(a, seq, b, h);
+    const typename GeneralScoresOf<Acc, ScoreFn>::type scores(a, seq, b, h);
+    const int mask_b = user_mask_batch(a, b), mask_h = user_mask_head(a, h);
 
     const int row = threadIdx.x / Tr::kLanesPerRow;
     const int lane = threadIdx.x % Tr::kLanesPerRow;
@@ -70,7 +76,11 @@ general_fwd(const CUPYFLASH_GRID_CONSTANT FwdArgs args) {
             const int col = n0 + lane + Tr::kLanesPerRow * j;
             Acc unused_grad;
             s[j] = scores.modified(s[j], i, col, &unused_grad);
-            if (!pair_visible(a, mask, layout, i, col, full, partial)) s[j] = Consts<Acc>::neg_inf();
+            bool visible = pair_visible(a, mask, layout, i, col, full, partial);
+            if constexpr (MaskFn::kEnabled) {
+                if (partial && visible) visible = user_mask_visible<MaskFn>(a, mask_b, mask_h, i, col, &s[j]);
+            }
+            if (!visible) s[j] = Consts<Acc>::neg_inf();
             block_max = fmax(block_max, s[j]);
             saw_nan |= s[j] != s[j];
         }

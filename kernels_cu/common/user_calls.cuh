@@ -1,0 +1,85 @@
+// How the kernels call the code generated from a score_mod or mask_mod (cupyflash/_trace.py's
+// kernel_source, compiled ahead of the kernel's source): a kernel takes the generated structs UserScore
+// and UserMask as template arguments, or NoUserScore and NoUserMask without them, and reads their
+// buffers from AttnArgs (score_buffers, mask_buffers). The generated functions are pure and compute
+// with the _rn operations of common/user_mod.cuh, so the forward and backward kernels, compiled
+// separately, compute bitwise the same modified score.
+#pragma once
+#include "common/math.cuh"
+#include "common/params.cuh"
+#include "common/score_mod.cuh"
+#include "common/sequence.cuh"
+
+namespace cupyflash {
+
+// The template arguments of a kernel built without a score_mod or without a mask_mod.
+struct NoUserScore {
+    static constexpr bool kEnabled = false;
+};
+struct NoUserMask {
+    static constexpr bool kEnabled = false;
+};
+
+// The general path's scores with a score_mod, NaturalScores' interface: the scaled score rounded once
+// (as NaturalScores rounds it), then the function, whose derivative with respect to the scaled score is
+// the backward's grad.
+template <typename Acc, typename ScoreFn>
+struct UserNaturalScores {
+    Acc scale;
+    const ModBuffers* buffers;
+    int b, h;
+
+    UserNaturalScores() = default;
+    __device__ __forceinline__ UserNaturalScores(const AttnArgs& a, const Sequence&, int b_, int h_)
+        : scale(static_cast<Acc>(a.softmax_scale)), buffers(&a.score_buffers), b(b_), h(h_) {}
+
+    __device__ __forceinline__ Acc modified(Acc x, int i, int j, Acc* grad) const {
+        const Acc s = scale_score(x, scale);
+        *grad = ScoreFn::template dscore<Acc>(s, b, h, i, j, *buffers);
+        return ScoreFn::template value<Acc>(s, b, h, i, j, *buffers);
+    }
+
+    // The modified score alone (the forward's).
+    __device__ __forceinline__ Acc value(Acc x, int i, int j) const {
+        return ScoreFn::template value<Acc>(scale_score(x, scale), b, h, i, j, *buffers);
+    }
+};
+
+// NaturalScores without a score_mod, UserNaturalScores with one.
+template <typename Acc, typename ScoreFn>
+struct GeneralScoresOf {
+    using type = UserNaturalScores<Acc, ScoreFn>;
+};
+template <typename Acc>
+struct GeneralScoresOf<Acc, NoUserScore> {
+    using type = NaturalScores<Acc>;
+};
+
+// Where the backward adds ds_mod * d(score)/d(load) for the floating-point buffers of a score_mod: one
+// atomic add per term, into accumulators of the accumulation type (ModGrads; float64 for float64 inputs).
+struct AtomicBufferGrads {
+    const ModGrads* grads;
+
+    template <typename F>
+    __device__ __forceinline__ void add(int buffer, long long offset, F amount) {
+        atomicAdd(static_cast<F*>(grads->data[buffer]) + offset, amount);
+    }
+};
+
+// The positions a mask_mod sees for batch entry b and query head h: 0 on an axis its BlockMask was built
+// for with one entry (the layout's slice stride along it is then 0).
+__device__ __forceinline__ int user_mask_batch(const AttnArgs& a, int b) { return a.sparse.slice_batch_stride != 0 ? b : 0; }
+__device__ __forceinline__ int user_mask_head(const AttnArgs& a, int h) { return a.sparse.slice_head_stride != 0 ? h : 0; }
+
+// Whether a pair that the window, bounds and block layout show passes the mask_mod, in a tile its lists
+// mark partial (tiles whose blocks the function fills are not). A pair where the function reads outside
+// a buffer stays visible and its score *s becomes NaN, so the error reaches the rows it touches.
+template <typename MaskFn, typename Acc>
+__device__ __forceinline__ bool user_mask_visible(const AttnArgs& a, int mb, int mh, int i, int j, Acc* s) {
+    bool poisoned;
+    const bool visible = MaskFn::visible(mb, mh, i, j, a.mask_buffers, &poisoned);
+    if (poisoned) *s = Consts<Acc>::nan();
+    return visible;
+}
+
+}  // namespace cupyflash

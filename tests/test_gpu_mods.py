@@ -1,0 +1,133 @@
+"""Score and mask functions on the GPU (GPU only): the general kernels built with the generated code of a
+score_mod or a mask_mod (kernels_cu/common/user_calls.cuh) against the float64 oracle under the tolerance
+rule, with the buffers' gradients; the built-ins written as score_mods against the built-ins; the
+compiled variants cached by expression. Until this file has passed on a GPU, CuPy calls refuse
+score_mod and from_mask_mod masks (cupyflash._problem.NEW_KERNELS_ENABLED); its tests turn the kernels on."""
+
+import numpy as np
+import pytest
+from helpers import DTYPES, check_dense, check_varlen, gpu_available, random_qkv, to_host, use_family
+from test_mods import _alibi_mod, _documents, _softcap_mod, _table, gated, rel_bias, same_document
+
+import cupyflash
+from cupyflash import _kernels, _problem, mods
+
+pytestmark = pytest.mark.gpu
+
+if gpu_available():
+    import cupy
+else:
+    cupy = None
+
+
+@pytest.fixture(autouse=True)
+def _user_kernels(monkeypatch):
+    monkeypatch.setattr(_problem, "NEW_KERNELS_ENABLED", True)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16", "float16"])
+def test_score_mod_against_the_oracle(dtype):
+    """T5 relative bias with its learned table (the table's gradient too), GQA, causal, odd sizes."""
+    table = cupy.asarray(_table((4, 21), seed=5) * np.float32(0.5))
+    check_dense(cupy, (2, 37, 45, 4, 2, 24, 16), DTYPES[dtype], causal=True, score_mod=rel_bias,
+                score_mod_buffers=(table,))
+
+
+def test_score_mod_with_a_window_and_int_buffer():
+    """A gated bias with an int buffer (its gradient None) inside a sliding window, head dims 72 / 40."""
+    shift = cupy.asarray(np.array([3], np.int32))
+
+    def fn(s, b, h, qi, ki, t, sh):
+        return s * mods.sigmoid(t[h, mods.clip(ki - qi + sh[0], 0, 20)])
+
+    table = cupy.asarray(_table((3, 21), seed=6))
+    got = check_dense(cupy, (1, 70, 90, 3, 3, 72, 40), DTYPES["float32"], window_size=(25, 10), score_mod=fn,
+                      score_mod_buffers=(table, shift))
+    assert "dbuffer0" in got and "dbuffer1" not in got
+
+
+def test_score_mod_varlen_against_the_oracle():
+    """Packed sequences: b is the sequence index (the function reads it)."""
+    table = cupy.asarray(_table((3, 21), seed=6))
+    check_varlen(cupy, [5, 0, 17, 33], [9, 4, 17, 20], 3, 1, 16, 16, DTYPES["float32"], causal=True, score_mod=gated,
+                 score_mod_buffers=(table,))
+
+
+def test_builtins_written_as_score_mods_are_the_builtins(monkeypatch):
+    """On the general kernels, softcap and ALiBi written as score_mods compute the built-ins' operations
+    (the same correctly rounded steps): the same forward bits; gradients within a few roundings (the
+    derivative is written differently)."""
+    use_family(monkeypatch, "general")
+    q, k, v = random_qkv(cupy, 2, 19, 23, 4, 4, 16, 16, np.float32, seed=7)
+    dout = cupy.asarray(np.random.default_rng(8).standard_normal((2, 19, 4, 16)).astype(np.float32))
+    slopes = cupy.asarray(np.random.default_rng(9).uniform(0.1, 1.0, 4).astype(np.float32))
+    for builtin, mod in (({"softcap": 3.0}, {"score_mod": _softcap_mod(3.0)}),
+                         ({"alibi_slopes": slopes}, {"score_mod": _alibi_mod(19, 23), "score_mod_buffers": (slopes,)})):
+        out, lse = cupyflash.flash_attention(q, k, v, causal=True, return_lse=True, **builtin)
+        out_m, lse_m = cupyflash.flash_attention(q, k, v, causal=True, return_lse=True, **mod)
+        np.testing.assert_array_equal(to_host(out_m), to_host(out))
+        np.testing.assert_array_equal(to_host(lse_m), to_host(lse))
+        grads = cupyflash.flash_attention_backward(dout, q, k, v, out, lse, causal=True, **builtin)
+        grads_m = cupyflash.flash_attention_backward(dout, q, k, v, out_m, lse_m, causal=True, **mod)
+        for a, b in zip(grads_m[:3], grads):
+            np.testing.assert_allclose(to_host(a), to_host(b), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_document_mask_against_the_oracle(dtype):
+    """A document mask built on the device from CuPy buffers (the kernels evaluate it on the tiles that
+    cover partial blocks), causal."""
+    doc = cupy.asarray(_documents(2, 150, 5, 12))
+    mask = cupyflash.BlockMask.from_mask_mod(same_document, 2, 1, 150, 150, block_size=(64, 64), buffers=(doc,))
+    check_dense(cupy, (2, 150, 150, 4, 2, 16, 16), DTYPES[dtype], causal=True, block_mask=mask)
+
+
+def test_host_built_mask_with_a_score_mod():
+    """A mask built on the host (its buffers copied to the device once) with a score_mod: both functions
+    in one kernel, float64."""
+    doc = _documents(1, 97, 3, 14)
+    mask = cupyflash.BlockMask.from_mask_mod(same_document, 1, 1, 97, 97, block_size=(16, 32), buffers=(doc,))
+    table = cupy.asarray(_table((2, 21), seed=15))
+    check_dense(cupy, (1, 97, 97, 2, 2, 32, 32), DTYPES["float64"], block_mask=mask, score_mod=rel_bias,
+                score_mod_buffers=(table,))
+
+
+def test_mask_mod_window_is_the_window():
+    """A sliding window written as a mask_mod gives window_size's result (float64)."""
+    q, k, v = random_qkv(cupy, 1, 90, 90, 2, 2, 16, 16, np.float64, seed=13)
+    window = cupyflash.BlockMask.from_mask_mod(lambda b, h, qi, ki: (ki <= qi) & (qi - ki <= 20), 1, 1, 90, 90,
+                                               block_size=(32, 32))
+    np.testing.assert_allclose(to_host(cupyflash.flash_attention(q, k, v, block_mask=window)),
+                               to_host(cupyflash.flash_attention(q, k, v, window_size=(20, 0))), rtol=1e-12, atol=1e-12)
+
+
+def test_out_of_range_index_makes_the_rows_nan():
+    q, k, v = random_qkv(cupy, 1, 4, 6, 1, 1, 8, 8, np.float32, seed=16)
+    table = cupy.zeros(5, np.float32)
+    out = cupyflash.flash_attention(q, k, v, score_mod=lambda s, b, h, qi, ki, t: s + t[ki], score_mod_buffers=(table,))
+    assert np.isnan(to_host(out)).all()  # every row sees key 5, past the table
+
+
+def test_variants_are_cached_by_expression():
+    """A new closure with the same expression reuses the compiled kernel; a changed constant is a new
+    variant."""
+    q, k, v = random_qkv(cupy, 1, 16, 16, 2, 2, 16, 16, np.float32, seed=17)
+
+    def capped(cap):
+        return lambda s, b, h, qi, ki: cap * mods.tanh(s / cap)
+
+    cupyflash.flash_attention(q, k, v, score_mod=capped(5.0))
+    before = len(_kernels._kernels)
+    cupyflash.flash_attention(q, k, v, score_mod=capped(5.0))
+    assert len(_kernels._kernels) == before
+    cupyflash.flash_attention(q, k, v, score_mod=capped(6.0))
+    assert len(_kernels._kernels) == before + 1
+
+
+def test_deterministic_buffer_gradients_are_refused():
+    q, k, v = random_qkv(cupy, 1, 16, 16, 2, 2, 16, 16, np.float32, seed=18)
+    table = cupy.asarray(_table((2, 21), seed=19))
+    out, lse = cupyflash.flash_attention(q, k, v, return_lse=True, score_mod=rel_bias, score_mod_buffers=(table,))
+    with pytest.raises(NotImplementedError, match="deterministic"):
+        cupyflash.flash_attention_backward(out, q, k, v, out, lse, score_mod=rel_bias, score_mod_buffers=(table,),
+                                           deterministic=True)
