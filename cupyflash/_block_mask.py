@@ -149,7 +149,9 @@ class BlockMask:
             (block_q, block_k).
         buffers : tuple of arrays
             The arrays the function indexes (float32, float64, int32 or bool, rank at most 4), all NumPy
-            or all CuPy; the mask's layout is built on their device (on the host without buffers).
+            or all CuPy; the mask's layout is built on their device (by a kernel compiled from the
+            function, one CTA per block, once cupyflash._problem.NEW_KERNELS_ENABLED is on; until then
+            by CuPy's array operations) or on the host (NumPy buffers, or none).
 
         Returns
         -------
@@ -168,6 +170,14 @@ class BlockMask:
         xp = cupy if cupy is not None and any(isinstance(b, cupy.ndarray) for b in buffers) else numpy
         buffers = _problem.check_buffers("buffers", buffers, xp)
         traced = _trace.trace(mask_mod, "mask", [(b.dtype, b.ndim) for b in buffers], "mask_mod")
+        if xp is not numpy and _problem.NEW_KERNELS_ENABLED:
+            from ._families import common
+
+            with buffers[0].device:
+                some, every = common.mask_mod_blocks(traced, buffers, batch, heads, seqlen_q, seqlen_k, block_size)
+            mask = cls.from_dense(some, block_size)
+            mask.mask_mod = (traced, buffers, every, (seqlen_q, seqlen_k))
+            return mask
         block_q, block_k = block_size
         b = xp.arange(batch, dtype=numpy.int32).reshape(batch, 1, 1, 1)
         h = xp.arange(heads, dtype=numpy.int32).reshape(1, heads, 1, 1)

@@ -48,7 +48,9 @@ class Kernel:
     function of the tile and the {flag: value} dict; None: none). A template without a storage type has no
     ``dtypes`` (its variants' dtype is None). ``arch`` names the one target of a kernel that uses
     architecture-specific instructions (``"90a"``: wgmma, setmaxnreg), None for kernels built for
-    whatever device runs them.
+    whatever device runs them. ``user_functions``: its last template arguments are the generated structs
+    of a score_mod and a mask_mod (:class:`UserCode`); ``user_required``: it is built only with them
+    (and has no variants in the closed table).
     """
 
     name: str
@@ -60,6 +62,7 @@ class Kernel:
     arch: str = None
     excludes: object = None
     user_functions: bool = False
+    user_required: bool = False
 
     def variant(self, dtype=None, tile=(), user=None, **flags):
         """The variant of ``dtype`` and ``tile`` with the given flags (missing flags are False), built after
@@ -69,13 +72,17 @@ class Kernel:
             raise ValueError(f"{self.name} has no flags {sorted(unknown)}")
         if user is not None and not self.user_functions:
             raise ValueError(f"{self.name} takes no score_mod or mask_mod")
+        if user is None and self.user_required:
+            raise ValueError(f"{self.name} is built for a score_mod or mask_mod only")
         values = tuple(bool(flags.get(f, False)) for f in self.flags)
         if self._excluded(tuple(tile), values):
             raise ValueError(f"{self.name} is not built with tile {tuple(tile)} and flags {dict(zip(self.flags, values))}")
         return Variant(self, dtype, tuple(tile), values, user)
 
     def variants(self):
-        """Every variant of the template."""
+        """Every variant of the template (none for a template built only with user functions)."""
+        if self.user_required:
+            return ()
         return tuple(
             Variant(self, dtype, tile, flags)
             for dtype in (self.dtypes or (None,))
@@ -162,12 +169,11 @@ class Variant:
 
     @property
     def name_expression(self):
-        if self.dtype is None and not self.tile and not self.flags:
-            return f"cupyflash::{self.kernel.name}"
-        args = [CTYPES[self.dtype], *(str(v) for v in self.tile), *("true" if f else "false" for f in self.flags)]
+        args = [CTYPES[self.dtype]] if self.dtype else []
+        args += [*(str(v) for v in self.tile), *("true" if f else "false" for f in self.flags)]
         if self.user is not None:
             args += self.user.template_args
-        return f"cupyflash::{self.kernel.name}<{', '.join(args)}>"
+        return f"cupyflash::{self.kernel.name}<{', '.join(args)}>" if args else f"cupyflash::{self.kernel.name}"
 
 
 def kernel_dir():

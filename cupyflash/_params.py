@@ -101,6 +101,13 @@ ROTARY_ARGS = numpy.dtype(
 #: MaxScoreDecodeArgs (kernels_cu/common/max_score.cu).
 MAX_SCORE_DECODE_ARGS = numpy.dtype([("images", _PTR), ("out", _PTR), ("count", _I32)], align=True)
 
+#: MaskModBlocksArgs (kernels_cu/common/mask_mod_blocks.cu).
+MASK_MOD_BLOCKS_ARGS = numpy.dtype(
+    [("buffers", MOD_BUFFERS), ("some", _PTR), ("every", _PTR), ("batch", _I32), ("heads", _I32), ("seqlen_q", _I32),
+     ("seqlen_k", _I32), ("block_q", _I32), ("block_k", _I32), ("rows", _I32), ("cols", _I32)],
+    align=True,
+)
+
 #: C++ struct name -> dtype, for the layout test.
 STRUCTS = {
     "TensorArg": TENSOR_ARG,
@@ -118,6 +125,7 @@ STRUCTS = {
     "DropoutMaskArgs": DROPOUT_MASK_ARGS,
     "RotaryArgs": ROTARY_ARGS,
     "MaxScoreDecodeArgs": MAX_SCORE_DECODE_ARGS,
+    "MaskModBlocksArgs": MASK_MOD_BLOCKS_ARGS,
 }
 
 

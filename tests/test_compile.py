@@ -314,14 +314,22 @@ def test_user_function_variants_compile_without_spills():
     def mask(b, h, qi, ki, doc):
         return (doc[b, qi] == doc[b, ki]) & (ki <= qi)
 
+    user_mask = _trace.trace(mask, "mask", [(np.dtype(np.int32), 2)])
     user = _kernels.user_code(_trace.trace(score, "score", [(np.dtype(np.float32), 2), (np.dtype(np.int32), 1)]),
-                              _trace.trace(mask, "mask", [(np.dtype(np.int32), 2)]))
+                              user_mask)
     for arch, dtypes in ((80, ("float16",)), (90, ("bfloat16", "float64"))):
         for kernels in ((general.FWD,), (general.DQ, general.DKDV)):
             variants = [k.variant(d, user=user) for k in kernels for d in dtypes]
             for key, r in _report(variants, arch).items():
                 assert not r["spill_bytes"] and not r["stack_bytes"], (key, r)
                 assert key[0].endswith(f"_fn{user.key}")
+    # BlockMask.from_mask_mod's kernel, built with the mask alone.
+    blocks = common.MASK_MOD_BLOCKS.variant(user=_kernels.user_code(None, user_mask))
+    assert blocks.name_expression == "cupyflash::mask_mod_blocks<cupyflash::NoUserScore, cupyflash::UserMask>"
+    for key, r in _report([blocks], 80).items():
+        assert not r["spill_bytes"] and not r["stack_bytes"], (key, r)
+    with pytest.raises(ValueError, match="only"):
+        common.MASK_MOD_BLOCKS.variant()
 
 
 def test_every_kernel_and_dtype_is_built():
@@ -408,6 +416,13 @@ def test_variant_table_is_closed_and_named():
     convert = common.DQ_CONVERT.variant("bfloat16")
     assert convert.key == "bwd_dq_convert_bf16"
     assert convert.name_expression == "cupyflash::bwd_dq_convert<__nv_bfloat16>"
+    user = _kernels.UserCode("0123456789ab", "", True, False)
+    built = _families.general.DQ.variant("float64", user=user)
+    assert built.key == "general_bwd_dq_fp64_drop_0_fn0123456789ab"
+    assert built.name_expression == ("cupyflash::general_bwd_dq<double, false, cupyflash::UserScore, "
+                                     "cupyflash::NoUserMask>")
+    with pytest.raises(ValueError, match="no score_mod"):
+        sm80.FWD.variant("bfloat16", (128, 32, 2), user=user)
     with pytest.raises(ValueError, match="no flags"):
         sm80.FWD.variant("float16", (128, 32, 2), causal=True)
 
@@ -516,6 +531,7 @@ def test_argument_structs_match_params_cuh():
     expected = []
     lines = ['#include <cuda/std/cstddef>', '#include "common/params.cuh"', '#include "common/checks.cu"',
              '#include "common/dropout_mask.cu"', '#include "common/rotary.cu"', '#include "common/max_score.cu"',
+             '#include "common/mask_mod_blocks.cu"',
              "using namespace cupyflash;",
              'extern "C" __global__ void layout(unsigned long long* out) {']
     for name, dtype in _params.STRUCTS.items():

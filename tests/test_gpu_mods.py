@@ -131,3 +131,21 @@ def test_deterministic_buffer_gradients_are_refused():
     with pytest.raises(NotImplementedError, match="deterministic"):
         cupyflash.flash_attention_backward(out, q, k, v, out, lse, score_mod=rel_bias, score_mod_buffers=(table,),
                                            deterministic=True)
+
+
+@pytest.mark.parametrize("block_size", [(64, 64), (16, 48), (128, 1)])
+def test_device_block_classes_are_the_hosts(block_size):
+    """BlockMask.from_mask_mod's kernel (one CTA per block) classifies blocks as the host does: odd
+    sizes, heads read by the function, an out-of-range index (keys past the table make their blocks
+    set and not full)."""
+    doc = _documents(2, 150, 5, 20)
+    limit = np.array([140], np.int32)
+
+    def fn(b, h, qi, ki, d, n):
+        return ((d[b, qi] == d[b, ki]) & (ki <= qi + h)) | (d[b, mods.minimum(ki, n[0])] < 0)
+
+    host = cupyflash.BlockMask.from_mask_mod(fn, 2, 3, 150, 151, block_size=block_size, buffers=(doc, limit))
+    device = cupyflash.BlockMask.from_mask_mod(fn, 2, 3, 150, 151, block_size=block_size,
+                                               buffers=(cupy.asarray(doc), cupy.asarray(limit)))
+    np.testing.assert_array_equal(to_host(device.layout), host.layout)
+    np.testing.assert_array_equal(to_host(device.mask_mod[2]), host.mask_mod[2])

@@ -306,6 +306,28 @@ def dropout_mask(p, seed, offset, shape):
     return mask
 
 
+#: BlockMask.from_mask_mod on the GPU (kernels_cu/common/mask_mod_blocks.cu): a CTA of 32 x 8 threads per
+#: block of the layout, grid-stride over at most MASK_MOD_BLOCKS_MAX_CTAS CTAs.
+MASK_MOD_BLOCKS = _kernels.Kernel("mask_mod_blocks", "common/mask_mod_blocks.cu", (), user_functions=True,
+                                  user_required=True)
+MASK_MOD_BLOCKS_MAX_CTAS = 1 << 16
+
+
+def mask_mod_blocks(traced, buffers, batch, heads, seqlen_q, seqlen_k, block_size):
+    """The block classes of traced mask_mod ``traced`` over its ``buffers`` (C-contiguous, on the current
+    device): ``(some, every)``, bool (batch, heads, rows, cols) CuPy arrays on the current stream."""
+    block_q, block_k = block_size
+    rows, cols = cdiv(seqlen_q, block_q), cdiv(seqlen_k, block_k)
+    some = cupy.empty((batch, heads, rows, cols), dtype=numpy.bool_)
+    every = cupy.empty_like(some)
+    args = numpy.zeros(1, _params.MASK_MOD_BLOCKS_ARGS)
+    args[0] = (mod_buffers(buffers), some.data.ptr, every.data.ptr, batch, heads, seqlen_q, seqlen_k, block_q, block_k,
+               rows, cols)
+    kernel = _kernels.get_kernel(MASK_MOD_BLOCKS.variant(user=_kernels.user_code(None, traced)))
+    kernel((min(some.size, MASK_MOD_BLOCKS_MAX_CTAS),), (32, 8), (args,))
+    return some, every
+
+
 #: cupyflash.apply_rotary on the GPU (kernels_cu/common/rotary.cu): a thread per rotated pair or copied
 #: column, grid-stride over at most ROTARY_MAX_CTAS CTAs of ROTARY_THREADS.
 ROTARY = _kernels.Kernel("rotary_apply", "common/rotary.cu", _kernels.ALL_DTYPES, flags=("float32_tables",))
