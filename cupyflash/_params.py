@@ -34,7 +34,7 @@ DROPOUT_ARG = numpy.dtype(
      ("enabled", _I32)],
     align=True,
 )
-MOD_BUFFER = numpy.dtype([("data", _PTR), ("size", _I64, (MAX_RANK,))], align=True)
+MOD_BUFFER = numpy.dtype([("data", _PTR), ("size", _I32, (MAX_RANK,))], align=True)
 MOD_BUFFERS = numpy.dtype([("buf", MOD_BUFFER, (MAX_BUFFERS,))], align=True)
 MOD_GRADS = numpy.dtype([("data", _PTR, (MAX_BUFFERS,))], align=True)
 ATTN_ARGS = numpy.dtype(

@@ -352,10 +352,14 @@ def check_sinks(sinks, xp, heads):
     return xp.ascontiguousarray(sinks)
 
 
+#: Elements of one score or mask function buffer: the kernels index them in 32 bits.
+_MAX_BUFFER_SIZE = 2**31 - 1
+
+
 def check_buffers(name, buffers, xp):
     """Buffers of a score or mask function: a tuple or list of arrays of q's kind, of the dtypes
-    ``_trace.BUFFER_KINDS`` names and rank at most ``_trace.MAX_RANK``; returned C-contiguous (and
-    native-endian)."""
+    ``_trace.BUFFER_KINDS`` names, rank at most ``_trace.MAX_RANK`` and fewer than 2**31 elements;
+    returned C-contiguous (and native-endian)."""
     from . import _trace
 
     if not isinstance(buffers, (tuple, list)):
@@ -375,6 +379,8 @@ def check_buffers(name, buffers, xp):
             raise TypeError(f"{label} has dtype {x.dtype}; expected float32, float64, int32 or bool")
         if x.ndim > _trace.MAX_RANK:
             raise ValueError(f"{label} has rank {x.ndim}; at most {_trace.MAX_RANK} axes")
+        if x.size > _MAX_BUFFER_SIZE:
+            raise ValueError(f"{label} has {x.size} elements; at most {_MAX_BUFFER_SIZE} (2**31 - 1)")
         check_devices(xp, {label: x})
         checked.append(xp.ascontiguousarray(x))
     return tuple(checked)

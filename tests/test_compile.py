@@ -302,8 +302,8 @@ def test_every_variant_compiles_without_spills(reports, builds, request, capsys)
 
 def test_user_function_variants_compile_without_spills():
     """The general kernels built with a score_mod (a float and an int buffer, gathers, a sigmoid gate) and
-    a mask_mod (a document mask) compile for sm_80 and sm_90 without spills; the variant keys name the
-    generated code."""
+    a mask_mod (a document mask) compile for sm_80 and sm_90 without spills, the Hopper forward without
+    local memory in its consumers; the variant keys name the generated code."""
     import numpy as np
 
     from cupyflash import _trace, mods
@@ -323,6 +323,13 @@ def test_user_function_variants_compile_without_spills():
             for key, r in _report(variants, arch).items():
                 assert not r["spill_bytes"] and not r["stack_bytes"], (key, r)
                 assert key[0].endswith(f"_fn{user.key}")
+    # The Hopper forward's consumers keep the functions nearly out of local memory (the mask_mod is
+    # evaluated into bits per row in a loop of its own, fragment/scores.cuh): this gated bias's sigmoid
+    # per score costs 8 local accesses, the built-in softcap kernel's 3 (a document mask alone, a table
+    # bias alone or a softcap as a score_mod: 0; measured in session 25).
+    hopper = sm90.FWD.variant("bfloat16", (128, 128, 128, 128, 2), user=user)
+    for key, r in _report([hopper], 90).items():
+        assert r["consumer_local"] is None or r["consumer_local"] <= 8, (key, r)
     # BlockMask.from_mask_mod's kernel, built with the mask alone.
     blocks = common.MASK_MOD_BLOCKS.variant(user=_kernels.user_code(None, user_mask))
     assert blocks.name_expression == "cupyflash::mask_mod_blocks<cupyflash::NoUserScore, cupyflash::UserMask>"

@@ -25,9 +25,12 @@ def _user_kernels(monkeypatch):
     monkeypatch.setattr(_problem, "NEW_KERNELS_ENABLED", True)
 
 
-@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16", "float16"])
-def test_score_mod_against_the_oracle(dtype):
-    """T5 relative bias with its learned table (the table's gradient too), GQA, causal, odd sizes."""
+@pytest.mark.parametrize("dtype, family", [("float64", ""), ("float32", ""), ("bfloat16", ""), ("bfloat16", "general"),
+                                           ("float16", "")])
+def test_score_mod_against_the_oracle(dtype, family, monkeypatch):
+    """T5 relative bias with its learned table (the table's gradient too), GQA, causal, odd sizes; 16-bit
+    inputs run the Hopper forward by default."""
+    use_family(monkeypatch, family)
     table = cupy.asarray(_table((4, 21), seed=5) * np.float32(0.5))
     check_dense(cupy, (2, 37, 45, 4, 2, 24, 16), DTYPES[dtype], causal=True, score_mod=rel_bias,
                 score_mod_buffers=(table,))
@@ -73,13 +76,24 @@ def test_builtins_written_as_score_mods_are_the_builtins(monkeypatch):
             np.testing.assert_allclose(to_host(a), to_host(b), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_document_mask_against_the_oracle(dtype):
+@pytest.mark.parametrize("dtype, family", [("float32", ""), ("bfloat16", ""), ("bfloat16", "general")])
+def test_document_mask_against_the_oracle(dtype, family, monkeypatch):
     """A document mask built on the device from CuPy buffers (the kernels evaluate it on the tiles that
     cover partial blocks), causal."""
+    use_family(monkeypatch, family)
     doc = cupy.asarray(_documents(2, 150, 5, 12))
     mask = cupyflash.BlockMask.from_mask_mod(same_document, 2, 1, 150, 150, block_size=(64, 64), buffers=(doc,))
     check_dense(cupy, (2, 150, 150, 4, 2, 16, 16), DTYPES[dtype], causal=True, block_mask=mask)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_hopper_forward_with_both_functions(dtype):
+    """The Hopper forward at head dim 128 over several key tiles: a softcap score_mod inside a document
+    mask of 8 documents (block size 128, the kernel's tile), GQA; the backward runs the general kernels."""
+    doc = cupy.asarray(_documents(2, 700, 8, 21))
+    mask = cupyflash.BlockMask.from_mask_mod(same_document, 2, 1, 700, 700, buffers=(doc,))
+    check_dense(cupy, (2, 700, 700, 4, 2, 128, 128), DTYPES[dtype], causal=True, block_mask=mask,
+                score_mod=_softcap_mod(20.0))
 
 
 def test_host_built_mask_with_a_score_mod():

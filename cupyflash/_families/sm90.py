@@ -78,7 +78,7 @@ DETERMINISTIC_DQ_SPLITS_SPLIT_COLS_BY_WALK = 2
 FWD = _kernels.Kernel(
     "sm90_fwd", "sm90/fwd.cu", _kernels.HALF_DTYPES, ("headdim", "headdim_v", "block_m", "block_n", "stages"),
     tuple((*dims, *tile) for dims, tiles in FWD_TILES.items() for tile in tiles), ("score_mod", "dropout"),
-    arch="90a",
+    arch="90a", user_functions=True,
 )
 #: The float32 forward's tiles (kernels_cu/sm90/fwd_planes_mainloop.cuh): head-dim bucket -> ((keys per
 #: tile, K/V stages),). q, k and v are read as three bfloat16 planes (6 bytes an element): at head dim
@@ -350,12 +350,14 @@ class Sm90Forward:
 
     name = "sm90"
     kernels = (FWD, sm80.PLANES, FWD_PLANES)
+    user_functions = True  # the 16-bit kernel's
 
     def select(self, p, device, operands):
         if device.capability != CAPABILITY or p.max_score is not None:  # the maximum: the general family's
             return None
+        user = common.user_code(p)
         if p.dtype == numpy.float32:
-            if p.dropout:  # the float32 kernel has no dropout yet: the general family's
+            if p.dropout or user is not None:  # the float32 kernel has neither yet: the general family's
                 return None
             dim = sm80.headdim_bucket(p.headdim, p.headdim_v, tuple(FWD_PLANES_TILES))
             if dim is None:
@@ -369,17 +371,19 @@ class Sm90Forward:
         if dims is None or not all(tma_addressable(x, p.varlen) for x in operands):
             return None
         # The plain kernels fold softmax_scale into the exponent after the row maximum, which needs a
-        # positive scale; the score_mod kernels scale first.
-        score_mod = p.score_mod or p.softmax_scale <= 0
+        # positive scale; the score_mod kernels scale first, as do those built with a score_mod function.
+        score_mod = p.score_mod or (p.softmax_scale <= 0 and p.user_score is None)
         tiles = FWD_TILES[dims]
         tile = tiles[0]
         # A block mask's query blocks (128 rows or multiples of 128, as a rule) would straddle 192-row
         # tiles, each of which would then take the element mask: such masks keep the 128-row tile. So does
         # dropout: the 192-row tile's consumers (160 registers) spilled around the generator (100 local
-        # accesses against 40).
-        if p.dropout or p.block_mask is not None and p.block_mask.block_size[0] % tile[0] != 0:
+        # accesses against 40), and so do score and mask functions (150-250 against 40; none at 128 rows).
+        if (p.dropout or user is not None
+                or p.block_mask is not None and p.block_mask.block_size[0] % tile[0] != 0):
             tile = tiles[-1]
-        variant = FWD.variant(common.dtype_name(p.dtype), (*dims, *tile), score_mod=score_mod, dropout=p.dropout)
+        variant = FWD.variant(common.dtype_name(p.dtype), (*dims, *tile), score_mod=score_mod, dropout=p.dropout,
+                              user=user)
         return variant if fwd_smem_bytes(variant) <= device.smem_optin else None
 
     def plan(self, b, variant, p, q, k, v, device):

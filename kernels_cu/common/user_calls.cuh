@@ -55,6 +55,36 @@ struct GeneralScoresOf<Acc, NoUserScore> {
     using type = NaturalScores<Acc>;
 };
 
+// The tensor-core paths' scores with a score_mod, Log2Scores' interface (fragment/scores.cuh's
+// modify_rows with kScoreMod): the scaled score softmax_scale * x rounded once, the function in float32,
+// then LOG2E times it, the base-2 units of fragment/softmax.cuh. The ALiBi bias argument is unused (the
+// host refuses ALiBi with a score_mod), and so is the softcap's tanh.
+template <typename ScoreFn>
+struct UserLog2Scores {
+    float scale;
+    const ModBuffers* buffers;
+    int b, h;
+
+    UserLog2Scores() = default;
+    __device__ __forceinline__ UserLog2Scores(const AttnArgs& a, const Sequence&, int b_, int h_)
+        : scale(static_cast<float>(a.softmax_scale)), buffers(&a.score_buffers), b(b_), h(h_) {}
+
+    __device__ __forceinline__ float modified(float x, int i, int j, float, float* tanh_out) const {
+        *tanh_out = 0.0f;
+        return ScoreFn::template value<float>(scale_score(x, scale), b, h, i, j, *buffers) * kLog2eF;
+    }
+};
+
+// Log2Scores without a score_mod, UserLog2Scores with one.
+template <typename ScoreFn>
+struct Log2ScoresOf {
+    using type = UserLog2Scores<ScoreFn>;
+};
+template <>
+struct Log2ScoresOf<NoUserScore> {
+    using type = Log2Scores;
+};
+
 // Where the backward adds ds_mod * d(score)/d(load) for the floating-point buffers of a score_mod: one
 // atomic add per term, into accumulators of the accumulation type (ModGrads; float64 for float64 inputs).
 struct AtomicBufferGrads {
@@ -71,6 +101,11 @@ struct AtomicBufferGrads {
 __device__ __forceinline__ int user_mask_batch(const AttnArgs& a, int b) { return a.sparse.slice_batch_stride != 0 ? b : 0; }
 __device__ __forceinline__ int user_mask_head(const AttnArgs& a, int h) { return a.sparse.slice_head_stride != 0 ? h : 0; }
 
+// A mask_mod at one (batch entry, query head), for the fragment loops (fragment/scores.cuh's mask_rows):
+// the function over a row of a fragment as bits. NoUserMask's has nothing to hold.
+template <typename MaskFn>
+struct UserMaskAt;
+
 // Whether a pair that the window, bounds and block layout show passes the mask_mod, in a tile its lists
 // mark partial (tiles whose blocks the function fills are not). A pair where the function reads outside
 // a buffer stays visible and its score *s becomes NaN, so the error reaches the rows it touches.
@@ -81,5 +116,43 @@ __device__ __forceinline__ bool user_mask_visible(const AttnArgs& a, int mb, int
     if (poisoned) *s = Consts<Acc>::nan();
     return visible;
 }
+
+template <typename MaskFn>
+struct UserMaskAt {
+    static constexpr bool kEnabled = true;
+    const AttnArgs* a;
+    int b, h;
+
+    __device__ __forceinline__ UserMaskAt(const AttnArgs& args, int b_, int h_)
+        : a(&args), b(user_mask_batch(args, b_)), h(user_mask_head(args, h_)) {}
+
+    // The function at query i and keys first + 8 (t / 2) + t % 2 for t < 2 * n_tiles (a row of an
+    // accumulator fragment, fragment/scores.cuh) as bits t of *visible and *poisoned. A loop that is not
+    // unrolled: the function's temporaries live only inside it, not beside a fragment's scores.
+    __device__ __forceinline__ void row_bits(int i, int first, int n_tiles, unsigned long long* visible,
+                                             unsigned long long* poisoned) const {
+        unsigned long long seen = 0, bad = 0;
+#pragma unroll 1
+        for (int t = 0; t < 2 * n_tiles; ++t) {
+            bool p;
+            const bool v = MaskFn::visible(b, h, i, first + 8 * (t / 2) + t % 2, a->mask_buffers, &p);
+            seen |= static_cast<unsigned long long>(v) << t;
+            bad |= static_cast<unsigned long long>(p) << t;
+        }
+        *visible = seen;
+        *poisoned = bad;
+    }
+};
+template <>
+struct UserMaskAt<NoUserMask> {
+    static constexpr bool kEnabled = false;
+    UserMaskAt() = default;
+    __device__ __forceinline__ UserMaskAt(const AttnArgs&, int, int) {}
+
+    __device__ __forceinline__ void row_bits(int, int, int, unsigned long long* visible, unsigned long long* poisoned) const {
+        *visible = ~0ull;
+        *poisoned = 0;
+    }
+};
 
 }  // namespace cupyflash

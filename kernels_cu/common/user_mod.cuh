@@ -18,10 +18,12 @@ namespace cupyflash {
 constexpr int kMaxModBuffers = 8;
 constexpr int kMaxModRank = 4;
 
-// One buffer of a score or mask function: C-contiguous, its sizes per axis (axes past its rank unused).
+// One buffer of a score or mask function: C-contiguous, its sizes per axis (axes past its rank unused),
+// fewer than 2^31 elements (the host checks), so positions are 32-bit: a load in a kernel's inner loop
+// then costs one compare per axis and one multiply-add per axis past the first.
 struct ModBuffer {
     const void* data;
-    long long size[kMaxModRank];
+    int size[kMaxModRank];
 };
 
 struct ModBuffers {
@@ -34,31 +36,26 @@ struct ModGrads {
     void* data[kMaxModBuffers];
 };
 
-// The buffer's element at the given indices, if every one is in range (else *ok is false and 0 returned).
-template <typename T>
-CUPYFLASH_HD T user_load(const ModBuffer& m, const int* index, int rank, bool* ok) {
-    long long linear = 0;
-    bool in = true;
-    for (int d = 0; d < rank; ++d) {
-        in = in && index[d] >= 0 && index[d] < m.size[d];
-        linear = linear * m.size[d] + index[d];
-    }
-    *ok = in;
-    return in ? static_cast<const T*>(m.data)[linear] : T(0);
-}
-
-// Whether every index is in range.
+// Whether every index is in range (a negative one, as unsigned, is past any size).
 CUPYFLASH_HD bool user_in_range(const ModBuffer& m, const int* index, int rank) {
     bool in = true;
-    for (int d = 0; d < rank; ++d) in = in && index[d] >= 0 && index[d] < m.size[d];
+    for (int d = 0; d < rank; ++d) in &= static_cast<unsigned>(index[d]) < static_cast<unsigned>(m.size[d]);
     return in;
 }
 
-// The linear position of an in-range element (user_load's ok), for the gradients.
-CUPYFLASH_HD long long user_offset(const ModBuffer& m, const int* index, int rank) {
-    long long linear = 0;
-    for (int d = 0; d < rank; ++d) linear = linear * m.size[d] + index[d];
+// The linear position of an in-range element.
+CUPYFLASH_HD unsigned user_offset(const ModBuffer& m, const int* index, int rank) {
+    unsigned linear = 0;
+    for (int d = 0; d < rank; ++d) linear = linear * static_cast<unsigned>(m.size[d]) + static_cast<unsigned>(index[d]);
     return linear;
+}
+
+// The buffer's element at the given indices, if every one is in range (else *ok is false and 0 returned).
+template <typename T>
+CUPYFLASH_HD T user_load(const ModBuffer& m, const int* index, int rank, bool* ok) {
+    const bool in = user_in_range(m, index, rank);
+    *ok = in;
+    return in ? static_cast<const T*>(m.data)[user_offset(m, index, rank)] : T(0);
 }
 
 // 32-bit ints wrap, as NumPy's int32 does (signed overflow is undefined in C++, unsigned is not).

@@ -17,18 +17,20 @@
 #include "common/params.cuh"
 #include "common/score_mod.cuh"
 #include "common/softmax.cuh"
+#include "common/user_calls.cuh"
 
 namespace cupyflash {
 
 // s = -inf where the mask hides the pair (query row_of(mt, r), key n0 + col_t + 8 nt + e % 2) of row
 // fragment element [mt][nt][e]; with kLayout also where the block layout does, read as one word of bits
-// per row and 64 keys. With kRowIntervals, per row the interval of keys it sees and per element a
-// compare for each side in kCuts (Mask::key_cuts: the sides of the intervals that fall inside the tile;
-// the others cannot hide a pair of it) and a select. Otherwise Mask::visible per element, which needs
-// fewer registers.
-template <bool kLayout, bool kRowIntervals, int kCuts, int kMTiles, int kNTiles, typename RowOf, typename Acc>
+// per row and 64 keys, and where a mask_mod (user, a UserMaskAt) does. With kRowIntervals, per row the
+// interval of keys it sees and per element a compare for each side in kCuts (Mask::key_cuts: the sides
+// of the intervals that fall inside the tile; the others cannot hide a pair of it) and a select.
+// Otherwise Mask::visible per element, which needs fewer registers.
+template <bool kLayout, bool kRowIntervals, int kCuts, int kMTiles, int kNTiles, typename RowOf, typename Acc,
+          typename User>
 __device__ __forceinline__ void mask_rows(Acc (&s)[kMTiles][kNTiles][4], const Mask& mask, const BlockLayout& layout,
-                                          const AttnArgs& a, const RowOf& row_of, int n0, int col_t) {
+                                          const AttnArgs& a, const RowOf& row_of, int n0, int col_t, const User& user) {
     // Keys whose layout cells one word of bits holds: the whole tile up to 64 keys, else 64 per word.
     constexpr int kWordKeys = kNTiles * 8 <= 64 ? kNTiles * 8 : 64;
 #pragma unroll
@@ -42,6 +44,9 @@ __device__ __forceinline__ void mask_rows(Acc (&s)[kMTiles][kNTiles][4], const M
             constexpr bool kFromThread = kCuts != Mask::kCutsBoth;
             int begin, end;
             if constexpr (kRowIntervals) mask.keys_of(row, kFromThread ? n0 + col_t : n0, &begin, &end);
+            // The mask_mod's bits of the row's columns (bit 2 nt + c), then a select per element.
+            unsigned long long user_bits = ~0ull, poisoned = 0;
+            if constexpr (kLayout && User::kEnabled) user.row_bits(row, n0 + col_t, kNTiles, &user_bits, &poisoned);
 #pragma unroll
             for (int chunk = 0; chunk < (kNTiles + 7) / 8; ++chunk) {
                 const unsigned long long bits = kLayout ? layout.key_bits(a, row, n0 + 64 * chunk, kWordKeys) : 0;
@@ -62,6 +67,12 @@ __device__ __forceinline__ void mask_rows(Acc (&s)[kMTiles][kNTiles][4], const M
                         }
                         if constexpr (kLayout) visible &= ((bits >> (offset - 64 * chunk)) & 1) != 0;
                         Acc& x = s[mt][nt][2 * r + c];
+                        if constexpr (kLayout && User::kEnabled) {
+                            // A pair the function reads out of range for stays visible, its score NaN.
+                            const int bit = 2 * nt + c;
+                            visible &= ((user_bits >> bit) & 1) != 0;
+                            if (visible && ((poisoned >> bit) & 1) != 0) x = Consts<Acc>::nan();
+                        }
                         x = visible ? x : Consts<Acc>::neg_inf();
                     }
                 }
@@ -95,11 +106,12 @@ __device__ __forceinline__ void modify_rows_natural(Acc (&s)[kMTiles][kNTiles][4
 }
 
 // The scores of a row fragment from the raw products x = q . k, in log2 units: with kScoreMod the score
-// modifications (Log2Scores::modified; bias_of(mt, r) is the row's ALiBi bias, -slope * LOG2E), else
+// modifications (Log2Scores::modified, or UserLog2Scores' score_mod; bias_of(mt, r) is the row's ALiBi
+// bias, -slope * LOG2E), else
 // x * softmax_scale * LOG2E, or x itself with kRawScale (the softmax then applies the scale, which needs
 // softmax_scale > 0: raw and scaled scores order alike).
-template <bool kScoreMod, bool kRawScale, int kMTiles, int kNTiles, typename RowOf, typename BiasOf>
-__device__ __forceinline__ void modify_rows(float (&s)[kMTiles][kNTiles][4], const Log2Scores& scores,
+template <bool kScoreMod, bool kRawScale, int kMTiles, int kNTiles, typename RowOf, typename BiasOf, typename Scores>
+__device__ __forceinline__ void modify_rows(float (&s)[kMTiles][kNTiles][4], const Scores& scores,
                                             const RowOf& row_of, const BiasOf& bias_of, int n0, int col_t) {
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
@@ -120,23 +132,24 @@ __device__ __forceinline__ void modify_rows(float (&s)[kMTiles][kNTiles][4], con
 }
 
 // The mask of a row fragment's tile (mask_rows), for a tile that needs the element mask: one that is not
-// full, or that a block-sparse list marks partial. Callers test that in a uniform branch of its own,
-// which keeps the tiles inside the mask free of its predicates. cuts: Mask::key_cuts of the rows the
-// caller's branch is uniform over (Mask::kCutsBoth where it does not know them); with row intervals, the
-// tiles cut on one side only (the causal diagonal, a window's left edge) test that side alone.
-template <bool kRowIntervals, int kMTiles, int kNTiles, typename RowOf, typename Acc>
+// full, or that a block-sparse list marks partial (where a mask_mod, user, runs too). Callers test that
+// in a uniform branch of its own, which keeps the tiles inside the mask free of its predicates. cuts:
+// Mask::key_cuts of the rows the caller's branch is uniform over (Mask::kCutsBoth where it does not know
+// them); with row intervals, the tiles cut on one side only (the causal diagonal, a window's left edge)
+// test that side alone.
+template <bool kRowIntervals, int kMTiles, int kNTiles, typename RowOf, typename Acc, typename User = UserMaskAt<NoUserMask>>
 __device__ __forceinline__ void mask_tile_rows(Acc (&s)[kMTiles][kNTiles][4], const Mask& mask,
                                                const BlockLayout& layout, const AttnArgs& a, const RowOf& row_of,
-                                               int n0, int col_t, bool partial, int cuts) {
+                                               int n0, int col_t, bool partial, int cuts, const User& user = User()) {
     const Mask m = mask;
     if (partial) {
-        mask_rows<true, kRowIntervals, Mask::kCutsBoth>(s, m, layout, a, row_of, n0, col_t);
+        mask_rows<true, kRowIntervals, Mask::kCutsBoth>(s, m, layout, a, row_of, n0, col_t, user);
     } else if (kRowIntervals && cuts == Mask::kCutsEnd) {
-        mask_rows<false, kRowIntervals, Mask::kCutsEnd>(s, m, layout, a, row_of, n0, col_t);
+        mask_rows<false, kRowIntervals, Mask::kCutsEnd>(s, m, layout, a, row_of, n0, col_t, user);
     } else if (kRowIntervals && cuts == Mask::kCutsStart) {
-        mask_rows<false, kRowIntervals, Mask::kCutsStart>(s, m, layout, a, row_of, n0, col_t);
+        mask_rows<false, kRowIntervals, Mask::kCutsStart>(s, m, layout, a, row_of, n0, col_t, user);
     } else {
-        mask_rows<false, kRowIntervals, Mask::kCutsBoth>(s, m, layout, a, row_of, n0, col_t);
+        mask_rows<false, kRowIntervals, Mask::kCutsBoth>(s, m, layout, a, row_of, n0, col_t, user);
     }
 }
 

@@ -18,6 +18,7 @@
 // kDropout: the consumers drop probabilities after their row sums (fragment/dropout.cuh), the epilogue
 // scales the output by 1 / (1 - p); the host starts work tiles at multiples of their rows then (no
 // Sm90Schedule::align_end), so each generator call serves a thread's two rows.
+// ScoreFn, MaskFn: a score_mod's and a mask_mod's generated code, or none (sm90/fwd_mainloop.cuh).
 //
 // Grid: x = min(work tiles, SMs). Dynamic shared memory: Sm90FwdTraits::kSmemBytes.
 #include "sm90/fwd_epilogue.cuh"
@@ -27,11 +28,13 @@
 
 namespace cupyflash {
 
-template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kBlockN, int kStages, bool kScoreMod, bool kDropout>
+template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kBlockN, int kStages, bool kScoreMod, bool kDropout,
+          typename ScoreFn = NoUserScore, typename MaskFn = NoUserMask>
 __global__ void __launch_bounds__(Sm90FwdTraits<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages>::kThreads, 1)
 sm90_fwd(const CUPYFLASH_GRID_CONSTANT FwdArgs args, const CUPYFLASH_GRID_CONSTANT Sm90FwdMaps maps,
          const Sm90Schedule schedule) {
-    using Mainloop = Sm90FwdMainloop<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages, kScoreMod, kDropout>;
+    using Mainloop = Sm90FwdMainloop<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages, kScoreMod, kDropout, ScoreFn,
+                                     MaskFn>;
     using Kernel = Sm90FwdKernel<Mainloop, Sm90FwdEpilogue<T, typename Mainloop::Tr, kDropout>,
                                  Sm90QueryTileScheduler<Mainloop::kBlockM>>;
     extern __shared__ __align__(16) unsigned char smem_raw[];

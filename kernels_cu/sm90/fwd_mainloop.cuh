@@ -201,10 +201,15 @@ __device__ __forceinline__ void sm90_seen_key_tiles(const Sm90FwdTile& tile, int
     *last = min(max(ceil_div(end, kBlockN) - tile.keys.first, *first), count);
 }
 
+// ScoreFn and MaskFn: a score_mod's and a mask_mod's generated code (common/user_calls.cuh), or
+// NoUserScore and NoUserMask. A score_mod takes the modified kernels' path (kModified: the scores in
+// log2 units before the softmax); a mask_mod runs on the tiles the lists mark partial.
 template <typename T, int kHeadDim, int kHeadDimV, int kBlockM_, int kBlockN, int kStages, bool kScoreMod,
-          bool kDropout = false>
+          bool kDropout = false, typename ScoreFn = NoUserScore, typename MaskFn = NoUserMask>
 struct Sm90FwdMainloop {
     using Tr = Sm90FwdTraits<T, kHeadDim, kHeadDimV, kBlockM_, kBlockN, kStages>;
+    static constexpr bool kModified = kScoreMod || ScoreFn::kEnabled;
+    using Scores = typename Log2ScoresOf<ScoreFn>::type;
     using Softmax = FragmentSoftmax<Tr::kNTiles>;
     static constexpr int kBlockM = Tr::kBlockM;
     // Named barriers: the turns 1 .. kConsumers, then one per consumer for sm90_clear_foreign_values; the
@@ -256,32 +261,37 @@ struct Sm90FwdMainloop {
         wgmma_commit();
     }
 
-    // Scores of key tile `entry` (fragment/scores.cuh): with kScoreMod in log2 units with the
+    // Scores of key tile `entry` (fragment/scores.cuh): with kModified in log2 units with the
     // modifications, else raw products (the softmax applies the scale). Rows row_g and row_g + 8 of this
     // thread, rows [w0, w0 + 64) of its warpgroup; a uniform branch per warpgroup skips the element mask
     // on tiles inside the window and tests only the sides of the window that cut into the tile.
     __device__ __forceinline__ static void modify_and_mask(float (&s)[Tr::kNTiles][4], const AttnArgs& a,
-                                                           const Sm90FwdTile& st, const Log2Scores& scores,
+                                                           const Sm90FwdTile& st, const Scores& scores,
                                                            int entry, int row_g, int w0, int col_t) {
         const int n0 = entry_tile(entry) * kBlockN;
         auto& rows = reinterpret_cast<float(&)[1][Tr::kNTiles][4]>(s);
         const auto row_of = [&](int, int r) { return row_g + 8 * r; };
-        modify_rows<kScoreMod, true>(rows, scores, row_of, [&](int, int) { return scores.bias_log2; }, n0, col_t);
+        modify_rows<kModified, true>(rows, scores, row_of, [&](int, int) { return bias_log2(scores); }, n0, col_t);
         const bool partial = entry_partial(entry);
         const int cuts = st.mask.key_cuts(w0, 64, n0, kBlockN);
         // The score_mod kernels keep one mask for both sides: their registers are spoken for.
         if (partial || cuts != 0) {
-            mask_tile_rows<true>(rows, st.mask, st.layout, a, row_of, n0, col_t, partial, kScoreMod ? Mask::kCutsBoth : cuts);
+            mask_tile_rows<true>(rows, st.mask, st.layout, a, row_of, n0, col_t, partial,
+                                 kModified ? Mask::kCutsBoth : cuts, UserMaskAt<MaskFn>(a, st.b, st.h));
         }
     }
 
+    // The ALiBi bias of the built-in modifications (a score_mod has none).
+    __device__ __forceinline__ static float bias_log2(const Log2Scores& scores) { return scores.bias_log2; }
+    __device__ __forceinline__ static float bias_log2(const UserLog2Scores<ScoreFn>&) { return 0.0f; }
+
     // The online softmax of one block (fragment/softmax.cuh); the scale is folded into the exponent
-    // unless the modifications already applied it. The host takes the kScoreMod kernels for
-    // softmax_scale <= 0.
+    // unless the modifications already applied it. The host takes the kScoreMod kernels (or a score_mod's)
+    // for softmax_scale <= 0.
     __device__ __forceinline__ static bool fold(Softmax& softmax, float (&s)[Tr::kNTiles][4], float (&rescale)[2],
                                                 float scale_log2) {
         bool moved;
-        if constexpr (kScoreMod) {
+        if constexpr (kModified) {
             moved = softmax.update_max(s, rescale);
             softmax.exponentiate(s);
         } else {
@@ -350,7 +360,7 @@ struct Sm90FwdMainloop {
         own_tiles(tile, w0, &first, &last);
         const int count = last - first;  // the key tiles this warpgroup computes
         // The score modifications of this (batch entry, head); the plain kernels need only the scale.
-        const Log2Scores scores = kScoreMod ? Log2Scores(a, tile.seq, tile.b, tile.h) : Log2Scores();
+        const Scores scores = kModified ? Scores(a, tile.seq, tile.b, tile.h) : Scores();
 
 #pragma unroll
         for (int c = 0; c < Tr::kOTiles; ++c) o[0][c][0] = o[0][c][1] = o[0][c][2] = o[0][c][3] = 0.0f;
