@@ -430,6 +430,11 @@ class Traced:
             self._gradients = _reverse(self)
         return self._gradients
 
+    @property
+    def buffer_gradients(self):
+        """Whether the function reads a floating-point buffer, whose gradient the backward then adds."""
+        return bool(self.gradients()[1])
+
 
 def _key(nodes, kind, buffers):
     number = {id(n): i for i, n in enumerate(nodes)}

@@ -330,6 +330,12 @@ def test_user_function_variants_compile_without_spills():
     hopper = sm90.FWD.variant("bfloat16", (128, 128, 128, 128, 2), user=user)
     for key, r in _report([hopper], 90).items():
         assert r["consumer_local"] is None or r["consumer_local"] <= 8, (key, r)
+    # The Hopper backward takes score_mods whose buffers take no gradients: a softcap inside the mask
+    # (its tanhf per score: 2 local accesses, the built-in kernel's 0).
+    capped = _kernels.user_code(_trace.trace(lambda s, b, h, qi, ki: 30.0 * mods.tanh(s / 30.0), "score", []), user_mask)
+    hopper = sm90.BWD.variant("bfloat16", (128, 128, 64, 2), user=capped)
+    for key, r in _report([hopper], 90).items():
+        assert r["consumer_local"] is None or r["consumer_local"] <= 2, (key, r)
     # BlockMask.from_mask_mod's kernel, built with the mask alone.
     blocks = common.MASK_MOD_BLOCKS.variant(user=_kernels.user_code(None, user_mask))
     assert blocks.name_expression == "cupyflash::mask_mod_blocks<cupyflash::NoUserScore, cupyflash::UserMask>"

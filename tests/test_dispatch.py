@@ -237,3 +237,32 @@ def test_wide_backward_on_the_tensor_cores(dtype, headdim, precision, device, ex
     family, variant = _families.select(_families.BACKWARD, p, device, _operands(p))
     assert (family.name, variant.key if family.name != "general" else None) == (
         expected.split("_")[0] if expected else "general", expected)
+
+
+def _names(p, device):
+    return tuple((f.name, v.key) for f, v in (_families.select(d, p, device, _operands(p))
+                                              for d in (_families.FORWARD, _families.BACKWARD)))
+
+
+def test_score_and_mask_functions_take_the_families_that_compile_them():
+    """16-bit score_mods and mask_mods take the Hopper kernels (the forward on its 128-row tile at head dim
+    64 too), but for a score_mod whose buffers take gradients, whose backward is the general kernels';
+    float32, and other devices, take the general kernels. Variants name the functions' code."""
+    from cupyflash import BlockMask, mods
+
+    bias = lambda s, b, h, qi, ki: s - 0.5 * mods.abs(qi - ki)  # noqa: E731
+    p = _problem(64, score_mod=bias)
+    (fwd_family, fwd), (bwd_family, bwd) = _names(p, H200)
+    assert (fwd_family, bwd_family) == ("sm90", "sm90")
+    assert fwd.startswith("sm90_fwd_bf16_d64_v64_q128_n128_s4_mod_0_drop_0_fn")
+    assert bwd.startswith("sm90_bwd_bf16_d64_v64_q128_s2_mod_0_drop_0_fn") and bwd[-12:] == fwd[-12:]
+    table = np.ones((2, 9), np.float32)
+    learned = _problem(128, score_mod=lambda s, b, h, qi, ki, t: s + t[h, qi], score_mod_buffers=(table,))
+    assert [f for f, _ in _names(learned, H200)] == ["sm90", "general"]
+    assert [f for f, _ in _names(_problem(128, score_mod=bias), A100)] == ["general", "general"]
+    assert [f for f, _ in _names(_problem(128, dtype=np.float32, score_mod=bias), H200)] == ["general", "general"]
+    mask = BlockMask.from_mask_mod(lambda b, h, qi, ki: ki <= qi, 1, 1, 8, 8, block_size=(4, 4))
+    masked = _problem(128, block_mask=mask)
+    assert [f for f, _ in _names(masked, H200)] == ["sm90", "sm90"]
+    plain = _names(_problem(128), H200)
+    assert all("_fn" not in key for _, key in plain)

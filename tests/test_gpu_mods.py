@@ -87,13 +87,23 @@ def test_document_mask_against_the_oracle(dtype, family, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_hopper_forward_with_both_functions(dtype):
-    """The Hopper forward at head dim 128 over several key tiles: a softcap score_mod inside a document
-    mask of 8 documents (block size 128, the kernel's tile), GQA; the backward runs the general kernels."""
+def test_hopper_kernels_with_both_functions(dtype):
+    """The Hopper forward and backward at head dim 128 over several key tiles: a softcap score_mod (no
+    buffers) inside a document mask of 8 documents (block size 128, the kernels' tile), GQA."""
     doc = cupy.asarray(_documents(2, 700, 8, 21))
     mask = cupyflash.BlockMask.from_mask_mod(same_document, 2, 1, 700, 700, buffers=(doc,))
     check_dense(cupy, (2, 700, 700, 4, 2, 128, 128), DTYPES[dtype], causal=True, block_mask=mask,
                 score_mod=_softcap_mod(20.0))
+
+
+@pytest.mark.parametrize("headdim", [64, 256])
+def test_hopper_kernels_at_other_head_dims(headdim):
+    """An ALiBi-like bias from positions and head alone (no buffers) inside a document mask: the 192-row
+    forward tile is not taken at head dim 64, the split-column backward runs at 256."""
+    doc = cupy.asarray(_documents(1, 300, 4, 22))
+    mask = cupyflash.BlockMask.from_mask_mod(same_document, 1, 1, 300, 300, buffers=(doc,))
+    check_dense(cupy, (1, 300, 300, 2, 2, headdim, headdim), DTYPES["bfloat16"], causal=True, block_mask=mask,
+                score_mod=lambda s, b, h, qi, ki: s - (h + 1) * 0.25 * mods.abs(qi - ki))
 
 
 def test_host_built_mask_with_a_score_mod():

@@ -96,7 +96,7 @@ BWD_DROPOUT_MAX_HEADDIM = 128
 BWD = _kernels.Kernel(
     "sm90_bwd", "sm90/bwd.cu", _kernels.HALF_DTYPES, ("headdim", "headdim_v", "block_m", "stages"),
     tuple((*dims, *tile) for dims, tile in BWD_TILES.items()), ("score_mod", "dropout"), arch="90a",
-    excludes=lambda tile, flags: flags["dropout"] and max(tile[:2]) > BWD_DROPOUT_MAX_HEADDIM,
+    excludes=lambda tile, flags: flags["dropout"] and max(tile[:2]) > BWD_DROPOUT_MAX_HEADDIM, user_functions=True,
 )
 #: The float32 backward's Q/dO stages per head-dim bucket (kernels_cu/sm90/bwd_planes_mainloop.cuh): 64-key
 #: CTAs and 64-query tiles whose operands are three bfloat16 planes each; at head dim 128 K and V (48 KB
@@ -480,9 +480,14 @@ class Sm90Backward:
 
     name = "sm90"
     kernels = (common.DELTA, sm80.PLANES, BWD, BWD_PLANES, common.DQ_CONVERT)
+    # The 16-bit kernel's, but for a score_mod whose buffers take gradients (the general kernels add them).
+    user_functions = True
 
     def select(self, p, device, operands):
         if device.capability != CAPABILITY:
+            return None
+        user = common.user_code(p)
+        if user is not None and (p.dtype == numpy.float32 or p.user_score is not None and p.user_score.buffer_gradients):
             return None
         if p.dtype == numpy.float32:
             if p.dropout:  # the float32 kernel has no dropout yet: the general family's
@@ -501,7 +506,7 @@ class Sm90Backward:
         if p.dropout and max(dims) > BWD_DROPOUT_MAX_HEADDIM:  # the split-column roles draw no dropout
             return None
         variant = BWD.variant(common.dtype_name(p.dtype), (*dims, *BWD_TILES[dims]), score_mod=p.score_mod,
-                              dropout=p.dropout)
+                              dropout=p.dropout, user=user)
         return variant if bwd_smem_bytes(variant) <= device.smem_optin else None
 
     def plan(self, b, variant, p, dout, q, k, v, out, lse, deterministic, device):

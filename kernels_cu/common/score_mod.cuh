@@ -84,6 +84,10 @@ struct Log2Scores {
         *tanh_out = t;
         return s2;
     }
+
+    // d(modified score) / d(scaled score) of the pair whose modified() gave tanh_v: 1 - tanh^2 (1 without
+    // a softcap).
+    __device__ __forceinline__ float derivative(float, int, int, float tanh_v) const { return 1.0f - tanh_v * tanh_v; }
 };
 
 // The general path, and the float32 tensor-core forward (fragment/scores.cuh's modify_rows_natural),

@@ -62,16 +62,24 @@ struct GeneralScoresOf<Acc, NoUserScore> {
 template <typename ScoreFn>
 struct UserLog2Scores {
     float scale;
+    float scale_log2;         // softmax_scale * LOG2E (what the unmodified paths read)
+    float bias_log2 = 0.0f;   // no ALiBi
     const ModBuffers* buffers;
     int b, h;
 
     UserLog2Scores() = default;
     __device__ __forceinline__ UserLog2Scores(const AttnArgs& a, const Sequence&, int b_, int h_)
-        : scale(static_cast<float>(a.softmax_scale)), buffers(&a.score_buffers), b(b_), h(h_) {}
+        : scale(static_cast<float>(a.softmax_scale)), scale_log2(static_cast<float>(a.softmax_scale) * kLog2eF),
+          buffers(&a.score_buffers), b(b_), h(h_) {}
 
     __device__ __forceinline__ float modified(float x, int i, int j, float, float* tanh_out) const {
         *tanh_out = 0.0f;
         return ScoreFn::template value<float>(scale_score(x, scale), b, h, i, j, *buffers) * kLog2eF;
+    }
+
+    // d(value) / d(scaled score) at the raw product x (Log2Scores::derivative's interface).
+    __device__ __forceinline__ float derivative(float x, int i, int j, float) const {
+        return ScoreFn::template dscore<float>(scale_score(x, scale), b, h, i, j, *buffers);
     }
 };
 
@@ -142,6 +150,21 @@ struct UserMaskAt {
         *visible = seen;
         *poisoned = bad;
     }
+
+    // The same for key j and queries first + 8 (t / 2) + t % 2 (a row of a column fragment).
+    __device__ __forceinline__ void col_bits(int j, int first, int n_tiles, unsigned long long* visible,
+                                             unsigned long long* poisoned) const {
+        unsigned long long seen = 0, bad = 0;
+#pragma unroll 1
+        for (int t = 0; t < 2 * n_tiles; ++t) {
+            bool p;
+            const bool v = MaskFn::visible(b, h, first + 8 * (t / 2) + t % 2, j, a->mask_buffers, &p);
+            seen |= static_cast<unsigned long long>(v) << t;
+            bad |= static_cast<unsigned long long>(p) << t;
+        }
+        *visible = seen;
+        *poisoned = bad;
+    }
 };
 template <>
 struct UserMaskAt<NoUserMask> {
@@ -150,6 +173,10 @@ struct UserMaskAt<NoUserMask> {
     __device__ __forceinline__ UserMaskAt(const AttnArgs&, int, int) {}
 
     __device__ __forceinline__ void row_bits(int, int, int, unsigned long long* visible, unsigned long long* poisoned) const {
+        *visible = ~0ull;
+        *poisoned = 0;
+    }
+    __device__ __forceinline__ void col_bits(int, int, int, unsigned long long* visible, unsigned long long* poisoned) const {
         *visible = ~0ull;
         *poisoned = 0;
     }

@@ -155,11 +155,11 @@ __device__ __forceinline__ void mask_tile_rows(Acc (&s)[kMTiles][kNTiles][4], co
 
 // p = 0 where the mask hides the pair of query m0 + col_t + 8 nt + e % 2 and key key_g + 16 mt + 8 (e / 2)
 // of column fragment element [mt][nt][e]; with kLayout also where the block layout does, read as one
-// word of bits per key and 64 queries. Per key, the interval of queries that see it; per element, two
+// word of bits per key and 64 queries, and where a mask_mod (user, a UserMaskAt) does. Per key, the interval of queries that see it; per element, two
 // compares and a select.
-template <bool kLayout, int kMTiles, int kNTiles, typename Acc>
+template <bool kLayout, int kMTiles, int kNTiles, typename Acc, typename User>
 __device__ __forceinline__ void mask_cols(Acc (&p)[kMTiles][kNTiles][4], const Mask& mask, const BlockLayout& layout,
-                                          const AttnArgs& a, int key_g, int m0, int col_t) {
+                                          const AttnArgs& a, int key_g, int m0, int col_t, const User& user) {
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -167,6 +167,9 @@ __device__ __forceinline__ void mask_cols(Acc (&p)[kMTiles][kNTiles][4], const M
             const int key = key_g + 16 * mt + 8 * r;
             int begin, end;
             mask.queries_of(key, m0, &begin, &end);
+            // The mask_mod's bits of the key's queries (bit 2 nt + c), then a select per element.
+            unsigned long long user_bits = ~0ull, poisoned = 0;
+            if constexpr (kLayout && User::kEnabled) user.col_bits(key, m0 + col_t, kNTiles, &user_bits, &poisoned);
 #pragma unroll
             for (int chunk = 0; chunk < (kNTiles + 7) / 8; ++chunk) {
                 const unsigned long long bits = kLayout ? layout.query_bits(a, key, m0 + 64 * chunk, 64) : 0;
@@ -178,6 +181,12 @@ __device__ __forceinline__ void mask_cols(Acc (&p)[kMTiles][kNTiles][4], const M
                         bool visible = offset >= begin && offset < end;
                         if constexpr (kLayout) visible &= ((bits >> (offset - 64 * chunk)) & 1) != 0;
                         Acc& x = p[mt][nt][2 * r + c];
+                        if constexpr (kLayout && User::kEnabled) {
+                            // A pair the function reads out of range for: its probability NaN.
+                            const int bit = 2 * nt + c;
+                            visible &= ((user_bits >> bit) & 1) != 0;
+                            if (visible && ((poisoned >> bit) & 1) != 0) x = Consts<Acc>::nan();
+                        }
                         x = visible ? x : Acc(0);
                     }
                 }
@@ -190,12 +199,12 @@ __device__ __forceinline__ void mask_cols(Acc (&p)[kMTiles][kNTiles][4], const M
 // key_g + 16 mt + 8 r, queries m0 + col_t + 8 nt + e % 2): P = 2^(s2 - lse2) with s2 the modified score in
 // log2 units and lse2 = lse * LOG2E of the query (+inf for a query without probability mass, so its P is
 // 0). lse2_pair(nt) and delta_pair(nt) give the values of queries col_t + 8 nt and col_t + 8 nt + 1.
-// With kScoreMod, dP^T becomes (dP^T - delta) * (1 - tanh^2), the softcap's derivative, which needs the
-// tanh of the score; without, dP^T is not touched (it may still be in flight: score_gradients finishes
+// With kScoreMod, dP^T becomes (dP^T - delta) * ds_mod/ds (Scores::derivative: the softcap's
+// 1 - tanh^2 from the tanh of the score, or a score_mod's derivative); without, dP^T is not touched (it may still be in flight: score_gradients finishes
 // it). The mask follows, where the tile needs it (mask_tile_cols).
-template <bool kScoreMod, int kMTiles, int kNTiles, typename Lse2Pair, typename DeltaPair>
+template <bool kScoreMod, int kMTiles, int kNTiles, typename Lse2Pair, typename DeltaPair, typename Scores>
 __device__ __forceinline__ void probabilities_cols(float (&s)[kMTiles][kNTiles][4], float (&dp)[kMTiles][kNTiles][4],
-                                                   const Log2Scores& scores, const Lse2Pair& lse2_pair,
+                                                   const Scores& scores, const Lse2Pair& lse2_pair,
                                                    const DeltaPair& delta_pair, int key_g, int m0, int col_t) {
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
@@ -207,11 +216,12 @@ __device__ __forceinline__ void probabilities_cols(float (&s)[kMTiles][kNTiles][
                 const float lse_e = e % 2 ? l.y : l.x;
                 if constexpr (kScoreMod) {
                     const float2 d = delta_pair(nt);
+                    const int i = m0 + 8 * nt + col_t + e % 2, j = key_g + 16 * mt + 8 * (e / 2);
                     float tanh_v;
-                    const float s2 = scores.modified(s[mt][nt][e], m0 + 8 * nt + col_t + e % 2,
-                                                     key_g + 16 * mt + 8 * (e / 2), scores.bias_log2, &tanh_v);
+                    const float s2 = scores.modified(s[mt][nt][e], i, j, scores.bias_log2, &tanh_v);
+                    const float grad = scores.derivative(s[mt][nt][e], i, j, tanh_v);
                     s[mt][nt][e] = fast_exp2(s2 - lse_e);
-                    dp[mt][nt][e] = (dp[mt][nt][e] - (e % 2 ? d.y : d.x)) * (1.0f - tanh_v * tanh_v);
+                    dp[mt][nt][e] = (dp[mt][nt][e] - (e % 2 ? d.y : d.x)) * grad;
                 } else {
                     s[mt][nt][e] = fast_exp2(fmaf(s[mt][nt][e], scores.scale_log2, -lse_e));
                 }
@@ -252,16 +262,16 @@ __device__ __forceinline__ void probabilities_cols_natural(Acc (&s)[kMTiles][kNT
 }
 
 // The mask of a column fragment's tile (mask_cols), for a tile that needs the element mask (see
-// mask_tile_rows).
-template <int kMTiles, int kNTiles, typename Acc>
+// mask_tile_rows; user: a mask_mod).
+template <int kMTiles, int kNTiles, typename Acc, typename User = UserMaskAt<NoUserMask>>
 __device__ __forceinline__ void mask_tile_cols(Acc (&p)[kMTiles][kNTiles][4], const Mask& mask,
                                                const BlockLayout& layout, const AttnArgs& a, int key_g, int m0,
-                                               int col_t, bool partial) {
+                                               int col_t, bool partial, const User& user = User()) {
     const Mask m = mask;
     if (partial) {
-        mask_cols<true>(p, m, layout, a, key_g, m0, col_t);
+        mask_cols<true>(p, m, layout, a, key_g, m0, col_t, user);
     } else {
-        mask_cols<false>(p, m, layout, a, key_g, m0, col_t);
+        mask_cols<false>(p, m, layout, a, key_g, m0, col_t, user);
     }
 }
 

@@ -19,10 +19,13 @@ namespace cupyflash {
 // kDropout (head dims up to 128, the per-consumer path; the host sends dropout with larger head dims to
 // the general kernels): the consumers draw the forward's decisions for their S^T fragments while S^T and
 // dP^T are computed (fragment/dropout.cuh), then dS^T = P^T (dP^T Z - delta) and dV takes P^T Z.
-template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kStages, bool kScoreMod, bool kDropout>
+// ScoreFn, MaskFn: a score_mod's (whose buffers take no gradients) and a mask_mod's generated code, or
+// none (sm90/bwd_mainloop.cuh).
+template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kStages, bool kScoreMod, bool kDropout,
+          typename ScoreFn = NoUserScore, typename MaskFn = NoUserMask>
 __global__ void __launch_bounds__(Sm90BwdTraits<T, kHeadDim, kHeadDimV, kBlockM, kStages>::kThreads, 1)
 sm90_bwd(const CUPYFLASH_GRID_CONSTANT BwdArgs args, const CUPYFLASH_GRID_CONSTANT Sm90BwdMaps maps) {
-    using Mainloop = Sm90BwdMainloop<T, kHeadDim, kHeadDimV, kBlockM, kStages, kScoreMod, kDropout>;
+    using Mainloop = Sm90BwdMainloop<T, kHeadDim, kHeadDimV, kBlockM, kStages, kScoreMod, kDropout, ScoreFn, MaskFn>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Sm90BwdKernel<Mainloop, Sm90BwdEpilogue<T>>::run(args, maps, smem_raw);
 }

@@ -342,9 +342,16 @@ struct Sm90BwdShared {
     }
 };
 
-template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kStages, bool kScoreMod, bool kDropout = false>
+// ScoreFn and MaskFn: a score_mod's and a mask_mod's generated code (common/user_calls.cuh), or
+// NoUserScore and NoUserMask. A score_mod takes the modified kernels' path (kModified), its derivative
+// in place of the softcap's; the host sends score_mods whose buffers take gradients to the general
+// kernels. A mask_mod runs on the tiles the lists mark partial.
+template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kStages, bool kScoreMod, bool kDropout = false,
+          typename ScoreFn = NoUserScore, typename MaskFn = NoUserMask>
 struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHeadDimV, kBlockM, kStages>::kBlockN> {
     using Tr = Sm90BwdTraits<T, kHeadDim, kHeadDimV, kBlockM, kStages>;
+    static constexpr bool kModified = kScoreMod || ScoreFn::kEnabled;
+    using Scores = typename Log2ScoresOf<ScoreFn>::type;
     using Base = Sm90BwdShared<kBlockM, Tr::kBlockN>;
     using Base::walk;
     using Base::dq_lane_offset;
@@ -501,10 +508,10 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
     // dP^T are in flight: room that the 64-query tiles have for one row at a time (lse, then delta), but
     // not the 128-query tiles or the head-dim-128 softcap kernel (measured: their consumers' local
     // accesses 119 -> 169 and 7 -> 59), which read each value where it is used.
-    static constexpr bool kRowsAhead = Tr::kSTiles * (kScoreMod ? 2 : 1) <= 8;
+    static constexpr bool kRowsAhead = Tr::kSTiles * (kModified ? 2 : 1) <= 8;
 
     // P^T in place of S^T and dS^T in place of dP^T, for S^T and dP^T issued as two groups (S^T first).
-    // P^T = exp2(S^T * scale * LOG2E - lse * LOG2E) and, with kScoreMod, (dP^T - delta) * (1 - tanh^2)
+    // P^T = exp2(S^T * scale * LOG2E - lse * LOG2E) and, with kModified, (dP^T - delta) * (1 - tanh^2)
     // (fragment/scores.cuh) for this thread's keys key_g, key_g + 8 and queries m0 + 8 nt + col_t + e % 2,
     // then the mask (a uniform branch per warpgroup: tiles that every pair sees skip the element mask),
     // then dS^T = P^T * (dP^T - delta). rows: the stage's lse * LOG2E, then delta (kBlockM each). With
@@ -515,7 +522,7 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
     // keep / (1 - p) before it meets delta (and the softcap's derivative), so dS^T = P^T (dP^T Z - delta),
     // and P^T takes Z after dS^T, for dV += (P^T Z) dO.
     __device__ __forceinline__ static void score_gradients_of(float (&s)[Tr::kSTiles][4], float (&dp)[Tr::kSTiles][4],
-                                                              const AttnArgs& a, const Mask& mask, const Log2Scores& scores,
+                                                              const AttnArgs& a, const Mask& mask, const Scores& scores,
                                                               const float* rows, int h, int b, int entry, int m0,
                                                               int key_g, int key0, int col_t) {
         unsigned long long kept = 0;
@@ -535,7 +542,7 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
             return kRowsAhead ? delta[nt] : *reinterpret_cast<const float2*>(rows + kBlockM + 8 * nt + col_t);
         };
         if constexpr (kRowsAhead) read_row_pairs(lse2, rows, col_t);
-        if constexpr (kScoreMod) {  // the softcap's derivative needs dP^T with the exponentials
+        if constexpr (kModified) {  // the softcap's derivative needs dP^T with the exponentials
             if constexpr (kRowsAhead) read_row_pairs(delta, rows + kBlockM, col_t);
             wgmma_wait<0>();
             fence_fragments(dp);
@@ -546,16 +553,16 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
         fence_fragments(s);
         auto& p = reinterpret_cast<float(&)[1][Tr::kSTiles][4]>(s);
         auto& ds = reinterpret_cast<float(&)[1][Tr::kSTiles][4]>(dp);
-        probabilities_cols<kScoreMod>(p, ds, scores, lse2_pair, delta_pair, key_g, m0, col_t);
+        probabilities_cols<kModified>(p, ds, scores, lse2_pair, delta_pair, key_g, m0, col_t);
         const bool partial = entry_partial(entry);
         if (partial || !mask.tile_is_full(m0, Tr::kWgQueries, key0, 64)) {
-            mask_tile_cols(p, mask, BlockLayout(a, b, h), a, key_g, m0, col_t, partial);
+            mask_tile_cols(p, mask, BlockLayout(a, b, h), a, key_g, m0, col_t, partial, UserMaskAt<MaskFn>(a, b, h));
         }
-        if constexpr (kRowsAhead && !kScoreMod) read_row_pairs(delta, rows + kBlockM, col_t);
+        if constexpr (kRowsAhead && !kModified) read_row_pairs(delta, rows + kBlockM, col_t);
         wgmma_wait<0>();
         fence_fragments(dp);
-        if constexpr (kDropout && !kScoreMod) apply_dropout_transposed(dp, kept, keep_scale);
-        score_gradients<kScoreMod>(ds, p, delta_pair);
+        if constexpr (kDropout && !kModified) apply_dropout_transposed(dp, kept, keep_scale);
+        score_gradients<kModified>(ds, p, delta_pair);
         if constexpr (kDropout) apply_dropout_transposed(s, kept, keep_scale);
     }
 
@@ -702,7 +709,7 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
         const Mask mask(a, seq);
         const bool packed_q = a.cu_seqlens_q != nullptr;
         // The plain kernels need only the scale; the score modifications are per (batch entry, head).
-        Log2Scores scores;
+        Scores scores;
         scores.scale_log2 = static_cast<float>(a.softmax_scale) * kLog2eF;
 
         mbarrier_wait(&st.kv_full, 0);
@@ -731,9 +738,9 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
             const unsigned q_tile = base + Tr::kQOffset + stage * Tr::kQBytes;
             const unsigned do_tile = base + Tr::kDoOffset + stage * Tr::kDoBytes;
             if (packed_q) clear_foreign_queries(smem, seq, stage, m0, thread);
-            if constexpr (kScoreMod) scores = Log2Scores(a, seq, work.b, h);
+            if constexpr (kModified) scores = Scores(a, seq, work.b, h);
 
-            // S^T and dP^T; P^T while dP^T is still in flight (with kScoreMod both are needed at once),
+            // S^T and dP^T; P^T while dP^T is still in flight (with kModified both are needed at once),
             // then dS^T.
             float s[Tr::kSTiles][4];
             float dp[Tr::kSTiles][4];
@@ -811,12 +818,12 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
         // kernels P' = P^T rounded to T, the dV product's own operand (thread t's A fragment of k-step j,
         // n-tiles 2 j and 2 j + 1, fragment/operand.cuh), which halves the buffer's shared-memory
         // traffic (+0-4% at head dim 256, bench/NOTES.md, session 17) and rounds dS^T's factor as a plain
-        // T implementation does; with kScoreMod float32 (n-tile j: packing P times the softcap's
+        // T implementation does; with kModified float32 (n-tile j: packing P times the softcap's
         // derivative made ptxas spill in the masked path).
         uint4* p_share = reinterpret_cast<uint4*>(smem + Tr::kPOffset) + thread % 128;
         const Mask mask(a, seq);
         const bool packed_q = a.cu_seqlens_q != nullptr;
-        Log2Scores scores;
+        Scores scores;
         scores.scale_log2 = static_cast<float>(a.softmax_scale) * kLog2eF;
 
         mbarrier_wait(&st.kv_full, 0);
@@ -858,7 +865,7 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
                 }
             }();
             if (wg == 0) {
-                if constexpr (kScoreMod) scores = Log2Scores(a, seq, work.b, h);
+                if constexpr (kModified) scores = Scores(a, seq, work.b, h);
                 issue_transposed_scores(s, k_tile, 0, q_tile, 0, kHeadDim / 16);
                 float2 lse2[Tr::kSTiles];
                 mbarrier_wait(&st.rows_full[stage], parity);
@@ -867,27 +874,28 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
                 fence_fragments(s);
                 auto& p = reinterpret_cast<float(&)[1][Tr::kSTiles][4]>(s);
                 const auto lse2_pair = [&](int nt) { return lse2[nt]; };
-                // With kScoreMod, probabilities_cols turns its second fragment into (x - delta) *
+                // With kModified, probabilities_cols turns its second fragment into (x - delta) *
                 // (1 - tanh^2): from x = 1 and delta = 0 the softcap's derivative, which P' carries.
                 float derivative[1][Tr::kSTiles][4];
-                if constexpr (kScoreMod) {
+                if constexpr (kModified) {
 #pragma unroll
                     for (int nt = 0; nt < Tr::kSTiles; ++nt) {
                         derivative[0][nt][0] = derivative[0][nt][1] = derivative[0][nt][2] = derivative[0][nt][3] = 1.0f;
                     }
                 }
-                probabilities_cols<kScoreMod>(p, kScoreMod ? derivative : p, scores, lse2_pair,
+                probabilities_cols<kModified>(p, kModified ? derivative : p, scores, lse2_pair,
                                               [](int) { return make_float2(0.0f, 0.0f); }, key_g, m0, col_t);
                 const bool partial = entry_partial(entry);
                 if (partial || !mask.tile_is_full(m0, kBlockM, key0, 64)) {
-                    mask_tile_cols(p, mask, BlockLayout(a, work.b, h), a, key_g, m0, col_t, partial);
+                    mask_tile_cols(p, mask, BlockLayout(a, work.b, h), a, key_g, m0, col_t, partial,
+                                   UserMaskAt<MaskFn>(a, work.b, h));
                 }
                 if (i >= 1) {
                     mbarrier_wait(&st.p_free, (i - 1) & 1);
                     // kShareP: tile i - 1's dQ atom over P' has been read (its stage's `empty`).
                     if constexpr (kShareP) mbarrier_wait(&st.empty[(i - 1) % kStages], ((i - 1) / kStages) & 1);
                 }
-                if constexpr (kScoreMod) {
+                if constexpr (kModified) {
 #pragma unroll
                     for (int nt = 0; nt < Tr::kSTiles; ++nt) {
                         p_share[128 * nt] = make_uint4(__float_as_uint(s[nt][0] * derivative[0][nt][0]),
@@ -923,7 +931,7 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
                 mbarrier_wait(&st.p_full, i & 1);
                 // This thread's P' pairs: n-tile nt, rows key_g (half 0) and key_g + 8 (half 1).
                 const auto p_pair = [&](int nt, int half) {
-                    if constexpr (kScoreMod) {
+                    if constexpr (kModified) {
                         const uint4 u = p_share[128 * nt];
                         return half ? make_float2(__uint_as_float(u.z), __uint_as_float(u.w))
                                     : make_float2(__uint_as_float(u.x), __uint_as_float(u.y));

@@ -271,7 +271,7 @@ struct Sm90FwdMainloop {
         const int n0 = entry_tile(entry) * kBlockN;
         auto& rows = reinterpret_cast<float(&)[1][Tr::kNTiles][4]>(s);
         const auto row_of = [&](int, int r) { return row_g + 8 * r; };
-        modify_rows<kModified, true>(rows, scores, row_of, [&](int, int) { return bias_log2(scores); }, n0, col_t);
+        modify_rows<kModified, true>(rows, scores, row_of, [&](int, int) { return scores.bias_log2; }, n0, col_t);
         const bool partial = entry_partial(entry);
         const int cuts = st.mask.key_cuts(w0, 64, n0, kBlockN);
         // The score_mod kernels keep one mask for both sides: their registers are spoken for.
@@ -280,10 +280,6 @@ struct Sm90FwdMainloop {
                                  kModified ? Mask::kCutsBoth : cuts, UserMaskAt<MaskFn>(a, st.b, st.h));
         }
     }
-
-    // The ALiBi bias of the built-in modifications (a score_mod has none).
-    __device__ __forceinline__ static float bias_log2(const Log2Scores& scores) { return scores.bias_log2; }
-    __device__ __forceinline__ static float bias_log2(const UserLog2Scores<ScoreFn>&) { return 0.0f; }
 
     // The online softmax of one block (fragment/softmax.cuh); the scale is folded into the exponent
     // unless the modifications already applied it. The host takes the kScoreMod kernels (or a score_mod's)
