@@ -8,7 +8,8 @@ Run on a GPU from the repository root:
     PYTHONPATH=$PWD compute-sanitizer --tool racecheck --error-exitcode 1 python3 tests/sanitize_attention.py sm90
 
 It checks no values (the GPU tests do); the sanitizer reports any access outside an allocation, or any
-shared-memory race. The sm90 and general runs include their dropout kernels and the device dropout mask.
+shared-memory race. The sm90 and general runs include their dropout kernels and the device dropout mask,
+and the kernels built with score and mask functions.
 Sizes are small so the instrumented run takes a minute or two. Arguments name the families to run
 (default: all three), or a family and one of its dtypes ("sm80:float32").
 """
@@ -100,6 +101,27 @@ def dropout(dtype):
     cupyflash.dropout_mask(1, (2, 3, 45, 37), 0.3, like=q)
 
 
+def functions(dtype):
+    """Kernels built with score and mask functions (the Hopper 16-bit forward and backward, the general
+    kernels; taken once cupyflash._problem.NEW_KERNELS_ENABLED is on): a relative bias with a table (its
+    gradient by atomics), a softcap, a document mask built on the device, odd sizes, and the block
+    classification kernel."""
+    cupyflash._problem.NEW_KERNELS_ENABLED = True
+    from cupyflash import mods
+
+    table = normal((4, 41), numpy.float32)
+    doc = cupy.asarray(numpy.sort(rng.integers(0, 3, (1, 203))).astype(numpy.int32))
+    mask = cupyflash.BlockMask.from_mask_mod(lambda b, h, qi, ki, d: d[b, qi] == d[b, ki], 1, 1, 203, 203,
+                                             buffers=(doc,))
+    for options in ({"score_mod": lambda s, b, h, qi, ki, t: s + t[h, mods.clip(ki - qi + 20, 0, 40)],
+                     "score_mod_buffers": (table,)},
+                    {"score_mod": lambda s, b, h, qi, ki: 20.0 * mods.tanh(s / 20.0), "block_mask": mask}):
+        for _ in range(2):
+            q, k, v, do = (normal(s, dtype) for s in ((1, 203, 4, 64), (1, 203, 2, 64), (1, 203, 2, 64), (1, 203, 4, 64)))
+            out, lse = cupyflash.flash_attention(q, k, v, return_lse=True, causal=True, **options)
+            cupyflash.flash_attention_backward(do, q, k, v, out, lse, causal=True, **options)
+
+
 DTYPES = {"float16": numpy.float16, "bfloat16": ml_dtypes.bfloat16, "float32": numpy.float32, "float64": numpy.float64}
 FAMILY_DTYPES = {"sm90": ("float16", "bfloat16", "float32"), "sm80": ("float16", "bfloat16", "float32", "float64"),
                  "general": ("float32", "float64")}
@@ -114,5 +136,6 @@ for family, only in runs:
             decode(dtype)
         if family in ("sm90", "general"):
             dropout(dtype)
+            functions(dtype)
 cupy.cuda.Device().synchronize()
 print("sanitize_attention: done")

@@ -25,7 +25,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
-SCRIPTS = ("bench", "masks", "decode", "ring", "host", "ab", "compile_time", "tiles", "mma_probe", "rotary", "training")
+SCRIPTS = ("bench", "masks", "decode", "ring", "host", "ab", "compile_time", "tiles", "mma_probe", "rotary", "training",
+           "mods")
 #: Arguments of a run that would need the GPU (ab.py needs two source trees first).
 RUN_ARGS = {"ab": ["--old", str(ROOT), "--new", str(ROOT)], "tiles": ["--tiles", "192,128,4"]}
 #: A stand-in for CuPy that cannot be imported, for the "no CuPy" runs.
@@ -135,7 +136,7 @@ def test_no_cupy_exits_with_one_line(runs, script):
 @pytest.fixture(scope="module")
 def bench_modules():
     """bench/'s scripts imported as modules (bench/ first on sys.path, as ``python bench/x.py`` has it)."""
-    names = ("harness", "bench", "masks", "host", "ab", "decode", "ring", "tiles", "mma_probe")
+    names = ("harness", "bench", "masks", "host", "ab", "decode", "ring", "tiles", "mma_probe", "mods")
     saved = {name: sys.modules.pop(name) for name in names if name in sys.modules}
     sys.path.insert(0, str(BENCH))
     try:
@@ -222,6 +223,33 @@ def test_masks_rows(bench_modules):
     assert 0.25 < rows["block25"].visible_pairs / rows["block25"].area < 0.27
     plan = "\n".join(masks.plan_lines(list(rows.values()), bench_modules.harness.Settings(3, 20, True, True), "out"))
     assert "block-sparse 25%" in plan and "max_seqlen_q = max_seqlen_k" in plan
+
+
+def test_mods_rows_and_functions(bench_modules):
+    """bench/mods.py: its rows' visible pairs (the document row's against a brute-force count), the plan,
+    and its score_mods giving the built-ins they are timed against (on the NumPy twin, small sizes)."""
+    import dataclasses
+
+    import cupyflash
+
+    mods = bench_modules.mods
+    rows = {row.key: row for row in mods.build_rows(quick=True)}
+    assert list(rows) == ["softcap", "alibi", "document", "relbias"]
+    doc = dataclasses.replace(rows["document"], seqlen=96).documents()
+    assert doc.shape == (1, 96) and len(numpy.unique(doc)) == mods.DOCUMENTS
+    pairs = (doc[0][:, None] == doc[0][None, :]) & numpy.tri(96, dtype=bool)
+    assert dataclasses.replace(rows["document"], seqlen=96).visible_pairs() == mods.HEADS * pairs.sum()
+    assert rows["softcap"].flops("bwd") == 2.5 * rows["softcap"].flops("fwd")
+    plan = "\n".join(mods.plan_lines(list(rows.values()), bench_modules.harness.Settings(3, 20, True, True)))
+    assert "target >= 0.85x, >= 2.0x Flex" in plan and "< 1.0 ms" in plan
+    rng = numpy.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 24, mods.HEADS, 8)).astype(numpy.float32) for _ in range(3))
+    for key, builtin in (("softcap", {"softcap": mods.CAP}), ("alibi", {"alibi_slopes": mods.slopes()})):
+        numpy.testing.assert_allclose(cupyflash.flash_attention(q, k, v, score_mod=mods.score_mod_of(rows[key])),
+                                      cupyflash.flash_attention(q, k, v, **builtin), rtol=1e-5, atol=1e-6)
+    table = rng.standard_normal((mods.HEADS, mods.BUCKETS)).astype(numpy.float32)
+    out = cupyflash.flash_attention(q, k, v, score_mod=mods.score_mod_of(rows["relbias"]), score_mod_buffers=(table,))
+    assert numpy.isfinite(out).all()
 
 
 def test_tiles_rows_and_dry_run(bench_modules, capsys):
