@@ -302,8 +302,9 @@ def test_every_variant_compiles_without_spills(reports, builds, request, capsys)
 
 def test_user_function_variants_compile_without_spills():
     """The general kernels built with a score_mod (a float and an int buffer, gathers, a sigmoid gate) and
-    a mask_mod (a document mask) compile for sm_80 and sm_90 without spills, the Hopper forward without
-    local memory in its consumers; the variant keys name the generated code."""
+    a mask_mod (a document mask) compile for sm_80 and sm_90 without spills, the Hopper forward and
+    backward without (or nearly without) local memory in their consumers, the sm80 16-bit kernels without
+    spills; the variant keys name the generated code."""
     import numpy as np
 
     from cupyflash import _trace, mods
@@ -336,6 +337,12 @@ def test_user_function_variants_compile_without_spills():
     hopper = sm90.BWD.variant("bfloat16", (128, 128, 64, 2), user=capped)
     for key, r in _report([hopper], 90).items():
         assert r["consumer_local"] is None or r["consumer_local"] <= 2, (key, r)
+    # The sm80 16-bit kernels, for GPUs other than the H100/H200.
+    ampere = [sm80.FWD.variant("bfloat16", (128, 32, 2), user=capped), sm80.BWD.variant("bfloat16", (128, 128, 64, 2),
+                                                                                        user=capped)]
+    for kernel_variants in ([ampere[0]], [ampere[1]]):
+        for key, r in _report(kernel_variants, 80).items():
+            assert not r["spill_bytes"] and not r["stack_bytes"], (key, r)
     # BlockMask.from_mask_mod's kernel, built with the mask alone.
     blocks = common.MASK_MOD_BLOCKS.variant(user=_kernels.user_code(None, user_mask))
     assert blocks.name_expression == "cupyflash::mask_mod_blocks<cupyflash::NoUserScore, cupyflash::UserMask>"
@@ -435,7 +442,7 @@ def test_variant_table_is_closed_and_named():
     assert built.name_expression == ("cupyflash::general_bwd_dq<double, false, cupyflash::UserScore, "
                                      "cupyflash::NoUserMask>")
     with pytest.raises(ValueError, match="no score_mod"):
-        sm80.FWD.variant("bfloat16", (128, 32, 2), user=user)
+        sm80.FWD_FP32.variant("float32", sm80.FWD_FP32.tiles[0], user=user)
     with pytest.raises(ValueError, match="no flags"):
         sm80.FWD.variant("float16", (128, 32, 2), causal=True)
 

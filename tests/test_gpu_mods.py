@@ -25,8 +25,8 @@ def _user_kernels(monkeypatch):
     monkeypatch.setattr(_problem, "NEW_KERNELS_ENABLED", True)
 
 
-@pytest.mark.parametrize("dtype, family", [("float64", ""), ("float32", ""), ("bfloat16", ""), ("bfloat16", "general"),
-                                           ("float16", "")])
+@pytest.mark.parametrize("dtype, family", [("float64", ""), ("float32", ""), ("bfloat16", ""), ("bfloat16", "sm80"),
+                                           ("bfloat16", "general"), ("float16", "")])
 def test_score_mod_against_the_oracle(dtype, family, monkeypatch):
     """T5 relative bias with its learned table (the table's gradient too), GQA, causal, odd sizes; 16-bit
     inputs run the Hopper forward by default."""
@@ -76,7 +76,8 @@ def test_builtins_written_as_score_mods_are_the_builtins(monkeypatch):
             np.testing.assert_allclose(to_host(a), to_host(b), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("dtype, family", [("float32", ""), ("bfloat16", ""), ("bfloat16", "general")])
+@pytest.mark.parametrize("dtype, family", [("float32", ""), ("bfloat16", ""), ("bfloat16", "sm80"),
+                                           ("bfloat16", "general")])
 def test_document_mask_against_the_oracle(dtype, family, monkeypatch):
     """A document mask built on the device from CuPy buffers (the kernels evaluate it on the tiles that
     cover partial blocks), causal."""
@@ -86,10 +87,11 @@ def test_document_mask_against_the_oracle(dtype, family, monkeypatch):
     check_dense(cupy, (2, 150, 150, 4, 2, 16, 16), DTYPES[dtype], causal=True, block_mask=mask)
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_hopper_kernels_with_both_functions(dtype):
-    """The Hopper forward and backward at head dim 128 over several key tiles: a softcap score_mod (no
-    buffers) inside a document mask of 8 documents (block size 128, the kernels' tile), GQA."""
+@pytest.mark.parametrize("dtype, family", [("bfloat16", ""), ("float16", ""), ("bfloat16", "sm80")])
+def test_tensor_core_kernels_with_both_functions(dtype, family, monkeypatch):
+    """The Hopper (or sm80) forward and backward at head dim 128 over several key tiles: a softcap
+    score_mod (no buffers) inside a document mask of 8 documents (block size 128), GQA."""
+    use_family(monkeypatch, family)
     doc = cupy.asarray(_documents(2, 700, 8, 21))
     mask = cupyflash.BlockMask.from_mask_mod(same_document, 2, 1, 700, 700, buffers=(doc,))
     check_dense(cupy, (2, 700, 700, 4, 2, 128, 128), DTYPES[dtype], causal=True, block_mask=mask,

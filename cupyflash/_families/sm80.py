@@ -77,7 +77,7 @@ ORDERED_BY_LAUNCH, ORDERED_BY_WALK = 1, 2
 
 FWD = _kernels.Kernel(
     "sm80_fwd", "sm80/fwd.cu", _kernels.HALF_DTYPES, ("headdim", "block_n", "m_tiles"),
-    tuple((d, *tile) for d, choices in FWD_TILES.items() for tile in choices), ("score_mod",),
+    tuple((d, *tile) for d, choices in FWD_TILES.items() for tile in choices), ("score_mod",), user_functions=True,
 )
 FWD_FP32 = _kernels.Kernel(
     "sm80_fwd_parts", "sm80/fwd.cu", ("float32",), ("headdim", "block_n", "m_tiles"),
@@ -92,7 +92,7 @@ PLANES = _kernels.Kernel("split_planes", "sm80/planes.cu", ("float32",), flags=(
 PLANE_THREADS = 256
 BWD = _kernels.Kernel(
     "sm80_bwd", "sm80/bwd.cu", _kernels.HALF_DTYPES, ("headdim", "block_n", "block_m", "stages"),
-    tuple((d, *tile) for d, choices in BWD_TILES.items() for tile in choices), ("score_mod",),
+    tuple((d, *tile) for d, choices in BWD_TILES.items() for tile in choices), ("score_mod",), user_functions=True,
 )
 BWD_FP32 = _kernels.Kernel(
     "sm80_bwd_parts", "sm80/bwd.cu", ("float32",), ("headdim", "block_n", "block_m", "stages"),
@@ -168,11 +168,17 @@ def _bucket(p, device, buckets):
     return headdim_bucket(p.headdim, p.headdim_v, buckets)
 
 
-def _select(p, device, half, fp32, fp64, smem_bytes):
+def _select(p, device, half, fp32, fp64, smem_bytes, backward=False):
     """The variant of a pass for ``p``: of the (kernel, tiles) of its dtype (``half`` for float16/bfloat16),
     the first tile of its head-dim bucket whose ``smem_bytes`` fit the device; None where none does. The
-    float32 kernel takes p's precision as its tf32 flag. Dropout is the general family's for now."""
+    float32 kernel takes p's precision as its tf32 flag. Dropout is the general family's for now, and so
+    are score and mask functions on float32 and float64, and the backward of a score_mod whose buffers
+    take gradients."""
     if p.dropout or p.max_score is not None:  # the general family's for now
+        return None
+    user = common.user_code(p)
+    if user is not None and (p.dtype.itemsize != 2
+                             or backward and p.user_score is not None and p.user_score.buffer_gradients):
         return None
     if p.dtype in (numpy.float32, numpy.float64) and device.capability >= MIN_CAPABILITY:
         kernel, tiles = fp32 if p.dtype == numpy.float32 else fp64
@@ -184,7 +190,7 @@ def _select(p, device, half, fp32, fp64, smem_bytes):
         return None
     flags = {"tf32": p.precision == "tf32"} if kernel is fp32[0] else {}
     for tile in tiles[bucket]:
-        variant = kernel.variant(common.dtype_name(p.dtype), (bucket, *tile), score_mod=p.score_mod, **flags)
+        variant = kernel.variant(common.dtype_name(p.dtype), (bucket, *tile), score_mod=p.score_mod, user=user, **flags)
         if smem_bytes(variant) <= device.smem_optin:
             return variant
     return None
@@ -231,6 +237,7 @@ class Sm80Forward:
 
     name = "sm80"
     kernels = (FWD, PLANES, FWD_FP32, FWD_FP64)
+    user_functions = True  # the 16-bit kernel's
 
     def select(self, p, device, operands):
         return _select(p, device, (FWD, FWD_TILES), (FWD_FP32, FWD_FP32_TILES), (FWD_FP64, FWD_FP64_TILES), fwd_smem_bytes)
@@ -262,9 +269,11 @@ class Sm80Backward:
 
     name = "sm80"
     kernels = (common.DELTA, BWD, BWD_FP32, BWD_FP64, common.DQ_CONVERT)
+    user_functions = True  # the 16-bit kernel's, for score_mods whose buffers take no gradients
 
     def select(self, p, device, operands):
-        return _select(p, device, (BWD, BWD_TILES), (BWD_FP32, BWD_FP32_TILES), (BWD_FP64, BWD_FP64_TILES), bwd_smem_bytes)
+        return _select(p, device, (BWD, BWD_TILES), (BWD_FP32, BWD_FP32_TILES), (BWD_FP64, BWD_FP64_TILES), bwd_smem_bytes,
+                       backward=True)
 
     def plan(self, b, variant, p, dout, q, k, v, out, lse, deterministic, device):
         block_n, block_m = variant.param("block_n"), variant.param("block_m")

@@ -83,14 +83,14 @@ struct UserLog2Scores {
     }
 };
 
-// Log2Scores without a score_mod, UserLog2Scores with one.
-template <typename ScoreFn>
+// The built-in scores (Log2Scores) without a score_mod, UserLog2Scores with one.
+template <typename ScoreFn, typename Builtin = Log2Scores>
 struct Log2ScoresOf {
     using type = UserLog2Scores<ScoreFn>;
 };
-template <>
-struct Log2ScoresOf<NoUserScore> {
-    using type = Log2Scores;
+template <typename Builtin>
+struct Log2ScoresOf<NoUserScore, Builtin> {
+    using type = Builtin;
 };
 
 // Where the backward adds ds_mod * d(score)/d(load) for the floating-point buffers of a score_mod: one

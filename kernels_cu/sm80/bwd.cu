@@ -51,9 +51,16 @@ struct Sm80BwdState {
 // the products through Sm80Operands (warp_abt2_wide, warp_ab_wide), S^T summed as the forward sums S
 // so that P^T is the forward's bitwise, probabilities in natural-log units from the float64 lse, and
 // P^T, dS^T and the dQ buffers in the accumulators' type.
-template <typename T, int kHeadDim, int kBlockN, int kBlockM, int kStages, bool kScoreMod, bool kTf32>
+//
+// ScoreFn and MaskFn: a score_mod's (whose buffers take no gradients) and a mask_mod's generated code
+// (16-bit inputs; common/user_calls.cuh), or NoUserScore and NoUserMask.
+template <typename T, int kHeadDim, int kBlockN, int kBlockM, int kStages, bool kScoreMod, bool kTf32,
+          typename ScoreFn = NoUserScore, typename MaskFn = NoUserMask>
 __device__ __forceinline__ void sm80_bwd_body(const BwdArgs& args) {
     using Tr = Sm80BwdTraits<T, kHeadDim, kBlockN, kBlockM, kStages>;
+    constexpr bool kModified = kScoreMod || ScoreFn::kEnabled;
+    using Scores = typename Log2ScoresOf<ScoreFn, typename Sm80Scores<T>::type>::type;
+    static_assert(!ScoreFn::kEnabled || sizeof(T) == 2, "score_mods run on the 16-bit kernels (float32, float64: general)");
     using Ops = Sm80Operands<T, kTf32>;
     using Acc = typename Tr::Acc;
     using Lse = typename Tr::LseStore;
@@ -172,7 +179,7 @@ __device__ __forceinline__ void sm80_bwd_body(const BwdArgs& args) {
         cp_async_commit();
         if (warp == 0) st.tiles.advance(it, group, [&](int gg) { return query_tiles_of(st.mask, st.b, st.h0, gg); });
         const BlockLayout layout(a, b, h);
-        const typename Sm80Scores<T>::type scores(a, st.seq, b, h);
+        const Scores scores(a, st.seq, b, h);
         const T* sQs = sQ + stage * Tr::kQueryTileElems;
         const T* sdOs = sdO + stage * Tr::kQueryTileElems;
         const Lse* lse2 = sLse2 + stage * kBlockM;
@@ -200,10 +207,12 @@ __device__ __forceinline__ void sm80_bwd_body(const BwdArgs& args) {
             if constexpr (kWide) {
                 probabilities_cols_natural<kScoreMod>(p, ds, scores, lse2_pair, delta_pair, n0 + r0 + g, m0 + c0, 2 * t);
             } else {
-                probabilities_cols<kScoreMod>(p, ds, scores, lse2_pair, delta_pair, n0 + r0 + g, m0 + c0, 2 * t);
+                probabilities_cols<kModified>(p, ds, scores, lse2_pair, delta_pair, n0 + r0 + g, m0 + c0, 2 * t);
             }
-            if (needs_mask) mask_tile_cols(p, st.mask, layout, a, n0 + r0 + g, m0 + c0, 2 * t, partial);
-            score_gradients<kScoreMod>(ds, p, delta_pair);
+            if (needs_mask) {
+                mask_tile_cols(p, st.mask, layout, a, n0 + r0 + g, m0 + c0, 2 * t, partial, UserMaskAt<MaskFn>(a, b, h));
+            }
+            score_gradients<kModified>(ds, p, delta_pair);
 #pragma unroll
             for (int mt = 0; mt < Sdp::kMTiles; ++mt) {
 #pragma unroll
@@ -333,10 +342,11 @@ __device__ __forceinline__ void sm80_bwd_body(const BwdArgs& args) {
                             a.headdim_v, dv_acc, Acc(1));
 }
 
-template <typename T, int kHeadDim, int kBlockN, int kBlockM, int kStages, bool kScoreMod>
+template <typename T, int kHeadDim, int kBlockN, int kBlockM, int kStages, bool kScoreMod, typename ScoreFn = NoUserScore,
+          typename MaskFn = NoUserMask>
 __global__ void __launch_bounds__(256, 1)
 sm80_bwd(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
-    sm80_bwd_body<T, kHeadDim, kBlockN, kBlockM, kStages, kScoreMod, false>(args);
+    sm80_bwd_body<T, kHeadDim, kBlockN, kBlockM, kStages, kScoreMod, false, ScoreFn, MaskFn>(args);
 }
 
 // float32 in bfloat16 parts (kTf32: precision="tf32", two parts), the backward of sm80_fwd_parts: a

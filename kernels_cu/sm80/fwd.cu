@@ -44,16 +44,21 @@ struct Sm80FwdState {
     TileQueue<kRing> tiles;  // key tiles, one segment
 };
 
-template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod, bool kTf32>
+// ScoreFn and MaskFn: a score_mod's and a mask_mod's generated code (common/user_calls.cuh; 16-bit
+// inputs), or NoUserScore and NoUserMask. A score_mod takes the modified path (kModified).
+template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod, bool kTf32,
+          typename ScoreFn = NoUserScore, typename MaskFn = NoUserMask>
 struct Sm80FwdMainloop {
     using Tr = Sm80FwdTraits<T, kHeadDim, kBlockN, kMTiles>;
+    static constexpr bool kModified = kScoreMod || ScoreFn::kEnabled;
     using Ops = typename Sm80FwdOperands<T, kTf32>::type;
     using Stored = typename Ops::Stored;  // the tiles' element: T, or float32's bfloat16 planes
     static_assert(Ops::kPlanes == Tr::kPlanes, "the traits size the operands' planes");
     // float32 and float64 keep their scores in natural-log units, at their accuracy (fragment/softmax.cuh).
     static constexpr bool kNatural = sizeof(T) >= 4;
     using Acc = typename Ops::Acc;
-    using Scores = typename Sm80Scores<T>::type;
+    using Scores = typename Log2ScoresOf<ScoreFn, typename Sm80Scores<T>::type>::type;
+    static_assert(!ScoreFn::kEnabled || !kNatural, "score_mods run on the 16-bit kernels (float32, float64: general)");
     using State = Sm80FwdState<Scores>;
     using Softmax = FragmentSoftmax<kBlockN / 8, kNatural, Acc>;
     static constexpr int kLd = Tr::kLd;
@@ -65,7 +70,7 @@ struct Sm80FwdMainloop {
     static constexpr int kDUnroll = Ops::kSmallSum ? 1 : Ops::kSplitSums ? 2 : kDSteps;
     // Q stays in registers where the traits allow it, except beside the score modifications: tanhf's
     // temporaries need the 32 registers it would take (the d64 tile spilled 244 bytes).
-    static constexpr bool kQInRegs = Tr::kQInRegs && !kScoreMod;
+    static constexpr bool kQInRegs = Tr::kQInRegs && !kModified;
     // Masked tiles test elements against per-row key intervals (cheaper than Mask::visible), except in
     // the largest tile, 256 columns by 64 keys, where the intervals' registers spilled 16-24 bytes.
     static constexpr bool kRowIntervals = kHeadDim * kBlockN < 256 * 64;
@@ -248,10 +253,11 @@ struct Sm80FwdMainloop {
             if constexpr (kNatural) {
                 modify_rows_natural<kScoreMod>(s, st.scores, row_of, n0, 2 * t);
             } else {
-                modify_rows<kScoreMod, false>(s, st.scores, row_of, [&](int, int) { return st.scores.bias_log2; }, n0, 2 * t);
+                modify_rows<kModified, false>(s, st.scores, row_of, [&](int, int) { return st.scores.bias_log2; }, n0, 2 * t);
             }
             if (partial || !st.mask.tile_is_full(m0, Tr::kBlockM, n0, kBlockN)) {
-                mask_tile_rows<kRowIntervals>(s, st.mask, st.layout, a, row_of, n0, 2 * t, partial, Mask::kCutsBoth);
+                mask_tile_rows<kRowIntervals>(s, st.mask, st.layout, a, row_of, n0, 2 * t, partial, Mask::kCutsBoth,
+                                              UserMaskAt<MaskFn>(a, st.b, st.h));
             }
 #pragma unroll
             for (int mt = 0; mt < kMTiles; ++mt) softmax[mt].step(s[mt], o[mt]);
@@ -354,10 +360,11 @@ struct Sm80FwdMainloop {
     }
 };
 
-template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod, bool kTf32>
+template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod, bool kTf32,
+          typename ScoreFn = NoUserScore, typename MaskFn = NoUserMask>
 __device__ __forceinline__ void sm80_fwd_body(const FwdArgs& args) {
     using Tr = Sm80FwdTraits<T, kHeadDim, kBlockN, kMTiles>;
-    using Mainloop = Sm80FwdMainloop<T, kHeadDim, kBlockN, kMTiles, kScoreMod, kTf32>;
+    using Mainloop = Sm80FwdMainloop<T, kHeadDim, kBlockN, kMTiles, kScoreMod, kTf32, ScoreFn, MaskFn>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     require_dynamic_smem<Tr::kSmemBytes>();
     const AttnArgs& a = args.attn;
@@ -390,11 +397,12 @@ __device__ __forceinline__ void sm80_fwd_body(const FwdArgs& args) {
     fwd_epilogue<T>(args, st.seq, st.b, st.h, m0 + 16 * kMTiles * (threadIdx.x / 32), o, softmax);
 }
 
-template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod>
+template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod, typename ScoreFn = NoUserScore,
+          typename MaskFn = NoUserMask>
 __global__ void __launch_bounds__(Sm80FwdTraits<T, kHeadDim, kBlockN, kMTiles>::kThreads,
                                   Sm80FwdTraits<T, kHeadDim, kBlockN, kMTiles>::kMinCtasPerSm)
 sm80_fwd(const CUPYFLASH_GRID_CONSTANT FwdArgs args) {
-    sm80_fwd_body<T, kHeadDim, kBlockN, kMTiles, kScoreMod, false>(args);
+    sm80_fwd_body<T, kHeadDim, kBlockN, kMTiles, kScoreMod, false, ScoreFn, MaskFn>(args);
 }
 
 // float32 on the bfloat16 tensor cores (three-part split, sm80/operands.cuh): a template of its own for
