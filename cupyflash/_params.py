@@ -36,7 +36,7 @@ DROPOUT_ARG = numpy.dtype(
 )
 MOD_BUFFER = numpy.dtype([("data", _PTR), ("size", _I32, (MAX_RANK,))], align=True)
 MOD_BUFFERS = numpy.dtype([("buf", MOD_BUFFER, (MAX_BUFFERS,))], align=True)
-MOD_GRADS = numpy.dtype([("data", _PTR, (MAX_BUFFERS,))], align=True)
+MOD_GRADS = numpy.dtype([("data", _PTR, (MAX_BUFFERS,)), ("local_offset", _I32, (MAX_BUFFERS + 1,))], align=True)
 ATTN_ARGS = numpy.dtype(
     [
         ("q", TENSOR_ARG), ("k", TENSOR_ARG), ("v", TENSOR_ARG),

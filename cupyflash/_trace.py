@@ -435,6 +435,15 @@ class Traced:
         """Whether the function reads a floating-point buffer, whose gradient the backward then adds."""
         return bool(self.gradients()[1])
 
+    @property
+    def gradients_read_score(self):
+        """Whether d(result)/d(score), a buffer gradient's derivative or a load's index reads the score
+        (additive biases' do not: kernels can then take the gradients after the probabilities)."""
+        dscore, loads = self.gradients()
+        score = self.leaf("score")
+        roots = [dscore] + [g for _, g in loads] + [x for load, _ in loads for x in load.args]
+        return score is not None and any(n is score for n in _topological_many(roots))
+
 
 def _key(nodes, kind, buffers):
     number = {id(n): i for i, n in enumerate(nodes)}
@@ -849,6 +858,10 @@ def cuda_source(t):
     indent = " " * 8
     return header + (
         "namespace cupyflash {\nstruct UserScore {\n    static constexpr bool kEnabled = true;\n"
+        f"    // Whether it reads a floating-point buffer (the backward adds the buffer's gradient), and whether\n"
+        f"    // its derivatives or load indices read the score.\n"
+        f"    static constexpr bool kBufferGradients = {'true' if loads else 'false'};\n"
+        f"    static constexpr bool kGradientsReadScore = {'true' if t.gradients_read_score else 'false'};\n"
         "    // The modified score: NaN when an index it reads is out of range.\n"
         f"    template <typename F>\n    CUPYFLASH_HD static F value({_SCORE_PARAMS}) {{\n{value.body(indent)}\n"
         f"        return {result};\n    }}\n"

@@ -246,9 +246,9 @@ def _names(p, device):
 
 def test_score_and_mask_functions_take_the_families_that_compile_them():
     """16-bit score_mods and mask_mods take the Hopper kernels (the forward on its 128-row tile at head dim
-    64 too), or on other GPUs the sm80 ones, but for a score_mod whose buffers take gradients, whose
-    backward is the general kernels'; float32 takes the general kernels. Variants name the functions'
-    code."""
+    64 too), or on other GPUs the sm80 ones; the backward of a score_mod whose buffers take gradients is
+    the sm80 kernel's where they do not read the score (an additive bias), else the general kernels';
+    float32 takes the general kernels. Variants name the functions' code."""
     from cupyflash import BlockMask, mods
 
     bias = lambda s, b, h, qi, ki: s - 0.5 * mods.abs(qi - ki)  # noqa: E731
@@ -259,9 +259,11 @@ def test_score_and_mask_functions_take_the_families_that_compile_them():
     assert bwd.startswith("sm90_bwd_bf16_d64_v64_q128_s2_mod_0_drop_0_fn") and bwd[-12:] == fwd[-12:]
     table = np.ones((2, 9), np.float32)
     learned = _problem(128, score_mod=lambda s, b, h, qi, ki, t: s + t[h, qi], score_mod_buffers=(table,))
-    assert [f for f, _ in _names(learned, H200)] == ["sm90", "general"]
+    gated = _problem(128, score_mod=lambda s, b, h, qi, ki, t: s * mods.sigmoid(t[h, qi]), score_mod_buffers=(table,))
+    assert [f for f, _ in _names(learned, H200)] == ["sm90", "sm80"]
+    assert [f for f, _ in _names(gated, H200)] == ["sm90", "general"]
     assert [f for f, _ in _names(_problem(128, score_mod=bias), A100)] == ["sm80", "sm80"]
-    assert [f for f, _ in _names(learned, A100)] == ["sm80", "general"]
+    assert [f for f, _ in _names(learned, A100)] == ["sm80", "sm80"]
     assert [f for f, _ in _names(_problem(128, dtype=np.float32, score_mod=bias), H200)] == ["general", "general"]
     mask = BlockMask.from_mask_mod(lambda b, h, qi, ki: ki <= qi, 1, 1, 8, 8, block_size=(4, 4))
     masked = _problem(128, block_mask=mask)

@@ -36,6 +36,19 @@ def test_score_mod_against_the_oracle(dtype, family, monkeypatch):
                 score_mod_buffers=(table,))
 
 
+@pytest.mark.parametrize("local", [True, False])
+def test_buffer_gradients_on_the_tensor_cores(local, monkeypatch):
+    """An additive bias's table gradient from the sm80 backward (which the H200 takes too): summed per CTA
+    in shared memory, or with the room taken away, added per element into the accumulators."""
+    from cupyflash._families import sm80
+
+    if not local:
+        monkeypatch.setattr(sm80, "LOCAL_GRAD_MAX_FLOATS", 0)
+    table = cupy.asarray(_table((4, 21), seed=23))
+    check_dense(cupy, (2, 150, 190, 4, 2, 64, 64), DTYPES["bfloat16"], causal=True, score_mod=rel_bias,
+                score_mod_buffers=(table,))
+
+
 def test_score_mod_with_a_window_and_int_buffer():
     """A gated bias with an int buffer (its gradient None) inside a sliding window, head dims 72 / 40."""
     shift = cupy.asarray(np.array([3], np.int32))

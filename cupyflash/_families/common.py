@@ -120,10 +120,21 @@ _NO_MOD_BUFFER = (0, (0,) * _params.MAX_RANK)
 _NO_MOD_BUFFERS = ([_NO_MOD_BUFFER] * _params.MAX_BUFFERS,)
 
 
-def mod_grads(grads):
-    """A ``ModGrads`` as a tuple: the address of each buffer's gradient accumulator (None: 0)."""
-    pointers = [_params.pointer(g) for g in grads or ()]
-    return (pointers + [0] * (_params.MAX_BUFFERS - len(pointers)),)
+def mod_grads(grads, local=False):
+    """A ``ModGrads`` as a tuple: the address of each buffer's gradient accumulator (None: 0), and with
+    ``local`` the offsets of their parts in a kernel's shared-memory sums (:func:`local_grad_floats`)."""
+    grads = list(grads or ())
+    pointers = [_params.pointer(g) for g in grads] + [0] * (_params.MAX_BUFFERS - len(grads))
+    offsets = [0]
+    for g in grads + [None] * (_params.MAX_BUFFERS - len(grads)):
+        offsets.append(offsets[-1] + (g.size if local and g is not None else 0))
+    return (pointers, offsets)
+
+
+def local_grad_floats(p):
+    """Floats of the score_mod buffers' gradients that a backward kernel sums per CTA in shared memory:
+    all of them (float32 accumulators of 16-bit problems), or 0 when there are none."""
+    return sum(g.size for g in p.user_grads or () if g is not None)
 
 
 def dropout(p):

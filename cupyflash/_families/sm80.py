@@ -168,17 +168,23 @@ def _bucket(p, device, buckets):
     return headdim_bucket(p.headdim, p.headdim_v, buckets)
 
 
+#: Floats of score_mod buffer gradients the backward sums per CTA in shared memory (64 KB: a T5 table of
+#: 64 heads x 257 buckets); larger buffers take global atomics per element.
+LOCAL_GRAD_MAX_FLOATS = 16384
+
+
 def _select(p, device, half, fp32, fp64, smem_bytes, backward=False):
     """The variant of a pass for ``p``: of the (kernel, tiles) of its dtype (``half`` for float16/bfloat16),
     the first tile of its head-dim bucket whose ``smem_bytes`` fit the device; None where none does. The
     float32 kernel takes p's precision as its tf32 flag. Dropout is the general family's for now, and so
-    are score and mask functions on float32 and float64, and the backward of a score_mod whose buffers
-    take gradients."""
+    are score and mask functions on float32 and float64, and the backward of a score_mod whose buffer
+    gradients read the score (a gated bias; additive ones are added after the mask, per CTA in shared
+    memory)."""
     if p.dropout or p.max_score is not None:  # the general family's for now
         return None
     user = common.user_code(p)
-    if user is not None and (p.dtype.itemsize != 2
-                             or backward and p.user_score is not None and p.user_score.buffer_gradients):
+    if user is not None and (p.dtype.itemsize != 2 or backward and p.user_score is not None
+                             and p.user_score.buffer_gradients and p.user_score.gradients_read_score):
         return None
     if p.dtype in (numpy.float32, numpy.float64) and device.capability >= MIN_CAPABILITY:
         kernel, tiles = fp32 if p.dtype == numpy.float32 else fp64
@@ -281,6 +287,12 @@ class Sm80Backward:
         common.plan_delta(b, p, args)
         grid = (common.cdiv(p.seqlen_k, block_n) * p.batch * p.heads_k, 1, 1)
         smem = bwd_smem_bytes(variant)
+        # A score_mod's buffer gradients: summed per CTA in shared memory past the kernel's own where they
+        # fit (LOCAL_GRAD_MAX_FLOATS), else added straight into the accumulators.
+        local = common.local_grad_floats(p)
+        if 0 < local <= LOCAL_GRAD_MAX_FLOATS and smem + 4 * local <= device.smem_optin:
+            args["score_grads"] = common.mod_grads(p.user_grads, local=True)
+            smem += 4 * local
         b.launch(common.function(variant, smem), grid, BWD_THREADS, (args,), smem)
         common.plan_dq_convert(b, p, args)
         return grads

@@ -480,7 +480,8 @@ class Sm90Backward:
 
     name = "sm90"
     kernels = (common.DELTA, sm80.PLANES, BWD, BWD_PLANES, common.DQ_CONVERT)
-    # The 16-bit kernel's, but for a score_mod whose buffers take gradients (the general kernels add them).
+    # The 16-bit kernel's, but for a score_mod whose buffers take gradients (the sm80 or general kernels
+    # add them).
     user_functions = True
 
     def select(self, p, device, operands):

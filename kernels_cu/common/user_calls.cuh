@@ -12,9 +12,21 @@
 
 namespace cupyflash {
 
+// A if kIf, else B.
+template <bool kIf, typename A, typename B>
+struct IfType {
+    using type = A;
+};
+template <typename A, typename B>
+struct IfType<false, A, B> {
+    using type = B;
+};
+
 // The template arguments of a kernel built without a score_mod or without a mask_mod.
 struct NoUserScore {
     static constexpr bool kEnabled = false;
+    static constexpr bool kBufferGradients = false;
+    static constexpr bool kGradientsReadScore = false;
 };
 struct NoUserMask {
     static constexpr bool kEnabled = false;
@@ -83,6 +95,29 @@ struct UserLog2Scores {
     }
 };
 
+// UserLog2Scores for a backward that takes the score_mod's buffer gradients after the probabilities and
+// the mask (fragment/scores.cuh's buffer_gradients_cols): probabilities_cols leaves the derivative out
+// (derivative 1), and the function's derivatives, which do not read the score (the host checks), come
+// from the positions alone.
+template <typename ScoreFn>
+struct UserLog2ScoresLate : UserLog2Scores<ScoreFn> {
+    static_assert(!ScoreFn::kGradientsReadScore, "the derivatives are taken without the score");
+    using UserLog2Scores<ScoreFn>::UserLog2Scores;
+
+    __device__ __forceinline__ float derivative(float, int, int, float) const { return 1.0f; }
+
+    // d(value) / d(score) of pair (i, j).
+    __device__ __forceinline__ float derivative_at(int i, int j) const {
+        return ScoreFn::template dscore<float>(0.0f, this->b, this->h, i, j, *this->buffers);
+    }
+
+    // ds_mod times d(value) / d(load) into each floating-point buffer element pair (i, j) reads.
+    template <typename Sink>
+    __device__ __forceinline__ void scatter(float ds_mod, int i, int j, Sink& sink) const {
+        ScoreFn::scatter(0.0f, this->b, this->h, i, j, *this->buffers, ds_mod, sink);
+    }
+};
+
 // The built-in scores (Log2Scores) without a score_mod, UserLog2Scores with one.
 template <typename ScoreFn, typename Builtin = Log2Scores>
 struct Log2ScoresOf {
@@ -101,6 +136,40 @@ struct AtomicBufferGrads {
     template <typename F>
     __device__ __forceinline__ void add(int buffer, long long offset, F amount) {
         atomicAdd(static_cast<F*>(grads->data[buffer]) + offset, amount);
+    }
+};
+
+// The same with the gradients summed per CTA in shared memory first, where the host gave the kernel room
+// for them (ModGrads::local_offset): shared-memory atomics, which do not contend across the GPU, then one
+// add per element into the accumulators when the CTA is done (flush). float32 accumulators (16-bit
+// problems).
+struct LocalBufferGrads {
+    float* local;  // ModGrads::local_offset[kMaxModBuffers] floats of shared memory, zeroed by clear
+    const ModGrads* grads;
+
+    __device__ __forceinline__ void add(int buffer, unsigned offset, float amount) {
+        if (grads->local_offset[kMaxModBuffers] > 0) {
+            atomicAdd(local + grads->local_offset[buffer] + offset, amount);
+        } else {
+            atomicAdd(static_cast<float*>(grads->data[buffer]) + offset, amount);
+        }
+    }
+
+    // Thread `thread` of `threads` zeroes its share of the sums (the CTA synchronizes before the adds).
+    __device__ __forceinline__ void clear(int thread, int threads) const {
+        for (int i = thread; i < grads->local_offset[kMaxModBuffers]; i += threads) local[i] = 0.0f;
+    }
+
+    // After the CTA's last add and a barrier: the sums into the accumulators (the elements it touched).
+    __device__ __forceinline__ void flush(int thread, int threads) const {
+        for (int b = 0; b < kMaxModBuffers; ++b) {
+            const int first = grads->local_offset[b], count = grads->local_offset[b + 1] - first;
+            float* out = static_cast<float*>(grads->data[b]);
+            for (int i = thread; i < count; i += threads) {
+                const float v = local[first + i];
+                if (v != 0.0f) atomicAdd(out + i, v);
+            }
+        }
     }
 };
 

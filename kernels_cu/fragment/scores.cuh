@@ -275,6 +275,27 @@ __device__ __forceinline__ void mask_tile_cols(Acc (&p)[kMTiles][kNTiles][4], co
     }
 }
 
+// With a score_mod whose buffers take gradients (UserLog2ScoresLate: probabilities_cols left its
+// derivative out, so after the mask and score_gradients ds holds ds_mod = P^T (dP^T - delta)): each
+// element's ds_mod goes to the buffers' gradients through sink, then ds becomes dS^T = ds_mod *
+// d(score_mod)/d(score), for keys key_g + 16 mt + 8 (e / 2) and queries m0 + col_t + 8 nt + e % 2.
+template <int kMTiles, int kNTiles, typename Scores, typename Sink>
+__device__ __forceinline__ void buffer_gradients_cols(float (&ds)[kMTiles][kNTiles][4], const Scores& scores, Sink& sink,
+                                                      int key_g, int m0, int col_t) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int i = m0 + 8 * nt + col_t + e % 2, j = key_g + 16 * mt + 8 * (e / 2);
+                scores.scatter(ds[mt][nt][e], i, j, sink);
+                ds[mt][nt][e] *= scores.derivative_at(i, j);
+            }
+        }
+    }
+}
+
 // dS^T = P^T * (dP^T - delta) in place of dP^T, after the mask (with kScoreMod, probabilities_cols applied
 // delta and the softcap's derivative already: only the product with P^T is left).
 template <bool kScoreMod, int kMTiles, int kNTiles, typename Acc, typename DeltaPair>

@@ -59,7 +59,11 @@ template <typename T, int kHeadDim, int kBlockN, int kBlockM, int kStages, bool 
 __device__ __forceinline__ void sm80_bwd_body(const BwdArgs& args) {
     using Tr = Sm80BwdTraits<T, kHeadDim, kBlockN, kBlockM, kStages>;
     constexpr bool kModified = kScoreMod || ScoreFn::kEnabled;
+    // A score_mod whose buffers take gradients: added per element after the mask (buffer_gradients_cols),
+    // summed per CTA in shared memory past the kernel's own (LocalBufferGrads) where the host gave room.
+    constexpr bool kScatter = ScoreFn::kBufferGradients;
     using Scores = typename Log2ScoresOf<ScoreFn, typename Sm80Scores<T>::type>::type;
+    using KernelScores = typename IfType<kScatter, UserLog2ScoresLate<ScoreFn>, Scores>::type;
     static_assert(!ScoreFn::kEnabled || sizeof(T) == 2, "score_mods run on the 16-bit kernels (float32, float64: general)");
     using Ops = Sm80Operands<T, kTf32>;
     using Acc = typename Tr::Acc;
@@ -87,6 +91,7 @@ __device__ __forceinline__ void sm80_bwd_body(const BwdArgs& args) {
 
     static_assert(sizeof(Sm80BwdState) <= Tr::kStateBytes, "the per-CTA state must fit its reserve");
     Sm80BwdState& st = *reinterpret_cast<Sm80BwdState*>(smem_raw + Tr::kSmemBytes - Tr::kStateBytes);
+    LocalBufferGrads buffer_grads{reinterpret_cast<float*>(smem_raw + Tr::kSmemBytes), &args.score_grads};
 
     // Scheduler. Tiles are of keys, heads are kv heads. Key tiles launch last-first under the ordered
     // sum (see the turn below), first-first otherwise (under a causal mask the first ones work longest).
@@ -104,6 +109,7 @@ __device__ __forceinline__ void sm80_bwd_body(const BwdArgs& args) {
                                                               a.k.row_stride, n0, seq.seqlen_k, a.headdim, a.vec_loads != 0);
         load_tile_async<kBlockN, kHeadDim, kLd, Tr::kThreads>(sV, head_rows<const T>(a.v, work.b, seq.k_start, work.h),
                                                               a.v.row_stride, n0, seq.seqlen_k, a.headdim_v, a.vec_loads != 0);
+        if constexpr (kScatter) buffer_grads.clear(threadIdx.x, Tr::kThreads);
         if (threadIdx.x < 32) {
             const Mask mask(a, seq);
             const int h0 = work.h * group;
@@ -179,7 +185,7 @@ __device__ __forceinline__ void sm80_bwd_body(const BwdArgs& args) {
         cp_async_commit();
         if (warp == 0) st.tiles.advance(it, group, [&](int gg) { return query_tiles_of(st.mask, st.b, st.h0, gg); });
         const BlockLayout layout(a, b, h);
-        const Scores scores(a, st.seq, b, h);
+        const KernelScores scores(a, st.seq, b, h);
         const T* sQs = sQ + stage * Tr::kQueryTileElems;
         const T* sdOs = sdO + stage * Tr::kQueryTileElems;
         const Lse* lse2 = sLse2 + stage * kBlockM;
@@ -213,6 +219,7 @@ __device__ __forceinline__ void sm80_bwd_body(const BwdArgs& args) {
                 mask_tile_cols(p, st.mask, layout, a, n0 + r0 + g, m0 + c0, 2 * t, partial, UserMaskAt<MaskFn>(a, b, h));
             }
             score_gradients<kModified>(ds, p, delta_pair);
+            if constexpr (kScatter) buffer_gradients_cols(ds, scores, buffer_grads, n0 + r0 + g, m0 + c0, 2 * t);
 #pragma unroll
             for (int mt = 0; mt < Sdp::kMTiles; ++mt) {
 #pragma unroll
@@ -333,6 +340,10 @@ __device__ __forceinline__ void sm80_bwd_body(const BwdArgs& args) {
         }
     }
     cp_async_wait<0>();
+    if constexpr (kScatter) {
+        __syncthreads();  // every warp's adds are in
+        buffer_grads.flush(threadIdx.x, Tr::kThreads);
+    }
 
     // Epilogue: dK = softmax_scale * dS^T Q (the scale of S = scale * Q K^T, applied once here), dV.
     const int r0 = n0 + Dkv::row0(warp), c0 = Dkv::col0(warp);
