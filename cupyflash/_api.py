@@ -568,7 +568,8 @@ def flash_attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, *, k:
                                  alibi_slopes: Optional[Array] = None, softmax_scale: Optional[float] = None,
                                  num_splits: int = 0, return_lse: bool = False,
                                  precision: str = "highest", sinks: Optional[Array] = None,
-                                 return_max_score: bool = False) -> Union[Array, Tuple[Array, ...]]:
+                                 return_max_score: bool = False, score_mod: Optional[Callable] = None,
+                                 score_mod_buffers: Optional[Sequence[Array]] = None) -> Union[Array, Tuple[Array, ...]]:
     """Attention of new queries to a KV cache, after appending new keys and values to it
     (FlashAttention-2's ``flash_attn_with_kvcache``): decoding, chunked prefill, speculative
     verification.
@@ -622,6 +623,12 @@ def flash_attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, *, k:
     return_max_score : bool, keyword-only
         Also return each batch entry's and query head's largest score, as in :func:`flash_attention`.
         NumPy arrays only in this version (NotImplementedError for CuPy arrays).
+    score_mod, score_mod_buffers : keyword-only
+        A score function and its buffers, as in :func:`flash_attention` (a custom bias while decoding):
+        ``b`` is the batch entry, ``q_idx`` the query's row in ``q`` and ``kv_idx`` the key's position in
+        the entry's cache (a decoding query at cache position ``cache_seqlens[b] + seqlen_new - 1``
+        gets ``q_idx`` 0: pass ``cache_seqlens`` as a buffer to read positions). CuPy calls take the
+        forward families' kernels, not the decode kernel.
 
     Returns
     -------
@@ -651,7 +658,7 @@ def flash_attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, *, k:
     """
     return _kvcache.attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos,
                               rotary_sin, rotary_interleaved, causal, window_size, softcap, alibi_slopes, softmax_scale,
-                              num_splits, return_lse, precision, sinks, return_max_score)
+                              num_splits, return_lse, precision, sinks, return_max_score, score_mod, score_mod_buffers)
 
 
 _RING_DOC = """

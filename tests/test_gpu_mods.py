@@ -188,3 +188,31 @@ def test_device_block_classes_are_the_hosts(block_size):
                                                buffers=(cupy.asarray(doc), cupy.asarray(limit)))
     np.testing.assert_array_equal(to_host(device.layout), host.layout)
     np.testing.assert_array_equal(to_host(device.mask_mod[2]), host.mask_mod[2])
+
+
+@pytest.mark.parametrize("dtype, atol", [("float32", 1e-5), ("bfloat16", 2e-2)])
+def test_kvcache_score_mod_is_the_builtin_alibi(dtype, atol):
+    """flash_attention_with_kvcache with ALiBi as a score_mod (the forward families over the cache)
+    against the built-in alibi_slopes (bfloat16: the decode kernel), paged, with new keys appended."""
+    rng = np.random.default_rng(25)
+    dt = DTYPES[dtype]
+    batch, seqlen_q, heads, heads_k, d, page = 3, 1, 8, 2, 64, 16
+    q = cupy.asarray(rng.standard_normal((batch, seqlen_q, heads, d)).astype(dt))
+    k_new, v_new = (cupy.asarray(rng.standard_normal((batch, seqlen_q, heads_k, d)).astype(dt)) for _ in range(2))
+    cache_seqlens = cupy.asarray(np.array([3, 40, 77], np.int32))
+    slopes = cupy.asarray(rng.uniform(0.1, 1.0, heads).astype(np.float32))
+    keys = cache_seqlens + seqlen_q
+    caches = [cupy.asarray(rng.standard_normal((18, page, heads_k, d)).astype(dt)) for _ in range(2)]
+    table = cupy.asarray(rng.permutation(18).astype(np.int32).reshape(batch, 6))
+
+    def alibi(s, b, h, qi, ki, sl, n):
+        return s - sl[h] * mods.abs(qi + n[b] - seqlen_q - ki)
+
+    results = []
+    for options in ({"alibi_slopes": slopes}, {"score_mod": alibi, "score_mod_buffers": (slopes, keys)}):
+        k_cache, v_cache = (x.copy() for x in caches)
+        results.append(cupyflash.flash_attention_with_kvcache(
+            q, k_cache, v_cache, k=k_new, v=v_new, cache_seqlens=cache_seqlens, block_table=table, causal=True,
+            **options))
+    np.testing.assert_allclose(to_host(results[1]).astype(np.float32), to_host(results[0]).astype(np.float32),
+                               rtol=0, atol=atol)

@@ -411,3 +411,30 @@ def test_mask_mod_arguments_are_checked():
     q = np.ones((1, 6, 1, 8))
     with pytest.raises(ValueError, match="built by from_mask_mod"):
         cupyflash.flash_attention(q, q, q, block_mask=mask)
+
+
+def test_kvcache_score_mod_is_the_builtin_alibi():
+    """flash_attention_with_kvcache with ALiBi written as a score_mod (the keys per entry from a buffer: kv_idx
+    counts from the start of the entry's cache, q_idx from the first new query) gives the built-in
+    alibi_slopes' result, with new keys appended and a paged cache."""
+    rng = np.random.default_rng(24)
+    batch, seqlen_q, heads, heads_k, d, page = 3, 2, 4, 2, 16, 8
+    q = rng.standard_normal((batch, seqlen_q, heads, d)).astype(F32)
+    k_new, v_new = (rng.standard_normal((batch, seqlen_q, heads_k, d)).astype(F32) for _ in range(2))
+    cache_seqlens = np.array([3, 17, 30], np.int32)
+    slopes = rng.uniform(0.1, 1.0, heads).astype(F32)
+    keys = cache_seqlens + seqlen_q
+
+    def alibi(s, b, h, qi, ki, sl, n):
+        return s - sl[h] * mods.abs(qi + n[b] - seqlen_q - ki)
+
+    caches = [rng.standard_normal((12, page, heads_k, d)).astype(F32) for _ in range(2)]
+    table = rng.permutation(12).astype(np.int32).reshape(batch, 4)
+    results = []
+    for options in ({"alibi_slopes": slopes}, {"score_mod": alibi, "score_mod_buffers": (slopes, keys)}):
+        k_cache, v_cache = (x.copy() for x in caches)  # each call appends the new keys into its own copy
+        results.append(cupyflash.flash_attention_with_kvcache(
+            q, k_cache, v_cache, k=k_new, v=v_new, cache_seqlens=cache_seqlens, block_table=table, causal=True,
+            return_lse=True, **options))
+    np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(results[1][1], results[0][1], rtol=1e-5, atol=1e-6)

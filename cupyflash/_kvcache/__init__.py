@@ -19,10 +19,10 @@ PLANS = _plan.PlanCache()
 
 def attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
               rotary_interleaved, causal, window_size, softcap, alibi_slopes, softmax_scale, num_splits, return_lse,
-              precision, sinks=None, return_max_score=False):
+              precision, sinks=None, return_max_score=False, score_mod=None, score_mod_buffers=None):
     """The body of cupyflash.flash_attention_with_kvcache (its docstring describes the arguments)."""
-    # Calls with sinks or the maximum score take the checked path (no plan) every time.
-    plain = sinks is None and return_max_score is False
+    # Calls with sinks, the maximum score or a score_mod take the checked path (no plan) every time.
+    plain = sinks is None and return_max_score is False and score_mod is None
     key = None if not plain else _keys.kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table,
                                                rotary_cos, rotary_sin, rotary_interleaved, causal, window_size,
                                                softcap, alibi_slopes, softmax_scale, num_splits, return_lse, precision)
@@ -48,7 +48,8 @@ def attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_t
         block_table=checked.get("block_table"), rotary_cos=checked.get("rotary_cos"),
         rotary_sin=checked.get("rotary_sin"), rotary_interleaved=rotary_interleaved, causal=causal,
         window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, softmax_scale=softmax_scale,
-        num_splits=num_splits, max_splits=MAX_SPLITS, precision=precision, sinks=sinks)
+        num_splits=num_splits, max_splits=MAX_SPLITS, precision=precision, sinks=sinks, score_mod=score_mod,
+        score_mod_buffers=score_mod_buffers)
     top = None
     if c.xp is numpy:
         out, lse, *top = _host.attention(c, max_score=return_max_score)

@@ -51,6 +51,8 @@ class KvCacheCall:
     rotary_cos: object
     rotary_sin: object
     sinks: object = None       # float32 (heads,) of q's kind, or None
+    user_score: object = None  # a traced score_mod (cupyflash/_trace.py), or None
+    user_buffers: object = None  # its buffers when given, else None
 
     @property
     def out_shape(self):
@@ -86,7 +88,7 @@ def _count(name, value, low, high=None):
 
 def check(q, k_cache, v_cache, *, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
           rotary_interleaved, causal, window_size, softcap, alibi_slopes, softmax_scale, num_splits, max_splits,
-          precision, sinks=None):
+          precision, sinks=None, score_mod=None, score_mod_buffers=None):
     """Checks a flash_attention_with_kvcache call (arrays from :func:`_problem.arrays`); returns its
     :class:`KvCacheCall`. NumPy calls also check cache_seqlens, cache_batch_idx and block_table's values
     here; CuPy calls check array values on the device (see the decode kernel)."""
@@ -199,6 +201,7 @@ def check(q, k_cache, v_cache, *, k, v, cache_seqlens, cache_batch_idx, block_ta
     precision = _problem.check_precision(precision, dtype)
     alibi_slopes = _problem.check_alibi_slopes(alibi_slopes, xp, batch, heads)
     sinks = _problem.check_sinks(sinks, xp, heads)
+    user_score, user_buffers = _problem.check_score_mod(score_mod, score_mod_buffers, xp, softcap, alibi_slopes)
     num_splits = _count("num_splits", num_splits, 0, max_splits)
     _problem.check_sizes((("capacity", capacity), ("seqlen_q", seqlen_q), ("headdim", headdim),
                             ("headdim_v", headdim_v)))
@@ -216,7 +219,7 @@ def check(q, k_cache, v_cache, *, k, v, cache_seqlens, cache_batch_idx, block_ta
         rotary_q_at_row=causal or window_left >= 0 or window_right >= 0, cache_seqlens=cache_seqlens,
         cache_seqlens_value=value, num_splits=num_splits, q=q, k_cache=k_cache, v_cache=v_cache, k_new=k, v_new=v,
         cache_batch_idx=cache_batch_idx, block_table=block_table, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
-        sinks=sinks)
+        sinks=sinks, user_score=user_score, user_buffers=user_buffers)
     if xp is numpy:
         _check_values_on_host(call)
     return call

@@ -77,7 +77,8 @@ def _problem_of(c, **fields):
     sizes = dict(xp=cupy, dtype=c.dtype, batch=c.batch, seqlen_q=c.seqlen_q, seqlen_k=c.capacity, heads=c.heads,
                  heads_k=c.heads_k, headdim=c.headdim, headdim_v=c.headdim_v, softmax_scale=c.softmax_scale,
                  window_left=c.window_left, window_right=c.window_right, softcap=c.softcap,
-                 alibi_slopes=c.alibi_slopes, precision=c.precision)
+                 alibi_slopes=c.alibi_slopes, precision=c.precision, user_score=c.user_score,
+                 user_buffers=c.user_buffers)
     return _problem.Problem(**{**sizes, **fields})
 
 
@@ -103,8 +104,9 @@ def _fill_args(args, c, q, out, lse):
 
 
 def decode_variant(c, device):
-    """The decode kernel's variant for call ``c``, or None when it does not take the call."""
-    if c.dtype.itemsize != 2 or device.capability < 80 or c.seqlen_q == 0:
+    """The decode kernel's variant for call ``c``, or None when it does not take the call (a score_mod's
+    calls take the general path's forward families: the decode kernel's rows mix query heads)."""
+    if c.dtype.itemsize != 2 or device.capability < 80 or c.seqlen_q == 0 or c.user_score is not None:
         return None  # (no queries: no CTA, and the general path appends)
     bucket = next((d for d in DECODE_BUCKETS if d >= max(c.headdim, c.headdim_v)), None)
     if bucket is None or not common.vec_loads(c.k_cache, c.v_cache):
