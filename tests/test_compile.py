@@ -337,7 +337,10 @@ def test_user_function_variants_compile_without_spills():
              ([sm90.BWD.variant("bfloat16", (128, 128, 64, 2), user=capped)], 90, None, 2),
              ([sm80.FWD.variant("bfloat16", (128, 32, 2), user=capped)], 80, 0, None),
              ([sm80.BWD.variant("bfloat16", (128, 128, 64, 2), user=additive)], 80, 40, None),
-             ([blocks], 80, 0, None)]
+             ([blocks], 80, 0, None),
+             # float64 on the float64 tensor cores, float32 on the Hopper bfloat16 planes (natural-log paths).
+             ([sm80.FWD_FP64.variant("float64", (64, 32, 1), user=user)], 90, 0, None),
+             ([sm90.BWD_PLANES.variant("float32", (64, 2), user=capped)], 90, None, 0)]
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         reports = list(pool.map(lambda job: _report(*job[:2]), jobs))
     for (variants, _, spill_ceiling, local_ceiling), report in zip(jobs, reports):

@@ -247,8 +247,9 @@ def _names(p, device):
 def test_score_and_mask_functions_take_the_families_that_compile_them():
     """16-bit score_mods and mask_mods take the Hopper kernels (the forward on its 128-row tile at head dim
     64 too), or on other GPUs the sm80 ones; the backward of a score_mod whose buffers take gradients is
-    the sm80 kernel's where they do not read the score (an additive bias), else the general kernels';
-    float32 takes the general kernels. Variants name the functions' code."""
+    the sm80 kernel's where they do not read the score (an additive bias) and the inputs are 16-bit, else
+    the general kernels'. float32 and float64 take their tensor-core kernels too. Variants name the
+    functions' code."""
     from cupyflash import BlockMask, mods
 
     bias = lambda s, b, h, qi, ki: s - 0.5 * mods.abs(qi - ki)  # noqa: E731
@@ -264,7 +265,11 @@ def test_score_and_mask_functions_take_the_families_that_compile_them():
     assert [f for f, _ in _names(gated, H200)] == ["sm90", "general"]
     assert [f for f, _ in _names(_problem(128, score_mod=bias), A100)] == ["sm80", "sm80"]
     assert [f for f, _ in _names(learned, A100)] == ["sm80", "sm80"]
-    assert [f for f, _ in _names(_problem(128, dtype=np.float32, score_mod=bias), H200)] == ["general", "general"]
+    assert [f for f, _ in _names(_problem(128, dtype=np.float32, score_mod=bias), H200)] == ["sm90", "sm90"]
+    assert [f for f, _ in _names(_problem(64, dtype=np.float64, score_mod=bias), H200)] == ["sm80", "sm80"]
+    learned32 = _problem(64, dtype=np.float32, score_mod=lambda s, b, h, qi, ki, t: s + t[h, qi],
+                         score_mod_buffers=(table,))
+    assert [f for f, _ in _names(learned32, A100)] == ["sm80", "general"]
     mask = BlockMask.from_mask_mod(lambda b, h, qi, ki: ki <= qi, 1, 1, 8, 8, block_size=(4, 4))
     masked = _problem(128, block_mask=mask)
     assert [f for f, _ in _names(masked, H200)] == ["sm90", "sm90"]

@@ -25,11 +25,13 @@ def _user_kernels(monkeypatch):
     monkeypatch.setattr(_problem, "NEW_KERNELS_ENABLED", True)
 
 
-@pytest.mark.parametrize("dtype, family", [("float64", ""), ("float32", ""), ("bfloat16", ""), ("bfloat16", "sm80"),
+@pytest.mark.parametrize("dtype, family", [("float64", ""), ("float64", "general"), ("float32", ""), ("float32", "sm80"),
+                                           ("float32", "general"), ("bfloat16", ""), ("bfloat16", "sm80"),
                                            ("bfloat16", "general"), ("float16", "")])
 def test_score_mod_against_the_oracle(dtype, family, monkeypatch):
-    """T5 relative bias with its learned table (the table's gradient too), GQA, causal, odd sizes; 16-bit
-    inputs run the Hopper forward by default."""
+    """T5 relative bias with its learned table (the table's gradient too), GQA, causal, odd sizes: the
+    forward on every family's kernels (float32 on the Hopper planes, float64 on the float64 tensor cores),
+    the backward on sm80's (16-bit) or the general kernels'."""
     use_family(monkeypatch, family)
     table = cupy.asarray(_table((4, 21), seed=5) * np.float32(0.5))
     check_dense(cupy, (2, 37, 45, 4, 2, 24, 16), DTYPES[dtype], causal=True, score_mod=rel_bias,
@@ -108,6 +110,17 @@ def test_tensor_core_kernels_with_both_functions(dtype, family, monkeypatch):
     doc = cupy.asarray(_documents(2, 700, 8, 21))
     mask = cupyflash.BlockMask.from_mask_mod(same_document, 2, 1, 700, 700, buffers=(doc,))
     check_dense(cupy, (2, 700, 700, 4, 2, 128, 128), DTYPES[dtype], causal=True, block_mask=mask,
+                score_mod=_softcap_mod(20.0))
+
+
+@pytest.mark.parametrize("dtype, family", [("float32", ""), ("float32", "sm80"), ("float64", "")])
+def test_wide_kernels_with_both_functions(dtype, family, monkeypatch):
+    """float32 (Hopper planes, or sm80's parts) and float64 (the float64 tensor cores), forward and
+    backward, with a softcap score_mod inside a document mask."""
+    use_family(monkeypatch, family)
+    doc = cupy.asarray(_documents(1, 230, 3, 26))
+    mask = cupyflash.BlockMask.from_mask_mod(same_document, 1, 1, 230, 230, block_size=(64, 64), buffers=(doc,))
+    check_dense(cupy, (1, 230, 230, 2, 1, 64, 64), DTYPES[dtype], causal=True, block_mask=mask,
                 score_mod=_softcap_mod(20.0))
 
 

@@ -82,10 +82,11 @@ FWD = _kernels.Kernel(
 FWD_FP32 = _kernels.Kernel(
     "sm80_fwd_parts", "sm80/fwd.cu", ("float32",), ("headdim", "block_n", "m_tiles"),
     tuple((d, *tile) for d, choices in FWD_FP32_TILES.items() for tile in choices), ("score_mod", "tf32"),
+    user_functions=True,
 )
 FWD_FP64 = _kernels.Kernel(
     "sm80_fwd_dmma", "sm80/fwd.cu", ("float64",), ("headdim", "block_n", "m_tiles"),
-    tuple((d, *tile) for d, choices in FWD_FP64_TILES.items() for tile in choices), ("score_mod",),
+    tuple((d, *tile) for d, choices in FWD_FP64_TILES.items() for tile in choices), ("score_mod",), user_functions=True,
 )
 #: The float32 forward's pre-pass: its operands split into bfloat16 planes (kernels_cu/sm80/planes.cu).
 PLANES = _kernels.Kernel("split_planes", "sm80/planes.cu", ("float32",), flags=("tf32",))
@@ -97,10 +98,11 @@ BWD = _kernels.Kernel(
 BWD_FP32 = _kernels.Kernel(
     "sm80_bwd_parts", "sm80/bwd.cu", ("float32",), ("headdim", "block_n", "block_m", "stages"),
     tuple((d, *tile) for d, choices in BWD_FP32_TILES.items() for tile in choices), ("score_mod", "tf32"),
+    user_functions=True,
 )
 BWD_FP64 = _kernels.Kernel(
     "sm80_bwd_dmma", "sm80/bwd.cu", ("float64",), ("headdim", "block_n", "block_m", "stages"),
-    tuple((d, *tile) for d, choices in BWD_FP64_TILES.items() for tile in choices), ("score_mod",),
+    tuple((d, *tile) for d, choices in BWD_FP64_TILES.items() for tile in choices), ("score_mod",), user_functions=True,
 )
 
 
@@ -177,14 +179,14 @@ def _select(p, device, half, fp32, fp64, smem_bytes, backward=False):
     """The variant of a pass for ``p``: of the (kernel, tiles) of its dtype (``half`` for float16/bfloat16),
     the first tile of its head-dim bucket whose ``smem_bytes`` fit the device; None where none does. The
     float32 kernel takes p's precision as its tf32 flag. Dropout is the general family's for now, and so
-    are score and mask functions on float32 and float64, and the backward of a score_mod whose buffer
-    gradients read the score (a gated bias; additive ones are added after the mask, per CTA in shared
-    memory)."""
+    is the backward of a score_mod whose buffers take gradients but where the 16-bit kernel adds them:
+    additive biases (derivatives that do not read the score), added after the mask, per CTA in shared
+    memory."""
     if p.dropout or p.max_score is not None:  # the general family's for now
         return None
     user = common.user_code(p)
-    if user is not None and (p.dtype.itemsize != 2 or backward and p.user_score is not None
-                             and p.user_score.buffer_gradients and p.user_score.gradients_read_score):
+    if backward and p.user_score is not None and p.user_score.buffer_gradients and (
+            p.dtype.itemsize != 2 or p.user_score.gradients_read_score):
         return None
     if p.dtype in (numpy.float32, numpy.float64) and device.capability >= MIN_CAPABILITY:
         kernel, tiles = fp32 if p.dtype == numpy.float32 else fp64
@@ -243,7 +245,7 @@ class Sm80Forward:
 
     name = "sm80"
     kernels = (FWD, PLANES, FWD_FP32, FWD_FP64)
-    user_functions = True  # the 16-bit kernel's
+    user_functions = True
 
     def select(self, p, device, operands):
         return _select(p, device, (FWD, FWD_TILES), (FWD_FP32, FWD_FP32_TILES), (FWD_FP64, FWD_FP64_TILES), fwd_smem_bytes)
@@ -275,7 +277,7 @@ class Sm80Backward:
 
     name = "sm80"
     kernels = (common.DELTA, BWD, BWD_FP32, BWD_FP64, common.DQ_CONVERT)
-    user_functions = True  # the 16-bit kernel's, for score_mods whose buffers take no gradients
+    user_functions = True  # buffer gradients: the 16-bit kernel's, for additive biases
 
     def select(self, p, device, operands):
         return _select(p, device, (BWD, BWD_TILES), (BWD_FP32, BWD_FP32_TILES), (BWD_FP64, BWD_FP64_TILES), bwd_smem_bytes,

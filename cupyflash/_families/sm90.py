@@ -87,6 +87,7 @@ FWD_PLANES_TILES = {64: ((64, 2),), 128: ((64, 1),)}
 FWD_PLANES = _kernels.Kernel(
     "sm90_fwd_planes", "sm90/fwd_planes.cu", ("float32",), ("headdim", "block_n", "stages"),
     tuple((d, *tile) for d, tiles in FWD_PLANES_TILES.items() for tile in tiles), ("score_mod", "tf32"), arch="90a",
+    user_functions=True,
 )
 #: Query rows per CTA of the float32 forward (two consumer warpgroups).
 FWD_PLANES_BLOCK_M = 128
@@ -104,7 +105,7 @@ BWD = _kernels.Kernel(
 BWD_PLANES_STAGES = {64: 2, 128: 1}
 BWD_PLANES = _kernels.Kernel(
     "sm90_bwd_planes", "sm90/bwd_planes.cu", ("float32",), ("headdim", "stages"),
-    tuple(BWD_PLANES_STAGES.items()), ("score_mod", "tf32"), arch="90a",
+    tuple(BWD_PLANES_STAGES.items()), ("score_mod", "tf32"), arch="90a", user_functions=True,
 )
 #: Keys per CTA and queries per tile of the float32 backward.
 BWD_PLANES_BLOCK = 64
@@ -350,20 +351,20 @@ class Sm90Forward:
 
     name = "sm90"
     kernels = (FWD, sm80.PLANES, FWD_PLANES)
-    user_functions = True  # the 16-bit kernel's
+    user_functions = True
 
     def select(self, p, device, operands):
         if device.capability != CAPABILITY or p.max_score is not None:  # the maximum: the general family's
             return None
         user = common.user_code(p)
         if p.dtype == numpy.float32:
-            if p.dropout or user is not None:  # the float32 kernel has neither yet: the general family's
+            if p.dropout:  # the float32 kernel has no dropout yet: the general family's
                 return None
             dim = sm80.headdim_bucket(p.headdim, p.headdim_v, tuple(FWD_PLANES_TILES))
             if dim is None:
                 return None
             variant = FWD_PLANES.variant("float32", (dim, *FWD_PLANES_TILES[dim][0]), score_mod=p.score_mod,
-                                         tf32=p.precision == "tf32")
+                                         tf32=p.precision == "tf32", user=user)
             return variant if fwd_planes_smem_bytes(variant) <= device.smem_optin else None
         if p.dtype.itemsize != 2:
             return None
@@ -480,15 +481,14 @@ class Sm90Backward:
 
     name = "sm90"
     kernels = (common.DELTA, sm80.PLANES, BWD, BWD_PLANES, common.DQ_CONVERT)
-    # The 16-bit kernel's, but for a score_mod whose buffers take gradients (the sm80 or general kernels
-    # add them).
+    # But for a score_mod whose buffers take gradients (the sm80 or general kernels add them).
     user_functions = True
 
     def select(self, p, device, operands):
         if device.capability != CAPABILITY:
             return None
         user = common.user_code(p)
-        if user is not None and (p.dtype == numpy.float32 or p.user_score is not None and p.user_score.buffer_gradients):
+        if p.user_score is not None and p.user_score.buffer_gradients:
             return None
         if p.dtype == numpy.float32:
             if p.dropout:  # the float32 kernel has no dropout yet: the general family's
@@ -497,7 +497,7 @@ class Sm90Backward:
             if dim is None:
                 return None
             variant = BWD_PLANES.variant("float32", (dim, BWD_PLANES_STAGES[dim]), score_mod=p.score_mod,
-                                         tf32=p.precision == "tf32")
+                                         tf32=p.precision == "tf32", user=user)
             return variant if bwd_planes_smem_bytes(variant) <= device.smem_optin else None
         if p.dtype.itemsize != 2:
             return None

@@ -57,15 +57,6 @@ struct UserNaturalScores {
     }
 };
 
-// NaturalScores without a score_mod, UserNaturalScores with one.
-template <typename Acc, typename ScoreFn>
-struct GeneralScoresOf {
-    using type = UserNaturalScores<Acc, ScoreFn>;
-};
-template <typename Acc>
-struct GeneralScoresOf<Acc, NoUserScore> {
-    using type = NaturalScores<Acc>;
-};
 
 // The tensor-core paths' scores with a score_mod, Log2Scores' interface (fragment/scores.cuh's
 // modify_rows with kScoreMod): the scaled score softmax_scale * x rounded once, the function in float32,
@@ -118,14 +109,23 @@ struct UserLog2ScoresLate : UserLog2Scores<ScoreFn> {
     }
 };
 
-// The built-in scores (Log2Scores) without a score_mod, UserLog2Scores with one.
-template <typename ScoreFn, typename Builtin = Log2Scores>
-struct Log2ScoresOf {
+// A kernel's scores object: its built-in one (Log2Scores, or NaturalScores<Acc> on the natural-log
+// paths) without a score_mod; with one, UserLog2Scores or UserNaturalScores<Acc> in its place.
+template <typename ScoreFn, typename Builtin>
+struct ScoresOf {
     using type = UserLog2Scores<ScoreFn>;
 };
+template <typename ScoreFn, typename Acc>
+struct ScoresOf<ScoreFn, NaturalScores<Acc>> {
+    using type = UserNaturalScores<Acc, ScoreFn>;
+};
 template <typename Builtin>
-struct Log2ScoresOf<NoUserScore, Builtin> {
+struct ScoresOf<NoUserScore, Builtin> {
     using type = Builtin;
+};
+template <typename Acc>
+struct ScoresOf<NoUserScore, NaturalScores<Acc>> {
+    using type = NaturalScores<Acc>;
 };
 
 // Where the backward adds ds_mod * d(score)/d(load) for the floating-point buffers of a score_mod: one

@@ -82,11 +82,12 @@ __device__ __forceinline__ void mask_rows(Acc (&s)[kMTiles][kNTiles][4], const M
 }
 
 // The scores of a row fragment from the raw products x = q . k in natural-log units, for the float32
-// and float64 kernels (FragmentSoftmax<kNTiles, true, Acc>): NaturalScores::modified (without
+// and float64 kernels (FragmentSoftmax<kNTiles, true, Acc>): NaturalScores::modified (or a score_mod's
+// UserNaturalScores; without
 // kScoreMod, its first step alone, softmax_scale * x), the score rounded step by step as the general
 // kernels round it, so the general backward recomputes the probabilities this forward's lse normalizes.
-template <bool kScoreMod, int kMTiles, int kNTiles, typename RowOf, typename Acc>
-__device__ __forceinline__ void modify_rows_natural(Acc (&s)[kMTiles][kNTiles][4], const NaturalScores<Acc>& scores,
+template <bool kScoreMod, int kMTiles, int kNTiles, typename RowOf, typename Acc, typename Scores>
+__device__ __forceinline__ void modify_rows_natural(Acc (&s)[kMTiles][kNTiles][4], const Scores& scores,
                                                     const RowOf& row_of, int n0, int col_t) {
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
@@ -236,9 +237,9 @@ __device__ __forceinline__ void probabilities_cols(float (&s)[kMTiles][kNTiles][
 // query without probability mass: P = 0). With kScoreMod, dP^T becomes (dP^T - delta) * grad, the
 // softcap's derivative; without, score_gradients applies delta. lse_pair(nt) and delta_pair(nt) give
 // the values of queries col_t + 8 nt and col_t + 8 nt + 1, as (first, second).
-template <bool kScoreMod, int kMTiles, int kNTiles, typename Acc, typename LsePair, typename DeltaPair>
+template <bool kScoreMod, int kMTiles, int kNTiles, typename Acc, typename LsePair, typename DeltaPair, typename Scores>
 __device__ __forceinline__ void probabilities_cols_natural(Acc (&s)[kMTiles][kNTiles][4], Acc (&dp)[kMTiles][kNTiles][4],
-                                                           const NaturalScores<Acc>& scores, const LsePair& lse_pair,
+                                                           const Scores& scores, const LsePair& lse_pair,
                                                            const DeltaPair& delta_pair, int key_g, int m0, int col_t) {
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {

@@ -50,7 +50,7 @@ general_bwd_dq(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
     const RowView<T> V{head_rows<const T>(a.v, b, seq.k_start, hk), a.v.row_stride, seq.seqlen_k, a.headdim_v};
     const Mask mask(a, seq);
     const BlockLayout layout(a, b, h);
-    const typename GeneralScoresOf<Acc, ScoreFn>::type scores(a, seq, b, h);
+    const typename ScoresOf<ScoreFn, NaturalScores<Acc>>::type scores(a, seq, b, h);
     const int mask_b = user_mask_batch(a, b), mask_h = user_mask_head(a, h);
     AtomicBufferGrads buffer_grads{&args.score_grads};
 
@@ -155,7 +155,7 @@ general_bwd_dkdv(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
         const Lse* lse_h = static_cast<const Lse*>(args.lse.ptr) + rows_index(args.lse, b, h, seq.q_start);
         const Acc* delta_h = static_cast<const Acc*>(args.delta.ptr) + rows_index(args.delta, b, h, seq.q_start);
         const BlockLayout layout(a, b, h);
-        const typename GeneralScoresOf<Acc, ScoreFn>::type scores(a, seq, b, h);
+        const typename ScoresOf<ScoreFn, NaturalScores<Acc>>::type scores(a, seq, b, h);
         const int mask_b = user_mask_batch(a, b), mask_h = user_mask_head(a, h);
         const TileRange tiles = query_tiles<Tr::kBlockN, Tr::kBlockM>(a, mask, layout, work.tile);
         for (int it = 0; it < tiles.count; ++it) {

@@ -48,7 +48,7 @@ general_fwd(const CUPYFLASH_GRID_CONSTANT FwdArgs args) {
     const RowView<T> V{head_rows<const T>(a.v, b, seq.k_start, hk), a.v.row_stride, seq.seqlen_k, a.headdim_v};
     const Mask mask(a, seq);
     const BlockLayout layout(a, b, h);
-    const typename GeneralScoresOf<Acc, ScoreFn>::type scores(a, seq, b, h);
+    const typename ScoresOf<ScoreFn, NaturalScores<Acc>>::type scores(a, seq, b, h);
     const int mask_b = user_mask_batch(a, b), mask_h = user_mask_head(a, h);
 
     const int row = threadIdx.x / Tr::kLanesPerRow;

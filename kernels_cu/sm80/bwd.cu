@@ -52,8 +52,8 @@ struct Sm80BwdState {
 // so that P^T is the forward's bitwise, probabilities in natural-log units from the float64 lse, and
 // P^T, dS^T and the dQ buffers in the accumulators' type.
 //
-// ScoreFn and MaskFn: a score_mod's (whose buffers take no gradients) and a mask_mod's generated code
-// (16-bit inputs; common/user_calls.cuh), or NoUserScore and NoUserMask.
+// ScoreFn and MaskFn: a score_mod's and a mask_mod's generated code (common/user_calls.cuh), or
+// NoUserScore and NoUserMask; a score_mod whose buffers take gradients on 16-bit inputs only (kScatter).
 template <typename T, int kHeadDim, int kBlockN, int kBlockM, int kStages, bool kScoreMod, bool kTf32,
           typename ScoreFn = NoUserScore, typename MaskFn = NoUserMask>
 __device__ __forceinline__ void sm80_bwd_body(const BwdArgs& args) {
@@ -62,9 +62,9 @@ __device__ __forceinline__ void sm80_bwd_body(const BwdArgs& args) {
     // A score_mod whose buffers take gradients: added per element after the mask (buffer_gradients_cols),
     // summed per CTA in shared memory past the kernel's own (LocalBufferGrads) where the host gave room.
     constexpr bool kScatter = ScoreFn::kBufferGradients;
-    using Scores = typename Log2ScoresOf<ScoreFn, typename Sm80Scores<T>::type>::type;
+    using Scores = typename ScoresOf<ScoreFn, typename Sm80Scores<T>::type>::type;
     using KernelScores = typename IfType<kScatter, UserLog2ScoresLate<ScoreFn>, Scores>::type;
-    static_assert(!ScoreFn::kEnabled || sizeof(T) == 2, "score_mods run on the 16-bit kernels (float32, float64: general)");
+    static_assert(!kScatter || sizeof(T) == 2, "buffer gradients: the 16-bit kernels' (float32, float64: general)");
     using Ops = Sm80Operands<T, kTf32>;
     using Acc = typename Tr::Acc;
     using Lse = typename Tr::LseStore;
@@ -211,7 +211,7 @@ __device__ __forceinline__ void sm80_bwd_body(const BwdArgs& args) {
             const auto lse2_pair = [&](int nt) { return *reinterpret_cast<const LsePair*>(lse2 + c0 + 8 * nt + 2 * t); };
             const auto delta_pair = [&](int nt) { return *reinterpret_cast<const AccPair*>(delta_s + c0 + 8 * nt + 2 * t); };
             if constexpr (kWide) {
-                probabilities_cols_natural<kScoreMod>(p, ds, scores, lse2_pair, delta_pair, n0 + r0 + g, m0 + c0, 2 * t);
+                probabilities_cols_natural<kModified>(p, ds, scores, lse2_pair, delta_pair, n0 + r0 + g, m0 + c0, 2 * t);
             } else {
                 probabilities_cols<kModified>(p, ds, scores, lse2_pair, delta_pair, n0 + r0 + g, m0 + c0, 2 * t);
             }
@@ -362,19 +362,21 @@ sm80_bwd(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
 
 // float32 in bfloat16 parts (kTf32: precision="tf32", two parts), the backward of sm80_fwd_parts: a
 // template of its own for its own tile table (cupyflash/_families/sm80.py).
-template <typename T, int kHeadDim, int kBlockN, int kBlockM, int kStages, bool kScoreMod, bool kTf32>
+template <typename T, int kHeadDim, int kBlockN, int kBlockM, int kStages, bool kScoreMod, bool kTf32,
+          typename ScoreFn = NoUserScore, typename MaskFn = NoUserMask>
 __global__ void __launch_bounds__(256, 1)
 sm80_bwd_parts(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
     static_assert(sizeof(T) == 4, "float32 only");
-    sm80_bwd_body<T, kHeadDim, kBlockN, kBlockM, kStages, kScoreMod, kTf32>(args);
+    sm80_bwd_body<T, kHeadDim, kBlockN, kBlockM, kStages, kScoreMod, kTf32, ScoreFn, MaskFn>(args);
 }
 
 // float64 on the float64 tensor cores, the backward of sm80_fwd_dmma.
-template <typename T, int kHeadDim, int kBlockN, int kBlockM, int kStages, bool kScoreMod>
+template <typename T, int kHeadDim, int kBlockN, int kBlockM, int kStages, bool kScoreMod, typename ScoreFn = NoUserScore,
+          typename MaskFn = NoUserMask>
 __global__ void __launch_bounds__(256, 1)
 sm80_bwd_dmma(const CUPYFLASH_GRID_CONSTANT BwdArgs args) {
     static_assert(sizeof(T) == 8, "float64 only");
-    sm80_bwd_body<T, kHeadDim, kBlockN, kBlockM, kStages, kScoreMod, false>(args);
+    sm80_bwd_body<T, kHeadDim, kBlockN, kBlockM, kStages, kScoreMod, false, ScoreFn, MaskFn>(args);
 }
 
 }  // namespace cupyflash

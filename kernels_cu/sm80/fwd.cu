@@ -44,8 +44,8 @@ struct Sm80FwdState {
     TileQueue<kRing> tiles;  // key tiles, one segment
 };
 
-// ScoreFn and MaskFn: a score_mod's and a mask_mod's generated code (common/user_calls.cuh; 16-bit
-// inputs), or NoUserScore and NoUserMask. A score_mod takes the modified path (kModified).
+// ScoreFn and MaskFn: a score_mod's and a mask_mod's generated code (common/user_calls.cuh), or
+// NoUserScore and NoUserMask. A score_mod takes the modified path (kModified).
 template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod, bool kTf32,
           typename ScoreFn = NoUserScore, typename MaskFn = NoUserMask>
 struct Sm80FwdMainloop {
@@ -57,8 +57,7 @@ struct Sm80FwdMainloop {
     // float32 and float64 keep their scores in natural-log units, at their accuracy (fragment/softmax.cuh).
     static constexpr bool kNatural = sizeof(T) >= 4;
     using Acc = typename Ops::Acc;
-    using Scores = typename Log2ScoresOf<ScoreFn, typename Sm80Scores<T>::type>::type;
-    static_assert(!ScoreFn::kEnabled || !kNatural, "score_mods run on the 16-bit kernels (float32, float64: general)");
+    using Scores = typename ScoresOf<ScoreFn, typename Sm80Scores<T>::type>::type;
     using State = Sm80FwdState<Scores>;
     using Softmax = FragmentSoftmax<kBlockN / 8, kNatural, Acc>;
     static constexpr int kLd = Tr::kLd;
@@ -251,7 +250,7 @@ struct Sm80FwdMainloop {
             // uniform branch of its own, which keeps the unmasked tiles free of the mask's predicates.
             const auto row_of = [&](int mt, int r) { return row_g + 16 * mt + 8 * r; };
             if constexpr (kNatural) {
-                modify_rows_natural<kScoreMod>(s, st.scores, row_of, n0, 2 * t);
+                modify_rows_natural<kModified>(s, st.scores, row_of, n0, 2 * t);
             } else {
                 modify_rows<kModified, false>(s, st.scores, row_of, [&](int, int) { return st.scores.bias_log2; }, n0, 2 * t);
             }
@@ -407,22 +406,24 @@ sm80_fwd(const CUPYFLASH_GRID_CONSTANT FwdArgs args) {
 
 // float32 on the bfloat16 tensor cores (three-part split, sm80/operands.cuh): a template of its own for
 // its own tile table (cupyflash/_families/sm80.py); kTf32 for precision="tf32" (two parts).
-template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod, bool kTf32>
+template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod, bool kTf32, typename ScoreFn = NoUserScore,
+          typename MaskFn = NoUserMask>
 __global__ void __launch_bounds__(Sm80FwdTraits<T, kHeadDim, kBlockN, kMTiles>::kThreads,
                                   Sm80FwdTraits<T, kHeadDim, kBlockN, kMTiles>::kMinCtasPerSm)
 sm80_fwd_parts(const CUPYFLASH_GRID_CONSTANT FwdArgs args) {
     static_assert(sizeof(T) == 4, "float32 only");
-    sm80_fwd_body<T, kHeadDim, kBlockN, kMTiles, kScoreMod, kTf32>(args);
+    sm80_fwd_body<T, kHeadDim, kBlockN, kMTiles, kScoreMod, kTf32, ScoreFn, MaskFn>(args);
 }
 
 // float64 on the float64 tensor cores (sm80/operands.cuh; m16n8k8 on sm_90, m8n8k4 before): a template of
 // its own for its own tile table (cupyflash/_families/sm80.py).
-template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod>
+template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod, typename ScoreFn = NoUserScore,
+          typename MaskFn = NoUserMask>
 __global__ void __launch_bounds__(Sm80FwdTraits<T, kHeadDim, kBlockN, kMTiles>::kThreads,
                                   Sm80FwdTraits<T, kHeadDim, kBlockN, kMTiles>::kMinCtasPerSm)
 sm80_fwd_dmma(const CUPYFLASH_GRID_CONSTANT FwdArgs args) {
     static_assert(sizeof(T) == 8, "float64 only");
-    sm80_fwd_body<T, kHeadDim, kBlockN, kMTiles, kScoreMod, false>(args);
+    sm80_fwd_body<T, kHeadDim, kBlockN, kMTiles, kScoreMod, false, ScoreFn, MaskFn>(args);
 }
 
 }  // namespace cupyflash

@@ -351,7 +351,7 @@ template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kStages, boo
 struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHeadDimV, kBlockM, kStages>::kBlockN> {
     using Tr = Sm90BwdTraits<T, kHeadDim, kHeadDimV, kBlockM, kStages>;
     static constexpr bool kModified = kScoreMod || ScoreFn::kEnabled;
-    using Scores = typename Log2ScoresOf<ScoreFn>::type;
+    using Scores = typename ScoresOf<ScoreFn, Log2Scores>::type;
     using Base = Sm90BwdShared<kBlockM, Tr::kBlockN>;
     using Base::walk;
     using Base::dq_lane_offset;

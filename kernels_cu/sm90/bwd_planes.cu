@@ -13,11 +13,12 @@
 
 namespace cupyflash {
 
-template <typename T, int kHeadDim, int kStages, bool kScoreMod, bool kTf32>
+template <typename T, int kHeadDim, int kStages, bool kScoreMod, bool kTf32, typename ScoreFn = NoUserScore,
+          typename MaskFn = NoUserMask>
 __global__ void __launch_bounds__(Sm90BwdPlanesTraits<kHeadDim, kStages, kTf32>::kThreads, 1)
 sm90_bwd_planes(const CUPYFLASH_GRID_CONSTANT BwdArgs args, const CUPYFLASH_GRID_CONSTANT Sm90BwdMaps maps) {
     static_assert(sizeof(T) == 4, "float32 only");
-    using Mainloop = Sm90BwdPlanesMainloop<kHeadDim, kStages, kScoreMod, kTf32>;
+    using Mainloop = Sm90BwdPlanesMainloop<kHeadDim, kStages, kScoreMod, kTf32, ScoreFn, MaskFn>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Sm90BwdKernel<Mainloop, Sm90BwdEpilogue<float>>::run(args, maps, smem_raw);
 }

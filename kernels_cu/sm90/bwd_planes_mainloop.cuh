@@ -96,9 +96,14 @@ struct Sm90BwdPlanesTraits {
     static_assert(kSmemBytes <= 227 * 1024, "the tiles must fit sm_90's 227 KB");
 };
 
-template <int kHeadDim, int kStages, bool kScoreMod, bool kTf32>
+// ScoreFn and MaskFn: a score_mod's (whose buffers take no gradients) and a mask_mod's generated code
+// (common/user_calls.cuh), or NoUserScore and NoUserMask.
+template <int kHeadDim, int kStages, bool kScoreMod, bool kTf32, typename ScoreFn = NoUserScore,
+          typename MaskFn = NoUserMask>
 struct Sm90BwdPlanesMainloop : Sm90BwdShared<64, 64> {
     using Tr = Sm90BwdPlanesTraits<kHeadDim, kStages, kTf32>;
+    static constexpr bool kModified = kScoreMod || ScoreFn::kEnabled;
+    using Scores = typename ScoresOf<ScoreFn, NaturalScores<float>>::type;
     using Base = Sm90BwdShared<64, 64>;
     using Products = Sm90PlaneProducts<kTf32>;
     using Ops = typename Products::Ops;
@@ -295,33 +300,34 @@ struct Sm90BwdPlanesMainloop : Sm90BwdShared<64, 64> {
             };
             float s[kSTiles][4];  // S^T, then P^T (warpgroup 0); dP^T, then dS^T (warpgroup 1)
             if (wg == 0) {
-                const NaturalScores<float> scores(a, seq, work.b, h);
+                const Scores scores(a, seq, work.b, h);
                 Products::template scores<kBlockM, kHeadDim / 16, kBlockN, kBlockM, true>(s, k_tile, 0, Tr::kKPlaneBytes,
                                                                                           q_tile, 0, Tr::kQPlaneBytes);
                 mbarrier_wait(&st.rows_full[stage], parity);
                 const double* lse = reinterpret_cast<const double*>(rows);
                 const auto lse_pair = [&](int nt) { return *reinterpret_cast<const double2*>(lse + 8 * nt + col_t); };
                 auto& p = reinterpret_cast<float(&)[1][kSTiles][4]>(s);
-                // With kScoreMod, probabilities_cols_natural turns its second fragment into (x - delta) *
+                // With kModified, probabilities_cols_natural turns its second fragment into (x - delta) *
                 // (1 - tanh^2): from x = 1 and delta = 0 the softcap's derivative, which P' carries.
                 float derivative[1][kSTiles][4];
-                if constexpr (kScoreMod) {
+                if constexpr (kModified) {
 #pragma unroll
                     for (int nt = 0; nt < kSTiles; ++nt) {
                         derivative[0][nt][0] = derivative[0][nt][1] = derivative[0][nt][2] = derivative[0][nt][3] = 1.0f;
                     }
                 }
-                probabilities_cols_natural<kScoreMod>(p, kScoreMod ? derivative : p, scores, lse_pair,
+                probabilities_cols_natural<kModified>(p, kModified ? derivative : p, scores, lse_pair,
                                                       [](int) { return make_float2(0.0f, 0.0f); }, key_g, m0, col_t);
                 const bool partial = entry_partial(entry);
                 if (partial || !mask.tile_is_full(m0, kBlockM, key0, kBlockN)) {
-                    mask_tile_cols(p, mask, BlockLayout(a, work.b, h), a, key_g, m0, col_t, partial);
+                    mask_tile_cols(p, mask, BlockLayout(a, work.b, h), a, key_g, m0, col_t, partial,
+                                   UserMaskAt<MaskFn>(a, work.b, h));
                 }
                 if (i >= 1) mbarrier_wait(&st.ds_free[0], (i - 1) & 1);  // X: dS^T_{i-1} read
 #pragma unroll
                 for (int nt = 0; nt < kSTiles; ++nt) {
-                    const float g0 = kScoreMod ? derivative[0][nt][0] : 1.0f, g1 = kScoreMod ? derivative[0][nt][1] : 1.0f;
-                    const float g2 = kScoreMod ? derivative[0][nt][2] : 1.0f, g3 = kScoreMod ? derivative[0][nt][3] : 1.0f;
+                    const float g0 = kModified ? derivative[0][nt][0] : 1.0f, g1 = kModified ? derivative[0][nt][1] : 1.0f;
+                    const float g2 = kModified ? derivative[0][nt][2] : 1.0f, g3 = kModified ? derivative[0][nt][3] : 1.0f;
                     p_share[128 * nt] = make_float4(s[nt][0] * g0, s[nt][1] * g1, s[nt][2] * g2, s[nt][3] * g3);
                 }
                 mbarrier_arrive(&st.p_full);

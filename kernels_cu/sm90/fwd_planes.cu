@@ -26,12 +26,13 @@ struct Sm90FwdPlanesEpilogue {
     __device__ __forceinline__ static void finish() {}
 };
 
-template <typename T, int kHeadDim, int kBlockN, int kStages, bool kScoreMod, bool kTf32>
+template <typename T, int kHeadDim, int kBlockN, int kStages, bool kScoreMod, bool kTf32, typename ScoreFn = NoUserScore,
+          typename MaskFn = NoUserMask>
 __global__ void __launch_bounds__(Sm90FwdPlanesTraits<kHeadDim, kBlockN, kStages, kTf32>::kThreads, 1)
 sm90_fwd_planes(const CUPYFLASH_GRID_CONSTANT FwdArgs args, const CUPYFLASH_GRID_CONSTANT Sm90FwdMaps maps,
                 const Sm90Schedule schedule) {
     static_assert(sizeof(T) == 4, "float32 only");
-    using Mainloop = Sm90FwdPlanesMainloop<kHeadDim, kBlockN, kStages, kScoreMod, kTf32>;
+    using Mainloop = Sm90FwdPlanesMainloop<kHeadDim, kBlockN, kStages, kScoreMod, kTf32, ScoreFn, MaskFn>;
     using Kernel = Sm90FwdKernel<Mainloop, Sm90FwdPlanesEpilogue<typename Mainloop::Tr>,
                                  Sm90QueryTileScheduler<Mainloop::kBlockM>>;
     extern __shared__ __align__(16) unsigned char smem_raw[];

@@ -79,9 +79,14 @@ struct Sm90FwdPlanesTraits {
     static_assert(kSmemBytes <= 227 * 1024, "the tiles must fit sm_90's 227 KB");
 };
 
-template <int kHeadDim, int kBlockN, int kStages, bool kScoreMod, bool kTf32>
+// ScoreFn and MaskFn: a score_mod's and a mask_mod's generated code (common/user_calls.cuh), or
+// NoUserScore and NoUserMask.
+template <int kHeadDim, int kBlockN, int kStages, bool kScoreMod, bool kTf32, typename ScoreFn = NoUserScore,
+          typename MaskFn = NoUserMask>
 struct Sm90FwdPlanesMainloop {
     using Tr = Sm90FwdPlanesTraits<kHeadDim, kBlockN, kStages, kTf32>;
+    static constexpr bool kModified = kScoreMod || ScoreFn::kEnabled;
+    using Scores = typename ScoresOf<ScoreFn, NaturalScores<float>>::type;
     using Products = Sm90PlaneProducts<kTf32>;
     using Ops = typename Products::Ops;  // split2 and the P fragments
     using Softmax = FragmentSoftmax<Tr::kNTiles, true, float>;  // natural-log units, as sm80's float32
@@ -175,15 +180,18 @@ struct Sm90FwdPlanesMainloop {
     // The scores of key tile `entry` in natural-log units with the modifications (modify_rows_natural, as
     // sm80's float32 forward and backward round them), then the mask where the tile needs one.
     __device__ __forceinline__ static void modify_and_mask(float (&s)[kNTiles][4], const AttnArgs& a,
-                                                           const Sm90FwdTile& st, const NaturalScores<float>& scores,
+                                                           const Sm90FwdTile& st, const Scores& scores,
                                                            int entry, int row_g, int w0, int col_t) {
         const int n0 = entry_tile(entry) * kBlockN;
         auto& rows = reinterpret_cast<float(&)[1][kNTiles][4]>(s);
         const auto row_of = [&](int, int r) { return row_g + 8 * r; };
-        modify_rows_natural<kScoreMod>(rows, scores, row_of, n0, col_t);
+        modify_rows_natural<kModified>(rows, scores, row_of, n0, col_t);
         const bool partial = entry_partial(entry);
         const int cuts = st.mask.key_cuts(w0, 64, n0, kBlockN);
-        if (partial || cuts != 0) mask_tile_rows<true>(rows, st.mask, st.layout, a, row_of, n0, col_t, partial, cuts);
+        if (partial || cuts != 0) {
+            mask_tile_rows<true>(rows, st.mask, st.layout, a, row_of, n0, col_t, partial, cuts,
+                                 UserMaskAt<MaskFn>(a, st.b, st.h));
+        }
     }
 
     // A key tile the warpgroup does not compute: its two turns, passed at once, and its stage released
@@ -220,7 +228,7 @@ struct Sm90FwdPlanesMainloop {
         const int row_g = w0 + 16 * warp + lane / 4;
         int first, last;
         sm90_seen_key_tiles<kBlockN>(tile, w0, &first, &last);  // causal: the first warpgroup sees a tile fewer
-        const NaturalScores<float> scores(a, tile.seq, tile.b, tile.h);
+        const Scores scores(a, tile.seq, tile.b, tile.h);
 #pragma unroll
         for (int c = 0; c < kOTiles; ++c) o[0][c][0] = o[0][c][1] = o[0][c][2] = o[0][c][3] = 0.0f;
         if (last == first) release_stage(&st.q_empty);
