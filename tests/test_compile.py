@@ -444,7 +444,7 @@ def test_variant_table_is_closed_and_named():
     assert built.name_expression == ("cupyflash::general_bwd_dq<double, false, cupyflash::UserScore, "
                                      "cupyflash::NoUserMask>")
     with pytest.raises(ValueError, match="no score_mod"):
-        sm80.FWD_FP32.variant("float32", sm80.FWD_FP32.tiles[0], user=user)
+        common.DQ_CONVERT.variant("bfloat16", user=user)
     with pytest.raises(ValueError, match="no flags"):
         sm80.FWD.variant("float16", (128, 32, 2), causal=True)
 
