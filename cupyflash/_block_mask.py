@@ -149,7 +149,7 @@ class BlockMask:
             (block_q, block_k).
         buffers : tuple of arrays
             The arrays the function indexes (float32, float64, int32 or bool, rank at most 4), all NumPy
-            or all CuPy; the mask's layout is built on their device (by a kernel compiled from the
+            or all CuPy, copied (later writes to them do not change the mask); the mask's layout is built on their device (by a kernel compiled from the
             function, one CTA per block, once cupyflash._problem.NEW_KERNELS_ENABLED is on; until then
             by CuPy's array operations) or on the host (NumPy buffers, or none).
 
@@ -168,7 +168,12 @@ class BlockMask:
                 raise ValueError(f"{name} must be at least 1, got {value}")
         cupy = _cupy()
         xp = cupy if cupy is not None and any(isinstance(b, cupy.ndarray) for b in buffers) else numpy
-        buffers = _problem.check_buffers("buffers", buffers, xp)
+        # Copies: the mask's blocks are classified once, so later writes to the caller's arrays must not
+        # reach the function the kernels evaluate.
+        buffers = tuple(xp.array(x, copy=True) for x in _problem.check_buffers("buffers", buffers, xp))
+        if xp is numpy:
+            for x in buffers:
+                x.flags.writeable = False
         traced = _trace.trace(mask_mod, "mask", [(b.dtype, b.ndim) for b in buffers], "mask_mod")
         if xp is not numpy and _problem.NEW_KERNELS_ENABLED:
             from ._families import common

@@ -404,6 +404,18 @@ def test_mask_mods_equal_their_built_in_forms():
     np.testing.assert_allclose(out, np.einsum("bhqk,bkhd->bqhd", p / p.sum(-1, keepdims=True), v), atol=1e-12)
 
 
+def test_mask_keeps_its_own_buffers():
+    """A BlockMask copies its buffers: writing the caller's array afterwards changes neither its blocks nor
+    the function the calls evaluate."""
+    doc = _documents(1, 64, 3, 15)
+    mask = cupyflash.BlockMask.from_mask_mod(same_document, 1, 1, 64, 64, block_size=(16, 16), buffers=(doc,))
+    rng = np.random.default_rng(16)
+    q, k, v = (rng.standard_normal((1, 64, 2, 8)) for _ in range(3))
+    before = cupyflash.flash_attention(q, k, v, block_mask=mask)
+    doc[:] = 0
+    np.testing.assert_array_equal(cupyflash.flash_attention(q, k, v, block_mask=mask), before)
+
+
 def test_mask_mod_arguments_are_checked():
     with pytest.raises(TypeError, match="must return a bool"):
         cupyflash.BlockMask.from_mask_mod(lambda b, h, qi, ki: qi - ki, 1, 1, 8, 8, block_size=(4, 4))
