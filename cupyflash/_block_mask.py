@@ -71,11 +71,13 @@ class BlockMask:
     for NumPy): the lists built from it are cached.
     """
 
-    def __init__(self, layout, block_size):
-        """Use :meth:`from_dense`; this constructor takes an already checked boolean layout."""
+    def __init__(self, layout, block_size, mask_mod=None):
+        """Use :meth:`from_dense` or :meth:`from_mask_mod`; this constructor takes an already checked
+        boolean layout (and from_mask_mod's function: its full blocks decide the lists' partial tiles,
+        so it comes before any list is built)."""
         self._layout = layout
         self.block_size = block_size
-        self.mask_mod = None  # from_mask_mod: (traced mask_mod, buffers, full layout, (seqlen_q, seqlen_k))
+        self.mask_mod = mask_mod  # from_mask_mod: (traced mask_mod, buffers, full layout, (seqlen_q, seqlen_k))
         self._lists = {}
         self._copies = {}
         xp = self._module(layout)
@@ -149,9 +151,10 @@ class BlockMask:
             (block_q, block_k).
         buffers : tuple of arrays
             The arrays the function indexes (float32, float64, int32 or bool, rank at most 4), all NumPy
-            or all CuPy, copied (later writes to them do not change the mask); the mask's layout is built on their device (by a kernel compiled from the
-            function, one CTA per block, once cupyflash._problem.NEW_KERNELS_ENABLED is on; until then
-            by CuPy's array operations) or on the host (NumPy buffers, or none).
+            or all CuPy, copied (later writes to them do not change the mask). The layout is built on
+            their device (by a kernel compiled from the function, one CTA per block, once
+            cupyflash._problem.NEW_KERNELS_ENABLED is on; until then by CuPy's array operations) or on
+            the host (NumPy buffers, or none).
 
         Returns
         -------
@@ -180,9 +183,7 @@ class BlockMask:
 
             with buffers[0].device:
                 some, every = common.mask_mod_blocks(traced, buffers, batch, heads, seqlen_q, seqlen_k, block_size)
-            mask = cls.from_dense(some, block_size)
-            mask.mask_mod = (traced, buffers, every, (seqlen_q, seqlen_k))
-            return mask
+                return cls(some, block_size, (traced, buffers, every, (seqlen_q, seqlen_k)))
         block_q, block_k = block_size
         b = xp.arange(batch, dtype=numpy.int32).reshape(batch, 1, 1, 1)
         h = xp.arange(heads, dtype=numpy.int32).reshape(1, heads, 1, 1)
@@ -203,11 +204,12 @@ class BlockMask:
             padded[..., :seqlen_k] = certain
             padded[..., seqlen_k:] = True  # keys past the end do not make a block partial
             every[:, :, r] = padded.reshape(shape[:3] + (cols, block_k)).all(axis=(2, 4))
-        mask = cls.from_dense(some, block_size)
+        function = (traced, buffers, every, (seqlen_q, seqlen_k))
         if xp is numpy:
-            every.flags.writeable = False
-        mask.mask_mod = (traced, buffers, every, (seqlen_q, seqlen_k))
-        return mask
+            some.flags.writeable = every.flags.writeable = False
+            return cls(some, block_size, function)
+        with some.device:
+            return cls(some, block_size, function)
 
     @classmethod
     def longformer(cls, seqlen_q, seqlen_k=None, *, block_size=(128, 128), window_blocks=1, global_blocks=1):
@@ -368,8 +370,9 @@ class BlockMask:
             self._copies[key] = tuple(xp.asarray(x) if xp is not numpy else x.get() for x in buffers)
         return self._copies[key]
 
-    def _full_on(self, xp):
-        """A mask_mod's full-block layout on ``xp`` (None without a mask_mod)."""
+    def full_on(self, xp):
+        """A mask_mod's full-block layout on ``xp`` (numpy, or cupy on the current device; None without a
+        mask_mod), copied once when needed."""
         if self.mask_mod is None:
             return None
         full = self.mask_mod[2]
@@ -389,7 +392,7 @@ class BlockMask:
         key = (xp.__name__, xp.cuda.Device().id if xp is not numpy else None, tile_q, tile_k)
         lists = self._lists.get(key)
         if lists is None:
-            lists = TileLists(xp, self.layout_on(xp), self.block_size, tile_q, tile_k, self._full_on(xp))
+            lists = TileLists(xp, self.layout_on(xp), self.block_size, tile_q, tile_k, self.full_on(xp))
             if xp is not numpy:
                 xp.cuda.get_current_stream().synchronize()
             self._lists[key] = lists

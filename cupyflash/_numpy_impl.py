@@ -69,7 +69,8 @@ class _Masking:
             layout = np.broadcast_to(full, (batch, heads) + full.shape[2:]).reshape(shape + full.shape[2:])
             block_size = p.block_mask.block_size
             if p.block_mask.mask_mod is not None:
-                traced, buffers, every, _ = p.block_mask.mask_mod
+                traced = p.block_mask.mask_mod[0]
+                buffers, every = p.block_mask.mask_buffers_on(np), p.block_mask.full_on(np)
                 every = np.broadcast_to(every, (batch, heads) + every.shape[2:]).reshape(shape + every.shape[2:])
                 b, h = _positions(p, shape)
                 # A mask built for a batch or heads of 1 is that entry's (b = 0, h = 0) for all of them.

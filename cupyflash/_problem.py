@@ -418,9 +418,10 @@ NEW_KERNELS_ENABLED = False
 
 def check_deterministic(deterministic, p):
     """The backward's ``deterministic`` flag for problem ``p``: CuPy kernels add a score_mod's buffer
-    gradients with atomics, so they refuse it (NotImplementedError) for floating-point buffers."""
+    gradients with atomics, so they refuse it (NotImplementedError) where the function reads a
+    floating-point buffer."""
     deterministic = check_flag("deterministic", deterministic)
-    if deterministic and p.xp is not numpy and any(x.dtype.kind == "f" for x in p.user_buffers or ()):
+    if deterministic and p.xp is not numpy and p.user_score is not None and p.user_score.buffer_gradients:
         raise NotImplementedError(
             "deterministic=True with floating-point score_mod_buffers on CuPy arrays: their gradients are "
             "added with atomics in this version (NumPy arrays, or deterministic=False)"

@@ -377,6 +377,25 @@ def test_from_mask_mod_classifies_blocks():
     np.testing.assert_array_equal(mask.mask_mod[2][:, 0], every & some)
 
 
+@pytest.mark.parametrize("block", [32, 64])
+def test_mask_mod_lists_mark_tiles_over_blocks_that_are_not_full(block):
+    """The tile lists the kernels read mark partial every tile that covers a block where the function does
+    not hold for every pair (the causal diagonal), at the mask's own block size too, where a plain layout's
+    tiles are never partial."""
+    mask = cupyflash.BlockMask.from_mask_mod(lambda b, h, qi, ki: ki <= qi, 1, 1, 256, 256, block_size=(block, block))
+    pairs = np.tri(256, dtype=bool)
+    for tile in (32, 64, 128):
+        lists = mask.tile_lists(np, tile, tile)
+        for t in range(256 // tile):
+            entries = lists.kv_index[0, 0, t, :lists.kv_count[0, 0, t]]
+            rows = pairs[t * tile:(t + 1) * tile]
+            seen = {c for c in range(256 // tile) if rows[:, c * tile:(c + 1) * tile].any()}
+            assert seen <= set(entries >> 1)  # every tile with a visible pair is visited
+            for entry in entries:  # a tile run without the mask holds no hidden pair
+                assert entry & 1 or rows[:, (entry >> 1) * tile:((entry >> 1) + 1) * tile].all()
+            assert (entries & 1)[list(entries >> 1).index(t)] == 1  # the diagonal tile
+
+
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16], ids=["float32", "bfloat16"])
 def test_document_mask_against_the_oracle(dtype):
     doc = _documents(2, 150, 5, 12)

@@ -133,7 +133,9 @@ def mod_grads(grads, local=False):
 
 def local_grad_floats(p):
     """Floats of the score_mod buffers' gradients that a backward kernel sums per CTA in shared memory:
-    all of them (float32 accumulators of 16-bit problems), or 0 when there are none."""
+    all of them (float32 accumulators of 16-bit problems), or 0 when the function reads no float buffer."""
+    if p.user_score is None or not p.user_score.buffer_gradients:
+        return 0
     return sum(g.size for g in p.user_grads or () if g is not None)
 
 

@@ -32,6 +32,22 @@ struct NoUserMask {
     static constexpr bool kEnabled = false;
 };
 
+// The tiles' pairs outside the sequence (padding rows and keys) take the score 0 and the derivative 0:
+// there the function may index past its buffers (a NaN score) or divide by the 0 an out-of-range load
+// gives (an infinite derivative), and the padding rows, whose probabilities are 0 only for finite
+// scores, and 0 * inf would carry NaN into real rows through the tile products (the NumPy paths never
+// see those pairs). Pairs inside the sequence keep theirs, as the NumPy paths do.
+struct UserExtent {
+    int seqlen_q, seqlen_k;
+
+    UserExtent() = default;
+    __device__ __forceinline__ explicit UserExtent(const Sequence& s) : seqlen_q(s.seqlen_q), seqlen_k(s.seqlen_k) {}
+    // (Rows before the sequence, which the Hopper forward's first tile of a sequence may hold, too.)
+    __device__ __forceinline__ bool inside(int i, int j) const {
+        return static_cast<unsigned>(i) < static_cast<unsigned>(seqlen_q) && j < seqlen_k;
+    }
+};
+
 // The general path's scores with a score_mod, NaturalScores' interface: the scaled score rounded once
 // (as NaturalScores rounds it), then the function, whose derivative with respect to the scaled score is
 // the backward's grad.
@@ -40,20 +56,17 @@ struct UserNaturalScores {
     Acc scale;
     const ModBuffers* buffers;
     int b, h;
+    UserExtent extent;
 
     UserNaturalScores() = default;
-    __device__ __forceinline__ UserNaturalScores(const AttnArgs& a, const Sequence&, int b_, int h_)
-        : scale(static_cast<Acc>(a.softmax_scale)), buffers(&a.score_buffers), b(b_), h(h_) {}
+    __device__ __forceinline__ UserNaturalScores(const AttnArgs& a, const Sequence& seq, int b_, int h_)
+        : scale(static_cast<Acc>(a.softmax_scale)), buffers(&a.score_buffers), b(b_), h(h_), extent(seq) {}
 
     __device__ __forceinline__ Acc modified(Acc x, int i, int j, Acc* grad) const {
         const Acc s = scale_score(x, scale);
-        *grad = ScoreFn::template dscore<Acc>(s, b, h, i, j, *buffers);
-        return ScoreFn::template value<Acc>(s, b, h, i, j, *buffers);
-    }
-
-    // The modified score alone (the forward's).
-    __device__ __forceinline__ Acc value(Acc x, int i, int j) const {
-        return ScoreFn::template value<Acc>(scale_score(x, scale), b, h, i, j, *buffers);
+        const bool inside = extent.inside(i, j);
+        *grad = inside ? ScoreFn::template dscore<Acc>(s, b, h, i, j, *buffers) : Acc(0);
+        return inside ? ScoreFn::template value<Acc>(s, b, h, i, j, *buffers) : Acc(0);
     }
 };
 
@@ -69,20 +82,22 @@ struct UserLog2Scores {
     float bias_log2 = 0.0f;   // no ALiBi
     const ModBuffers* buffers;
     int b, h;
+    UserExtent extent;
 
     UserLog2Scores() = default;
-    __device__ __forceinline__ UserLog2Scores(const AttnArgs& a, const Sequence&, int b_, int h_)
+    __device__ __forceinline__ UserLog2Scores(const AttnArgs& a, const Sequence& seq, int b_, int h_)
         : scale(static_cast<float>(a.softmax_scale)), scale_log2(static_cast<float>(a.softmax_scale) * kLog2eF),
-          buffers(&a.score_buffers), b(b_), h(h_) {}
+          buffers(&a.score_buffers), b(b_), h(h_), extent(seq) {}
 
     __device__ __forceinline__ float modified(float x, int i, int j, float, float* tanh_out) const {
         *tanh_out = 0.0f;
-        return ScoreFn::template value<float>(scale_score(x, scale), b, h, i, j, *buffers) * kLog2eF;
+        return extent.inside(i, j) ? ScoreFn::template value<float>(scale_score(x, scale), b, h, i, j, *buffers) * kLog2eF
+                                   : 0.0f;
     }
 
     // d(value) / d(scaled score) at the raw product x (Log2Scores::derivative's interface).
     __device__ __forceinline__ float derivative(float x, int i, int j, float) const {
-        return ScoreFn::template dscore<float>(scale_score(x, scale), b, h, i, j, *buffers);
+        return extent.inside(i, j) ? ScoreFn::template dscore<float>(scale_score(x, scale), b, h, i, j, *buffers) : 0.0f;
     }
 };
 
@@ -99,7 +114,8 @@ struct UserLog2ScoresLate : UserLog2Scores<ScoreFn> {
 
     // d(value) / d(score) of pair (i, j).
     __device__ __forceinline__ float derivative_at(int i, int j) const {
-        return ScoreFn::template dscore<float>(0.0f, this->b, this->h, i, j, *this->buffers);
+        return this->extent.inside(i, j) ? ScoreFn::template dscore<float>(0.0f, this->b, this->h, i, j, *this->buffers)
+                                         : 0.0f;
     }
 
     // ds_mod times d(value) / d(load) into each floating-point buffer element pair (i, j) reads.
