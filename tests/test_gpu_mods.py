@@ -229,3 +229,15 @@ def test_kvcache_score_mod_is_the_builtin_alibi(dtype, atol):
             **options))
     np.testing.assert_allclose(to_host(results[1]).astype(np.float32), to_host(results[0]).astype(np.float32),
                                rtol=0, atol=atol)
+
+
+def test_device_built_mask_serves_numpy_calls():
+    """A mask built from CuPy buffers serves a NumPy call too (its layout, full blocks and buffers copied to
+    the host once), with the NumPy result of the host-built mask."""
+    doc = _documents(1, 90, 3, 27)
+    device = cupyflash.BlockMask.from_mask_mod(same_document, 1, 1, 90, 90, block_size=(32, 32),
+                                               buffers=(cupy.asarray(doc),))
+    host = cupyflash.BlockMask.from_mask_mod(same_document, 1, 1, 90, 90, block_size=(32, 32), buffers=(doc,))
+    q, k, v = (np.random.default_rng(28).standard_normal((1, 90, 2, 16)) for _ in range(3))
+    np.testing.assert_array_equal(cupyflash.flash_attention(q, k, v, block_mask=device),
+                                  cupyflash.flash_attention(q, k, v, block_mask=host))
