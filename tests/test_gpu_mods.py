@@ -238,6 +238,7 @@ def test_device_built_mask_serves_numpy_calls():
     device = cupyflash.BlockMask.from_mask_mod(same_document, 1, 1, 90, 90, block_size=(32, 32),
                                                buffers=(cupy.asarray(doc),))
     host = cupyflash.BlockMask.from_mask_mod(same_document, 1, 1, 90, 90, block_size=(32, 32), buffers=(doc,))
-    q, k, v = (np.random.default_rng(28).standard_normal((1, 90, 2, 16)) for _ in range(3))
+    rng = np.random.default_rng(28)
+    q, k, v = (rng.standard_normal((1, 90, 2, 16)) for _ in range(3))
     np.testing.assert_array_equal(cupyflash.flash_attention(q, k, v, block_mask=device),
                                   cupyflash.flash_attention(q, k, v, block_mask=host))
