@@ -199,7 +199,7 @@ def _backward(key, p, dout, q, k, v, out, lse, deterministic, alibi_slopes=None,
               cu_seqlens_k=None):
     """(dq, dk, dv), and dsinks with sinks, of a checked backward call; a CuPy call's plan is kept under
     ``key``."""
-    deterministic = _problem.check_deterministic(deterministic, p)
+    deterministic = _problem.check_flag("deterministic", deterministic)
     if key is None or not _compute.plannable(p):
         return _compute.backward(p, dout, q, k, v, out, lse, deterministic)
     from . import _cuda

@@ -70,8 +70,8 @@ def backward_plan(p, dout, q, k, v, out, lse, deterministic, alibi_slopes=None, 
     """The plan of the backward of problem ``p`` (see :func:`forward_plan`). Its run takes ``(dout, q, k,
     v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None, *user_buffers, *user_grads)`` (the
     score_mod's buffers, then their zeroed gradient accumulators of :func:`buffer_gradients`, which it
-    adds into) and returns ``(dq, dk, dv)``; lse may be float32 or float64 (the plan converts it to the
-    precision of the forward's)."""
+    adds into, or with ``deterministic`` writes from exact sums) and returns ``(dq, dk, dv)``; lse may
+    be float32 or float64 (the plan converts it to the precision of the forward's)."""
     device = common.current_device()
     b = _plan.PlanBuilder()
     operands = tuple(b.input(*common.readable(x)) for x in (dout, q, k, v, out))
@@ -81,12 +81,24 @@ def backward_plan(p, dout, q, k, v, out, lse, deterministic, alibi_slopes=None, 
     else:
         lse_slot = b.input(cupy.ascontiguousarray(lse.astype(dtype)), lambda x: cupy.ascontiguousarray(x.astype(dtype)))
     ps = _problem_inputs(b, p, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None, user_buffers)
+    grad_slots = words = ()
     if p.user_buffers is not None:
-        ps = dataclasses.replace(ps, user_grads=tuple(b.input(g) for g in user_grads))
+        grad_slots = tuple(b.input(g) for g in user_grads)
+        if deterministic and p.user_score.buffer_gradients:
+            # Exact sums (kernels_cu/common/exact_sum.cuh), whose adds commute, then their values.
+            slots = common.EXACT_SUM_SLOTS[acc_dtype(p.dtype).name]
+            words = tuple(None if g is None else b.workspace((g.size * slots,), numpy.int64, zeroed=True)
+                          for g in grad_slots)
+            ps = dataclasses.replace(ps, user_grads=words, user_grads_exact=True)
+        else:
+            ps = dataclasses.replace(ps, user_grads=grad_slots)
     dout_s, q_s, k_s, v_s, out_s = operands
     if _launchable(p):
         family, variant = _families.select(_families.BACKWARD, ps, device, (q_s, k_s, v_s, dout_s))
         grads = family.plan(b, variant, ps, dout_s, q_s, k_s, v_s, out_s, lse_slot, deterministic, device)
+        for sums, out in zip(words, grad_slots):
+            if sums is not None:
+                common.plan_finish_exact(b, sums, out)
     else:
         grads = tuple(b.output(x.shape, p.dtype) for x in (q_s, k_s, v_s))
     common.plan_varlen_check(b, ps, q_s, k_s, v_s, *grads)

@@ -36,7 +36,8 @@ DROPOUT_ARG = numpy.dtype(
 )
 MOD_BUFFER = numpy.dtype([("data", _PTR), ("size", _I32, (MAX_RANK,))], align=True)
 MOD_BUFFERS = numpy.dtype([("buf", MOD_BUFFER, (MAX_BUFFERS,))], align=True)
-MOD_GRADS = numpy.dtype([("data", _PTR, (MAX_BUFFERS,)), ("local_offset", _I32, (MAX_BUFFERS + 1,))], align=True)
+MOD_GRADS = numpy.dtype([("data", _PTR, (MAX_BUFFERS,)), ("local_offset", _I32, (MAX_BUFFERS + 1,)), ("exact", _I32)],
+                        align=True)
 ATTN_ARGS = numpy.dtype(
     [
         ("q", TENSOR_ARG), ("k", TENSOR_ARG), ("v", TENSOR_ARG),
@@ -108,6 +109,9 @@ MASK_MOD_BLOCKS_ARGS = numpy.dtype(
     align=True,
 )
 
+#: FinishExactArgs (kernels_cu/common/exact_sum.cu).
+FINISH_EXACT_ARGS = numpy.dtype([("words", _PTR), ("out", _PTR), ("count", _I64)], align=True)
+
 #: C++ struct name -> dtype, for the layout test.
 STRUCTS = {
     "TensorArg": TENSOR_ARG,
@@ -126,6 +130,7 @@ STRUCTS = {
     "RotaryArgs": ROTARY_ARGS,
     "MaxScoreDecodeArgs": MAX_SCORE_DECODE_ARGS,
     "MaskModBlocksArgs": MASK_MOD_BLOCKS_ARGS,
+    "FinishExactArgs": FINISH_EXACT_ARGS,
 }
 
 

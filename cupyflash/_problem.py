@@ -100,6 +100,7 @@ class Problem:
     user_buffers: object = None  # its buffers (a tuple of arrays of q's kind) when given, else None
     user_grads: object = None  # CUDA backward plans: the slots of the buffers' gradient accumulators (None each for
                                # int and bool buffers), or None
+    user_grads_exact: bool = False  # user_grads are exact sums (kernels_cu/common/exact_sum.cuh): deterministic
 
     @property
     def varlen(self):
@@ -414,19 +415,6 @@ def check_score_mod(score_mod, buffers, xp, softcap, alibi_slopes):
 #: rather than risk a silently wrong result; the GPU tests turn it on for themselves (tests/
 #: test_gpu_training.py, tests/test_gpu_features.py), and the switch goes once they have passed.
 NEW_KERNELS_ENABLED = False
-
-
-def check_deterministic(deterministic, p):
-    """The backward's ``deterministic`` flag for problem ``p``: CuPy kernels add a score_mod's buffer
-    gradients with atomics, so they refuse it (NotImplementedError) where the function reads a
-    floating-point buffer."""
-    deterministic = check_flag("deterministic", deterministic)
-    if deterministic and p.xp is not numpy and p.user_score is not None and p.user_score.buffer_gradients:
-        raise NotImplementedError(
-            "deterministic=True with floating-point score_mod_buffers on CuPy arrays: their gradients are "
-            "added with atomics in this version (NumPy arrays, or deterministic=False)"
-        )
-    return deterministic
 
 
 def check_dropout(dropout_p, dropout_seed, dropout_offset):

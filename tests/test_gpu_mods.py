@@ -176,13 +176,24 @@ def test_variants_are_cached_by_expression():
     assert len(_kernels._kernels) == before + 1
 
 
-def test_deterministic_buffer_gradients_are_refused():
-    q, k, v = random_qkv(cupy, 1, 16, 16, 2, 2, 16, 16, np.float32, seed=18)
-    table = cupy.asarray(_table((2, 21), seed=19))
-    out, lse = cupyflash.flash_attention(q, k, v, return_lse=True, score_mod=rel_bias, score_mod_buffers=(table,))
-    with pytest.raises(NotImplementedError, match="deterministic"):
-        cupyflash.flash_attention_backward(out, q, k, v, out, lse, score_mod=rel_bias, score_mod_buffers=(table,),
-                                           deterministic=True)
+@pytest.mark.parametrize("dtype, family", [("bfloat16", ""), ("float32", ""), ("float64", "general")])
+def test_deterministic_buffer_gradients(dtype, family, monkeypatch):
+    """deterministic=True: the table's gradient from exact sums (kernels_cu/common/exact_sum.cuh), the same
+    bits in every run (on the sm80 16-bit backward and the general kernels), and within the rule."""
+    use_family(monkeypatch, family)
+    table = cupy.asarray(_table((4, 21), seed=19))
+    got = check_dense(cupy, (2, 77, 90, 4, 2, 32, 32), DTYPES[dtype], causal=True, deterministic=True,
+                      score_mod=rel_bias, score_mod_buffers=(table,))
+    q, k, v = random_qkv(cupy, 2, 77, 90, 4, 2, 32, 32, DTYPES[dtype], seed=30)
+    dout = cupy.asarray(np.random.default_rng(31).standard_normal((2, 77, 4, 32)).astype(DTYPES[dtype]))
+    out, lse = cupyflash.flash_attention(q, k, v, causal=True, return_lse=True, score_mod=rel_bias,
+                                         score_mod_buffers=(table,))
+    runs = [cupyflash.flash_attention_backward(dout, q, k, v, out, lse, causal=True, deterministic=True,
+                                               score_mod=rel_bias, score_mod_buffers=(table,))[3][0]
+            for _ in range(3)]
+    for again in runs[1:]:
+        np.testing.assert_array_equal(to_host(again), to_host(runs[0]))
+    assert "dbuffer0" in got
 
 
 @pytest.mark.parametrize("block_size", [(64, 64), (16, 48), (128, 1)])

@@ -469,3 +469,65 @@ def test_kvcache_score_mod_is_the_builtin_alibi():
             return_lse=True, **options))
     np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(results[1][1], results[0][1], rtol=1e-5, atol=1e-6)
+
+
+_EXACT_SUM_DRIVER = r"""
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+#include "common/exact_sum.cuh"
+struct Words {
+    long long* w;
+    void add(int k, long long v) { w[k] += v; }
+    void set(int k, long long bits) { w[k] |= bits; }
+};
+template <typename F>
+F sum(const std::vector<F>& xs, int stride) {
+    std::vector<long long> words(cupyflash::exact_sum_slots<F>(), 0);
+    Words sink{words.data()};
+    // Every element once, in the order 0, stride, 2 stride, ... (mod n): another order per stride.
+    for (size_t i = 0, at = 0; i < xs.size(); ++i, at = (at + stride) % xs.size()) cupyflash::exact_sum_add(xs[at], sink);
+    return cupyflash::exact_sum_finish<F>(words.data());
+}
+int main(int argc, char** argv) {
+    const bool single = argv[1][0] == 'f';
+    std::vector<float> f;
+    std::vector<double> d;
+    for (int i = 2; i < argc; ++i) {
+        const double x = strtod(argv[i], nullptr);
+        f.push_back(static_cast<float>(x));
+        d.push_back(x);
+    }
+    for (int stride : {1, 7, 13}) {  // coprime with the counts used
+        if (single) printf("%a\n", static_cast<double>(sum(f, stride)));
+        else printf("%a\n", sum(d, stride));
+    }
+    return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+def test_exact_sums_are_exact_in_any_order(tmp_path, dtype):
+    """kernels_cu/common/exact_sum.cuh (the deterministic backward's buffer gradients) built as host C++: a
+    sum of values of both signs over 60 binades, subnormals and cancellations, in three orders, gives the
+    same bits each time: the exact sum rounded (within an ulp); infinities and NaN as float sums give them."""
+    import fractions
+
+    rng = np.random.default_rng(29)
+    values = list((rng.standard_normal(96) * np.exp2(rng.integers(-30, 30, 96))).astype(dtype))
+    tiny = np.finfo(dtype).smallest_subnormal
+    values += [dtype(1e30 if dtype == np.float32 else 1e300), dtype(-1e30 if dtype == np.float32 else -1e300),
+               tiny, tiny * 3, dtype(2.5), dtype(-2.5)]
+    binary = _host_build(tmp_path, "exact", _EXACT_SUM_DRIVER)
+    kind = "f" if dtype == np.float32 else "d"
+    run = subprocess.run([binary, kind, *[repr(float(x)) for x in values]], check=True, capture_output=True, text=True)
+    results = [float.fromhex(x) for x in run.stdout.split()]
+    assert len(set(results)) == 1  # every order, the same bits
+    exact = float(sum(fractions.Fraction(float(x)) for x in values))
+    assert abs(results[0] - exact) <= np.spacing(dtype(abs(exact)))
+    for extra, expect in (([-3.0], -2.0), ([-1.0], 0.0), ([np.inf], np.inf), ([-np.inf], -np.inf),
+                          ([np.inf, -np.inf], np.nan), ([np.nan], np.nan)):
+        run = subprocess.run([binary, kind, "1.0", *map(repr, extra)], check=True, capture_output=True, text=True)
+        got = float.fromhex(run.stdout.split()[0])
+        assert (np.isnan(got) and np.isnan(expect)) or got == expect, (extra, got)

@@ -29,7 +29,8 @@ def _kernels():
     from .._kvcache import device as kvcache
 
     seen = {}
-    others = [common.VARLEN_CHECK_FILL, common.DROPOUT_MASK, common.ROTARY, common.MAX_SCORE_DECODE, *kvcache.KERNELS]
+    others = [common.VARLEN_CHECK_FILL, common.DROPOUT_MASK, common.ROTARY, common.MAX_SCORE_DECODE, common.FINISH_EXACT,
+              *kvcache.KERNELS]
     for kernel in [k for family in FORWARD + BACKWARD for k in family.kernels] + others:
         seen.setdefault(kernel.name, kernel)
     return tuple(seen.values())

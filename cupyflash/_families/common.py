@@ -120,23 +120,45 @@ _NO_MOD_BUFFER = (0, (0,) * _params.MAX_RANK)
 _NO_MOD_BUFFERS = ([_NO_MOD_BUFFER] * _params.MAX_BUFFERS,)
 
 
-def mod_grads(grads, local=False):
-    """A ``ModGrads`` as a tuple: the address of each buffer's gradient accumulator (None: 0), and with
-    ``local`` the offsets of their parts in a kernel's shared-memory sums (:func:`local_grad_floats`)."""
-    grads = list(grads or ())
+def mod_grads(p, local=False):
+    """A ``ModGrads`` as a tuple: the address of each of problem ``p``'s buffer-gradient accumulators (None:
+    0), exact sums with ``p.user_grads_exact``, and with ``local`` the offsets of their parts in a kernel's
+    shared-memory sums (:func:`local_grad_floats`)."""
+    grads = list(p.user_grads or ())
     pointers = [_params.pointer(g) for g in grads] + [0] * (_params.MAX_BUFFERS - len(grads))
     offsets = [0]
     for g in grads + [None] * (_params.MAX_BUFFERS - len(grads)):
         offsets.append(offsets[-1] + (g.size if local and g is not None else 0))
-    return (pointers, offsets)
+    return (pointers, offsets, int(p.user_grads_exact))
 
 
 def local_grad_floats(p):
     """Floats of the score_mod buffers' gradients that a backward kernel sums per CTA in shared memory:
-    all of them (float32 accumulators of 16-bit problems), or 0 when the function reads no float buffer."""
-    if p.user_score is None or not p.user_score.buffer_gradients:
+    all of them (float32 accumulators of 16-bit problems); 0 when the function reads no float buffer,
+    and in the deterministic backward (exact sums, added straight into their words)."""
+    if p.user_score is None or not p.user_score.buffer_gradients or p.user_grads_exact:
         return 0
     return sum(g.size for g in p.user_grads or () if g is not None)
+
+
+#: int64 words of one element's exact sum (kernels_cu/common/exact_sum.cuh's exact_sum_slots), by the
+#: accumulation dtype.
+EXACT_SUM_SLOTS = {"float32": 13, "float64": 71}
+#: The deterministic backward's buffer gradients from their exact sums (kernels_cu/common/exact_sum.cu): a
+#: thread per element, grid-stride over at most FINISH_MAX_CTAS CTAs of FINISH_THREADS.
+FINISH_EXACT = _kernels.Kernel("finish_exact_sums", "common/exact_sum.cu", ("float32", "float64"))
+FINISH_THREADS = 256
+FINISH_MAX_CTAS = 4096
+
+
+def plan_finish_exact(b, words, out):
+    """Plan ``b`` launches the conversion of the exact sums ``words`` (int64, exact_sum_slots per element)
+    into ``out`` (float32 or float64)."""
+    if out.size:
+        args = b.struct(_params.FINISH_EXACT_ARGS)
+        args[0] = (_params.pointer(words), _params.pointer(out), out.size)
+        ctas = min(cdiv(out.size, FINISH_THREADS), FINISH_MAX_CTAS)
+        b.launch(function(FINISH_EXACT.variant(out.dtype.name)), (ctas, 1, 1), FINISH_THREADS, (args,))
 
 
 def dropout(p):
@@ -206,7 +228,7 @@ def bwd_args(b, p, dout, q, k, v, out, lse, delta, dq, dk, dv, lists, dq_fields=
     # The backward streams dO with cp.async too.
     args[0] = (attn(p, q, k, v, lists, vec=vec_loads(q, k, v, dout)),
                *(_params.tensor(x, batched) for x in (out, dout, dq, dk, dv)),
-               _params.rows(lse, *strides), _params.rows(delta, *strides), *dq_fields, 1, 0, mod_grads(p.user_grads))
+               _params.rows(lse, *strides), _params.rows(delta, *strides), *dq_fields, 1, 0, mod_grads(p))
     return args
 
 

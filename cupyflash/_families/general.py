@@ -31,7 +31,9 @@ def cxx_facts():
                       f"{traits}::kChunk": CHUNK})
     # The score and mask functions' argument block, which this family's kernels read.
     facts.update({"cupyflash::kMaxModBuffers": _params.MAX_BUFFERS, "cupyflash::kMaxModRank": _params.MAX_RANK})
-    return ("general/tile.cuh", "common/user_mod.cuh"), facts
+    facts.update({f"cupyflash::exact_sum_slots<{ctype}>()": common.EXACT_SUM_SLOTS[name]
+                  for name, ctype in (("float32", "float"), ("float64", "double"))})
+    return ("general/tile.cuh", "common/user_mod.cuh", "common/exact_sum.cuh"), facts
 
 
 class GeneralForward:

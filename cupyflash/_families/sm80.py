@@ -293,7 +293,7 @@ class Sm80Backward:
         # fit (LOCAL_GRAD_MAX_FLOATS), else added straight into the accumulators.
         local = common.local_grad_floats(p)
         if 0 < local <= LOCAL_GRAD_MAX_FLOATS and smem + 4 * local <= device.smem_optin:
-            args["score_grads"] = common.mod_grads(p.user_grads, local=True)
+            args["score_grads"] = common.mod_grads(p, local=True)
             smem += 4 * local
         b.launch(common.function(variant, smem), grid, BWD_THREADS, (args,), smem)
         common.plan_dq_convert(b, p, args)

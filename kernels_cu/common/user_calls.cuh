@@ -5,6 +5,7 @@
 // with the _rn operations of common/user_mod.cuh, so the forward and backward kernels, compiled
 // separately, compute bitwise the same modified score.
 #pragma once
+#include "common/exact_sum.cuh"
 #include "common/math.cuh"
 #include "common/params.cuh"
 #include "common/score_mod.cuh"
@@ -144,21 +145,45 @@ struct ScoresOf<NoUserScore, NaturalScores<Acc>> {
     using type = NaturalScores<Acc>;
 };
 
+// The digits of an exact sum (common/exact_sum.cuh) added with integer atomics, which commute.
+struct ExactAtomicWords {
+    long long* words;
+
+    __device__ __forceinline__ void add(int k, long long v) {
+        atomicAdd(reinterpret_cast<unsigned long long*>(words + k), static_cast<unsigned long long>(v));
+    }
+    __device__ __forceinline__ void set(int k, long long bits) {
+        atomicOr(reinterpret_cast<unsigned long long*>(words + k), static_cast<unsigned long long>(bits));
+    }
+};
+
+// amount into element `offset` of buffer `buffer`'s gradient: an atomic add into its accumulator of the
+// accumulation type, or (ModGrads::exact, the deterministic backward) into its exact sum.
+template <typename F>
+__device__ __forceinline__ void add_buffer_gradient(const ModGrads& grads, int buffer, long long offset, F amount) {
+    if (grads.exact) {
+        ExactAtomicWords words{static_cast<long long*>(grads.data[buffer]) + offset * exact_sum_slots<F>()};
+        exact_sum_add(amount, words);
+    } else {
+        atomicAdd(static_cast<F*>(grads.data[buffer]) + offset, amount);
+    }
+}
+
 // Where the backward adds ds_mod * d(score)/d(load) for the floating-point buffers of a score_mod: one
-// atomic add per term, into accumulators of the accumulation type (ModGrads; float64 for float64 inputs).
+// atomic add per term (add_buffer_gradient).
 struct AtomicBufferGrads {
     const ModGrads* grads;
 
     template <typename F>
     __device__ __forceinline__ void add(int buffer, long long offset, F amount) {
-        atomicAdd(static_cast<F*>(grads->data[buffer]) + offset, amount);
+        add_buffer_gradient(*grads, buffer, offset, amount);
     }
 };
 
 // The same with the gradients summed per CTA in shared memory first, where the host gave the kernel room
-// for them (ModGrads::local_offset): shared-memory atomics, which do not contend across the GPU, then one
-// add per element into the accumulators when the CTA is done (flush). float32 accumulators (16-bit
-// problems).
+// for them (ModGrads::local_offset; never in the deterministic backward): shared-memory atomics, which
+// do not contend across the GPU, then one add per element into the accumulators when the CTA is done
+// (flush). float32 accumulators (16-bit problems).
 struct LocalBufferGrads {
     float* local;  // ModGrads::local_offset[kMaxModBuffers] floats of shared memory, zeroed by clear
     const ModGrads* grads;
@@ -167,7 +192,7 @@ struct LocalBufferGrads {
         if (grads->local_offset[kMaxModBuffers] > 0) {
             atomicAdd(local + grads->local_offset[buffer] + offset, amount);
         } else {
-            atomicAdd(static_cast<float*>(grads->data[buffer]) + offset, amount);
+            add_buffer_gradient(*grads, buffer, offset, amount);
         }
     }
 

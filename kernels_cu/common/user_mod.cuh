@@ -31,12 +31,15 @@ struct ModBuffers {
 };
 
 // Where the backward adds the gradients of the floating-point buffers of a score function: one array of
-// the accumulation dtype per buffer, shaped like it (null for buffers that take none). A kernel that
-// sums them per CTA in shared memory first (common/user_calls.cuh's LocalBufferGrads) finds buffer b's
-// part at floats [local_offset[b], local_offset[b + 1]) of it; local_offset[kMaxModBuffers] == 0: none.
+// the accumulation dtype per buffer, shaped like it (null for buffers that take none), or with `exact`
+// (the deterministic backward) one exact accumulator per element (common/exact_sum.cuh:
+// exact_sum_slots<accumulation type>() int64 words each). A kernel that sums them per CTA in shared
+// memory first (common/user_calls.cuh's LocalBufferGrads) finds buffer b's part at floats
+// [local_offset[b], local_offset[b + 1]) of it; local_offset[kMaxModBuffers] == 0: none.
 struct ModGrads {
     void* data[kMaxModBuffers];
     int local_offset[kMaxModBuffers + 1];
+    int exact;
 };
 
 // Whether every index is in range (a negative one, as unsigned, is past any size).
