@@ -627,8 +627,7 @@ def flash_attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, *, k:
         A score function and its buffers, as in :func:`flash_attention` (a custom bias while decoding):
         ``b`` is the batch entry, ``q_idx`` the query's row in ``q`` and ``kv_idx`` the key's position in
         the entry's cache (a decoding query at cache position ``cache_seqlens[b] + seqlen_new - 1``
-        gets ``q_idx`` 0: pass ``cache_seqlens`` as a buffer to read positions). CuPy calls take the
-        forward families' kernels, not the decode kernel.
+        gets ``q_idx`` 0: pass ``cache_seqlens`` as a buffer to read positions).
 
     Returns
     -------

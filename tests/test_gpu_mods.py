@@ -216,8 +216,9 @@ def test_device_block_classes_are_the_hosts(block_size):
 
 @pytest.mark.parametrize("dtype, atol", [("float32", 1e-5), ("bfloat16", 2e-2)])
 def test_kvcache_score_mod_is_the_builtin_alibi(dtype, atol):
-    """flash_attention_with_kvcache with ALiBi as a score_mod (the forward families over the cache)
-    against the built-in alibi_slopes (bfloat16: the decode kernel), paged, with new keys appended."""
+    """flash_attention_with_kvcache with ALiBi as a score_mod against the built-in alibi_slopes (bfloat16:
+    the decode kernel built with each, its rows of several heads; float32: the forward families over the
+    cache), paged, with new keys appended."""
     rng = np.random.default_rng(25)
     dt = DTYPES[dtype]
     batch, seqlen_q, heads, heads_k, d, page = 3, 1, 8, 2, 64, 16

@@ -36,7 +36,7 @@ MIN_TILES_PER_SPLIT = 2
 
 APPEND = _kernels.Kernel("kvc_append", "kvcache/kvcache.cu", _kernels.ALL_DTYPES)
 DECODE = _kernels.Kernel("kvc_fwd", "kvcache/kvcache.cu", _kernels.HALF_DTYPES, ("headdim",),
-                         tuple((d,) for d in DECODE_BUCKETS), ("score_mod",))
+                         tuple((d,) for d in DECODE_BUCKETS), ("score_mod",), user_functions=True)
 LENGTHS = _kernels.Kernel("kvc_lengths", "kvcache/kvcache.cu", ())
 POISON = _kernels.Kernel("kvc_poison", "kvcache/kvcache.cu", _kernels.ALL_DTYPES)
 KERNELS = (APPEND, DECODE, LENGTHS, POISON)
@@ -104,9 +104,9 @@ def _fill_args(args, c, q, out, lse):
 
 
 def decode_variant(c, device):
-    """The decode kernel's variant for call ``c``, or None when it does not take the call (a score_mod's
-    calls take the general path's forward families: the decode kernel's rows mix query heads)."""
-    if c.dtype.itemsize != 2 or device.capability < 80 or c.seqlen_q == 0 or c.user_score is not None:
+    """The decode kernel's variant for call ``c`` (built with its score_mod, if any), or None when it does
+    not take the call."""
+    if c.dtype.itemsize != 2 or device.capability < 80 or c.seqlen_q == 0:
         return None  # (no queries: no CTA, and the general path appends)
     bucket = next((d for d in DECODE_BUCKETS if d >= max(c.headdim, c.headdim_v)), None)
     if bucket is None or not common.vec_loads(c.k_cache, c.v_cache):
@@ -115,7 +115,8 @@ def decode_variant(c, device):
     if c.block_table is None and rows > DECODE_MAX_ROWS or c.batch * c.seqlen_q * c.heads >= 2**31:
         return None  # (its row counts are 32-bit)
     score_mod = c.softcap != 0.0 or c.alibi_slopes is not None
-    variant = DECODE.variant(common.dtype_name(c.dtype), (bucket,), score_mod=score_mod)
+    user = _kernels.user_code(c.user_score, None) if c.user_score is not None else None
+    variant = DECODE.variant(common.dtype_name(c.dtype), (bucket,), score_mod=score_mod, user=user)
     return variant if decode_smem_bytes(variant) <= device.smem_optin else None
 
 

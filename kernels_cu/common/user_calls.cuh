@@ -102,6 +102,25 @@ struct UserLog2Scores {
     }
 };
 
+// UserLog2Scores for rows of several query heads (the decode kernel packs a GQA group's heads into its
+// rows): modify_rows' per-row argument is the row's head.
+template <typename ScoreFn>
+struct UserLog2ScoresByRow {
+    float scale;
+    const ModBuffers* buffers;
+    int b;
+    UserExtent extent;
+
+    __device__ __forceinline__ UserLog2ScoresByRow(const AttnArgs& a, const Sequence& seq, int b_)
+        : scale(static_cast<float>(a.softmax_scale)), buffers(&a.score_buffers), b(b_), extent(seq) {}
+
+    __device__ __forceinline__ float modified(float x, int i, int j, int h, float* tanh_out) const {
+        *tanh_out = 0.0f;
+        return extent.inside(i, j) ? ScoreFn::template value<float>(scale_score(x, scale), b, h, i, j, *buffers) * kLog2eF
+                                   : 0.0f;
+    }
+};
+
 // UserLog2Scores for a backward that takes the score_mod's buffer gradients after the probabilities and
 // the mask (fragment/scores.cuh's buffer_gradients_cols): probabilities_cols leaves the derivative out
 // (derivative 1), and the function's derivatives, which do not read the score (the host checks), come

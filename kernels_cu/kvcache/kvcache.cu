@@ -229,9 +229,12 @@ __device__ __forceinline__ void merge_splits(const KvCacheArgs& c, unsigned char
     }
 }
 
-template <typename T, int kHeadDim, bool kScoreMod>
+// ScoreFn: a score_mod's generated code (common/user_calls.cuh), or NoUserScore; per row, with the
+// row's head (UserLog2ScoresByRow). Caches have no block mask, so no mask_mod (MaskFn is NoUserMask).
+template <typename T, int kHeadDim, bool kScoreMod, typename ScoreFn = NoUserScore, typename MaskFn = NoUserMask>
 __global__ void __launch_bounds__(KvcTraits<T, kHeadDim>::kThreads, 2)
 kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
+    static_assert(!MaskFn::kEnabled, "caches have no block mask");
     using Tr = KvcTraits<T, kHeadDim>;
     constexpr int kBlockN = Tr::kBlockN, kLd = Tr::kLd, kStages = Tr::kStages;
     constexpr int kDSteps = kHeadDim / 16, kOTiles = kHeadDim / 8, kChunks = kHeadDim / 8;
@@ -450,11 +453,13 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
     // Per-row score modifications: a row's query and head.
     float bias_log2[2] = {0.0f, 0.0f};
     int query[2];
+    int head[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int r = r0 + g + 8 * half;
         query[half] = r / group;
         const int h = hk * group + r % group;
+        head[half] = min(h, a.heads - 1);  // rows past the last are never stored
         if (kScoreMod && a.alibi_slopes != nullptr) {
             bias_log2[half] = -alibi_slope(a, b, min(h, a.heads - 1)) * kLog2eF;
         }
@@ -495,8 +500,13 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
         auto& rows = reinterpret_cast<float(&)[1][2][4]>(s);
         // Made per tile from the kernel parameters: at head dim 256 the registers it would hold across
         // the loop are the ones the output needs.
-        const Log2Scores scores(a, seq, b, hk * group);
-        modify_rows<kScoreMod, false>(rows, scores, query_of, [&](int, int r) { return bias_log2[r]; }, n0, 2 * t);
+        if constexpr (ScoreFn::kEnabled) {
+            const UserLog2ScoresByRow<ScoreFn> scores(a, seq, b);
+            modify_rows<true, false>(rows, scores, query_of, [&](int, int r) { return head[r]; }, n0, 2 * t);
+        } else {
+            const Log2Scores scores(a, seq, b, hk * group);
+            modify_rows<kScoreMod, false>(rows, scores, query_of, [&](int, int r) { return bias_log2[r]; }, n0, 2 * t);
+        }
         // The element mask only where the warp's keys are not all visible to all the CTA's queries.
         if (!mask.tile_is_full(i0, i_last - i0 + 1, n0, 16)) {
             mask_tile_rows<false>(rows, mask, no_layout, a, query_of, n0, 2 * t, false, Mask::kCutsBoth);
