@@ -110,7 +110,9 @@ _DETERMINISTIC_DOC = """
         128; 9-26% at head dim 256; bench/NOTES.md), and off the Hopper path of a second float32 dq
         buffer. The default is the faster mode because the run-to-run differences are far below the
         rounding error of the result; training that must replay exactly should pass True. The general
-        kernels and NumPy arrays are deterministic either way."""
+        kernels and NumPy arrays are deterministic either way, but for a score_mod's buffer gradients,
+        which CuPy kernels add with atomics: with True into exact sums (a long accumulator per
+        element), rounded once, so they too are bitwise identical from run to run."""
 
 _PRECISION_DOC = """
     precision : {"highest", "tf32"}, keyword-only

@@ -96,9 +96,9 @@ def backward_plan(p, dout, q, k, v, out, lse, deterministic, alibi_slopes=None, 
     if _launchable(p):
         family, variant = _families.select(_families.BACKWARD, ps, device, (q_s, k_s, v_s, dout_s))
         grads = family.plan(b, variant, ps, dout_s, q_s, k_s, v_s, out_s, lse_slot, deterministic, device)
-        for sums, out in zip(words, grad_slots):
+        for sums, grad in zip(words, grad_slots):
             if sums is not None:
-                common.plan_finish_exact(b, sums, out)
+                common.plan_finish_exact(b, sums, grad)
     else:
         grads = tuple(b.output(x.shape, p.dtype) for x in (q_s, k_s, v_s))
     common.plan_varlen_check(b, ps, q_s, k_s, v_s, *grads)

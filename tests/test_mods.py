@@ -507,27 +507,61 @@ int main(int argc, char** argv) {
 """
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
-def test_exact_sums_are_exact_in_any_order(tmp_path, dtype):
-    """kernels_cu/common/exact_sum.cuh (the deterministic backward's buffer gradients) built as host C++: a
-    sum of values of both signs over 60 binades, subnormals and cancellations, in three orders, gives the
-    same bits each time: the exact sum rounded (within an ulp); infinities and NaN as float sums give them."""
+def _correctly_rounded(exact, dtype):
+    """The Fraction ``exact`` rounded to ``dtype`` to nearest, ties to even (inf past the largest)."""
     import fractions
 
+    if dtype == np.float64:
+        try:
+            return float(exact)  # int / int division, correctly rounded
+        except OverflowError:
+            return (math.inf if exact > 0 else -math.inf)
+    x = np.float32(float(exact)) if abs(exact) < 2**129 else np.float32((math.inf if exact > 0 else -math.inf))
+    if not np.isfinite(x):
+        return float(x)
+    with np.errstate(over="ignore"):  # the neighbour of the largest finite value
+        candidates = [np.nextafter(x, np.float32(-np.inf)), x, np.nextafter(x, np.float32(np.inf))]
+    finite = [c for c in candidates if np.isfinite(c)]
+    best = min(finite, key=lambda c: (abs(fractions.Fraction(float(c)) - exact), int(c.view(np.uint32)) & 1))
+    top = np.finfo(np.float32).max
+    if abs(exact) >= fractions.Fraction(float(top)) + fractions.Fraction(2.0**103):  # past max + half an ulp
+        return (math.inf if exact > 0 else -math.inf)
+    return float(best)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+def test_exact_sums_are_correctly_rounded(tmp_path, dtype):
+    """kernels_cu/common/exact_sum.cuh (the deterministic backward's buffer gradients) built as host C++:
+    sums whose order cannot matter (integer digits) come out as the exact sum correctly rounded: values
+    of both signs over 60 binades, subnormals alone and deciding a rounding, a result that borrows through
+    the low digits, the largest finite values cancelling and overflowing past the last word; infinities
+    and NaN as float sums give them."""
+    import fractions
+
+    info = np.finfo(dtype)
+    tiny, big, eps = info.smallest_subnormal, info.max, info.eps
     rng = np.random.default_rng(29)
-    values = list((rng.standard_normal(96) * np.exp2(rng.integers(-30, 30, 96))).astype(dtype))
-    tiny = np.finfo(dtype).smallest_subnormal
-    values += [dtype(1e30 if dtype == np.float32 else 1e300), dtype(-1e30 if dtype == np.float32 else -1e300),
-               tiny, tiny * 3, dtype(2.5), dtype(-2.5)]
+    cases = [
+        list((rng.standard_normal(96) * np.exp2(rng.integers(-30, 30, 96))).astype(dtype)),
+        [tiny * 3, tiny * 5, -tiny],
+        [dtype(1), eps / 2, tiny],                       # the subnormal breaks the tie: rounds up
+        [dtype(1), eps / 2],                             # a tie: to even (1)
+        [dtype(-1), tiny],                               # borrows through every digit below
+        [dtype(-1), eps / 4, -tiny],
+        [big] * 3 + [-big] * 2 + [dtype(1.5)],           # the largest values cancelling
+        [big] * 2048,                                    # past the last word: overflows to inf
+        [-big] * 2048,
+    ]
     binary = _host_build(tmp_path, "exact", _EXACT_SUM_DRIVER)
     kind = "f" if dtype == np.float32 else "d"
-    run = subprocess.run([binary, kind, *[repr(float(x)) for x in values]], check=True, capture_output=True, text=True)
-    results = [float.fromhex(x) for x in run.stdout.split()]
-    assert len(set(results)) == 1  # every order, the same bits
-    exact = float(sum(fractions.Fraction(float(x)) for x in values))
-    assert abs(results[0] - exact) <= np.spacing(dtype(abs(exact)))
-    for extra, expect in (([-3.0], -2.0), ([-1.0], 0.0), ([np.inf], np.inf), ([-np.inf], -np.inf),
-                          ([np.inf, -np.inf], np.nan), ([np.nan], np.nan)):
+    for values in cases:
+        run = subprocess.run([binary, kind, *[repr(float(x)) for x in values]], check=True, capture_output=True,
+                             text=True)
+        results = [float.fromhex(x) for x in run.stdout.split()]
+        assert len(set(results)) == 1, values[:4]  # every order, the same bits
+        want = _correctly_rounded(sum(fractions.Fraction(float(x)) for x in values), dtype)
+        assert results[0] == want, (values[:4], results[0], want)
+    for extra, expect in (([np.inf], np.inf), ([-np.inf], -np.inf), ([np.inf, -np.inf], np.nan), ([np.nan], np.nan)):
         run = subprocess.run([binary, kind, "1.0", *map(repr, extra)], check=True, capture_output=True, text=True)
         got = float.fromhex(run.stdout.split()[0])
         assert (np.isnan(got) and np.isnan(expect)) or got == expect, (extra, got)

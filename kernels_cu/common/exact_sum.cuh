@@ -5,8 +5,9 @@
 // into the same value every time: the deterministic backward's score_mod buffer gradients, which the
 // kernels add in whatever order their threads run.
 //
-// A digit is below 2^kChunk, so a word overflows only after 2^(63 - kChunk) adds (2^39 for float,
-// 2^33 for double): more than one element receives in any attention call. Infinities and NaN set bits
+// A digit is below 2^kChunk, so a word can overflow only after 2^(63 - kChunk) adds of one sign (2^39
+// for float, 2^33 for double, which a scalar buffer read by every pair of a very large call could
+// reach). Infinities and NaN set bits
 // of the accumulator's last word instead (kNonFinite), so the sum of an inf and a finite number is inf
 // and NaN or inf - inf is NaN, as the float sum would be.
 //
@@ -131,10 +132,23 @@ CUPYFLASH_HD long long exact_sum_carry(const long long* words, long long sign) {
     return carry;
 }
 
-// The accumulator's value, rounded to F: the digits of its magnitude (the words negated first when the
-// value is negative, so no digit cancels another), the highest nonzero one and the three below it (a
-// window kept in four registers as the digits are made, low to high), summed in double from the
-// highest, in that fixed order: 3 * kChunk >= 72 bits below the top digit, more than double's 53.
+// Bits of a digit (0 for 0).
+CUPYFLASH_HD int exact_sum_bit_length(unsigned long long v) {
+    int n = 0;
+    while (v != 0) {
+        ++n;
+        v >>= 1;
+    }
+    return n;
+}
+
+// The accumulator's value correctly rounded to F (to nearest, ties to even): the digits of its magnitude
+// (the words negated first when the value is negative, so no digit cancels another) from the highest,
+// their top 64 bits as an integer whose lowest bit is ORed with every bit below them (round to odd: 64
+// bits, at least F's significand + 2, then one rounding to F is the correct rounding of the exact value),
+// converted to F once and scaled by a power of two. The scaling is exact: a value below F's smallest
+// normal number is a multiple of the smallest subnormal with fewer than 64 bits, so no bit was dropped
+// and it is exactly representable; any other stays normal.
 template <typename F>
 CUPYFLASH_HD F exact_sum_finish(const long long* words) {
     using Fmt = ExactSumFormat<F>;
@@ -146,39 +160,62 @@ CUPYFLASH_HD F exact_sum_finish(const long long* words) {
                                                                                 : 0xfff0000000000000ull));
     }
     const long long sign = exact_sum_carry<F>(words, 1) < 0 ? -1 : 1;
-    long long carry = 0;
-    long long d0 = 0, d1 = 0, d2 = 0, d3 = 0;  // digits k, k - 1, k - 2, k - 3
-    long long t0 = 0, t1 = 0, t2 = 0, t3 = 0;  // the window at the highest nonzero digit so far
+    // The magnitude's digits, low to high, through a window of the latest four (d0 the latest) and the OR
+    // of those that left it; at each nonzero digit (the highest so far) the window is kept: the top digit
+    // and the three below it hold at least 1 + 3 * kChunk >= 64 bits.
+    long long carry = 0, d0 = 0, d1 = 0, d2 = 0, d3 = 0;
+    bool below = false;
+    long long w[4] = {0, 0, 0, 0};
+    bool w_below = false;
     int top = -1;
     for (int k = 0; k < Fmt::kWords; ++k) {
         const long long t = sign * words[k] + carry;
         const long long low = t & ((1ll << Fmt::kChunk) - 1);
         carry = (t - low) >> Fmt::kChunk;
+        below |= d3 != 0;
         d3 = d2;
         d2 = d1;
         d1 = d0;
         d0 = low;
         if (low != 0) {
             top = k;
-            t0 = d0;
-            t1 = d1;
-            t2 = d2;
-            t3 = d3;
+            w[0] = d0;
+            w[1] = d1;
+            w[2] = d2;
+            w[3] = d3;
+            w_below = below;
         }
     }
-    if (carry != 0) {  // a digit past the last word
+    if (carry != 0) {  // a digit past the last word: the magnitude's carry (>= 0)
         top = Fmt::kWords;
-        t3 = d2;
-        t2 = d1;
-        t1 = d0;
-        t0 = carry;
+        w[0] = carry;
+        w[1] = d0;
+        w[2] = d1;
+        w[3] = d2;
+        w_below = below || d3 != 0;
     }
     if (top < 0) return F(0);
-    double sum = static_cast<double>(t0);
-    sum += ldexp(static_cast<double>(t1), -Fmt::kChunk);
-    sum += ldexp(static_cast<double>(t2), -2 * Fmt::kChunk);
-    sum += ldexp(static_cast<double>(t3), -3 * Fmt::kChunk);
-    return static_cast<F>(ldexp(static_cast<double>(sign) * sum, top * Fmt::kChunk + Fmt::kMinExp));
+    unsigned long long sig = 0;  // the magnitude's leading 64 bits (fewer if it has fewer)
+    int got = 0;
+    int lowest = 0;              // the bit position (from 2^kMinExp) of sig's lowest bit
+    bool sticky = w_below;       // a nonzero bit below them
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const unsigned long long v = static_cast<unsigned long long>(w[i]);
+        if (got == 64) {
+            sticky |= v != 0;
+            continue;
+        }
+        const int width = i == 0 ? exact_sum_bit_length(v) : Fmt::kChunk;
+        const int take = width < 64 - got ? width : 64 - got;
+        sig = (take == 64 ? 0ull : sig << take) | (v >> (width - take));
+        if (take < width) sticky |= (v & ((1ull << (width - take)) - 1)) != 0;
+        got += take;
+        lowest = (top - i) * Fmt::kChunk + (width - take);
+    }
+    if (sticky) sig |= 1;
+    const F rounded = static_cast<F>(sig);
+    return static_cast<F>(ldexp(static_cast<double>(sign) * static_cast<double>(rounded), lowest + Fmt::kMinExp));
 }
 
 }  // namespace cupyflash

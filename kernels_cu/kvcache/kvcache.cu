@@ -459,7 +459,7 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
         const int r = r0 + g + 8 * half;
         query[half] = r / group;
         const int h = hk * group + r % group;
-        head[half] = min(h, a.heads - 1);  // rows past the last are never stored
+        head[half] = h;
         if (kScoreMod && a.alibi_slopes != nullptr) {
             bias_log2[half] = -alibi_slope(a, b, min(h, a.heads - 1)) * kLog2eF;
         }
