@@ -106,6 +106,7 @@ class UserCode:
     source: str
     score: bool
     mask: bool
+    fast: bool = False
 
     @property
     def template_args(self):
@@ -116,17 +117,18 @@ class UserCode:
 _user_codes = {}
 
 
-def user_code(score, mask):
+def user_code(score, mask, fast=False):
     """The :class:`UserCode` of traced score_mod ``score`` and mask_mod ``mask`` (either may be None, not
-    both), made once per pair of keys."""
-    key = (None if score is None else score.key, None if mask is None else mask.key)
+    both), made once per pair of keys; ``fast``: the score_mod's float functions in their fast forms (the
+    16-bit tensor-core kernels', whose roundings are coarser than the approximations')."""
+    key = (None if score is None else score.key, None if mask is None else mask.key, bool(fast and score is not None))
     code = _user_codes.get(key)
     if code is None:
         from . import _trace
 
         digest = hashlib.sha256(repr(key).encode()).hexdigest()[:12]
-        code = _user_codes.setdefault(key, UserCode(digest, _trace.kernel_source(score, mask), score is not None,
-                                                    mask is not None))
+        code = _user_codes.setdefault(key, UserCode(digest, _trace.kernel_source(score, mask, key[2]), score is not None,
+                                                    mask is not None, key[2]))
     return code
 
 

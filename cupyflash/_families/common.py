@@ -100,11 +100,12 @@ def attn(p, q, k, v, lists=None, vec=None):
     )
 
 
-def user_code(p):
-    """The generated code of problem ``p``'s score_mod and mask_mod (a _kernels.UserCode), or None."""
+def user_code(p, fast=False):
+    """The generated code of problem ``p``'s score_mod and mask_mod (a _kernels.UserCode), or None;
+    ``fast`` for the 16-bit tensor-core kernels (the score_mod's float functions in their fast forms)."""
     if p.user_score is None and p.user_mask is None:
         return None
-    return _kernels.user_code(p.user_score, p.user_mask)
+    return _kernels.user_code(p.user_score, p.user_mask, fast)
 
 
 def mod_buffers(buffers):

@@ -184,7 +184,7 @@ def _select(p, device, half, fp32, fp64, smem_bytes, backward=False):
     memory."""
     if p.dropout or p.max_score is not None:  # the general family's for now
         return None
-    user = common.user_code(p)
+    user = common.user_code(p, fast=p.dtype.itemsize == 2)
     if backward and p.user_score is not None and p.user_score.buffer_gradients and (
             p.dtype.itemsize != 2 or p.user_score.gradients_read_score):
         return None

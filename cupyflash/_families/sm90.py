@@ -356,7 +356,7 @@ class Sm90Forward:
     def select(self, p, device, operands):
         if device.capability != CAPABILITY or p.max_score is not None:  # the maximum: the general family's
             return None
-        user = common.user_code(p)
+        user = common.user_code(p, fast=p.dtype.itemsize == 2)
         if p.dtype == numpy.float32:
             if p.dropout:  # the float32 kernel has no dropout yet: the general family's
                 return None
@@ -487,7 +487,7 @@ class Sm90Backward:
     def select(self, p, device, operands):
         if device.capability != CAPABILITY:
             return None
-        user = common.user_code(p)
+        user = common.user_code(p, fast=p.dtype.itemsize == 2)
         if p.user_score is not None and p.user_score.buffer_gradients:
             return None
         if p.dtype == numpy.float32:

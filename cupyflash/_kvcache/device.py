@@ -115,7 +115,7 @@ def decode_variant(c, device):
     if c.block_table is None and rows > DECODE_MAX_ROWS or c.batch * c.seqlen_q * c.heads >= 2**31:
         return None  # (its row counts are 32-bit)
     score_mod = c.softcap != 0.0 or c.alibi_slopes is not None
-    user = _kernels.user_code(c.user_score, None) if c.user_score is not None else None
+    user = _kernels.user_code(c.user_score, None, fast=True) if c.user_score is not None else None
     variant = DECODE.variant(common.dtype_name(c.dtype), (bucket,), score_mod=score_mod, user=user)
     return variant if decode_smem_bytes(variant) <= device.smem_optin else None
 

@@ -66,8 +66,10 @@ struct UserNaturalScores {
     __device__ __forceinline__ Acc modified(Acc x, int i, int j, Acc* grad) const {
         const Acc s = scale_score(x, scale);
         const bool inside = extent.inside(i, j);
-        *grad = inside ? ScoreFn::template dscore<Acc>(s, b, h, i, j, *buffers) : Acc(0);
-        return inside ? ScoreFn::template value<Acc>(s, b, h, i, j, *buffers) : Acc(0);
+        const Acc g = ScoreFn::template dscore<Acc>(s, b, h, i, j, *buffers);
+        const Acc v = ScoreFn::template value<Acc>(s, b, h, i, j, *buffers);
+        *grad = inside ? g : Acc(0);
+        return inside ? v : Acc(0);
     }
 };
 
@@ -90,15 +92,18 @@ struct UserLog2Scores {
         : scale(static_cast<float>(a.softmax_scale)), scale_log2(static_cast<float>(a.softmax_scale) * kLog2eF),
           buffers(&a.score_buffers), b(b_), h(h_), extent(seq) {}
 
+    // (Evaluated everywhere, then selected: a function evaluated under a per-pair branch keeps the compiler
+    // from sharing its parts that depend on the head alone across the pairs. Its loads are bounds-checked.)
     __device__ __forceinline__ float modified(float x, int i, int j, float, float* tanh_out) const {
         *tanh_out = 0.0f;
-        return extent.inside(i, j) ? ScoreFn::template value<float>(scale_score(x, scale), b, h, i, j, *buffers) * kLog2eF
-                                   : 0.0f;
+        const float v = ScoreFn::template value<float>(scale_score(x, scale), b, h, i, j, *buffers) * kLog2eF;
+        return extent.inside(i, j) ? v : 0.0f;
     }
 
     // d(value) / d(scaled score) at the raw product x (Log2Scores::derivative's interface).
     __device__ __forceinline__ float derivative(float x, int i, int j, float) const {
-        return extent.inside(i, j) ? ScoreFn::template dscore<float>(scale_score(x, scale), b, h, i, j, *buffers) : 0.0f;
+        const float g = ScoreFn::template dscore<float>(scale_score(x, scale), b, h, i, j, *buffers);
+        return extent.inside(i, j) ? g : 0.0f;
     }
 };
 
@@ -116,8 +121,8 @@ struct UserLog2ScoresByRow {
 
     __device__ __forceinline__ float modified(float x, int i, int j, int h, float* tanh_out) const {
         *tanh_out = 0.0f;
-        return extent.inside(i, j) ? ScoreFn::template value<float>(scale_score(x, scale), b, h, i, j, *buffers) * kLog2eF
-                                   : 0.0f;
+        const float v = ScoreFn::template value<float>(scale_score(x, scale), b, h, i, j, *buffers) * kLog2eF;
+        return extent.inside(i, j) ? v : 0.0f;
     }
 };
 
@@ -134,8 +139,8 @@ struct UserLog2ScoresLate : UserLog2Scores<ScoreFn> {
 
     // d(value) / d(score) of pair (i, j).
     __device__ __forceinline__ float derivative_at(int i, int j) const {
-        return this->extent.inside(i, j) ? ScoreFn::template dscore<float>(0.0f, this->b, this->h, i, j, *this->buffers)
-                                         : 0.0f;
+        const float g = ScoreFn::template dscore<float>(0.0f, this->b, this->h, i, j, *this->buffers);
+        return this->extent.inside(i, j) ? g : 0.0f;
     }
 
     // ds_mod times d(value) / d(load) into each floating-point buffer element pair (i, j) reads.

@@ -148,6 +148,41 @@ CUPYFLASH_HD float user_pow(float a, float b) { return powf(a, b); }
 CUPYFLASH_HD double user_pow(double a, double b) { return pow(a, b); }
 template <typename F>
 CUPYFLASH_HD F user_sigmoid(F a) { return user_div(F(1), user_add(F(1), user_exp(-a))); }
+
+// The fast forms a score function takes in the 16-bit tensor-core kernels (cupyflash/_trace.py's
+// cuda_source(..., fast=True)): the special-function unit's approximations (ex2, lg2: about 2^-22
+// relative error; tanh: 2^-11, as the built-in softcap's), far below the bfloat16 and float16 roundings
+// of those kernels' scores, and one instruction where the accurate forms take several; their + - * are
+// plain operators (cupyflash/_trace.py writes them so the compiler may fuse FMAs) and their divisions
+// __fdividef or, by a constant, products with its reciprocal. double, and the host build, keep the
+// accurate functions.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+CUPYFLASH_HD float user_fast_exp2(float a) { return __expf(a * 0.6931471805599453f); }
+CUPYFLASH_HD float user_fast_log2(float a) { return __log2f(a); }
+CUPYFLASH_HD float user_fast_tanh(float a) {
+    float y;
+    asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(a));
+    return y;
+}
+CUPYFLASH_HD float user_fast_exp(float a) { return __expf(a); }
+CUPYFLASH_HD float user_fast_log(float a) { return __logf(a); }
+CUPYFLASH_HD float user_fast_div(float a, float b) { return __fdividef(a, b); }
+#else
+CUPYFLASH_HD float user_fast_div(float a, float b) { return a / b; }
+CUPYFLASH_HD float user_fast_exp2(float a) { return user_exp2(a); }
+CUPYFLASH_HD float user_fast_log2(float a) { return user_log2(a); }
+CUPYFLASH_HD float user_fast_tanh(float a) { return user_tanh(a); }
+CUPYFLASH_HD float user_fast_exp(float a) { return user_exp(a); }
+CUPYFLASH_HD float user_fast_log(float a) { return user_log(a); }
+#endif
+CUPYFLASH_HD double user_fast_exp2(double a) { return user_exp2(a); }
+CUPYFLASH_HD double user_fast_log2(double a) { return user_log2(a); }
+CUPYFLASH_HD double user_fast_tanh(double a) { return user_tanh(a); }
+CUPYFLASH_HD double user_fast_exp(double a) { return user_exp(a); }
+CUPYFLASH_HD double user_fast_log(double a) { return user_log(a); }
+CUPYFLASH_HD double user_fast_div(double a, double b) { return a / b; }
+template <typename F>
+CUPYFLASH_HD F user_fast_sigmoid(F a) { return user_div(F(1), user_add(F(1), user_fast_exp(-a))); }
 template <typename F>
 CUPYFLASH_HD F user_neg(F a) { return -a; }
 
