@@ -259,7 +259,11 @@ def builds(request):
 
 
 @pytest.fixture(scope="module")
-def reports(builds):
+def compiled(builds):
+    """The ptxas reports of every build, then of the kernels built with score and mask functions
+    (:func:`_user_function_jobs`), compiled in one pool: the small programs of the second fill the
+    cores the first's last large ones leave idle."""
+
     def group(build):
         v, arch = build
         return (v.source_file, arch)
@@ -271,9 +275,16 @@ def reports(builds):
     # largest kernels go first.
     jobs = [(vs[i : i + _CHUNK], arch) for vs, arch in zip(groups, archs) for i in range(0, len(vs), _CHUNK)]
     jobs.sort(key=lambda job: -sum(_COST.get(v.kernel.name, 1) for v in job[0]))
+    user_jobs = _user_function_jobs()
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(os.sched_getaffinity(0)) or 2) as pool:
-        results = list(pool.map(lambda job: _report(*job), jobs))
-    return {key: r for result in results for key, r in result.items()}
+        results = list(pool.map(lambda job: _report(*job[:2]), jobs + user_jobs))
+    return ({key: r for result in results[:len(jobs)] for key, r in result.items()},
+            list(zip(user_jobs, results[len(jobs):])))
+
+
+@pytest.fixture(scope="module")
+def reports(compiled):
+    return compiled[0]
 
 
 def test_every_variant_compiles_without_spills(reports, builds, request, capsys):
@@ -300,13 +311,17 @@ def test_every_variant_compiles_without_spills(reports, builds, request, capsys)
     assert len(reports) == len(builds)
 
 
-def test_user_function_variants_compile_without_spills():
-    """Kernels built with a score_mod (a float and an int buffer, gathers, a sigmoid gate) and a mask_mod (a
-    document mask): the general backward without spills, the Hopper forward and backward without (or
-    nearly without) local memory in their consumers, the sm80 16-bit backward adding a table gradient
-    within its spill ceiling, and the block classification kernel; the variant keys name the generated
-    code. Compiled two programs at a time (NVRTC runs without the GIL). (The other families' variants
-    with functions compiled without spills in session 25: bench/NOTES.md; CI's time goes to these.)"""
+def _user_function_jobs():
+    """Kernels built with a score_mod (a float and an int buffer, gathers, a sigmoid gate) and a mask_mod
+    (a document mask), as (variants, arch, spill ceiling, consumer local-access ceiling) jobs.
+
+    The Hopper forward's consumers keep the functions nearly out of local memory (the mask_mod is
+    evaluated into bits per row in a loop of its own, fragment/scores.cuh): this gated bias's sigmoid per
+    score costs 10 local accesses, the built-in softcap kernel's 3 (a document mask, a table bias or a
+    softcap alone: 0). The Hopper backward takes score_mods whose buffers take no gradients: a softcap
+    inside the mask, 2 (the built-in's 0). The sm80 backward adding an additive bias's table gradient
+    beside the mask's bits spills 40 bytes at head dim 128. Measured in session 25; the other families'
+    variants with functions compiled without spills then (bench/NOTES.md), and CI's time goes to these."""
     import numpy as np
 
     from cupyflash import _trace, mods
@@ -327,28 +342,25 @@ def test_user_function_variants_compile_without_spills():
     additive = _kernels.user_code(_trace.trace(lambda s, b, h, qi, ki, t: s + t[h, mods.clip(ki - qi + 128, 0, 256)],
                                                "score", [(np.dtype(np.float32), 2)]), user_mask, fast=True)
     blocks = common.MASK_MOD_BLOCKS.variant(user=_kernels.user_code(None, user_mask))
-    assert blocks.name_expression == "cupyflash::mask_mod_blocks<cupyflash::NoUserScore, cupyflash::UserMask>"
-    # (variants, arch, spill ceiling, consumer local-access ceiling). The Hopper forward's consumers keep
-    # the functions nearly out of local memory (the mask_mod is evaluated into bits per row in a loop of
-    # its own, fragment/scores.cuh): this gated bias's sigmoid per score costs 10 local accesses, the
-    # built-in softcap kernel's 3 (a document mask, a table bias or a softcap alone: 0). The Hopper
-    # backward takes score_mods whose buffers take no gradients: a softcap inside the mask, 2 (its tanhf;
-    # the built-in's 0). The sm80 backward adding an additive bias's table gradient beside the mask's
-    # bits spills 40 bytes at head dim 128. Measured in session 25.
-    jobs = [([general.DQ.variant("float64", user=user), general.DKDV.variant("float64", user=user)], 90, 0, None),
+    return [([general.DQ.variant("float64", user=user), general.DKDV.variant("float64", user=user)], 90, 0, None),
             ([sm90.FWD.variant("bfloat16", (128, 128, 128, 128, 2), user=fast)], 90, None, 10),
             ([sm90.BWD.variant("bfloat16", (128, 128, 64, 2), user=capped)], 90, None, 2),
             ([sm80.BWD.variant("bfloat16", (128, 128, 64, 2), user=additive)], 80, 40, None),
             ([blocks], 80, 0, None)]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        reports = list(pool.map(lambda job: _report(*job[:2]), jobs))
-    for (variants, _, spill_ceiling, local_ceiling), report in zip(jobs, reports):
+
+
+def test_user_function_variants_compile_without_spills(compiled):
+    """The kernels of :func:`_user_function_jobs` within their ceilings; the variant keys and name
+    expressions name the generated code."""
+    for (variants, _, spill_ceiling, local_ceiling), report in compiled[1]:
         for key, r in report.items():
             assert key[0].endswith(f"_fn{variants[0].user.key}")
             if spill_ceiling is not None:
                 assert r["spill_bytes"] <= spill_ceiling and (spill_ceiling or not r["stack_bytes"]), (key, r)
             if local_ceiling is not None:
                 assert r["consumer_local"] is None or r["consumer_local"] <= local_ceiling, (key, r)
+    blocks = compiled[1][-1][0][0][0]
+    assert blocks.name_expression == "cupyflash::mask_mod_blocks<cupyflash::NoUserScore, cupyflash::UserMask>"
     with pytest.raises(ValueError, match="only"):
         common.MASK_MOD_BLOCKS.variant()
 
