@@ -741,6 +741,27 @@ def _int_literal(value):
 _FAST = ("exp", "exp2", "log", "log2", "tanh", "sigmoid")
 #: Float arithmetic in the fast forms: plain operators (the compiler may fuse them into FMAs).
 _FAST_ARITHMETIC = {"add": "+", "sub": "-", "mul": "*", "truediv": "/"}
+#: Nodes whose arguments decide something discrete (an int, a bool, a rounding, a load's index): those
+#: arguments, and everything they are computed from, keep the accurate forms even in fast code, so
+#: ``floor(kv_idx / 41.0)`` picks the bucket NumPy picks (a reciprocal product is 1 ulp low at 41).
+_DISCRETE = {"to_int", "to_bool", "floor", "ceil", "floordiv", "mod", "load", "eq", "ne", "lt", "le", "gt", "ge"}
+
+
+def _exact_nodes(roots):
+    """Ids of the nodes (of the DAGs under ``roots``) whose values reach a discrete decision (_DISCRETE, or
+    a ``where``'s condition)."""
+    exact, stack = set(), []
+    for n in _topological_many(roots):
+        if n.op in _DISCRETE:
+            stack.extend(n.args)
+        elif n.op == "where":
+            stack.append(n.args[0])
+    while stack:
+        x = stack.pop()
+        if id(x) not in exact:
+            exact.add(id(x))
+            stack.extend(x.args)
+    return exact
 
 
 def _expression(n, name, fast=False):
@@ -760,11 +781,11 @@ def _expression(n, name, fast=False):
     if op == "to_bool":
         return f"({a[0]} != 0)"
     if fast and kind == FLOAT and op in _FAST_ARITHMETIC:
-        # Contractible arithmetic (FMAs), and a division by a constant as a product with its reciprocal.
+        # Contractible arithmetic (FMAs), and a division by a constant whose reciprocal is a normal float
+        # as a product with that reciprocal (F(1) / constant: folded by the compiler, rounded to F).
         divisor = n.args[1]
-        if op == "truediv" and divisor.op == "const" and divisor.value not in (0.0, math.inf, -math.inf) \
-                and not math.isnan(divisor.value):
-            return f"({a[0]} * {_float_literal(1.0 / divisor.value)})"
+        if op == "truediv" and divisor.op == "const" and 2.0**-126 <= abs(divisor.value) <= 2.0**126:
+            return f"({a[0]} * (F(1) / {a[1]}))"
         return f"user_fast_div({a[0]}, {a[1]})" if op == "truediv" else f"({a[0]} {_FAST_ARITHMETIC[op]} {a[1]})"
     if op in _HELPER:
         return f"{_HELPER[op]}({a[0]}, {a[1]})"
@@ -790,6 +811,7 @@ class _Writer:
 
     def __init__(self, buffers_name, fast=False):
         self.lines, self.names, self.ok, self.buffers_name, self.fast = [], {}, {}, buffers_name, fast
+        self.exact = set()  # nodes kept in the accurate forms (_exact_nodes)
 
     def name(self, n):
         return self.names[id(n)]
@@ -798,6 +820,8 @@ class _Writer:
         return self.ok.get(id(n))
 
     def emit(self, roots):
+        if self.fast:
+            self.exact |= _exact_nodes(roots)
         for n in _topological_many(roots):
             if id(n) in self.names:
                 continue
@@ -813,7 +837,8 @@ class _Writer:
                                   f"{self.buffers_name}.buf[{number}], {v}_at, {len(n.args)}, &{ok}_in));")
                 flags.append(f"{ok}_in")
             else:
-                self.lines.append(f"const {_CTYPE[n.kind]} {v} = {_expression(n, self.name, self.fast)};")
+                fast = self.fast and id(n) not in self.exact
+                self.lines.append(f"const {_CTYPE[n.kind]} {v} = {_expression(n, self.name, fast)};")
             if n.op == "where":
                 c, x, y = n.args
                 fx, fy = self.flag(x), self.flag(y)

@@ -51,6 +51,19 @@ def test_buffer_gradients_on_the_tensor_cores(local, monkeypatch):
                 score_mod_buffers=(table,))
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_fast_forms_on_16_bit_inputs(dtype):
+    """16-bit inputs take the fast forms (special-function approximations, fused arithmetic) on every
+    kernel of the call: a sigmoid-gated bias whose buckets, (k - q) / 1.7 floored, stay exact; its
+    gradient reads the score, so the backward is the general kernels', in the same forms."""
+    table = cupy.asarray(_table((4, 21), seed=32))
+
+    def fn(s, b, h, qi, ki, t):
+        return s * mods.sigmoid(t[h, mods.clip(mods.floor((ki - qi) / 1.7).astype(np.int32) + 10, 0, 20)])
+
+    check_dense(cupy, (2, 70, 90, 4, 2, 64, 64), DTYPES[dtype], causal=True, score_mod=fn, score_mod_buffers=(table,))
+
+
 def test_score_mod_with_a_window_and_int_buffer():
     """A gated bias with an int buffer (its gradient None) inside a sliding window, head dims 72 / 40."""
     shift = cupy.asarray(np.array([3], np.int32))

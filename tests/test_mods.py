@@ -211,14 +211,16 @@ int main(int argc, char** argv) {
 
 @pytest.mark.parametrize("fast", [False, True], ids=["accurate", "fast"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
-@pytest.mark.parametrize("fn", FUNCTIONS + [lambda s, b, h, q, k, t: s + t[h, k]], ids=["rel_bias", "gated", "mixed",
-                                                                                        "out_of_range"])
+@pytest.mark.parametrize("fn", FUNCTIONS + [lambda s, b, h, q, k, t: s + t[h, k],
+                                             lambda s, b, h, q, k, t: s / 3.0 + t[h, mods.floor(k / 1.7).astype(np.int32)]],
+                         ids=["rel_bias", "gated", "mixed", "out_of_range", "bucket"])
 def test_cuda_source_is_the_numpy_evaluation(tmp_path, fn, dtype, fast):
     """The generated CUDA, built as host C++: value, dscore and the scattered buffer gradient against the
     NumPy evaluation (+ - * / bitwise, int ops exactly; the math library's functions within a few ulps);
     the out-of-range case (keys past the table) gives NaN scores and scatters nothing there. The fast
     forms (the 16-bit tensor-core kernels': plain operators, reciprocal products; the host build keeps
-    the accurate functions, the device's approximations are the GPU tests') within 64 ulps."""
+    the accurate functions, the device's approximations are the GPU tests') within 64 ulps, but for
+    values that pick a bucket, which stay exact (k / 1.7 at k = 17: a reciprocal product is low)."""
     table = _table(dtype=dtype)
     traced = _trace_of(fn, [table])
     ctype = "float" if dtype == np.float32 else "double"

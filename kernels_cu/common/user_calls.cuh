@@ -3,7 +3,8 @@
 // and UserMask as template arguments, or NoUserScore and NoUserMask without them, and reads their
 // buffers from AttnArgs (score_buffers, mask_buffers). The generated functions are pure and compute
 // with the _rn operations of common/user_mod.cuh, so the forward and backward kernels, compiled
-// separately, compute bitwise the same modified score.
+// separately, compute bitwise the same modified score (but for the fast forms of 16-bit inputs, which
+// agree within their roundings).
 #pragma once
 #include "common/exact_sum.cuh"
 #include "common/math.cuh"

@@ -3,7 +3,8 @@
 // defines and its NumPy evaluation computes. Floating-point + - * / and sqrt are the correctly rounded
 // _rn forms, which the compiler does not contract into FMAs, so the forward and the backward kernels
 // compute bitwise the same modified score, and the same as NumPy; the other functions are the CUDA math
-// library's (a few ulps from NumPy's).
+// library's (a few ulps from NumPy's). The 16-bit tensor-core kernels take fast forms instead (below),
+// whose results may differ by roundings between kernels and from NumPy, within those inputs' tolerance.
 //
 // Host and device code alike (tests/test_mods.py builds the generated code as host C++ and compares it
 // with the NumPy evaluation).
@@ -154,10 +155,11 @@ CUPYFLASH_HD F user_sigmoid(F a) { return user_div(F(1), user_add(F(1), user_exp
 // relative error; tanh: 2^-11, as the built-in softcap's), far below the bfloat16 and float16 roundings
 // of those kernels' scores, and one instruction where the accurate forms take several; their + - * are
 // plain operators (cupyflash/_trace.py writes them so the compiler may fuse FMAs) and their divisions
-// __fdividef or, by a constant, products with its reciprocal. double, and the host build, keep the
-// accurate functions.
+// __fdividef or, by a constant, products with its reciprocal. Values that decide something discrete (an
+// int, a comparison, a bucket, an index) keep the accurate forms (cupyflash/_trace.py's _exact_nodes).
+// double, and the host build, keep the accurate functions.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
-CUPYFLASH_HD float user_fast_exp2(float a) { return __expf(a * 0.6931471805599453f); }
+CUPYFLASH_HD float user_fast_exp2(float a) { return exp2f(a); }  // ex2.approx.ftz under -ftz: exact at integers
 CUPYFLASH_HD float user_fast_log2(float a) { return __log2f(a); }
 CUPYFLASH_HD float user_fast_tanh(float a) {
     float y;
@@ -167,8 +169,16 @@ CUPYFLASH_HD float user_fast_tanh(float a) {
 CUPYFLASH_HD float user_fast_exp(float a) { return __expf(a); }
 CUPYFLASH_HD float user_fast_log(float a) { return __logf(a); }
 CUPYFLASH_HD float user_fast_div(float a, float b) { return __fdividef(a, b); }
+// 1 / (1 + e^-a): the reciprocal of a number >= 1 (or inf, whose reciprocal is 0) on the special-function
+// unit, which keeps the limits 0 and 1.
+CUPYFLASH_HD float user_fast_sigmoid(float a) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(1.0f + user_fast_exp(-a)));
+    return y;
+}
 #else
 CUPYFLASH_HD float user_fast_div(float a, float b) { return a / b; }
+CUPYFLASH_HD float user_fast_sigmoid(float a) { return user_sigmoid(a); }
 CUPYFLASH_HD float user_fast_exp2(float a) { return user_exp2(a); }
 CUPYFLASH_HD float user_fast_log2(float a) { return user_log2(a); }
 CUPYFLASH_HD float user_fast_tanh(float a) { return user_tanh(a); }
@@ -181,8 +191,7 @@ CUPYFLASH_HD double user_fast_tanh(double a) { return user_tanh(a); }
 CUPYFLASH_HD double user_fast_exp(double a) { return user_exp(a); }
 CUPYFLASH_HD double user_fast_log(double a) { return user_log(a); }
 CUPYFLASH_HD double user_fast_div(double a, double b) { return a / b; }
-template <typename F>
-CUPYFLASH_HD F user_fast_sigmoid(F a) { return user_div(F(1), user_add(F(1), user_fast_exp(-a))); }
+CUPYFLASH_HD double user_fast_sigmoid(double a) { return user_sigmoid(a); }
 template <typename F>
 CUPYFLASH_HD F user_neg(F a) { return -a; }
 
