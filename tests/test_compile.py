@@ -318,9 +318,10 @@ def _user_function_jobs():
     The Hopper forward's consumers keep the functions nearly out of local memory (the mask_mod is
     evaluated into bits per row in a loop of its own, fragment/scores.cuh): this gated bias's sigmoid per
     score costs 10-22 local accesses as the register allocation falls (22 with the fast sigmoid's
-    reciprocal), the built-in softcap kernel's 3 (a document mask, a table bias or a softcap alone: 0). The Hopper backward takes score_mods whose buffers take no gradients: a softcap
-    inside the mask, 2 (the built-in's 0). The sm80 backward adding an additive bias's table gradient
-    beside the mask's bits spills 40 bytes at head dim 128. Measured in session 25; the other families'
+    reciprocal), the built-in softcap kernel's 3 (a document mask, a table bias or a softcap alone: 0).
+    The Hopper backward takes score_mods whose buffers take no gradients: a softcap inside the mask, 2
+    (the built-in's 0). The sm80 backward adding an additive bias's table gradient beside the mask's bits
+    spills 40 bytes at head dim 128. Measured in session 25; the other families'
     variants with functions compiled without spills then (bench/NOTES.md), and CI's time goes to these."""
     import numpy as np
 
