@@ -209,8 +209,8 @@ int main(int argc, char** argv) {
 """
 
 
-@pytest.mark.parametrize("fast", [False, True], ids=["accurate", "fast"])
-@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("dtype, fast", [(np.float32, False), (np.float64, False), (np.float32, True)],
+                         ids=["float32", "float64", "float32-fast"])  # (fast forms: 16-bit inputs, float code)
 @pytest.mark.parametrize("fn", FUNCTIONS + [lambda s, b, h, q, k, t: s + t[h, k],
                                              lambda s, b, h, q, k, t: s / 3.0 + t[h, mods.floor(k / 1.7).astype(np.int32)]],
                          ids=["rel_bias", "gated", "mixed", "out_of_range", "bucket"])
