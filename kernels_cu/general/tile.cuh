@@ -146,8 +146,9 @@ __device__ __forceinline__ void score_tile(acc_t<T> (&s)[GeneralTraits<T>::kScor
         __syncthreads();
     }
     if constexpr (kCompensated) {
+        // An infinite sum has a NaN compensation (inf - inf): it stays infinite (NaN stays NaN).
 #pragma unroll
-        for (int j = 0; j < Tr::kScoresPerThread; ++j) s[j] += comp[j];
+        for (int j = 0; j < Tr::kScoresPerThread; ++j) s[j] = isinf(s[j]) ? s[j] : s[j] + comp[j];
     }
 }
 
