@@ -73,19 +73,23 @@ class BlockMask:
 
     def __init__(self, layout, block_size, mask_mod=None):
         """Use :meth:`from_dense` or :meth:`from_mask_mod`; this constructor takes an already checked
-        boolean layout (and from_mask_mod's function: its full blocks decide the lists' partial tiles,
-        so it comes before any list is built)."""
+        boolean layout (and from_mask_mod's function: its full blocks decide the lists' partial tiles).
+        Lists are built when first asked for (a call's kernel tile, or the block-size ones of the
+        properties below), so building a mask is its layout's work alone."""
         self._layout = layout
         self.block_size = block_size
         self.mask_mod = mask_mod  # from_mask_mod: (traced mask_mod, buffers, full layout, (seqlen_q, seqlen_k))
         self._lists = {}
         self._copies = {}
-        xp = self._module(layout)
+
+    @property
+    def _own(self):
+        """The lists at the mask's own block size, on its layout's module and device."""
+        xp = self._module(self._layout)
         if xp is numpy:
-            self._own = self.tile_lists(xp, *block_size)
-        else:
-            with layout.device:
-                self._own = self.tile_lists(xp, *block_size)
+            return self.tile_lists(xp, *self.block_size)
+        with self._layout.device:
+            return self.tile_lists(xp, *self.block_size)
 
     # ------------------------------------------------------------------------------------ building
 

@@ -48,3 +48,23 @@ for label, fn, buf, local in (("float table, local sums", rel, table, None), ("f
 from cupyflash._families import sm90  # noqa: E402
 print("dispatch:", [(f.name, vv.key) for f, vv in [_families.select(_families.BACKWARD, _problem.forward_problem(
     q, k, v, score_mod=rel, score_mod_buffers=(table,)), common.current_device(), (q, k, v, dout))]])
+
+# BlockMask.from_mask_mod at 16k x 16k: the classification alone (the lists are built at first use), then
+# the lists at the Hopper forward's tile.
+doc = cupy.asarray(np.repeat(np.arange(8, dtype=np.int32), S // 8)[None])
+
+
+def same_document(b, h, qi, ki, d):
+    return d[b, qi] == d[b, ki]
+
+
+for _ in range(2):
+    cupy.cuda.Device().synchronize()
+    t = time.perf_counter()
+    mask = cupyflash.BlockMask.from_mask_mod(same_document, 1, 1, S, S, buffers=(doc,))
+    cupy.cuda.Device().synchronize()
+    built = (time.perf_counter() - t) * 1e3
+    t = time.perf_counter()
+    mask.tile_lists(cupy, 128, 128)
+    cupy.cuda.Device().synchronize()
+    print(f"from_mask_mod {built:.3f} ms, then its lists at 128 x 128 {(time.perf_counter() - t) * 1e3:.3f} ms", flush=True)
