@@ -209,16 +209,40 @@ struct AtomicBufferGrads {
 // for them (ModGrads::local_offset; never in the deterministic backward): shared-memory atomics, which
 // do not contend across the GPU, then one add per element into the accumulators when the CTA is done
 // (flush). float32 accumulators (16-bit problems).
+// A thread's consecutive terms for one element are summed in a register first (a run), so a function
+// whose terms pile onto few elements (a clipped relative bias: every pair past the clip reads its end)
+// makes one atomic per run, not one per pair: measured on the H200, the T5 bias at 16k spent 1.1 s of
+// its 1.14 s backward in shared-memory atomics on those two elements per head (session 25). Not in the
+// deterministic backward, whose exact sums take every term as it is.
 struct LocalBufferGrads {
     float* local;  // ModGrads::local_offset[kMaxModBuffers] floats of shared memory, zeroed by clear
     const ModGrads* grads;
+    int run_buffer = -1;     // the run's element (none: -1)
+    unsigned run_offset = 0;
+    float run_sum = 0.0f;
 
     __device__ __forceinline__ void add(int buffer, unsigned offset, float amount) {
-        if (grads->local_offset[kMaxModBuffers] > 0) {
-            atomicAdd(local + grads->local_offset[buffer] + offset, amount);
-        } else {
+        if (grads->exact) {
             add_buffer_gradient(*grads, buffer, offset, amount);
+        } else if (buffer == run_buffer && offset == run_offset) {
+            run_sum += amount;
+        } else {
+            commit();
+            run_buffer = buffer;
+            run_offset = offset;
+            run_sum = amount;
         }
+    }
+
+    // The run so far into the sums (before the CTA's last barrier).
+    __device__ __forceinline__ void commit() {
+        if (run_buffer < 0) return;
+        if (grads->local_offset[kMaxModBuffers] > 0) {
+            atomicAdd(local + grads->local_offset[run_buffer] + run_offset, run_sum);
+        } else {
+            add_buffer_gradient(*grads, run_buffer, run_offset, run_sum);
+        }
+        run_buffer = -1;
     }
 
     // Thread `thread` of `threads` zeroes its share of the sums (the CTA synchronizes before the adds).

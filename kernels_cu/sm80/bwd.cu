@@ -341,6 +341,7 @@ __device__ __forceinline__ void sm80_bwd_body(const BwdArgs& args) {
     }
     cp_async_wait<0>();
     if constexpr (kScatter) {
+        buffer_grads.commit();
         __syncthreads();  // every warp's adds are in
         buffer_grads.flush(threadIdx.x, Tr::kThreads);
     }
