@@ -87,14 +87,16 @@ class Row:
         return harness.backward_flops(forward) if direction == "bwd" else forward
 
 
-def build_rows(quick):
+def build_rows(quick, keys=None):
+    """The rows (``keys``: those of TARGETS to keep, default all)."""
     seqlen = QUICK_SEQLEN if quick else SEQLEN
-    return [
+    rows = [
         Row("softcap", f"softcap {CAP:g} as a score_mod", "softcap=", seqlen),
         Row("alibi", "ALiBi as a score_mod (slopes from h)", "alibi_slopes=", seqlen),
         Row("document", f"{DOCUMENTS} documents, causal (from_mask_mod)", "dense causal", seqlen, causal=True),
         Row("relbias", f"T5 bias table ({HEADS}, {BUCKETS}) with its gradient", "plain", seqlen),
     ]
+    return [row for row in rows if keys is None or row.key in keys]
 
 
 def slopes():
@@ -288,13 +290,19 @@ def parse_args(argv):
     parser.add_argument("--no-peers", action="store_true", help="time cupyflash only (no torch)")
     parser.add_argument("--no-backward", action="store_true", help="time forward passes only")
     parser.add_argument("--quick", action="store_true", help=f"seqlen {QUICK_SEQLEN} instead of {SEQLEN}")
+    parser.add_argument("--rows", type=lambda text: text.split(","), default=None,
+                        help=f"comma-separated rows to run (default all: {','.join(TARGETS)})")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit without touching the GPU")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.rows or ()) - set(TARGETS))
+    if unknown:
+        parser.error(f"unknown rows {unknown}: expected some of {sorted(TARGETS)}")
+    return args
 
 
 def main(argv=None):
     args = parse_args(argv)
-    rows = build_rows(args.quick)
+    rows = build_rows(args.quick, args.rows)
     settings = harness.Settings(args.warmup, args.repeats, not args.no_backward, not args.no_peers,
                                 "per-call" if args.per_call else "back-to-back")
     if args.dry_run:

@@ -392,7 +392,9 @@ class Buffer:
 _LEAVES = {"score": ("score", "b", "h", "q_idx", "kv_idx"), "mask": ("b", "h", "q_idx", "kv_idx")}
 
 
-def _topological(root):
+def _topological(root, stop=()):
+    """The nodes under ``root``, each after its arguments; past the nodes whose ids are in ``stop`` (listed,
+    their arguments not)."""
     order, seen, stack = [], set(), [(root, False)]
     while stack:
         node, done = stack.pop()
@@ -403,7 +405,8 @@ def _topological(root):
             continue
         seen.add(id(node))
         stack.append((node, True))
-        stack.extend((a, False) for a in reversed(node.args) if id(a) not in seen)
+        if id(node) not in stop:
+            stack.extend((a, False) for a in reversed(node.args) if id(a) not in seen)
     return order
 
 
@@ -434,6 +437,13 @@ class Traced:
     def buffer_gradients(self):
         """Whether the function reads a floating-point buffer, whose gradient the backward then adds."""
         return bool(self.gradients()[1])
+
+    @property
+    def additive(self):
+        """Whether d(result)/d(score) is 1 and no derivative or load index reads the score (a bias added to
+        the score: dS is the gradient the buffers' terms take, as it is)."""
+        dscore, _ = self.gradients()
+        return dscore.op == "const" and dscore.value == 1.0 and not self.gradients_read_score
 
     @property
     def gradients_read_score(self):
@@ -617,10 +627,10 @@ def evaluate(roots, env, buffers, ftype, xp=None):
     return [(values[id(r)], valid.get(id(r))) for r in roots]
 
 
-def _topological_many(roots):
+def _topological_many(roots, stop=()):
     order, seen = [], set()
     for r in roots:
-        for n in _topological(r):
+        for n in _topological(r, stop):
             if id(n) not in seen:
                 seen.add(id(n))
                 order.append(n)
@@ -819,10 +829,16 @@ class _Writer:
     def flag(self, n):
         return self.ok.get(id(n))
 
+    def preset(self, n, name, flag):
+        """Node ``n`` as the value ``name`` (and validity ``flag``, or None) computed elsewhere."""
+        self.names[id(n)] = name
+        if flag is not None:
+            self.ok[id(n)] = flag
+
     def emit(self, roots):
         if self.fast:
             self.exact |= _exact_nodes(roots)
-        for n in _topological_many(roots):
+        for n in _topological_many(roots, stop=self.names):
             if id(n) in self.names:
                 continue
             v = f"v{len(self.names)}"
@@ -855,6 +871,100 @@ class _Writer:
         return "\n".join(indent + line for line in self.lines)
 
 
+class _RangeWriter:
+    """Statements computing the range (kernels_cu/common/user_range.cuh) of a set of nodes, none of which
+    reads the score, over queries [q0, q1] and keys [k0, k1] of one (b, h)."""
+
+    def __init__(self, fast=False):
+        self.lines, self.names, self.fast, self.exact = [], {}, fast, set()
+
+    def name(self, n):
+        return self.names[id(n)]
+
+    def emit(self, roots):
+        if self.fast:
+            self.exact |= _exact_nodes(roots)
+        for n in _topological_many(roots):
+            if id(n) not in self.names:
+                v = f"r{len(self.names)}"
+                for line in self._statements(n, v):
+                    self.lines.append(line)
+                self.names[id(n)] = v
+
+    def _statements(self, n, v):
+        a = [self.name(x) for x in n.args]
+        op, kind = n.op, n.kind
+        rtype = "UserFloatRange<F>" if kind == FLOAT else "UserIntRange"
+        if op == "load":
+            number, dtype = n.value
+            points = " && ".join(f"user_range_one({x})" for x in a) or "true"
+            index = ", ".join(f"int({x}.lo)" for x in a) or "0"
+            value = {FLOAT: "F", INT: "int", BOOL: "int"}[kind]
+            return [f"const int {v}_at[{max(len(a), 1)}] = {{{index}}};", f"bool {v}_in;",
+                    f"const {value} {v}_x = {value}(user_load<{_BUFFER_CTYPE[dtype]}>(score_buffers.buf[{number}], "
+                    f"{v}_at, {len(a)}, &{v}_in));",
+                    f"const {rtype} {v} = ({points}) ? user_range_point({v}_x) : "
+                    + ("user_range_unknown(F(0));" if kind == FLOAT else
+                       "user_range_bool();" if kind == BOOL else "user_range_all_ints();")]
+        return [f"const {rtype} {v} = {self._expression(n, a)};"]
+
+    def _expression(self, n, a):
+        op, kind = n.op, n.kind
+        if op == "const":
+            if kind == FLOAT:
+                return f"user_range_point({_float_literal(n.value)})"
+            return f"user_range_point({_int_literal(int(n.value)) if kind == INT else int(bool(n.value))})"
+        if op in ("b", "h"):
+            return f"user_range_point({op})"
+        if op == "q_idx":
+            return "UserIntRange{q0, q1}"
+        if op == "kv_idx":
+            return "UserIntRange{k0, k1}"
+        if op == "to_float":
+            return f"user_range_to_float({a[0]}, F(0))"
+        if op == "to_int":
+            return f"user_range_to_int({a[0]})" if n.args[0].kind == FLOAT else a[0]
+        if op == "to_bool":
+            return f"user_range_to_bool({a[0]})"
+        if op in ("and", "or", "xor") and kind == INT:
+            return f"user_range_bits({a[0]}, {a[1]}, int({a[0]}.lo) {_BITS[op]} int({a[1]}.lo))"
+        if op == "invert":
+            return f"user_range_not({a[0]})" if kind == BOOL else f"user_range_invert_int({a[0]})"
+        if op == "truediv":
+            return f"user_range_div({a[0]}, {a[1]})"
+        if op in _FAST or op == "sqrt":
+            # At each bound in the form the value takes (the fast one where fast code has it).
+            fast = self.fast and op in _FAST and id(n) not in self.exact
+            f = f"user_fast_{op}" if fast else f"user_{op}"
+            return f"user_range_rising({a[0]}, {f}({a[0]}.lo), {f}({a[0]}.hi))"
+        if op == "pow":
+            return f"user_range_other({a[0]}, user_pow({a[0]}.lo, {_float_literal(n.value)}))"
+        return f"user_range_{op}({', '.join(a)})"  # + - * // % neg abs floor ceil, comparisons, where, extrema
+
+    def body(self, indent="    "):
+        return "\n".join(indent + line for line in self.lines)
+
+
+def _uniform_checks(t):
+    """The nodes a tile must hold one value of for the function of each pair to be its function at one
+    pair: those that read q_idx or kv_idx but not the score, where a node that reads the score (or a
+    result: the value, its derivatives, the loads' indices) takes them."""
+    dscore, loads = t.gradients()
+    roots = [t.root, dscore] + [g for _, g in loads] + [x for load, _ in loads for x in load.args]
+    score, positions = set(), set()
+    for n in _topological_many(roots):
+        if n.op == "score" or any(id(a) in score for a in n.args):
+            score.add(id(n))
+        if n.op in ("q_idx", "kv_idx") or any(id(a) in positions for a in n.args):
+            positions.add(id(n))
+    checks, seen = [], set()
+    for n in [a for n in _topological_many(roots) if id(n) in score for a in n.args] + roots:
+        if id(n) in positions and id(n) not in score and id(n) not in seen:
+            seen.add(id(n))
+            checks.append(n)
+    return checks
+
+
 _SCORE_PARAMS = "F score, int b, int h, int q_idx, int kv_idx, const ModBuffers& score_buffers"
 _MASK_PARAMS = "int b, int h, int q_idx, int kv_idx, const ModBuffers& mask_buffers"
 
@@ -862,7 +972,7 @@ _MASK_PARAMS = "int b, int h, int q_idx, int kv_idx, const ModBuffers& mask_buff
 def cuda_source(t, fast=False):
     """C++ of traced function ``t``: struct cupyflash::UserScore (a score_mod: value, dscore and scatter)
     or cupyflash::UserMask (a mask_mod: visible), which the kernels take as template arguments; needs
-    common/user_mod.cuh. ``fast``: a score_mod's exp, log, tanh and sigmoid in their fast forms (a
+    common/user_mod.cuh and common/user_range.cuh. ``fast``: a score_mod's exp, log, tanh and sigmoid in their fast forms (a
     mask_mod's never: its blocks were classified with the accurate ones)."""
     header = f"// Generated by cupyflash/_trace.py from {t.kind}_mod {t.name!r}.\n"
     if t.kind == "mask":
@@ -879,13 +989,90 @@ def cuda_source(t, fast=False):
             f"        return {w.name(t.root)}{' || !' + ok if ok else ''};\n    }}\n}};\n}}  // namespace cupyflash\n"
         )
     dscore, loads = t.gradients()
-    value = _Writer("score_buffers", fast)
+    checks = _uniform_checks(t)
+    ranges = _RangeWriter(fast)
+    ranges.emit(checks)
+    uniform = " && ".join(f"user_range_one({ranges.name(c)})" for c in checks)
+    # The frozen forms: the parts that do not read the score computed once (freeze), the rest from them.
+    frontier = _frontier(t)
+    freeze = _Writer("score_buffers", fast)
+    freeze.emit(frontier)
+    members, values, preset = [], [], []
+    for k, n in enumerate(frontier):
+        members.append(f"{_CTYPE[n.kind]} v{k};")
+        values.append(freeze.name(n))
+        flag = freeze.flag(n)
+        if flag:
+            members.append(f"bool ok{k};")
+            values.append(flag)
+        preset.append((n, f"fz.v{k}", f"fz.ok{k}" if flag else None))
+    indent = " " * 8
+    whole, frozen = _score_functions(t, fast, ()), _score_functions(t, fast, preset)
+    return header + (
+        "namespace cupyflash {\nstruct UserScore {\n    static constexpr bool kEnabled = true;\n"
+        f"    // Whether it reads a floating-point buffer (the backward adds the buffer's gradient), and whether\n"
+        f"    // its derivatives or load indices read the score.\n"
+        f"    static constexpr bool kBufferGradients = {'true' if loads else 'false'};\n"
+        f"    static constexpr bool kGradientsReadScore = {'true' if t.gradients_read_score else 'false'};\n"
+        "    // Whether d(value)/d(score) is 1 and its derivatives read no score (Traced.additive).\n"
+        f"    static constexpr bool kAdditive = {'true' if t.additive else 'false'};\n"
+        "    // Whether it reads q_idx or kv_idx where the score or a result depends on them (uniform can be\n"
+        "    // false).\n"
+        f"    static constexpr bool kReadsPositions = {'true' if checks else 'false'};\n"
+        "    // Whether, over queries [q0, q1] and keys [k0, k1] of (b, h), every part of the function that reads\n"
+        "    // q_idx or kv_idx and not the score holds one value (common/user_range.cuh): the value, dscore\n"
+        "    // and scatter of every pair there are then theirs at (q0, k0).\n"
+        f"    template <typename F>\n    CUPYFLASH_HD static bool uniform(int b, int h, int q0, int q1, int k0, int k1, "
+        f"const ModBuffers& score_buffers) {{\n{ranges.body(indent)}\n"
+        f"        (void)b; (void)h; (void)q0; (void)q1; (void)k0; (void)k1; (void)score_buffers;\n"
+        f"        return {uniform or 'true'};\n    }}\n"
+        "    // The parts that do not read the score, at one pair (freeze), and the functions below from them\n"
+        "    // (the *_frozen forms): a tile where uniform holds computes them once.\n"
+        f"    template <typename F>\n    struct Frozen {{\n" + "".join(f"        {m}\n" for m in members) + "    };\n"
+        f"    template <typename F>\n    CUPYFLASH_HD static Frozen<F> freeze(int b, int h, int q_idx, int kv_idx, "
+        f"const ModBuffers& score_buffers) {{\n{freeze.body(indent)}\n"
+        f"        (void)b; (void)h; (void)q_idx; (void)kv_idx; (void)score_buffers;\n"
+        f"        return Frozen<F>{{{', '.join(values)}}};\n    }}\n"
+        + whole.replace("@PARAMS@", _SCORE_PARAMS).replace("@SUFFIX@", "")
+        + frozen.replace("@PARAMS@", "F score, const Frozen<F>& fz, const ModBuffers& score_buffers")
+                .replace("@SUFFIX@", "_frozen")
+        + "};\n}  // namespace cupyflash\n"
+    )
+
+
+def _frontier(t):
+    """The nodes that do not read the score but that a node reading it takes (or that are results: the
+    value, dscore, the buffer gradients' derivatives and the loads' indices)."""
+    dscore, loads = t.gradients()
+    roots = [t.root, dscore] + [g for _, g in loads] + [x for load, _ in loads for x in load.args]
+    nodes = _topological_many(roots)
+    score = set()
+    for n in nodes:
+        if n.op == "score" or any(id(a) in score for a in n.args):
+            score.add(id(n))
+    frontier, seen = [], set()
+    for n in [a for n in nodes if id(n) in score for a in n.args] + roots:
+        if id(n) not in score and id(n) not in seen and n.op != "const":
+            seen.add(id(n))
+            frontier.append(n)
+    return frontier
+
+
+def _score_functions(t, fast, preset):
+    """C++ of a score_mod's value, dscore and scatter, with parameters @PARAMS@ and names ending @SUFFIX@;
+    the nodes of ``preset`` ((node, name, validity flag) triples) taken as computed."""
+    dscore, loads = t.gradients()
+    writers = []
+    for _ in range(3):
+        w = _Writer("score_buffers", fast)
+        for n, name, flag in preset:
+            w.preset(n, name, flag)
+        writers.append(w)
+    value, grad, scatter = writers
     value.emit([t.root])
     ok = value.flag(t.root)
     result = f"({ok} ? {value.name(t.root)} : user_nan(F(0)))" if ok else value.name(t.root)
-    grad = _Writer("score_buffers", fast)
     grad.emit([dscore])
-    scatter = _Writer("score_buffers", fast)
     scatter.emit([g for _, g in loads] + [x for load, _ in loads for x in load.args])
     adds = []
     for load, g in loads:
@@ -898,31 +1085,27 @@ def cuda_source(t, fast=False):
                     f"                sink.add({number}, user_offset(score_buffers.buf[{number}], at, {len(load.args)}), "
                     f"user_mul(ds_mod, {scatter.name(g)}));\n        }}")
     indent = " " * 8
-    return header + (
-        "namespace cupyflash {\nstruct UserScore {\n    static constexpr bool kEnabled = true;\n"
-        f"    // Whether it reads a floating-point buffer (the backward adds the buffer's gradient), and whether\n"
-        f"    // its derivatives or load indices read the score.\n"
-        f"    static constexpr bool kBufferGradients = {'true' if loads else 'false'};\n"
-        f"    static constexpr bool kGradientsReadScore = {'true' if t.gradients_read_score else 'false'};\n"
+    unused = "        (void)score; (void)score_buffers;\n"
+    return (
         "    // The modified score: NaN when an index it reads is out of range.\n"
-        f"    template <typename F>\n    CUPYFLASH_HD static F value({_SCORE_PARAMS}) {{\n{value.body(indent)}\n"
-        f"        return {result};\n    }}\n"
+        f"    template <typename F>\n    CUPYFLASH_HD static F value@SUFFIX@(@PARAMS@) {{\n{value.body(indent)}\n"
+        f"{unused}        return {result};\n    }}\n"
         "    // d(value) / d(score).\n"
-        f"    template <typename F>\n    CUPYFLASH_HD static F dscore({_SCORE_PARAMS}) {{\n{grad.body(indent)}\n"
-        f"        return {grad.name(dscore)};\n    }}\n"
+        f"    template <typename F>\n    CUPYFLASH_HD static F dscore@SUFFIX@(@PARAMS@) {{\n{grad.body(indent)}\n"
+        f"{unused}        return {grad.name(dscore)};\n    }}\n"
         "    // Adds ds_mod * d(value) / d(load) to the gradient of every floating-point buffer element the\n"
         "    // score reads (sink.add(buffer, offset, amount)); nothing where ds_mod is 0 (masked or\n"
         "    // zero-probability pairs), so an infinite or NaN derivative there does not reach the buffer.\n"
         f"    template <typename F, typename Sink>\n"
-        f"    CUPYFLASH_HD static void scatter({_SCORE_PARAMS}, F ds_mod, Sink& sink) {{\n"
+        f"    CUPYFLASH_HD static void scatter@SUFFIX@(@PARAMS@, F ds_mod, Sink& sink) {{\n"
         f"{scatter.body(indent)}\n" + "\n".join(adds) + ("\n" if adds else "") +
-        "        (void)ds_mod; (void)sink;\n    }\n};\n}  // namespace cupyflash\n"
+        f"{unused}        (void)ds_mod; (void)sink;\n    }}\n"
     )
 
 
 def kernel_source(score, mask, fast=False):
     """The C++ a kernel built for score_mod ``score`` and mask_mod ``mask`` (traced functions, or None) is
     compiled after: common/user_mod.cuh, then their structs (cuda_source; ``fast`` for the score_mod)."""
-    parts = ['#include "common/user_mod.cuh"\n']
+    parts = ['#include "common/user_mod.cuh"\n#include "common/user_range.cuh"\n']
     parts += [cuda_source(t, fast) for t in (score, mask) if t is not None]
     return "".join(parts)

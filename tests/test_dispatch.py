@@ -247,9 +247,9 @@ def _names(p, device):
 def test_score_and_mask_functions_take_the_families_that_compile_them():
     """16-bit score_mods and mask_mods take the Hopper kernels (the forward on its 128-row tile at head dim
     64 too), or on other GPUs the sm80 ones; the backward of a score_mod whose buffers take gradients is
-    the sm80 kernel's where they do not read the score (an additive bias) and the inputs are 16-bit, else
-    the general kernels'. float32 and float64 take their tensor-core kernels too. Variants name the
-    functions' code."""
+    the Hopper kernel's for an additive bias on 16-bit inputs at head dims 96 and 128, the sm80 kernel's
+    at the others and where the derivatives do not read the score, else the general kernels'. float32
+    and float64 take their tensor-core kernels too. Variants name the functions' code."""
     from cupyflash import BlockMask, mods
 
     bias = lambda s, b, h, qi, ki: s - 0.5 * mods.abs(qi - ki)  # noqa: E731
@@ -261,7 +261,11 @@ def test_score_and_mask_functions_take_the_families_that_compile_them():
     table = np.ones((2, 9), np.float32)
     learned = _problem(128, score_mod=lambda s, b, h, qi, ki, t: s + t[h, qi], score_mod_buffers=(table,))
     gated = _problem(128, score_mod=lambda s, b, h, qi, ki, t: s * mods.sigmoid(t[h, qi]), score_mod_buffers=(table,))
-    assert [f for f, _ in _names(learned, H200)] == ["sm90", "sm80"]
+    assert [f for f, _ in _names(learned, H200)] == ["sm90", "sm90"]
+    scaled = _problem(128, score_mod=lambda s, b, h, qi, ki, t: 0.5 * s + t[h, qi], score_mod_buffers=(table,))
+    assert [f for f, _ in _names(scaled, H200)] == ["sm90", "sm80"]
+    learned64 = _problem(64, score_mod=lambda s, b, h, qi, ki, t: s + t[h, qi], score_mod_buffers=(table,))
+    assert [f for f, _ in _names(learned64, H200)] == ["sm90", "sm80"]
     assert [f for f, _ in _names(gated, H200)] == ["sm90", "general"]
     assert [f for f, _ in _names(_problem(128, score_mod=bias), A100)] == ["sm80", "sm80"]
     assert [f for f, _ in _names(learned, A100)] == ["sm80", "sm80"]

@@ -51,6 +51,18 @@ def test_buffer_gradients_on_the_tensor_cores(local, monkeypatch):
                 score_mod_buffers=(table,))
 
 
+@pytest.mark.parametrize("headdim, deterministic", [(128, False), (96, False), (128, True)])
+def test_buffer_gradients_on_the_hopper_backward(headdim, deterministic):
+    """An additive bias's table gradient from the Hopper backward (head dims 96 and 128, where it takes
+    them): tiles past the bias's clip sum their dS^T per thread (FrozenScores), the others add each
+    pair's, read back from the dS^T buffer; causal, GQA, odd sizes, rows long enough for both kinds of
+    tile, and the deterministic exact sums."""
+    table = cupy.asarray(_table((4, 21), seed=29))
+    check_dense(cupy, (2, 300, 333, 4, 2, headdim, headdim), DTYPES["bfloat16"], causal=True,
+                deterministic=deterministic, score_mod=rel_bias, score_mod_buffers=(table,))
+    assert any(v.key.startswith(f"sm90_bwd_bf16_d{headdim}_") and v.user is not None for _, v in _kernels._kernels)
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_fast_forms_on_16_bit_inputs(dtype):
     """16-bit inputs take the fast forms (special-function approximations, fused arithmetic) on every

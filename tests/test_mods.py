@@ -180,6 +180,7 @@ _HOST_DRIVER = r"""
 #include <cstdio>
 #include <cstdlib>
 #include "common/user_mod.cuh"
+#include "common/user_range.cuh"
 %s
 struct Sink {
     double* grad;
@@ -253,6 +254,112 @@ def test_cuda_source_is_the_numpy_evaluation(tmp_path, fn, dtype, fast):
             inside &= (x >= 0) & (x < size)
         np.add.at(expect, tuple(x[inside] for x in index), np.broadcast_to(results[0][0], shape)[inside])
     np.testing.assert_allclose(grad, expect, rtol=1e-5, atol=1e-5)
+
+
+_UNIFORM_DRIVER = r"""
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+#include "common/user_mod.cuh"
+#include "common/user_range.cuh"
+%s
+using F = %s;
+struct Sink {
+    std::vector<double> terms;  // (offset, amount) pairs
+    void add(int, long long offset, F amount) { terms.push_back(double(offset)); terms.push_back(double(amount)); }
+};
+static bool same(F a, F b) { return std::memcmp(&a, &b, sizeof(F)) == 0 || (a != a && b != b); }
+int main(int argc, char** argv) {
+    static F table[3 * 21];
+    for (int i = 0; i < 3 * 21; ++i) table[i] = static_cast<F>(strtod(argv[1 + i], nullptr));
+    cupyflash::ModBuffers m{};
+    m.buf[0].data = table;
+    m.buf[0].size[0] = 3;
+    m.buf[0].size[1] = 21;
+    const int boxes = atoi(argv[1 + 3 * 21]);
+    int uniform = 0, wrong = 0;
+    for (int n = 0; n < boxes; ++n) {
+        int box[5];
+        for (int c = 0; c < 5; ++c) box[c] = atoi(argv[2 + 3 * 21 + 5 * n + c]);
+        const int h = box[0], q0 = box[1], q1 = box[2], k0 = box[3], k1 = box[4];
+        using U = cupyflash::UserScore;
+        const bool all = U::uniform<F>(1, h, q0, q1, k0, k1, m);
+        uniform += all;
+        const U::Frozen<F> fz = U::freeze<F>(1, h, q0, k0, m);
+        // Every pair of a uniform box, else its first pair alone.
+        for (int i = q0; i <= (all ? q1 : q0); ++i)
+            for (int j = k0; j <= (all ? k1 : k0); ++j)
+                for (F s : {F(-2.5), F(0.75), F(3.0)}) {
+                    Sink at, first;
+                    U::scatter(s, 1, h, i, j, m, F(1.5), at);
+                    U::scatter_frozen(s, fz, m, F(1.5), first);
+                    if (!same(U::value(s, 1, h, i, j, m), U::value_frozen(s, fz, m)) ||
+                        !same(U::dscore(s, 1, h, i, j, m), U::dscore_frozen(s, fz, m)) || at.terms != first.terms) {
+                        if (wrong++ < 5)
+                            printf("box h=%%d q=[%%d, %%d] k=[%%d, %%d] differs at (%%d, %%d)\n", h, q0, q1, k0, k1, i, j);
+                    }
+                }
+    }
+    printf("%%d %%d\n", uniform, wrong);
+    return 0;
+}
+"""
+
+
+def t5_buckets(score, b, h, q_idx, kv_idx, table):
+    rel = kv_idx - q_idx
+    distance = mods.abs(rel)
+    large = mods.minimum(4 + (mods.log(distance / 4.0) / math.log(8.0) * 6).astype(np.int32), 9)
+    return score + table[h, mods.where(distance < 4, distance, large) + mods.where(rel > 0, 10, 0)]
+
+
+def alibi_by_formula(score, b, h, q_idx, kv_idx, table):
+    return score - table[h, 0] * mods.abs(q_idx - kv_idx)
+
+
+def causal_as_score_mod(score, b, h, q_idx, kv_idx, table):
+    return mods.where(q_idx >= kv_idx, score, -math.inf)
+
+
+def float_window(score, b, h, q_idx, kv_idx, table):
+    return mods.where(mods.abs((q_idx - kv_idx) * 0.37) < 5.5, score, score * table[h, 3] - 3.0)
+
+
+def blocks_of_seven(score, b, h, q_idx, kv_idx, table):
+    return score * table[h, (kv_idx // 7 - q_idx // 7) % 5 + 2] + (q_idx % 7 == 3)
+
+
+@pytest.mark.parametrize("dtype, fast", [(np.float32, False), (np.float64, False), (np.float32, True)],
+                         ids=["float32", "float64", "float32-fast"])
+@pytest.mark.parametrize("fn, some", [(rel_bias, True), (gated, True), (mixed, False), (alibi_by_formula, False),
+                                      (t5_buckets, True),
+                                      (causal_as_score_mod, True), (float_window, True), (blocks_of_seven, True)],
+                         ids=lambda x: getattr(x, "__name__", str(x)))
+def test_uniform_tiles_hold_the_function_of_their_first_pair(tmp_path, fn, some, dtype, fast):
+    """The generated UserScore::uniform (the ranges of common/user_range.cuh) and frozen forms, built as
+    host C++, over boxes of queries and keys near and far from the diagonal: wherever uniform says a box
+    is, every pair's value, dscore and scattered gradient terms are bitwise the frozen forms' from its
+    first pair (and at that pair in every box); and it finds such boxes where the function has them (past
+    a clip, beside a diagonal, inside one block of 7)."""
+    table = _table(dtype=dtype)
+    traced = _trace_of(fn, [table])
+    ctype = "float" if dtype == np.float32 else "double"
+    binary = _host_build(tmp_path, "uniform", _UNIFORM_DRIVER % (_trace.cuda_source(traced, fast), ctype))
+    rng = np.random.default_rng(5)
+    boxes = []
+    for _ in range(300):
+        h, q0, k0 = int(rng.integers(0, 3)), int(rng.integers(-3, 400)), int(rng.integers(0, 400))
+        # (At least 3 queries and 4 keys: the function of one pair is that pair's, and mixed's q // 2 and
+        # kv // 3 hold one value over fewer.)
+        boxes += [h, q0, q0 + int(rng.choice([3, 5, 7, 16])) - 1, k0, k0 + int(rng.choice([4, 7, 16])) - 1]
+    args = [repr(float(x)) for x in table.ravel()] + [str(len(boxes) // 5)] + [str(x) for x in boxes]
+    run = subprocess.run([binary, *args], check=True, capture_output=True, text=True)
+    *errors, counts = run.stdout.strip().split("\n")
+    uniform, wrong = map(int, counts.split())
+    assert wrong == 0, errors
+    assert (uniform > 0) == some, uniform
 
 
 # -------------------------------------------------------------------------------- through the API

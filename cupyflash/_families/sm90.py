@@ -94,6 +94,10 @@ FWD_PLANES_BLOCK_M = 128
 #: Head dims up to which the backward's consumers each hold their keys' dK and dV (above, the split-column
 #: roles, Sm90BwdTraits::kSplitCols), the tiles built with dropout.
 BWD_DROPOUT_MAX_HEADDIM = 128
+#: The head dims whose backward adds an additive score_mod's buffer gradients: 64-query tiles whose
+#: consumers hold their keys' dK and dV (head dim 64's 128-query tile made 164 local accesses in its
+#: consumers, against 16 at head dim 128; session 26).
+BWD_SCATTER_DIMS = ((96, 96), (128, 128))
 BWD = _kernels.Kernel(
     "sm90_bwd", "sm90/bwd.cu", _kernels.HALF_DTYPES, ("headdim", "headdim_v", "block_m", "stages"),
     tuple((*dims, *tile) for dims, tile in BWD_TILES.items()), ("score_mod", "dropout"), arch="90a",
@@ -481,14 +485,16 @@ class Sm90Backward:
 
     name = "sm90"
     kernels = (common.DELTA, sm80.PLANES, BWD, BWD_PLANES, common.DQ_CONVERT)
-    # But for a score_mod whose buffers take gradients (the sm80 or general kernels add them).
+    # A score_mod whose buffers take gradients only where it is additive, on 16-bit inputs at
+    # BWD_SCATTER_DIMS (the sm80 or general kernels add the others').
     user_functions = True
 
     def select(self, p, device, operands):
         if device.capability != CAPABILITY:
             return None
         user = common.user_code(p, fast=p.dtype.itemsize == 2)
-        if p.user_score is not None and p.user_score.buffer_gradients:
+        scatter = p.user_score is not None and p.user_score.buffer_gradients
+        if scatter and not (p.user_score.additive and p.dtype.itemsize == 2):
             return None
         if p.dtype == numpy.float32:
             if p.dropout:  # the float32 kernel has no dropout yet: the general family's
@@ -505,6 +511,8 @@ class Sm90Backward:
         if dims is None or not all(tma_addressable(x, p.varlen) for x in operands):
             return None
         if p.dropout and max(dims) > BWD_DROPOUT_MAX_HEADDIM:  # the split-column roles draw no dropout
+            return None
+        if scatter and dims not in BWD_SCATTER_DIMS:
             return None
         variant = BWD.variant(common.dtype_name(p.dtype), (*dims, *BWD_TILES[dims]), score_mod=p.score_mod,
                               dropout=p.dropout, user=user)

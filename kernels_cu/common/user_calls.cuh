@@ -29,6 +29,8 @@ struct NoUserScore {
     static constexpr bool kEnabled = false;
     static constexpr bool kBufferGradients = false;
     static constexpr bool kGradientsReadScore = false;
+    static constexpr bool kAdditive = false;
+    static constexpr bool kReadsPositions = false;
 };
 struct NoUserMask {
     static constexpr bool kEnabled = false;
@@ -55,6 +57,8 @@ struct UserExtent {
 // the backward's grad.
 template <typename Acc, typename ScoreFn>
 struct UserNaturalScores {
+    using Fn = ScoreFn;
+    using Float = Acc;
     Acc scale;
     const ModBuffers* buffers;
     int b, h;
@@ -72,6 +76,13 @@ struct UserNaturalScores {
         *grad = inside ? g : Acc(0);
         return inside ? v : Acc(0);
     }
+
+    // Whether queries [q0, q1] and keys [k0, k1] lie inside the sequence and the function's parts that
+    // read the positions hold one value over them (FrozenScores).
+    __device__ __forceinline__ bool uniform(int q0, int q1, int k0, int k1) const {
+        return extent.inside(q0, k0) && extent.inside(q1, k1) &&
+               ScoreFn::template uniform<Acc>(b, h, q0, q1, k0, k1, *buffers);
+    }
 };
 
 
@@ -81,6 +92,9 @@ struct UserNaturalScores {
 // host refuses ALiBi with a score_mod), and so is the softcap's tanh.
 template <typename ScoreFn>
 struct UserLog2Scores {
+    using Fn = ScoreFn;
+    using Float = float;
+    static constexpr bool kLate = false;  // UserLog2ScoresLate
     float scale;
     float scale_log2;         // softmax_scale * LOG2E (what the unmodified paths read)
     float bias_log2 = 0.0f;   // no ALiBi
@@ -105,6 +119,12 @@ struct UserLog2Scores {
     __device__ __forceinline__ float derivative(float x, int i, int j, float) const {
         const float g = ScoreFn::template dscore<float>(scale_score(x, scale), b, h, i, j, *buffers);
         return extent.inside(i, j) ? g : 0.0f;
+    }
+
+    // UserNaturalScores::uniform.
+    __device__ __forceinline__ bool uniform(int q0, int q1, int k0, int k1) const {
+        return extent.inside(q0, k0) && extent.inside(q1, k1) &&
+               ScoreFn::template uniform<float>(b, h, q0, q1, k0, k1, *buffers);
     }
 };
 
@@ -134,6 +154,7 @@ struct UserLog2ScoresByRow {
 template <typename ScoreFn>
 struct UserLog2ScoresLate : UserLog2Scores<ScoreFn> {
     static_assert(!ScoreFn::kGradientsReadScore, "the derivatives are taken without the score");
+    static constexpr bool kLate = true;
     using UserLog2Scores<ScoreFn>::UserLog2Scores;
 
     __device__ __forceinline__ float derivative(float, int, int, float) const { return 1.0f; }
@@ -149,6 +170,61 @@ struct UserLog2ScoresLate : UserLog2Scores<ScoreFn> {
     __device__ __forceinline__ void scatter(float ds_mod, int i, int j, Sink& sink) const {
         ScoreFn::scatter(0.0f, this->b, this->h, i, j, *this->buffers, ds_mod, sink);
     }
+};
+
+// The scores of a tile over which Base::uniform holds (a tile inside the sequence where every part of
+// the score_mod that reads q_idx or kv_idx holds one value): the parts that do not read the score
+// computed once, at (i0, j0) (ScoreFn::freeze: a T5 bias past its clip loads one table entry for the
+// tile), and per pair only the rest (ScoreFn::value_frozen: one add). Kernels take it in a branch that
+// is uniform over the warp (FreezesScores). (The compiler does not share a per-pair evaluation's loads
+// across the pairs by itself: they are guarded.)
+template <typename Base>
+struct FrozenScores : Base {
+    using Fn = typename Base::Fn;
+    using F = typename Base::Float;
+    typename Fn::template Frozen<F> fz;
+
+    __device__ __forceinline__ FrozenScores(const Base& base, int i0, int j0)
+        : Base(base), fz(Fn::template freeze<F>(base.b, base.h, i0, j0, *base.buffers)) {}
+
+    // UserNaturalScores::modified.
+    __device__ __forceinline__ F modified(F x, int, int, F* grad) const {
+        const F s = scale_score(x, this->scale);
+        *grad = Fn::dscore_frozen(s, fz, *this->buffers);
+        return Fn::value_frozen(s, fz, *this->buffers);
+    }
+    // UserLog2Scores::modified and derivative (UserLog2ScoresLate's derivative: 1), derivative_at, scatter.
+    __device__ __forceinline__ float modified(float x, int, int, float, float* tanh_out) const {
+        *tanh_out = 0.0f;
+        return Fn::value_frozen(scale_score(x, this->scale), fz, *this->buffers) * kLog2eF;
+    }
+    __device__ __forceinline__ float derivative(float x, int, int, float) const {
+        if constexpr (Base::kLate) {
+            return 1.0f;
+        } else {
+            return Fn::dscore_frozen(scale_score(x, this->scale), fz, *this->buffers);
+        }
+    }
+    __device__ __forceinline__ float derivative_at(int, int) const { return Fn::dscore_frozen(0.0f, fz, *this->buffers); }
+    template <typename Sink>
+    __device__ __forceinline__ void scatter(float ds_mod, int, int, Sink& sink) const {
+        Fn::scatter_frozen(0.0f, fz, *this->buffers, ds_mod, sink);
+    }
+};
+
+// Whether a kernel's scores object is a FrozenScores, and whether a kernel built for ScoreFn takes the
+// frozen branch (a score_mod that reads the positions; the others compute the same per pair).
+template <typename Scores>
+struct IsFrozen {
+    static constexpr bool value = false;
+};
+template <typename Base>
+struct IsFrozen<FrozenScores<Base>> {
+    static constexpr bool value = true;
+};
+template <typename ScoreFn>
+struct FreezesScores {
+    static constexpr bool value = ScoreFn::kEnabled && ScoreFn::kReadsPositions;
 };
 
 // A kernel's scores object: its built-in one (Log2Scores, or NaturalScores<Acc> on the natural-log

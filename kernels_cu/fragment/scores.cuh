@@ -280,9 +280,28 @@ __device__ __forceinline__ void mask_tile_cols(Acc (&p)[kMTiles][kNTiles][4], co
 // derivative out, so after the mask and score_gradients ds holds ds_mod = P^T (dP^T - delta)): each
 // element's ds_mod goes to the buffers' gradients through sink, then ds becomes dS^T = ds_mod *
 // d(score_mod)/d(score), for keys key_g + 16 mt + 8 (e / 2) and queries m0 + col_t + 8 nt + e % 2.
+// On a FrozenScores tile every pair's terms go to the same elements times the same derivatives: the
+// thread's ds_mod are summed and scattered once.
 template <int kMTiles, int kNTiles, typename Scores, typename Sink>
 __device__ __forceinline__ void buffer_gradients_cols(float (&ds)[kMTiles][kNTiles][4], const Scores& scores, Sink& sink,
                                                       int key_g, int m0, int col_t) {
+    if constexpr (IsFrozen<Scores>::value) {
+        const float d = scores.derivative_at(m0, key_g);
+        float sum = 0.0f;
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+            for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    sum += ds[mt][nt][e];
+                    ds[mt][nt][e] *= d;
+                }
+            }
+        }
+        scores.scatter(sum, m0, key_g, sink);
+        return;
+    }
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll

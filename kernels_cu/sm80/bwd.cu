@@ -210,16 +210,31 @@ __device__ __forceinline__ void sm80_bwd_body(const BwdArgs& args) {
             using AccPair = typename VecOf<Acc>::type2;
             const auto lse2_pair = [&](int nt) { return *reinterpret_cast<const LsePair*>(lse2 + c0 + 8 * nt + 2 * t); };
             const auto delta_pair = [&](int nt) { return *reinterpret_cast<const AccPair*>(delta_s + c0 + 8 * nt + 2 * t); };
-            if constexpr (kWide) {
-                probabilities_cols_natural<kModified>(p, ds, scores, lse2_pair, delta_pair, n0 + r0 + g, m0 + c0, 2 * t);
+            const auto gradients = [&](const auto& sc) {
+                if constexpr (kWide) {
+                    probabilities_cols_natural<kModified>(p, ds, sc, lse2_pair, delta_pair, n0 + r0 + g, m0 + c0, 2 * t);
+                } else {
+                    probabilities_cols<kModified>(p, ds, sc, lse2_pair, delta_pair, n0 + r0 + g, m0 + c0, 2 * t);
+                }
+                if (needs_mask) {
+                    mask_tile_cols(p, st.mask, layout, a, n0 + r0 + g, m0 + c0, 2 * t, partial, UserMaskAt<MaskFn>(a, b, h));
+                }
+                score_gradients<kModified>(ds, p, delta_pair);
+                if constexpr (kScatter) buffer_gradients_cols(ds, sc, buffer_grads, n0 + r0 + g, m0 + c0, 2 * t);
+            };
+            if constexpr (FreezesScores<ScoreFn>::value) {
+                // The warp's keys and queries: a tile over which the score_mod's parts that read the
+                // positions hold one value takes them once (FrozenScores), and its buffer gradients are
+                // the sum of its ds_mod, scattered once per thread.
+                const int q0 = m0 + c0, k0 = n0 + r0;
+                if (scores.uniform(q0, q0 + 8 * Sdp::kNTiles - 1, k0, k0 + 16 * Sdp::kMTiles - 1)) {
+                    gradients(FrozenScores<KernelScores>(scores, q0, k0));
+                } else {
+                    gradients(scores);
+                }
             } else {
-                probabilities_cols<kModified>(p, ds, scores, lse2_pair, delta_pair, n0 + r0 + g, m0 + c0, 2 * t);
+                gradients(scores);
             }
-            if (needs_mask) {
-                mask_tile_cols(p, st.mask, layout, a, n0 + r0 + g, m0 + c0, 2 * t, partial, UserMaskAt<MaskFn>(a, b, h));
-            }
-            score_gradients<kModified>(ds, p, delta_pair);
-            if constexpr (kScatter) buffer_gradients_cols(ds, scores, buffer_grads, n0 + r0 + g, m0 + c0, 2 * t);
 #pragma unroll
             for (int mt = 0; mt < Sdp::kMTiles; ++mt) {
 #pragma unroll

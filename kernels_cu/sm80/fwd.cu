@@ -249,10 +249,24 @@ struct Sm80FwdMainloop {
             // Into log2 units (with the score modifications), then the mask where the tile needs one: a
             // uniform branch of its own, which keeps the unmasked tiles free of the mask's predicates.
             const auto row_of = [&](int mt, int r) { return row_g + 16 * mt + 8 * r; };
-            if constexpr (kNatural) {
-                modify_rows_natural<kModified>(s, st.scores, row_of, n0, 2 * t);
+            const auto modify = [&](const auto& scores) {
+                if constexpr (kNatural) {
+                    modify_rows_natural<kModified>(s, scores, row_of, n0, 2 * t);
+                } else {
+                    modify_rows<kModified, false>(s, scores, row_of, [&](int, int) { return scores.bias_log2; }, n0, 2 * t);
+                }
+            };
+            if constexpr (FreezesScores<ScoreFn>::value) {
+                // The warp's rows: a tile over which the score_mod's parts that read the positions hold one
+                // value takes them once (FrozenScores).
+                const int r0 = m0 + warp_row0;
+                if (st.scores.uniform(r0, r0 + 16 * kMTiles - 1, n0, n0 + kBlockN - 1)) {
+                    modify(FrozenScores<Scores>(st.scores, r0, n0));
+                } else {
+                    modify(st.scores);
+                }
             } else {
-                modify_rows<kModified, false>(s, st.scores, row_of, [&](int, int) { return st.scores.bias_log2; }, n0, 2 * t);
+                modify(st.scores);
             }
             if (partial || !st.mask.tile_is_full(m0, Tr::kBlockM, n0, kBlockN)) {
                 mask_tile_rows<kRowIntervals>(s, st.mask, st.layout, a, row_of, n0, 2 * t, partial, Mask::kCutsBoth,

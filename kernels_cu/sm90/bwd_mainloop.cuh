@@ -344,14 +344,23 @@ struct Sm90BwdShared {
 
 // ScoreFn and MaskFn: a score_mod's and a mask_mod's generated code (common/user_calls.cuh), or
 // NoUserScore and NoUserMask. A score_mod takes the modified kernels' path (kModified), its derivative
-// in place of the softcap's; the host sends score_mods whose buffers take gradients to the general
-// kernels. A mask_mod runs on the tiles the lists mark partial.
+// in place of the softcap's. Its buffers' gradients (kScatter) are taken here for additive functions
+// (ScoreFn::kAdditive: dS^T is the gradient the buffers' terms take) at head dims up to 128; the host
+// sends the others to the sm80 or general kernels. A mask_mod runs on the tiles the lists mark partial.
 template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kStages, bool kScoreMod, bool kDropout = false,
           typename ScoreFn = NoUserScore, typename MaskFn = NoUserMask>
 struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHeadDimV, kBlockM, kStages>::kBlockN> {
     using Tr = Sm90BwdTraits<T, kHeadDim, kHeadDimV, kBlockM, kStages>;
     static constexpr bool kModified = kScoreMod || ScoreFn::kEnabled;
-    using Scores = typename ScoresOf<ScoreFn, Log2Scores>::type;
+    static constexpr bool kScatter = ScoreFn::kBufferGradients;
+    static_assert(!kScatter || (ScoreFn::kAdditive && !Tr::kSplitCols && Tr::kSTiles <= 8),
+                  "buffer gradients: additive, 64-query tiles up to head dim 128");
+    // The frozen branch (FrozenScores) on the 64-query tiles: beside the 128-query tile's fragments its
+    // second copy of the probabilities took the consumers' local accesses from 48 to 127.
+    // (Position-free additive functions too: their tiles sum their buffer gradients.)
+    static constexpr bool kFreeze = ScoreFn::kEnabled && (ScoreFn::kReadsPositions || kScatter) && Tr::kSTiles <= 8;
+    using Scores = typename IfType<kScatter, UserLog2ScoresLate<ScoreFn>,
+                                   typename ScoresOf<ScoreFn, Log2Scores>::type>::type;
     using Base = Sm90BwdShared<kBlockM, Tr::kBlockN>;
     using Base::walk;
     using Base::dq_lane_offset;
@@ -521,10 +530,13 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
     // kDropout: the tile's keep decisions are drawn first, while S^T and dP^T are in flight; dP^T takes Z =
     // keep / (1 - p) before it meets delta (and the softcap's derivative), so dS^T = P^T (dP^T Z - delta),
     // and P^T takes Z after dS^T, for dV += (P^T Z) dO.
+    //
+    // frozen: the score_mod's parts that read the positions hold one value over the warp's 16 keys from
+    // key_w and the tile's queries (FrozenScores).
     __device__ __forceinline__ static void score_gradients_of(float (&s)[Tr::kSTiles][4], float (&dp)[Tr::kSTiles][4],
                                                               const AttnArgs& a, const Mask& mask, const Scores& scores,
                                                               const float* rows, int h, int b, int entry, int m0,
-                                                              int key_g, int key0, int col_t) {
+                                                              int key_g, int key0, int col_t, bool frozen, int key_w) {
         unsigned long long kept = 0;
         if constexpr (kDropout) {
             // The draws need m0 % 16 == 0: the walk's query tiles start at multiples of kBlockM.
@@ -553,7 +565,16 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
         fence_fragments(s);
         auto& p = reinterpret_cast<float(&)[1][Tr::kSTiles][4]>(s);
         auto& ds = reinterpret_cast<float(&)[1][Tr::kSTiles][4]>(dp);
-        probabilities_cols<kModified>(p, ds, scores, lse2_pair, delta_pair, key_g, m0, col_t);
+        if constexpr (kFreeze) {
+            if (frozen) {
+                probabilities_cols<kModified>(p, ds, FrozenScores<Scores>(scores, m0, key_w), lse2_pair, delta_pair,
+                                              key_g, m0, col_t);
+            } else {
+                probabilities_cols<kModified>(p, ds, scores, lse2_pair, delta_pair, key_g, m0, col_t);
+            }
+        } else {
+            probabilities_cols<kModified>(p, ds, scores, lse2_pair, delta_pair, key_g, m0, col_t);
+        }
         const bool partial = entry_partial(entry);
         if (partial || !mask.tile_is_full(m0, Tr::kWgQueries, key0, 64)) {
             mask_tile_cols(p, mask, BlockLayout(a, b, h), a, key_g, m0, col_t, partial, UserMaskAt<MaskFn>(a, b, h));
@@ -583,6 +604,28 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
                 *reinterpret_cast<unsigned*>(ds_tile + (col / 64) * kBlockN * 128 + row * 128 + chunk * 16 + col_t * 2) =
                     f[kk][reg];
             }
+        }
+    }
+
+    // kScatter: the buffer gradients of this thread's dS^T (additive: ds_mod itself) in a tile where the
+    // function varies, read back from the buffer store_ds put them in (key rows n0 + key_row + 8 (reg % 2),
+    // query columns m0 + 16 kk + 8 (reg / 2) + col_t and + 1), a pair at a time in a loop that is not
+    // unrolled: by then the registers hold the key products' operands. Each term is the dS^T that dQ and
+    // dK take, rounded to T.
+    template <typename Sink>
+    __device__ __forceinline__ static void scatter_stored(const unsigned char* ds_tile, const Scores& scores, Sink& sink,
+                                                          int key_row, int n0, int m0, int col_t) {
+        const int g = key_row % 8;
+#pragma unroll 1
+        for (int x = 0; x < Tr::kOpSteps * 4; ++x) {
+            const int kk = x / 4, reg = x % 4;
+            const int row = key_row + 8 * (reg % 2);
+            const int col = 16 * kk + 8 * (reg / 2);  // + col_t
+            const int chunk = ((col % 64) / 8) ^ g;
+            const float2 v = unpack2<T>(*reinterpret_cast<const unsigned*>(
+                ds_tile + (col / 64) * kBlockN * 128 + row * 128 + chunk * 16 + col_t * 2));
+            scores.scatter(v.x, m0 + col + col_t, n0 + row, sink);
+            scores.scatter(v.y, m0 + col + col_t + 1, n0 + row, sink);
         }
     }
 
@@ -711,6 +754,9 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
         // The plain kernels need only the scale; the score modifications are per (batch entry, head).
         Scores scores;
         scores.scale_log2 = static_cast<float>(a.softmax_scale) * kLog2eF;
+        // kScatter: the buffers' gradients by global atomics, a thread's consecutive terms for one element
+        // summed first (common/user_calls.cuh; no shared memory is free here).
+        LocalBufferGrads buffer_grads{nullptr, &args.score_grads};
 
         mbarrier_wait(&st.kv_full, 0);
         if (a.cu_seqlens_k != nullptr && seq.seqlen_k - n0 < kBlockN) {
@@ -750,7 +796,23 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
             Turns::pass_turn(wg);
             const float* rows = reinterpret_cast<const float*>(smem + Tr::kRowsOffset) + stage * 2 * kBlockM;
             mbarrier_wait(&st.rows_full[stage], parity);
-            score_gradients_of(s, dp, a, mask, scores, rows, h, work.b, entry, m0, key_g, key0, col_t);
+            // A warp-uniform branch: the score_mod's parts that read the positions taken once per tile where
+            // they hold one value over the warp's keys and the tile's queries (FrozenScores).
+            const int key_w = key0 + 16 * warp;
+            bool frozen = false;
+            if constexpr (kFreeze) {
+                frozen = scores.uniform(m0, m0 + 8 * Tr::kSTiles - 1, key_w, key_w + 15);
+            }
+            score_gradients_of(s, dp, a, mask, scores, rows, h, work.b, entry, m0, key_g, key0, col_t, frozen, key_w);
+            if constexpr (kScatter) {
+                // Every pair's terms go to the same elements: the thread's dS^T summed, scattered once.
+                if (frozen) {
+                    float sum = 0.0f;
+#pragma unroll
+                    for (int nt = 0; nt < Tr::kSTiles; ++nt) sum += (dp[nt][0] + dp[nt][1]) + (dp[nt][2] + dp[nt][3]);
+                    FrozenScores<Scores>(scores, m0, key_w).scatter(sum, m0, key_w, buffer_grads);
+                }
+            }
             unsigned p_op[Tr::kOpSteps][4];
             unsigned ds_op[Tr::kOpSteps][4];
             to_operand<T>(p_op, s);
@@ -770,6 +832,10 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
             issue_key_gradient<kHeadDimV>(dv, p_op, do_tile);
             issue_key_gradient<kHeadDim>(dk, ds_op, q_tile);
             wgmma_commit();
+            // While the products run: the buffer gradients of a tile where the function varies.
+            if constexpr (kScatter) {
+                if (!frozen) scatter_stored(ds_tile, scores, buffer_grads, 64 * wg + 16 * warp + lane / 4, n0, m0, col_t);
+            }
             if (i > 0) {
                 finish_query_gradient(st, smem, i - 1, wg, warp, lane, [&]() { release_stage(&st.empty[stage]); });
             } else {
@@ -783,6 +849,7 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
             if constexpr (Tr::kKeyGradientTurns) Turns::take_turn(wg);
             finish_query_gradient(st, smem, tiles - 1, wg, warp, lane, []() {});
         }
+        if constexpr (kScatter) buffer_grads.commit();
         Turns::finish(wg);
         fence_fragments(dk);
         fence_fragments(dv);

@@ -271,7 +271,19 @@ struct Sm90FwdMainloop {
         const int n0 = entry_tile(entry) * kBlockN;
         auto& rows = reinterpret_cast<float(&)[1][Tr::kNTiles][4]>(s);
         const auto row_of = [&](int, int r) { return row_g + 8 * r; };
-        modify_rows<kModified, true>(rows, scores, row_of, [&](int, int) { return scores.bias_log2; }, n0, col_t);
+        const auto bias_of = [&](int, int) { return scores.bias_log2; };
+        if constexpr (FreezesScores<ScoreFn>::value) {
+            // The warp's 16 rows: a tile over which the score_mod's parts that read the positions hold one
+            // value takes them once (FrozenScores).
+            const int r0 = row_g - (threadIdx.x % 32) / 4;
+            if (scores.uniform(r0, r0 + 15, n0, n0 + kBlockN - 1)) {
+                modify_rows<kModified, true>(rows, FrozenScores<Scores>(scores, r0, n0), row_of, bias_of, n0, col_t);
+            } else {
+                modify_rows<kModified, true>(rows, scores, row_of, bias_of, n0, col_t);
+            }
+        } else {
+            modify_rows<kModified, true>(rows, scores, row_of, bias_of, n0, col_t);
+        }
         const bool partial = entry_partial(entry);
         const int cuts = st.mask.key_cuts(w0, 64, n0, kBlockN);
         // The score_mod kernels keep one mask for both sides: their registers are spoken for.
