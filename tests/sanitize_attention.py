@@ -104,8 +104,9 @@ def dropout(dtype):
 def functions(dtype):
     """Kernels built with score and mask functions (the Hopper 16-bit forward and backward, the general
     kernels; taken once cupyflash._problem.NEW_KERNELS_ENABLED is on): a relative bias with a table (its
-    gradient by atomics), a softcap, a document mask built on the device, odd sizes, and the block
-    classification kernel."""
+    gradient by atomics; at head dim 128 the Hopper backward's, whose tiles past the clip sum theirs and
+    the others read dS^T back from shared memory), a softcap, a document mask built on the device, odd
+    sizes, and the block classification kernel."""
     cupyflash._problem.NEW_KERNELS_ENABLED = True
     from cupyflash import mods
 
@@ -116,8 +117,8 @@ def functions(dtype):
     for options in ({"score_mod": lambda s, b, h, qi, ki, t: s + t[h, mods.clip(ki - qi + 20, 0, 40)],
                      "score_mod_buffers": (table,)},
                     {"score_mod": lambda s, b, h, qi, ki: 20.0 * mods.tanh(s / 20.0), "block_mask": mask}):
-        for _ in range(2):
-            q, k, v, do = (normal(s, dtype) for s in ((1, 203, 4, 64), (1, 203, 2, 64), (1, 203, 2, 64), (1, 203, 4, 64)))
+        for d in (64, 128):
+            q, k, v, do = (normal(s, dtype) for s in ((1, 203, 4, d), (1, 203, 2, d), (1, 203, 2, d), (1, 203, 4, d)))
             out, lse = cupyflash.flash_attention(q, k, v, return_lse=True, causal=True, **options)
             cupyflash.flash_attention_backward(do, q, k, v, out, lse, causal=True, **options)
 

@@ -331,12 +331,16 @@ def blocks_of_seven(score, b, h, q_idx, kv_idx, table):
     return score * table[h, (kv_idx // 7 - q_idx // 7) % 5 + 2] + (q_idx % 7 == 3)
 
 
-@pytest.mark.parametrize("dtype, fast", [(np.float32, False), (np.float64, False), (np.float32, True)],
-                         ids=["float32", "float64", "float32-fast"])
-@pytest.mark.parametrize("fn, some", [(rel_bias, True), (gated, True), (mixed, False), (alibi_by_formula, False),
-                                      (t5_buckets, True),
-                                      (causal_as_score_mod, True), (float_window, True), (blocks_of_seven, True)],
-                         ids=lambda x: getattr(x, "__name__", str(x)))
+_UNIFORM_CASES = [(fn, some, np.float32, True) for fn, some in (
+    (rel_bias, True), (gated, True), (mixed, False), (alibi_by_formula, False), (t5_buckets, True),
+    (causal_as_score_mod, True), (float_window, True), (blocks_of_seven, True))]
+# The accurate forms (float32 and float64 inputs) where floats reach the ranges.
+_UNIFORM_CASES += [(t5_buckets, True, np.float32, False), (t5_buckets, True, np.float64, False),
+                   (float_window, True, np.float64, False)]
+
+
+@pytest.mark.parametrize("fn, some, dtype, fast", _UNIFORM_CASES,
+                         ids=[f"{c[0].__name__}-{np.dtype(c[2]).name}{'-fast' * c[3]}" for c in _UNIFORM_CASES])
 def test_uniform_tiles_hold_the_function_of_their_first_pair(tmp_path, fn, some, dtype, fast):
     """The generated UserScore::uniform (the ranges of common/user_range.cuh) and frozen forms, built as
     host C++, over boxes of queries and keys near and far from the diagonal: wherever uniform says a box
