@@ -369,36 +369,36 @@ struct UserMaskAt {
     __device__ __forceinline__ UserMaskAt(const AttnArgs& args, int b_, int h_)
         : a(&args), b(user_mask_batch(args, b_)), h(user_mask_head(args, h_)) {}
 
-    // The function at query i and keys first + 8 (t / 2) + t % 2 for t < 2 * n_tiles (a row of an
-    // accumulator fragment, fragment/scores.cuh) as bits t of *visible and *poisoned. A loop that is not
-    // unrolled: the function's temporaries live only inside it, not beside a fragment's scores.
-    __device__ __forceinline__ void row_bits(int i, int first, int n_tiles, unsigned long long* visible,
-                                             unsigned long long* poisoned) const {
-        unsigned long long seen = 0, bad = 0;
+    // The function over a thread's two rows of a fragment (fragment/scores.cuh), as bits t of visible[r]
+    // and poisoned[r] for t < 2 kNTiles: with kKeyRows (a column fragment: the backward) keys fixed[r]
+    // and queries first + 8 (t / 2) + t % 2, else (a row fragment) queries fixed[r] and those keys. A
+    // loop that is not unrolled, so the function's temporaries live only inside it, not beside a
+    // fragment's scores; both rows in one iteration, so what the function reads of the position they
+    // share (a document mask's doc[b, q] in the backward) is read once for the two, and their bits in one
+    // word where they fit (32 bits up to 8 n-tiles: the Hopper backward's registers are spoken for).
+    template <bool kKeyRows, int kNTiles>
+    __device__ __forceinline__ void bits(const int (&fixed)[2], int first, unsigned long long (&visible)[2],
+                                         unsigned long long (&poisoned)[2]) const {
+        constexpr int kRowBits = 2 * kNTiles;
+        static_assert(kRowBits <= 32, "two rows' bits in one 64-bit word");
+        using Word = typename IfType<2 * kRowBits <= 32, unsigned, unsigned long long>::type;
+        Word seen = 0, bad = 0;
 #pragma unroll 1
-        for (int t = 0; t < 2 * n_tiles; ++t) {
-            bool p;
-            const bool v = MaskFn::visible(b, h, i, first + 8 * (t / 2) + t % 2, a->mask_buffers, &p);
-            seen |= static_cast<unsigned long long>(v) << t;
-            bad |= static_cast<unsigned long long>(p) << t;
+        for (int t = 0; t < kRowBits; ++t) {
+            const int x = first + 8 * (t / 2) + t % 2;
+            bool p0, p1;
+            const bool v0 = kKeyRows ? MaskFn::visible(b, h, x, fixed[0], a->mask_buffers, &p0)
+                                     : MaskFn::visible(b, h, fixed[0], x, a->mask_buffers, &p0);
+            const bool v1 = kKeyRows ? MaskFn::visible(b, h, x, fixed[1], a->mask_buffers, &p1)
+                                     : MaskFn::visible(b, h, fixed[1], x, a->mask_buffers, &p1);
+            seen |= (static_cast<Word>(v0) << t) | (static_cast<Word>(v1) << (t + kRowBits));
+            bad |= (static_cast<Word>(p0) << t) | (static_cast<Word>(p1) << (t + kRowBits));
         }
-        *visible = seen;
-        *poisoned = bad;
-    }
-
-    // The same for key j and queries first + 8 (t / 2) + t % 2 (a row of a column fragment).
-    __device__ __forceinline__ void col_bits(int j, int first, int n_tiles, unsigned long long* visible,
-                                             unsigned long long* poisoned) const {
-        unsigned long long seen = 0, bad = 0;
-#pragma unroll 1
-        for (int t = 0; t < 2 * n_tiles; ++t) {
-            bool p;
-            const bool v = MaskFn::visible(b, h, first + 8 * (t / 2) + t % 2, j, a->mask_buffers, &p);
-            seen |= static_cast<unsigned long long>(v) << t;
-            bad |= static_cast<unsigned long long>(p) << t;
-        }
-        *visible = seen;
-        *poisoned = bad;
+        constexpr unsigned long long kRow = (1ull << kRowBits) - 1;
+        visible[0] = seen & kRow;
+        visible[1] = seen >> kRowBits;
+        poisoned[0] = bad & kRow;
+        poisoned[1] = bad >> kRowBits;
     }
 };
 template <>
@@ -407,13 +407,11 @@ struct UserMaskAt<NoUserMask> {
     UserMaskAt() = default;
     __device__ __forceinline__ UserMaskAt(const AttnArgs&, int, int) {}
 
-    __device__ __forceinline__ void row_bits(int, int, int, unsigned long long* visible, unsigned long long* poisoned) const {
-        *visible = ~0ull;
-        *poisoned = 0;
-    }
-    __device__ __forceinline__ void col_bits(int, int, int, unsigned long long* visible, unsigned long long* poisoned) const {
-        *visible = ~0ull;
-        *poisoned = 0;
+    template <bool kKeyRows, int kNTiles>
+    __device__ __forceinline__ void bits(const int (&)[2], int, unsigned long long (&visible)[2],
+                                         unsigned long long (&poisoned)[2]) const {
+        visible[0] = visible[1] = ~0ull;
+        poisoned[0] = poisoned[1] = 0;
     }
 };
 

@@ -35,6 +35,11 @@ __device__ __forceinline__ void mask_rows(Acc (&s)[kMTiles][kNTiles][4], const M
     constexpr int kWordKeys = kNTiles * 8 <= 64 ? kNTiles * 8 : 64;
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
+        // The mask_mod's bits of the two rows' columns (bit 2 nt + c), then a select per element.
+        unsigned long long user_rows[2] = {~0ull, ~0ull}, poisoned_rows[2] = {0, 0};
+        if constexpr (kLayout && User::kEnabled) {
+            user.template bits<false, kNTiles>({row_of(mt, 0), row_of(mt, 1)}, n0 + col_t, user_rows, poisoned_rows);
+        }
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int row = row_of(mt, r);
@@ -44,9 +49,7 @@ __device__ __forceinline__ void mask_rows(Acc (&s)[kMTiles][kNTiles][4], const M
             constexpr bool kFromThread = kCuts != Mask::kCutsBoth;
             int begin, end;
             if constexpr (kRowIntervals) mask.keys_of(row, kFromThread ? n0 + col_t : n0, &begin, &end);
-            // The mask_mod's bits of the row's columns (bit 2 nt + c), then a select per element.
-            unsigned long long user_bits = ~0ull, poisoned = 0;
-            if constexpr (kLayout && User::kEnabled) user.row_bits(row, n0 + col_t, kNTiles, &user_bits, &poisoned);
+            const unsigned long long user_bits = user_rows[r], poisoned = poisoned_rows[r];
 #pragma unroll
             for (int chunk = 0; chunk < (kNTiles + 7) / 8; ++chunk) {
                 const unsigned long long bits = kLayout ? layout.key_bits(a, row, n0 + 64 * chunk, kWordKeys) : 0;
@@ -163,14 +166,17 @@ __device__ __forceinline__ void mask_cols(Acc (&p)[kMTiles][kNTiles][4], const M
                                           const AttnArgs& a, int key_g, int m0, int col_t, const User& user) {
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
+        // The mask_mod's bits of the two keys' queries (bit 2 nt + c), then a select per element.
+        unsigned long long user_rows[2] = {~0ull, ~0ull}, poisoned_rows[2] = {0, 0};
+        if constexpr (kLayout && User::kEnabled) {
+            user.template bits<true, kNTiles>({key_g + 16 * mt, key_g + 16 * mt + 8}, m0 + col_t, user_rows, poisoned_rows);
+        }
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int key = key_g + 16 * mt + 8 * r;
             int begin, end;
             mask.queries_of(key, m0, &begin, &end);
-            // The mask_mod's bits of the key's queries (bit 2 nt + c), then a select per element.
-            unsigned long long user_bits = ~0ull, poisoned = 0;
-            if constexpr (kLayout && User::kEnabled) user.col_bits(key, m0 + col_t, kNTiles, &user_bits, &poisoned);
+            const unsigned long long user_bits = user_rows[r], poisoned = poisoned_rows[r];
 #pragma unroll
             for (int chunk = 0; chunk < (kNTiles + 7) / 8; ++chunk) {
                 const unsigned long long bits = kLayout ? layout.query_bits(a, key, m0 + 64 * chunk, 64) : 0;
