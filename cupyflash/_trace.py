@@ -873,17 +873,16 @@ class _Writer:
 
 class _RangeWriter:
     """Statements computing the range (kernels_cu/common/user_range.cuh) of a set of nodes, none of which
-    reads the score, over queries [q0, q1] and keys [k0, k1] of one (b, h)."""
+    reads the score, over queries [q0, q1] and keys [k0, k1] of one (b, h), in the accurate forms, which
+    cuda_source makes those nodes take everywhere."""
 
-    def __init__(self, fast=False):
-        self.lines, self.names, self.fast, self.exact = [], {}, fast, set()
+    def __init__(self):
+        self.lines, self.names, self.loads = [], {}, []
 
     def name(self, n):
         return self.names[id(n)]
 
     def emit(self, roots):
-        if self.fast:
-            self.exact |= _exact_nodes(roots)
         for n in _topological_many(roots):
             if id(n) not in self.names:
                 v = f"r{len(self.names)}"
@@ -896,6 +895,7 @@ class _RangeWriter:
         op, kind = n.op, n.kind
         rtype = "UserFloatRange<F>" if kind == FLOAT else "UserIntRange"
         if op == "load":
+            self.loads.append(n)
             number, dtype = n.value
             points = " && ".join(f"user_range_one({x})" for x in a) or "true"
             index = ", ".join(f"int({x}.lo)" for x in a) or "0"
@@ -933,10 +933,7 @@ class _RangeWriter:
         if op == "truediv":
             return f"user_range_div({a[0]}, {a[1]})"
         if op in _FAST or op == "sqrt":
-            # At each bound in the form the value takes (the fast one where fast code has it).
-            fast = self.fast and op in _FAST and id(n) not in self.exact
-            f = f"user_fast_{op}" if fast else f"user_{op}"
-            return f"user_range_rising({a[0]}, {f}({a[0]}.lo), {f}({a[0]}.hi))"
+            return f"user_range_rising({a[0]}, user_{op}({a[0]}.lo), user_{op}({a[0]}.hi))"
         if op == "pow":
             return f"user_range_other({a[0]}, user_pow({a[0]}.lo, {_float_literal(n.value)}))"
         return f"user_range_{op}({', '.join(a)})"  # + - * // % neg abs floor ceil, comparisons, where, extrema
@@ -990,12 +987,21 @@ def cuda_source(t, fast=False):
         )
     dscore, loads = t.gradients()
     checks = _uniform_checks(t)
-    ranges = _RangeWriter(fast)
+    ranges = _RangeWriter()
     ranges.emit(checks)
-    uniform = " && ".join(f"user_range_one({ranges.name(c)})" for c in checks)
+    # One value per check, and per load the ranges read one index (its validity, which reaches the
+    # results, is then one value too).
+    uniform = " && ".join([f"user_range_one({ranges.name(c)})" for c in checks] +
+                          [f"user_range_one({ranges.name(x)})" for load in ranges.loads for x in load.args])
+    # The accurate forms for what the ranges compute (so the pairs compute it with the same correctly
+    # rounded operations, uncontracted: the ranges hold their values) and for what reaches a discrete
+    # decision in any of the functions (so every function, frozen or not, decides alike).
+    roots = [t.root, dscore] + [g for _, g in loads] + [x for load, _ in loads for x in load.args]
+    exact = _exact_nodes(roots) | set(ranges.names)
     # The frozen forms: the parts that do not read the score computed once (freeze), the rest from them.
     frontier = _frontier(t)
     freeze = _Writer("score_buffers", fast)
+    freeze.exact |= exact
     freeze.emit(frontier)
     members, values, preset = [], [], []
     for k, n in enumerate(frontier):
@@ -1007,7 +1013,7 @@ def cuda_source(t, fast=False):
             values.append(flag)
         preset.append((n, f"fz.v{k}", f"fz.ok{k}" if flag else None))
     indent = " " * 8
-    whole, frozen = _score_functions(t, fast, ()), _score_functions(t, fast, preset)
+    whole, frozen = _score_functions(t, fast, exact, ()), _score_functions(t, fast, exact, preset)
     return header + (
         "namespace cupyflash {\nstruct UserScore {\n    static constexpr bool kEnabled = true;\n"
         f"    // Whether it reads a floating-point buffer (the backward adds the buffer's gradient), and whether\n"
@@ -1058,13 +1064,15 @@ def _frontier(t):
     return frontier
 
 
-def _score_functions(t, fast, preset):
+def _score_functions(t, fast, exact, preset):
     """C++ of a score_mod's value, dscore and scatter, with parameters @PARAMS@ and names ending @SUFFIX@;
-    the nodes of ``preset`` ((node, name, validity flag) triples) taken as computed."""
+    the nodes whose ids are in ``exact`` in the accurate forms, those of ``preset`` ((node, name, validity
+    flag) triples) taken as computed."""
     dscore, loads = t.gradients()
     writers = []
     for _ in range(3):
         w = _Writer("score_buffers", fast)
+        w.exact |= exact
         for n, name, flag in preset:
             w.preset(n, name, flag)
         writers.append(w)

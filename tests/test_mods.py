@@ -291,7 +291,7 @@ int main(int argc, char** argv) {
         // Every pair of a uniform box, else its first pair alone.
         for (int i = q0; i <= (all ? q1 : q0); ++i)
             for (int j = k0; j <= (all ? k1 : k0); ++j)
-                for (F s : {F(-2.5), F(0.75), F(3.0)}) {
+                for (F s : {F(-2.5), F(0.75), F(3.0), F(0.99999994)}) {
                     Sink at, first;
                     U::scatter(s, 1, h, i, j, m, F(1.5), at);
                     U::scatter_frozen(s, fz, m, F(1.5), first);
@@ -331,9 +331,28 @@ def blocks_of_seven(score, b, h, q_idx, kv_idx, table):
     return score * table[h, (kv_idx // 7 - q_idx // 7) % 5 + 2] + (q_idx % 7 == 3)
 
 
+def load_validity(score, b, h, q_idx, kv_idx, table):
+    # (A load past the table's 21 columns makes the score NaN, though the bool it feeds is always False.)
+    return score + ((table[h, kv_idx] > 0.0) & (q_idx < 0))
+
+
+def signed_zero(score, b, h, q_idx, kv_idx, table):
+    return score + 1.0 / ((q_idx - kv_idx) * 0.0)  # -inf where q < kv, +inf elsewhere
+
+
+def clamped_ratio(score, b, h, q_idx, kv_idx, table):
+    # (Fast code divides by a constant as a product with its reciprocal: 41 * (1 / 41) is below 1.)
+    return score + (mods.minimum(q_idx / 41.0, 1.0) - 1.0) * 1e30
+
+
+def threshold_on_score(score, b, h, q_idx, kv_idx, table):
+    return mods.where(score >= mods.minimum(q_idx, 41) / 41.0, score, -1e4)
+
+
 _UNIFORM_CASES = [(fn, some, np.float32, True) for fn, some in (
     (rel_bias, True), (gated, True), (mixed, False), (alibi_by_formula, False), (t5_buckets, True),
-    (causal_as_score_mod, True), (float_window, True), (blocks_of_seven, True))]
+    (causal_as_score_mod, True), (float_window, True), (blocks_of_seven, True), (load_validity, False),
+    (signed_zero, False), (clamped_ratio, True), (threshold_on_score, True))]
 # The accurate forms (float32 and float64 inputs) where floats reach the ranges.
 _UNIFORM_CASES += [(t5_buckets, True, np.float32, False), (t5_buckets, True, np.float64, False),
                    (float_window, True, np.float64, False)]

@@ -32,8 +32,11 @@ struct UserFloatRange {
 };
 
 CUPYFLASH_HD bool user_range_one(const UserIntRange& a) { return a.lo == a.hi; }
+// One float: equal bounds, zeros of one sign (a pair dividing by it takes that sign); false for NaN.
 template <typename F>
-CUPYFLASH_HD bool user_range_one(const UserFloatRange<F>& a) { return a.lo == a.hi; }  // false for NaN
+CUPYFLASH_HD bool user_range_one(const UserFloatRange<F>& a) {
+    return a.lo == a.hi && (a.lo != F(0) || user_div(F(1), a.lo) == user_div(F(1), a.hi));
+}
 
 CUPYFLASH_HD UserIntRange user_range_all_ints() { return {-2147483647ll - 1, 2147483647ll}; }
 CUPYFLASH_HD UserIntRange user_range(long long lo, long long hi) {
@@ -51,10 +54,12 @@ template <typename F>
 CUPYFLASH_HD bool user_finite(F x) {
     return x == x && x != user_inf(F(0)) && x != -user_inf(F(0));
 }
-// [lo, hi] if both bounds are finite, else unknown.
+// [lo, hi] if both bounds are finite, else unknown; bounds 0 and 0 of values that are not one value may
+// be zeros of both signs.
 template <typename F>
 CUPYFLASH_HD UserFloatRange<F> user_range(F lo, F hi) {
-    return (user_finite(lo) && user_finite(hi)) ? UserFloatRange<F>{lo, hi} : user_range_unknown(F(0));
+    if (!user_finite(lo) || !user_finite(hi)) return user_range_unknown(F(0));
+    return (lo == F(0) && hi == F(0)) ? UserFloatRange<F>{-F(0), F(0)} : UserFloatRange<F>{lo, hi};
 }
 template <typename F>
 CUPYFLASH_HD UserFloatRange<F> user_range_point(F v) {
@@ -124,7 +129,7 @@ CUPYFLASH_HD UserIntRange user_range_mod(const UserIntRange& a, const UserIntRan
 }
 // & | ^ on ints: one value from one value each, else any int; ~ is -1 - x, falling.
 CUPYFLASH_HD UserIntRange user_range_bits(const UserIntRange& a, const UserIntRange& b, int value) {
-    return (a.lo == a.hi && b.lo == b.hi) ? user_range_point(value) : user_range_all_ints();
+    return (user_range_one(a) && user_range_one(b)) ? user_range_point(value) : user_range_all_ints();
 }
 CUPYFLASH_HD UserIntRange user_range_invert_int(const UserIntRange& a) { return user_range(-1 - a.hi, -1 - a.lo); }
 
@@ -136,7 +141,7 @@ CUPYFLASH_HD UserIntRange user_range_or(const UserIntRange& a, const UserIntRang
     return {a.lo | b.lo, a.hi | b.hi};
 }
 CUPYFLASH_HD UserIntRange user_range_xor(const UserIntRange& a, const UserIntRange& b) {
-    return (a.lo == a.hi && b.lo == b.hi) ? user_range_point(static_cast<int>(a.lo ^ b.lo)) : user_range_bool();
+    return (user_range_one(a) && user_range_one(b)) ? user_range_point(static_cast<int>(a.lo ^ b.lo)) : user_range_bool();
 }
 CUPYFLASH_HD UserIntRange user_range_not(const UserIntRange& a) { return {1 - a.hi, 1 - a.lo}; }
 
@@ -160,7 +165,7 @@ template <typename R>
 CUPYFLASH_HD UserIntRange user_range_ge(const R& a, const R& b) { return user_range_le(b, a); }
 template <typename R>
 CUPYFLASH_HD UserIntRange user_range_eq(const R& a, const R& b) {
-    if (a.lo == a.hi && b.lo == b.hi && a.lo == b.lo) return user_range_point(1);
+    if (user_range_one(a) && user_range_one(b) && a.lo == b.lo) return user_range_point(1);
     if (a.hi < b.lo || b.hi < a.lo) return user_range_point(0);
     return user_range_bool();
 }
@@ -169,15 +174,15 @@ CUPYFLASH_HD UserIntRange user_range_ne(const R& a, const R& b) { return user_ra
 
 // where(c, x, y): the branch c takes where c is one value, else both.
 CUPYFLASH_HD UserIntRange user_range_where(const UserIntRange& c, const UserIntRange& x, const UserIntRange& y) {
-    if (c.lo == c.hi) return c.lo ? x : y;
+    if (user_range_one(c)) return c.lo ? x : y;
     return {x.lo < y.lo ? x.lo : y.lo, x.hi > y.hi ? x.hi : y.hi};
 }
 template <typename F>
 CUPYFLASH_HD UserFloatRange<F> user_range_where(const UserIntRange& c, const UserFloatRange<F>& x,
                                                 const UserFloatRange<F>& y) {
-    if (c.lo == c.hi) return c.lo ? x : y;
+    if (user_range_one(c)) return c.lo ? x : y;
     if (!user_range_finite(x) || !user_range_finite(y)) return user_range_unknown(F(0));
-    return {x.lo < y.lo ? x.lo : y.lo, x.hi > y.hi ? x.hi : y.hi};
+    return user_range(x.lo < y.lo ? x.lo : y.lo, x.hi > y.hi ? x.hi : y.hi);
 }
 
 // ------------------------------------------------------------------------------------------ conversions
@@ -188,7 +193,7 @@ CUPYFLASH_HD UserFloatRange<F> user_range_to_float(const UserIntRange& a, F) {
 // Truncation with saturation is monotone; NaN gives 0, so an unknown range may be any int.
 template <typename F>
 CUPYFLASH_HD UserIntRange user_range_to_int(const UserFloatRange<F>& a) {
-    if (a.lo == a.hi) return user_range_point(user_to_int(a.lo));
+    if (user_range_one(a)) return user_range_point(user_to_int(a.lo));
     if (!user_range_finite(a)) return user_range_all_ints();
     return {user_to_int(a.lo), user_to_int(a.hi)};
 }
@@ -199,7 +204,7 @@ CUPYFLASH_HD UserIntRange user_range_to_bool(const UserIntRange& a) {
 }
 template <typename F>
 CUPYFLASH_HD UserIntRange user_range_to_bool(const UserFloatRange<F>& a) {
-    if (a.lo == a.hi) return user_range_point(a.lo != F(0));  // NaN != 0
+    if (user_range_one(a)) return user_range_point(a.lo != F(0));  // NaN != 0
     if (user_range_finite(a) && (a.lo > F(0) || a.hi < F(0))) return user_range_point(1);
     return user_range_bool();
 }
@@ -208,19 +213,19 @@ CUPYFLASH_HD UserIntRange user_range_to_bool(const UserFloatRange<F>& a) {
 // One value from one value each (any: NaN, infinite), else the corners' range if every bound is finite.
 template <typename F>
 CUPYFLASH_HD UserFloatRange<F> user_range_add(const UserFloatRange<F>& a, const UserFloatRange<F>& b) {
-    if (a.lo == a.hi && b.lo == b.hi) return user_range_point(user_add(a.lo, b.lo));
+    if (user_range_one(a) && user_range_one(b)) return user_range_point(user_add(a.lo, b.lo));
     if (!user_range_finite(a) || !user_range_finite(b)) return user_range_unknown(F(0));
     return user_range(user_add(a.lo, b.lo), user_add(a.hi, b.hi));
 }
 template <typename F>
 CUPYFLASH_HD UserFloatRange<F> user_range_sub(const UserFloatRange<F>& a, const UserFloatRange<F>& b) {
-    if (a.lo == a.hi && b.lo == b.hi) return user_range_point(user_sub(a.lo, b.lo));
+    if (user_range_one(a) && user_range_one(b)) return user_range_point(user_sub(a.lo, b.lo));
     if (!user_range_finite(a) || !user_range_finite(b)) return user_range_unknown(F(0));
     return user_range(user_sub(a.lo, b.hi), user_sub(a.hi, b.lo));
 }
 template <typename F>
 CUPYFLASH_HD UserFloatRange<F> user_range_mul(const UserFloatRange<F>& a, const UserFloatRange<F>& b) {
-    if (a.lo == a.hi && b.lo == b.hi) return user_range_point(user_mul(a.lo, b.lo));
+    if (user_range_one(a) && user_range_one(b)) return user_range_point(user_mul(a.lo, b.lo));
     if (!user_range_finite(a) || !user_range_finite(b)) return user_range_unknown(F(0));
     const F w = user_mul(a.lo, b.lo), x = user_mul(a.lo, b.hi), y = user_mul(a.hi, b.lo), z = user_mul(a.hi, b.hi);
     return user_range(user_min4(w, x, y, z), user_max4(w, x, y, z));
@@ -228,7 +233,7 @@ CUPYFLASH_HD UserFloatRange<F> user_range_mul(const UserFloatRange<F>& a, const 
 // A divisor range that holds 0 (or touches it) gives infinities or NaN: unknown.
 template <typename F>
 CUPYFLASH_HD UserFloatRange<F> user_range_div(const UserFloatRange<F>& a, const UserFloatRange<F>& b) {
-    if (a.lo == a.hi && b.lo == b.hi) return user_range_point(user_div(a.lo, b.lo));
+    if (user_range_one(a) && user_range_one(b)) return user_range_point(user_div(a.lo, b.lo));
     if (!user_range_finite(a) || !user_range_finite(b) || !(b.lo > F(0) || b.hi < F(0))) return user_range_unknown(F(0));
     const F w = user_div(a.lo, b.lo), x = user_div(a.lo, b.hi), y = user_div(a.hi, b.lo), z = user_div(a.hi, b.hi);
     return user_range(user_min4(w, x, y, z), user_max4(w, x, y, z));
@@ -237,25 +242,34 @@ template <typename F>
 CUPYFLASH_HD UserFloatRange<F> user_range_neg(const UserFloatRange<F>& a) { return {-a.hi, -a.lo}; }
 template <typename F>
 CUPYFLASH_HD UserFloatRange<F> user_range_abs(const UserFloatRange<F>& a) {
-    if (a.lo == a.hi) return user_range_point(user_abs(a.lo));
+    if (user_range_one(a)) return user_range_point(user_abs(a.lo));
     if (!user_range_finite(a)) return user_range_unknown(F(0));
     if (a.lo >= F(0)) return a;
     if (a.hi <= F(0)) return {-a.hi, -a.lo};
     return {F(0), -a.lo > a.hi ? -a.lo : a.hi};
 }
-// NaN bounds stay NaN (user_minimum propagates them).
+// One value from one value each; else NaN bounds stay NaN (user_minimum propagates them), and a bound
+// that ties zeros may be either.
 template <typename F>
 CUPYFLASH_HD UserFloatRange<F> user_range_minimum(const UserFloatRange<F>& a, const UserFloatRange<F>& b) {
-    return {user_minimum(a.lo, b.lo), user_minimum(a.hi, b.hi)};
+    if (user_range_one(a) && user_range_one(b)) return user_range_point(user_minimum(a.lo, b.lo));
+    if (!user_range_finite(a) || !user_range_finite(b)) return user_range_unknown(F(0));
+    return user_range(user_minimum(a.lo, b.lo), user_minimum(a.hi, b.hi));
 }
 template <typename F>
 CUPYFLASH_HD UserFloatRange<F> user_range_maximum(const UserFloatRange<F>& a, const UserFloatRange<F>& b) {
-    return {user_maximum(a.lo, b.lo), user_maximum(a.hi, b.hi)};
+    if (user_range_one(a) && user_range_one(b)) return user_range_point(user_maximum(a.lo, b.lo));
+    if (!user_range_finite(a) || !user_range_finite(b)) return user_range_unknown(F(0));
+    return user_range(user_maximum(a.lo, b.lo), user_maximum(a.hi, b.hi));
 }
 template <typename F>
-CUPYFLASH_HD UserFloatRange<F> user_range_floor(const UserFloatRange<F>& a) { return {user_floor(a.lo), user_floor(a.hi)}; }
+CUPYFLASH_HD UserFloatRange<F> user_range_floor(const UserFloatRange<F>& a) {
+    return user_range_one(a) ? user_range_point(user_floor(a.lo)) : user_range(user_floor(a.lo), user_floor(a.hi));
+}
 template <typename F>
-CUPYFLASH_HD UserFloatRange<F> user_range_ceil(const UserFloatRange<F>& a) { return {user_ceil(a.lo), user_ceil(a.hi)}; }
+CUPYFLASH_HD UserFloatRange<F> user_range_ceil(const UserFloatRange<F>& a) {
+    return user_range_one(a) ? user_range_point(user_ceil(a.lo)) : user_range(user_ceil(a.lo), user_ceil(a.hi));
+}
 // a // d and a % d (common/user_mod.cuh's float forms) for one finite divisor, as for ints.
 template <typename F>
 CUPYFLASH_HD UserFloatRange<F> user_range_floordiv(const UserFloatRange<F>& a, const UserFloatRange<F>& d) {
@@ -263,7 +277,7 @@ CUPYFLASH_HD UserFloatRange<F> user_range_floordiv(const UserFloatRange<F>& a, c
 }
 template <typename F>
 CUPYFLASH_HD UserFloatRange<F> user_range_mod(const UserFloatRange<F>& a, const UserFloatRange<F>& d) {
-    if (a.lo == a.hi && d.lo == d.hi) return user_range_point(user_mod(a.lo, d.lo));
+    if (user_range_one(a) && user_range_one(d)) return user_range_point(user_mod(a.lo, d.lo));
     const UserFloatRange<F> q = user_range_floordiv(a, d);
     if (!user_range_one(q) || !user_range_finite(a) || !user_range_one(d)) return user_range_unknown(F(0));
     const F step = user_mul(d.lo, q.lo);
@@ -273,7 +287,7 @@ CUPYFLASH_HD UserFloatRange<F> user_range_mod(const UserFloatRange<F>& a, const 
 // bounds: one value from one, else those values widened (NaN or infinite ones: unknown).
 template <typename F>
 CUPYFLASH_HD UserFloatRange<F> user_range_rising(const UserFloatRange<F>& a, F at_lo, F at_hi) {
-    if (a.lo == a.hi) return user_range_point(at_lo);
+    if (user_range_one(a)) return user_range_point(at_lo);
     if (!user_range_finite(a) || !user_finite(at_lo) || !user_finite(at_hi)) return user_range_unknown(F(0));
     const F rel = F(1.0 / 1024), abs = F(1.0 / 1048576);
     return user_range(at_lo - (at_lo < F(0) ? -at_lo : at_lo) * rel - abs,
@@ -282,7 +296,7 @@ CUPYFLASH_HD UserFloatRange<F> user_range_rising(const UserFloatRange<F>& a, F a
 // Functions that are neither (x ** c): one value from one, else unknown.
 template <typename F>
 CUPYFLASH_HD UserFloatRange<F> user_range_other(const UserFloatRange<F>& a, F at_lo) {
-    return a.lo == a.hi ? user_range_point(at_lo) : user_range_unknown(F(0));
+    return user_range_one(a) ? user_range_point(at_lo) : user_range_unknown(F(0));
 }
 
 }  // namespace cupyflash
