@@ -40,10 +40,13 @@ def test_score_mod_against_the_oracle(dtype, family, monkeypatch):
 
 @pytest.mark.parametrize("local", [True, False])
 def test_buffer_gradients_on_the_tensor_cores(local, monkeypatch):
-    """An additive bias's table gradient from the sm80 backward (which the H200 takes too): summed per CTA
-    in shared memory, or with the room taken away, added per element into the accumulators."""
+    """An additive bias's table gradient from the sm80 backward (which the H200 takes at head dim 64 too):
+    summed per CTA in shared memory, or with the room taken away, added per element into the
+    accumulators; the forward on sm80's kernel too. Rows long enough for tiles past the bias's clip
+    (FrozenScores) and near it."""
     from cupyflash._families import sm80
 
+    use_family(monkeypatch, "sm80")
     if not local:
         monkeypatch.setattr(sm80, "LOCAL_GRAD_MAX_FLOATS", 0)
     table = cupy.asarray(_table((4, 21), seed=23))
