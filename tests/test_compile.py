@@ -316,15 +316,14 @@ def _user_function_jobs():
     (a document mask), as (variants, arch, spill ceiling, consumer local-access ceiling) jobs.
 
     The Hopper forward's consumers keep the functions nearly out of local memory (the mask_mod is
-    evaluated into bits per row in a loop of its own, fragment/scores.cuh): this gated bias's sigmoid per
-    score costs 10-22 local accesses as the register allocation falls (22 with the fast sigmoid's
-    reciprocal), the built-in softcap kernel's 3 (a document mask, a table bias or a softcap alone: 0).
-    The Hopper backward takes score_mods whose buffers take no gradients: a softcap inside the mask, 2
-    (the built-in's 0), and an additive bias with its table gradient (frozen tiles summing theirs, the
-    others read back from the dS^T buffer) 8-16. The sm80 backward adding an additive bias's table
-    gradient beside the mask's bits
-    spills 88 bytes at head dim 128 (40 before its frozen tiles' second copy of the probabilities, session
-    26). Measured in session 25; the other families'
+    evaluated into bits per pair of rows in a loop of its own, fragment/scores.cuh): this gated bias's
+    sigmoid per score cost 10-22 local accesses as the register allocation fell (session 25; 0 in session
+    26), the built-in softcap kernel's 3 (a document mask, a table bias or a softcap alone: 0). The Hopper
+    backward with a softcap inside the mask: 4 (2 with one row's bits per loop; the built-in's 0); an
+    additive bias with its table gradient (frozen tiles summing theirs, the others read back from the
+    dS^T buffer) inside the mask: 12. The sm80 backward adding an additive bias's table gradient beside
+    the mask's bits spills 72 bytes at head dim 128 (40 before its frozen tiles' second copy of the
+    probabilities). Measured in session 26; the other families'
     variants with functions compiled without spills then (bench/NOTES.md), and CI's time goes to these."""
     import numpy as np
 
@@ -348,9 +347,9 @@ def _user_function_jobs():
     blocks = common.MASK_MOD_BLOCKS.variant(user=_kernels.user_code(None, user_mask))
     return [([general.DQ.variant("float64", user=user), general.DKDV.variant("float64", user=user)], 90, 0, None),
             ([sm90.FWD.variant("bfloat16", (128, 128, 128, 128, 2), user=fast)], 90, None, 22),
-            ([sm90.BWD.variant("bfloat16", (128, 128, 64, 2), user=capped)], 90, None, 2),
-            ([sm80.BWD.variant("bfloat16", (128, 128, 64, 2), user=additive)], 80, 88, None),
-            ([sm90.BWD.variant("bfloat16", (128, 128, 64, 2), user=additive)], 90, None, 16),
+            ([sm90.BWD.variant("bfloat16", (128, 128, 64, 2), user=capped)], 90, None, 4),
+            ([sm80.BWD.variant("bfloat16", (128, 128, 64, 2), user=additive)], 80, 72, None),
+            ([sm90.BWD.variant("bfloat16", (128, 128, 64, 2), user=additive)], 90, None, 12),
             ([blocks], 80, 0, None)]
 
 
