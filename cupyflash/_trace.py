@@ -942,24 +942,41 @@ class _RangeWriter:
         return "\n".join(indent + line for line in self.lines)
 
 
+def _results(t):
+    """A score_mod's results as nodes: the value, dscore, the buffer gradients' derivatives and the loads'
+    indices."""
+    dscore, loads = t.gradients()
+    return [t.root, dscore] + [g for _, g in loads] + [x for load, _ in loads for x in load.args]
+
+
+def _reading(nodes, leaves):
+    """Ids of the nodes (in topological order) that read one of the leaves named ``leaves``."""
+    found = set()
+    for n in nodes:
+        if n.op in leaves or any(id(a) in found for a in n.args):
+            found.add(id(n))
+    return found
+
+
+def _taken_by_score(t, keep):
+    """The nodes that do not read the score but that a node reading it takes, or that are results, and
+    for which ``keep(node, ids of the nodes reading q_idx or kv_idx)`` holds; each once."""
+    roots = _results(t)
+    nodes = _topological_many(roots)
+    score, positions = _reading(nodes, ("score",)), _reading(nodes, ("q_idx", "kv_idx"))
+    taken, seen = [], set()
+    for n in [a for n in nodes if id(n) in score for a in n.args] + roots:
+        if id(n) not in score and id(n) not in seen and keep(n, positions):
+            seen.add(id(n))
+            taken.append(n)
+    return taken
+
+
 def _uniform_checks(t):
     """The nodes a tile must hold one value of for the function of each pair to be its function at one
     pair: those that read q_idx or kv_idx but not the score, where a node that reads the score (or a
-    result: the value, its derivatives, the loads' indices) takes them."""
-    dscore, loads = t.gradients()
-    roots = [t.root, dscore] + [g for _, g in loads] + [x for load, _ in loads for x in load.args]
-    score, positions = set(), set()
-    for n in _topological_many(roots):
-        if n.op == "score" or any(id(a) in score for a in n.args):
-            score.add(id(n))
-        if n.op in ("q_idx", "kv_idx") or any(id(a) in positions for a in n.args):
-            positions.add(id(n))
-    checks, seen = [], set()
-    for n in [a for n in _topological_many(roots) if id(n) in score for a in n.args] + roots:
-        if id(n) in positions and id(n) not in score and id(n) not in seen:
-            seen.add(id(n))
-            checks.append(n)
-    return checks
+    result) takes them."""
+    return _taken_by_score(t, lambda n, positions: id(n) in positions)
 
 
 _SCORE_PARAMS = "F score, int b, int h, int q_idx, int kv_idx, const ModBuffers& score_buffers"
@@ -996,8 +1013,7 @@ def cuda_source(t, fast=False):
     # The accurate forms for what the ranges compute (so the pairs compute it with the same correctly
     # rounded operations, uncontracted: the ranges hold their values) and for what reaches a discrete
     # decision in any of the functions (so every function, frozen or not, decides alike).
-    roots = [t.root, dscore] + [g for _, g in loads] + [x for load, _ in loads for x in load.args]
-    exact = _exact_nodes(roots) | set(ranges.names)
+    exact = _exact_nodes(_results(t)) | set(ranges.names)
     # The frozen forms: the parts that do not read the score computed once (freeze), the rest from them.
     frontier = _frontier(t)
     freeze = _Writer("score_buffers", fast)
@@ -1047,21 +1063,9 @@ def cuda_source(t, fast=False):
 
 
 def _frontier(t):
-    """The nodes that do not read the score but that a node reading it takes (or that are results: the
-    value, dscore, the buffer gradients' derivatives and the loads' indices)."""
-    dscore, loads = t.gradients()
-    roots = [t.root, dscore] + [g for _, g in loads] + [x for load, _ in loads for x in load.args]
-    nodes = _topological_many(roots)
-    score = set()
-    for n in nodes:
-        if n.op == "score" or any(id(a) in score for a in n.args):
-            score.add(id(n))
-    frontier, seen = [], set()
-    for n in [a for n in nodes if id(n) in score for a in n.args] + roots:
-        if id(n) not in score and id(n) not in seen and n.op != "const":
-            seen.add(id(n))
-            frontier.append(n)
-    return frontier
+    """The nodes, constants aside, that do not read the score but that a node reading it takes (or that
+    are results): what freeze computes."""
+    return _taken_by_score(t, lambda n, positions: n.op != "const")
 
 
 def _score_functions(t, fast, exact, preset):
