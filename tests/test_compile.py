@@ -8,19 +8,22 @@ wgmma was serialized or setmaxnreg ignored, and their SASS (nvdisasm, from the t
 the HGMMA instructions. ``pytest --compile-report`` prints registers, stack frame and spill bytes per
 variant.
 
-Which builds run: a variant is built for the architectures whose devices dispatch can give it to (the
-sm80 family's fallback tiles, for devices with less shared memory than the H100's, and its score-modified
-variants only for sm_80; the float32 and float64 kernels' plain variants for both, their fallback tiles
-for sm_80, the sm80 float32 forward for sm_80 alone, sm_90 running the Hopper one; their flagged
+Which builds run: a variant is built for the architectures whose devices dispatch can give it to, and
+where it adds something the other builds do not check. The sm80 family's fallback tiles (for devices
+with less shared memory than the H100's) for sm_80, each distinct tile once, plain, at the largest head
+dim that falls back to it (it holds no more per thread than that head dim's first tile); its
+score-modified variants only for sm_80, on the first tiles; the float32 and float64 kernels' plain
+variants for both, the sm80 float32 forward for sm_80 alone, sm_90 running the Hopper one; their flagged
 variants, score_mod and tf32, on the largest head dim's first tile only, for sm_90, where they run on the
-H100/H200, or sm_80 for the sm80 float32 forward: a flag's code with the tightest registers; the sm90
-forward's dropout variants on the 128-row tiles of head dims 64, 128 and 256, the backward's on head
-dims 64 and 128, the general kernels' for sm_90 only), and
-the variants of a 16-bit kernel differ in their dtype only by an instruction's type, with the same
-registers, so bfloat16 is built for every tile, flag and architecture and float16 once per kernel (its
-first tile, plain, on its first architecture). That keeps the
-suite within minutes on two cores; ``pytest --all-variants`` builds every variant for both
-architectures, and the GPU suite compiles every variant for its device anyway (conftest.py).
+H100/H200, or sm_80 for the sm80 float32 forward: a flag's code with the tightest registers. The sm90
+kernels' dropout variants alone on the bench's tile (head dim 128) and with the score_mod flag on the
+tightest tile (the forward's head dim 256, the backward's 128-query tile at head dim 64); the general
+kernels' for sm_90 only. The variants of a 16-bit kernel differ in their dtype only by an instruction's
+type, with the same registers, so bfloat16 is built for every selected tile, flag and architecture and
+float16 once per kernel (its first tile, plain, on its first architecture). That keeps the suite within
+two minutes on two cores (session 27: 237 builds in about 115 s, where 267 took 146 s);
+``pytest --all-variants`` builds every variant for both architectures, and the GPU suite compiles every
+variant for its device anyway (conftest.py).
 """
 
 import concurrent.futures
@@ -131,26 +134,42 @@ def _archs(variant, everything=False):
             largest = max(variant.kernel.tiles, key=lambda tile: tile[0])
             return (home[-1],) if variant.tile == largest else ()
         if variant.kernel in wide and variant.tile[1:] != wide[variant.kernel][variant.param("headdim")][0]:
-            return (80,)  # a fallback tile (smaller devices only)
+            return _fallback(variant, wide[variant.kernel], lambda bucket: wide[variant.kernel][bucket][0])
         return home
     if variant.kernel in (general.FWD, general.DQ, general.DKDV) and variant.param("dropout"):
         return archs[-1:]  # the generator's code is the same on both; its registers on the newer
-    if variant.kernel is sm90.BWD and variant.param("dropout"):
-        return archs if variant.param("headdim") in (64, 128) else ()  # the bench's tile and d64's 16-tile mask
-    if variant.kernel is sm90.FWD and variant.param("dropout"):
-        # Dropout on the bench's tile (head dim 128, whose consumers keep out of local memory with it), d64's
-        # 128-row tile (dropout's there) and the largest head dim's (the tightest registers), both
-        # score_mod flags; the others with --all-variants (ceilings in SM90_DROPOUT_SPILL_CEILING).
-        selected = variant.param("headdim") in (64, 128, 256) and variant.param("block_m") == 128
+    if variant.kernel in (sm90.FWD, sm90.BWD) and variant.param("dropout"):
+        # Dropout alone on the bench's tile (head dim 128, whose consumers keep out of local memory with it),
+        # and with the score_mod flag on the tile of the tightest registers (the forward's largest head dim,
+        # the backward's 128-query tile at head dim 64); the others with --all-variants (ceilings in
+        # SM90_DROPOUT_SPILL_CEILING and SM90_BWD_DROPOUT_SPILL_CEILING).
+        tightest = 256 if variant.kernel is sm90.FWD else 64
+        selected = variant.param("headdim") == (tightest if variant.param("score_mod") else 128)
         return archs if selected else ()
     if variant.kernel not in (sm80.FWD, sm80.BWD):
         return archs
     tiles = sm80.FWD_TILES if variant.kernel is sm80.FWD else sm80.BWD_TILES
-    bucket = variant.param("headdim")
-    first_fit = next(t for t in tiles[bucket] if _smem(variant.kernel.variant(variant.dtype, (bucket, *t))) <= _SM90_SMEM)
+
+    def first_fit(bucket):
+        return next(t for t in tiles[bucket] if _smem(variant.kernel.variant(variant.dtype, (bucket, *t))) <= _SM90_SMEM)
+
+    if variant.tile[1:] != first_fit(variant.param("headdim")):
+        return _fallback(variant, tiles, first_fit)
     # On sm_90 the sm80 kernels are the Hopper family's fallback; their score-modified twins add the same
     # few registers on both architectures, so they are built for sm_80 alone.
-    return archs if variant.tile[1:] == first_fit and not variant.param("score_mod") else (80,)
+    return (80,) if variant.param("score_mod") else archs
+
+
+def _fallback(variant, tiles, first_fit):
+    """The builds of a fallback tile (one that serves devices with less shared memory than the H100's:
+    ``tiles`` maps head-dim buckets to their tiles, ``first_fit(bucket)`` is the tile an H100 takes).
+
+    A fallback tile holds no more per thread than its bucket's first fit (fewer stages, or fewer keys or
+    queries per CTA), and its registers grow with the head dim, so each distinct fallback tile is built
+    once, plain, for sm_80, at the largest head dim that falls back to it."""
+    shape = variant.tile[1:]
+    largest = max(d for d, choices in tiles.items() if shape in choices and shape != first_fit(d))
+    return (80,) if variant.param("headdim") == largest and not any(variant.flags) else ()
 
 
 def _smem(variant):
@@ -370,13 +389,15 @@ def test_user_function_variants_compile_without_spills(compiled):
 
 
 def test_every_kernel_and_dtype_is_built():
-    """The suite's selection still builds every kernel of every dtype, every tile and flag of every
-    kernel, and every sm80 tile where the H100's shared memory selects it (its plain variant)."""
+    """The suite's selection still builds every kernel of every dtype, every flag of every kernel, every
+    tile or (a fallback tile) its shape at a larger head dim, and every sm80 tile where the H100's shared
+    memory selects it (its plain variant)."""
     builds = _built(_families.VARIANTS, everything=False)
     built = {(v.kernel.name, v.dtype, a) for v, a in builds}
     for v in _families.VARIANTS:
-        if not _archs(v):  # a wide kernel's flagged variant off its largest tile: the tile plain, the flags there
-            assert any((w.kernel, w.tile) == (v.kernel, v.tile) and not any(w.flags) for w, _ in builds), v.key
+        if not _archs(v):  # flags off the tile that carries them, or a fallback tile built at a larger head dim
+            assert any(w.kernel == v.kernel and not any(w.flags) and
+                       (w.tile == v.tile or w.tile[1:] == v.tile[1:] and w.tile[0] > v.tile[0]) for w, _ in builds), v.key
             assert any((w.kernel, w.flags) == (v.kernel, v.flags) for w, _ in builds), v.key
             continue
         assert (v.kernel.name, v.dtype, _archs(v)[0]) in built, v.key
