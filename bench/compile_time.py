@@ -19,8 +19,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: Variant keys timed: the largest tensor-core forward tiles, a tensor-core backward and a general-path kernel.
 VARIANTS = (
-    "sm80_fwd_bf16_d128_n32_m2_mod_1",
-    "sm80_fwd_fp16_d256_n64_m1_mod_0",
+    "sm80_fwd_bf16_d128_n32_m2_mod_1_top_0",
+    "sm80_fwd_fp16_d256_n64_m1_mod_0_top_0",
     "sm80_bwd_bf16_d128_n128_q64_s2_mod_0",
     "general_bwd_dkdv_fp32_drop_0",
 )

@@ -2,7 +2,7 @@
 
 A :class:`Kernel` is one C++ template of ``kernels_cu/``: its source file, the dtypes it is built for and
 its template parameters (integer tile parameters, then boolean flags). A :class:`Variant` fixes every
-parameter; its ``key`` names them all (``sm80_fwd_bf16_d128_n32_m2_mod_0``) and is used for logs, errors
+parameter; its ``key`` names them all (``sm80_fwd_bf16_d128_n32_m2_mod_0_top_0``) and is used for logs, errors
 and test ids, and its ``name_expression`` instantiates it through NVRTC's ``name_expressions``. The
 kernel families (``cupyflash/_families``) declare their kernels; ``cupyflash._families.VARIANTS`` is
 the union of their tables.
@@ -35,7 +35,7 @@ HALF_DTYPES = ("float16", "bfloat16")
 
 #: Template parameters as they appear in variant keys.
 _KEY_PREFIX = {"headdim": "d", "headdim_v": "v", "block_n": "n", "m_tiles": "m", "block_m": "q", "stages": "s",
-               "score_mod": "mod", "tf32": "tf32", "dropout": "drop",
+               "score_mod": "mod", "tf32": "tf32", "dropout": "drop", "max_score": "top",
                "float32_tables": "f32tab"}
 
 
@@ -151,7 +151,7 @@ class Variant:
 
     @property
     def key(self):
-        """Name used for caches, logs, errors and test ids, e.g. ``sm80_fwd_bf16_d128_n32_m2_mod_0``."""
+        """Name used for caches, logs, errors and test ids, e.g. ``sm80_fwd_bf16_d128_n32_m2_mod_0_top_0``."""
         key = self.kernel.name + (f"_{SHORT_DTYPE[self.dtype]}" if self.dtype else "")
         key += "".join(f"_{_KEY_PREFIX[n]}{v}" for n, v in zip(self.kernel.tile_params, self.tile))
         key += "".join(f"_{_KEY_PREFIX[n]}_{int(v)}" for n, v in zip(self.kernel.flags, self.flags))

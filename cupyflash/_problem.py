@@ -229,7 +229,7 @@ def check_flag(name, value):
 
 def check_max_score(value, xp):
     """return_max_score: a bool; True only for NumPy arrays in this version (and CuPy arrays once the
-    general forward's maximum is enabled: NEW_KERNELS_ENABLED)."""
+    kernels' maxima have run on a GPU: NEW_KERNELS_ENABLED)."""
     value = check_flag("return_max_score", value)
     if value and xp is not numpy and not NEW_KERNELS_ENABLED:
         raise NotImplementedError(

@@ -9,7 +9,7 @@ Run on a GPU from the repository root:
 
 It checks no values (the GPU tests do); the sanitizer reports any access outside an allocation, or any
 shared-memory race. The sm90 and general runs include their dropout kernels and the device dropout mask,
-and the kernels built with score and mask functions.
+and the kernels built with score and mask functions; every run, the kernels that keep the maximum score.
 Sizes are small so the instrumented run takes a minute or two. Arguments name the families to run
 (default: all three), or a family and one of its dtypes ("sm80:float32").
 """
@@ -101,6 +101,22 @@ def dropout(dtype):
     cupyflash.dropout_mask(1, (2, 3, 45, 37), 0.3, like=q)
 
 
+def max_scores(dtype):
+    """The forwards and the decode kernel that keep the maximum score (kMaxScore; CuPy calls take them once
+    cupyflash._problem.NEW_KERNELS_ENABLED is on): dense, packed and a cache, with a softcap and without."""
+    cupyflash._problem.NEW_KERNELS_ENABLED = True
+    for softcap in (0.0, 20.0):
+        q, k, v = normal((2, 77, 4, 40), dtype), normal((2, 101, 2, 40), dtype), normal((2, 101, 2, 40), dtype)
+        cupyflash.flash_attention(q, k, v, causal=True, softcap=softcap, return_max_score=True)
+        cu = cupy.asarray(numpy.array([0, 30, 30, 77], numpy.int32))
+        cupyflash.flash_attention_varlen(q[0], k[0, :77], v[0, :77], cu, cu, causal=True, softcap=softcap,
+                                         return_max_score=True)
+        cache = normal((3, 150, 2, 64), dtype)
+        lengths = cupy.asarray(numpy.array([5, 149, 80], numpy.int32))
+        cupyflash.flash_attention_with_kvcache(normal((3, 1, 8, 64), dtype), cache, cache.copy(), cache_seqlens=lengths,
+                                               softcap=softcap, num_splits=2, return_max_score=True)
+
+
 def functions(dtype):
     """Kernels built with score and mask functions (the Hopper 16-bit forward and backward, the general
     kernels; taken once cupyflash._problem.NEW_KERNELS_ENABLED is on): a relative bias with a table (its
@@ -135,6 +151,7 @@ for family, only in runs:
         packed(dtype)
         if dtype != numpy.float64:
             decode(dtype)
+        max_scores(dtype)
         if family in ("sm90", "general"):
             dropout(dtype)
             functions(dtype)

@@ -70,6 +70,21 @@ SM90_DROPOUT_SPILL_CEILING = {
     (192, 128, 128, False): 204, (192, 128, 128, True): 348, (192, 192, 128, False): 148,
     (192, 192, 128, True): 200, (256, 256, 128, False): 296, (256, 256, 128, True): 356,
 }
+#: The same for the variants that keep the maximum score (kMaxScore: two more registers a thread across the
+#: loop and the epilogue's reduction), (headdim, headdim_v, block_m, score_mod, dropout) -> bytes,
+#: measured when written (session 27): none moves at head dims 64 and 96 on 128-row tiles or in the
+#: plain d128 kernel; the others take 8-48 bytes more (consumer local accesses: d128 with a score_mod
+#: 9, d256 40; the 192-row tile, 50-108, is never selected with it).
+SM90_MAX_SCORE_SPILL_CEILING = {
+    (64, 64, 192, False, False): 328, (64, 64, 192, False, True): 560, (64, 64, 192, True, False): 376,
+    (64, 64, 192, True, True): 376, (128, 128, 128, True, False): 172, (128, 128, 128, True, True): 228,
+    (192, 128, 128, False, False): 188, (192, 128, 128, False, True): 228, (192, 128, 128, True, False): 252,
+    (192, 128, 128, True, True): 380, (192, 192, 128, False, False): 148, (192, 192, 128, False, True): 164,
+    (192, 192, 128, True, False): 172, (192, 192, 128, True, True): 216, (256, 256, 128, False, False): 264,
+    (256, 256, 128, False, True): 296, (256, 256, 128, True, False): 356, (256, 256, 128, True, True): 396,
+    **{(d, d, 128, mod, drop): 124 for d in (64, 96) for mod in (False, True) for drop in (False, True)},
+    (128, 128, 128, False, False): 124, (128, 128, 128, False, True): 124,
+}
 #: The same for the sm90 backward's dropout variants (head dims up to 128), measured when written
 #: (session 23): the d96 and d128 consumers keep out of local memory; d64's 128-query tile, which spills
 #: without dropout too (96 and 70 consumer local accesses), takes 50 and 78.
@@ -125,6 +140,17 @@ def _archs(variant, everything=False):
         return archs
     wide = {sm80.FWD_FP32: sm80.FWD_FP32_TILES, sm80.FWD_FP64: sm80.FWD_FP64_TILES,
             sm80.BWD_FP32: sm80.BWD_FP32_TILES, sm80.BWD_FP64: sm80.BWD_FP64_TILES}
+    flags = dict(zip(variant.kernel.flags, variant.flags))
+    if flags.get("max_score"):
+        # The maximum score's registers with the score_mod flag on the largest head dim's first tile (the
+        # tightest), and alone on the Hopper forward's bench tile (head dim 128); not beside dropout or
+        # tf32 (--all-variants builds those).
+        others = {f for f, on in flags.items() if on and f != "max_score"}
+        largest = max(variant.kernel.tiles, key=lambda tile: tile[0])
+        bench = variant.kernel is sm90.FWD and variant.param("headdim") == 128
+        if others == {"score_mod"} and variant.tile == largest or not others and bench:
+            return _archs(variant.kernel.variant(variant.dtype, variant.tile, **dict(flags, max_score=False)))
+        return ()
     if variant.kernel in wide or variant.kernel in (sm90.FWD_PLANES, sm90.BWD_PLANES):
         # The float32 forward of sm80 serves compute capabilities other than 9.0 (which runs sm90's).
         home = (80,) if variant.kernel is sm80.FWD_FP32 else archs
@@ -314,7 +340,11 @@ def test_every_variant_compiles_without_spills(reports, builds, request, capsys)
                 local = "" if r.get("consumer_local") is None else f"  {r['consumer_local']:>5}"
                 print(f"{key:<40} sm_{arch}  {r['registers']:>4}  {r['stack_bytes']:>5}  {r['spill_bytes']:>5}{local}")
     ceiling = {v.key: (SM90_DROPOUT_SPILL_CEILING if v.param("dropout") else SM90_SPILL_CEILING)[
-        (v.param("headdim"), v.param("headdim_v"), v.param("block_m"), v.param("score_mod"))] for v in sm90.FWD.variants()}
+        (v.param("headdim"), v.param("headdim_v"), v.param("block_m"), v.param("score_mod"))]
+        for v in sm90.FWD.variants() if not v.param("max_score")}
+    ceiling.update({v.key: SM90_MAX_SCORE_SPILL_CEILING[(v.param("headdim"), v.param("headdim_v"), v.param("block_m"),
+                                                        v.param("score_mod"), v.param("dropout"))]
+                    for v in sm90.FWD.variants() if v.param("max_score")})
     ceiling.update({v.key: (SM90_BWD_DROPOUT_SPILL_CEILING if v.param("dropout") else SM90_BWD_SPILL_CEILING)[
         (v.param("headdim"), v.param("headdim_v"), v.param("score_mod"))] for v in sm90.BWD.variants()})
     ceiling.update({v.key: SM90_PLANES_SPILL_CEILING[v.param("headdim")] for v in sm90.FWD_PLANES.variants()})
@@ -389,16 +419,19 @@ def test_user_function_variants_compile_without_spills(compiled):
 
 
 def test_every_kernel_and_dtype_is_built():
-    """The suite's selection still builds every kernel of every dtype, every flag of every kernel, every
-    tile or (a fallback tile) its shape at a larger head dim, and every sm80 tile where the H100's shared
-    memory selects it (its plain variant)."""
+    """The suite's selection still builds every kernel of every dtype, every flag of every kernel (the
+    maximum score's beside score_mod, the others in every combination), every tile or (a fallback
+    tile) its shape at a larger head dim, and every sm80 tile where the H100's shared memory selects it
+    (its plain variant)."""
     builds = _built(_families.VARIANTS, everything=False)
     built = {(v.kernel.name, v.dtype, a) for v, a in builds}
     for v in _families.VARIANTS:
         if not _archs(v):  # flags off the tile that carries them, or a fallback tile built at a larger head dim
             assert any(w.kernel == v.kernel and not any(w.flags) and
                        (w.tile == v.tile or w.tile[1:] == v.tile[1:] and w.tile[0] > v.tile[0]) for w, _ in builds), v.key
-            assert any((w.kernel, w.flags) == (v.kernel, v.flags) for w, _ in builds), v.key
+            flags = dict(zip(v.kernel.flags, v.flags))
+            combination = v.flags if not flags.get("max_score") else tuple(f in ("score_mod", "max_score") for f in flags)
+            assert any((w.kernel, w.flags) == (v.kernel, combination) for w, _ in builds), v.key
             continue
         assert (v.kernel.name, v.dtype, _archs(v)[0]) in built, v.key
         assert any((w.kernel, w.tile, w.flags) == (v.kernel, v.tile, v.flags) for w, _ in builds), v.key
@@ -466,8 +499,8 @@ def test_variant_table_is_closed_and_named():
     assert general.key == "general_fwd_fp32_drop_1"
     assert general.name_expression == "cupyflash::general_fwd<float, true>"
     tc = sm80.FWD.variant("bfloat16", (128, 32, 2), score_mod=True)
-    assert tc.key == "sm80_fwd_bf16_d128_n32_m2_mod_1"
-    assert tc.name_expression == "cupyflash::sm80_fwd<__nv_bfloat16, 128, 32, 2, true>"
+    assert tc.key == "sm80_fwd_bf16_d128_n32_m2_mod_1_top_0"
+    assert tc.name_expression == "cupyflash::sm80_fwd<__nv_bfloat16, 128, 32, 2, true, false>"
     bwd = sm80.BWD.variant("float16", (64, 128, 64, 2))
     assert bwd.key == "sm80_bwd_fp16_d64_n128_q64_s2_mod_0"
     assert bwd.name_expression == "cupyflash::sm80_bwd<__half, 64, 128, 64, 2, false>"

@@ -40,7 +40,7 @@ def test_sm90_buckets_cover_both_head_dims_at_least_cost(headdim, headdim_v, exp
 
 def test_sm90_only_on_compute_capability_9_0():
     p = _problem()
-    assert sm90.FORWARD.select(p, H200, _operands(p)).key == "sm90_fwd_bf16_d128_v128_q128_n128_s2_mod_0_drop_0"
+    assert sm90.FORWARD.select(p, H200, _operands(p)).key == "sm90_fwd_bf16_d128_v128_q128_n128_s2_mod_0_drop_0_top_0"
     assert sm90.FORWARD.select(p, A100, _operands(p)) is None
     assert sm90.FORWARD.select(p, common.Device(100, 227 * 1024, 148), _operands(p)) is None
     assert sm90.FORWARD.select(*_with_operands(_problem(dtype=np.float64), H200)) is None
@@ -152,7 +152,7 @@ def test_sm90_forward_tile_is_the_same_for_every_walk(headdim, seqlen_q, seqlen_
     kv = np.zeros((1, seqlen_k, 2, headdim), ml_dtypes.bfloat16)
     p = problems.forward_problem(q, kv, kv, **options)
     variant = sm90.FORWARD.select(p, H200, _operands(p))
-    assert variant.key == f"sm90_fwd_bf16_d{headdim}_v{headdim}_{tile}_mod_0_drop_0"
+    assert variant.key == f"sm90_fwd_bf16_d{headdim}_v{headdim}_{tile}_mod_0_drop_0_top_0"
     assert sm90.fwd_stores_o(variant)
     assert sm90.fwd_threads(variant) == threads
 
@@ -166,13 +166,13 @@ def test_sm90_forward_keeps_block_masks_whole(block_q, tile):
     q = np.zeros((1, seqlen, 2, 64), ml_dtypes.bfloat16)
     layout = np.ones((1, 2, seqlen // block_q, seqlen // 128), bool)
     p = problems.forward_problem(q, q, q, block_mask=BlockMask.from_dense(layout, (block_q, 128)))
-    assert sm90.FORWARD.select(p, H200, _operands(p)).key == f"sm90_fwd_bf16_d64_v64_{tile}_mod_0_drop_0"
+    assert sm90.FORWARD.select(p, H200, _operands(p)).key == f"sm90_fwd_bf16_d64_v64_{tile}_mod_0_drop_0_top_0"
 
 
 @pytest.mark.parametrize("headdim, forward, backward", [
-    (64, "sm90_fwd_bf16_d64_v64_q128_n128_s4_mod_0_drop_1", "sm90_bwd_bf16_d64_v64_q128_s2_mod_0_drop_1"),
-    (128, "sm90_fwd_bf16_d128_v128_q128_n128_s2_mod_0_drop_1", "sm90_bwd_bf16_d128_v128_q64_s2_mod_0_drop_1"),
-    (256, "sm90_fwd_bf16_d256_v256_q128_n80_s2_mod_0_drop_1", None),
+    (64, "sm90_fwd_bf16_d64_v64_q128_n128_s4_mod_0_drop_1_top_0", "sm90_bwd_bf16_d64_v64_q128_s2_mod_0_drop_1"),
+    (128, "sm90_fwd_bf16_d128_v128_q128_n128_s2_mod_0_drop_1_top_0", "sm90_bwd_bf16_d128_v128_q64_s2_mod_0_drop_1"),
+    (256, "sm90_fwd_bf16_d256_v256_q128_n80_s2_mod_0_drop_1_top_0", None),
 ])
 def test_dropout_takes_the_hopper_kernels_and_the_general_kernels_elsewhere(headdim, forward, backward):
     """bfloat16 dropout: the sm90 forward built with it (head dim 64 on its 128-row tile, whose consumers have
@@ -192,10 +192,10 @@ def test_dropout_takes_the_hopper_kernels_and_the_general_kernels_elsewhere(head
 
 
 @pytest.mark.parametrize("precision, device, expected", [
-    ("highest", H200, "sm90_fwd_planes_fp32_d64_n64_s2_mod_0_tf32_0"),
-    ("tf32", H200, "sm90_fwd_planes_fp32_d64_n64_s2_mod_0_tf32_1"),
-    ("highest", A100, "sm80_fwd_parts_fp32_d64_n32_m1_mod_0_tf32_0"),
-    ("tf32", A100, "sm80_fwd_parts_fp32_d64_n32_m1_mod_0_tf32_1"),
+    ("highest", H200, "sm90_fwd_planes_fp32_d64_n64_s2_mod_0_tf32_0_top_0"),
+    ("tf32", H200, "sm90_fwd_planes_fp32_d64_n64_s2_mod_0_tf32_1_top_0"),
+    ("highest", A100, "sm80_fwd_parts_fp32_d64_n32_m1_mod_0_tf32_0_top_0"),
+    ("tf32", A100, "sm80_fwd_parts_fp32_d64_n32_m1_mod_0_tf32_1_top_0"),
 ])
 def test_float32_forward_takes_its_precision(precision, device, expected):
     """float32's forward runs in bfloat16 parts, the Hopper kernel on compute capability 9.0 and the sm80
@@ -206,9 +206,10 @@ def test_float32_forward_takes_its_precision(precision, device, expected):
 
 
 @pytest.mark.parametrize("headdim, device, expected", [
-    (64, H200, "sm80_fwd_dmma_fp64_d64_n32_m1_mod_0"), (128, H200, "sm80_fwd_dmma_fp64_d128_n16_m1_mod_0"),
-    (96, A100, "sm80_fwd_dmma_fp64_d96_n16_m1_mod_0"), (160, H200, None),
-    (64, common.Device(86, 99 * 1024, 84), "sm80_fwd_dmma_fp64_d64_n16_m1_mod_0"), (96, common.Device(86, 99 * 1024, 84), None),
+    (64, H200, "sm80_fwd_dmma_fp64_d64_n32_m1_mod_0_top_0"), (128, H200, "sm80_fwd_dmma_fp64_d128_n16_m1_mod_0_top_0"),
+    (96, A100, "sm80_fwd_dmma_fp64_d96_n16_m1_mod_0_top_0"), (160, H200, None),
+    (64, common.Device(86, 99 * 1024, 84), "sm80_fwd_dmma_fp64_d64_n16_m1_mod_0_top_0"),
+    (96, common.Device(86, 99 * 1024, 84), None),
 ])
 def test_float64_forward_on_the_float64_tensor_cores(headdim, device, expected):
     """float64's forward runs the sm80 family's float64 kernel up to head dim 128 (16-key tiles from head
@@ -256,7 +257,7 @@ def test_score_and_mask_functions_take_the_families_that_compile_them():
     p = _problem(64, score_mod=bias)
     (fwd_family, fwd), (bwd_family, bwd) = _names(p, H200)
     assert (fwd_family, bwd_family) == ("sm90", "sm90")
-    assert fwd.startswith("sm90_fwd_bf16_d64_v64_q128_n128_s4_mod_0_drop_0_fn")
+    assert fwd.startswith("sm90_fwd_bf16_d64_v64_q128_n128_s4_mod_0_drop_0_top_0_fn")
     assert bwd.startswith("sm90_bwd_bf16_d64_v64_q128_s2_mod_0_drop_0_fn") and bwd[-12:] == fwd[-12:]
     table = np.ones((2, 9), np.float32)
     learned = _problem(128, score_mod=lambda s, b, h, qi, ki, t: s + t[h, qi], score_mod_buffers=(table,))

@@ -177,16 +177,16 @@ def _selected(families, dtype, headdim, headdim_v, device=H200, causal=True):
 
 @pytest.mark.parametrize(
     "dtype, headdim, headdim_v, device, expected",
-    [("bfloat16", 128, 128, A100, "sm80_fwd_bf16_d128_n32_m2_mod_0"),
-     ("float16", 40, 200, A100, "sm80_fwd_fp16_d224_n32_m1_mod_0"),
-     ("bfloat16", 128, 128, H200, "sm90_fwd_bf16_d128_v128_q128_n128_s2_mod_0_drop_0"),
-     ("float16", 40, 200, H200, "sm90_fwd_fp16_d256_v256_q128_n80_s2_mod_0_drop_0"),
-     ("float16", 257, 64, H200, None), ("float32", 64, 64, H200, "sm90_fwd_planes_fp32_d64_n64_s2_mod_0_tf32_0"),
-     ("float32", 96, 80, H200, "sm90_fwd_planes_fp32_d128_n64_s1_mod_0_tf32_0"),
-     ("float32", 96, 80, A100, "sm80_fwd_parts_fp32_d96_n32_m1_mod_0_tf32_0"),
-     ("float32", 160, 160, H200, None), ("float64", 64, 64, H200, "sm80_fwd_dmma_fp64_d64_n32_m1_mod_0"),
-     ("float64", 111, 64, H200, "sm80_fwd_dmma_fp64_d128_n16_m1_mod_0"),
-     ("float64", 128, 128, A100, "sm80_fwd_dmma_fp64_d128_n16_m1_mod_0"), ("float64", 160, 160, H200, None)],
+    [("bfloat16", 128, 128, A100, "sm80_fwd_bf16_d128_n32_m2_mod_0_top_0"),
+     ("float16", 40, 200, A100, "sm80_fwd_fp16_d224_n32_m1_mod_0_top_0"),
+     ("bfloat16", 128, 128, H200, "sm90_fwd_bf16_d128_v128_q128_n128_s2_mod_0_drop_0_top_0"),
+     ("float16", 40, 200, H200, "sm90_fwd_fp16_d256_v256_q128_n80_s2_mod_0_drop_0_top_0"),
+     ("float16", 257, 64, H200, None), ("float32", 64, 64, H200, "sm90_fwd_planes_fp32_d64_n64_s2_mod_0_tf32_0_top_0"),
+     ("float32", 96, 80, H200, "sm90_fwd_planes_fp32_d128_n64_s1_mod_0_tf32_0_top_0"),
+     ("float32", 96, 80, A100, "sm80_fwd_parts_fp32_d96_n32_m1_mod_0_tf32_0_top_0"),
+     ("float32", 160, 160, H200, None), ("float64", 64, 64, H200, "sm80_fwd_dmma_fp64_d64_n32_m1_mod_0_top_0"),
+     ("float64", 111, 64, H200, "sm80_fwd_dmma_fp64_d128_n16_m1_mod_0_top_0"),
+     ("float64", 128, 128, A100, "sm80_fwd_dmma_fp64_d128_n16_m1_mod_0_top_0"), ("float64", 160, 160, H200, None)],
 )
 def test_forward_dispatch(dtype, headdim, headdim_v, device, expected):
     """fp16/bf16 with head dims <= 256 take the Hopper forward on compute capability 9.0, the tensor-core

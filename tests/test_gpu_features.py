@@ -126,7 +126,8 @@ def test_score_modifications_take_the_tensor_core_kernels():
     p = _problem.forward_problem(q, k, v, softcap=3.0, alibi_slopes=slopes)
     device = _families.common.current_device()
     family, variant = _families.select(_families.FORWARD, p, device, (q, k, v))
-    expected = "sm90_fwd_fp16_d64_v64_q192_n128_s4_mod_1_drop_0" if device.capability == 90 else "sm80_fwd_fp16_d64_n64_m2_mod_1"
+    expected = ("sm90_fwd_fp16_d64_v64_q192_n128_s4_mod_1_drop_0_top_0" if device.capability == 90
+                else "sm80_fwd_fp16_d64_n64_m2_mod_1_top_0")
     assert variant.key == expected
 
 

@@ -73,7 +73,7 @@ def test_reproducible_and_dispatched():
     device = _families.common.current_device()
     family, variant = _families.select(_families.FORWARD, p, device, (q, k, v))
     if device.capability == 90:
-        assert variant.key == "sm90_fwd_bf16_d64_v64_q128_n128_s4_mod_0_drop_1"
+        assert variant.key == "sm90_fwd_bf16_d64_v64_q128_n128_s4_mod_0_drop_1_top_0"
     else:
         assert family.name == "general" and variant.key == "general_fwd_bf16_drop_1"
     options = {"causal": True, "dropout_p": 0.1, "dropout_seed": 1}
@@ -89,20 +89,38 @@ def test_reproducible_and_dispatched():
     assert np.abs(to_host(out).astype(np.float64) - host.astype(np.float64)).max() < 0.02
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
-def test_max_score(dtype):
-    """The general forward's per-head maximum (common/max_score.cuh), dense and packed, against the oracle's
-    (float32; the kernels' scores round as the plain implementation's do), -inf for a head that sees
-    nothing and NaN where a score is NaN."""
+_MAX_SCORE_FAMILIES = [("float16", "", "sm90_fwd"), ("bfloat16", "", "sm90_fwd"), ("bfloat16", "sm80", "sm80_fwd"),
+                       ("bfloat16", "general", "general_fwd"), ("float32", "", "sm90_fwd_planes"),
+                       ("float32", "sm80", "sm80_fwd_parts"), ("float64", "", "sm80_fwd_dmma"),
+                       ("float64", "general", "general_fwd")]
+
+
+@pytest.mark.parametrize("dtype, family, kernel", _MAX_SCORE_FAMILIES)
+def test_max_score(dtype, family, kernel, monkeypatch):
+    """The per-head maximum (common/max_score.cuh) of every forward kernel (the Hopper family's
+    (kernel names for an H100/H200), the sm80 family's and the general one), with a score modification
+    (log2 or natural-log units) and without (raw products in the Hopper 16-bit kernel), dense and packed,
+    against the oracle's (float32; the kernels' scores round as the plain implementation's do), -inf for
+    a head that sees nothing and NaN where a score is NaN."""
+    import dataclasses
+
     from helpers import assert_within_rule, oracle, plain
 
+    use_family(monkeypatch, family)
     q, k, v = random_qkv(cupy, 2, 150, 97, 4, 2, 64, 64, DTYPES[dtype], seed=3)
-    out, lse, top = cupyflash.flash_attention(q, k, v, causal=True, softcap=5.0, return_lse=True,
-                                              return_max_score=True)
-    assert top.dtype == np.float32 and top.shape == (2, 4)
-    want, base = oracle(q, k, v, True, softcap=5.0), plain(q, k, v, True, softcap=5.0)
-    assert_within_rule("max_score", top, want["max_score"], base["max_score"], 2)
-    assert_within_rule("out", out, want["out"], base["out"], 2)
+    device = _families.common.current_device()
+    p = dataclasses.replace(_problem.forward_problem(q, k, v, causal=True), max_score=True)
+    selected = _families.select(_families.FORWARD, p, device, (q, k, v))[1]
+    assert selected.param("max_score") if "max_score" in selected.kernel.flags else selected.kernel.name == "general_fwd"
+    if device.capability == 90:
+        assert selected.kernel.name == kernel
+    for options in ({"softcap": 5.0}, {}):
+        out, lse, top = cupyflash.flash_attention(q, k, v, causal=True, return_lse=True, return_max_score=True,
+                                                  **options)
+        assert top.dtype == np.float32 and top.shape == (2, 4)
+        want, base = oracle(q, k, v, True, **options), plain(q, k, v, True, **options)
+        assert_within_rule("max_score", top, want["max_score"], base["max_score"], 2)
+        assert_within_rule("out", out, want["out"], base["out"], 2)
     q[1, 7, 2, 0] = float("nan")
     layout = np.ones((2, 4, 2, 1), bool)
     layout[0, 3] = False
@@ -122,3 +140,29 @@ def test_max_score(dtype):
     big = cupy.full((1, 3, 2, 64), 1e20, np.float32)
     _, top = cupyflash.flash_attention(big, big, big, return_max_score=True)
     assert (to_host(top) == np.inf).all()
+
+
+@pytest.mark.parametrize("index", [0, 1, 3, 6, 7, 9, 11])
+def test_max_score_with_a_kv_cache(index):
+    """flash_attention_with_kvcache's maximum score (tests/test_kvcache.py's cases, against the oracle): the
+    decode kernel's (appending, five splits, pages of one row, head dim 256 with ALiBi, sinks) and the
+    general path's (a prefill chunk, float32 with a block table)."""
+    import test_kvcache
+
+    dtype, sizes, options = test_kvcache._options(cupy, test_kvcache.CASES[index])
+    test_kvcache._check(cupy, dtype, options, max_score=True, **sizes)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_max_score_of_an_out_of_range_entry_is_nan(dtype):
+    """An entry whose cache_seqlens is out of range has NaN maxima, as its rows (the decode kernel's and
+    the general path's kvc_poison); the others are finite."""
+    from test_kvcache import _inputs
+
+    sizes = {"batch": 4, "seqlen_q": 1, "heads": 4, "heads_k": 2, "headdim": 64, "headdim_v": 64, "capacity": 64,
+             "lengths": [10, 63, 20, 5], "new": 1, "page_size": 16}
+    (q, k_cache, v_cache), arrays = _inputs(cupy, dtype, **sizes, seed=5)
+    arrays["cache_seqlens"][3] = -2
+    out, top = cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **arrays, return_max_score=True)
+    top = to_host(top)
+    assert top.shape == (4, 4) and np.isnan(top[3]).all() and np.isfinite(top[:3]).all()

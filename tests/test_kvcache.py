@@ -72,9 +72,11 @@ def _inputs(xp, dtype, *, batch, seqlen_q, heads, heads_k, headdim, headdim_v, c
     return (to(q), to(k_cache), to(v_cache)), {n: to(x) for n, x in kwargs.items()}
 
 
-def _check(xp, dtype, options=None, **sizes):
+def _check(xp, dtype, options=None, max_score=None, **sizes):
     """One call against the oracle (out, lse with the tolerance rule; the caches as the reference
-    writes them, rounded); returns the call's results."""
+    writes them, rounded; the maximum score where ``max_score``, by default for NumPy arrays only: CuPy
+    calls return it once cupyflash._problem.NEW_KERNELS_ENABLED is on, tests/test_gpu_training.py);
+    returns the call's results."""
     options = options or {}
     (q, k_cache, v_cache), arrays = _inputs(xp, dtype, **sizes, seed=seed_from(dtype, sorted(sizes.items()),
                                                                                sorted(options.items())))
@@ -90,10 +92,10 @@ def _check(xp, dtype, options=None, **sizes):
                                             return_max_score=True)
     base = reference.attention_with_kvcache(host_q, host_k, host_v, **host, **ref_options, compute_dtype=DTYPES[dtype],
                                             return_max_score=True)
-    if xp is np:  # the maximum score: NumPy arrays only in this version
+    if xp is np if max_score is None else max_score:
         out, lse, top = cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **arrays, **options, return_lse=True,
                                                                return_max_score=True)
-        assert top.dtype == np.float32
+        assert top.dtype == np.float32 and top.shape == (sizes["batch"], sizes["heads"])
         assert_within_rule("max_score", top, want[2], base[2], OUTPUT_FACTOR)
     else:
         out, lse = cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **arrays, **options, return_lse=True)

@@ -77,16 +77,18 @@ ORDERED_BY_LAUNCH, ORDERED_BY_WALK = 1, 2
 
 FWD = _kernels.Kernel(
     "sm80_fwd", "sm80/fwd.cu", _kernels.HALF_DTYPES, ("headdim", "block_n", "m_tiles"),
-    tuple((d, *tile) for d, choices in FWD_TILES.items() for tile in choices), ("score_mod",), user_functions=True,
+    tuple((d, *tile) for d, choices in FWD_TILES.items() for tile in choices), ("score_mod", "max_score"),
+    user_functions=True,
 )
 FWD_FP32 = _kernels.Kernel(
     "sm80_fwd_parts", "sm80/fwd.cu", ("float32",), ("headdim", "block_n", "m_tiles"),
-    tuple((d, *tile) for d, choices in FWD_FP32_TILES.items() for tile in choices), ("score_mod", "tf32"),
+    tuple((d, *tile) for d, choices in FWD_FP32_TILES.items() for tile in choices), ("score_mod", "tf32", "max_score"),
     user_functions=True,
 )
 FWD_FP64 = _kernels.Kernel(
     "sm80_fwd_dmma", "sm80/fwd.cu", ("float64",), ("headdim", "block_n", "m_tiles"),
-    tuple((d, *tile) for d, choices in FWD_FP64_TILES.items() for tile in choices), ("score_mod",), user_functions=True,
+    tuple((d, *tile) for d, choices in FWD_FP64_TILES.items() for tile in choices), ("score_mod", "max_score"),
+    user_functions=True,
 )
 #: The float32 forward's pre-pass: its operands split into bfloat16 planes (kernels_cu/sm80/planes.cu).
 PLANES = _kernels.Kernel("split_planes", "sm80/planes.cu", ("float32",), flags=("tf32",))
@@ -178,11 +180,11 @@ LOCAL_GRAD_MAX_FLOATS = 16384
 def _select(p, device, half, fp32, fp64, smem_bytes, backward=False):
     """The variant of a pass for ``p``: of the (kernel, tiles) of its dtype (``half`` for float16/bfloat16),
     the first tile of its head-dim bucket whose ``smem_bytes`` fit the device; None where none does. The
-    float32 kernel takes p's precision as its tf32 flag. Dropout is the general family's for now, and so
-    is the backward of a score_mod whose buffers take gradients but where the 16-bit kernel adds them:
-    additive biases (derivatives that do not read the score), added after the mask, per CTA in shared
-    memory."""
-    if p.dropout or p.max_score is not None:  # the general family's for now
+    float32 kernel takes p's precision as its tf32 flag, a forward the maximum score (return_max_score) as
+    its max_score flag. Dropout is the general family's for now, and so is the backward of a score_mod
+    whose buffers take gradients but where the 16-bit kernel adds them: additive biases (derivatives that
+    do not read the score), added after the mask, per CTA in shared memory."""
+    if p.dropout:  # the general family's for now
         return None
     user = common.user_code(p, fast=p.dtype.itemsize == 2)
     if backward and p.user_score is not None and p.user_score.buffer_gradients and (
@@ -197,6 +199,8 @@ def _select(p, device, half, fp32, fp64, smem_bytes, backward=False):
     if bucket is None:
         return None
     flags = {"tf32": p.precision == "tf32"} if kernel is fp32[0] else {}
+    if not backward:
+        flags["max_score"] = p.max_score is not None
     for tile in tiles[bucket]:
         variant = kernel.variant(common.dtype_name(p.dtype), (bucket, *tile), score_mod=p.score_mod, user=user, **flags)
         if smem_bytes(variant) <= device.smem_optin:

@@ -77,7 +77,7 @@ DETERMINISTIC_DQ_SPLITS_SPLIT_COLS_BY_WALK = 2
 
 FWD = _kernels.Kernel(
     "sm90_fwd", "sm90/fwd.cu", _kernels.HALF_DTYPES, ("headdim", "headdim_v", "block_m", "block_n", "stages"),
-    tuple((*dims, *tile) for dims, tiles in FWD_TILES.items() for tile in tiles), ("score_mod", "dropout"),
+    tuple((*dims, *tile) for dims, tiles in FWD_TILES.items() for tile in tiles), ("score_mod", "dropout", "max_score"),
     arch="90a", user_functions=True,
 )
 #: The float32 forward's tiles (kernels_cu/sm90/fwd_planes_mainloop.cuh): head-dim bucket -> ((keys per
@@ -86,8 +86,8 @@ FWD = _kernels.Kernel(
 FWD_PLANES_TILES = {64: ((64, 2),), 128: ((64, 1),)}
 FWD_PLANES = _kernels.Kernel(
     "sm90_fwd_planes", "sm90/fwd_planes.cu", ("float32",), ("headdim", "block_n", "stages"),
-    tuple((d, *tile) for d, tiles in FWD_PLANES_TILES.items() for tile in tiles), ("score_mod", "tf32"), arch="90a",
-    user_functions=True,
+    tuple((d, *tile) for d, tiles in FWD_PLANES_TILES.items() for tile in tiles), ("score_mod", "tf32", "max_score"),
+    arch="90a", user_functions=True,
 )
 #: Query rows per CTA of the float32 forward (two consumer warpgroups).
 FWD_PLANES_BLOCK_M = 128
@@ -358,8 +358,9 @@ class Sm90Forward:
     user_functions = True
 
     def select(self, p, device, operands):
-        if device.capability != CAPABILITY or p.max_score is not None:  # the maximum: the general family's
+        if device.capability != CAPABILITY:
             return None
+        max_score = p.max_score is not None
         user = common.user_code(p, fast=p.dtype.itemsize == 2)
         if p.dtype == numpy.float32:
             if p.dropout:  # the float32 kernel has no dropout yet: the general family's
@@ -368,7 +369,7 @@ class Sm90Forward:
             if dim is None:
                 return None
             variant = FWD_PLANES.variant("float32", (dim, *FWD_PLANES_TILES[dim][0]), score_mod=p.score_mod,
-                                         tf32=p.precision == "tf32", user=user)
+                                         tf32=p.precision == "tf32", max_score=max_score, user=user)
             return variant if fwd_planes_smem_bytes(variant) <= device.smem_optin else None
         if p.dtype.itemsize != 2:
             return None
@@ -383,12 +384,13 @@ class Sm90Forward:
         # A block mask's query blocks (128 rows or multiples of 128, as a rule) would straddle 192-row
         # tiles, each of which would then take the element mask: such masks keep the 128-row tile. So does
         # dropout: the 192-row tile's consumers (160 registers) spilled around the generator (100 local
-        # accesses against 40), and so do score and mask functions (150-250 against 40; none at 128 rows).
-        if (p.dropout or user is not None
+        # accesses against 40), and so do score and mask functions (150-250 against 40; none at 128 rows),
+        # and the maximum score (its two registers a thread, unmeasured there).
+        if (p.dropout or user is not None or max_score
                 or p.block_mask is not None and p.block_mask.block_size[0] % tile[0] != 0):
             tile = tiles[-1]
         variant = FWD.variant(common.dtype_name(p.dtype), (*dims, *tile), score_mod=score_mod, dropout=p.dropout,
-                              user=user)
+                              max_score=max_score, user=user)
         return variant if fwd_smem_bytes(variant) <= device.smem_optin else None
 
     def plan(self, b, variant, p, q, k, v, device):

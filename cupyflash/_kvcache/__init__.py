@@ -38,10 +38,7 @@ def attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_t
         named["cache_seqlens"] = cache_seqlens
     checked = dict(zip(named, _problem.arrays(**named)))
     return_lse = _problem.check_flag("return_lse", return_lse)
-    return_max_score = _problem.check_flag("return_max_score", return_max_score)
-    if return_max_score and _problem.array_module({"q": checked["q"]}) is not numpy:
-        raise NotImplementedError("flash_attention_with_kvcache returns the maximum score for NumPy arrays only in "
-                                  "this version (the decode kernel does not compute it yet)")
+    return_max_score = _problem.check_max_score(return_max_score, _problem.array_module({"q": checked["q"]}))
     c = _call.check(
         checked["q"], checked["k_cache"], checked["v_cache"], k=checked.get("k"), v=checked.get("v"),
         cache_seqlens=checked.get("cache_seqlens", cache_seqlens), cache_batch_idx=checked.get("cache_batch_idx"),
@@ -56,11 +53,14 @@ def attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_t
     elif c.batch == 0 or c.heads == 0:
         out = c.xp.zeros(c.out_shape, c.dtype)
         lse = c.xp.full(c.lse_shape, -numpy.inf, _problem.lse_dtype(c.dtype))
+        top = [c.xp.full((c.batch, c.heads), -numpy.inf, numpy.float32)] if return_max_score else None
     else:
         from . import device
 
         int_seqlens = cache_seqlens is not None and "cache_seqlens" not in named
-        (out, lse), plan = device.attention(c, alibi_slopes, return_lse or c.sinks is not None, int_seqlens)
+        (out, lse, top), plan = device.attention(c, alibi_slopes, return_lse or c.sinks is not None, int_seqlens,
+                                                 return_max_score)
+        top = [top] if return_max_score else None
         if plan is not None and key is not None:
             PLANS.put(key, plan)
     if c.sinks is not None:

@@ -36,7 +36,7 @@ MIN_TILES_PER_SPLIT = 2
 
 APPEND = _kernels.Kernel("kvc_append", "kvcache/kvcache.cu", _kernels.ALL_DTYPES)
 DECODE = _kernels.Kernel("kvc_fwd", "kvcache/kvcache.cu", _kernels.HALF_DTYPES, ("headdim",),
-                         tuple((d,) for d in DECODE_BUCKETS), ("score_mod",), user_functions=True)
+                         tuple((d,) for d in DECODE_BUCKETS), ("score_mod", "max_score"), user_functions=True)
 LENGTHS = _kernels.Kernel("kvc_lengths", "kvcache/kvcache.cu", ())
 POISON = _kernels.Kernel("kvc_poison", "kvcache/kvcache.cu", _kernels.ALL_DTYPES)
 KERNELS = (APPEND, DECODE, LENGTHS, POISON)
@@ -103,9 +103,9 @@ def _fill_args(args, c, q, out, lse):
     return args
 
 
-def decode_variant(c, device):
-    """The decode kernel's variant for call ``c`` (built with its score_mod, if any), or None when it does
-    not take the call."""
+def decode_variant(c, device, max_score=False):
+    """The decode kernel's variant for call ``c`` (built with its score_mod, if any, and the maximum score's
+    flag), or None when it does not take the call."""
     if c.dtype.itemsize != 2 or device.capability < 80 or c.seqlen_q == 0:
         return None  # (no queries: no CTA, and the general path appends)
     bucket = next((d for d in DECODE_BUCKETS if d >= max(c.headdim, c.headdim_v)), None)
@@ -116,7 +116,7 @@ def decode_variant(c, device):
         return None  # (its row counts are 32-bit)
     score_mod = c.softcap != 0.0 or c.alibi_slopes is not None
     user = _kernels.user_code(c.user_score, None, fast=True) if c.user_score is not None else None
-    variant = DECODE.variant(common.dtype_name(c.dtype), (bucket,), score_mod=score_mod, user=user)
+    variant = DECODE.variant(common.dtype_name(c.dtype), (bucket,), score_mod=score_mod, max_score=max_score, user=user)
     return variant if decode_smem_bytes(variant) <= device.smem_optin else None
 
 
@@ -151,11 +151,13 @@ class DecodePlan:
     appends new tokens and merges its splits, after kvc_append where the new keys need the rotary
     embedding or rows the decode kernel cannot copy, with every size filled. ``plan`` runs them on the current
     stream for the arrays of a call of that layout, in :meth:`__call__`'s order, and returns (out,) or,
-    with ``return_lse``, (out, lse). ``capacity`` is the cache_seqlens bound of a call that passes it as
-    an int (checked on the host, as the call's checks would, then passed as the plan's scalar), None when
-    the plan's calls pass an array or None (the full cache: a constant of the plan)."""
+    with ``return_lse``, (out, lse), then with ``max_score`` each entry's and head's largest score (the
+    decode kernel raises images in a zeroed workspace, common.plan_max_score_decode decodes them).
+    ``capacity`` is the cache_seqlens bound of a call that passes it as an int (checked on the host, as
+    the call's checks would, then passed as the plan's scalar), None when the plan's calls pass an array
+    or None (the full cache: a constant of the plan)."""
 
-    def __init__(self, c, variant, device, alibi_slopes, return_lse, int_seqlens):
+    def __init__(self, c, variant, device, alibi_slopes, return_lse, int_seqlens, max_score=False):
         self.capacity = c.capacity - c.seqlen_new if int_seqlens else None
         b = _plan.PlanBuilder()
         # Inputs, in the order __call__ takes them. The caches are written in place: never copied.
@@ -198,12 +200,19 @@ class DecodePlan:
             main["split_counters"] = counters.data.ptr
         if int_seqlens:
             b.int32_field(main, ("cache_seqlens_value",))
+        images = top = None
+        if max_score:
+            images = b.workspace((c.batch, c.heads), numpy.uint32, zeroed=True)
+            top = b.output((c.batch, c.heads), numpy.float32)
+            main["max_score"] = _params.pointer(images)
         smem = decode_smem_bytes(variant)
         b.launch(common.function(variant, smem), (row_tiles * splits, c.heads_k, c.batch), DECODE_THREADS, (main,), smem)
+        if max_score:
+            common.plan_max_score_decode(b, images, top)
         self.splits = splits
         self.fused_append = fused
         self.scalars = 2 if tokens and not fused and int_seqlens else 1
-        self.plan = b.build((out, lse) if return_lse else (out,))
+        self.plan = b.build(((out, lse) if return_lse else (out,)) + ((top,) if max_score else ()))
 
     def __call__(self, q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
                  alibi_slopes):
@@ -228,19 +237,20 @@ def launch(variant, grid, threads, args, smem=0):
                                         else a for a in args), shared_mem=smem)
 
 
-def attention(c, alibi_slopes, return_lse, int_seqlens):
-    """(out, lse) of a checked CuPy call ``c`` (``alibi_slopes``: the call's own array; ``int_seqlens``:
-    the call passed cache_seqlens as an int; lse None without ``return_lse`` where the decode kernel runs),
-    the new keys and values written into the caches, and the :class:`DecodePlan` that repeats the call for
-    arrays of the same layout (None when the call takes the general path)."""
+def attention(c, alibi_slopes, return_lse, int_seqlens, max_score=False):
+    """(out, lse, top) of a checked CuPy call ``c`` (``alibi_slopes``: the call's own array; ``int_seqlens``:
+    the call passed cache_seqlens as an int; lse None without ``return_lse`` where the decode kernel runs;
+    top, with ``max_score``, each entry's and head's largest score, else None), the new keys and values
+    written into the caches, and the :class:`DecodePlan` that repeats the call for arrays of the same
+    layout (None when the call takes the general path)."""
     device = common.current_device()
-    variant = decode_variant(c, device)
+    variant = decode_variant(c, device, max_score)
     if variant is not None:
-        plan = DecodePlan(c, variant, device, alibi_slopes, return_lse, int_seqlens)
+        plan = DecodePlan(c, variant, device, alibi_slopes, return_lse, int_seqlens, max_score)
         results = plan(c.q, c.k_cache, c.v_cache, c.k_new, c.v_new,
                        c.cache_seqlens if c.cache_seqlens is not None else c.cache_seqlens_value, c.cache_batch_idx,
                        c.block_table, c.rotary_cos, c.rotary_sin, alibi_slopes)
-        return (results[0], results[1] if return_lse else None), plan
+        return (results[0], results[1] if return_lse else None, results[-1] if max_score else None), plan
     q, _ = common.readable(c.q)
     if c.k_new is not None:
         c = dataclasses.replace(c, k_new=common.readable(c.k_new)[0], v_new=common.readable(c.v_new)[0],
@@ -255,13 +265,17 @@ def attention(c, alibi_slopes, return_lse, int_seqlens):
         if c.rotary_dim:
             q = q_rot
     if c.seqlen_q == 0:
-        return (cupy.empty(c.out_shape, dtype=c.dtype), cupy.empty(c.lse_shape, dtype=_problem.lse_dtype(c.dtype))), None
-    return _general(c, q), None
+        top = cupy.full((c.batch, c.heads), -numpy.inf, dtype=numpy.float32) if max_score else None
+        return (cupy.empty(c.out_shape, dtype=c.dtype), cupy.empty(c.lse_shape, dtype=_problem.lse_dtype(c.dtype)),
+                top), None
+    out, lse, *top = _general(c, q, max_score)
+    return (out, lse, top[0] if max_score else None), None
 
 
-def _general(c, q):
-    """(out, lse): the cache as a dense batch of capacity keys with per-entry counts (seqused_k), through
-    the compute layer; the rows of entries with out-of-range values NaN."""
+def _general(c, q, max_score):
+    """(out, lse), then with ``max_score`` the largest scores: the cache as a dense batch of capacity keys
+    with per-entry counts (seqused_k), through the compute layer; the results of entries with out-of-range
+    values NaN."""
     c = dataclasses.replace(c, cache_seqlens=common.contiguous(c.cache_seqlens)[0],
                             cache_batch_idx=common.contiguous(c.cache_batch_idx)[0],
                             block_table=common.contiguous(c.block_table)[0])
@@ -269,7 +283,7 @@ def _general(c, q):
         # Every entry uses the same keys, checked on the host: the dense forward over the caches' first keys.
         keys = c.cache_seqlens_value + c.seqlen_new
         p = _problem_of(c, seqlen_k=keys)
-        return _compute.forward(p, q, c.k_cache[:c.batch, :keys], c.v_cache[:c.batch, :keys])
+        return _compute.forward(p, q, c.k_cache[:c.batch, :keys], c.v_cache[:c.batch, :keys], max_score=max_score)
     seqused = cupy.empty(c.batch, numpy.int32)
     bad = cupy.empty(c.batch, numpy.int32)
     args = _fill_args(numpy.zeros(1, _params.KV_CACHE_ARGS), c, q, None, None)
@@ -286,9 +300,9 @@ def _general(c, q):
         k, v = k[entries], v[entries]
     elif k.shape[0] != c.batch:
         k, v = k[:c.batch], v[:c.batch]
-    out, lse = _compute.forward(_problem_of(c, seqused_k=seqused), q, k, v)
-    for x in (out, lse):
+    results = _compute.forward(_problem_of(c, seqused_k=seqused), q, k, v, max_score=max_score)
+    for x in results:
         per_entry = x.size // c.batch
         launch(POISON.variant(common.dtype_name(x.dtype)), (min(common.cdiv(x.size, POISON_THREADS), 4096), 1, 1),
                POISON_THREADS, (bad, x, numpy.int64(per_entry), numpy.int64(x.size)))
-    return out, lse
+    return results

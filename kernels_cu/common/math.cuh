@@ -14,6 +14,7 @@ constexpr double kLn2 = 0.6931471805599453094;
 template <typename Acc> struct Consts;
 template <> struct Consts<float> {
     static __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+    static __device__ __forceinline__ float inf() { return __int_as_float(0x7f800000); }
     static __device__ __forceinline__ float nan() { return __int_as_float(0x7fc00000); }
 };
 template <> struct Consts<double> {

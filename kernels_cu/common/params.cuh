@@ -128,6 +128,7 @@ struct KvCacheArgs {
     int* seqused_k;              // kvc_lengths: keys each batch entry uses (0 when bad)
     int* bad;                    // kvc_lengths: 1 for a batch entry whose cache_seqlens, cache_batch_idx or pages are out of range
     int* split_counters;         // num_splits > 1: [b][hk][row tile] splits done; zero before and after a launch
+    unsigned* max_score;         // (batch, heads) images of the largest scores (common/max_score.cuh); null: none
     long long block_table_stride;
     int cache_seqlens_value;
     int seqlen_new;

@@ -4,6 +4,7 @@
 // A warpgroup's wgmma accumulators have the same layout per warp, so later kernels reuse these.
 #pragma once
 #include "common/dtypes.cuh"
+#include "common/max_score.cuh"
 #include "common/params.cuh"
 #include "common/sequence.cuh"
 #include "fragment/softmax.cuh"
@@ -168,7 +169,31 @@ __device__ __forceinline__ void store_out(const FwdArgs& args, const Sequence& s
                             args.attn.headdim_v, o, inv_l);
 }
 
-// The forward's epilogue from the registers: out and lse of the rows row0 + 16 mt + g + 8 r.
+// return_max_score (Softmax::kTracksTop, after finish): raises the maximum of (batch entry b, head h) to
+// the largest score of the warp's rows row0 + 16 mt + g + 8 r that lie inside the sequence (the others
+// hold zero-filled queries, or a neighbouring sequence's); `unit` as FragmentSoftmax::row_max_score's.
+// Every lane of the warp calls it; one atomic per warp.
+template <int kMTiles, typename Softmax>
+__device__ __forceinline__ void record_row_max_scores(const FwdArgs& args, const Sequence& seq, int b, int h, int row0,
+                                                      const Softmax (&softmax)[kMTiles], float unit) {
+    if (args.max_score == nullptr) return;
+    const int g = (threadIdx.x % 32) / 4;
+    unsigned image = 0u;
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = row0 + 16 * mt + g + 8 * r;
+            if (static_cast<unsigned>(row) < static_cast<unsigned>(seq.seqlen_q)) {
+                image = max(image, max_score_image(softmax[mt].row_max_score(r, unit)));
+            }
+        }
+    }
+    record_max_score_warp(args.max_score + static_cast<long long>(b) * args.attn.heads + h, image);
+}
+
+// The forward's epilogue from the registers: out and lse of the rows row0 + 16 mt + g + 8 r, and their
+// largest scores where the softmax tracks them (its units: natural-log, or log2).
 template <typename T, int kMTiles, int kOTiles, typename Softmax, typename Acc>
 __device__ __forceinline__ void fwd_epilogue(const FwdArgs& args, const Sequence& seq, int b, int h, int row0,
                                              const Acc (&o)[kMTiles][kOTiles][4], Softmax (&softmax)[kMTiles]) {
@@ -177,6 +202,9 @@ __device__ __forceinline__ void fwd_epilogue(const FwdArgs& args, const Sequence
     const float sink = attention_sink(args.attn, h);
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) softmax[mt].finish(inv_l[mt], row_lse[mt], sink);
+    if constexpr (Softmax::kTracksTop) {
+        record_row_max_scores(args, seq, b, h, row0, softmax, Softmax::kNaturalUnits ? 1.0f : kLn2F);
+    }
     store_out<T>(args, seq, b, h, row0, o, inv_l);
     store_lse(args, seq, b, h, row0, row_lse);
 }

@@ -19,10 +19,13 @@ namespace cupyflash {
 // them (NaturalScores), probabilities by exp and the lse m + ln(l): float32 (float64) accuracy, which
 // the folded scale (three roundings of one constant: a systematic 1e-7 of every score) and ex2.approx
 // (2^-22) do not give (bench/NOTES.md, session 18). m2 then holds the natural-log maximum. Acc: the
-// accumulators' type (double for float64 inputs, which needs kNatural).
-template <int kNTiles, bool kNatural = false, typename Acc = float>
+// accumulators' type (double for float64 inputs, which needs kNatural). kTop (return_max_score): also
+// each row's exact largest score, which m2 may lag (row_max_score).
+template <int kNTiles, bool kNatural = false, typename Acc = float, bool kTop = false>
 struct FragmentSoftmax {
     static_assert(kNatural || sizeof(Acc) == 4, "float64 scores are in natural-log units");
+    static constexpr bool kNaturalUnits = kNatural;
+    static constexpr bool kTracksTop = kTop;
     // Log2 units by which a block's maximum may pass the running one before it moves (update_max);
     // kSlack is the same bound in the kernel's units.
     static constexpr Acc kMaxSlack = 8.0f;
@@ -30,6 +33,9 @@ struct FragmentSoftmax {
     Acc m2[2] = {Consts<Acc>::neg_inf(), Consts<Acc>::neg_inf()};
     Acc l[2] = {0, 0};
     Acc base[2];  // the maxima the probabilities of the current block are taken against
+    // kTop: the largest score of each row so far, in the units update_max received (raw products for
+    // the raw overload, whose scale rounds once at the end, as the reference's does), -inf for none.
+    Acc top[2] = {Consts<Acc>::neg_inf(), Consts<Acc>::neg_inf()};
 
     // Folds a block of scaled scores s (log2 units, -inf where masked) into the running statistics and
     // turns s into probabilities in place. The output accumulator o is rescaled only when some row of the
@@ -89,6 +95,7 @@ struct FragmentSoftmax {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const float total = group_sum<4>(l[r]);
+            l[r] = total;  // the row's whole sum from here on (row_max_score reads it)
             const bool seen = total != 0.0f;
             if (sink == Consts<float>::neg_inf()) {
                 inv_l[r] = seen ? 1.0f / total : 0.0f;
@@ -122,6 +129,7 @@ struct FragmentSoftmax {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const Acc total = group_sum<4>(l[r]);
+            l[r] = total;
             const bool seen = total != Acc(0);
             const double m = kNatural ? static_cast<double>(m2[r]) : kLn2 * static_cast<double>(m2[r]);
             if (sink == Consts<float>::neg_inf()) {
@@ -135,6 +143,17 @@ struct FragmentSoftmax {
                 lse[r] = top + log(sum);
             }
         }
+    }
+
+    // kTop, after finish: row r's largest score in natural-log units (`unit` takes top's units there:
+    // softmax_scale for raw products, LN2 for log2 units, 1 for natural-log ones), -inf for a row that
+    // saw no key. NaN where the row's sum is NaN: a NaN score, which the maxima's fmax skips (exp of one
+    // is NaN, and so is every sum after it); but not where the largest score is +inf, whose row's sum is
+    // NaN too (inf - inf) while no score is.
+    __device__ __forceinline__ float row_max_score(int r, float unit) const {
+        static_assert(kTop, "the softmax tracks the largest scores only with kTop");
+        const float value = static_cast<float>(top[r]) * unit;
+        return l[r] != l[r] && value != Consts<float>::inf() ? Consts<float>::nan() : value;
     }
 
   private:
@@ -158,7 +177,9 @@ struct FragmentSoftmax {
         bool moved = false;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            const Acc block_max = kRaw ? group_max<4>(part[r][0]) * scale : group_max<4>(part[r][0]);
+            const Acc row_max = group_max<4>(part[r][0]);
+            if constexpr (kTop) top[r] = fmax(top[r], row_max);
+            const Acc block_max = kRaw ? row_max * scale : row_max;
             // The maximum moves only when the block's passes it by more than kMaxSlack (a row's first
             // visible block always: -inf + kMaxSlack is -inf). Otherwise the block's probabilities are
             // taken against the old maximum, each at most 2^kMaxSlack, which float32 sums and 16-bit P

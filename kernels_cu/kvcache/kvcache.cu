@@ -24,6 +24,7 @@
 #include "kvcache/cache.cuh"
 #include "common/launch.cuh"
 #include "common/mask.cuh"
+#include "common/max_score.cuh"
 #include "common/params.cuh"
 #include "common/reduce.cuh"
 #include "common/score_mod.cuh"
@@ -124,8 +125,9 @@ struct KvcTraits {
     static constexpr int kStages = kHeadDim <= 64 ? 4 : kHeadDim <= 128 ? 3 : 2;
     static constexpr int kQBytes = kRows * kLd * static_cast<int>(sizeof(T));
     static constexpr int kSmemBytes = kQBytes + kStages * kStageBytes;
-    // After the loop the stages hold each warp's float32 output rows and row statistics.
-    static constexpr int kMergeBytes = kWarps * kRows * (kHeadDim + 2) * 4;
+    // After the loop the stages hold each warp's float32 output rows and row statistics (the maximum,
+    // the sum and the largest score).
+    static constexpr int kMergeBytes = kWarps * kRows * (kHeadDim + 3) * 4;
     static_assert(kMergeBytes <= kStages * kStageBytes, "the warps' states must fit the stage buffers");
     static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head-dim buckets are multiples of 16 up to 256");
 };
@@ -231,7 +233,10 @@ __device__ __forceinline__ void merge_splits(const KvCacheArgs& c, unsigned char
 
 // ScoreFn: a score_mod's generated code (common/user_calls.cuh), or NoUserScore; per row, with the
 // row's head (UserLog2ScoresByRow). Caches have no block mask, so no mask_mod (MaskFn is NoUserMask).
-template <typename T, int kHeadDim, bool kScoreMod, typename ScoreFn = NoUserScore, typename MaskFn = NoUserMask>
+// kMaxScore (return_max_score): the warps also keep each row's largest score, and each row raises its
+// (batch entry, head) maximum after the merge (a split's rows raise it with their keys' largest).
+template <typename T, int kHeadDim, bool kScoreMod, bool kMaxScore, typename ScoreFn = NoUserScore,
+          typename MaskFn = NoUserMask>
 __global__ void __launch_bounds__(KvcTraits<T, kHeadDim>::kThreads, 2)
 kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
     static_assert(!MaskFn::kEnabled, "caches have no block mask");
@@ -470,7 +475,7 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
     float o[kOTiles][4];
 #pragma unroll
     for (int n = 0; n < kOTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    FragmentSoftmax<2> softmax;
+    FragmentSoftmax<2, false, float, kMaxScore> softmax;
 
     for (int tile = tile_begin, it = 0; tile < tile_end; ++tile, ++it) {
         cp_async_wait<kStages - 2>();
@@ -526,10 +531,12 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
     cp_async_wait<0>();
     const bool bad = entry.bad || __syncthreads_or(bad_page);  // also: every warp is done with the stages
 
-    // Merge the warps' states: each writes its rows' maximum (log2 units), sum and unnormalized output.
+    // Merge the warps' states: each writes its rows' maximum (log2 units), sum and unnormalized output,
+    // and with kMaxScore their largest scores (log2 units).
     float* merge_o = reinterpret_cast<float*>(sK);                  // [warp][row][kHeadDim]
     float* merge_m = merge_o + Tr::kWarps * Tr::kRows * kHeadDim;   // [warp][row]
     float* merge_l = merge_m + Tr::kWarps * Tr::kRows;
+    float* merge_top = merge_l + Tr::kWarps * Tr::kRows;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const float l = group_sum<4>(softmax.l[half]);
@@ -537,6 +544,7 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
         if (t == 0) {
             merge_m[warp * Tr::kRows + row] = softmax.m2[half];
             merge_l[warp * Tr::kRows + row] = l;
+            if constexpr (kMaxScore) merge_top[warp * Tr::kRows + row] = softmax.top[half];
         }
 #pragma unroll
         for (int n = 0; n < kOTiles; ++n) {
@@ -585,6 +593,16 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
                 static_cast<float*>(c.lse.ptr)[rows_index(c.lse, b, span_h, span_i)] = lse;
             } else {
                 c.part_lse[((static_cast<long long>(split) * a.batch + b) * a.heads + span_h) * a.seqlen_q + span_i] = lse;
+            }
+            if constexpr (kMaxScore) {
+                // The row's largest score over the warps, in natural-log units; NaN for a bad entry and
+                // where l is (a NaN score, as FragmentSoftmax::row_max_score says), but for +inf.
+                float top = Consts<float>::neg_inf();
+#pragma unroll
+                for (int w = 0; w < Tr::kWarps; ++w) top = fmaxf(top, merge_top[w * Tr::kRows + span_row]);
+                top *= kLn2F;
+                if (bad || l != l && top != Consts<float>::inf()) top = nan;
+                if (c.max_score != nullptr) record_max_score(c.max_score + static_cast<long long>(b) * a.heads + span_h, top);
             }
         }
     }

@@ -45,8 +45,9 @@ struct Sm80FwdState {
 };
 
 // ScoreFn and MaskFn: a score_mod's and a mask_mod's generated code (common/user_calls.cuh), or
-// NoUserScore and NoUserMask. A score_mod takes the modified path (kModified).
-template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod, bool kTf32,
+// NoUserScore and NoUserMask. A score_mod takes the modified path (kModified). kMaxScore
+// (return_max_score): the softmax also keeps each row's largest score, which the epilogue records.
+template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod, bool kTf32, bool kMaxScore,
           typename ScoreFn = NoUserScore, typename MaskFn = NoUserMask>
 struct Sm80FwdMainloop {
     using Tr = Sm80FwdTraits<T, kHeadDim, kBlockN, kMTiles>;
@@ -59,7 +60,7 @@ struct Sm80FwdMainloop {
     using Acc = typename Ops::Acc;
     using Scores = typename ScoresOf<ScoreFn, typename Sm80Scores<T>::type>::type;
     using State = Sm80FwdState<Scores>;
-    using Softmax = FragmentSoftmax<kBlockN / 8, kNatural, Acc>;
+    using Softmax = FragmentSoftmax<kBlockN / 8, kNatural, Acc, kMaxScore>;
     static constexpr int kLd = Tr::kLd;
     static constexpr int kLdV = Tr::kLdV;
     static constexpr int kNTiles = kBlockN / 8;   // score n-tiles per m-tile
@@ -373,11 +374,11 @@ struct Sm80FwdMainloop {
     }
 };
 
-template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod, bool kTf32,
+template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod, bool kTf32, bool kMaxScore,
           typename ScoreFn = NoUserScore, typename MaskFn = NoUserMask>
 __device__ __forceinline__ void sm80_fwd_body(const FwdArgs& args) {
     using Tr = Sm80FwdTraits<T, kHeadDim, kBlockN, kMTiles>;
-    using Mainloop = Sm80FwdMainloop<T, kHeadDim, kBlockN, kMTiles, kScoreMod, kTf32, ScoreFn, MaskFn>;
+    using Mainloop = Sm80FwdMainloop<T, kHeadDim, kBlockN, kMTiles, kScoreMod, kTf32, kMaxScore, ScoreFn, MaskFn>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     require_dynamic_smem<Tr::kSmemBytes>();
     const AttnArgs& a = args.attn;
@@ -410,34 +411,34 @@ __device__ __forceinline__ void sm80_fwd_body(const FwdArgs& args) {
     fwd_epilogue<T>(args, st.seq, st.b, st.h, m0 + 16 * kMTiles * (threadIdx.x / 32), o, softmax);
 }
 
-template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod, typename ScoreFn = NoUserScore,
-          typename MaskFn = NoUserMask>
+template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod, bool kMaxScore,
+          typename ScoreFn = NoUserScore, typename MaskFn = NoUserMask>
 __global__ void __launch_bounds__(Sm80FwdTraits<T, kHeadDim, kBlockN, kMTiles>::kThreads,
                                   Sm80FwdTraits<T, kHeadDim, kBlockN, kMTiles>::kMinCtasPerSm)
 sm80_fwd(const CUPYFLASH_GRID_CONSTANT FwdArgs args) {
-    sm80_fwd_body<T, kHeadDim, kBlockN, kMTiles, kScoreMod, false, ScoreFn, MaskFn>(args);
+    sm80_fwd_body<T, kHeadDim, kBlockN, kMTiles, kScoreMod, false, kMaxScore, ScoreFn, MaskFn>(args);
 }
 
 // float32 on the bfloat16 tensor cores (three-part split, sm80/operands.cuh): a template of its own for
 // its own tile table (cupyflash/_families/sm80.py); kTf32 for precision="tf32" (two parts).
-template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod, bool kTf32, typename ScoreFn = NoUserScore,
-          typename MaskFn = NoUserMask>
+template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod, bool kTf32, bool kMaxScore,
+          typename ScoreFn = NoUserScore, typename MaskFn = NoUserMask>
 __global__ void __launch_bounds__(Sm80FwdTraits<T, kHeadDim, kBlockN, kMTiles>::kThreads,
                                   Sm80FwdTraits<T, kHeadDim, kBlockN, kMTiles>::kMinCtasPerSm)
 sm80_fwd_parts(const CUPYFLASH_GRID_CONSTANT FwdArgs args) {
     static_assert(sizeof(T) == 4, "float32 only");
-    sm80_fwd_body<T, kHeadDim, kBlockN, kMTiles, kScoreMod, kTf32, ScoreFn, MaskFn>(args);
+    sm80_fwd_body<T, kHeadDim, kBlockN, kMTiles, kScoreMod, kTf32, kMaxScore, ScoreFn, MaskFn>(args);
 }
 
 // float64 on the float64 tensor cores (sm80/operands.cuh; m16n8k8 on sm_90, m8n8k4 before): a template of
 // its own for its own tile table (cupyflash/_families/sm80.py).
-template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod, typename ScoreFn = NoUserScore,
-          typename MaskFn = NoUserMask>
+template <typename T, int kHeadDim, int kBlockN, int kMTiles, bool kScoreMod, bool kMaxScore,
+          typename ScoreFn = NoUserScore, typename MaskFn = NoUserMask>
 __global__ void __launch_bounds__(Sm80FwdTraits<T, kHeadDim, kBlockN, kMTiles>::kThreads,
                                   Sm80FwdTraits<T, kHeadDim, kBlockN, kMTiles>::kMinCtasPerSm)
 sm80_fwd_dmma(const CUPYFLASH_GRID_CONSTANT FwdArgs args) {
     static_assert(sizeof(T) == 8, "float64 only");
-    sm80_fwd_body<T, kHeadDim, kBlockN, kMTiles, kScoreMod, false, ScoreFn, MaskFn>(args);
+    sm80_fwd_body<T, kHeadDim, kBlockN, kMTiles, kScoreMod, false, kMaxScore, ScoreFn, MaskFn>(args);
 }
 
 }  // namespace cupyflash

@@ -19,6 +19,8 @@
 // scales the output by 1 / (1 - p); the host starts work tiles at multiples of their rows then (no
 // Sm90Schedule::align_end), so each generator call serves a thread's two rows.
 // ScoreFn, MaskFn: a score_mod's and a mask_mod's generated code, or none (sm90/fwd_mainloop.cuh).
+// kMaxScore (return_max_score): the consumers keep each row's largest score beside the softmax's
+// maximum (which may lag it) and the epilogue raises the (batch entry, head) maxima.
 //
 // Grid: x = min(work tiles, SMs). Dynamic shared memory: Sm90FwdTraits::kSmemBytes.
 #include "sm90/fwd_epilogue.cuh"
@@ -29,13 +31,13 @@
 namespace cupyflash {
 
 template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kBlockN, int kStages, bool kScoreMod, bool kDropout,
-          typename ScoreFn = NoUserScore, typename MaskFn = NoUserMask>
+          bool kMaxScore, typename ScoreFn = NoUserScore, typename MaskFn = NoUserMask>
 __global__ void __launch_bounds__(Sm90FwdTraits<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages>::kThreads, 1)
 sm90_fwd(const CUPYFLASH_GRID_CONSTANT FwdArgs args, const CUPYFLASH_GRID_CONSTANT Sm90FwdMaps maps,
          const Sm90Schedule schedule) {
-    using Mainloop = Sm90FwdMainloop<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages, kScoreMod, kDropout, ScoreFn,
-                                     MaskFn>;
-    using Kernel = Sm90FwdKernel<Mainloop, Sm90FwdEpilogue<T, typename Mainloop::Tr, kDropout>,
+    using Mainloop = Sm90FwdMainloop<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages, kScoreMod, kDropout, kMaxScore,
+                                     ScoreFn, MaskFn>;
+    using Kernel = Sm90FwdKernel<Mainloop, Sm90FwdEpilogue<T, typename Mainloop::Tr, kDropout, !Mainloop::kModified>,
                                  Sm90QueryTileScheduler<Mainloop::kBlockM>>;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Kernel::run(args, maps, schedule, smem_raw);

@@ -21,21 +21,27 @@ namespace cupyflash {
 // rows past a dense sequence's end (the map's rows are the sequence's); a packed sequence's last tile
 // would write the next sequence's rows, so it takes the register path, as do rows before a sequence's
 // start (Sm90Schedule::align_end).
-// kDropout: the output takes the kept probabilities' 1 / (1 - p) with 1 / l.
-template <typename T, typename Tr, bool kDropout = false>
+// kDropout: the output takes the kept probabilities' 1 / (1 - p) with 1 / l. A softmax that tracks the
+// rows' largest scores (return_max_score) raises the head's maximum: kRawScores, the plain kernels',
+// holds raw products (the scale applied here), else log2 units.
+template <typename T, typename Tr, bool kDropout = false, bool kRawScores = false>
 struct Sm90FwdEpilogue {
     // Named barriers kBarrier + wg, after the main loop's (Sm90FwdMainloop): a warpgroup's rows of the O tile.
     static constexpr int kBarrier = 1 + 2 * Tr::kConsumers;
     static_assert(kBarrier + Tr::kConsumers - 1 <= 15, "named barriers 1-15");
 
-    template <int kOTiles, int kNTiles>
+    template <int kOTiles, typename Softmax>
     __device__ __forceinline__ static void store(const FwdArgs& args, const Sm90FwdMaps& maps, unsigned char* smem,
                                                  const Sm90FwdTile& tile, int wg, const float (&o)[1][kOTiles][4],
-                                                 FragmentSoftmax<kNTiles> (&softmax)[1]) {
+                                                 Softmax (&softmax)[1]) {
         const int row_w = tile.m0 + 64 * wg + 16 * ((threadIdx.x / 32) % 4);  // this warp's first row
         float inv_l[1][2];
         float row_lse[1][2];
         softmax[0].finish(inv_l[0], row_lse[0], attention_sink(args.attn, tile.h));
+        if constexpr (Softmax::kTracksTop) {
+            const float unit = kRawScores ? static_cast<float>(args.attn.softmax_scale) : kLn2F;
+            record_row_max_scores(args, tile.seq, tile.b, tile.h, row_w, softmax, unit);
+        }
         if constexpr (kDropout) {
             const float keep_scale = static_cast<float>(args.attn.dropout.scale);
             inv_l[0][0] *= keep_scale;

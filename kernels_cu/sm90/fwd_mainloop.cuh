@@ -203,14 +203,15 @@ __device__ __forceinline__ void sm90_seen_key_tiles(const Sm90FwdTile& tile, int
 
 // ScoreFn and MaskFn: a score_mod's and a mask_mod's generated code (common/user_calls.cuh), or
 // NoUserScore and NoUserMask. A score_mod takes the modified kernels' path (kModified: the scores in
-// log2 units before the softmax); a mask_mod runs on the tiles the lists mark partial.
+// log2 units before the softmax); a mask_mod runs on the tiles the lists mark partial. kMaxScore: the
+// softmax also keeps each row's largest score (raw products in the plain kernels) for the epilogue.
 template <typename T, int kHeadDim, int kHeadDimV, int kBlockM_, int kBlockN, int kStages, bool kScoreMod,
-          bool kDropout = false, typename ScoreFn = NoUserScore, typename MaskFn = NoUserMask>
+          bool kDropout = false, bool kMaxScore = false, typename ScoreFn = NoUserScore, typename MaskFn = NoUserMask>
 struct Sm90FwdMainloop {
     using Tr = Sm90FwdTraits<T, kHeadDim, kHeadDimV, kBlockM_, kBlockN, kStages>;
     static constexpr bool kModified = kScoreMod || ScoreFn::kEnabled;
     using Scores = typename ScoresOf<ScoreFn, Log2Scores>::type;
-    using Softmax = FragmentSoftmax<Tr::kNTiles>;
+    using Softmax = FragmentSoftmax<Tr::kNTiles, false, float, kMaxScore>;
     static constexpr int kBlockM = Tr::kBlockM;
     // Named barriers: the turns 1 .. kConsumers, then one per consumer for sm90_clear_foreign_values; the
     // epilogue takes the kConsumers after those (Sm90FwdEpilogue::kBarrier).

@@ -3,7 +3,8 @@
 // with the main loop of sm90/fwd_planes_mainloop.cuh, which reads k and v as the bfloat16 planes that
 // split_planes (sm80/planes.cu) writes, splits q itself, and forms each product from six bfloat16 wgmma
 // products (three for precision="tf32"). Its scores are bitwise those of the sm80 float32 kernels, whose backward it
-// pairs with. The epilogue writes out (float32) and lse (float64) from the registers.
+// pairs with. The epilogue writes out (float32) and lse (float64) from the registers, and with kMaxScore
+// raises the heads' largest scores (return_max_score).
 //
 // Grid: x = min(work tiles, SMs). Dynamic shared memory: Sm90FwdPlanesTraits::kSmemBytes.
 #include "fragment/epilogue.cuh"
@@ -26,13 +27,13 @@ struct Sm90FwdPlanesEpilogue {
     __device__ __forceinline__ static void finish() {}
 };
 
-template <typename T, int kHeadDim, int kBlockN, int kStages, bool kScoreMod, bool kTf32, typename ScoreFn = NoUserScore,
-          typename MaskFn = NoUserMask>
+template <typename T, int kHeadDim, int kBlockN, int kStages, bool kScoreMod, bool kTf32, bool kMaxScore,
+          typename ScoreFn = NoUserScore, typename MaskFn = NoUserMask>
 __global__ void __launch_bounds__(Sm90FwdPlanesTraits<kHeadDim, kBlockN, kStages, kTf32>::kThreads, 1)
 sm90_fwd_planes(const CUPYFLASH_GRID_CONSTANT FwdArgs args, const CUPYFLASH_GRID_CONSTANT Sm90FwdMaps maps,
                 const Sm90Schedule schedule) {
     static_assert(sizeof(T) == 4, "float32 only");
-    using Mainloop = Sm90FwdPlanesMainloop<kHeadDim, kBlockN, kStages, kScoreMod, kTf32, ScoreFn, MaskFn>;
+    using Mainloop = Sm90FwdPlanesMainloop<kHeadDim, kBlockN, kStages, kScoreMod, kTf32, kMaxScore, ScoreFn, MaskFn>;
     using Kernel = Sm90FwdKernel<Mainloop, Sm90FwdPlanesEpilogue<typename Mainloop::Tr>,
                                  Sm90QueryTileScheduler<Mainloop::kBlockM>>;
     extern __shared__ __align__(16) unsigned char smem_raw[];

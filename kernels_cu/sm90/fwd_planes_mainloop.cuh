@@ -80,16 +80,17 @@ struct Sm90FwdPlanesTraits {
 };
 
 // ScoreFn and MaskFn: a score_mod's and a mask_mod's generated code (common/user_calls.cuh), or
-// NoUserScore and NoUserMask.
-template <int kHeadDim, int kBlockN, int kStages, bool kScoreMod, bool kTf32, typename ScoreFn = NoUserScore,
-          typename MaskFn = NoUserMask>
+// NoUserScore and NoUserMask. kMaxScore (return_max_score): the softmax also keeps each row's largest
+// score for the epilogue.
+template <int kHeadDim, int kBlockN, int kStages, bool kScoreMod, bool kTf32, bool kMaxScore,
+          typename ScoreFn = NoUserScore, typename MaskFn = NoUserMask>
 struct Sm90FwdPlanesMainloop {
     using Tr = Sm90FwdPlanesTraits<kHeadDim, kBlockN, kStages, kTf32>;
     static constexpr bool kModified = kScoreMod || ScoreFn::kEnabled;
     using Scores = typename ScoresOf<ScoreFn, NaturalScores<float>>::type;
     using Products = Sm90PlaneProducts<kTf32>;
     using Ops = typename Products::Ops;  // split2 and the P fragments
-    using Softmax = FragmentSoftmax<Tr::kNTiles, true, float>;  // natural-log units, as sm80's float32
+    using Softmax = FragmentSoftmax<Tr::kNTiles, true, float, kMaxScore>;  // natural-log units, as sm80's float32
     using Bf16 = __nv_bfloat16;
     static constexpr int kBlockM = Tr::kBlockM;
     static constexpr int kNTiles = Tr::kNTiles;
