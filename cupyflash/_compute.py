@@ -51,7 +51,7 @@ def backward(p: Problem, dout: Array, q: Array, k: Array, v: Array, out: Array, 
     With sinks, ``lse`` already holds them, so the kernels' probabilities exp(s - lse) and delta =
     sum(dout * out) are those of the softmax with sinks, and dq, dk and dv need nothing more."""
     xp = p.xp
-    buffer_grads = None
+    buffer_grads = sink_terms = None
     if p.is_empty:
         grads = tuple(xp.zeros(x.shape, p.dtype) for x in (q, k, v))
     elif xp is numpy:
@@ -60,11 +60,12 @@ def backward(p: Problem, dout: Array, q: Array, k: Array, v: Array, out: Array, 
     else:
         from . import _cuda
 
-        grads = _cuda.backward(p, dout, q, k, v, out, lse, deterministic)
-        grads, buffer_grads = grads[:3], (grads[3] if len(grads) > 3 else None)
+        grads, sink_terms, buffer_grads = _cuda.backward(p, dout, q, k, v, out, lse, deterministic)
     grads = tuple(grads)
     if p.sinks is not None:
-        grads += (_merge.sink_gradient(xp, dout, out, lse, p.sinks, p.varlen),)
+        # The GPU's bwd_delta writes the sinks' per-row terms beside delta; otherwise they are formed here.
+        grads += (_merge.sink_gradient(xp, dout, out, lse, p.sinks, p.varlen) if sink_terms is None
+                  else _merge.sink_gradient_from_terms(sink_terms, p.varlen),)
     if p.user_buffers is not None:
         grads += (_buffer_gradients(xp, p.user_buffers, buffer_grads),)
     return grads

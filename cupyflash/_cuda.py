@@ -8,7 +8,7 @@ import dataclasses
 import cupy
 import numpy
 
-from . import _families, _plan
+from . import _families, _plan, _problem
 from ._families import common
 from ._problem import acc_dtype, lse_dtype
 
@@ -70,8 +70,10 @@ def backward_plan(p, dout, q, k, v, out, lse, deterministic, alibi_slopes=None, 
     """The plan of the backward of problem ``p`` (see :func:`forward_plan`). Its run takes ``(dout, q, k,
     v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None, *user_buffers, *user_grads)`` (the
     score_mod's buffers, then their zeroed gradient accumulators of :func:`buffer_gradients`, which it
-    adds into, or with ``deterministic`` writes from exact sums) and returns ``(dq, dk, dv)``; lse may
-    be float32 or float64 (the plan converts it to the precision of the forward's)."""
+    adds into, or with ``deterministic`` writes from exact sums) and returns ``(dq, dk, dv)``, then with
+    sinks (once NEW_KERNELS_ENABLED) their gradient's per-row terms, which bwd_delta writes
+    (_merge.sink_gradient_from_terms sums them); lse may be float32 or float64 (the plan converts it to the
+    precision of the forward's)."""
     device = common.current_device()
     b = _plan.PlanBuilder()
     operands = tuple(b.input(*common.readable(x)) for x in (dout, q, k, v, out))
@@ -93,6 +95,10 @@ def backward_plan(p, dout, q, k, v, out, lse, deterministic, alibi_slopes=None, 
         else:
             ps = dataclasses.replace(ps, user_grads=grad_slots)
     dout_s, q_s, k_s, v_s, out_s = operands
+    terms = None
+    if p.sinks is not None and _problem.NEW_KERNELS_ENABLED and _launchable(p):
+        terms = b.output(p.lse_shape, dtype)
+        ps = dataclasses.replace(ps, sink_terms=terms)
     if _launchable(p):
         family, variant = _families.select(_families.BACKWARD, ps, device, (q_s, k_s, v_s, dout_s))
         grads = family.plan(b, variant, ps, dout_s, q_s, k_s, v_s, out_s, lse_slot, deterministic, device)
@@ -102,7 +108,7 @@ def backward_plan(p, dout, q, k, v, out, lse, deterministic, alibi_slopes=None, 
     else:
         grads = tuple(b.output(x.shape, p.dtype) for x in (q_s, k_s, v_s))
     common.plan_varlen_check(b, ps, q_s, k_s, v_s, *grads)
-    return b.build(grads)
+    return b.build(tuple(grads) + ((terms,) if terms is not None else ()))
 
 
 def forward(p, q, k, v, max_score=False):
@@ -115,11 +121,12 @@ def forward(p, q, k, v, max_score=False):
 
 
 def backward(p, dout, q, k, v, out, lse, deterministic):
-    """``(dq, dk, dv)`` of a validated, non-empty problem, then with score_mod buffers the list of their
-    gradients in the accumulation dtype (None for int and bool buffers)."""
+    """``((dq, dk, dv), sink_terms, buffer_grads)`` of a validated, non-empty problem: the sinks' per-row
+    gradient terms where bwd_delta wrote them (:func:`backward_plan`), else None; with score_mod buffers
+    the list of their gradients in the accumulation dtype (None for int and bool buffers), else None."""
     buffers, grads = p.user_buffers or (), buffer_gradients(p)
     plan = backward_plan(p, dout, q, k, v, out, lse, deterministic, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k,
                          buffers, grads)
     results = tuple(plan(dout, q, k, v, out, lse, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k, None, *buffers,
                          *grads))
-    return results + ((list(grads),) if p.user_buffers is not None else ())
+    return results[:3], results[3] if len(results) > 3 else None, list(grads) if p.user_buffers is not None else None

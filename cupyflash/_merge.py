@@ -86,6 +86,11 @@ def sink_gradient(xp, dout, out, lse, sinks, packed):
     # lse is -inf only in a row that saw no key beside a sink of -inf: its sink has probability 0.
     unseen = xp.isneginf(lse)
     weight = xp.where(unseen, acc.type(0), xp.exp(_sink_rows(sinks, acc, packed) - xp.where(unseen, acc.type(0), lse)))
-    terms = weight * delta
+    return sink_gradient_from_terms(weight * delta, packed)
+
+
+def sink_gradient_from_terms(terms, packed):
+    """d loss / d sinks from the per-row terms exp(sinks[h] - lse) * delta (lse's layout: (batch, heads,
+    seqlen_q), or (heads, total_q) packed): minus their sum per head, in a fixed order, float32 (heads,)."""
     total = terms.sum(axis=-1) if packed else terms.sum(axis=(0, 2))
     return (-total).astype(numpy.float32)

@@ -96,6 +96,7 @@ class Problem:
     dropout_offset: int = 0
     batch_start: int = 0  # dropout's batch index of this problem's first entry (a packed sequence's index)
     max_score: object = None  # CUDA plans: the slot of the maximum score's (batch, heads) images, or None
+    sink_terms: object = None  # CUDA backward plans: the slot of the sinks' per-row gradient terms (lse's shape), or None
     user_score: object = None  # a traced score_mod (cupyflash/_trace.py's Traced), or None
     user_buffers: object = None  # its buffers (a tuple of arrays of q's kind) when given, else None
     user_grads: object = None  # CUDA backward plans: the slots of the buffers' gradient accumulators (None each for

@@ -229,7 +229,8 @@ def bwd_args(b, p, dout, q, k, v, out, lse, delta, dq, dk, dv, lists, dq_fields=
     # The backward streams dO with cp.async too.
     args[0] = (attn(p, q, k, v, lists, vec=vec_loads(q, k, v, dout)),
                *(_params.tensor(x, batched) for x in (out, dout, dq, dk, dv)),
-               _params.rows(lse, *strides), _params.rows(delta, *strides), *dq_fields, 1, 0, mod_grads(p))
+               _params.rows(lse, *strides), _params.rows(delta, *strides), *dq_fields, 1, 0, mod_grads(p),
+               _params.pointer(p.sink_terms))
     return args
 
 
@@ -272,7 +273,8 @@ def int32_arg(b, value):
 
 def plan_delta(b, p, args):
     """delta = rowsum(dO * O) into args' delta (and, where args hold them, the dQ buffers and turn
-    counters zeroed): a warp per ROW_RUN rows, a power-of-two group of lanes per row, 16 bytes each."""
+    counters zeroed, and the sinks' per-row terms written): a warp per ROW_RUN rows, a power-of-two group
+    of lanes per row, 16 bytes each."""
     per_lane = 16 // p.dtype.itemsize
     lanes = 1
     while lanes < 32 and per_lane * lanes < p.headdim_v:

@@ -3,10 +3,12 @@
 // bytes and little else, so what sets their speed is how many loads each lane keeps in flight:
 //   bwd_delta       delta = rowsum(dO * O), the first kernel of every backward; for the tensor-core
 //                   families it also zeroes the float32 dQ buffers and the turn counters of the ordered
-//                   sum, so a backward call needs no memset of its own;
+//                   sum, so a backward call needs no memset of its own; with sinks it writes each row's
+//                   term of their gradient;
 //   bwd_dq_convert  dQ = softmax_scale * (the sum of the dQ buffers), rounded to T: the last kernel of the
 //                   tensor-core families' backward.
 #include "common/dtypes.cuh"
+#include "common/math.cuh"
 #include "common/params.cuh"
 #include "common/sequence.cuh"
 
@@ -43,6 +45,12 @@ struct RowRun {
 // the run's dq_ld floats per row of each of the dq_splits buffers are zeroed (a run's rows are
 // contiguous there: 16-byte stores where dq_ld and the split stride are multiples of 4, as on the
 // Hopper path, else 8-byte, dq_ld being even), and where args.dq_turns is set, the turn counters.
+// Where args.sink_terms is set (sinks), row r's term of d loss / d sinks[h] is written beside delta:
+// the sink's probability exp(sink - lse_r) times delta_r (0 where lse is -inf: a row that saw no key
+// beside a sink of -inf), the difference in lse's type and the rest in the accumulators' (float32's
+// double exp is a called routine whose frame spilled), stored in lse's type; the host sums them per head
+// in a fixed order (deterministic) and negates the sum (cupyflash/_merge.py's sink_gradient, the same
+// arithmetic, without re-reading dO and O).
 constexpr int kDeltaSteps = 4;
 
 template <typename T>
@@ -105,6 +113,19 @@ bwd_delta(const CUPYFLASH_GRID_CONSTANT BwdArgs args, int lanes, int run_rows) {
                 for (int offset = lanes / 2; offset > 0; offset /= 2) acc[k] += __shfl_xor_sync(0xffffffffu, acc[k], offset);
                 const int s = s0 + k * step_rows + group;
                 if (s < end && lane == 0) delta[s] = acc[k];
+            }
+        }
+        if (args.sink_terms != nullptr) {
+            // The run's sink terms, a lane per row, from the delta values the warp has just written.
+            using L = lse_t<T>;
+            __syncwarp();
+            L* const terms = static_cast<L*>(args.sink_terms) + rows_index(args.delta, b, h, 0);
+            const L* const lse = static_cast<const L*>(args.lse.ptr) + rows_index(args.lse, b, h, 0);
+            const L sink = static_cast<L>(attention_sink(a, static_cast<int>(h)));
+            for (int s = run.s0 + static_cast<int>(threadIdx.x % 32); s < end; s += 32) {
+                const L row_lse = lse[s];
+                const Acc weight = row_lse == Consts<L>::neg_inf() ? Acc(0) : exp_acc(static_cast<Acc>(sink - row_lse));
+                terms[s] = static_cast<L>(weight * delta[s]);
             }
         }
         if (accum != nullptr) {

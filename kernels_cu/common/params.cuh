@@ -103,6 +103,7 @@ struct BwdArgs {
     int tile_group;              // sm90: (batch entry, kv head) pairs whose key tiles launch in turn (scheduler.cuh)
     int tail_pairs;              // sm90: the last pairs, whose key tiles launch in turn after the others' (0: tile_group)
     ModGrads score_grads;        // accumulators of the score_mod buffers' gradients (zeroed before the launch)
+    void* sink_terms;            // sinks: bwd_delta's exp(sink - lse) * delta per row (lse_t, delta's layout); null: none
 };
 
 // Attention of queries to a KV cache (kvcache/kvcache.cu). attn.q holds the queries: kvc_append reads them
