@@ -418,6 +418,23 @@ def test_user_function_variants_compile_without_spills(compiled):
         common.MASK_MOD_BLOCKS.variant()
 
 
+def test_kernels_of_older_gpus_compile_for_sm75():
+    """The kernels that serve GPUs older than sm_80 (the general family, the row, check, dropout, rotary and
+    maximum-score kernels, the KV cache's general path) compile for sm_75: their headers must not use
+    sm_80's instructions (__reduce_max_sync, cp.async). Plain variants, float32 and bfloat16."""
+    tensor_cores = {sm80.FWD, sm80.BWD, sm80.FWD_FP32, sm80.FWD_FP64, sm80.BWD_FP32, sm80.BWD_FP64, sm80.PLANES,
+                    kvcache_device.DECODE}
+    selected = [v for v in _families.VARIANTS if v.kernel.arch is None and v.kernel not in tensor_cores
+                and not any(v.flags) and v.dtype in (None, "float32", "bfloat16")]
+    by_file = {}
+    for v in selected:
+        by_file.setdefault(v.source_file, []).append(v)
+    assert {"general/fwd.cu", "general/bwd.cu", "kvcache/kvcache.cu", "common/max_score.cu"} <= set(by_file)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(os.sched_getaffinity(0)) or 2) as pool:
+        reports = list(pool.map(lambda vs: _report(vs, 75), by_file.values()))
+    assert sum(len(r) for r in reports) == len(selected)
+
+
 def test_every_kernel_and_dtype_is_built():
     """The suite's selection still builds every kernel of every dtype, every flag of every kernel (the
     maximum score's beside score_mod, the others in every combination), every tile or (a fallback

@@ -187,8 +187,6 @@ _MAX_SCORE_PROGRAM = r"""
 inline int __float_as_int(float x) { int i; std::memcpy(&i, &x, 4); return i; }
 inline float __int_as_float(int i) { float x; std::memcpy(&x, &i, 4); return x; }
 inline unsigned atomicMax(unsigned* slot, unsigned x) { unsigned old = *slot; *slot = old > x ? old : x; return old; }
-inline unsigned __reduce_max_sync(unsigned, unsigned x) { return x; }  // one thread: its own value
-static struct { unsigned x, y, z; } threadIdx;
 #include "common/max_score.cuh"
 int main(int argc, char** argv) {
     for (int k = 1; k < argc; ++k) {

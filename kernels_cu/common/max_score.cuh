@@ -31,11 +31,4 @@ __device__ __forceinline__ void record_max_score(unsigned* slot, float score) {
     if (image != 0u) atomicMax(slot, image);
 }
 
-// Raises the (batch entry, head) maximum at `slot` to the largest of a warp's images (max_score_image; 0:
-// none): one atomic per warp, whose every lane calls this.
-__device__ __forceinline__ void record_max_score_warp(unsigned* slot, unsigned image) {
-    image = __reduce_max_sync(0xffffffffu, image);
-    if (threadIdx.x % 32 == 0 && image != 0u) atomicMax(slot, image);
-}
-
 }  // namespace cupyflash

@@ -189,7 +189,10 @@ __device__ __forceinline__ void record_row_max_scores(const FwdArgs& args, const
             }
         }
     }
-    record_max_score_warp(args.max_score + static_cast<long long>(b) * args.attn.heads + h, image);
+    // One atomic per warp (__reduce_max_sync: sm_80 on, as every kernel of this header; the general
+    // kernels, built for older GPUs too, record per row).
+    image = __reduce_max_sync(0xffffffffu, image);
+    if (threadIdx.x % 32 == 0 && image != 0u) atomicMax(args.max_score + static_cast<long long>(b) * args.attn.heads + h, image);
 }
 
 // The forward's epilogue from the registers: out and lse of the rows row0 + 16 mt + g + 8 r, and their
