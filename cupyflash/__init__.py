@@ -23,6 +23,7 @@ from ._api import (
 )
 from ._block_mask import BlockMask
 from ._dropout import dropout_mask
+from ._fp8 import quantize_fp8
 from ._problem import SUPPORTED_DTYPES
 from ._ring import VirtualRing, zigzag_shard, zigzag_unshard
 
@@ -44,6 +45,7 @@ __all__ = [
     "merge_attention_states",
     "merge_attention_states_stacked",
     "mods",
+    "quantize_fp8",
     "reference",
     "ring_flash_attention",
     "ring_flash_attention_backward",

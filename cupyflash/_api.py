@@ -149,6 +149,16 @@ _MAX_SCORE_DOC = """
         where the head sees no key (QK-clip reads it). NumPy arrays only in this version
         (NotImplementedError for CuPy arrays)."""
 
+_FP8_DOC = """
+    q_descale, k_descale, v_descale : float32 arrays of q's kind, or None, keyword-only
+        Only with q, k and v of dtype ``ml_dtypes.float8_e4m3fn`` (FP8, forward only): real value = stored
+        value x descale (FlashAttention-3's convention; :func:`cupyflash.quantize_fp8` makes both), shape
+        (batch, heads_k), q_descale also (batch, heads); None means 1.
+    out_dtype : dtype, keyword-only
+        FP8 inputs: out's dtype, bfloat16 (default) or float16; lse is float32. The attention is that of
+        the dequantized inputs, its probabilities rounded to e4m3 for their product with v (as the FP8
+        tensor cores take them). NumPy arrays only in this version."""
+
 _SCORE_MOD_DOC = """
     score_mod : callable or None, keyword-only
         ``score_mod(score, b, h, q_idx, kv_idx, *buffers)``: the score the softmax sees, from the scaled
@@ -168,12 +178,13 @@ _NOTES_DOC = """
     A NaN (or an inf that makes one) in q or k reaches exactly the rows that see it."""
 
 
-def _plain(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score=False, score_mod=None):
-    """Whether a call leaves sinks, dropout, the maximum score and score_mod at their defaults: only such
-    calls have plans (the others take the checked path every call)."""
+def _plain(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score=False, score_mod=None, *fp8):
+    """Whether a call leaves sinks, dropout, the maximum score, score_mod and the FP8 arguments (``fp8``:
+    the descales and out_dtype) at their defaults: only such calls have plans (the others take the
+    checked path every call)."""
     return (sinks is None and dropout_p.__class__ is float and dropout_p == 0.0 and dropout_seed is None
             and dropout_offset.__class__ is int and dropout_offset == 0 and return_max_score is False
-            and score_mod is None)
+            and score_mod is None and all(x is None for x in fp8))
 
 
 def _results(out, lse, max_score, return_lse, return_max_score):
@@ -217,17 +228,18 @@ def flash_attention(q: Array, k: Array, v: Array, *, causal: bool = False, softm
                     precision: str = "highest", sinks: Optional[Array] = None, dropout_p: float = 0.0,
                     dropout_seed: Optional[int] = None, dropout_offset: int = 0,
                     score_mod: Optional[Callable] = None, score_mod_buffers: Optional[Sequence[Array]] = None,
-                    return_max_score: bool = False) -> Union[Array, Tuple[Array, ...]]:
+                    return_max_score: bool = False, q_descale: Optional[Array] = None, k_descale: Optional[Array] = None,
+                    v_descale: Optional[Array] = None, out_dtype=None) -> Union[Array, Tuple[Array, ...]]:
     """Exact attention ``softmax(softmax_scale * q k^T) v``, tiled so no score matrix is stored.
 
     Parameters
     ----------{shapes}{mask}{block_mask}
     return_lse : bool, keyword-only
-        Also return the log-sum-exp needed by :func:`flash_attention_backward`.{precision}{training}{score_mod}{max_score}
+        Also return the log-sum-exp needed by :func:`flash_attention_backward`.{precision}{training}{score_mod}{max_score}{fp8}
 
     Returns
     -------
-    out : array of q's kind and dtype, shape (batch, seqlen_q, heads, headdim_v)
+    out : array of q's kind and dtype (out_dtype for FP8 inputs), shape (batch, seqlen_q, heads, headdim_v)
         A row that sees no key (causal with seqlen_q > seqlen_k, a window or block mask that hides every
         key, or seqlen_k == 0) is 0, never NaN.{lse}
     max_score : float32 array, shape (batch, heads)
@@ -236,7 +248,8 @@ def flash_attention(q: Array, k: Array, v: Array, *, causal: bool = False, softm
     Notes
     -----{notes}
     """
-    plain = _plain(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score, score_mod)
+    plain = _plain(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score, score_mod, q_descale, k_descale,
+                   v_descale, out_dtype)
     key = None if not plain else _keys.forward(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes,
                                                block_mask, return_lse, precision)
     plan = PLANS.get(key)
@@ -247,8 +260,9 @@ def flash_attention(q: Array, k: Array, v: Array, *, causal: bool = False, softm
     p = _problem.forward_problem(q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window_size,
                                  softcap=softcap, alibi_slopes=alibi_slopes, block_mask=block_mask, precision=precision,
                                  sinks=sinks, dropout_p=dropout_p, dropout_seed=dropout_seed,
-                                 dropout_offset=dropout_offset,
-        score_mod=score_mod, score_mod_buffers=score_mod_buffers)
+                                 dropout_offset=dropout_offset, score_mod=score_mod,
+                                 score_mod_buffers=score_mod_buffers, q_descale=q_descale, k_descale=k_descale,
+                                 v_descale=v_descale, out_dtype=out_dtype)
     return_lse = _problem.check_flag("return_lse", return_lse)
     return_max_score = _problem.check_max_score(return_max_score, p.xp)
     return _forward(key, p, q, k, v, return_lse, alibi_slopes, return_max_score=return_max_score)
@@ -322,6 +336,7 @@ def flash_attention_vjp(q: Array, k: Array, v: Array, *, causal: bool = False, s
         ``score_mod_buffers``; keeps q, k, v, out and
         lse alive until it is released.
     """
+    _problem.refuse_fp8_backward(q)
     deterministic = _problem.check_flag("deterministic", deterministic)
     options = {"causal": causal, "softmax_scale": softmax_scale, "window_size": window_size, "softcap": softcap,
                "alibi_slopes": alibi_slopes, "block_mask": block_mask, "precision": precision, "sinks": sinks,
@@ -342,7 +357,9 @@ def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
                            precision: str = "highest", sinks: Optional[Array] = None, dropout_p: float = 0.0,
                            dropout_seed: Optional[int] = None, dropout_offset: int = 0,
                            score_mod: Optional[Callable] = None, score_mod_buffers: Optional[Sequence[Array]] = None,
-                           return_max_score: bool = False) -> Union[Array, Tuple[Array, ...]]:
+                           return_max_score: bool = False, q_descale: Optional[Array] = None,
+                           k_descale: Optional[Array] = None, v_descale: Optional[Array] = None,
+                           out_dtype=None) -> Union[Array, Tuple[Array, ...]]:
     """:func:`flash_attention` over a batch of sequences of different lengths, packed without padding.
 
     Every sequence is its own problem: masks, windows and ALiBi distances are aligned to its own
@@ -353,11 +370,12 @@ def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
         For ALiBi, ``alibi_slopes`` of shape (batch, heads) gives each sequence its row.
     return_lse : bool, keyword-only
         Also return the log-sum-exp needed by :func:`flash_attention_varlen_backward`.{precision}{training}{score_mod}
-        For dropout, the batch index of sequence b is b, and i and j count from its first row.{max_score}
+        For dropout, the batch index of sequence b is b, and i and j count from its first row.{max_score}{fp8}
+        Here the descales' batch axis is the sequence's index.
 
     Returns
     -------
-    out : array of q's kind and dtype, shape (total_q, heads, headdim_v)
+    out : array of q's kind and dtype (out_dtype for FP8 inputs), shape (total_q, heads, headdim_v)
         Rows that see no key are 0.
     lse : array, shape (heads, total_q)
         Only with ``return_lse=True``; as in :func:`flash_attention`.
@@ -367,7 +385,8 @@ def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
     Notes
     -----{notes}
     """
-    plain = _plain(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score, score_mod)
+    plain = _plain(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score, score_mod, q_descale, k_descale,
+                   v_descale, out_dtype)
     key = None if not plain else _keys.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                       causal, softmax_scale, window_size, softcap, alibi_slopes,
                                                       return_lse, precision)
@@ -382,7 +401,8 @@ def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
                                         window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                                         precision=precision, sinks=sinks, dropout_p=dropout_p,
                                         dropout_seed=dropout_seed, dropout_offset=dropout_offset,
-        score_mod=score_mod, score_mod_buffers=score_mod_buffers)
+                                        score_mod=score_mod, score_mod_buffers=score_mod_buffers, q_descale=q_descale,
+                                        k_descale=k_descale, v_descale=v_descale, out_dtype=out_dtype)
     return_lse = _problem.check_flag("return_lse", return_lse)
     return_max_score = _problem.check_max_score(return_max_score, p.xp)
     return _forward(key, p, q, k, v, return_lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, return_max_score)
@@ -458,6 +478,7 @@ def flash_attention_varlen_vjp(q: Array, k: Array, v: Array, cu_seqlens_q: Array
         ``score_mod_buffers``; keeps the inputs, out and
         lse alive until it is released.
     """
+    _problem.refuse_fp8_backward(q)
     deterministic = _problem.check_flag("deterministic", deterministic)
     options = {"max_seqlen_q": max_seqlen_q, "max_seqlen_k": max_seqlen_k, "causal": causal, "softmax_scale": softmax_scale,
                "window_size": window_size, "softcap": softcap, "alibi_slopes": alibi_slopes, "precision": precision,
@@ -483,6 +504,7 @@ _DOCS = {
     "{training}": _TRAINING_DOC,
     "{score_mod}": _SCORE_MOD_DOC,
     "{max_score}": _MAX_SCORE_DOC,
+    "{fp8}": _FP8_DOC,
     "{notes}": _NOTES_DOC,
 }
 for _function in (flash_attention, flash_attention_backward, flash_attention_vjp, flash_attention_varlen,

@@ -28,7 +28,7 @@ def forward(p: Problem, q: Array, k: Array, v: Array, max_score: bool = False) -
     xp = p.xp
     fused = False
     if p.is_empty:
-        results = xp.zeros(p.out_shape, dtype=p.dtype), xp.full(p.lse_shape, -numpy.inf, dtype=lse_dtype(p.dtype))
+        results = xp.zeros(p.out_shape, dtype=p.output_dtype), xp.full(p.lse_shape, -numpy.inf, dtype=lse_dtype(p.dtype))
         if max_score:
             results += (xp.full((p.batch, p.heads), -numpy.inf, dtype=numpy.float32),)
     elif xp is numpy:

@@ -19,7 +19,7 @@ import dataclasses
 
 import numpy as np
 
-from . import _dropout, _trace
+from . import _dropout, _fp8, _trace
 from ._policy import Window, layout_cells, modify_scores, tiles_of
 from ._problem import acc_dtype, lse_dtype
 
@@ -254,9 +254,11 @@ def _per_sequence(p, run, arrays, out_like):
         if p.alibi_slopes is not None:
             slopes = np.asarray(p.alibi_slopes)
             slopes = slopes[b] if slopes.ndim == 2 else slopes
+        descales = {name: None if getattr(p, name) is None else getattr(p, name)[b:b + 1]
+                    for name in ("q_descale", "k_descale", "v_descale")}  # FP8: the sequence's row
         sub = dataclasses.replace(
             p, batch=1, seqlen_q=int(cu_q[b + 1] - cu_q[b]), seqlen_k=int(cu_k[b + 1] - cu_k[b]), alibi_slopes=slopes,
-            cu_seqlens_q=None, cu_seqlens_k=None, total_q=0, total_k=0, batch_start=b,
+            cu_seqlens_q=None, cu_seqlens_k=None, total_q=0, total_k=0, batch_start=b, **descales,
         )
         if sub.seqlen_q == 0:
             continue
@@ -296,7 +298,7 @@ def forward(q, k, v, p, block_m=64, block_n=64, max_score=False):
         (-inf where none; NaN where a score is NaN).
     """
     if p.varlen:
-        results = (("q", p.out_shape, p.dtype), ("lse", p.lse_shape, lse_dtype(p.dtype)))
+        results = (("q", p.out_shape, p.output_dtype), ("lse", p.lse_shape, lse_dtype(p.dtype)))
         if max_score:
             results += (("batch", (p.batch, p.heads), np.float32),)
         return tuple(_per_sequence(
@@ -305,6 +307,10 @@ def forward(q, k, v, p, block_m=64, block_n=64, max_score=False):
         ))
     acc = acc_dtype(q.dtype)
     lse_dt = lse_dtype(q.dtype)
+    fp8 = q.dtype == _fp8.E4M3
+    if fp8:
+        # The dequantized inputs, float32 (stored value x descale, each product rounded once).
+        q, k, v = (_fp8.dequantize(np, x, d, p.heads_k) for x, d in ((q, p.q_descale), (k, p.k_descale), (v, p.v_descale)))
     qh = _split_heads(q, p.heads_k, acc)
     kh = _kv_heads(k, acc)
     vh = _kv_heads(v, acc)
@@ -335,6 +341,8 @@ def forward(q, k, v, p, block_m=64, block_n=64, max_score=False):
             l_i = l_i * alpha + e.sum(axis=-1)  # lse is the softmax's before dropout
             if masking.dropout is not None:
                 e = e * masking.dropout.factor(m0, m1, n0, n1)
+            if fp8:  # the FP8 tensor cores take P as e4m3 (the sum above keeps its float32 values)
+                e = e.astype(_fp8.E4M3).astype(acc)
             acc_o = acc_o * alpha[..., None] + np.matmul(e, vh[..., n0:n1, :])
             m_i = m_new
         top = np.maximum(top, m_i.max(axis=-1, initial=-np.inf))
@@ -346,7 +354,7 @@ def forward(q, k, v, p, block_m=64, block_n=64, max_score=False):
         # lse = ln(sum_j exp(s_j)) = m + ln(l), exactly m when one key dominates, evaluated in the lse
         # dtype (float64 for float32 inputs, as the kernels do: see _problem.lse_dtype).
         lse[..., m0:m1] = np.where(seen, m_i.astype(lse_dt) + np.log(l_safe.astype(lse_dt)), -np.inf)
-    results = _merge_heads(out, q.dtype), lse.reshape(batch, heads_k * group, seqlen_q)
+    results = _merge_heads(out, p.output_dtype), lse.reshape(batch, heads_k * group, seqlen_q)
     if max_score:
         results += (top.reshape(batch, heads_k * group).astype(np.float32),)
     return results

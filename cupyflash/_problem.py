@@ -15,6 +15,8 @@ import numbers
 import ml_dtypes
 import numpy
 
+from . import _fp8
+
 #: Supported input dtypes by name; outputs keep the input dtype.
 SUPPORTED_DTYPES = {
     "float16": numpy.dtype(numpy.float16),
@@ -91,6 +93,10 @@ class Problem:
     precision: str = "highest"  # PRECISIONS; "tf32" only for float32
     seqused_k: object = None  # dense batches only: int32 (batch,) keys each entry uses (<= seqlen_k), or None
     sinks: object = None  # float32 (heads,) of q's kind: a logit in every softmax denominator, or None
+    out_dtype: object = None  # float8_e4m3fn inputs: the outputs' dtype (bfloat16 or float16); else None (dtype)
+    q_descale: object = None  # float8_e4m3fn inputs: float32 (batch, heads_k) or (batch, heads) real / stored, or None
+    k_descale: object = None  # float32 (batch, heads_k), or None (1)
+    v_descale: object = None
     dropout_p: float = 0.0  # probabilities dropped with this chance (cupyflash/_dropout.py), 0 for none
     dropout_seed: int = 0
     dropout_offset: int = 0
@@ -125,6 +131,11 @@ class Problem:
     @property
     def dropout(self):
         return self.dropout_p != 0.0
+
+    @property
+    def output_dtype(self):
+        """The dtype of out: the inputs', or out_dtype for float8_e4m3fn inputs."""
+        return self.dtype if self.out_dtype is None else self.out_dtype
 
     @property
     def out_shape(self):
@@ -187,10 +198,15 @@ def arrays(**named):
     return out
 
 
-def check_dtypes(named, dtype_of="q"):
+def check_dtypes(named, dtype_of="q", fp8=False):
+    """The arrays' one dtype, of SUPPORTED_DTYPES (or float8_e4m3fn with ``fp8``: the forwards)."""
     reference = named[dtype_of].dtype
-    if reference not in SUPPORTED_DTYPES.values():
-        raise TypeError(f"{dtype_of} has dtype {reference}; expected {_SUPPORTED_TEXT}")
+    if reference == _fp8.E4M3 and not fp8:
+        raise TypeError(f"{dtype_of} has dtype float8_e4m3fn, which flash_attention and flash_attention_varlen take; "
+                        f"here expected {_SUPPORTED_TEXT}")
+    if reference not in SUPPORTED_DTYPES.values() and not (fp8 and reference == _fp8.E4M3):
+        raise TypeError(f"{dtype_of} has dtype {reference}; expected {_SUPPORTED_TEXT}"
+                        + (" or float8_e4m3fn" if fp8 else ""))
     for name, array in named.items():
         if array.dtype != reference:
             raise TypeError(f"{name} has dtype {array.dtype}, but {dtype_of} has dtype {reference}; they must match")
@@ -354,6 +370,49 @@ def check_sinks(sinks, xp, heads):
     return xp.ascontiguousarray(sinks)
 
 
+#: The outputs' dtypes of float8_e4m3fn inputs (bfloat16 the default), by name.
+FP8_OUT_DTYPES = {"bfloat16": numpy.dtype(ml_dtypes.bfloat16), "float16": numpy.dtype(numpy.float16)}
+
+
+def check_fp8(dtype, xp, batch, heads, heads_k, q_descale, k_descale, v_descale, out_dtype):
+    """The Problem fields of FP8 inputs: out_dtype and the descales (float32 arrays of q's kind, (batch,
+    heads_k), q's also (batch, heads); None means 1; NumPy ones finite). Other dtypes take none of them."""
+    named = (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale), ("out_dtype", out_dtype))
+    if dtype != _fp8.E4M3:
+        given = [name for name, x in named if x is not None]
+        if given:
+            raise ValueError(f"{given[0]} applies to float8_e4m3fn inputs; q has dtype {dtype}")
+        return {}
+    try:
+        out = FP8_OUT_DTYPES["bfloat16"] if out_dtype is None else numpy.dtype(out_dtype)
+    except TypeError:
+        raise TypeError(f"out_dtype must be a dtype (bfloat16 or float16), got {out_dtype!r}") from None
+    if out not in FP8_OUT_DTYPES.values():
+        raise ValueError(f"out_dtype must be bfloat16 or float16 for float8_e4m3fn inputs, got {out}")
+    fields = {"out_dtype": out}
+    for name, x in named[:3]:
+        if x is None:
+            fields[name] = None
+            continue
+        x = _float32_of_kind(name, x, xp)
+        shapes = ((batch, heads_k), (batch, heads)) if name == "q_descale" else ((batch, heads_k),)
+        if x.shape not in shapes:
+            expected = " or ".join(str(s) for s in dict.fromkeys(shapes))
+            raise ValueError(f"{name} must have shape {expected} (batch, heads{'_k' if len(shapes) == 1 else ''}), "
+                             f"got {x.shape}")
+        if xp is numpy and not numpy.isfinite(x).all():
+            bad = numpy.argwhere(~numpy.isfinite(x))[0]
+            raise ValueError(f"{name} must be finite; got {x[tuple(bad)]} at index {tuple(int(i) for i in bad)}")
+        check_devices(xp, {name: x})
+        fields[name] = xp.ascontiguousarray(x)
+    if xp is not numpy:
+        raise NotImplementedError(
+            "float8_e4m3fn inputs run on NumPy arrays in this version: the Hopper FP8 kernel is not written yet "
+            "(README, 'FP8 inputs')"
+        )
+    return fields
+
+
 #: Elements of one score or mask function buffer: the kernels index them in 32 bits.
 _MAX_BUFFER_SIZE = 2**31 - 1
 
@@ -497,6 +556,9 @@ def _options(p, causal, window_size, softcap, alibi_slopes, block_mask, precisio
     p["precision"] = check_precision(precision, p["dtype"])
     p["sinks"] = check_sinks(sinks, p["xp"], p["heads"])
     p["dropout_p"], p["dropout_seed"], p["dropout_offset"] = check_dropout(dropout_p, dropout_seed, dropout_offset)
+    if p["dtype"] == _fp8.E4M3 and (p["dropout_p"] or score_mod is not None):
+        raise ValueError(f"{'dropout' if p['dropout_p'] else 'score_mod'} is not offered with float8_e4m3fn inputs "
+                         "(a forward without a backward: dropout trains; write the score modification in bfloat16)")
     if p["dropout_p"] and p["xp"] is not numpy and not NEW_KERNELS_ENABLED:
         raise NotImplementedError(
             "dropout runs on NumPy arrays in this version: the CUDA kernels do not draw it yet (README, "
@@ -535,11 +597,12 @@ def _heads_and_dims(q, k, v):
 
 def forward_problem(q, k, v, *, causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0,
                     alibi_slopes=None, block_mask=None, precision="highest", sinks=None, dropout_p=0.0,
-                    dropout_seed=None, dropout_offset=0, score_mod=None, score_mod_buffers=None):
+                    dropout_seed=None, dropout_offset=0, score_mod=None, score_mod_buffers=None, q_descale=None,
+                    k_descale=None, v_descale=None, out_dtype=None):
     """Check the inputs of a forward call (after :func:`arrays`) and return its :class:`Problem`."""
     named = {"q": q, "k": k, "v": v}
     xp = array_module(named)
-    dtype = check_dtypes(named)
+    dtype = check_dtypes(named, fp8=True)
     for name, array in named.items():
         check_rank(name, array, ("batch", "seqlen", "heads", "headdim"))
     batch, seqlen_q = q.shape[:2]
@@ -554,6 +617,7 @@ def forward_problem(q, k, v, *, causal=False, softmax_scale=None, window_size=(-
     check_devices(xp, named)
     p = {"xp": xp, "dtype": dtype, "batch": batch, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k, "heads": heads, "heads_k": heads_k,
          "headdim": headdim, "headdim_v": headdim_v, "softmax_scale": check_softmax_scale(softmax_scale, headdim, dtype)}
+    p.update(check_fp8(dtype, xp, batch, heads, heads_k, q_descale, k_descale, v_descale, out_dtype))
     return _options(p, causal, window_size, softcap, alibi_slopes, block_mask, precision, sinks, dropout_p,
                     dropout_seed, dropout_offset, score_mod, score_mod_buffers)
 
@@ -599,7 +663,8 @@ def _check_cu_seqlens_on_host(name, cu, total, given_max):
 def varlen_forward_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None,
                            causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            precision="highest", sinks=None, dropout_p=0.0, dropout_seed=None, dropout_offset=0,
-                           score_mod=None, score_mod_buffers=None):
+                           score_mod=None, score_mod_buffers=None, q_descale=None, k_descale=None, v_descale=None,
+                           out_dtype=None):
     """Check the inputs of a packed (varlen) forward call (after :func:`arrays`); return its :class:`Problem`.
 
     NumPy inputs, and CuPy inputs without both max_seqlen, check cu_seqlens on the host (for CuPy, one
@@ -609,7 +674,7 @@ def varlen_forward_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=
     """
     named = {"q": q, "k": k, "v": v}
     xp = array_module(named)
-    dtype = check_dtypes(named)
+    dtype = check_dtypes(named, fp8=True)
     for name, array in named.items():
         check_rank(name, array, ("total", "heads", "headdim"))
     total_q, total_k = q.shape[0], k.shape[0]
@@ -635,6 +700,7 @@ def varlen_forward_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=
     p = {"xp": xp, "dtype": dtype, "batch": batch, "seqlen_q": max_q, "seqlen_k": max_k, "heads": heads, "heads_k": heads_k,
          "headdim": headdim, "headdim_v": headdim_v, "softmax_scale": check_softmax_scale(softmax_scale, headdim, dtype),
          "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k, "total_q": total_q, "total_k": total_k, "check_on_device": on_device}
+    p.update(check_fp8(dtype, xp, batch, heads, heads_k, q_descale, k_descale, v_descale, out_dtype))
     return _options(p, causal, window_size, softcap, alibi_slopes, None, precision, sinks, dropout_p, dropout_seed,
                     dropout_offset, score_mod, score_mod_buffers)
 
@@ -659,8 +725,16 @@ def _backward_arrays(problem, dout, q, out, lse):
     check_devices(problem.xp, {"dout": dout, "out": out, "lse": lse})
 
 
+def refuse_fp8_backward(q):
+    if getattr(q, "dtype", None) == _fp8.E4M3:
+        raise TypeError("the backward of float8_e4m3fn inputs is not offered: run the forward you differentiate, "
+                        "and its backward, in bfloat16 (FP8 attention is for inference; cuDNN's FP8 backward is "
+                        "slower than its bfloat16 one where causal)")
+
+
 def backward_problem(dout, q, k, v, out, lse, **options):
     """Check the inputs of a backward call (after :func:`arrays`) and return its :class:`Problem`."""
+    refuse_fp8_backward(q)
     problem = forward_problem(q, k, v, **options)
     _backward_arrays(problem, dout, q, out, lse)
     return problem
@@ -668,6 +742,7 @@ def backward_problem(dout, q, k, v, out, lse, **options):
 
 def varlen_backward_problem(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, **options):
     """Check the inputs of a packed backward call (after :func:`arrays`) and return its :class:`Problem`."""
+    refuse_fp8_backward(q)
     problem = varlen_forward_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, **options)
     _backward_arrays(problem, dout, q, out, lse)
     return problem

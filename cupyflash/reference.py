@@ -68,7 +68,7 @@ import operator
 
 import numpy as np
 
-from . import _trace
+from . import _fp8, _trace
 
 #: Dtypes whose matrix products accumulate in float32 in the plain baseline.
 _FLOAT32_ACCUMULATED = ("float16", "bfloat16", "float32")
@@ -515,6 +515,29 @@ def _prepare(q, k, v, compute_dtype):
     return xp, store, acc, _split_heads(q, heads_k), _kv_heads(k), _kv_heads(v)
 
 
+def _fp8_inputs(q, k, v, q_descale, k_descale, v_descale, compute_dtype):
+    """FP8 (float8_e4m3fn) inputs dequantized, stored value x descale (None: 1), and the compute_dtype to
+    run them with: the oracle's float64 (exact products), or for ``compute_dtype=float8_e4m3fn`` the FP8
+    emulation's float32 (each product rounded once)."""
+    if compute_dtype is not None and np.dtype(compute_dtype) != _fp8.E4M3:
+        raise ValueError(f"FP8 inputs take compute_dtype None (the oracle) or float8_e4m3fn (the emulation), "
+                         f"got {np.dtype(compute_dtype)}")
+    xp = _array_module(q)
+    wide = np.float64 if compute_dtype is None else np.float32
+    heads_k = k.shape[2]
+
+    def dequantize(x, descale):
+        values = _fp8.e4m3_values(xp, x).astype(wide)
+        if descale is None:
+            return values
+        descale = _on_module(xp, descale).astype(wide)
+        per_head = descale if descale.shape[1] == x.shape[2] else xp.repeat(descale, x.shape[2] // heads_k, axis=1)
+        return values * per_head.reshape(x.shape[0], 1, x.shape[2], 1)
+
+    q, k, v = dequantize(q, q_descale), dequantize(k, k_descale), dequantize(v, v_descale)
+    return q, k, v, None if compute_dtype is None else np.dtype(np.float32)
+
+
 def _default_scale(softmax_scale, headdim):
     """Return ``softmax_scale``, defaulting to ``1 / sqrt(headdim)``."""
     if softmax_scale is None:
@@ -524,7 +547,8 @@ def _default_scale(softmax_scale, headdim):
 
 def attention(q, k, v, causal=False, softmax_scale=None, *, window_size=(-1, -1), softcap=0.0,
               alibi_slopes=None, block_mask=None, sinks=None, dropout_p=0.0, dropout_mask=None,
-              return_max_score=False, score_mod=None, score_mod_buffers=None, compute_dtype=None):
+              return_max_score=False, score_mod=None, score_mod_buffers=None, q_descale=None, k_descale=None,
+              v_descale=None, compute_dtype=None):
     """Naive softmax attention forward pass.
 
     Parameters
@@ -567,17 +591,25 @@ def attention(q, k, v, causal=False, softmax_scale=None, *, window_size=(-1, -1)
         accumulation precision; not with a softcap or ALiBi.
     score_mod_buffers : sequence of arrays, optional
         The arrays it indexes.
+    q_descale, k_descale, v_descale : float32 arrays, optional
+        For q, k and v of dtype ``ml_dtypes.float8_e4m3fn``: real value =
+        stored value x descale, shape (batch, heads_k) (q's also (batch,
+        heads)); None means 1.
     compute_dtype : dtype-like, optional
         ``None`` (default) computes the float64 oracle.  A floating dtype
         (float16, ``ml_dtypes.bfloat16``, float32, float64, or
         ``np.longdouble`` with NumPy) computes the plain same-precision
-        baseline described in the module docstring.
+        baseline described in the module docstring.  FP8 inputs take
+        ``ml_dtypes.float8_e4m3fn``: the FP8 baseline, which computes the
+        scores in float32 from the dequantized inputs, rounds the
+        probabilities (after the row-max subtraction, before the sum divides
+        them) to e4m3 for the product with v, and accumulates in float32.
 
     Returns
     -------
     out : array, shape (batch, seqlen_q, heads, headdim_v)
-        In float64 for the oracle, else in ``compute_dtype``.  Rows seeing
-        no key are 0.
+        In float64 for the oracle, else in ``compute_dtype`` (float32 for
+        the FP8 baseline).  Rows seeing no key are 0.
     lse : array, shape (batch, heads, seqlen_q)
         Natural-log log-sum-exp of each row's modified, masked scores (and
         sink); ``-inf`` for rows seeing no key and no sink, NaN for rows
@@ -593,6 +625,12 @@ def attention(q, k, v, causal=False, softmax_scale=None, *, window_size=(-1, -1)
         ``alibi_slopes`` or ``block_mask`` shapes that do not fit the problem.
     """
     softmax_scale = _default_scale(softmax_scale, q.shape[-1])
+    fp8 = q.dtype == _fp8.E4M3
+    emulate_fp8 = fp8 and compute_dtype is not None
+    if fp8:
+        if dropout_p:
+            raise ValueError("FP8 inputs take no dropout")
+        q, k, v, compute_dtype = _fp8_inputs(q, k, v, q_descale, k_descale, v_descale, compute_dtype)
     xp, store, acc, qh, kh, vh = _prepare(q, k, v, compute_dtype)
     rnd = _rounder(store, acc)
     user = _user_score(xp, score_mod, score_mod_buffers, softcap, alibi_slopes)
@@ -603,7 +641,13 @@ def attention(q, k, v, causal=False, softmax_scale=None, *, window_size=(-1, -1)
     factor = _dropout_factor(xp, dropout_p, dropout_mask, s.shape, acc)
     if factor is not None:
         p = rnd(p * factor)
-    out = rnd(xp.matmul(p, vh))
+    if emulate_fp8:
+        # exp(s - m) rounded to e4m3 for the product, then divided by the float32 sum.
+        m_base = xp.where(m == -np.inf, acc.type(0), m)
+        e = _fp8.e4m3_values(xp, _fp8.e4m3_bits(xp, xp.exp(s - m_base[..., None])))
+        out = xp.matmul(e, vh) / xp.where(total != 0, total, acc.type(1))[..., None]
+    else:
+        out = rnd(xp.matmul(p, vh))
     # log(0) is avoided by the substitution; the where puts -inf back.  As in
     # _probabilities, ``total != 0`` lets a NaN sum through to a NaN lse.
     seen = total != 0
@@ -766,7 +810,7 @@ def _sequence_masks(dropout_p, dropout_masks, batch):
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, softmax_scale=None, *,
                      window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None, dropout_p=0.0,
                      dropout_masks=None, return_max_score=False, score_mod=None, score_mod_buffers=None,
-                     compute_dtype=None):
+                     q_descale=None, k_descale=None, v_descale=None, compute_dtype=None):
     """Naive variable-length attention forward pass (FlashAttention-2's packed layout).
 
     Sequence ``b`` is an independent problem: queries
@@ -788,6 +832,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, softmax_
         Shared slopes, or row ``b`` for sequence ``b``.
     sinks, dropout_p, return_max_score, score_mod, score_mod_buffers
         As in :func:`attention`; the score_mod's ``b`` is the sequence index.
+    q_descale, k_descale, v_descale : float32 arrays, shape (batch, heads_k), optional
+        FP8 inputs, as in :func:`attention`: row ``b`` for sequence ``b``.
     dropout_masks : sequence of bool arrays, optional
         With ``dropout_p > 0``, sequence ``b``'s keep mask, (heads, seqlen_q_b, seqlen_k_b).
 
@@ -802,7 +848,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, softmax_
         Only with ``return_max_score``.
     """
     xp = _array_module(q)
-    store, acc = _precisions(compute_dtype)
+    store, acc = _precisions(np.float32 if q.dtype == _fp8.E4M3 and compute_dtype is not None else compute_dtype)
     sequences = _sequences(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0])
     slopes = _sequence_slopes(alibi_slopes, len(sequences))
     masks = _sequence_masks(dropout_p, dropout_masks, len(sequences))
@@ -814,7 +860,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, softmax_
             q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], causal, softmax_scale, window_size=window_size,
             softcap=softcap, alibi_slopes=sequence_slopes, sinks=sinks, dropout_p=dropout_p, dropout_mask=mask,
             return_max_score=True, score_mod=_sequence_score_mod(score_mod, b), score_mod_buffers=score_mod_buffers,
-            compute_dtype=compute_dtype,
+            compute_dtype=compute_dtype, **{name: None if d is None else d[b:b + 1] for name, d in (
+                ("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))},
         )
         out[q0:q1] = seq_out[0]
         lse[:, q0:q1] = seq_lse[0]

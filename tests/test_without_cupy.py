@@ -135,6 +135,9 @@ _EVERY_FUNCTION = textwrap.dedent("""
     check("zigzag_shard", shard(q, 0)[:, :2], q[:, :2])
     check("zigzag_unshard", cupyflash.zigzag_unshard([shard(q, r) for r in range(world)]), q)
 
+    q8, descale = cupyflash.quantize_fp8(q)
+    check("quantize_fp8", q8.astype(np.float64) * descale[:, None, :, None], q, 2.0**-4 * np.abs(q).max())
+
     public = {n for n in cupyflash.__all__ if callable(getattr(cupyflash, n)) and n != "BlockMask"}
     public |= {"BlockMask.from_dense", "BlockMask.longformer", "BlockMask.bigbird"}
     assert public <= called, f"not called: {sorted(public - called)}"

@@ -1,0 +1,213 @@
+"""FP8 (float8_e4m3fn) inputs: the e4m3 conversions against ml_dtypes, quantize_fp8, the NumPy forward of
+quantized inputs against the float64 attention of the dequantized ones (issue 25's rule: at most twice
+the error of the FP8 baseline, which rounds the probabilities to e4m3 for their product with v, plus one
+ulp of out's dtype at the largest output), and the checks of the arguments."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+from helpers import assert_within_rule, gpu_available
+
+import cupyflash
+from cupyflash import _fp8, reference
+
+E4M3 = _fp8.E4M3
+FINITE = _fp8._VALUES[np.isfinite(_fp8._VALUES)]
+
+
+def test_bits_round_to_nearest_even_as_ml_dtypes_does():
+    rng = np.random.default_rng(0)
+    grid = np.unique(FINITE)
+    x = np.concatenate([
+        (rng.standard_normal(100000) * 2.0 ** rng.integers(-14, 10, 100000)).astype(np.float32),
+        grid, (grid[1:] + grid[:-1]) / 2,  # every value, and every tie (to even)
+        np.nextafter((grid[1:] + grid[:-1]) / 2, np.float32(np.inf)).astype(np.float32),
+        np.array([0.0, -0.0, 2**-10, -(2**-10), 3 * 2**-11, 2**-6 - 2**-12, 448, 460, 463.99, 464], np.float32),
+    ]).astype(np.float32)
+    x = x[np.abs(x) <= 464]  # beyond, ml_dtypes gives NaN where the conversion saturates (next test)
+    got = _fp8.e4m3_bits(np, x)
+    np.testing.assert_array_equal(got, x.astype(E4M3).view(np.uint8))
+    assert got[x.size - 10] == 0x00 and got[x.size - 9] == 0x80  # signed zeros
+
+
+def test_bits_saturate_finite_overflow_and_keep_nan():
+    x = np.array([465, 1e6, np.inf, -500, -np.inf, np.nan, -np.nan], np.float32)
+    np.testing.assert_array_equal(_fp8.e4m3_bits(np, x), [0x7E, 0x7E, 0x7E, 0xFE, 0xFE, 0x7F, 0xFF])
+
+
+def test_values_decode_every_byte():
+    bits = np.arange(256, dtype=np.uint8)
+    want = bits.view(E4M3).astype(np.float32)
+    got = _fp8.e4m3_values(np, bits.view(E4M3))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(got[~np.isnan(got)], want[~np.isnan(want)])
+    np.testing.assert_array_equal(_fp8.e4m3_bits(np, got[~np.isnan(got)]), bits[~np.isnan(want)])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float16, np.float64])
+def test_quantize_per_head_fills_the_range(dtype):
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((2, 33, 3, 20)) * np.array([1e-3, 1.0, 300.0])[None, None, :, None]).astype(dtype)
+    x[1, :, 2] = 0  # an all-zero head: descale 1
+    x8, descale = cupyflash.quantize_fp8(x)
+    assert x8.dtype == E4M3 and x8.shape == x.shape and descale.dtype == np.float32 and descale.shape == (2, 3)
+    wide = x.astype(np.float64)
+    np.testing.assert_allclose(descale.ravel()[:5], np.abs(wide).max(axis=(1, 3)).ravel()[:5] / 448, rtol=1e-6)
+    assert descale[1, 2] == 1 and (x8.view(np.uint8)[1, :, 2] == 0).all()
+    stored = np.abs(x8.astype(np.float32))
+    assert (stored.max(axis=(1, 3)).ravel()[:5] == 448).all()
+    real = x8.astype(np.float64) * descale[:, None, :, None]
+    normal = stored >= 2**-6
+    assert (np.abs(real - wide)[normal] <= np.abs(wide)[normal] * 2**-4).all()  # half of e4m3's spacing
+    assert (np.abs(real - wide)[~normal] <= (2**-10 * descale[:, None, :, None] * np.ones_like(wide))[~normal]).all()
+
+
+def test_quantize_per_tensor_and_errors():
+    x = np.random.default_rng(2).standard_normal((2, 5, 3, 8)).astype(np.float32)
+    x8, descale = cupyflash.quantize_fp8(x, granularity="per_tensor")
+    assert (descale == np.float32(np.abs(x).max() / 448)).all() and np.abs(x8.astype(np.float32)).max() == 448
+    with pytest.raises(ValueError, match="granularity"):
+        cupyflash.quantize_fp8(x, granularity="per_row")
+    with pytest.raises(ValueError, match="rank 4"):
+        cupyflash.quantize_fp8(x[0])
+    with pytest.raises(TypeError, match="dtype int32"):
+        cupyflash.quantize_fp8(x.astype(np.int32))
+    x[0, 0, 0, 0] = np.inf
+    with pytest.raises(ValueError, match="finite"):
+        cupyflash.quantize_fp8(x)
+
+
+def _quantized(rng, b, sq, sk, h, hk, d, dv, q_per_head=False):
+    q = rng.standard_normal((b, sq, h, d)).astype(np.float32) * 2
+    k = rng.standard_normal((b, sk, hk, d)).astype(np.float32)
+    v = rng.standard_normal((b, sk, hk, dv)).astype(np.float32) * 0.5
+    q8, qd = cupyflash.quantize_fp8(q)
+    if not q_per_head:  # one scale per kv head's group of query heads (FlashAttention-3's shape)
+        qd = qd.reshape(b, hk, h // hk).max(axis=2)
+        q8 = _fp8.e4m3_bits(np, q / np.repeat(qd, h // hk, axis=1)[:, None, :, None]).view(E4M3)
+    (k8, kd), (v8, vd) = cupyflash.quantize_fp8(k), cupyflash.quantize_fp8(v)
+    return (q8, k8, v8), {"q_descale": qd, "k_descale": kd, "v_descale": vd}
+
+
+def _check(got, inputs, descales, out_dtype, **options):
+    want = reference.attention(*inputs, **descales, **options, return_max_score=True)
+    base = reference.attention(*inputs, **descales, **options, return_max_score=True, compute_dtype=E4M3)
+    out, lse, top = got
+    assert out.dtype == out_dtype and lse.dtype == np.float32 and top.dtype == np.float32
+    assert_within_rule("out", out, want[0], base[0], 2)
+    assert_within_rule("lse", lse, want[1], base[1], 2)
+    assert_within_rule("max_score", top, want[2], base[2], 2)
+
+
+@pytest.mark.parametrize("sizes, options, q_per_head, out_dtype", [
+    ((2, 77, 101, 4, 2, 64, 64), {"causal": True}, False, ml_dtypes.bfloat16),
+    ((1, 130, 130, 2, 2, 128, 128), {}, True, np.float16),
+    ((2, 33, 200, 6, 3, 40, 24), {"window_size": (30, 5), "softcap": 10.0}, False, ml_dtypes.bfloat16),
+    ((1, 64, 50, 2, 1, 256, 256), {"causal": True}, True, ml_dtypes.bfloat16),
+    ((2, 45, 70, 4, 4, 32, 32), {"alibi": True, "sinks": True}, False, ml_dtypes.bfloat16),
+    ((2, 60, 150, 2, 1, 48, 48), {"block_mask": True, "softmax_scale": 0.3}, False, np.float16),
+])
+def test_forward_of_quantized_inputs_against_the_oracle(sizes, options, q_per_head, out_dtype):
+    """Odd shapes, GQA, causal, windows, softcap, ALiBi, sinks, block masks, descales that are not 1 (per
+    kv head and per query head)."""
+    rng = np.random.default_rng(sum(sizes))
+    b, sq, sk, h, hk, d, dv = sizes
+    inputs, descales = _quantized(rng, *sizes, q_per_head=q_per_head)
+    options = dict(options)
+    if options.pop("alibi", False):
+        options["alibi_slopes"] = (2.0 ** -np.arange(1, h + 1)).astype(np.float32)
+    if options.pop("sinks", False):
+        options["sinks"] = rng.standard_normal(h).astype(np.float32)
+    if options.pop("block_mask", False):
+        layout = rng.random((b, h, -(-sq // 32), -(-sk // 32))) < 0.6
+        options["block_mask"] = cupyflash.BlockMask.from_dense(layout, (32, 32))
+    got = cupyflash.flash_attention(*inputs, **descales, **options, out_dtype=out_dtype, return_lse=True,
+                                    return_max_score=True)
+    _check(got, inputs, descales, out_dtype, **options)
+
+
+def test_varlen_and_no_descales():
+    rng = np.random.default_rng(5)
+    cu_q, cu_k = np.array([0, 40, 40, 97], np.int32), np.array([0, 30, 90, 170], np.int32)
+    q = _fp8.e4m3_bits(np, rng.standard_normal((97, 4, 64)) * 8).view(E4M3)
+    k = _fp8.e4m3_bits(np, rng.standard_normal((170, 2, 64)) * 8).view(E4M3)
+    v = _fp8.e4m3_bits(np, rng.standard_normal((170, 2, 64)) * 8).view(E4M3)
+    descales = {"k_descale": rng.uniform(0.01, 0.1, (3, 2)).astype(np.float32),
+                "q_descale": rng.uniform(0.01, 0.1, (3, 4)).astype(np.float32)}
+    got = cupyflash.flash_attention_varlen(q, k, v, cu_q, cu_k, causal=True, return_lse=True, return_max_score=True,
+                                           **descales)
+    want = reference.attention_varlen(q, k, v, cu_q, cu_k, causal=True, return_max_score=True, **descales)
+    base = reference.attention_varlen(q, k, v, cu_q, cu_k, causal=True, return_max_score=True, **descales,
+                                      compute_dtype=E4M3)
+    for name, g, w, p in zip(("out", "lse", "max_score"), got, want, base):
+        assert_within_rule(name, g, w, p, 2)
+    assert got[0].dtype == ml_dtypes.bfloat16 and (got[0][:40].astype(np.float32) != 0).any()
+    # No descales: the stored values are the real ones.
+    out = cupyflash.flash_attention(q[None, :40], k[None, :30], v[None, :30])
+    assert_within_rule("out", out, reference.attention(q[None, :40], k[None, :30], v[None, :30])[0],
+                       reference.attention(q[None, :40], k[None, :30], v[None, :30], compute_dtype=E4M3)[0], 2)
+
+
+def test_empty_problem_gives_out_dtype():
+    q = np.zeros((1, 3, 2, 8), E4M3)
+    k = np.zeros((1, 0, 2, 8), E4M3)
+    out, lse = cupyflash.flash_attention(q, k, k, out_dtype=np.float16, return_lse=True)
+    assert out.dtype == np.float16 and (out == 0).all() and (lse == -np.inf).all()
+
+
+def _fp8_qkv():
+    x = _fp8.e4m3_bits(np, np.random.default_rng(6).standard_normal((2, 9, 4, 16))).view(E4M3)
+    return x, x[:, :, :2], x[:, :, :2]
+
+
+@pytest.mark.parametrize("change, error, match", [
+    ({"k": "bf16"}, TypeError, "k has dtype bfloat16, but q has dtype float8_e4m3fn"),
+    ({"k_descale": np.ones((2, 4), np.float32)}, ValueError, r"k_descale must have shape \(2, 2\)"),
+    ({"q_descale": np.ones((2, 3), np.float32)}, ValueError, r"q_descale must have shape \(2, 2\) or \(2, 4\)"),
+    ({"v_descale": np.ones((2, 2), np.float64)}, TypeError, "v_descale has dtype float64; expected float32"),
+    ({"v_descale": np.array([[1, np.nan]] * 2, np.float32)}, ValueError, "v_descale must be finite"),
+    ({"out_dtype": np.float32}, ValueError, "out_dtype must be bfloat16 or float16"),
+    ({"out_dtype": "not a dtype"}, TypeError, "out_dtype must be a dtype"),
+    ({"dropout_p": 0.1, "dropout_seed": 1}, ValueError, "dropout is not offered with float8_e4m3fn"),
+    ({"score_mod": lambda s, b, h, i, j: s}, ValueError, "score_mod is not offered with float8_e4m3fn"),
+])
+def test_arguments_are_checked(change, error, match):
+    q, k, v = _fp8_qkv()
+    change = dict(change)
+    if change.pop("k", None) == "bf16":
+        k = k.astype(np.float32).astype(ml_dtypes.bfloat16)
+    with pytest.raises(error, match=match):
+        cupyflash.flash_attention(q, k, v, **change)
+
+
+def test_fp8_arguments_need_fp8_inputs_and_there_is_no_backward():
+    q, k, v = _fp8_qkv()
+    wide = [x.astype(np.float32) for x in (q, k, v)]
+    with pytest.raises(ValueError, match="q_descale applies to float8_e4m3fn inputs; q has dtype float32"):
+        cupyflash.flash_attention(*wide, q_descale=np.ones((2, 2), np.float32))
+    with pytest.raises(ValueError, match="out_dtype applies to float8_e4m3fn inputs"):
+        cupyflash.flash_attention(*wide, out_dtype=np.float16)
+    out, lse = cupyflash.flash_attention(q, k, v, return_lse=True)
+    with pytest.raises(TypeError, match="backward of float8_e4m3fn inputs is not offered"):
+        cupyflash.flash_attention_backward(out, q, k, v, out, lse)
+    with pytest.raises(TypeError, match="backward of float8_e4m3fn inputs is not offered"):
+        cupyflash.flash_attention_vjp(q, k, v)
+    with pytest.raises(TypeError, match="float8_e4m3fn, which flash_attention and flash_attention_varlen take"):
+        cupyflash.flash_attention_with_kvcache(q, k, v)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a GPU")
+def test_cupy_quantizes_as_numpy_does_and_refuses_the_forward():
+    """CuPy holds e4m3 arrays and quantize_fp8 runs there bit for bit as on NumPy; the forward waits for
+    the Hopper FP8 kernel."""
+    import cupy
+
+    x = np.random.default_rng(7).standard_normal((2, 50, 3, 24)).astype(np.float32) * 5
+    x8, descale = cupyflash.quantize_fp8(cupy.asarray(x))
+    want8, want_descale = cupyflash.quantize_fp8(x)
+    assert x8.dtype == E4M3
+    np.testing.assert_array_equal(x8.view(cupy.uint8).get(), want8.view(np.uint8))
+    np.testing.assert_array_equal(descale.get(), want_descale)
+    with pytest.raises(NotImplementedError, match="FP8"):
+        cupyflash.flash_attention(x8, x8, x8, q_descale=descale, k_descale=descale, v_descale=descale)
