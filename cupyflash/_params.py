@@ -48,6 +48,7 @@ ATTN_ARGS = numpy.dtype(
         ("window_left", _I32), ("window_right", _I32), ("vec_loads", _I32),
         ("sparse", BLOCK_SPARSE_ARG), ("dropout", DROPOUT_ARG), ("sinks", _PTR),
         ("score_buffers", MOD_BUFFERS), ("mask_buffers", MOD_BUFFERS),
+        ("q_descale", _PTR), ("k_descale", _PTR), ("v_descale", _PTR), ("q_descale_heads", _I32),
     ],
     align=True,
 )
@@ -74,6 +75,13 @@ KV_CACHE_ARGS = numpy.dtype(
         ("seqlen_new", _I32), ("page_size", _I32), ("cache_entries", _I32), ("num_splits", _I32),
         ("rotary_dim", _I32), ("rotary_rows", _I32), ("rotary_interleaved", _I32), ("rotary_q_at_row", _I32),
     ],
+    align=True,
+)
+
+#: TransposeValuesArgs (kernels_cu/sm90/fp8_values.cu).
+TRANSPOSE_VALUES_ARGS = numpy.dtype(
+    [("v", TENSOR_ARG), ("vt", _PTR), ("batch", _I32), ("seqlen_k", _I32), ("heads_k", _I32), ("headdim_v", _I32),
+     ("keys", _I32)],
     align=True,
 )
 
@@ -126,6 +134,7 @@ STRUCTS = {
     "FwdArgs": FWD_ARGS,
     "BwdArgs": BWD_ARGS,
     "KvCacheArgs": KV_CACHE_ARGS,
+    "TransposeValuesArgs": TRANSPOSE_VALUES_ARGS,
     "NanFill": NAN_FILL,
     "DropoutMaskArgs": DROPOUT_MASK_ARGS,
     "RotaryArgs": ROTARY_ARGS,

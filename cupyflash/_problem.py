@@ -405,12 +405,30 @@ def check_fp8(dtype, xp, batch, heads, heads_k, q_descale, k_descale, v_descale,
             raise ValueError(f"{name} must be finite; got {x[tuple(bad)]} at index {tuple(int(i) for i in bad)}")
         check_devices(xp, {name: x})
         fields[name] = xp.ascontiguousarray(x)
-    if xp is not numpy:
-        raise NotImplementedError(
-            "float8_e4m3fn inputs run on NumPy arrays in this version: the Hopper FP8 kernel is not written yet "
-            "(README, 'FP8 inputs')"
-        )
     return fields
+
+
+def check_fp8_on_the_gpu(p, operands):
+    """CuPy FP8 problems run on the Hopper FP8 kernel (kernels_cu/sm90/fwd_fp8_mainloop.cuh), once it has run
+    on a GPU (NEW_KERNELS_ENABLED): NotImplementedError naming what it does not take."""
+    if not NEW_KERNELS_ENABLED:
+        raise NotImplementedError(
+            "float8_e4m3fn inputs run on NumPy arrays in this version: the Hopper FP8 kernel is written but not yet "
+            "verified on a GPU (README, 'FP8 inputs')"
+        )
+    from ._families import common, sm90
+
+    capability = common.current_device().capability
+    limits = (
+        (capability != sm90.CAPABILITY, f"a device of compute capability {capability} (it runs on 9.0: H100, H200)"),
+        (p.varlen, "packed (varlen) batches"), (p.softcap != 0.0, "softcap"), (p.alibi_slopes is not None, "ALiBi"),
+        (p.sinks is not None, "sinks"), (max(p.headdim, p.headdim_v) > 256, "head dims above 256"),
+        (not all(sm90.tma_addressable(x, False) for x in operands),
+         "q, k or v rows that are not 16-byte aligned (make them contiguous with a head dim that is a multiple of 16)"),
+    )
+    missing = [what for failed, what in limits if failed]
+    if missing:
+        raise NotImplementedError(f"the FP8 kernel does not take {missing[0]} yet (README, 'FP8 inputs')")
 
 
 #: Elements of one score or mask function buffer: the kernels index them in 32 bits.
@@ -550,7 +568,7 @@ def check_grid(batch, seqlen_q, seqlen_k, heads, heads_k):
 
 
 def _options(p, causal, window_size, softcap, alibi_slopes, block_mask, precision, sinks, dropout_p, dropout_seed,
-             dropout_offset, score_mod=None, score_mod_buffers=None):
+             dropout_offset, score_mod=None, score_mod_buffers=None, operands=()):
     """Completes problem fields ``p`` (a dict) with the mask, the score modifications, the precision, the
     sinks and dropout."""
     p["precision"] = check_precision(precision, p["dtype"])
@@ -578,7 +596,10 @@ def _options(p, causal, window_size, softcap, alibi_slopes, block_mask, precisio
                 "a BlockMask from from_mask_mod runs on NumPy arrays in this version: its CUDA kernels are not "
                 "yet verified on a GPU (README, 'Score and mask functions')"
             )
-    return Problem(**p)
+    problem = Problem(**p)
+    if problem.dtype == _fp8.E4M3 and problem.xp is not numpy:
+        check_fp8_on_the_gpu(problem, operands)
+    return problem
 
 
 def _heads_and_dims(q, k, v):
@@ -619,7 +640,7 @@ def forward_problem(q, k, v, *, causal=False, softmax_scale=None, window_size=(-
          "headdim": headdim, "headdim_v": headdim_v, "softmax_scale": check_softmax_scale(softmax_scale, headdim, dtype)}
     p.update(check_fp8(dtype, xp, batch, heads, heads_k, q_descale, k_descale, v_descale, out_dtype))
     return _options(p, causal, window_size, softcap, alibi_slopes, block_mask, precision, sinks, dropout_p,
-                    dropout_seed, dropout_offset, score_mod, score_mod_buffers)
+                    dropout_seed, dropout_offset, score_mod, score_mod_buffers, (q, k, v))
 
 
 def _cu_seqlens(name, cu, xp, total, batch=None):
@@ -702,7 +723,7 @@ def varlen_forward_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=
          "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k, "total_q": total_q, "total_k": total_k, "check_on_device": on_device}
     p.update(check_fp8(dtype, xp, batch, heads, heads_k, q_descale, k_descale, v_descale, out_dtype))
     return _options(p, causal, window_size, softcap, alibi_slopes, None, precision, sinks, dropout_p, dropout_seed,
-                    dropout_offset, score_mod, score_mod_buffers)
+                    dropout_offset, score_mod, score_mod_buffers, (q, k, v))
 
 
 def _backward_arrays(problem, dout, q, out, lse):

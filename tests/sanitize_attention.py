@@ -9,7 +9,8 @@ Run on a GPU from the repository root:
 
 It checks no values (the GPU tests do); the sanitizer reports any access outside an allocation, or any
 shared-memory race. The sm90 and general runs include their dropout kernels and the device dropout mask,
-and the kernels built with score and mask functions; every run, the kernels that keep the maximum score.
+and the kernels built with score and mask functions, the sm90 run the FP8 forward (or "sm90:float8_e4m3fn"
+alone); every run, the kernels that keep the maximum score.
 Sizes are small so the instrumented run takes a minute or two. Arguments name the families to run
 (default: all three), or a family and one of its dtypes ("sm80:float32").
 """
@@ -117,6 +118,21 @@ def max_scores(dtype):
                                                softcap=softcap, num_splits=2, return_max_score=True)
 
 
+def fp8():
+    """The Hopper FP8 forward and its V^T pre-pass (CuPy calls take them once
+    cupyflash._problem.NEW_KERNELS_ENABLED is on): GQA, causal, a block mask, the maximum score."""
+    cupyflash._problem.NEW_KERNELS_ENABLED = True
+    q, k, v = normal((2, 77, 4, 64), numpy.float32), normal((2, 101, 2, 64), numpy.float32), normal((2, 101, 2, 64),
+                                                                                                    numpy.float32)
+    (q8, qd), (k8, kd), (v8, vd) = (cupyflash.quantize_fp8(x) for x in (q, k, v))
+    for _ in range(2):
+        cupyflash.flash_attention(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd, causal=True,
+                                  return_max_score=True)
+    layout = numpy.ones((2, 4, 1, 1), bool)
+    layout[1, 2] = False
+    cupyflash.flash_attention(q8, k8, v8, block_mask=cupyflash.BlockMask.from_dense(layout, (128, 128)))
+
+
 def functions(dtype):
     """Kernels built with score and mask functions (the Hopper 16-bit forward and backward, the general
     kernels; taken once cupyflash._problem.NEW_KERNELS_ENABLED is on): a relative bias with a table (its
@@ -155,5 +171,7 @@ for family, only in runs:
         if family in ("sm90", "general"):
             dropout(dtype)
             functions(dtype)
+    if family == "sm90" and only in (None, "float8_e4m3fn"):
+        fp8()
 cupy.cuda.Device().synchronize()
 print("sanitize_attention: done")

@@ -26,7 +26,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 SCRIPTS = ("bench", "masks", "decode", "ring", "host", "ab", "compile_time", "tiles", "mma_probe", "rotary", "training",
-           "mods")
+           "mods", "fp8")
 #: Arguments of a run that would need the GPU (ab.py needs two source trees first).
 RUN_ARGS = {"ab": ["--old", str(ROOT), "--new", str(ROOT)], "tiles": ["--tiles", "192,128,4"]}
 #: A stand-in for CuPy that cannot be imported, for the "no CuPy" runs.

@@ -85,6 +85,11 @@ SM90_MAX_SCORE_SPILL_CEILING = {
     **{(d, d, 128, mod, drop): 124 for d in (64, 96) for mod in (False, True) for drop in (False, True)},
     (128, 128, 128, False, False): 124, (128, 128, 128, False, True): 124,
 }
+#: The same for the FP8 forward (sm90_fwd_fp8), (headdim, max_score) -> bytes, measured when written
+#: (session 27): the producer's ~124 as above; at head dim 256 the consumers keep 44 (54 with the maximum
+#: score) local-memory accesses, as the 16-bit d256 kernel's score_mod consumers do.
+SM90_FP8_SPILL_CEILING = {(64, False): 124, (64, True): 124, (128, False): 124, (128, True): 124, (256, False): 300,
+                          (256, True): 340}
 #: The same for the sm90 backward's dropout variants (head dims up to 128), measured when written
 #: (session 23): the d96 and d128 consumers keep out of local memory; d64's 128-query tile, which spills
 #: without dropout too (96 and 70 consumer local accesses), takes 50 and 78.
@@ -148,7 +153,8 @@ def _archs(variant, everything=False):
         others = {f for f, on in flags.items() if on and f != "max_score"}
         largest = max(variant.kernel.tiles, key=lambda tile: tile[0])
         bench = variant.kernel is sm90.FWD and variant.param("headdim") == 128
-        if others == {"score_mod"} and variant.tile == largest or not others and bench:
+        tightest = others == {"score_mod"} or not others and "score_mod" not in variant.kernel.flags
+        if tightest and variant.tile == largest or not others and bench:
             return _archs(variant.kernel.variant(variant.dtype, variant.tile, **dict(flags, max_score=False)))
         return ()
     if variant.kernel in wide or variant.kernel in (sm90.FWD_PLANES, sm90.BWD_PLANES):
@@ -265,7 +271,8 @@ def _report(variants, arch):
     if (any(v.kernel.arch for v in variants) or decode) and _nvdisasm() is not None:
         functions = _sass_functions(cubin)
         if any(v.kernel.arch for v in variants):
-            hgmma = {v: functions.get(lowered[v], "").count("HGMMA") for v in variants}
+            # HGMMA: 16-bit products; QGMMA ... .E4M3.E4M3: FP8 ones.
+            hgmma = {v: len(re.findall(r"\bHGMMA\.|\bQGMMA\.\S*E4M3\.E4M3", functions.get(lowered[v], ""))) for v in variants}
             consumer_local = {v: _consumer_local_accesses(functions.get(lowered[v], "")) for v in variants}
         loop_local = {v: _loop_local_accesses(functions[lowered[v]]) for v in decode}
     result = {(v.key, arch): sections[lowered[v]] for v in variants}
@@ -348,6 +355,8 @@ def test_every_variant_compiles_without_spills(reports, builds, request, capsys)
     ceiling.update({v.key: (SM90_BWD_DROPOUT_SPILL_CEILING if v.param("dropout") else SM90_BWD_SPILL_CEILING)[
         (v.param("headdim"), v.param("headdim_v"), v.param("score_mod"))] for v in sm90.BWD.variants()})
     ceiling.update({v.key: SM90_PLANES_SPILL_CEILING[v.param("headdim")] for v in sm90.FWD_PLANES.variants()})
+    ceiling.update({v.key: SM90_FP8_SPILL_CEILING[(v.param("headdim"), v.param("max_score"))]
+                    for v in sm90.FWD_FP8.variants()})
     ceiling.update({v.key: SM90_BWD_PLANES_SPILL_CEILING[v.param("headdim")] for v in sm90.BWD_PLANES.variants()})
     for v in kvcache_device.DECODE.variants():
         ceiling[v.key] = KVC_SPILL_CEILING.get(v.param("headdim"), 0)
@@ -474,6 +483,11 @@ def test_hopper_variants_run_on_hgmma(reports):
         products = 3 if v.param("tf32") else 6
         steps = v.param("headdim") // 16 + v.param("block_n") // 16
         assert reports[(v.key, 90)]["hgmma"] >= products * steps, (v.key, reports[(v.key, 90)])
+    for v in sm90.FWD_FP8.variants():
+        if v.key not in built:
+            continue
+        steps = v.param("headdim") // 32 + v.param("block_n") // 32  # k32: QGMMA ... E4M3.E4M3
+        assert reports[(v.key, 90)]["hgmma"] >= steps, (v.key, reports[(v.key, 90)])
     for v in sm90.BWD.variants():
         if v.key not in built:
             continue

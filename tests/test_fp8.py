@@ -211,3 +211,37 @@ def test_cupy_quantizes_as_numpy_does_and_refuses_the_forward():
     np.testing.assert_array_equal(descale.get(), want_descale)
     with pytest.raises(NotImplementedError, match="FP8"):
         cupyflash.flash_attention(x8, x8, x8, q_descale=descale, k_descale=descale, v_descale=descale)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a GPU")
+@pytest.mark.parametrize("sizes, options, q_per_head, out_dtype", [
+    ((2, 77, 101, 4, 2, 64, 64), {"causal": True}, False, ml_dtypes.bfloat16),
+    ((1, 300, 300, 2, 2, 128, 128), {}, True, np.float16),
+    ((2, 33, 500, 6, 3, 96, 80), {"window_size": (100, 5)}, False, ml_dtypes.bfloat16),
+    ((1, 200, 170, 2, 1, 256, 256), {"causal": True}, True, ml_dtypes.bfloat16),
+    ((2, 160, 260, 2, 1, 128, 128), {"block_mask": True}, False, ml_dtypes.bfloat16),
+])
+def test_hopper_fp8_forward_against_the_oracle(sizes, options, q_per_head, out_dtype, monkeypatch):
+    """The Hopper FP8 kernel (kernels_cu/sm90/fwd_fp8_mainloop.cuh, behind NEW_KERNELS_ENABLED until this
+    passes), its V^T pre-pass included: odd shapes, GQA, causal, windows, block masks, descales per kv
+    head and per query head, both out dtypes, the maximum score, against the rule."""
+    import cupy
+
+    from cupyflash import _families, _problem
+
+    if _families.common.current_device().capability != 90:
+        pytest.skip("the FP8 kernel runs on compute capability 9.0")
+    monkeypatch.setattr(_problem, "NEW_KERNELS_ENABLED", True)
+    rng = np.random.default_rng(sum(sizes))
+    b, sq, sk, h, hk, d, dv = sizes
+    inputs, descales = _quantized(rng, *sizes, q_per_head=q_per_head)
+    options = dict(options)
+    if options.pop("block_mask", False):
+        layout = rng.random((b, h, -(-sq // 128), -(-sk // 128))) < 0.7
+        options["block_mask"] = cupyflash.BlockMask.from_dense(layout, (128, 128))
+    got = cupyflash.flash_attention(*(cupy.asarray(x) for x in inputs), **{n: cupy.asarray(x) for n, x in descales.items()},
+                                    **options, out_dtype=out_dtype, return_lse=True, return_max_score=True)
+    _check(tuple(x.get() for x in got), inputs, descales, out_dtype, **options)
+    with pytest.raises(NotImplementedError, match="softcap"):
+        cupyflash.flash_attention(*(cupy.asarray(x) for x in inputs), softcap=5.0)

@@ -97,6 +97,8 @@ def attn(p, q, k, v, lists=None, vec=None):
         vec_loads(q, k, v) if vec is None else vec, sparse(p.block_mask, lists) if lists is not None else _NO_SPARSE,
         dropout(p), _params.pointer(p.sinks) if _problem.NEW_KERNELS_ENABLED else 0,
         mod_buffers(p.user_buffers), mod_buffers(p.block_mask.mask_buffers_on(cupy) if p.user_mask is not None else None),
+        _params.pointer(p.q_descale), _params.pointer(p.k_descale), _params.pointer(p.v_descale),
+        p.q_descale.shape[1] if p.q_descale is not None else p.heads_k,
     )
 
 

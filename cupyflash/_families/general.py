@@ -44,6 +44,8 @@ class GeneralForward:
     user_functions = True
 
     def select(self, p, device, operands):
+        if p.dtype.itemsize == 1:  # FP8: the Hopper kernel's alone
+            return None
         # 16-bit inputs take the fast forms, as their tensor-core kernels do (one call's forward and
         # backward may run on different families).
         return FWD.variant(common.dtype_name(p.dtype), dropout=p.dropout,

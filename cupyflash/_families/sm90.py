@@ -14,7 +14,7 @@ import functools
 
 import numpy
 
-from .. import _kernels, _plan
+from .. import _fp8, _kernels, _params, _plan
 from .._problem import lse_dtype
 from . import common, sm80
 
@@ -80,6 +80,17 @@ FWD = _kernels.Kernel(
     tuple((*dims, *tile) for dims, tiles in FWD_TILES.items() for tile in tiles), ("score_mod", "dropout", "max_score"),
     arch="90a", user_functions=True,
 )
+#: FP8 (e4m3) inputs (kernels_cu/sm90/fwd_fp8_mainloop.cuh): head-dim bucket -> (keys per tile, K/V^T
+#: stages). The kernel's dtype is out's (bfloat16 or float16); 128-row CTAs of two consumer warpgroups.
+FWD_FP8_TILES = {(64, 64): (128, 4), (128, 128): (128, 4), (256, 256): (128, 2)}
+FWD_FP8 = _kernels.Kernel(
+    "sm90_fwd_fp8", "sm90/fwd_fp8.cu", _kernels.HALF_DTYPES, ("headdim", "headdim_v", "block_n", "stages"),
+    tuple((*dims, *tile) for dims, tile in FWD_FP8_TILES.items()), ("max_score",), arch="90a",
+)
+FWD_FP8_BLOCK_M = 128
+#: Its pre-pass: v as V^T, keys contiguous and permuted per 32-key block (kernels_cu/sm90/fp8_values.cu).
+FP8_VALUES = _kernels.Kernel("fp8_transpose_values", "sm90/fp8_values.cu", ())
+FP8_VALUES_THREADS = 256
 #: The float32 forward's tiles (kernels_cu/sm90/fwd_planes_mainloop.cuh): head-dim bucket -> ((keys per
 #: tile, K/V stages),). q, k and v are read as three bfloat16 planes (6 bytes an element): at head dim
 #: 128 the 128-row Q tile (96 KB) and one stage of 64-key K and V tiles (48 KB each) fill 194 KB.
@@ -154,6 +165,15 @@ def fwd_planes_smem_bytes(variant):
     return ALIGN_SLACK + planes * 128 * _atoms(d) * (FWD_PLANES_BLOCK_M + 2 * stages * block_n) + CTA_STATE_BYTES
 
 
+def fwd_fp8_smem_bytes(variant):
+    """Dynamic shared memory of an FP8 forward variant (Sm90FwdFp8Traits::kSmemBytes): the Q tile and
+    ``stages`` K and V^T tiles (128-byte atoms of 128 e4m3 columns; V^T: headdim_v rows of the tile's
+    keys), the state and the alignment slack."""
+    d, dv, block_n, stages = (variant.param(n) for n in ("headdim", "headdim_v", "block_n", "stages"))
+    atoms = (d + 127) // 128
+    return ALIGN_SLACK + FWD_FP8_BLOCK_M * 128 * atoms + stages * (block_n * 128 * atoms + dv * block_n) + CTA_STATE_BYTES
+
+
 def bwd_split_cols(variant):
     """Whether a backward variant's consumers split dK, dV and dQ by columns (Sm90BwdTraits::kSplitCols):
     above head dim 128."""
@@ -218,7 +238,7 @@ def bucket(headdim, headdim_v, buckets=tuple(FWD_TILES)):
 # ---- TMA tensor maps ----
 
 #: CUtensorMapDataType of each 16-bit dtype, and the other enums cuTensorMapEncodeTiled takes.
-_TMA_DTYPE = {"float16": 6, "bfloat16": 9}
+_TMA_DTYPE = {"float16": 6, "bfloat16": 9, "float8_e4m3fn": 0}  # 0: CU_TENSOR_MAP_DATA_TYPE_UINT8
 _TMA_FLOAT32 = 7
 _SWIZZLE_128B = 3
 _L2_PROMOTION_128B = 2
@@ -288,10 +308,11 @@ def tma_addressable(x, varlen):
 
 def tensor_map(b, maps, field, x, varlen, box_rows):
     """``maps[field]`` (a struct of plan ``b``) becomes the 128-byte CUtensorMap of slot ``x`` with a box of
-    64 columns by ``box_rows`` rows, 128-byte swizzle, out-of-bounds elements read as zeros."""
+    128 bytes of columns (64 16-bit ones, 128 e4m3 ones) by ``box_rows`` rows, 128-byte swizzle,
+    out-of-bounds elements read as zeros."""
     dims, strides = _views(x, varlen)
     b.tensor_map(maps, field, x, functools.partial(_encode, dtype_code=_TMA_DTYPE[x.dtype.name], dims=dims,
-                                                   strides=strides, box=(64, box_rows, 1, 1)))
+                                                   strides=strides, box=(128 // x.dtype.itemsize, box_rows, 1, 1)))
 
 
 def accum_map(b, maps, field, dq_accum, p, dq_ld, box_rows):
@@ -337,6 +358,10 @@ def cxx_facts():
         traits = f"cupyflash::Sm90FwdPlanesTraits<{', '.join(map(str, v.tile))}, {str(v.param('tf32')).lower()}>"
         facts.update({f"{traits}::kSmemBytes": fwd_planes_smem_bytes(v), f"{traits}::kThreads": 384,
                       f"{traits}::kBlockM": FWD_PLANES_BLOCK_M})
+    for v in FWD_FP8.variants():
+        traits = f"cupyflash::Sm90FwdFp8Traits<{', '.join(map(str, v.tile))}>"
+        facts.update({f"{traits}::kSmemBytes": fwd_fp8_smem_bytes(v), f"{traits}::kThreads": 384,
+                      f"{traits}::kBlockM": FWD_FP8_BLOCK_M})
     for v in BWD.variants():
         traits = f"cupyflash::Sm90BwdTraits<__half, {', '.join(map(str, v.tile))}>"
         facts.update({f"{traits}::kSmemBytes": bwd_smem_bytes(v), f"{traits}::kThreads": BWD_THREADS,
@@ -345,7 +370,7 @@ def cxx_facts():
         traits = f"cupyflash::Sm90BwdPlanesTraits<{', '.join(map(str, v.tile))}, {str(v.param('tf32')).lower()}>"
         facts.update({f"{traits}::kSmemBytes": bwd_planes_smem_bytes(v), f"{traits}::kThreads": BWD_THREADS,
                       f"{traits}::kBlockN": BWD_PLANES_BLOCK, f"{traits}::kBlockM": BWD_PLANES_BLOCK})
-    return ("sm90/fwd.cu", "sm90/fwd_planes.cu", "sm90/bwd.cu", "sm90/bwd_planes.cu"), facts
+    return ("sm90/fwd.cu", "sm90/fwd_planes.cu", "sm90/fwd_fp8.cu", "sm90/bwd.cu", "sm90/bwd_planes.cu"), facts
 
 
 class Sm90Forward:
@@ -354,12 +379,14 @@ class Sm90Forward:
     kernel's operands)."""
 
     name = "sm90"
-    kernels = (FWD, sm80.PLANES, FWD_PLANES)
+    kernels = (FWD, sm80.PLANES, FWD_PLANES, FP8_VALUES, FWD_FP8)
     user_functions = True
 
     def select(self, p, device, operands):
         if device.capability != CAPABILITY:
             return None
+        if p.dtype == _fp8.E4M3:
+            return self._select_fp8(p, device, operands)
         max_score = p.max_score is not None
         user = common.user_code(p, fast=p.dtype.itemsize == 2)
         if p.dtype == numpy.float32:
@@ -393,9 +420,25 @@ class Sm90Forward:
                               max_score=max_score, user=user)
         return variant if fwd_smem_bytes(variant) <= device.smem_optin else None
 
+    @staticmethod
+    def _select_fp8(p, device, operands):
+        """The FP8 forward for dense problems without score modifications or sinks, inputs a TMA can
+        address (cupyflash/_problem.py's fp8_on_the_gpu refuses the others)."""
+        if (p.varlen or p.seqused_k is not None or p.score_mod or p.sinks is not None
+                or not all(tma_addressable(x, False) for x in operands)):
+            return None
+        dims = bucket(p.headdim, p.headdim_v, tuple(FWD_FP8_TILES))
+        if dims is None:
+            return None
+        variant = FWD_FP8.variant(common.dtype_name(p.output_dtype), (*dims, *FWD_FP8_TILES[dims]),
+                                  max_score=p.max_score is not None)
+        return variant if fwd_fp8_smem_bytes(variant) <= device.smem_optin else None
+
     def plan(self, b, variant, p, q, k, v, device):
         if variant.kernel is FWD_PLANES:
             return self._plan_planes(b, variant, p, q, k, v, device)
+        if variant.kernel is FWD_FP8:
+            return self._plan_fp8(b, variant, p, q, k, v, device)
         block_m, block_n = variant.param("block_m"), variant.param("block_n")
         out, lse = b.output(p.out_shape, p.dtype), b.output(p.lse_shape, numpy.float32)
         lists = common.sparse_lists(b, p, block_m, block_n)
@@ -434,6 +477,33 @@ class Sm90Forward:
             schedule["section"] = l2_section(p, device)
             schedule["next_work"] = b.counters(1).data.ptr
         return schedule
+
+    def _plan_fp8(self, b, variant, p, q, k, v, device):
+        """FP8: v as V^T (the pre-pass), then the forward over q, k and V^T; out in the variant's dtype."""
+        block_n = variant.param("block_n")
+        out, lse = b.output(p.out_shape, p.output_dtype), b.output(p.lse_shape, numpy.float32)
+        keys = common.cdiv(p.seqlen_k, 32) * 32
+        vt = b.workspace((p.batch, p.heads_k, p.headdim_v, keys), numpy.uint8)
+        pre = b.struct(_params.TRANSPOSE_VALUES_ARGS)
+        pre[0] = (_params.tensor(v), _params.pointer(vt), p.batch, p.seqlen_k, p.heads_k, p.headdim_v, keys)
+        chunks = p.batch * p.heads_k * (keys // 16) * p.headdim_v
+        b.launch(common.function(FP8_VALUES.variant()), (min(common.cdiv(chunks, FP8_VALUES_THREADS), 8192), 1, 1),
+                 FP8_VALUES_THREADS, (pre,))
+        lists = common.sparse_lists(b, p, FWD_FP8_BLOCK_M, block_n)
+        args = common.fwd_args(b, p, q, k, v, out, lse, lists)
+        maps = b.struct(MAPS)
+        for field, x, rows in (("q", q, FWD_FP8_BLOCK_M), ("k", k, block_n)):
+            tensor_map(b, maps, field, x, False, rows)
+        # V^T's 4-D view (keys, headdim_v, heads_k, batch): a box of block_n keys by the bucket's rows.
+        dims = (keys, p.headdim_v, p.heads_k, p.batch)
+        strides = (keys, p.headdim_v * keys, p.heads_k * p.headdim_v * keys)
+        b.tensor_map(maps, "v", vt, functools.partial(_encode, dtype_code=_TMA_DTYPE["float8_e4m3fn"], dims=dims,
+                                                      strides=strides, box=(block_n, variant.param("headdim_v"), 1, 1)))
+        work = common.cdiv(p.seqlen_q, FWD_FP8_BLOCK_M) * p.batch * p.heads
+        schedule = self._schedule(b, p, device)
+        smem = fwd_fp8_smem_bytes(variant)
+        b.launch(common.function(variant, smem), (min(work, device.sm_count), 1, 1), 384, (args, maps, schedule), smem)
+        return out, lse
 
     def _plan_planes(self, b, variant, p, q, k, v, device):
         """float32: k and v split into bfloat16 planes (sm80.plan_planes), then the forward over them and q

@@ -52,6 +52,21 @@ template <> __device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float lo, f
     return *reinterpret_cast<unsigned*>(&h);
 }
 
+// FP8 inputs (ml_dtypes.float8_e4m3fn): a tag for the kernels' storage type (1 byte; the tensor cores
+// and cvt read the bits).
+struct E4m3 {
+    unsigned char bits;
+};
+
+// Four floats rounded to nearest even into the e4m3 bytes of one register, x0 in the low byte; finite
+// values beyond 448 saturate (cvt's .satfinite; the format has no infinity), NaN stays NaN.
+__device__ __forceinline__ unsigned pack4_e4m3(float x0, float x1, float x2, float x3) {
+    unsigned short lo, hi;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(lo) : "f"(x1), "f"(x0));  // the first source: the high byte
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(hi) : "f"(x3), "f"(x2));
+    return static_cast<unsigned>(lo) | static_cast<unsigned>(hi) << 16;
+}
+
 // The two values of a pack2 register, lo in .x.
 template <typename T> __device__ __forceinline__ float2 unpack2(unsigned x);
 template <> __device__ __forceinline__ float2 unpack2<__half>(unsigned x) {

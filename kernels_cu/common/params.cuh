@@ -76,6 +76,12 @@ struct AttnArgs {
     const float* sinks;          // (heads,) attention sinks, joined to each row's sum by the forwards; null: none
     ModBuffers score_buffers;    // a score_mod's buffers (common/user_calls.cuh; kernels built with one read them)
     ModBuffers mask_buffers;     // a BlockMask.from_mask_mod's buffers
+    // FP8 inputs (real value = stored value x descale): q's at [b * q_descale_heads + h] (q_descale_heads
+    // heads or heads_k: a query head's, or its kv head's), k's and v's at [b * heads_k + kv head]; null: 1.
+    const float* q_descale;
+    const float* k_descale;
+    const float* v_descale;
+    int q_descale_heads;
 };
 
 // The attention sink of query head h (natural-log units), -inf without sinks.
@@ -104,6 +110,13 @@ struct BwdArgs {
     int tail_pairs;              // sm90: the last pairs, whose key tiles launch in turn after the others' (0: tile_group)
     ModGrads score_grads;        // accumulators of the score_mod buffers' gradients (zeroed before the launch)
     void* sink_terms;            // sinks: bwd_delta's exp(sink - lse) * delta per row (lse_t, delta's layout); null: none
+};
+
+// The FP8 forward's pre-pass (sm90/fp8_values.cu): v as V^T.
+struct TransposeValuesArgs {
+    TensorArg v;          // (batch, seqlen_k, heads_k, headdim_v), 1-byte elements
+    unsigned char* vt;    // (batch, heads_k, headdim_v, keys): keys = seqlen_k rounded up to 32
+    int batch, seqlen_k, heads_k, headdim_v, keys;
 };
 
 // Attention of queries to a KV cache (kvcache/kvcache.cu). attn.q holds the queries: kvc_append reads them
