@@ -376,7 +376,8 @@ FP8_OUT_DTYPES = {"bfloat16": numpy.dtype(ml_dtypes.bfloat16), "float16": numpy.
 
 def check_fp8(dtype, xp, batch, heads, heads_k, q_descale, k_descale, v_descale, out_dtype):
     """The Problem fields of FP8 inputs: out_dtype and the descales (float32 arrays of q's kind, (batch,
-    heads_k), q's also (batch, heads); None means 1; NumPy ones finite). Other dtypes take none of them."""
+    heads_k), q's also (batch, heads); None means 1; NumPy ones positive and finite, CuPy ones not read:
+    on the GPU one that is not makes its head's rows NaN). Other dtypes take none of them."""
     named = (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale), ("out_dtype", out_dtype))
     if dtype != _fp8.E4M3:
         given = [name for name, x in named if x is not None]
@@ -400,9 +401,10 @@ def check_fp8(dtype, xp, batch, heads, heads_k, q_descale, k_descale, v_descale,
             expected = " or ".join(str(s) for s in dict.fromkeys(shapes))
             raise ValueError(f"{name} must have shape {expected} (batch, heads{'_k' if len(shapes) == 1 else ''}), "
                              f"got {x.shape}")
-        if xp is numpy and not numpy.isfinite(x).all():
-            bad = numpy.argwhere(~numpy.isfinite(x))[0]
-            raise ValueError(f"{name} must be finite; got {x[tuple(bad)]} at index {tuple(int(i) for i in bad)}")
+        if xp is numpy and not (numpy.isfinite(x) & (x > 0)).all():
+            bad = numpy.argwhere(~(numpy.isfinite(x) & (x > 0)))[0]
+            raise ValueError(f"{name} must be positive and finite; got {x[tuple(bad)]} at index "
+                             f"{tuple(int(i) for i in bad)}")
         check_devices(xp, {name: x})
         fields[name] = xp.ascontiguousarray(x)
     return fields
@@ -421,8 +423,10 @@ def check_fp8_on_the_gpu(p, operands):
     capability = common.current_device().capability
     limits = (
         (capability != sm90.CAPABILITY, f"a device of compute capability {capability} (it runs on 9.0: H100, H200)"),
-        (p.varlen, "packed (varlen) batches"), (p.softcap != 0.0, "softcap"), (p.alibi_slopes is not None, "ALiBi"),
-        (p.sinks is not None, "sinks"), (max(p.headdim, p.headdim_v) > 256, "head dims above 256"),
+        (p.varlen, "packed (varlen) batches"), (p.seqused_k is not None, "seqused_k"), (p.softcap != 0.0, "softcap"),
+        (p.alibi_slopes is not None, "ALiBi"), (p.sinks is not None, "sinks"),
+        (p.user_mask is not None, "BlockMask.from_mask_mod"), (p.softmax_scale <= 0, "softmax_scale <= 0"),
+        (max(p.headdim, p.headdim_v) > 256, "head dims above 256"),
         (not all(sm90.tma_addressable(x, False) for x in operands),
          "q, k or v rows that are not 16-byte aligned (make them contiguous with a head dim that is a multiple of 16)"),
     )

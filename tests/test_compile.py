@@ -9,21 +9,23 @@ the HGMMA instructions. ``pytest --compile-report`` prints registers, stack fram
 variant.
 
 Which builds run: a variant is built for the architectures whose devices dispatch can give it to, and
-where it adds something the other builds do not check. The sm80 family's fallback tiles (for devices
-with less shared memory than the H100's) for sm_80, each distinct tile once, plain, at the largest head
-dim that falls back to it (it holds no more per thread than that head dim's first tile); its
-score-modified variants only for sm_80, on the first tiles; the float32 and float64 kernels' plain
-variants for both, the sm80 float32 forward for sm_80 alone, sm_90 running the Hopper one; their flagged
-variants, score_mod and tf32, on the largest head dim's first tile only, for sm_90, where they run on the
-H100/H200, or sm_80 for the sm80 float32 forward: a flag's code with the tightest registers. The sm90
-kernels' dropout variants alone on the bench's tile (head dim 128) and with the score_mod flag on the
-tightest tile (the forward's head dim 256, the backward's 128-query tile at head dim 64); the general
-kernels' for sm_90 only. The variants of a 16-bit kernel differ in their dtype only by an instruction's
-type, with the same registers, so bfloat16 is built for every selected tile, flag and architecture and
-float16 once per kernel (its first tile, plain, on its first architecture). That keeps the suite within
-two minutes on two cores (session 27: 237 builds in about 115 s, where 267 took 146 s);
-``pytest --all-variants`` builds every variant for both architectures, and the GPU suite compiles every
-variant for its device anyway (conftest.py).
+where it adds something the other builds do not check. The sm80 family's 16-bit first tiles for sm_80 at
+every head dim, and for sm_90 (the Hopper family's fallback, same registers) at head dims 128 and 256;
+their score-modified twins for sm_80 at those two; their fallback tiles (for devices with less shared
+memory than the H100's) for sm_80, each distinct tile once, plain, at the largest head dim that falls
+back to it (it holds no more per thread than that head dim's first tile). The float32 and float64
+kernels' plain variants for both architectures, the sm80 float32 forward for sm_80 alone, sm_90 running
+the Hopper one; their flagged variants, score_mod and tf32, on the largest head dim's first tile only,
+for sm_90, where they run on the H100/H200, or sm_80 for the sm80 float32 forward: a flag's code with
+the tightest registers. The sm90 kernels' dropout variants alone on the bench's tile (head dim 128) and
+with the score_mod flag on the tightest tile (the forward's head dim 256, the backward's 128-query tile
+at head dim 64); the general kernels' for sm_90 only. The maximum score's flag on the 16-bit, FP8 and
+decode kernels, with score_mod on the largest head dim and alone on the Hopper forward's head dim 128.
+The variants of a 16-bit kernel differ in their dtype only by an instruction's type, with the same
+registers, so bfloat16 is built for every selected tile, flag and architecture and float16 once per
+kernel (its first tile, plain, on its first architecture). That keeps the suite near two minutes on two
+cores (session 27: 224 builds, about 270 s of compiling); ``pytest --all-variants`` builds every variant
+for both architectures, and the GPU suite compiles every variant for its device anyway (conftest.py).
 """
 
 import concurrent.futures
@@ -148,14 +150,18 @@ def _archs(variant, everything=False):
     flags = dict(zip(variant.kernel.flags, variant.flags))
     if flags.get("max_score"):
         # The maximum score's registers with the score_mod flag on the largest head dim's first tile (the
-        # tightest), and alone on the Hopper forward's bench tile (head dim 128); not beside dropout or
-        # tf32 (--all-variants builds those).
+        # tightest), and alone on the Hopper forward's bench tile (head dim 128), in the 16-bit, FP8 and
+        # decode kernels (sm_80's for the decode kernel, its tighter); not beside dropout or tf32, nor in the float32
+        # and float64 forwards, which hold the same two registers a thread (--all-variants builds those).
+        if variant.kernel in (sm80.FWD_FP32, sm80.FWD_FP64, sm90.FWD_PLANES):
+            return ()
         others = {f for f, on in flags.items() if on and f != "max_score"}
         largest = max(variant.kernel.tiles, key=lambda tile: tile[0])
         bench = variant.kernel is sm90.FWD and variant.param("headdim") == 128
         tightest = others == {"score_mod"} or not others and "score_mod" not in variant.kernel.flags
         if tightest and variant.tile == largest or not others and bench:
-            return _archs(variant.kernel.variant(variant.dtype, variant.tile, **dict(flags, max_score=False)))
+            twin = _archs(variant.kernel.variant(variant.dtype, variant.tile, **dict(flags, max_score=False)))
+            return twin[:1] if variant.kernel is kvcache_device.DECODE else twin
         return ()
     if variant.kernel in wide or variant.kernel in (sm90.FWD_PLANES, sm90.BWD_PLANES):
         # The float32 forward of sm80 serves compute capabilities other than 9.0 (which runs sm90's).
@@ -187,8 +193,12 @@ def _archs(variant, everything=False):
 
     if variant.tile[1:] != first_fit(variant.param("headdim")):
         return _fallback(variant, tiles, first_fit)
-    # On sm_90 the sm80 kernels are the Hopper family's fallback; their score-modified twins add the same
-    # few registers on both architectures, so they are built for sm_80 alone.
+    # On sm_90 the sm80 kernels are the Hopper family's fallback (operands a TMA cannot read), their
+    # registers as on sm_80: built there for the bench's head dim (128) and the largest. The score-modified
+    # twins add the same few registers at every head dim: built for sm_80 at those two head dims.
+    headdim = variant.param("headdim")
+    if headdim not in (128, max(tiles)):
+        return () if variant.param("score_mod") else (80,)
     return (80,) if variant.param("score_mod") else archs
 
 
@@ -456,6 +466,8 @@ def test_every_kernel_and_dtype_is_built():
             assert any(w.kernel == v.kernel and not any(w.flags) and
                        (w.tile == v.tile or w.tile[1:] == v.tile[1:] and w.tile[0] > v.tile[0]) for w, _ in builds), v.key
             flags = dict(zip(v.kernel.flags, v.flags))
+            if flags.get("max_score") and v.kernel in (sm80.FWD_FP32, sm80.FWD_FP64, sm90.FWD_PLANES):
+                continue  # the maximum score of the float32 and float64 forwards: --all-variants (_archs)
             combination = v.flags if not flags.get("max_score") else tuple(f in ("score_mod", "max_score") for f in flags)
             assert any((w.kernel, w.flags) == (v.kernel, combination) for w, _ in builds), v.key
             continue

@@ -165,7 +165,8 @@ def _fp8_qkv():
     ({"k_descale": np.ones((2, 4), np.float32)}, ValueError, r"k_descale must have shape \(2, 2\)"),
     ({"q_descale": np.ones((2, 3), np.float32)}, ValueError, r"q_descale must have shape \(2, 2\) or \(2, 4\)"),
     ({"v_descale": np.ones((2, 2), np.float64)}, TypeError, "v_descale has dtype float64; expected float32"),
-    ({"v_descale": np.array([[1, np.nan]] * 2, np.float32)}, ValueError, "v_descale must be finite"),
+    ({"v_descale": np.array([[1, np.nan]] * 2, np.float32)}, ValueError, "v_descale must be positive and finite"),
+    ({"k_descale": np.array([[1, 0]] * 2, np.float32)}, ValueError, "k_descale must be positive and finite"),
     ({"out_dtype": np.float32}, ValueError, "out_dtype must be bfloat16 or float16"),
     ({"out_dtype": "not a dtype"}, TypeError, "out_dtype must be a dtype"),
     ({"dropout_p": 0.1, "dropout_seed": 1}, ValueError, "dropout is not offered with float8_e4m3fn"),
@@ -245,3 +246,9 @@ def test_hopper_fp8_forward_against_the_oracle(sizes, options, q_per_head, out_d
     _check(tuple(x.get() for x in got), inputs, descales, out_dtype, **options)
     with pytest.raises(NotImplementedError, match="softcap"):
         cupyflash.flash_attention(*(cupy.asarray(x) for x in inputs), softcap=5.0)
+    # A CuPy descale is not read on the host: one that is not positive makes its head's rows NaN.
+    bad = cupy.asarray(descales["k_descale"]).copy()
+    bad[0, 0] = 0
+    out = cupyflash.flash_attention(*(cupy.asarray(x) for x in inputs), k_descale=bad).get().astype(np.float32)
+    group = h // hk
+    assert np.isnan(out[0, :, :group]).all() and not np.isnan(out[:, :, group:]).any()

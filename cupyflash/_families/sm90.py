@@ -422,10 +422,11 @@ class Sm90Forward:
 
     @staticmethod
     def _select_fp8(p, device, operands):
-        """The FP8 forward for dense problems without score modifications or sinks, inputs a TMA can
-        address (cupyflash/_problem.py's fp8_on_the_gpu refuses the others)."""
-        if (p.varlen or p.seqused_k is not None or p.score_mod or p.sinks is not None
-                or not all(tma_addressable(x, False) for x in operands)):
+        """The FP8 forward for dense problems without score modifications, sinks or a mask_mod, with a
+        positive softmax_scale, inputs a TMA can address (cupyflash/_problem.py's check_fp8_on_the_gpu
+        refuses the others, the same list)."""
+        if (p.varlen or p.seqused_k is not None or p.score_mod or p.sinks is not None or p.user_mask is not None
+                or p.softmax_scale <= 0 or not all(tma_addressable(x, False) for x in operands)):
             return None
         dims = bucket(p.headdim, p.headdim_v, tuple(FWD_FP8_TILES))
         if dims is None:

@@ -20,15 +20,19 @@ namespace cupyflash {
 // the folded scale (three roundings of one constant: a systematic 1e-7 of every score) and ex2.approx
 // (2^-22) do not give (bench/NOTES.md, session 18). m2 then holds the natural-log maximum. Acc: the
 // accumulators' type (double for float64 inputs, which needs kNatural). kTop (return_max_score): also
-// each row's exact largest score, which m2 may lag (row_max_score).
-template <int kNTiles, bool kNatural = false, typename Acc = float, bool kTop = false>
+// each row's exact largest score, which m2 may lag (row_max_score). kOffset (log2 units; the FP8 kernel's
+// 8): probabilities are taken as 2^(s - m2 + kOffset), so the largest of a row is 2^kOffset rather than
+// 1 and e4m3, whose smallest value is 2^-9, keeps those down to 2^-(9 + kOffset) of it (FlashAttention-3's
+// offset); the maximum then moves with every larger score (no slack), so none passes 2^kOffset.
+template <int kNTiles, bool kNatural = false, typename Acc = float, bool kTop = false, int kOffset = 0>
 struct FragmentSoftmax {
     static_assert(kNatural || sizeof(Acc) == 4, "float64 scores are in natural-log units");
+    static_assert(kOffset == 0 || !kNatural, "the offset is for log2 units");
     static constexpr bool kNaturalUnits = kNatural;
     static constexpr bool kTracksTop = kTop;
     // Log2 units by which a block's maximum may pass the running one before it moves (update_max);
     // kSlack is the same bound in the kernel's units.
-    static constexpr Acc kMaxSlack = 8.0f;
+    static constexpr Acc kMaxSlack = kOffset != 0 ? 0.0f : 8.0f;
     static constexpr Acc kSlack = kNatural ? kMaxSlack * (sizeof(Acc) == 8 ? kLn2 : kLn2F) : kMaxSlack;
     Acc m2[2] = {Consts<Acc>::neg_inf(), Consts<Acc>::neg_inf()};
     Acc l[2] = {0, 0};
@@ -97,20 +101,21 @@ struct FragmentSoftmax {
             const float total = group_sum<4>(l[r]);
             l[r] = total;  // the row's whole sum from here on (row_max_score reads it)
             const bool seen = total != 0.0f;
+            const float m = m2[r] - kOffset;  // the base of the row's sum
             if (sink == Consts<float>::neg_inf()) {
                 inv_l[r] = seen ? 1.0f / total : 0.0f;
                 if constexpr (kNatural) {
-                    lse[r] = seen ? m2[r] + logf(total) : Consts<float>::neg_inf();
+                    lse[r] = seen ? m + logf(total) : Consts<float>::neg_inf();
                 } else {
-                    lse[r] = seen ? kLn2F * (m2[r] + __log2f(total)) : Consts<float>::neg_inf();
+                    lse[r] = seen ? kLn2F * (m + __log2f(total)) : Consts<float>::neg_inf();
                 }
             } else if (!seen) {  // the sink alone: exactly its own lse (no round trip through log2 units)
                 inv_l[r] = 0.0f;
                 lse[r] = sink;
             } else {
                 const float sink_units = kNatural ? sink : sink * kLog2eF;
-                const float top = fmaxf(m2[r], sink_units);
-                const float own = exp_units(m2[r] - top);
+                const float top = fmaxf(m, sink_units);
+                const float own = exp_units(m - top);
                 const float sum = total * own + exp_units(sink_units - top);
                 inv_l[r] = own / sum;
                 if constexpr (kNatural) {
@@ -188,8 +193,9 @@ struct FragmentSoftmax {
             const Acc new_max = block_max > m2[r] + kSlack ? block_max : m2[r];
             // A row that has seen no visible key keeps new_max = -inf: subtract 0 instead, so that
             // ex2(-inf - -inf) is not NaN and every probability of the row is ex2(-inf) = 0.
-            base[r] = new_max == Consts<Acc>::neg_inf() ? Acc(0) : new_max;
-            rescale[r] = exp_units(m2[r] - base[r]);  // 1 if the max stayed, 0 on the first visible block
+            const Acc shift = new_max == Consts<Acc>::neg_inf() ? Acc(0) : new_max;
+            base[r] = shift - Acc(kOffset);
+            rescale[r] = exp_units(m2[r] - shift);  // 1 if the max stayed, 0 on the first visible block
             moved |= new_max != m2[r];
             m2[r] = new_max;
             l[r] *= rescale[r];

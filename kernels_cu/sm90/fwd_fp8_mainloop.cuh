@@ -13,8 +13,9 @@
 // pre-pass does), so the products pair each probability with its own value row.
 //
 // Scores: raw products s = q_stored . k_stored; the softmax folds softmax_scale * q_descale * k_descale
-// (one factor per work tile) into its exponent, as the plain 16-bit kernels fold softmax_scale. P is
-// rounded to e4m3 for the product (the softmax's sums keep float32); the epilogue multiplies out by
+// (one factor per work tile, positive) into its exponent, as the plain 16-bit kernels fold softmax_scale.
+// P, scaled by 2^8, is rounded to e4m3 for the product (the softmax's sums keep float32); the epilogue
+// multiplies out by
 // v_descale with 1 / l. Masks, windows, GQA, block masks and the maximum score as in the 16-bit loop;
 // no score modifications, sinks, dropout, or packed sequences yet (cupyflash/_problem.py refuses those
 // calls with CuPy arrays).
@@ -95,7 +96,9 @@ __device__ __forceinline__ float fp8_scale(const AttnArgs& a, int b, int h) {
 template <int kHeadDim, int kHeadDimV, int kBlockN, int kStages, bool kMaxScore>
 struct Sm90FwdFp8Mainloop {
     using Tr = Sm90FwdFp8Traits<kHeadDim, kHeadDimV, kBlockN, kStages>;
-    using Softmax = FragmentSoftmax<Tr::kNTiles, false, float, kMaxScore>;
+    // Probabilities up to 2^8 (fragment/softmax.cuh's kOffset): e4m3 keeps those down to 2^-17 of a row's
+    // largest, where a largest of 1 would lose all below 2^-10.
+    using Softmax = FragmentSoftmax<Tr::kNTiles, false, float, kMaxScore, 8>;
     static constexpr int kBlockM = Tr::kBlockM;
     using Turns = Pingpong<1, Tr::kConsumers>;
 
@@ -180,7 +183,10 @@ struct Sm90FwdFp8Mainloop {
         const unsigned q_tile = shared_addr(smem);
         const unsigned k_tiles = q_tile + Tr::kKOffset;
         const unsigned v_tiles = q_tile + Tr::kVOffset;
-        const float scale_log2 = fp8_scale(a, tile.b, tile.h) * kLog2eF;
+        // The raw path needs a positive factor (it orders raw and scaled scores alike); a descale that is
+        // not positive and finite (CuPy's are not read on the host) makes the head's rows NaN.
+        const float factor = fp8_scale(a, tile.b, tile.h) * kLog2eF;
+        const float scale_log2 = factor > 0.0f && factor < Consts<float>::inf() ? factor : Consts<float>::nan();
         const int w0 = tile.m0 + 64 * wg;
         const int row_g = w0 + 16 * warp + lane / 4;
         const int count = tile.keys.count;
