@@ -187,6 +187,22 @@ def _plain(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score=Fals
             and score_mod is None and all(x is None for x in fp8))
 
 
+def _fused_extras(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score=False, score_mod=None, *fp8):
+    """Whether a call that is not plain differs from one only by its sinks or the maximum score, which the
+    kernels join themselves once NEW_KERNELS_ENABLED is on: such calls have plans too (keyed by
+    _keys.with_extras), whose runs take the sinks as their last problem input."""
+    return _problem.NEW_KERNELS_ENABLED and _plain(None, dropout_p, dropout_seed, dropout_offset, False, score_mod,
+                                                   *fp8) and return_max_score in (False, True)
+
+
+def _planned_results(results, p_sinks, varlen):
+    """A backward plan's results as the call returns them: (dq, dk, dv), then dsinks from the per-row
+    terms the plan returned last where the call has sinks."""
+    if p_sinks is None:
+        return results
+    return tuple(results[:3]) + (_merge.sink_gradient_from_terms(results[3], varlen),)
+
+
 def _results(out, lse, max_score, return_lse, return_max_score):
     """out, then lse and max_score when asked for: a tuple when there is more than out."""
     results = (out,) + ((lse,) if return_lse else ()) + ((max_score,) if return_max_score else ())
@@ -202,10 +218,11 @@ def _forward(key, p, q, k, v, return_lse, alibi_slopes=None, cu_seqlens_q=None, 
         return _results(results[0], results[1], results[-1], return_lse, return_max_score)
     from . import _cuda
 
-    plan = _cuda.forward_plan(p, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, return_lse=return_lse)
+    plan = _cuda.forward_plan(p, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, return_lse=return_lse,
+                              max_score=return_max_score)
     PLANS.put(key, plan)
-    results = plan.run(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None)
-    return results if return_lse else results[0]
+    results = plan.run(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None, *_cuda.sink_inputs(p))
+    return results if len(results) > 1 else results[0]
 
 
 def _backward(key, p, dout, q, k, v, out, lse, deterministic, alibi_slopes=None, cu_seqlens_q=None,
@@ -219,7 +236,8 @@ def _backward(key, p, dout, q, k, v, out, lse, deterministic, alibi_slopes=None,
 
     plan = _cuda.backward_plan(p, dout, q, k, v, out, lse, deterministic, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
     PLANS.put(key, plan)
-    return plan.run(dout, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None)
+    results = plan.run(dout, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None, *_cuda.sink_inputs(p))
+    return _planned_results(results, p.sinks, p.varlen)
 
 
 def flash_attention(q: Array, k: Array, v: Array, *, causal: bool = False, softmax_scale: Optional[float] = None,
@@ -248,14 +266,21 @@ def flash_attention(q: Array, k: Array, v: Array, *, causal: bool = False, softm
     Notes
     -----{notes}
     """
-    plain = _plain(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score, score_mod, q_descale, k_descale,
-                   v_descale, out_dtype)
-    key = None if not plain else _keys.forward(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes,
-                                               block_mask, return_lse, precision)
+    if _plain(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score, score_mod, q_descale, k_descale,
+              v_descale, out_dtype):
+        key = _keys.forward(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes, block_mask, return_lse,
+                            precision)
+    elif _fused_extras(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score, score_mod, q_descale,
+                       k_descale, v_descale, out_dtype):
+        key = _keys.with_extras(_keys.forward(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes,
+                                              block_mask, return_lse, precision), sinks, return_max_score)
+    else:
+        key = None
     plan = PLANS.get(key)
     if plan is not None:
-        results = plan.run(q, k, v, alibi_slopes, None, None, None)
-        return results if return_lse else results[0]
+        results = (plan.run(q, k, v, alibi_slopes, None, None, None) if sinks is None
+                   else plan.run(q, k, v, alibi_slopes, None, None, None, sinks))
+        return results if len(results) > 1 else results[0]
     q, k, v = _problem.arrays(q=q, k=k, v=v)
     p = _problem.forward_problem(q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window_size,
                                  softcap=softcap, alibi_slopes=alibi_slopes, block_mask=block_mask, precision=precision,
@@ -300,12 +325,19 @@ def flash_attention_backward(dout: Array, q: Array, k: Array, v: Array, out: Arr
         Only with ``score_mod_buffers``: one gradient per buffer, in its dtype (None for int32 and bool
         buffers), accumulated in float32 (float64 for float64 inputs).
     """
-    plain = _plain(sinks, dropout_p, dropout_seed, dropout_offset, score_mod=score_mod)
-    key = None if not plain else _keys.backward(dout, q, k, v, out, lse, causal, softmax_scale, window_size, softcap,
-                                                alibi_slopes, block_mask, deterministic, precision)
+    if _plain(sinks, dropout_p, dropout_seed, dropout_offset, score_mod=score_mod):
+        key = _keys.backward(dout, q, k, v, out, lse, causal, softmax_scale, window_size, softcap, alibi_slopes,
+                             block_mask, deterministic, precision)
+    elif _fused_extras(sinks, dropout_p, dropout_seed, dropout_offset, score_mod=score_mod):
+        key = _keys.with_extras(_keys.backward(dout, q, k, v, out, lse, causal, softmax_scale, window_size, softcap,
+                                               alibi_slopes, block_mask, deterministic, precision), sinks)
+    else:
+        key = None
     plan = PLANS.get(key)
     if plan is not None:
-        return plan.run(dout, q, k, v, out, lse, alibi_slopes, None, None, None)
+        if sinks is None:
+            return plan.run(dout, q, k, v, out, lse, alibi_slopes, None, None, None)
+        return _planned_results(plan.run(dout, q, k, v, out, lse, alibi_slopes, None, None, None, sinks), sinks, False)
     dout, q, k, v, out, lse = _problem.arrays(dout=dout, q=q, k=k, v=v, out=out, lse=lse)
     p = _problem.backward_problem(dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
                                   window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
@@ -385,15 +417,22 @@ def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
     Notes
     -----{notes}
     """
-    plain = _plain(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score, score_mod, q_descale, k_descale,
-                   v_descale, out_dtype)
-    key = None if not plain else _keys.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                                      causal, softmax_scale, window_size, softcap, alibi_slopes,
-                                                      return_lse, precision)
+    if _plain(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score, score_mod, q_descale, k_descale,
+              v_descale, out_dtype):
+        key = _keys.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                                   softmax_scale, window_size, softcap, alibi_slopes, return_lse, precision)
+    elif _fused_extras(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score, score_mod, q_descale,
+                       k_descale, v_descale, out_dtype):
+        key = _keys.with_extras(_keys.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                     causal, softmax_scale, window_size, softcap, alibi_slopes,
+                                                     return_lse, precision), sinks, return_max_score)
+    else:
+        key = None
     plan = PLANS.get(key)
     if plan is not None:
-        results = plan.run(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None)
-        return results if return_lse else results[0]
+        results = (plan.run(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None) if sinks is None
+                   else plan.run(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None, sinks))
+        return results if len(results) > 1 else results[0]
     q, k, v, cu_seqlens_q, cu_seqlens_k = _problem.arrays(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q,
                                                           cu_seqlens_k=cu_seqlens_k)
     p = _problem.varlen_forward_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
@@ -436,13 +475,21 @@ def flash_attention_varlen_backward(dout: Array, q: Array, k: Array, v: Array, o
     dbuffers : tuple
         Only with ``score_mod_buffers``, as in :func:`flash_attention_backward`.
     """
-    plain = _plain(sinks, dropout_p, dropout_seed, dropout_offset, score_mod=score_mod)
-    key = None if not plain else _keys.varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
-                                                       max_seqlen_q, max_seqlen_k, causal, softmax_scale,
-                                                       window_size, softcap, alibi_slopes, deterministic, precision)
+    if _plain(sinks, dropout_p, dropout_seed, dropout_offset, score_mod=score_mod):
+        key = _keys.varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                    causal, softmax_scale, window_size, softcap, alibi_slopes, deterministic, precision)
+    elif _fused_extras(sinks, dropout_p, dropout_seed, dropout_offset, score_mod=score_mod):
+        key = _keys.with_extras(_keys.varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                      max_seqlen_k, causal, softmax_scale, window_size, softcap,
+                                                      alibi_slopes, deterministic, precision), sinks)
+    else:
+        key = None
     plan = PLANS.get(key)
     if plan is not None:
-        return plan.run(dout, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None)
+        if sinks is None:
+            return plan.run(dout, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None)
+        return _planned_results(plan.run(dout, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None, sinks),
+                                sinks, True)
     dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = _problem.arrays(
         dout=dout, q=q, k=k, v=v, out=out, lse=lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k
     )

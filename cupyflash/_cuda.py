@@ -20,14 +20,22 @@ def _launchable(p):
 
 
 def _problem_inputs(b, p, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, user_buffers=()):
-    """The problem's own arrays as plan inputs (in this order, then the score_mod's buffers), and the
+    """The problem's own arrays as plan inputs (in this order, then the score_mod's buffers, then the
+    sinks where the problem has them: a plan of a call without sinks takes no such input), and the
     problem with their slots."""
     slots = {name: b.input(*common.contiguous(x)) if x is not None else b.input(None)
              for name, x in (("alibi_slopes", alibi_slopes), ("cu_seqlens_q", cu_seqlens_q),
                              ("cu_seqlens_k", cu_seqlens_k), ("seqused_k", seqused_k))}
     if p.user_buffers is not None:
         slots["user_buffers"] = tuple(b.input(*common.contiguous(x)) for x in user_buffers)
+    if p.sinks is not None:
+        slots["sinks"] = b.input(*common.contiguous(p.sinks))
     return dataclasses.replace(p, **slots)
+
+
+def sink_inputs(p):
+    """The sinks as a plan run's last problem input: (p.sinks,) or ()."""
+    return () if p.sinks is None else (p.sinks,)
 
 
 def buffer_gradients(p):
@@ -44,7 +52,8 @@ def forward_plan(p, q, k, v, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=
     cu_seqlens_q, cu_seqlens_k, seqused_k, *user_buffers)`` (the score_mod's buffers) and returns
     ``(out, lse)``, or ``(out,)`` without ``return_lse`` (the kernels still write lse, into the
     workspace); with ``max_score``, then the float32 (batch, heads) maxima (the forward raises their
-    images in a workspace zeroed each run, then common.plan_max_score_decode)."""
+    images in a workspace zeroed each run, then common.plan_max_score_decode). A problem with sinks takes
+    them after the buffers."""
     device = common.current_device()
     b = _plan.PlanBuilder()
     operands = tuple(b.input(*common.readable(x)) for x in (q, k, v))
@@ -68,8 +77,9 @@ def forward_plan(p, q, k, v, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=
 def backward_plan(p, dout, q, k, v, out, lse, deterministic, alibi_slopes=None, cu_seqlens_q=None,
                   cu_seqlens_k=None, user_buffers=(), user_grads=()):
     """The plan of the backward of problem ``p`` (see :func:`forward_plan`). Its run takes ``(dout, q, k,
-    v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None, *user_buffers, *user_grads)`` (the
-    score_mod's buffers, then their zeroed gradient accumulators of :func:`buffer_gradients`, which it
+    v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None, *user_buffers, *sinks, *user_grads)`` (the
+    score_mod's buffers, the sinks where the problem has them, then the buffers' zeroed gradient
+    accumulators of :func:`buffer_gradients`, which it
     adds into, or with ``deterministic`` writes from exact sums) and returns ``(dq, dk, dv)``, then with
     sinks (once NEW_KERNELS_ENABLED) their gradient's per-row terms, which bwd_delta writes
     (_merge.sink_gradient_from_terms sums them); lse may be float32 or float64 (the plan converts it to the
@@ -117,7 +127,7 @@ def forward(p, q, k, v, max_score=False):
     buffers = p.user_buffers or ()
     plan = forward_plan(p, q, k, v, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, max_score=max_score,
                         user_buffers=buffers)
-    return plan(q, k, v, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, *buffers)
+    return plan(q, k, v, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, *buffers, *sink_inputs(p))
 
 
 def backward(p, dout, q, k, v, out, lse, deterministic):
@@ -128,5 +138,5 @@ def backward(p, dout, q, k, v, out, lse, deterministic):
     plan = backward_plan(p, dout, q, k, v, out, lse, deterministic, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k,
                          buffers, grads)
     results = tuple(plan(dout, q, k, v, out, lse, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k, None, *buffers,
-                         *grads))
+                         *sink_inputs(p), *grads))
     return results[:3], results[3] if len(results) > 3 else None, list(grads) if p.user_buffers is not None else None

@@ -64,6 +64,17 @@ def forward(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes, 
         return None
 
 
+def with_extras(key, sinks, return_max_score=False):
+    """The key of a call that differs from a plain one (``key``) by its sinks or the maximum score: the
+    plain key with their layout and value; None where ``key`` is."""
+    if key is None:
+        return None
+    try:
+        return key, layout(sinks), return_max_score.__class__, return_max_score
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
 def backward(dout, q, k, v, out, lse, causal, softmax_scale, window_size, softcap, alibi_slopes, block_mask,
              deterministic, precision):
     if type(q) is not _NDARRAY:

@@ -142,6 +142,38 @@ def test_a_plan_serves_new_arrays_of_its_layout(family, dtype, options, monkeypa
 
 
 @_gpu
+@pytest.mark.parametrize("family, dtype", [("sm90", "bfloat16"), ("general", "float32")])
+def test_sinks_and_the_maximum_score_have_plans_once_fused(family, dtype, monkeypatch):
+    """With the kernels that join the sinks and keep the maximum score (NEW_KERNELS_ENABLED), such calls
+    have plans of their own: a second call with other sinks of the same layout runs the plan, with its
+    sinks; forward (out, lse, max_score) and backward (dq, dk, dv, dsinks from bwd_delta's terms) against
+    the oracle."""
+    from cupyflash import _problem
+
+    monkeypatch.setattr(_problem, "NEW_KERNELS_ENABLED", True)
+    use_family(monkeypatch, family)
+    _api.PLANS.clear()
+    q, k, v, dout = _inputs((2, 150, 4, 64), dtype, 3, heads_k=2)
+    names = ("out", "lse", "max_score", "dq", "dk", "dv", "dsinks")
+    plans = None
+    for seed in (4, 5):
+        sinks = cupy.asarray(np.random.default_rng(seed).standard_normal(4).astype(np.float32))
+        out, lse, top = cupyflash.flash_attention(q, k, v, causal=True, sinks=sinks, return_lse=True,
+                                                  return_max_score=True)
+        got = (out, lse, top, *cupyflash.flash_attention_backward(dout, q, k, v, out, lse, causal=True, sinks=sinks))
+        ref = oracle(q, k, v, dout=dout, causal=True, sinks=sinks)
+        base = plain(q, k, v, dout=dout, causal=True, sinks=sinks)
+        for name, value in zip(names, got):
+            factor = OUTPUT_FACTOR if name in ("out", "lse", "max_score") else GRAD_FACTOR
+            assert_within_rule(name, value, ref[name], base[name], factor, ref["dsinks_floor"] if name == "dsinks" else 0)
+        if plans is None:
+            plans = len(_api.PLANS)
+            assert plans == 2, "a forward and a backward plan"
+        else:
+            assert len(_api.PLANS) == plans, "a call of a planned layout made a new plan"
+
+
+@_gpu
 def test_shapes_strides_and_dtypes_get_their_own_plans():
     _api.PLANS.clear()
     q, k, v, dout = _inputs((1, 130, 2, 64), "bfloat16", 3)
