@@ -191,8 +191,8 @@ def _fused_extras(sinks, dropout_p, dropout_seed, dropout_offset, return_max_sco
     """Whether a call that is not plain differs from one only by its sinks or the maximum score, which the
     kernels join themselves once NEW_KERNELS_ENABLED is on: such calls have plans too (keyed by
     _keys.with_extras), whose runs take the sinks as their last problem input."""
-    return _problem.NEW_KERNELS_ENABLED and _plain(None, dropout_p, dropout_seed, dropout_offset, False, score_mod,
-                                                   *fp8) and return_max_score in (False, True)
+    return (_problem.NEW_KERNELS_ENABLED and (return_max_score is True or return_max_score is False)
+            and _plain(None, dropout_p, dropout_seed, dropout_offset, False, score_mod, *fp8))
 
 
 def _planned_results(results, p_sinks, varlen):
@@ -233,6 +233,9 @@ def _backward(key, p, dout, q, k, v, out, lse, deterministic, alibi_slopes=None,
     if key is None or not _compute.plannable(p):
         return _compute.backward(p, dout, q, k, v, out, lse, deterministic)
     from . import _cuda
+
+    if p.sinks is not None and not _cuda.launchable(p):  # no kernel to write the sinks' terms: the checked path
+        return _compute.backward(p, dout, q, k, v, out, lse, deterministic)
 
     plan = _cuda.backward_plan(p, dout, q, k, v, out, lse, deterministic, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
     PLANS.put(key, plan)

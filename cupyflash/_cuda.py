@@ -13,7 +13,7 @@ from ._families import common
 from ._problem import acc_dtype, lse_dtype
 
 
-def _launchable(p):
+def launchable(p):
     """False only for a packed batch whose given max_seqlen is 0 while it has rows: no grid to launch, and
     the device check finds a sequence longer than its max, so every output becomes NaN."""
     return p.seqlen_q > 0 and p.seqlen_k > 0
@@ -63,7 +63,7 @@ def forward_plan(p, q, k, v, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=
         images = b.workspace((p.batch, p.heads), numpy.uint32, zeroed=True)
         top = b.output((p.batch, p.heads), numpy.float32)
         ps = dataclasses.replace(ps, max_score=images)
-    if _launchable(p):
+    if launchable(p):
         family, variant = _families.select(_families.FORWARD, ps, device, operands)
         out, lse = family.plan(b, variant, ps, *operands, device)
     else:
@@ -106,10 +106,10 @@ def backward_plan(p, dout, q, k, v, out, lse, deterministic, alibi_slopes=None, 
             ps = dataclasses.replace(ps, user_grads=grad_slots)
     dout_s, q_s, k_s, v_s, out_s = operands
     terms = None
-    if p.sinks is not None and _problem.NEW_KERNELS_ENABLED and _launchable(p):
+    if p.sinks is not None and _problem.NEW_KERNELS_ENABLED and launchable(p):
         terms = b.output(p.lse_shape, dtype)
         ps = dataclasses.replace(ps, sink_terms=terms)
-    if _launchable(p):
+    if launchable(p):
         family, variant = _families.select(_families.BACKWARD, ps, device, (q_s, k_s, v_s, dout_s))
         grads = family.plan(b, variant, ps, dout_s, q_s, k_s, v_s, out_s, lse_slot, deterministic, device)
         for sums, grad in zip(words, grad_slots):

@@ -66,10 +66,13 @@ def forward(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes, 
 
 def with_extras(key, sinks, return_max_score=False):
     """The key of a call that differs from a plain one (``key``) by its sinks or the maximum score: the
-    plain key with their layout and value; None where ``key`` is."""
+    plain key with their layout and value; None where ``key`` is, and for sinks that are not contiguous
+    (a plan's run writes the address of the sinks it is given, which the kernels read as contiguous)."""
     if key is None:
         return None
     try:
+        if sinks is not None and not sinks.flags.c_contiguous:
+            return None
         return key, layout(sinks), return_max_score.__class__, return_max_score
     except (AttributeError, TypeError, ValueError):
         return None

@@ -156,8 +156,12 @@ def test_sinks_and_the_maximum_score_have_plans_once_fused(family, dtype, monkey
     q, k, v, dout = _inputs((2, 150, 4, 64), dtype, 3, heads_k=2)
     names = ("out", "lse", "max_score", "dq", "dk", "dv", "dsinks")
     plans = None
-    for seed in (4, 5):
+    for seed in (4, 5, 6):
         sinks = cupy.asarray(np.random.default_rng(seed).standard_normal(4).astype(np.float32))
+        if seed == 6:  # strided sinks: no plan (a run passes the address it is given), the checked path
+            wide = cupy.zeros(8, np.float32)
+            wide[::2] = sinks
+            sinks = wide[::2]
         out, lse, top = cupyflash.flash_attention(q, k, v, causal=True, sinks=sinks, return_lse=True,
                                                   return_max_score=True)
         got = (out, lse, top, *cupyflash.flash_attention_backward(dout, q, k, v, out, lse, causal=True, sinks=sinks))
