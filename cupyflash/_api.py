@@ -643,7 +643,8 @@ def flash_attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, *, k:
                                  num_splits: int = 0, return_lse: bool = False,
                                  precision: str = "highest", sinks: Optional[Array] = None,
                                  return_max_score: bool = False, score_mod: Optional[Callable] = None,
-                                 score_mod_buffers: Optional[Sequence[Array]] = None) -> Union[Array, Tuple[Array, ...]]:
+                                 score_mod_buffers: Optional[Sequence[Array]] = None,
+                                 cache_leftpad: Optional[Array] = None) -> Union[Array, Tuple[Array, ...]]:
     """Attention of new queries to a KV cache, after appending new keys and values to it
     (FlashAttention-2's ``flash_attn_with_kvcache``): decoding, chunked prefill, speculative
     verification.
@@ -671,6 +672,12 @@ def flash_attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, *, k:
         Keys already in each entry's cache; None: the cache is full (capacity - seqlen_new).
     cache_batch_idx : int32 array, shape (batch,), or None, keyword-only
         Dense caches only: the cache entry of each batch entry.
+    cache_leftpad : int32 array, shape (batch,), or None, keyword-only
+        Dense caches only (FlashAttention-2's left-padded caches): batch entry ``b``'s keys start at
+        position ``cache_leftpad[b]`` (``0 <= cache_leftpad[b] <= cache_seqlens[b]``): it attends to
+        positions ``cache_leftpad[b]`` up to ``cache_seqlens[b] + seqlen_new``, and its masks and ALiBi
+        distances count keys from ``cache_leftpad[b]``. New keys are still written at
+        ``cache_seqlens[b]`` and rotary positions stay absolute. NumPy arrays only in this version.
     block_table : int32 array, shape (batch, max_pages), or None, keyword-only
         A paged cache: position ``t`` of batch entry ``b`` is row ``t % page_size`` of page
         ``block_table[b, t // page_size]``. Capacity is ``max_pages * page_size``.
@@ -731,7 +738,8 @@ def flash_attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, *, k:
     """
     return _kvcache.attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos,
                               rotary_sin, rotary_interleaved, causal, window_size, softcap, alibi_slopes, softmax_scale,
-                              num_splits, return_lse, precision, sinks, return_max_score, score_mod, score_mod_buffers)
+                              num_splits, return_lse, precision, sinks, return_max_score, score_mod, score_mod_buffers,
+                              cache_leftpad)
 
 
 _RING_DOC = """

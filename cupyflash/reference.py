@@ -1009,7 +1009,7 @@ def apply_rotary(x, cos, sin, positions, interleaved=True):
 def attention_with_kvcache(q, k_cache, v_cache, *, k=None, v=None, cache_seqlens=None, cache_batch_idx=None,
                            block_table=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=True,
                            causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           sinks=None, return_max_score=False, compute_dtype=None):
+                           sinks=None, return_max_score=False, cache_leftpad=None, compute_dtype=None):
     """Naive attention of queries to a KV cache (FlashAttention-2's ``flash_attn_with_kvcache``).
 
     Batch entry ``b`` attends to the first ``cache_seqlens[b]`` keys of its cache and, when ``k`` and
@@ -1040,6 +1040,10 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k=None, v=None, cache_seqlens
     rotary_interleaved : bool
     causal, softmax_scale, window_size, softcap, alibi_slopes, sinks, return_max_score, compute_dtype
         As in :func:`attention` (``alibi_slopes`` of shape (heads,) or (batch, heads)).
+    cache_leftpad : int array, shape (batch,), optional
+        Left-padded caches: batch entry ``b``'s keys are its positions ``cache_leftpad[b]`` up to
+        ``cache_seqlens[b] + seqlen_new`` (masks and ALiBi count them from there); new keys are written
+        at ``cache_seqlens[b]`` and rotary positions are absolute, as without it.
 
     Returns
     -------
@@ -1064,6 +1068,9 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k=None, v=None, cache_seqlens
     table = _on_module(np, block_table).astype(np.int64) if paged else None
     if (lengths < 0).any() or (lengths + seqlen_new > capacity).any():
         raise ValueError(f"cache_seqlens {lengths.tolist()} plus {seqlen_new} new keys do not fit caches of {capacity}")
+    starts = np.zeros(batch, np.int64) if cache_leftpad is None else _on_module(np, cache_leftpad).astype(np.int64)
+    if (starts < 0).any() or (starts > lengths).any():
+        raise ValueError(f"cache_leftpad {starts.tolist()} must lie in [0, cache_seqlens] ({lengths.tolist()})")
 
     def where(b, positions):
         """(cache index, row) of batch entry b's positions, as index arrays of q's module."""
@@ -1090,7 +1097,7 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k=None, v=None, cache_seqlens
     slopes = _sequence_slopes(alibi_slopes, batch)
     outs, lses, tops = [], [], []
     for b in range(batch):
-        old = np.arange(lengths[b])
+        old = np.arange(starts[b], lengths[b])
         index, row = where(b, old)
         keys = k_cache[index, row].astype(np.float64)
         values = v_cache[index, row].astype(np.float64)

@@ -450,3 +450,59 @@ def test_split_heuristic_fills_the_sms():
     paged = dataclasses.replace(small, block_table=np.zeros((1, 1), np.int32), page_size=16)
     assert kvcache.num_splits(dataclasses.replace(paged, capacity=131072), kvcache.DECODE.variant("bfloat16", (128,)),
                               device, 1) == 33  # 264 CTAs: two per SM
+
+
+@pytest.mark.parametrize("dtype, sizes, options, leftpad", [
+    ("bfloat16", dict(DECODE, lengths=[699, 37, 5], capacity=700, headdim=64, headdim_v=64), {"causal": True},
+     [650, 0, 5]),
+    ("float32", dict(DECODE, seqlen_q=5, new=2, lengths=[60, 37, 9], capacity=80, headdim=40, headdim_v=24,
+                     batch_idx=True), {"window_size": (20, 3), "alibi": True}, [13, 37, 1]),
+    ("float16", dict(DECODE, seqlen_q=3, new=3, lengths=[40, 10, 0], capacity=64, headdim=32, headdim_v=32,
+                     rotary_dim=16), {"causal": True}, [7, 10, 0]),
+])
+def test_left_padded_caches_numpy(dtype, sizes, options, leftpad):
+    """cache_leftpad (FlashAttention-2's left-padded caches): entry b attends to positions cache_leftpad[b]
+    .. cache_seqlens[b] + seqlen_new, its masks and ALiBi counted from cache_leftpad[b] (one entry's padding
+    reaches its last cached key), GQA, rotary, windows; the NumPy twin against the oracle."""
+    dtype, sizes, options = _options(np, (dtype, sizes, options))
+    _check(np, dtype, dict(options, cache_leftpad=np.asarray(leftpad, np.int32)), **sizes)
+
+
+def test_left_padding_is_the_cache_from_its_first_key():
+    """The oracle's left padding against its own unpadded form (independent of the twin): each entry's
+    cache from cache_leftpad[b] on, with cache_seqlens[b] - cache_leftpad[b] keys, gives the same out and lse."""
+    sizes = dict(DECODE, seqlen_q=4, new=2, lengths=[50, 20, 7], capacity=60, headdim=32, headdim_v=16)
+    (q, k_cache, v_cache), arrays = _inputs(np, "float32", **sizes, seed=11)
+    leftpad = np.array([17, 0, 7], np.int32)
+    out, lse, *_ = reference.attention_with_kvcache(q, k_cache, v_cache, **arrays, cache_leftpad=leftpad, causal=True)
+    for b in range(3):
+        start = int(leftpad[b])
+        want, want_lse, *_ = reference.attention_with_kvcache(
+            q[b:b + 1], k_cache[b:b + 1, start:], v_cache[b:b + 1, start:], k=arrays["k"][b:b + 1],
+            v=arrays["v"][b:b + 1], cache_seqlens=np.array([sizes["lengths"][b] - start], np.int32), causal=True)
+        np.testing.assert_array_equal(out[b], want[0])
+        np.testing.assert_array_equal(lse[b], want_lse[0])
+
+
+@pytest.mark.parametrize("change, error, match", [
+    ({"cache_leftpad": np.array([1, 40, 0], np.int32)}, ValueError, r"cache_leftpad\[1\] must lie in \[0, cache_seqlens"),
+    ({"cache_leftpad": np.array([1, 2], np.int32)}, ValueError, r"cache_leftpad must have shape \(3,\)"),
+    ({"cache_leftpad": np.array([1, 2, 0], np.int64)}, TypeError, "cache_leftpad has dtype int64; expected int32"),
+    ({"cache_leftpad": np.array([1, 2, 0], np.int32), "paged": True}, ValueError, "cache_leftpad is for dense caches"),
+])
+def test_left_padding_is_checked(change, error, match):
+    change = dict(change)
+    sizes = dict(DECODE, lengths=[30, 37, 0], capacity=64, headdim=32, headdim_v=32,
+                 page_size=16 if change.pop("paged", False) else 0)
+    (q, k_cache, v_cache), arrays = _inputs(np, "float32", **sizes, seed=12)
+    with pytest.raises(error, match=match):
+        cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **arrays, **change)
+
+
+@pytest.mark.gpu
+def test_left_padding_waits_for_the_kernels_on_cupy():
+    (q, k_cache, v_cache), arrays = _inputs(cupy, "bfloat16", **dict(DECODE, capacity=64, lengths=[30, 37, 0],
+                                                                     headdim=32, headdim_v=32), seed=13)
+    with pytest.raises(NotImplementedError, match="cache_leftpad runs on NumPy arrays"):
+        cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **arrays,
+                                               cache_leftpad=cupy.asarray(np.array([1, 2, 0], np.int32)))

@@ -19,10 +19,11 @@ PLANS = _plan.PlanCache()
 
 def attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
               rotary_interleaved, causal, window_size, softcap, alibi_slopes, softmax_scale, num_splits, return_lse,
-              precision, sinks=None, return_max_score=False, score_mod=None, score_mod_buffers=None):
+              precision, sinks=None, return_max_score=False, score_mod=None, score_mod_buffers=None,
+              cache_leftpad=None):
     """The body of cupyflash.flash_attention_with_kvcache (its docstring describes the arguments)."""
-    # Calls with sinks, the maximum score or a score_mod take the checked path (no plan) every time.
-    plain = sinks is None and return_max_score is False and score_mod is None
+    # Calls with sinks, the maximum score, a score_mod or left padding take the checked path (no plan).
+    plain = sinks is None and return_max_score is False and score_mod is None and cache_leftpad is None
     key = None if not plain else _keys.kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table,
                                                rotary_cos, rotary_sin, rotary_interleaved, causal, window_size,
                                                softcap, alibi_slopes, softmax_scale, num_splits, return_lse, precision)
@@ -33,7 +34,8 @@ def attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_t
         return results if return_lse else results[0]
     named = {"q": q, "k_cache": k_cache, "v_cache": v_cache}
     named.update({n: x for n, x in (("k", k), ("v", v), ("cache_batch_idx", cache_batch_idx), ("block_table", block_table),
-                                   ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)) if x is not None})
+                                   ("cache_leftpad", cache_leftpad), ("rotary_cos", rotary_cos),
+                                   ("rotary_sin", rotary_sin)) if x is not None})
     if cache_seqlens is not None and not _problem.is_int(cache_seqlens):
         named["cache_seqlens"] = cache_seqlens
     checked = dict(zip(named, _problem.arrays(**named)))
@@ -46,7 +48,7 @@ def attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_t
         rotary_sin=checked.get("rotary_sin"), rotary_interleaved=rotary_interleaved, causal=causal,
         window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, softmax_scale=softmax_scale,
         num_splits=num_splits, max_splits=MAX_SPLITS, precision=precision, sinks=sinks, score_mod=score_mod,
-        score_mod_buffers=score_mod_buffers)
+        score_mod_buffers=score_mod_buffers, cache_leftpad=checked.get("cache_leftpad"))
     top = None
     if c.xp is numpy:
         out, lse, *top = _host.attention(c, max_score=return_max_score)

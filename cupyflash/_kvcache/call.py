@@ -48,6 +48,7 @@ class KvCacheCall:
     v_new: object
     cache_batch_idx: object
     block_table: object
+    cache_leftpad: object      # int32 array (batch,): each entry's first key position; None: 0
     rotary_cos: object
     rotary_sin: object
     sinks: object = None       # float32 (heads,) of q's kind, or None
@@ -88,7 +89,7 @@ def _count(name, value, low, high=None):
 
 def check(q, k_cache, v_cache, *, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
           rotary_interleaved, causal, window_size, softcap, alibi_slopes, softmax_scale, num_splits, max_splits,
-          precision, sinks=None, score_mod=None, score_mod_buffers=None):
+          precision, sinks=None, score_mod=None, score_mod_buffers=None, cache_leftpad=None):
     """Checks a flash_attention_with_kvcache call (arrays from :func:`_problem.arrays`); returns its
     :class:`KvCacheCall`. NumPy calls also check cache_seqlens, cache_batch_idx and block_table's values
     here; CuPy calls check array values on the device (see the decode kernel)."""
@@ -139,6 +140,16 @@ def check(q, k_cache, v_cache, *, k, v, cache_seqlens, cache_batch_idx, block_ta
         if cache_batch_idx is not None and cache_batch_idx.shape != (batch,):
             raise ValueError(f"cache_batch_idx must have shape ({batch},), got {cache_batch_idx.shape}")
     cache_entries = k_cache.shape[0]
+    cache_leftpad = _index_array("cache_leftpad", cache_leftpad, xp, f"({batch},)", 1)
+    if cache_leftpad is not None:
+        if paged:
+            raise ValueError("cache_leftpad is for dense caches (FlashAttention-2 does not take it with a block_table "
+                             "either)")
+        if cache_leftpad.shape != (batch,):
+            raise ValueError(f"cache_leftpad must have shape ({batch},), got {cache_leftpad.shape}")
+        if xp is not numpy:
+            raise NotImplementedError("cache_leftpad runs on NumPy arrays in this version: the decode kernel does not "
+                                      "take it yet (README, 'KV caches')")
 
     if (k is None) != (v is None):
         raise ValueError("k and v must be given together (the new keys and values), or both left None")
@@ -208,7 +219,7 @@ def check(q, k_cache, v_cache, *, k, v, cache_seqlens, cache_batch_idx, block_ta
     if batch > 65535 or heads_k > 65535:
         raise ValueError(f"batch and heads_k must be at most 65535 (grid axes); got {batch} and {heads_k}")
     named = {n: x for n, x in (("cache_batch_idx", cache_batch_idx), ("block_table", block_table),
-                               ("cache_seqlens", cache_seqlens)) if x is not None}
+                               ("cache_seqlens", cache_seqlens), ("cache_leftpad", cache_leftpad)) if x is not None}
     _problem.check_devices(xp, {**floating, **named})
     call = KvCacheCall(
         xp=xp, dtype=dtype, batch=batch, seqlen_q=seqlen_q, heads=heads, heads_k=heads_k, headdim=headdim,
@@ -218,8 +229,8 @@ def check(q, k_cache, v_cache, *, k, v, cache_seqlens, cache_batch_idx, block_ta
         rotary_interleaved=rotary_interleaved,
         rotary_q_at_row=causal or window_left >= 0 or window_right >= 0, cache_seqlens=cache_seqlens,
         cache_seqlens_value=value, num_splits=num_splits, q=q, k_cache=k_cache, v_cache=v_cache, k_new=k, v_new=v,
-        cache_batch_idx=cache_batch_idx, block_table=block_table, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
-        sinks=sinks, user_score=user_score, user_buffers=user_buffers)
+        cache_batch_idx=cache_batch_idx, block_table=block_table, cache_leftpad=cache_leftpad, rotary_cos=rotary_cos,
+        rotary_sin=rotary_sin, sinks=sinks, user_score=user_score, user_buffers=user_buffers)
     if xp is numpy:
         _check_values_on_host(call)
     return call
@@ -230,6 +241,13 @@ def cached_lengths(c):
     if c.cache_seqlens is None:
         return numpy.full(c.batch, c.cache_seqlens_value, numpy.int64)
     return c.cache_seqlens.astype(numpy.int64)
+
+
+def first_keys(c):
+    """cache_leftpad as an int64 NumPy array of the batch's entries (zeros without it)."""
+    if c.cache_leftpad is None:
+        return numpy.zeros(c.batch, numpy.int64)
+    return c.cache_leftpad.astype(numpy.int64)
 
 
 def cache_positions(c, b, positions):
@@ -246,6 +264,10 @@ def _check_values_on_host(c):
     if ((lengths < 0) | (lengths + c.seqlen_new > c.capacity)).any():
         raise ValueError(f"cache_seqlens must lie in [0, {c.capacity - c.seqlen_new}] (the cache holds {c.capacity} keys "
                          f"per batch entry, {c.seqlen_new} of them new); got {numpy.array2string(lengths, threshold=12)}")
+    starts = first_keys(c)
+    if ((starts < 0) | (starts > lengths)).any():
+        bad = int(numpy.flatnonzero((starts < 0) | (starts > lengths))[0])
+        raise ValueError(f"cache_leftpad[{bad}] must lie in [0, cache_seqlens[{bad}] = {lengths[bad]}], got {starts[bad]}")
     if c.cache_batch_idx is not None:
         idx = c.cache_batch_idx
         if ((idx < 0) | (idx >= c.cache_entries)).any():

@@ -1,11 +1,11 @@
 """The NumPy twin of flash_attention_with_kvcache: the new keys and values written into the caches, then
-the attention of every entry's queries to its keys, packed as a varlen batch, through the compute layer
-(the tiled NumPy forward)."""
+the attention of every entry's queries to its keys (from cache_leftpad on), packed as a varlen batch,
+through the compute layer (the tiled NumPy forward)."""
 
 import numpy
 
 from .. import _compute, _problem, reference
-from .call import cache_positions, cached_lengths
+from .call import cache_positions, cached_lengths, first_keys
 
 
 def attention(c, max_score=False):
@@ -26,8 +26,10 @@ def attention(c, max_score=False):
             entry, row = cache_positions(c, b, new_positions[b])
             c.k_cache[entry, row] = k_new[b].astype(c.dtype)
             c.v_cache[entry, row] = c.v_new[b]
-    keys = lengths + c.seqlen_new
-    gathered = [cache_positions(c, b, numpy.arange(keys[b])) for b in range(c.batch)]
+    # Entry b's keys: positions cache_leftpad[b] (0 without it) up to its length, a sequence of their own.
+    starts = first_keys(c)
+    keys = lengths + c.seqlen_new - starts
+    gathered = [cache_positions(c, b, numpy.arange(starts[b], starts[b] + keys[b])) for b in range(c.batch)]
     k = numpy.concatenate([c.k_cache[e, r] for e, r in gathered]) if c.batch else c.k_cache[:0, 0]
     v = numpy.concatenate([c.v_cache[e, r] for e, r in gathered]) if c.batch else c.v_cache[:0, 0]
     cu_k = numpy.concatenate([[0], numpy.cumsum(keys)]).astype(numpy.int32)
