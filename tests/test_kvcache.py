@@ -506,3 +506,39 @@ def test_left_padding_waits_for_the_kernels_on_cupy():
     with pytest.raises(NotImplementedError, match="cache_leftpad runs on NumPy arrays"):
         cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **arrays,
                                                cache_leftpad=cupy.asarray(np.array([1, 2, 0], np.int32)))
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
+@pytest.mark.gpu
+def test_checked_mode_raises_for_cupy_values(paged, monkeypatch):
+    """CUPYFLASH_CHECK=1: a CuPy call's out-of-range cache_seqlens, cache_batch_idx or block_table raise
+    ValueError naming the argument, as a NumPy call's do (by default their entry's rows are NaN); a valid
+    call runs as usual."""
+    monkeypatch.setenv("CUPYFLASH_CHECK", "1")
+    sizes = {"batch": 3, "seqlen_q": 1, "heads": 4, "heads_k": 2, "headdim": 64, "headdim_v": 64, "capacity": 64,
+             "lengths": [10, 63, 20], "new": 1, "page_size": 16 if paged else 0, "batch_idx": not paged}
+    (q, k_cache, v_cache), arrays = _inputs(cupy, "bfloat16", **sizes, seed=14)
+    cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **arrays)
+    bad = dict(arrays, cache_seqlens=cupy.asarray(np.array([10, 64, 20], np.int32)))
+    with pytest.raises(ValueError, match="cache_seqlens must lie in"):
+        cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **bad)
+    if paged:
+        table = arrays["block_table"].copy()
+        table[1, 0] = 10**6
+        with pytest.raises(ValueError, match="block_table row 1 names pages outside"):
+            cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **dict(arrays, block_table=table))
+    else:
+        with pytest.raises(ValueError, match="cache_batch_idx must index"):
+            cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache,
+                                                   **dict(arrays, cache_batch_idx=cupy.asarray(np.array([0, 9, 1],
+                                                                                                      np.int32))))
+
+
+def test_checked_mode_reads_its_variable(monkeypatch):
+    from cupyflash import _kvcache
+
+    for value, on in (("", False), ("0", False), ("1", True), ("yes", True)):
+        monkeypatch.setenv("CUPYFLASH_CHECK", value)
+        assert _kvcache.checked_mode() is on
+    monkeypatch.delenv("CUPYFLASH_CHECK")
+    assert _kvcache.checked_mode() is False

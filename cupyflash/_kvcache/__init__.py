@@ -5,6 +5,9 @@ on the GPU). A CuPy call that takes the decode kernel leaves a plan keyed by its
 
 Importing this package needs no CuPy: device.py is imported by the first CuPy call."""
 
+import dataclasses
+import os
+
 import numpy
 
 from .. import _keys, _merge, _plan, _problem
@@ -12,6 +15,14 @@ from . import call as _call
 from . import host as _host
 
 MAX_SPLITS = _call.MAX_SPLITS
+#: ``CUPYFLASH_CHECK=1``: CuPy calls check cache_seqlens, cache_leftpad, cache_batch_idx and block_table on
+#: the host (a copy to the host and a wait, every call, plans skipped), raising ValueError as NumPy calls
+#: do, where by default an entry with an out-of-range value gets NaN rows.
+CHECK_VARIABLE = "CUPYFLASH_CHECK"
+
+
+def checked_mode():
+    return os.environ.get(CHECK_VARIABLE, "") not in ("", "0")
 
 #: The decode plans, by key.
 PLANS = _plan.PlanCache()
@@ -23,7 +34,8 @@ def attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_t
               cache_leftpad=None):
     """The body of cupyflash.flash_attention_with_kvcache (its docstring describes the arguments)."""
     # Calls with sinks, the maximum score, a score_mod or left padding take the checked path (no plan).
-    plain = sinks is None and return_max_score is False and score_mod is None and cache_leftpad is None
+    plain = (sinks is None and return_max_score is False and score_mod is None and cache_leftpad is None
+             and not checked_mode())
     key = None if not plain else _keys.kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table,
                                                rotary_cos, rotary_sin, rotary_interleaved, causal, window_size,
                                                softcap, alibi_slopes, softmax_scale, num_splits, return_lse, precision)
@@ -49,6 +61,10 @@ def attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_t
         window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, softmax_scale=softmax_scale,
         num_splits=num_splits, max_splits=MAX_SPLITS, precision=precision, sinks=sinks, score_mod=score_mod,
         score_mod_buffers=score_mod_buffers, cache_leftpad=checked.get("cache_leftpad"))
+    if c.xp is not numpy and checked_mode():
+        names = ("cache_seqlens", "cache_leftpad", "cache_batch_idx", "block_table")
+        host = {name: None if getattr(c, name) is None else getattr(c, name).get() for name in names}
+        _call.check_values_on_host(dataclasses.replace(c, **host))
     top = None
     if c.xp is numpy:
         out, lse, *top = _host.attention(c, max_score=return_max_score)

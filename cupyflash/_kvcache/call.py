@@ -232,7 +232,7 @@ def check(q, k_cache, v_cache, *, k, v, cache_seqlens, cache_batch_idx, block_ta
         cache_batch_idx=cache_batch_idx, block_table=block_table, cache_leftpad=cache_leftpad, rotary_cos=rotary_cos,
         rotary_sin=rotary_sin, sinks=sinks, user_score=user_score, user_buffers=user_buffers)
     if xp is numpy:
-        _check_values_on_host(call)
+        check_values_on_host(call)
     return call
 
 
@@ -259,7 +259,7 @@ def cache_positions(c, b, positions):
     return numpy.full_like(positions, entry), positions
 
 
-def _check_values_on_host(c):
+def check_values_on_host(c):
     lengths = cached_lengths(c)
     if ((lengths < 0) | (lengths + c.seqlen_new > c.capacity)).any():
         raise ValueError(f"cache_seqlens must lie in [0, {c.capacity - c.seqlen_new}] (the cache holds {c.capacity} keys "
