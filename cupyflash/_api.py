@@ -210,7 +210,7 @@ def _results(out, lse, max_score, return_lse, return_max_score):
 
 
 def _forward(key, p, q, k, v, return_lse, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None,
-             return_max_score=False):
+             return_max_score=False, seqused_k=None):
     """out, then lse with ``return_lse`` and max_score with ``return_max_score``, of a checked forward
     call; a CuPy call's plan is kept under ``key``."""
     if key is None or not _compute.plannable(p):
@@ -218,10 +218,10 @@ def _forward(key, p, q, k, v, return_lse, alibi_slopes=None, cu_seqlens_q=None, 
         return _results(results[0], results[1], results[-1], return_lse, return_max_score)
     from . import _cuda
 
-    plan = _cuda.forward_plan(p, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, return_lse=return_lse,
+    plan = _cuda.forward_plan(p, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, return_lse=return_lse,
                               max_score=return_max_score)
     PLANS.put(key, plan)
-    results = plan.run(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None, *_cuda.sink_inputs(p))
+    results = plan.run(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, *_cuda.sink_inputs(p))
     return results if len(results) > 1 else results[0]
 
 
@@ -394,7 +394,7 @@ def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
                            score_mod: Optional[Callable] = None, score_mod_buffers: Optional[Sequence[Array]] = None,
                            return_max_score: bool = False, q_descale: Optional[Array] = None,
                            k_descale: Optional[Array] = None, v_descale: Optional[Array] = None,
-                           out_dtype=None) -> Union[Array, Tuple[Array, ...]]:
+                           out_dtype=None, seqused_k: Optional[Array] = None) -> Union[Array, Tuple[Array, ...]]:
     """:func:`flash_attention` over a batch of sequences of different lengths, packed without padding.
 
     Every sequence is its own problem: masks, windows and ALiBi distances are aligned to its own
@@ -407,6 +407,10 @@ def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
         Also return the log-sum-exp needed by :func:`flash_attention_varlen_backward`.{precision}{training}{score_mod}
         For dropout, the batch index of sequence b is b, and i and j count from its first row.{max_score}{fp8}
         Here the descales' batch axis is the sequence's index.
+    seqused_k : int32 array of q's kind, shape (batch,), or None, keyword-only
+        Sequence b attends to its first ``seqused_k[b]`` keys only (FlashAttention's varlen seqused_k;
+        masks aligned to that count). NumPy values must lie in [0, its keys]. The forward only (the backward
+        takes none); NumPy arrays only in this version (the kernels' path waits for its first GPU run).
 
     Returns
     -------
@@ -423,18 +427,18 @@ def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
     if _plain(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score, score_mod, q_descale, k_descale,
               v_descale, out_dtype):
         key = _keys.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                                   softmax_scale, window_size, softcap, alibi_slopes, return_lse, precision)
+                                   softmax_scale, window_size, softcap, alibi_slopes, return_lse, precision, seqused_k)
     elif _fused_extras(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score, score_mod, q_descale,
                        k_descale, v_descale, out_dtype):
         key = _keys.with_extras(_keys.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                      causal, softmax_scale, window_size, softcap, alibi_slopes,
-                                                     return_lse, precision), sinks, return_max_score)
+                                                     return_lse, precision, seqused_k), sinks, return_max_score)
     else:
         key = None
     plan = PLANS.get(key)
     if plan is not None:
-        results = (plan.run(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None) if sinks is None
-                   else plan.run(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None, sinks))
+        results = (plan.run(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k) if sinks is None
+                   else plan.run(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, sinks))
         return results if len(results) > 1 else results[0]
     q, k, v, cu_seqlens_q, cu_seqlens_k = _problem.arrays(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q,
                                                           cu_seqlens_k=cu_seqlens_k)
@@ -444,10 +448,12 @@ def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
                                         precision=precision, sinks=sinks, dropout_p=dropout_p,
                                         dropout_seed=dropout_seed, dropout_offset=dropout_offset,
                                         score_mod=score_mod, score_mod_buffers=score_mod_buffers, q_descale=q_descale,
-                                        k_descale=k_descale, v_descale=v_descale, out_dtype=out_dtype)
+                                        k_descale=k_descale, v_descale=v_descale, out_dtype=out_dtype,
+                                        seqused_k=seqused_k)
     return_lse = _problem.check_flag("return_lse", return_lse)
     return_max_score = _problem.check_max_score(return_max_score, p.xp)
-    return _forward(key, p, q, k, v, return_lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, return_max_score)
+    return _forward(key, p, q, k, v, return_lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, return_max_score,
+                    seqused_k)
 
 
 def flash_attention_varlen_backward(dout: Array, q: Array, k: Array, v: Array, out: Array, lse: Array,

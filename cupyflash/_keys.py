@@ -101,14 +101,14 @@ def backward(dout, q, k, v, out, lse, causal, softmax_scale, window_size, softca
 
 
 def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
-                   window_size, softcap, alibi_slopes, return_lse, precision):
+                   window_size, softcap, alibi_slopes, return_lse, precision, seqused_k=None):
     # Without both max_seqlen the checks read cu_seqlens on the host, every call: no plan.
     if type(q) is not _NDARRAY or max_seqlen_q is None or max_seqlen_k is None:
         return None
     try:
         left, right = window_size
         return (2, _get_ident(), _get_device(), _ENVIRON.get(_FAMILY_KEY), layout(q), layout(k), layout(v),
-                layout(cu_seqlens_q), layout(cu_seqlens_k), layout(alibi_slopes),
+                layout(cu_seqlens_q), layout(cu_seqlens_k), layout(alibi_slopes), layout(seqused_k),
                 max_seqlen_q.__class__, max_seqlen_q, max_seqlen_k.__class__, max_seqlen_k,
                 causal.__class__, causal, softmax_scale.__class__, softmax_scale, window_size.__class__,
                 left.__class__, left, right.__class__, right, softcap.__class__, softcap,

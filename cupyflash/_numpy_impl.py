@@ -248,8 +248,11 @@ def _per_sequence(p, run, arrays, out_like):
     cu_q, cu_k = np.asarray(p.cu_seqlens_q), np.asarray(p.cu_seqlens_k)
     # A sequence without queries sees no key: its maximum score stays -inf.
     results = [np.full(shape, -np.inf if kind == "batch" else 0, dtype) for kind, shape, dtype in out_like]
+    used = None if p.seqused_k is None else np.asarray(p.seqused_k)
     for b in range(p.batch):
-        rows = {"q": slice(cu_q[b], cu_q[b + 1]), "k": slice(cu_k[b], cu_k[b + 1])}
+        # seqused_k: the sequence's first keys only (the others' gradients stay 0).
+        k_end = cu_k[b + 1] if used is None else cu_k[b] + int(used[b])
+        rows = {"q": slice(cu_q[b], cu_q[b + 1]), "k": slice(cu_k[b], k_end)}
         slopes = None
         if p.alibi_slopes is not None:
             slopes = np.asarray(p.alibi_slopes)
@@ -257,8 +260,8 @@ def _per_sequence(p, run, arrays, out_like):
         descales = {name: None if getattr(p, name) is None else getattr(p, name)[b:b + 1]
                     for name in ("q_descale", "k_descale", "v_descale")}  # FP8: the sequence's row
         sub = dataclasses.replace(
-            p, batch=1, seqlen_q=int(cu_q[b + 1] - cu_q[b]), seqlen_k=int(cu_k[b + 1] - cu_k[b]), alibi_slopes=slopes,
-            cu_seqlens_q=None, cu_seqlens_k=None, total_q=0, total_k=0, batch_start=b, **descales,
+            p, batch=1, seqlen_q=int(cu_q[b + 1] - cu_q[b]), seqlen_k=int(k_end - cu_k[b]), alibi_slopes=slopes,
+            cu_seqlens_q=None, cu_seqlens_k=None, total_q=0, total_k=0, batch_start=b, seqused_k=None, **descales,
         )
         if sub.seqlen_q == 0:
             continue

@@ -91,7 +91,7 @@ class Problem:
     total_k: int = 0
     check_on_device: bool = False  # cu_seqlens was not checked on the host (see varlen_forward_problem)
     precision: str = "highest"  # PRECISIONS; "tf32" only for float32
-    seqused_k: object = None  # dense batches only: int32 (batch,) keys each entry uses (<= seqlen_k), or None
+    seqused_k: object = None  # int32 (batch,) keys each entry or packed sequence uses (its first ones), or None
     sinks: object = None  # float32 (heads,) of q's kind: a logit in every softmax denominator, or None
     out_dtype: object = None  # float8_e4m3fn inputs: the outputs' dtype (bfloat16 or float16); else None (dtype)
     q_descale: object = None  # float8_e4m3fn inputs: float32 (batch, heads_k) or (batch, heads) real / stored, or None
@@ -689,7 +689,7 @@ def varlen_forward_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=
                            causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            precision="highest", sinks=None, dropout_p=0.0, dropout_seed=None, dropout_offset=0,
                            score_mod=None, score_mod_buffers=None, q_descale=None, k_descale=None, v_descale=None,
-                           out_dtype=None):
+                           out_dtype=None, seqused_k=None):
     """Check the inputs of a packed (varlen) forward call (after :func:`arrays`); return its :class:`Problem`.
 
     NumPy inputs, and CuPy inputs without both max_seqlen, check cu_seqlens on the host (for CuPy, one
@@ -724,10 +724,36 @@ def varlen_forward_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=
     check_devices(xp, named)
     p = {"xp": xp, "dtype": dtype, "batch": batch, "seqlen_q": max_q, "seqlen_k": max_k, "heads": heads, "heads_k": heads_k,
          "headdim": headdim, "headdim_v": headdim_v, "softmax_scale": check_softmax_scale(softmax_scale, headdim, dtype),
-         "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k, "total_q": total_q, "total_k": total_k, "check_on_device": on_device}
+         "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k, "total_q": total_q, "total_k": total_k, "check_on_device": on_device,
+         "seqused_k": _check_seqused_k(seqused_k, xp, cu_k, batch)}
     p.update(check_fp8(dtype, xp, batch, heads, heads_k, q_descale, k_descale, v_descale, out_dtype))
     return _options(p, causal, window_size, softcap, alibi_slopes, None, precision, sinks, dropout_p, dropout_seed,
                     dropout_offset, score_mod, score_mod_buffers, (q, k, v))
+
+
+def _check_seqused_k(seqused_k, xp, cu_k, batch):
+    """seqused_k of a packed forward: int32 (batch,) of q's kind, the keys each sequence uses (its first
+    ones). NumPy values must lie in [0, the sequence's keys]; CuPy values are not read on the host (the
+    kernels clamp them into that range)."""
+    if seqused_k is None:
+        return None
+    if array_module({"seqused_k": seqused_k}) is not xp:
+        raise TypeError(f"seqused_k must be a {'cupy' if xp is not numpy else 'numpy'} array like q")
+    if seqused_k.dtype != numpy.int32:
+        raise TypeError(f"seqused_k has dtype {seqused_k.dtype}; expected int32")
+    if seqused_k.shape != (batch,):
+        raise ValueError(f"seqused_k must have shape ({batch},) (one count per sequence), got {seqused_k.shape}")
+    if xp is not numpy and not NEW_KERNELS_ENABLED:
+        raise NotImplementedError("seqused_k on packed batches runs on NumPy arrays in this version: its kernel path "
+                                  "(common/sequence.cuh) waits for its first GPU run")
+    if xp is numpy:
+        keys = numpy.diff(numpy.asarray(cu_k))
+        bad = numpy.flatnonzero((seqused_k < 0) | (seqused_k > keys))
+        if bad.size:
+            raise ValueError(f"seqused_k[{bad[0]}] must lie in [0, {keys[bad[0]]}] (sequence {bad[0]}'s keys), got "
+                             f"{seqused_k[bad[0]]}")
+    check_devices(xp, {"seqused_k": seqused_k})
+    return xp.ascontiguousarray(seqused_k)
 
 
 def _backward_arrays(problem, dout, q, out, lse):

@@ -810,7 +810,7 @@ def _sequence_masks(dropout_p, dropout_masks, batch):
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, softmax_scale=None, *,
                      window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None, dropout_p=0.0,
                      dropout_masks=None, return_max_score=False, score_mod=None, score_mod_buffers=None,
-                     q_descale=None, k_descale=None, v_descale=None, compute_dtype=None):
+                     q_descale=None, k_descale=None, v_descale=None, seqused_k=None, compute_dtype=None):
     """Naive variable-length attention forward pass (FlashAttention-2's packed layout).
 
     Sequence ``b`` is an independent problem: queries
@@ -834,6 +834,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, softmax_
         As in :func:`attention`; the score_mod's ``b`` is the sequence index.
     q_descale, k_descale, v_descale : float32 arrays, shape (batch, heads_k), optional
         FP8 inputs, as in :func:`attention`: row ``b`` for sequence ``b``.
+    seqused_k : int array, shape (batch,), optional
+        Sequence ``b`` uses only its first ``seqused_k[b]`` keys (masks aligned to that count).
     dropout_masks : sequence of bool arrays, optional
         With ``dropout_p > 0``, sequence ``b``'s keep mask, (heads, seqlen_q_b, seqlen_k_b).
 
@@ -855,7 +857,10 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, softmax_
     out = xp.zeros(q.shape[:2] + v.shape[2:], dtype=store)
     lse = xp.full((q.shape[1], q.shape[0]), -np.inf, dtype=acc)
     top = xp.full((len(sequences), q.shape[1]), -np.inf, dtype=np.float32)
+    used = None if seqused_k is None else _on_module(np, seqused_k)
     for b, (((q0, q1), (k0, k1)), sequence_slopes, mask) in enumerate(zip(sequences, slopes, masks)):
+        if used is not None:
+            k1 = k0 + int(used[b])
         seq_out, seq_lse, seq_top = attention(
             q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], causal, softmax_scale, window_size=window_size,
             softcap=softcap, alibi_slopes=sequence_slopes, sinks=sinks, dropout_p=dropout_p, dropout_mask=mask,

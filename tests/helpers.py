@@ -80,9 +80,9 @@ def random_qkv(xp, batch, seqlen_q, seqlen_k, heads, heads_k, headdim, headdim_v
 
 
 def _host_options(options):
-    """Mask and score options with any device array (ALiBi slopes, sinks) copied to the host."""
+    """Mask and score options with any device array (ALiBi slopes, sinks, seqused_k) copied to the host."""
     options = dict(options)
-    for name in ("alibi_slopes", "sinks"):
+    for name in ("alibi_slopes", "sinks", "seqused_k"):
         if options.get(name) is not None:
             options[name] = to_host(options[name])
     if options.get("score_mod_buffers") is not None:

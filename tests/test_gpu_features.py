@@ -47,6 +47,23 @@ def test_varlen_features(case, family, checked_on, monkeypatch):
                  max_seqlen=max_seqlen, **build(cupy, len(lengths_q), heads, 0, 0, options))
 
 
+@pytest.mark.parametrize("family", ["", "sm80", "general"])
+@pytest.mark.parametrize("checked_on", ["host", "device"])
+def test_varlen_seqused_k(family, checked_on, monkeypatch):
+    """flash_attention_varlen's seqused_k on every family (common/sequence.cuh clamps each packed sequence's
+    keys to it): a sequence using none, one using all, partial tiles; on the device path (both max_seqlen
+    given) the plan's own seqused_k slot, a second call with other counts running the plan. Behind
+    NEW_KERNELS_ENABLED until this passes."""
+    from cupyflash import _problem
+
+    monkeypatch.setattr(_problem, "NEW_KERNELS_ENABLED", True)
+    use_family(monkeypatch, family)
+    max_seqlen = None if checked_on == "host" else (300, 700)
+    for used in ([200, 0, 519], [37, 700, 1]):
+        check_varlen(cupy, [300, 1, 80], [260, 700, 519], 4, 2, 64, 64, DTYPES["bfloat16"], causal=True, backward=False,
+                     max_seqlen=max_seqlen, seqused_k=cupy.asarray(np.array(used, np.int32)), seed=len(used) + used[0])
+
+
 @pytest.mark.parametrize("dtype, causal", [("bfloat16", True), ("float32", True), ("bfloat16", False)])
 def test_varlen_deterministic_and_long(dtype, causal):
     """Sequences longer than one tile of every kernel, GQA, the ordered sum (without a mask, on the Hopper

@@ -25,6 +25,7 @@ from helpers import (
     seed_from,
 )
 
+import cupyflash
 from cupyflash import _numpy_impl, reference
 from cupyflash import _problem as problems
 
@@ -311,3 +312,38 @@ def test_reference_result_dtypes(compute_dtype):
     assert out.dtype == store
     assert all(g.dtype == store for g in grads)
     assert lse.dtype == (np.float32 if store.itemsize <= 4 else store)
+
+
+@pytest.mark.parametrize("options", [{"causal": True}, {"window_size": (9, 2), "softcap": 7.0}])
+def test_varlen_seqused_k(options):
+    """flash_attention_varlen's seqused_k: each sequence attends to its first seqused_k[b] keys (masks aligned
+    to that count, a sequence using none gets out 0 and lse -inf); the NumPy twin against the oracle."""
+    from helpers import check_varlen
+
+    check_varlen(np, [7, 20, 0, 13], [30, 11, 4, 25], 4, 2, 16, 8, np.float32, backward=False,
+                 seqused_k=np.array([12, 0, 4, 25], np.int32), **options)
+
+
+def test_varlen_seqused_k_is_the_shorter_sequences():
+    """The oracle's seqused_k against packing only the used keys (independent of the twin)."""
+    rng = np.random.default_rng(3)
+    cu_q, cu_k = np.array([0, 5, 9], np.int32), np.array([0, 12, 20], np.int32)
+    q, k, v = rng.standard_normal((9, 2, 8)), rng.standard_normal((20, 2, 8)), rng.standard_normal((20, 2, 8))
+    used = np.array([7, 3], np.int32)
+    got = cupyflash.reference.attention_varlen(q, k, v, cu_q, cu_k, True, seqused_k=used)
+    keep = np.r_[0:7, 12:15]
+    want = cupyflash.reference.attention_varlen(q, k[keep], v[keep], cu_q, np.array([0, 7, 10], np.int32), True)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("seqused_k, error, match", [
+    (np.array([12, 9], np.int32), ValueError, r"seqused_k\[1\] must lie in \[0, 8\]"),
+    (np.array([1, 2, 3], np.int32), ValueError, r"seqused_k must have shape \(2,\)"),
+    (np.array([1, 2], np.int64), TypeError, "seqused_k has dtype int64; expected int32"),
+])
+def test_varlen_seqused_k_is_checked(seqused_k, error, match):
+    q, k = np.ones((9, 2, 8), np.float32), np.ones((20, 2, 8), np.float32)
+    with pytest.raises(error, match=match):
+        cupyflash.flash_attention_varlen(q, k, k, np.array([0, 5, 9], np.int32), np.array([0, 12, 20], np.int32),
+                                         seqused_k=seqused_k)

@@ -61,7 +61,7 @@ struct AttnArgs {
     TensorArg q, k, v;
     const int* cu_seqlens_q;     // batch + 1 row offsets of packed sequences; null for dense batches
     const int* cu_seqlens_k;
-    const int* seqused_k;        // dense batches: keys batch entry b uses, [b] <= seqlen_k; null: seqlen_k
+    const int* seqused_k;        // keys batch entry (or packed sequence) b uses, clamped to its keys; null: all
     const float* alibi_slopes;   // slope of (b, h) at [b * alibi_batch_stride + h]; null: no ALiBi
     long long alibi_batch_stride;
     double softmax_scale;

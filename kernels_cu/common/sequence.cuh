@@ -23,9 +23,11 @@ struct Sequence {
         } else {
             q_start = k_start = 0;
             seqlen_q = a.seqlen_q;
-            // A KV cache's entries use a prefix of its capacity (clamped into it, so no access leaves it).
-            seqlen_k = a.seqused_k != nullptr ? clamp_int(a.seqused_k[b], 0, a.seqlen_k) : a.seqlen_k;
+            seqlen_k = a.seqlen_k;
         }
+        // seqused_k: a KV cache's entries use a prefix of its capacity, and flash_attention_varlen's
+        // sequences their first keys (clamped into them, so no access leaves them).
+        if (a.seqused_k != nullptr) seqlen_k = clamp_int(a.seqused_k[b], 0, seqlen_k);
     }
 };
 
