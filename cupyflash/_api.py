@@ -394,7 +394,8 @@ def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
                            score_mod: Optional[Callable] = None, score_mod_buffers: Optional[Sequence[Array]] = None,
                            return_max_score: bool = False, q_descale: Optional[Array] = None,
                            k_descale: Optional[Array] = None, v_descale: Optional[Array] = None,
-                           out_dtype=None, seqused_k: Optional[Array] = None) -> Union[Array, Tuple[Array, ...]]:
+                           out_dtype=None, seqused_k: Optional[Array] = None,
+                           block_table: Optional[Array] = None) -> Union[Array, Tuple[Array, ...]]:
     """:func:`flash_attention` over a batch of sequences of different lengths, packed without padding.
 
     Every sequence is its own problem: masks, windows and ALiBi distances are aligned to its own
@@ -411,6 +412,11 @@ def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
         Sequence b attends to its first ``seqused_k[b]`` keys only (FlashAttention's varlen seqused_k;
         masks aligned to that count). NumPy values must lie in [0, its keys]. The forward only (the backward
         takes none); NumPy arrays only in this version (the kernels' path waits for its first GPU run).
+    block_table : int32 array, shape (batch, max_pages), or None, keyword-only
+        Paged keys and values (FlashAttention-2's varlen paged KV): k and v of shape (num_pages, page_size,
+        heads_k, dim), sequence b's key t at row ``t % page_size`` of page ``block_table[b, t //
+        page_size]``, its key count from cu_seqlens_k. The forward only; NumPy arrays only in this
+        version.
 
     Returns
     -------
@@ -424,8 +430,11 @@ def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
     Notes
     -----{notes}
     """
-    if _plain(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score, score_mod, q_descale, k_descale,
-              v_descale, out_dtype):
+    if block_table is not None:  # the pages gathered into packed keys and values (checked there)
+        k, v = _problem.gather_paged(k, v, cu_seqlens_k, block_table)
+        key = None
+    elif _plain(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score, score_mod, q_descale, k_descale,
+                v_descale, out_dtype):
         key = _keys.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                                    softmax_scale, window_size, softcap, alibi_slopes, return_lse, precision, seqused_k)
     elif _fused_extras(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score, score_mod, q_descale,

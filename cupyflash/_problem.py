@@ -731,6 +731,44 @@ def varlen_forward_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=
                     dropout_offset, score_mod, score_mod_buffers, (q, k, v))
 
 
+def gather_paged(k, v, cu_seqlens_k, block_table):
+    """flash_attention_varlen's paged keys and values (FlashAttention-2's block_table): k and v of shape
+    (num_pages, page_size, heads_k, dim), sequence b's key t at row t % page_size of page
+    block_table[b, t // page_size]; returns them packed, (total_k, heads_k, dim) with total_k =
+    cu_seqlens_k[-1], for the packed problem. NumPy arrays only in this version (the kernels read packed
+    keys; the Hopper forward's paged producer is issue 26's)."""
+    named = {"k": k, "v": v, "block_table": block_table}
+    xp = array_module(named)
+    if xp is not numpy:
+        raise NotImplementedError("block_table on flash_attention_varlen runs on NumPy arrays in this version: the "
+                                  "kernels do not gather pages yet (README, 'Variable-length batches')")
+    for name, x in (("k", k), ("v", v)):
+        check_rank(name, x, ("num_pages", "page_size", "heads_k", "dim"))
+    if k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"k and v must agree on (num_pages, page_size, heads_k); got {k.shape} and {v.shape}")
+    if block_table.dtype != numpy.int32 or block_table.ndim != 2:
+        raise TypeError(f"block_table must be an int32 array of shape (batch, max_pages), got {block_table.dtype} "
+                        f"{block_table.shape}")
+    cu = numpy.asarray(cu_seqlens_k)
+    if cu.ndim != 1 or cu.shape[0] != block_table.shape[0] + 1:
+        raise ValueError(f"block_table has {block_table.shape[0]} rows; cu_seqlens_k must have {block_table.shape[0] + 1} "
+                         f"entries, got shape {cu.shape}")
+    num_pages, page_size = k.shape[:2]
+    lengths = numpy.diff(cu.astype(numpy.int64))
+    capacity = block_table.shape[1] * page_size
+    if (lengths < 0).any() or (lengths > capacity).any():
+        raise ValueError(f"cu_seqlens_k gives sequences of {lengths.tolist()} keys; block_table holds {capacity} per "
+                         f"sequence ({block_table.shape[1]} pages of {page_size})")
+    rows = [(b, numpy.arange(n)) for b, n in enumerate(lengths)]
+    pages = [block_table[b, t // page_size] for b, t in rows]
+    for b, used in enumerate(pages):
+        if ((used < 0) | (used >= num_pages)).any():
+            raise ValueError(f"block_table row {b} names pages outside the {num_pages} of k and v")
+    gathered = [(page, t % page_size) for page, (_, t) in zip(pages, rows)]
+    return tuple(numpy.concatenate([x[page, row] for page, row in gathered]) if gathered else x[:0, 0]
+                 for x in (k, v))
+
+
 def _check_seqused_k(seqused_k, xp, cu_k, batch):
     """seqused_k of a packed forward: int32 (batch,) of q's kind, the keys each sequence uses (its first
     ones). NumPy values must lie in [0, the sequence's keys]; CuPy values are not read on the host (the

@@ -810,7 +810,8 @@ def _sequence_masks(dropout_p, dropout_masks, batch):
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, softmax_scale=None, *,
                      window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None, dropout_p=0.0,
                      dropout_masks=None, return_max_score=False, score_mod=None, score_mod_buffers=None,
-                     q_descale=None, k_descale=None, v_descale=None, seqused_k=None, compute_dtype=None):
+                     q_descale=None, k_descale=None, v_descale=None, seqused_k=None, block_table=None,
+                     compute_dtype=None):
     """Naive variable-length attention forward pass (FlashAttention-2's packed layout).
 
     Sequence ``b`` is an independent problem: queries
@@ -836,6 +837,10 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, softmax_
         FP8 inputs, as in :func:`attention`: row ``b`` for sequence ``b``.
     seqused_k : int array, shape (batch,), optional
         Sequence ``b`` uses only its first ``seqused_k[b]`` keys (masks aligned to that count).
+    block_table : int array, shape (batch, max_pages), optional
+        Paged ``k`` and ``v`` of shape (num_pages, page_size, heads_k, dim): key ``t`` of sequence ``b``
+        is row ``t % page_size`` of page ``block_table[b, t // page_size]`` (its count from
+        ``cu_seqlens_k``).
     dropout_masks : sequence of bool arrays, optional
         With ``dropout_p > 0``, sequence ``b``'s keep mask, (heads, seqlen_q_b, seqlen_k_b).
 
@@ -850,6 +855,11 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, softmax_
         Only with ``return_max_score``.
     """
     xp = _array_module(q)
+    if block_table is not None:  # the pages' rows in key order, packed
+        table, cu = _on_module(np, block_table), _on_module(np, cu_seqlens_k)
+        page_size = k.shape[1]
+        places = [(table[b, t // page_size], t % page_size) for b in range(len(cu) - 1) for t in range(cu[b + 1] - cu[b])]
+        k, v = (xp.stack([x[page, row] for page, row in places]) if places else x[:0, 0] for x in (k, v))
     store, acc = _precisions(np.float32 if q.dtype == _fp8.E4M3 and compute_dtype is not None else compute_dtype)
     sequences = _sequences(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0])
     slopes = _sequence_slopes(alibi_slopes, len(sequences))

@@ -64,6 +64,13 @@ def test_varlen_seqused_k(family, checked_on, monkeypatch):
                      max_seqlen=max_seqlen, seqused_k=cupy.asarray(np.array(used, np.int32)), seed=len(used) + used[0])
 
 
+def test_varlen_paged_keys_wait_for_the_kernels():
+    q, k = cupy.ones((4, 2, 8), np.float32), cupy.ones((3, 4, 2, 8), np.float32)
+    cu = cupy.asarray(np.array([0, 2, 4], np.int32))
+    with pytest.raises(NotImplementedError, match="block_table on flash_attention_varlen runs on NumPy arrays"):
+        cupyflash.flash_attention_varlen(q, k, k, cu, cu, block_table=cupy.asarray(np.array([[0], [1]], np.int32)))
+
+
 @pytest.mark.parametrize("dtype, causal", [("bfloat16", True), ("float32", True), ("bfloat16", False)])
 def test_varlen_deterministic_and_long(dtype, causal):
     """Sequences longer than one tile of every kernel, GQA, the ordered sum (without a mask, on the Hopper

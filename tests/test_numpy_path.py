@@ -347,3 +347,35 @@ def test_varlen_seqused_k_is_checked(seqused_k, error, match):
     with pytest.raises(error, match=match):
         cupyflash.flash_attention_varlen(q, k, k, np.array([0, 5, 9], np.int32), np.array([0, 12, 20], np.int32),
                                          seqused_k=seqused_k)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_varlen_paged_keys(page_size):
+    """flash_attention_varlen's block_table (FlashAttention-2's varlen paged KV): pages in shuffled order,
+    sequences of 0 to 40 keys, the twin against the oracle (whose own gather is a loop over keys)."""
+    from helpers import assert_within_rule
+
+    rng = np.random.default_rng(page_size)
+    lengths_q, lengths_k = [5, 0, 9, 3], [40, 7, 0, 23]
+    cu_q, cu_k = (np.concatenate([[0], np.cumsum(n)]).astype(np.int32) for n in (lengths_q, lengths_k))
+    max_pages = -(-max(lengths_k) // page_size)
+    num_pages = 4 * max_pages + 2
+    table = rng.permutation(num_pages)[:4 * max_pages].reshape(4, max_pages).astype(np.int32)
+    q = rng.standard_normal((int(cu_q[-1]), 4, 16)).astype(np.float32)
+    k, v = (rng.standard_normal((num_pages, page_size, 2, 16)).astype(np.float32) for _ in range(2))
+    out, lse = cupyflash.flash_attention_varlen(q, k, v, cu_q, cu_k, causal=True, block_table=table, return_lse=True)
+    want = reference.attention_varlen(q, k, v, cu_q, cu_k, True, block_table=table, compute_dtype=None)
+    base = reference.attention_varlen(q, k, v, cu_q, cu_k, True, block_table=table, compute_dtype=np.float32)
+    assert_within_rule("out", out, want[0], base[0], 2)
+    assert_within_rule("lse", lse, want[1], base[1], 2)
+
+
+def test_varlen_paged_keys_are_checked():
+    q, k = np.ones((4, 2, 8), np.float32), np.ones((3, 4, 2, 8), np.float32)
+    cu_q, cu_k = np.array([0, 2, 4], np.int32), np.array([0, 5, 9], np.int32)
+    with pytest.raises(ValueError, match="block_table holds 4 per sequence"):
+        cupyflash.flash_attention_varlen(q, k, k, cu_q, cu_k, block_table=np.array([[0], [1]], np.int32))
+    with pytest.raises(ValueError, match="block_table row 1 names pages outside the 3"):
+        cupyflash.flash_attention_varlen(q, k, k, cu_q, cu_k, block_table=np.array([[0, 1], [5, 2]], np.int32))
+    with pytest.raises(TypeError, match="block_table must be an int32 array"):
+        cupyflash.flash_attention_varlen(q, k, k, cu_q, cu_k, block_table=np.array([[0, 1], [2, 0]], np.int64))
