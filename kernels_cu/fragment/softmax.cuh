@@ -11,6 +11,7 @@
 // storage rounding dominates and the folded scale is the cheaper choice.)
 #pragma once
 #include "common/math.cuh"
+#include "common/poly_exp2.cuh"
 #include "common/reduce.cuh"
 
 namespace cupyflash {
@@ -24,8 +25,13 @@ namespace cupyflash {
 // 8): probabilities are taken as 2^(s - m2 + kOffset), so the largest of a row is 2^kOffset rather than
 // 1 and e4m3, whose smallest value is 2^-9, keeps those down to 2^-(9 + kOffset) of it (FlashAttention-3's
 // offset); the maximum then moves with every larger score (no slack), so none passes 2^kOffset.
-template <int kNTiles, bool kNatural = false, typename Acc = float, bool kTop = false, int kOffset = 0>
+// kPolyShare (log2 units only): of every 4 n-tiles, this many take their probabilities from poly_exp2
+// (common/poly_exp2.cuh, on the FMA pipe; degree 2 beside e4m3's rounding, else 3) instead of ex2, so the
+// special-function unit issues fewer (the FP8 kernel, whose products run twice as fast as 16-bit ones).
+template <int kNTiles, bool kNatural = false, typename Acc = float, bool kTop = false, int kOffset = 0,
+          int kPolyShare = 0>
 struct FragmentSoftmax {
+    static_assert(kPolyShare == 0 || !kNatural, "the polynomial is for log2 units");
     static_assert(kNatural || sizeof(Acc) == 4, "float64 scores are in natural-log units");
     static_assert(kOffset == 0 || !kNatural, "the offset is for log2 units");
     static constexpr bool kNaturalUnits = kNatural;
@@ -210,10 +216,11 @@ struct FragmentSoftmax {
         for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                if constexpr (kRaw) {
-                    s[nt][e] = exp_units(fmaf(s[nt][e], scale, -base[e / 2]));
+                const Acc x = kRaw ? fmaf(s[nt][e], scale, -base[e / 2]) : s[nt][e] - base[e / 2];
+                if constexpr (kPolyShare > 0) {
+                    s[nt][e] = nt % 4 < kPolyShare ? poly_exp2<kOffset != 0 ? 2 : 3>(x) : exp_units(x);
                 } else {
-                    s[nt][e] = exp_units(s[nt][e] - base[e / 2]);
+                    s[nt][e] = exp_units(x);
                 }
             }
             part[0][nt] = s[nt][0] + s[nt][1];

@@ -61,6 +61,11 @@ struct Sm90FwdFp8Traits {
     static constexpr int kKeySteps = kBlockN / 32;  // k-steps of O += P V
     static constexpr int kNTiles = kBlockN / 8;
     static constexpr int kOTiles = kHeadDimV / 8;
+    // Of every 4 n-tiles of probabilities, those computed on the FMA pipe (fragment/softmax.cuh's
+    // kPolyShare): at head dim 128 one warpgroup's ex2s of a tile take about as many clocks on the
+    // special-function unit (16 a clock) as its two QGMMA products on the tensor cores, so a quarter moves;
+    // a first choice, to be measured (bench/NOTES.md, session 27).
+    static constexpr int kPolyExp2Share = 1;
     static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256 && kHeadDimV % 16 == 0 && kHeadDimV <= 256,
                   "head dims: q.k a multiple of 32, v of 16, up to 256");
     static_assert(kBlockN == 128, "a V^T tile is one 128-byte atom of keys");
@@ -98,7 +103,7 @@ struct Sm90FwdFp8Mainloop {
     using Tr = Sm90FwdFp8Traits<kHeadDim, kHeadDimV, kBlockN, kStages>;
     // Probabilities up to 2^8 (fragment/softmax.cuh's kOffset): e4m3 keeps those down to 2^-17 of a row's
     // largest, where a largest of 1 would lose all below 2^-10.
-    using Softmax = FragmentSoftmax<Tr::kNTiles, false, float, kMaxScore, 8>;
+    using Softmax = FragmentSoftmax<Tr::kNTiles, false, float, kMaxScore, 8, Tr::kPolyExp2Share>;
     static constexpr int kBlockM = Tr::kBlockM;
     using Turns = Pingpong<1, Tr::kConsumers>;
 
