@@ -10,7 +10,8 @@ full (cache_seqlens = context); bandwidth = K and V bytes read / time (the measu
 device copy ceiling 4.24 TB/s on the H200). Paged rows use a random page order. Chunked prefill: 512
 new queries (causal) against a 32k cache, TFLOP/s on the visible pairs, beside cupyflash's dense
 forward of the same shapes. Call times: batch 1, 4k context, from Python (calls per second of a loop
-that synchronizes once) and as CUDA graph replays. Times are medians of CUDA-event timings of groups of
+that synchronizes once) and as CUDA graph replays. Cascade: 64 requests sharing an 8k prefix, attended
+once for all and merged, against decoding every whole cache. Times are medians of CUDA-event timings of groups of
 back-to-back calls (:func:`harness.time_grouped`).
 """
 
@@ -124,6 +125,38 @@ def prefill_row(repeats, seqlen_q=512, context=32768):
             "dense_forward": flops / ms_dense / 1e9}
 
 
+def cascade_row(repeats, requests=64, prefix=8192, own=512):
+    """Issue 26's cascade row: ``requests`` decode tokens sharing a ``prefix``-key system prompt, each with
+    ``own`` keys of its own. Shared: the prefix attended once for all (the requests' queries as one batch
+    entry of ``requests`` rows), each request's own keys by flash_attention_with_kvcache, the parts merged;
+    unshared: one decode call over every request's whole cache (prefix copies included). Milliseconds per
+    step of each and the speedup (target: at least 3x)."""
+    import cupy
+
+    import cupyflash
+
+    rng = numpy.random.default_rng(2)
+    q = random((requests, 1, HEADS, HEADDIM), rng)
+    prefix_k, prefix_v = random((1, prefix, HEADS_K, HEADDIM), rng), random((1, prefix, HEADS_K, HEADDIM), rng)
+    own_k, own_v = random((requests, own, HEADS_K, HEADDIM), rng), random((requests, own, HEADS_K, HEADDIM), rng)
+    full_k = cupy.concatenate([cupy.broadcast_to(prefix_k, (requests, prefix, HEADS_K, HEADDIM)), own_k], axis=1)
+    full_v = cupy.concatenate([cupy.broadcast_to(prefix_v, (requests, prefix, HEADS_K, HEADDIM)), own_v], axis=1)
+    as_one = q.reshape(1, requests, HEADS, HEADDIM)
+
+    def shared():
+        out_p, lse_p = cupyflash.flash_attention(as_one, prefix_k, prefix_v, return_lse=True)
+        out_o, lse_o = cupyflash.flash_attention_with_kvcache(q, own_k, own_v, return_lse=True)
+        return cupyflash.merge_attention_states(out_p.reshape(requests, 1, HEADS, HEADDIM),
+                                                cupy.ascontiguousarray(lse_p[0].T[:, :, None]), out_o, lse_o)
+
+    ms_shared = median_ms(shared, repeats)
+    ms_unshared = median_ms(lambda k=full_k, v=full_v: cupyflash.flash_attention_with_kvcache(q, k, v), repeats)
+    del full_k, full_v
+    harness.release_cached_memory()
+    return {"requests": requests, "prefix": prefix, "own": own, "shared_ms": ms_shared, "unshared_ms": ms_unshared,
+            "speedup": ms_unshared / ms_shared}
+
+
 def call_times():
     """Microseconds per decode call (batch 1, :data:`CALL_CONTEXT` keys) from Python and per CUDA graph replay."""
     import cupy
@@ -199,6 +232,10 @@ def table_lines(results):
         (f"Decode call (batch 1, 4k): {c['call_us']:.1f} us per call from Python, {c['graph_replay_us']:.1f} us "
          "per graph replay"),
     ]
+    if "cascade" in results:
+        x = results["cascade"]
+        lines.append(f"Cascade {x['requests']} x ({x['prefix']} shared + {x['own']} own): {x['shared_ms']:.3f} ms "
+                     f"shared, {x['unshared_ms']:.3f} ms unshared, {x['speedup']:.2f}x")
     return lines
 
 
@@ -217,7 +254,8 @@ def main(argv=None):
     harness.require_gpu("decode.py", "--plot-from redraws a saved run without one.")
     repeats = QUICK_REPEATS if args.quick else REPEATS
     peers, _ = harness.load_torch()
-    results = {"calls": call_times(), "decode": decode_rows(repeats, peers), "prefill": prefill_row(repeats)}
+    results = {"calls": call_times(), "decode": decode_rows(repeats, peers), "prefill": prefill_row(repeats),
+               "cascade": cascade_row(repeats)}
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     if args.plot and not plot(results, args.plot):
