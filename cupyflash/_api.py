@@ -659,7 +659,9 @@ def flash_attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, *, k:
                                  precision: str = "highest", sinks: Optional[Array] = None,
                                  return_max_score: bool = False, score_mod: Optional[Callable] = None,
                                  score_mod_buffers: Optional[Sequence[Array]] = None,
-                                 cache_leftpad: Optional[Array] = None) -> Union[Array, Tuple[Array, ...]]:
+                                 cache_leftpad: Optional[Array] = None, q_descale: Optional[Array] = None,
+                                 k_descale: Optional[Array] = None, v_descale: Optional[Array] = None,
+                                 out_dtype=None) -> Union[Array, Tuple[Array, ...]]:
     """Attention of new queries to a KV cache, after appending new keys and values to it
     (FlashAttention-2's ``flash_attn_with_kvcache``): decoding, chunked prefill, speculative
     verification.
@@ -693,6 +695,10 @@ def flash_attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, *, k:
         positions ``cache_leftpad[b]`` up to ``cache_seqlens[b] + seqlen_new``, and its masks and ALiBi
         distances count keys from ``cache_leftpad[b]``. New keys are still written at
         ``cache_seqlens[b]`` and rotary positions stay absolute. NumPy arrays only in this version.
+    q_descale, k_descale, v_descale, out_dtype : keyword-only
+        float8_e4m3fn q, caches and new keys and values (an e4m3 cache), as in :func:`flash_attention`:
+        the descales (batch, heads_k) per batch entry (new tokens share their cache's); not with rotary
+        or a score_mod. NumPy arrays only in this version.
     block_table : int32 array, shape (batch, max_pages), or None, keyword-only
         A paged cache: position ``t`` of batch entry ``b`` is row ``t % page_size`` of page
         ``block_table[b, t // page_size]``. Capacity is ``max_pages * page_size``.
@@ -754,7 +760,7 @@ def flash_attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, *, k:
     return _kvcache.attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos,
                               rotary_sin, rotary_interleaved, causal, window_size, softcap, alibi_slopes, softmax_scale,
                               num_splits, return_lse, precision, sinks, return_max_score, score_mod, score_mod_buffers,
-                              cache_leftpad)
+                              cache_leftpad, q_descale, k_descale, v_descale, out_dtype)
 
 
 _RING_DOC = """

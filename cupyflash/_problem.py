@@ -202,8 +202,8 @@ def check_dtypes(named, dtype_of="q", fp8=False):
     """The arrays' one dtype, of SUPPORTED_DTYPES (or float8_e4m3fn with ``fp8``: the forwards)."""
     reference = named[dtype_of].dtype
     if reference == _fp8.E4M3 and not fp8:
-        raise TypeError(f"{dtype_of} has dtype float8_e4m3fn, which flash_attention and flash_attention_varlen take; "
-                        f"here expected {_SUPPORTED_TEXT}")
+        raise TypeError(f"{dtype_of} has dtype float8_e4m3fn, which the forwards take (flash_attention, "
+                        f"flash_attention_varlen, flash_attention_with_kvcache); here expected {_SUPPORTED_TEXT}")
     if reference not in SUPPORTED_DTYPES.values() and not (fp8 and reference == _fp8.E4M3):
         raise TypeError(f"{dtype_of} has dtype {reference}; expected {_SUPPORTED_TEXT}"
                         + (" or float8_e4m3fn" if fp8 else ""))
@@ -370,6 +370,8 @@ def check_sinks(sinks, xp, heads):
     return xp.ascontiguousarray(sinks)
 
 
+#: The FP8 input dtype (ml_dtypes.float8_e4m3fn).
+FP8_DTYPE = _fp8.E4M3
 #: The outputs' dtypes of float8_e4m3fn inputs (bfloat16 the default), by name.
 FP8_OUT_DTYPES = {"bfloat16": numpy.dtype(ml_dtypes.bfloat16), "float16": numpy.dtype(numpy.float16)}
 

@@ -1024,7 +1024,8 @@ def apply_rotary(x, cos, sin, positions, interleaved=True):
 def attention_with_kvcache(q, k_cache, v_cache, *, k=None, v=None, cache_seqlens=None, cache_batch_idx=None,
                            block_table=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=True,
                            causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           sinks=None, return_max_score=False, cache_leftpad=None, compute_dtype=None):
+                           sinks=None, return_max_score=False, cache_leftpad=None, q_descale=None, k_descale=None,
+                           v_descale=None, compute_dtype=None):
     """Naive attention of queries to a KV cache (FlashAttention-2's ``flash_attn_with_kvcache``).
 
     Batch entry ``b`` attends to the first ``cache_seqlens[b]`` keys of its cache and, when ``k`` and
@@ -1059,6 +1060,9 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k=None, v=None, cache_seqlens
         Left-padded caches: batch entry ``b``'s keys are its positions ``cache_leftpad[b]`` up to
         ``cache_seqlens[b] + seqlen_new`` (masks and ALiBi count them from there); new keys are written
         at ``cache_seqlens[b]`` and rotary positions are absolute, as without it.
+    q_descale, k_descale, v_descale : float32 arrays, shape (batch, heads_k), optional
+        float8_e4m3fn q, caches and new keys and values: each batch entry's row, as in :func:`attention`
+        (whose FP8 baseline ``compute_dtype=float8_e4m3fn`` selects).
 
     Returns
     -------
@@ -1097,8 +1101,9 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k=None, v=None, cache_seqlens
 
     k_cache, v_cache = k_cache.copy(), v_cache.copy()
     new_positions = lengths[:, None] + np.arange(seqlen_new)[None, :]
+    fp8 = q.dtype == _fp8.E4M3  # the stored values throughout, dequantized by attention()
     if k is not None:
-        k_new, v_new = k.astype(np.float64), v.astype(np.float64)
+        k_new, v_new = (k, v) if fp8 else (k.astype(np.float64), v.astype(np.float64))
         if rotary_cos is not None:
             k_new = apply_rotary(k, rotary_cos, rotary_sin, new_positions, rotary_interleaved)
             local = causal or tuple(window_size) != (-1, -1)
@@ -1114,14 +1119,17 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k=None, v=None, cache_seqlens
     for b in range(batch):
         old = np.arange(starts[b], lengths[b])
         index, row = where(b, old)
-        keys = k_cache[index, row].astype(np.float64)
-        values = v_cache[index, row].astype(np.float64)
+        keys, values = k_cache[index, row], v_cache[index, row]
+        if not fp8:
+            keys, values = keys.astype(np.float64), values.astype(np.float64)
         if k is not None:  # the new keys unrounded, as a kernel holding them in registers would use them
             keys = xp.concatenate([keys, k_new[b]])
             values = xp.concatenate([values, v_new[b]])
+        descales = {name: None if d is None else d[b:b + 1] for name, d in (
+            ("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))}
         out, lse, top = attention(q[b:b + 1], keys[None], values[None], causal, softmax_scale,
                                   window_size=window_size, softcap=softcap, alibi_slopes=slopes[b], sinks=sinks,
-                                  return_max_score=True, compute_dtype=compute_dtype)
+                                  return_max_score=True, compute_dtype=compute_dtype, **descales)
         outs.append(out)
         lses.append(lse)
         tops.append(top)

@@ -193,8 +193,8 @@ def test_fp8_arguments_need_fp8_inputs_and_there_is_no_backward():
         cupyflash.flash_attention_backward(out, q, k, v, out, lse)
     with pytest.raises(TypeError, match="backward of float8_e4m3fn inputs is not offered"):
         cupyflash.flash_attention_vjp(q, k, v)
-    with pytest.raises(TypeError, match="float8_e4m3fn, which flash_attention and flash_attention_varlen take"):
-        cupyflash.flash_attention_with_kvcache(q, k, v)
+    with pytest.raises(TypeError, match="float8_e4m3fn, which the forwards take"):
+        cupyflash.merge_attention_states(q, lse, q, lse)
 
 
 @pytest.mark.gpu
@@ -252,3 +252,51 @@ def test_hopper_fp8_forward_against_the_oracle(sizes, options, q_per_head, out_d
     out = cupyflash.flash_attention(*(cupy.asarray(x) for x in inputs), k_descale=bad).get().astype(np.float32)
     group = h // hk
     assert np.isnan(out[0, :, :group]).all() and not np.isnan(out[:, :, group:]).any()
+
+
+@pytest.mark.parametrize("paged, options", [(False, {"causal": True}), (True, {"window_size": (50, 0)}),
+                                            (False, {"alibi": True, "sinks": True})])
+def test_e4m3_kv_cache(paged, options):
+    """flash_attention_with_kvcache with an e4m3 cache (FlashAttention-3's FP8 decoding): q, caches and new
+    tokens e4m3, descales per batch entry and kv head (new tokens quantized with their cache's), GQA,
+    decode and chunk rows, dense and paged; the NumPy twin against the oracle under the FP8 rule, and the
+    new tokens' bytes written into the cache."""
+    rng = np.random.default_rng(int(paged) + len(options))
+    batch, heads, heads_k, d, capacity, new = 3, 8, 2, 64, 96, 2
+    lengths = np.array([90, 7, 0], np.int32)
+    cache = rng.standard_normal((batch, capacity, heads_k, d)).astype(np.float32)
+    (k8, kd), (v8, vd) = cupyflash.quantize_fp8(cache), cupyflash.quantize_fp8(cache[..., ::-1].copy())
+    q8, qd = cupyflash.quantize_fp8(rng.standard_normal((batch, 3, heads, d)).astype(np.float32))
+    k_new = _fp8.e4m3_bits(np, rng.standard_normal((batch, new, heads_k, d)) / kd[:, None, :, None]).view(E4M3)
+    v_new = _fp8.e4m3_bits(np, rng.standard_normal((batch, new, heads_k, d)) / vd[:, None, :, None]).view(E4M3)
+    arrays = {"k": k_new, "v": v_new, "cache_seqlens": lengths, "q_descale": qd, "k_descale": kd, "v_descale": vd}
+    if paged:  # the same rows as pages of 16, in shuffled order
+        order = rng.permutation(batch * capacity // 16)
+        table = np.argsort(order).reshape(batch, capacity // 16).astype(np.int32)
+        k8, v8 = (x.reshape(batch * capacity // 16, 16, heads_k, d)[order] for x in (k8, v8))
+        arrays["block_table"] = table
+    options = dict(options)
+    if options.pop("alibi", False):
+        options["alibi_slopes"] = (2.0 ** -np.arange(1, heads + 1)).astype(np.float32)
+    if options.pop("sinks", False):
+        options["sinks"] = rng.standard_normal(heads).astype(np.float32)
+    want = reference.attention_with_kvcache(q8, k8, v8, **arrays, **options, return_max_score=True)
+    base = reference.attention_with_kvcache(q8, k8, v8, **arrays, **options, return_max_score=True, compute_dtype=E4M3)
+    out, lse, top = cupyflash.flash_attention_with_kvcache(q8, k8, v8, **arrays, **options, return_lse=True,
+                                                           return_max_score=True)
+    assert out.dtype == ml_dtypes.bfloat16
+    for name, got, w, b in zip(("out", "lse", "max_score"), (out, lse, top), want, base):
+        assert_within_rule(name, got, w, b, 2)
+    np.testing.assert_array_equal(k8.view(np.uint8), want[3].view(np.uint8))
+    np.testing.assert_array_equal(v8.view(np.uint8), want[4].view(np.uint8))
+
+
+def test_e4m3_kv_cache_is_checked():
+    q8 = np.zeros((1, 1, 2, 16), E4M3)
+    cache = np.zeros((1, 8, 2, 16), E4M3)
+    cos = np.ones((8, 4), np.float32)
+    with pytest.raises(ValueError, match="rotary_cos is not offered with float8_e4m3fn caches"):
+        cupyflash.flash_attention_with_kvcache(q8, cache, cache.copy(), k=cache[:, :1], v=cache[:, :1], rotary_cos=cos,
+                                               rotary_sin=cos, cache_seqlens=2)
+    with pytest.raises(ValueError, match="k_descale must have shape"):
+        cupyflash.flash_attention_with_kvcache(q8, cache, cache, k_descale=np.ones((2, 2), np.float32))

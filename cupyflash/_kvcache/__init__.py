@@ -31,10 +31,11 @@ PLANS = _plan.PlanCache()
 def attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
               rotary_interleaved, causal, window_size, softcap, alibi_slopes, softmax_scale, num_splits, return_lse,
               precision, sinks=None, return_max_score=False, score_mod=None, score_mod_buffers=None,
-              cache_leftpad=None):
+              cache_leftpad=None, q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
     """The body of cupyflash.flash_attention_with_kvcache (its docstring describes the arguments)."""
     # Calls with sinks, the maximum score, a score_mod or left padding take the checked path (no plan).
     plain = (sinks is None and return_max_score is False and score_mod is None and cache_leftpad is None
+             and q_descale is None and k_descale is None and v_descale is None and out_dtype is None
              and not checked_mode())
     key = None if not plain else _keys.kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table,
                                                rotary_cos, rotary_sin, rotary_interleaved, causal, window_size,
@@ -60,7 +61,8 @@ def attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_t
         rotary_sin=checked.get("rotary_sin"), rotary_interleaved=rotary_interleaved, causal=causal,
         window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, softmax_scale=softmax_scale,
         num_splits=num_splits, max_splits=MAX_SPLITS, precision=precision, sinks=sinks, score_mod=score_mod,
-        score_mod_buffers=score_mod_buffers, cache_leftpad=checked.get("cache_leftpad"))
+        score_mod_buffers=score_mod_buffers, cache_leftpad=checked.get("cache_leftpad"), q_descale=q_descale,
+        k_descale=k_descale, v_descale=v_descale, out_dtype=out_dtype)
     if c.xp is not numpy and checked_mode():
         names = ("cache_seqlens", "cache_leftpad", "cache_batch_idx", "block_table")
         host = {name: None if getattr(c, name) is None else getattr(c, name).get() for name in names}
@@ -69,7 +71,7 @@ def attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_t
     if c.xp is numpy:
         out, lse, *top = _host.attention(c, max_score=return_max_score)
     elif c.batch == 0 or c.heads == 0:
-        out = c.xp.zeros(c.out_shape, c.dtype)
+        out = c.xp.zeros(c.out_shape, c.output_dtype)
         lse = c.xp.full(c.lse_shape, -numpy.inf, _problem.lse_dtype(c.dtype))
         top = [c.xp.full((c.batch, c.heads), -numpy.inf, numpy.float32)] if return_max_score else None
     else:

@@ -52,12 +52,17 @@ class KvCacheCall:
     rotary_cos: object
     rotary_sin: object
     sinks: object = None       # float32 (heads,) of q's kind, or None
+    fp8: dict = None           # e4m3 inputs: the Problem fields of _problem.check_fp8 (out_dtype, descales)
     user_score: object = None  # a traced score_mod (cupyflash/_trace.py), or None
     user_buffers: object = None  # its buffers when given, else None
 
     @property
     def out_shape(self):
         return (self.batch, self.seqlen_q, self.heads, self.headdim_v)
+
+    @property
+    def output_dtype(self):
+        return self.fp8["out_dtype"] if self.fp8 else self.dtype
 
     @property
     def lse_shape(self):
@@ -89,16 +94,19 @@ def _count(name, value, low, high=None):
 
 def check(q, k_cache, v_cache, *, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
           rotary_interleaved, causal, window_size, softcap, alibi_slopes, softmax_scale, num_splits, max_splits,
-          precision, sinks=None, score_mod=None, score_mod_buffers=None, cache_leftpad=None):
+          precision, sinks=None, score_mod=None, score_mod_buffers=None, cache_leftpad=None, q_descale=None,
+          k_descale=None, v_descale=None, out_dtype=None):
     """Checks a flash_attention_with_kvcache call (arrays from :func:`_problem.arrays`); returns its
     :class:`KvCacheCall`. NumPy calls also check cache_seqlens, cache_batch_idx and block_table's values
     here; CuPy calls check array values on the device (see the decode kernel)."""
+    if getattr(q, "dtype", None) == _problem.FP8_DTYPE and rotary_cos is not None:
+        raise ValueError("rotary_cos is not offered with float8_e4m3fn caches (rotate in bfloat16, then quantize)")
     floating = {"q": q, "k_cache": k_cache, "v_cache": v_cache}
     for name, x in (("k", k), ("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
         if x is not None:
             floating[name] = x
     xp = _problem.array_module(floating)
-    dtype = _problem.check_dtypes(floating)
+    dtype = _problem.check_dtypes(floating, fp8=True)
     _problem.check_rank("q", q, ("batch", "seqlen_q", "heads", "headdim"))
     paged = block_table is not None
     cache_axes = ("num_pages", "page_size", "heads_k", "headdim") if paged else ("batch_cache", "cache_len", "heads_k", "headdim")
@@ -181,6 +189,13 @@ def check(q, k_cache, v_cache, *, k, v, cache_seqlens, cache_batch_idx, block_ta
         if cache_seqlens.shape != (batch,):
             raise ValueError(f"cache_seqlens must be an int or have shape ({batch},), got {cache_seqlens.shape}")
 
+    fp8 = _problem.check_fp8(dtype, xp, batch, heads, heads_k, q_descale, k_descale, v_descale, out_dtype)
+    if fp8:
+        if xp is not numpy:
+            raise NotImplementedError("float8_e4m3fn caches run on NumPy arrays in this version: the decode kernel "
+                                      "does not read e4m3 yet (README, 'FP8 inputs')")
+        if score_mod is not None:
+            raise ValueError("score_mod is not offered with float8_e4m3fn caches (modify scores in bfloat16)")
     if (rotary_cos is None) != (rotary_sin is None):
         raise ValueError("rotary_cos and rotary_sin must be given together")
     rotary_dim = 0
@@ -230,7 +245,7 @@ def check(q, k_cache, v_cache, *, k, v, cache_seqlens, cache_batch_idx, block_ta
         rotary_q_at_row=causal or window_left >= 0 or window_right >= 0, cache_seqlens=cache_seqlens,
         cache_seqlens_value=value, num_splits=num_splits, q=q, k_cache=k_cache, v_cache=v_cache, k_new=k, v_new=v,
         cache_batch_idx=cache_batch_idx, block_table=block_table, cache_leftpad=cache_leftpad, rotary_cos=rotary_cos,
-        rotary_sin=rotary_sin, sinks=sinks, user_score=user_score, user_buffers=user_buffers)
+        rotary_sin=rotary_sin, sinks=sinks, fp8=fp8 or None, user_score=user_score, user_buffers=user_buffers)
     if xp is numpy:
         check_values_on_host(call)
     return call

@@ -41,7 +41,7 @@ def attention(c, max_score=False):
                          softmax_scale=c.softmax_scale, window_left=c.window_left, window_right=c.window_right,
                          softcap=c.softcap, alibi_slopes=_per_entry_slopes(c), cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
                          total_q=packed_q.shape[0], total_k=k.shape[0], precision=c.precision,
-                         user_score=c.user_score, user_buffers=c.user_buffers)
+                         user_score=c.user_score, user_buffers=c.user_buffers, **(c.fp8 or {}))
     out, lse, *top = _compute.forward(p, packed_q, k, v, max_score=max_score)
     lse = lse.reshape(c.heads, c.batch, c.seqlen_q).transpose(1, 0, 2)
     return (out.reshape(c.out_shape), numpy.ascontiguousarray(lse), *top)
