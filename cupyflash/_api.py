@@ -733,7 +733,7 @@ def flash_attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, *, k:
 
     Returns
     -------
-    out : array of q's kind and dtype, shape (batch, seqlen_q, heads, headdim_v)
+    out : array of q's kind and dtype (out_dtype for an e4m3 cache), shape (batch, seqlen_q, heads, headdim_v)
     lse : array, shape (batch, heads, seqlen_q)
         Only with ``return_lse=True``.
     max_score : float32 array, shape (batch, heads)
@@ -744,9 +744,10 @@ def flash_attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, *, k:
     Out-of-range values: a NumPy call, or a CuPy call with ``cache_seqlens`` given as an int, raises
     ValueError when ``cache_seqlens`` plus ``seqlen_new`` exceeds the capacity or ``cache_batch_idx`` /
     ``block_table`` name entries or pages outside the cache. A CuPy call never copies those arrays to
-    the host (it does not synchronize, and can be captured in a CUDA graph): it checks them on the
-    device instead, and a batch entry with an out-of-range value gets NaN in all its output rows and
-    lse, while no read or write leaves the caches: an entry whose cache_seqlens or cache_batch_idx is
+    the host (it does not synchronize, and can be captured in a CUDA graph) unless ``CUPYFLASH_CHECK=1``
+    is set (then it raises as a NumPy call does): it checks them on the device instead, and a batch
+    entry with an out-of-range value gets NaN in all its output rows and lse, while no read or write
+    leaves the caches: an entry whose cache_seqlens or cache_batch_idx is
     out of range writes nothing, and a new token whose page is out of range is not written.
 
     Batch entries must not share the cache rows that new tokens go to: a CuPy call may write an
@@ -821,6 +822,8 @@ def ring_flash_attention(q: Array, k: Array, v: Array, comm: Union[VirtualRing, 
     lse : array, (batch, heads, seqlen / world); only with ``return_lse=True``
         Equal, within rounding, to the rows of :func:`flash_attention` on the unsharded sequence.
     """
+    if getattr(q, "dtype", None) == _problem.FP8_DTYPE:
+        raise TypeError("ring attention takes no float8_e4m3fn inputs (no descales cross the ring): run it in bfloat16")
     q, k, v = _problem.arrays(q=q, k=k, v=v)
     p = _problem.forward_problem(q, k, v, softmax_scale=softmax_scale, precision=precision, sinks=sinks)
     _, ring, geometry = _ring._check("ring_flash_attention", {"q": q, "k": k, "v": v}, comm, causal, window_size,

@@ -24,6 +24,10 @@ _MIN_NORMAL = 2.0**-6
 _VALUES = numpy.arange(256, dtype=numpy.uint8).view(E4M3).astype(numpy.float32)
 
 GRANULARITIES = ("per_head", "per_tensor")
+#: The scale of the probabilities the FP8 kernels round to e4m3 (fragment/softmax.cuh's kOffset = 8: a row's
+#: largest is 2^8, so e4m3 keeps those down to 2^-17 of it), which the NumPy twin and the reference's FP8
+#: emulation apply too.
+P_SCALE = 256.0
 
 
 def is_fp8(dtype):

@@ -344,8 +344,8 @@ def forward(q, k, v, p, block_m=64, block_n=64, max_score=False):
             l_i = l_i * alpha + e.sum(axis=-1)  # lse is the softmax's before dropout
             if masking.dropout is not None:
                 e = e * masking.dropout.factor(m0, m1, n0, n1)
-            if fp8:  # the FP8 tensor cores take P as e4m3 (the sum above keeps its float32 values)
-                e = e.astype(_fp8.E4M3).astype(acc)
+            if fp8:  # the FP8 tensor cores take P as e4m3, scaled by 2^8 (the sum above keeps float32 values)
+                e = (e * acc.type(_fp8.P_SCALE)).astype(_fp8.E4M3).astype(acc) / acc.type(_fp8.P_SCALE)
             acc_o = acc_o * alpha[..., None] + np.matmul(e, vh[..., n0:n1, :])
             m_i = m_new
         top = np.maximum(top, m_i.max(axis=-1, initial=-np.inf))

@@ -603,7 +603,8 @@ def attention(q, k, v, causal=False, softmax_scale=None, *, window_size=(-1, -1)
         ``ml_dtypes.float8_e4m3fn``: the FP8 baseline, which computes the
         scores in float32 from the dequantized inputs, rounds the
         probabilities (after the row-max subtraction, before the sum divides
-        them) to e4m3 for the product with v, and accumulates in float32.
+        them, scaled by 2^8 as the FP8 kernel scales them) to e4m3 for the
+        product with v, and accumulates in float32.
 
     Returns
     -------
@@ -642,10 +643,11 @@ def attention(q, k, v, causal=False, softmax_scale=None, *, window_size=(-1, -1)
     if factor is not None:
         p = rnd(p * factor)
     if emulate_fp8:
-        # exp(s - m) rounded to e4m3 for the product, then divided by the float32 sum.
+        # 2^8 exp(s - m) rounded to e4m3 for the product (the FP8 kernel's scaling: e4m3 then keeps
+        # probabilities down to 2^-17 of the row's largest), then divided by 2^8 and the float32 sum.
         m_base = xp.where(m == -np.inf, acc.type(0), m)
-        e = _fp8.e4m3_values(xp, _fp8.e4m3_bits(xp, xp.exp(s - m_base[..., None])))
-        out = xp.matmul(e, vh) / xp.where(total != 0, total, acc.type(1))[..., None]
+        e = _fp8.e4m3_values(xp, _fp8.e4m3_bits(xp, xp.exp(s - m_base[..., None]) * acc.type(_fp8.P_SCALE)))
+        out = xp.matmul(e, vh) / (xp.where(total != 0, total, acc.type(1))[..., None] * acc.type(_fp8.P_SCALE))
     else:
         out = rnd(xp.matmul(p, vh))
     # log(0) is avoided by the substitution; the where puts -inf back.  As in
@@ -858,6 +860,10 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, softmax_
     if block_table is not None:  # the pages' rows in key order, packed
         table, cu = _on_module(np, block_table), _on_module(np, cu_seqlens_k)
         page_size = k.shape[1]
+        for b in range(len(cu) - 1):
+            used = table[b, : -(-(cu[b + 1] - cu[b]) // page_size)]
+            if ((used < 0) | (used >= k.shape[0])).any():
+                raise ValueError(f"block_table row {b} names pages outside the {k.shape[0]} of k and v")
         places = [(table[b, t // page_size], t % page_size) for b in range(len(cu) - 1) for t in range(cu[b + 1] - cu[b])]
         k, v = (xp.stack([x[page, row] for page, row in places]) if places else x[:0, 0] for x in (k, v))
     store, acc = _precisions(np.float32 if q.dtype == _fp8.E4M3 and compute_dtype is not None else compute_dtype)
@@ -870,6 +876,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, softmax_
     used = None if seqused_k is None else _on_module(np, seqused_k)
     for b, (((q0, q1), (k0, k1)), sequence_slopes, mask) in enumerate(zip(sequences, slopes, masks)):
         if used is not None:
+            if not 0 <= used[b] <= k1 - k0:
+                raise ValueError(f"seqused_k[{b}] = {used[b]} must lie in [0, {k1 - k0}] (the sequence's keys)")
             k1 = k0 + int(used[b])
         seq_out, seq_lse, seq_top = attention(
             q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], causal, softmax_scale, window_size=window_size,

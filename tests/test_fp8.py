@@ -300,3 +300,9 @@ def test_e4m3_kv_cache_is_checked():
                                                rotary_sin=cos, cache_seqlens=2)
     with pytest.raises(ValueError, match="k_descale must have shape"):
         cupyflash.flash_attention_with_kvcache(q8, cache, cache, k_descale=np.ones((2, 2), np.float32))
+
+
+def test_ring_attention_refuses_e4m3():
+    q, k, v = _fp8_qkv()
+    with pytest.raises(TypeError, match="ring attention takes no float8_e4m3fn inputs"):
+        cupyflash.VirtualRing.run(1, lambda ring: cupyflash.ring_flash_attention(q, k, v, ring))

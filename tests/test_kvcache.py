@@ -489,6 +489,8 @@ def test_left_padding_is_the_cache_from_its_first_key():
     ({"cache_leftpad": np.array([1, 2], np.int32)}, ValueError, r"cache_leftpad must have shape \(3,\)"),
     ({"cache_leftpad": np.array([1, 2, 0], np.int64)}, TypeError, "cache_leftpad has dtype int64; expected int32"),
     ({"cache_leftpad": np.array([1, 2, 0], np.int32), "paged": True}, ValueError, "cache_leftpad is for dense caches"),
+    ({"cache_leftpad": np.array([1, 2, 0], np.int32), "score_mod": lambda s, b, h, i, j: s}, NotImplementedError,
+     "score_mod with cache_leftpad"),
 ])
 def test_left_padding_is_checked(change, error, match):
     change = dict(change)

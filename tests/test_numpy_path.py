@@ -370,6 +370,16 @@ def test_varlen_paged_keys(page_size):
     assert_within_rule("lse", lse, want[1], base[1], 2)
 
 
+def test_the_oracle_checks_seqused_k_and_pages():
+    q, k = np.ones((4, 2, 8)), np.ones((9, 2, 8))
+    cu_q, cu_k = np.array([0, 2, 4], np.int32), np.array([0, 3, 9], np.int32)
+    with pytest.raises(ValueError, match=r"seqused_k\[0\] = 6 must lie in \[0, 3\]"):
+        reference.attention_varlen(q, k, k, cu_q, cu_k, seqused_k=np.array([6, 1], np.int32))
+    pages = np.ones((3, 4, 2, 8))
+    with pytest.raises(ValueError, match="block_table row 1 names pages outside"):
+        reference.attention_varlen(q, pages, pages, cu_q, cu_k, block_table=np.array([[0, 1], [-1, 2]], np.int32))
+
+
 def test_varlen_paged_keys_are_checked():
     q, k = np.ones((4, 2, 8), np.float32), np.ones((3, 4, 2, 8), np.float32)
     cu_q, cu_k = np.array([0, 2, 4], np.int32), np.array([0, 5, 9], np.int32)

@@ -99,7 +99,8 @@ def check(q, k_cache, v_cache, *, k, v, cache_seqlens, cache_batch_idx, block_ta
     """Checks a flash_attention_with_kvcache call (arrays from :func:`_problem.arrays`); returns its
     :class:`KvCacheCall`. NumPy calls also check cache_seqlens, cache_batch_idx and block_table's values
     here; CuPy calls check array values on the device (see the decode kernel)."""
-    if getattr(q, "dtype", None) == _problem.FP8_DTYPE and rotary_cos is not None:
+    if (getattr(q, "dtype", None) == _problem.FP8_DTYPE and getattr(k_cache, "dtype", None) == _problem.FP8_DTYPE
+            and rotary_cos is not None):
         raise ValueError("rotary_cos is not offered with float8_e4m3fn caches (rotate in bfloat16, then quantize)")
     floating = {"q": q, "k_cache": k_cache, "v_cache": v_cache}
     for name, x in (("k", k), ("v", v), ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
@@ -158,6 +159,8 @@ def check(q, k_cache, v_cache, *, k, v, cache_seqlens, cache_batch_idx, block_ta
         if xp is not numpy:
             raise NotImplementedError("cache_leftpad runs on NumPy arrays in this version: the decode kernel does not "
                                       "take it yet (README, 'KV caches')")
+        if score_mod is not None:  # its kv_idx is the position in the cache, which the padding would shift
+            raise NotImplementedError("score_mod with cache_leftpad is not offered yet")
 
     if (k is None) != (v is None):
         raise ValueError("k and v must be given together (the new keys and values), or both left None")
