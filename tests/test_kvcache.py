@@ -544,3 +544,35 @@ def test_checked_mode_reads_its_variable(monkeypatch):
         assert _kvcache.checked_mode() is on
     monkeypatch.delenv("CUPYFLASH_CHECK")
     assert _kvcache.checked_mode() is False
+
+
+@pytest.mark.parametrize("xp_name", ["numpy", pytest.param("cupy", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("heads, seqlen_q", [(16, 1), (128, 2)])
+def test_mla_shapes(heads, seqlen_q, xp_name):
+    """Issue 26's MLA layout through flash_attention_with_kvcache: one latent kv head of 576 columns in
+    pages of 64, v_cache the view k_cache[..., :512] (new tokens written through both, the same bytes), 16
+    or 128 query heads, causal for seqlen_q > 1; against the oracle (on the GPU, today's general path:
+    the decode kernel's buckets stop at 256)."""
+    xp = _xp(xp_name)
+    rng = np.random.default_rng(heads)
+    batch, page, pages_per, bf16 = 2, 64, 3, DTYPES["bfloat16"]
+    num_pages = batch * pages_per + 1
+    latent = rng.standard_normal((num_pages, page, 1, 576)).astype(bf16)
+    k_cache, v_cache = latent, latent[..., :512]
+    table = rng.permutation(num_pages)[:batch * pages_per].reshape(batch, pages_per).astype(np.int32)
+    q = rng.standard_normal((batch, seqlen_q, heads, 576)).astype(bf16)
+    k_new = rng.standard_normal((batch, seqlen_q, 1, 576)).astype(bf16)
+    arrays = {"k": k_new, "v": k_new[..., :512], "cache_seqlens": np.array([150, 37], np.int32), "block_table": table,
+              "causal": seqlen_q > 1, "softmax_scale": 576 ** -0.5}
+    want = reference.attention_with_kvcache(q, k_cache, v_cache, **arrays)
+    base = reference.attention_with_kvcache(q, k_cache, v_cache, **arrays, compute_dtype=bf16)
+    if xp is not np:
+        latent = xp.asarray(latent)
+        k_cache, v_cache, q = latent, latent[..., :512], xp.asarray(q)
+        arrays = {n: xp.asarray(x) if isinstance(x, np.ndarray) else x for n, x in arrays.items()}
+        arrays["v"] = arrays["k"][..., :512]
+    out, lse = cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **arrays, return_lse=True)
+    assert out.shape == (batch, seqlen_q, heads, 512)
+    assert_within_rule("out", out, want[0], base[0], OUTPUT_FACTOR)
+    assert_within_rule("lse", lse, want[1], base[1], OUTPUT_FACTOR)
+    assert (to_host(latent) == want[2]).all() and (to_host(latent)[..., :512] == want[3]).all()
