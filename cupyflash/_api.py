@@ -694,7 +694,8 @@ def flash_attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, *, k:
         position ``cache_leftpad[b]`` (``0 <= cache_leftpad[b] <= cache_seqlens[b]``): it attends to
         positions ``cache_leftpad[b]`` up to ``cache_seqlens[b] + seqlen_new``, and its masks and ALiBi
         distances count keys from ``cache_leftpad[b]``. New keys are still written at
-        ``cache_seqlens[b]`` and rotary positions stay absolute. NumPy arrays only in this version.
+        ``cache_seqlens[b]`` and rotary positions stay absolute. Not with a score_mod. NumPy arrays only in
+        this version.
     q_descale, k_descale, v_descale, out_dtype : keyword-only
         float8_e4m3fn q, caches and new keys and values (an e4m3 cache), as in :func:`flash_attention`:
         the descales (batch, heads_k) per batch entry (new tokens share their cache's); not with rotary

@@ -82,9 +82,11 @@ def _check(xp, dtype, options=None, max_score=None, **sizes):
                                                                                sorted(options.items())))
     host = {n: to_host(x) for n, x in arrays.items()}
     host_q, host_k, host_v = (to_host(x) for x in (q, k_cache, v_cache))
-    slopes, sinks = options.get("alibi_slopes"), options.get("sinks")
+    slopes, sinks, leftpad = options.get("alibi_slopes"), options.get("sinks"), options.get("cache_leftpad")
     ref_options = dict(options, alibi_slopes=to_host(slopes) if slopes is not None else None,
                        sinks=to_host(sinks) if sinks is not None else None)
+    if leftpad is not None:
+        ref_options["cache_leftpad"] = to_host(leftpad)
     ref_options.pop("num_splits", None)
     # A float64 oracle cannot judge float64 results (helpers.oracle).
     wide = np.longdouble if dtype == "float64" else None
@@ -576,3 +578,20 @@ def test_mla_shapes(heads, seqlen_q, xp_name):
     assert_within_rule("out", out, want[0], base[0], OUTPUT_FACTOR)
     assert_within_rule("lse", lse, want[1], base[1], OUTPUT_FACTOR)
     assert (to_host(latent) == want[2]).all() and (to_host(latent)[..., :512] == want[3]).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, sizes, options, leftpad", [
+    ("bfloat16", dict(DECODE, lengths=[699, 37, 5], capacity=700), {"causal": True}, [650, 0, 5]),
+    ("bfloat16", dict(DECODE, seqlen_q=5, new=2, lengths=[60, 37, 9], capacity=80, headdim=64, headdim_v=64,
+                      batch_idx=True, rotary_dim=32), {"window_size": (20, 3), "alibi": True}, [13, 37, 1]),
+    ("float32", dict(DECODE, lengths=[99, 37, 5], capacity=100, headdim=32, headdim_v=32), {}, [0, 36, 2]),
+])
+def test_left_padded_caches_cupy(dtype, sizes, options, leftpad, monkeypatch):
+    """cache_leftpad on CuPy (behind NEW_KERNELS_ENABLED until this passes): the general kernels over the
+    cache shifted per entry, against the oracle."""
+    from cupyflash import _problem
+
+    monkeypatch.setattr(_problem, "NEW_KERNELS_ENABLED", True)
+    dtype, sizes, options = _options(cupy, (dtype, sizes, options))
+    _check(cupy, dtype, dict(options, cache_leftpad=cupy.asarray(np.asarray(leftpad, np.int32))), **sizes)

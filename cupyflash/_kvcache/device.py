@@ -106,8 +106,8 @@ def _fill_args(args, c, q, out, lse):
 def decode_variant(c, device, max_score=False):
     """The decode kernel's variant for call ``c`` (built with its score_mod, if any, and the maximum score's
     flag), or None when it does not take the call."""
-    if c.dtype.itemsize != 2 or device.capability < 80 or c.seqlen_q == 0:
-        return None  # (no queries: no CTA, and the general path appends)
+    if c.dtype.itemsize != 2 or device.capability < 80 or c.seqlen_q == 0 or c.cache_leftpad is not None:
+        return None  # (no queries: no CTA, and the general path appends; left padding: the general path's)
     bucket = next((d for d in DECODE_BUCKETS if d >= max(c.headdim, c.headdim_v)), None)
     if bucket is None or not common.vec_loads(c.k_cache, c.v_cache):
         return None
@@ -279,7 +279,7 @@ def _general(c, q, max_score):
     c = dataclasses.replace(c, cache_seqlens=common.contiguous(c.cache_seqlens)[0],
                             cache_batch_idx=common.contiguous(c.cache_batch_idx)[0],
                             block_table=common.contiguous(c.block_table)[0])
-    if c.cache_seqlens is None and c.block_table is None and c.cache_batch_idx is None:
+    if c.cache_seqlens is None and c.block_table is None and c.cache_batch_idx is None and c.cache_leftpad is None:
         # Every entry uses the same keys, checked on the host: the dense forward over the caches' first keys.
         keys = c.cache_seqlens_value + c.seqlen_new
         p = _problem_of(c, seqlen_k=keys)
@@ -300,6 +300,17 @@ def _general(c, q, max_score):
         k, v = k[entries], v[entries]
     elif k.shape[0] != c.batch:
         k, v = k[:c.batch], v[:c.batch]
+    if c.cache_leftpad is not None:
+        # Left padding (dense caches): entry b's keys from position cache_leftpad[b], shifted to the front
+        # (rows past the capacity repeat the last, past seqused_k); an out-of-range value makes it bad.
+        pad = c.cache_leftpad.astype(numpy.int64)
+        lengths = (c.cache_seqlens if c.cache_seqlens is not None
+                   else cupy.full(c.batch, c.cache_seqlens_value, numpy.int32)).astype(numpy.int64)
+        bad = bad | ((pad < 0) | (pad > lengths)).astype(numpy.int32)
+        rows = cupy.minimum(cupy.clip(pad, 0, c.capacity)[:, None] + cupy.arange(c.capacity)[None, :], c.capacity - 1)
+        k = cupy.take_along_axis(k, rows[:, :, None, None], axis=1)
+        v = cupy.take_along_axis(v, rows[:, :, None, None], axis=1)
+        seqused = cupy.maximum(seqused - pad, 0).astype(numpy.int32)
     results = _compute.forward(_problem_of(c, seqused_k=seqused), q, k, v, max_score=max_score)
     for x in results:
         per_entry = x.size // c.batch
