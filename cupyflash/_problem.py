@@ -422,17 +422,7 @@ def check_fp8_on_the_gpu(p, operands):
         )
     from ._families import common, sm90
 
-    capability = common.current_device().capability
-    limits = (
-        (capability != sm90.CAPABILITY, f"a device of compute capability {capability} (it runs on 9.0: H100, H200)"),
-        (p.varlen, "packed (varlen) batches"), (p.seqused_k is not None, "seqused_k"), (p.softcap != 0.0, "softcap"),
-        (p.alibi_slopes is not None, "ALiBi"), (p.sinks is not None, "sinks"),
-        (p.user_mask is not None, "BlockMask.from_mask_mod"), (p.softmax_scale <= 0, "softmax_scale <= 0"),
-        (max(p.headdim, p.headdim_v) > 256, "head dims above 256"),
-        (not all(sm90.tma_addressable(x, False) for x in operands),
-         "q, k or v rows that are not 16-byte aligned (make them contiguous with a head dim that is a multiple of 16)"),
-    )
-    missing = [what for failed, what in limits if failed]
+    missing = sm90.fp8_missing(p, common.current_device().capability, operands)
     if missing:
         raise NotImplementedError(f"the FP8 kernel does not take {missing[0]} yet (README, 'FP8 inputs')")
 

@@ -55,17 +55,19 @@ def accumulators(n, constraint="+f"):
 SS_FORMS = {"WgmmaSS": "0, 0", "WgmmaSSMn": "1, 1"}
 
 
-def ss(ctype, ptx, n, name):
+def ss(ctype, ptx, n, name, k=16, transpose=True):
+    """The form ``name`` of m64nNk16 (k=16) or m64nNk32 (k=32); ``transpose``: the 16-bit forms' transpose
+    flags (8-bit wgmma has none)."""
     regs, listing, operands = accumulators(n)
     _, _, outputs = accumulators(n, "=f")
-    flags = SS_FORMS[name]
+    tail = f"p, 1, 1, {SS_FORMS[name]}" if transpose else "p, 1, 1"
     return f"""
 template <> struct {name}<{ctype}, {n}> {{
     __device__ __forceinline__ static void mma(float (&d)[{n // 8}][4], unsigned long long desc_a,
                                                unsigned long long desc_b, int accumulate) {{
         asm volatile(
             "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"
-            "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} {listing}, %{regs}, %{regs + 1}, p, 1, 1, {flags};\\n}}\\n"
+            "wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ptx}.{ptx} {listing}, %{regs}, %{regs + 1}, {tail};\\n}}\\n"
             : {operands}
             : "l"(desc_a), "l"(desc_b), "r"(accumulate));
     }}
@@ -73,7 +75,7 @@ template <> struct {name}<{ctype}, {n}> {{
                                                      unsigned long long desc_b) {{
         asm volatile(
             "{{\\n.reg .pred p;\\nsetp.ne.b32 p, 0, 0;\\n"
-            "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} {listing}, %{regs}, %{regs + 1}, p, 1, 1, {flags};\\n}}\\n"
+            "wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ptx}.{ptx} {listing}, %{regs}, %{regs + 1}, {tail};\\n}}\\n"
             : {outputs}
             : "l"(desc_a), "l"(desc_b));
     }}
@@ -81,58 +83,19 @@ template <> struct {name}<{ctype}, {n}> {{
 """
 
 
-def rs(ctype, ptx, n):
+def rs(ctype, ptx, n, k=16, transpose=True):
+    """WgmmaRS of m64nNk16 (k=16) or m64nNk32 (k=32), A from registers; ``transpose``: B MN-major
+    (16-bit), else K-major (8-bit)."""
     regs, listing, operands = accumulators(n)
     a = ", ".join(f"%{regs + i}" for i in range(4))
+    tail = "p, 1, 1, 1" if transpose else "p, 1, 1"
     return f"""
 template <> struct WgmmaRS<{ctype}, {n}> {{
     __device__ __forceinline__ static void mma(float (&d)[{n // 8}][4], const unsigned (&a)[4],
                                                unsigned long long desc_b, int accumulate) {{
         asm volatile(
             "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 5}, 0;\\n"
-            "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} {listing}, {{{a}}}, %{regs + 4}, p, 1, 1, 1;\\n}}\\n"
-            : {operands}
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
-    }}
-}};
-"""
-
-
-def ss_fp8(ctype, ptx, n):
-    regs, listing, operands = accumulators(n)
-    _, _, outputs = accumulators(n, "=f")
-    return f"""
-template <> struct WgmmaSS<{ctype}, {n}> {{
-    __device__ __forceinline__ static void mma(float (&d)[{n // 8}][4], unsigned long long desc_a,
-                                               unsigned long long desc_b, int accumulate) {{
-        asm volatile(
-            "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"
-            "wgmma.mma_async.sync.aligned.m64n{n}k32.f32.{ptx}.{ptx} {listing}, %{regs}, %{regs + 1}, p, 1, 1;\\n}}\\n"
-            : {operands}
-            : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-    }}
-    __device__ __forceinline__ static void overwrite(float (&d)[{n // 8}][4], unsigned long long desc_a,
-                                                     unsigned long long desc_b) {{
-        asm volatile(
-            "{{\\n.reg .pred p;\\nsetp.ne.b32 p, 0, 0;\\n"
-            "wgmma.mma_async.sync.aligned.m64n{n}k32.f32.{ptx}.{ptx} {listing}, %{regs}, %{regs + 1}, p, 1, 1;\\n}}\\n"
-            : {outputs}
-            : "l"(desc_a), "l"(desc_b));
-    }}
-}};
-"""
-
-
-def rs_fp8(ctype, ptx, n):
-    regs, listing, operands = accumulators(n)
-    a = ", ".join(f"%{regs + i}" for i in range(4))
-    return f"""
-template <> struct WgmmaRS<{ctype}, {n}> {{
-    __device__ __forceinline__ static void mma(float (&d)[{n // 8}][4], const unsigned (&a)[4],
-                                               unsigned long long desc_b, int accumulate) {{
-        asm volatile(
-            "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 5}, 0;\\n"
-            "wgmma.mma_async.sync.aligned.m64n{n}k32.f32.{ptx}.{ptx} {listing}, {{{a}}}, %{regs + 4}, p, 1, 1;\\n}}\\n"
+            "wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ptx}.{ptx} {listing}, {{{a}}}, %{regs + 4}, {tail};\\n}}\\n"
             : {operands}
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
     }}
@@ -148,7 +111,7 @@ def generate():
             parts.append(rs(ctype, ptx, n))
     for ctype, ptx in FP8_TYPES:
         for n in WIDTHS:
-            parts.extend((ss_fp8(ctype, ptx, n), rs_fp8(ctype, ptx, n)))
+            parts.extend((ss(ctype, ptx, n, "WgmmaSS", k=32, transpose=False), rs(ctype, ptx, n, k=32, transpose=False)))
     parts.append("\n}  // namespace cupyflash\n")
     return "".join(parts)
 

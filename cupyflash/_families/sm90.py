@@ -174,6 +174,21 @@ def fwd_fp8_smem_bytes(variant):
     return ALIGN_SLACK + FWD_FP8_BLOCK_M * 128 * atoms + stages * (block_n * 128 * atoms + dv * block_n) + CTA_STATE_BYTES
 
 
+def fp8_missing(p, capability, operands):
+    """What the FP8 forward does not take of FP8 problem ``p`` on a device of ``capability`` with these
+    operands, in words (empty: it runs). The checks and dispatch share this one list."""
+    limits = (
+        (capability != CAPABILITY, f"a device of compute capability {capability} (it runs on 9.0: H100, H200)"),
+        (p.varlen, "packed (varlen) batches"), (p.seqused_k is not None, "seqused_k"), (p.softcap != 0.0, "softcap"),
+        (p.alibi_slopes is not None, "ALiBi"), (p.sinks is not None, "sinks"),
+        (p.user_mask is not None, "BlockMask.from_mask_mod"), (p.softmax_scale <= 0, "softmax_scale <= 0"),
+        (max(p.headdim, p.headdim_v) > 256, "head dims above 256"),
+        (not all(tma_addressable(x, False) for x in operands),
+         "q, k or v rows that are not 16-byte aligned (make them contiguous with a head dim that is a multiple of 16)"),
+    )
+    return [what for failed, what in limits if failed]
+
+
 def bwd_split_cols(variant):
     """Whether a backward variant's consumers split dK, dV and dQ by columns (Sm90BwdTraits::kSplitCols):
     above head dim 128."""
@@ -422,11 +437,9 @@ class Sm90Forward:
 
     @staticmethod
     def _select_fp8(p, device, operands):
-        """The FP8 forward for dense problems without score modifications, sinks or a mask_mod, with a
-        positive softmax_scale, inputs a TMA can address (cupyflash/_problem.py's check_fp8_on_the_gpu
-        refuses the others, the same list)."""
-        if (p.varlen or p.seqused_k is not None or p.score_mod or p.sinks is not None or p.user_mask is not None
-                or p.softmax_scale <= 0 or not all(tma_addressable(x, False) for x in operands)):
+        """The FP8 forward for the problems :func:`fp8_missing` finds nothing missing in (the checks refuse
+        the others, cupyflash/_problem.py's check_fp8_on_the_gpu)."""
+        if fp8_missing(p, device.capability, operands):
             return None
         dims = bucket(p.headdim, p.headdim_v, tuple(FWD_FP8_TILES))
         if dims is None:

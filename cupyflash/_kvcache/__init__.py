@@ -19,10 +19,16 @@ MAX_SPLITS = _call.MAX_SPLITS
 #: the host (a copy to the host and a wait, every call, plans skipped), raising ValueError as NumPy calls
 #: do, where by default an entry with an out-of-range value gets NaN rows.
 CHECK_VARIABLE = "CUPYFLASH_CHECK"
+# Read on every call (a planned call's hot path): CPython's mapping behind os.environ, as _keys.py reads
+# CUPYFLASH_FAMILY, without os.environ.get's exception for an unset variable.
+try:
+    _ENVIRON, _CHECK_KEY = os.environ._data, os.environ.encodekey(CHECK_VARIABLE)
+except AttributeError:  # pragma: no cover (no CPython _Environ)
+    _ENVIRON, _CHECK_KEY = os.environ, CHECK_VARIABLE
 
 
 def checked_mode():
-    return os.environ.get(CHECK_VARIABLE, "") not in ("", "0")
+    return _ENVIRON.get(_CHECK_KEY) not in (None, b"", b"0", "", "0")
 
 #: The decode plans, by key.
 PLANS = _plan.PlanCache()
