@@ -12,7 +12,7 @@ TFLOP/s (4 B H S^2 D, halved when causal) and FP8 over bfloat16. Targets: d128 1
 with seqlen >= 4096 at least 1.4x bfloat16. Times: CUDA events around calls enqueued back to back
 (medians), or with --per-call each call alone after a synchronize (host time included). An FP8 call the
 installed version refuses prints its error (until the kernel's first GPU run, CuPy FP8 calls take the
-NEW_KERNELS_ENABLED switch: --enable).
+switches cupyflash._gates.FP8 and MAX_SCORE: --enable).
 """
 
 import argparse
@@ -46,9 +46,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     harness.require_gpu("fp8.py")
     if args.enable:
-        from cupyflash import _problem
+        from cupyflash import _gates
 
-        _problem.NEW_KERNELS_ENABLED = True
+        _gates.FP8 = _gates.MAX_SCORE = True
     settings = harness.Settings(warmup=3, repeats=args.repeats, backward=False, peers=False,
                                 timing="per-call" if args.per_call else "back-to-back")
     print(f"{'d':>4} {'seqlen':>6} {'causal':>6} {'bf16 TFLOP/s':>12} {'fp8 TFLOP/s':>12} {'fp8/bf16':>9}")

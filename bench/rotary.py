@@ -29,7 +29,7 @@ def _rows(name, shape, repeats, clock):
     import cupy
 
     import cupyflash
-    from cupyflash import _problem
+    from cupyflash import _gates
 
     x = harness.make_inputs(shape, harness.dtype(name), seed=0, count=1)[0]
     out = cupy.empty_like(x)
@@ -46,9 +46,9 @@ def _rows(name, shape, repeats, clock):
     for interleaved in (False, True):
         rates = []
         for fused in (False, True):
-            _problem.NEW_KERNELS_ENABLED = fused
+            _gates.ROTARY = fused
             rates.append(rate(lambda: cupyflash.apply_rotary(x, cos, sin, interleaved=interleaved)))
-        _problem.NEW_KERNELS_ENABLED = False
+        _gates.ROTARY = False
         layout = "interleaved" if interleaved else "halves"
         lines.append(f"{name:6} {layout:12} {copy:10.0f} {rates[0]:12.0f} {rates[1]:8.0f} {rates[1] / copy:11.2f}")
     return lines

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Optional, Sequence, Tuple, Union
 
-from . import _compute, _keys, _kvcache, _merge, _plan, _problem, _ring
+from . import _compute, _gates, _keys, _kvcache, _merge, _plan, _problem, _ring
 
 if TYPE_CHECKING:
     import cupy
@@ -189,9 +189,10 @@ def _plain(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score=Fals
 
 def _fused_extras(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score=False, score_mod=None, *fp8):
     """Whether a call that is not plain differs from one only by its sinks or the maximum score, which the
-    kernels join themselves once NEW_KERNELS_ENABLED is on: such calls have plans too (keyed by
+    kernels join themselves once their switches are on (_gates): such calls have plans too (keyed by
     _keys.with_extras), whose runs take the sinks as their last problem input."""
-    return (_problem.NEW_KERNELS_ENABLED and (return_max_score is True or return_max_score is False)
+    return (_gates.EXTRAS_PLANS and (sinks is None or _gates.SINKS)
+            and (return_max_score is False or (return_max_score is True and _gates.MAX_SCORE))
             and _plain(None, dropout_p, dropout_seed, dropout_offset, False, score_mod, *fp8))
 
 

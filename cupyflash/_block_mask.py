@@ -156,9 +156,9 @@ class BlockMask:
         buffers : tuple of arrays
             The arrays the function indexes (float32, float64, int32 or bool, rank at most 4), all NumPy
             or all CuPy, copied (later writes to them do not change the mask). The layout is built on
-            their device (by a kernel compiled from the function, one CTA per block, once
-            cupyflash._problem.NEW_KERNELS_ENABLED is on; until then by CuPy's array operations) or on
-            the host (NumPy buffers, or none).
+            their device (by a kernel compiled from the function, one CTA per block, once its first
+            GPU run has passed, cupyflash._gates.FUNCTIONS; until then by CuPy's array operations) or
+            on the host (NumPy buffers, or none).
 
         Returns
         -------
@@ -167,7 +167,7 @@ class BlockMask:
             pair in it. The calls evaluate the function only in blocks where it does not hold for every
             pair (and skip the blocks where it holds for none).
         """
-        from . import _problem, _trace
+        from . import _gates, _problem, _trace
 
         rows, cols, block_size = cls._grid(seqlen_q, seqlen_k, block_size)
         for name, value in (("batch", batch), ("heads", heads)):
@@ -182,7 +182,7 @@ class BlockMask:
             for x in buffers:
                 x.flags.writeable = False
         traced = _trace.trace(mask_mod, "mask", [(b.dtype, b.ndim) for b in buffers], "mask_mod")
-        if xp is not numpy and _problem.NEW_KERNELS_ENABLED:
+        if xp is not numpy and _gates.FUNCTIONS:
             from ._families import common
 
             with buffers[0].device:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Tuple, Union
 
 import numpy
 
-from . import _merge, _numpy_impl, _problem
+from . import _gates, _merge, _numpy_impl
 from ._problem import Problem, lse_dtype
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ def forward(p: Problem, q: Array, k: Array, v: Array, max_score: bool = False) -
     else:
         from . import _cuda
 
-        results, fused = _cuda.forward(p, q, k, v, max_score=max_score), _problem.NEW_KERNELS_ENABLED
+        results, fused = _cuda.forward(p, q, k, v, max_score=max_score), _gates.SINKS
     if p.sinks is not None and not fused:
         results = _merge.add_sinks(xp, results[0], results[1], p.sinks, p.varlen) + tuple(results[2:])
     return results

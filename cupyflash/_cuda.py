@@ -8,7 +8,7 @@ import dataclasses
 import cupy
 import numpy
 
-from . import _families, _plan, _problem
+from . import _families, _gates, _plan
 from ._families import common
 from ._problem import acc_dtype, lse_dtype
 
@@ -81,7 +81,7 @@ def backward_plan(p, dout, q, k, v, out, lse, deterministic, alibi_slopes=None, 
     score_mod's buffers, the sinks where the problem has them, then the buffers' zeroed gradient
     accumulators of :func:`buffer_gradients`, which it
     adds into, or with ``deterministic`` writes from exact sums) and returns ``(dq, dk, dv)``, then with
-    sinks (once NEW_KERNELS_ENABLED) their gradient's per-row terms, which bwd_delta writes
+    sinks (once _gates.SINKS) their gradient's per-row terms, which bwd_delta writes
     (_merge.sink_gradient_from_terms sums them); lse may be float32 or float64 (the plan converts it to the
     precision of the forward's)."""
     device = common.current_device()
@@ -106,7 +106,7 @@ def backward_plan(p, dout, q, k, v, out, lse, deterministic, alibi_slopes=None, 
             ps = dataclasses.replace(ps, user_grads=grad_slots)
     dout_s, q_s, k_s, v_s, out_s = operands
     terms = None
-    if p.sinks is not None and _problem.NEW_KERNELS_ENABLED and launchable(p):
+    if p.sinks is not None and _gates.SINKS and launchable(p):
         terms = b.output(p.lse_shape, dtype)
         ps = dataclasses.replace(ps, sink_terms=terms)
     if launchable(p):

@@ -15,7 +15,7 @@ import numbers
 import ml_dtypes
 import numpy
 
-from . import _fp8
+from . import _fp8, _gates
 
 #: Supported input dtypes by name; outputs keep the input dtype.
 SUPPORTED_DTYPES = {
@@ -245,10 +245,10 @@ def check_flag(name, value):
 
 
 def check_max_score(value, xp):
-    """return_max_score: a bool; True only for NumPy arrays in this version (and CuPy arrays once the
-    kernels' maxima have run on a GPU: NEW_KERNELS_ENABLED)."""
+    """return_max_score: a bool; True on CuPy arrays only once the kernels' maxima have run on a GPU
+    (_gates.MAX_SCORE)."""
     value = check_flag("return_max_score", value)
-    if value and xp is not numpy and not NEW_KERNELS_ENABLED:
+    if value and xp is not numpy and not _gates.MAX_SCORE:
         raise NotImplementedError(
             "return_max_score runs on NumPy arrays in this version: the CUDA kernels do not return it yet "
             "(README, 'Dropout, sinks and the maximum score')"
@@ -414,8 +414,8 @@ def check_fp8(dtype, xp, batch, heads, heads_k, q_descale, k_descale, v_descale,
 
 def check_fp8_on_the_gpu(p, operands):
     """CuPy FP8 problems run on the Hopper FP8 kernel (kernels_cu/sm90/fwd_fp8_mainloop.cuh), once it has run
-    on a GPU (NEW_KERNELS_ENABLED): NotImplementedError naming what it does not take."""
-    if not NEW_KERNELS_ENABLED:
+    on a GPU (_gates.FP8): NotImplementedError naming what it does not take."""
+    if not _gates.FP8:
         raise NotImplementedError(
             "float8_e4m3fn inputs run on NumPy arrays in this version: the Hopper FP8 kernel is written but not yet "
             "verified on a GPU (README, 'FP8 inputs')"
@@ -470,7 +470,7 @@ def check_score_mod(score_mod, buffers, xp, softcap, alibi_slopes):
     if softcap != 0.0 or alibi_slopes is not None:
         raise ValueError("score_mod cannot be combined with softcap or alibi_slopes: write them in the score_mod "
                          "(README, 'Score and mask functions')")
-    if xp is not numpy and not NEW_KERNELS_ENABLED:
+    if xp is not numpy and not _gates.FUNCTIONS:
         raise NotImplementedError(
             "score_mod runs on NumPy arrays in this version: its CUDA kernels are not yet verified on a GPU "
             "(README, 'Score and mask functions')"
@@ -480,15 +480,6 @@ def check_score_mod(score_mod, buffers, xp, softcap, alibi_slopes):
     checked = check_buffers("score_mod_buffers", () if buffers is None else buffers, xp)
     traced = _trace.trace(score_mod, "score", [(x.dtype, x.ndim) for x in checked])
     return traced, (None if buffers is None else checked)
-
-
-#: Kernels written in a session without a GPU and not yet run: dropout in the general kernels (built with
-#: kDropout) and the device dropout mask, apply_rotary's fused kernel, the forwards' fused sinks, and the
-#: general kernels built with a score_mod or mask_mod. Off, CuPy calls refuse dropout, score_mod and
-#: from_mask_mod masks (NotImplementedError) and take the elementwise rotary and sink merges,
-#: rather than risk a silently wrong result; the GPU tests turn it on for themselves (tests/
-#: test_gpu_training.py, tests/test_gpu_features.py), and the switch goes once they have passed.
-NEW_KERNELS_ENABLED = False
 
 
 def check_dropout(dropout_p, dropout_seed, dropout_offset):
@@ -573,7 +564,7 @@ def _options(p, causal, window_size, softcap, alibi_slopes, block_mask, precisio
     if p["dtype"] == _fp8.E4M3 and (p["dropout_p"] or score_mod is not None):
         raise ValueError(f"{'dropout' if p['dropout_p'] else 'score_mod'} is not offered with float8_e4m3fn inputs "
                          "(a forward without a backward: dropout trains; write the score modification in bfloat16)")
-    if p["dropout_p"] and p["xp"] is not numpy and not NEW_KERNELS_ENABLED:
+    if p["dropout_p"] and p["xp"] is not numpy and not _gates.DROPOUT:
         raise NotImplementedError(
             "dropout runs on NumPy arrays in this version: the CUDA kernels do not draw it yet (README, "
             "'Dropout, sinks and the maximum score')"
@@ -587,7 +578,7 @@ def _options(p, causal, window_size, softcap, alibi_slopes, block_mask, precisio
         if p.get("cu_seqlens_q") is not None:
             raise TypeError("block_mask is not supported with packed (varlen) batches")
         p["block_mask"] = check_block_mask(block_mask, p["batch"], p["heads"], p["seqlen_q"], p["seqlen_k"])
-        if block_mask.mask_mod is not None and p["xp"] is not numpy and not NEW_KERNELS_ENABLED:
+        if block_mask.mask_mod is not None and p["xp"] is not numpy and not _gates.FUNCTIONS:
             raise NotImplementedError(
                 "a BlockMask from from_mask_mod runs on NumPy arrays in this version: its CUDA kernels are not "
                 "yet verified on a GPU (README, 'Score and mask functions')"
@@ -773,7 +764,7 @@ def _check_seqused_k(seqused_k, xp, cu_k, batch):
         raise TypeError(f"seqused_k has dtype {seqused_k.dtype}; expected int32")
     if seqused_k.shape != (batch,):
         raise ValueError(f"seqused_k must have shape ({batch},) (one count per sequence), got {seqused_k.shape}")
-    if xp is not numpy and not NEW_KERNELS_ENABLED:
+    if xp is not numpy and not _gates.SEQUSED_K:
         raise NotImplementedError("seqused_k on packed batches runs on NumPy arrays in this version: its kernel path "
                                   "(common/sequence.cuh) waits for its first GPU run")
     if xp is numpy:

@@ -8,11 +8,11 @@ float32 (float64 for float64 x) and rounds once to x's dtype.
 
 On CuPy arrays it is a few elementwise kernels on the current stream, with no host synchronization; the
 fused kernel (kernels_cu/common/rotary.cu: one read and one write of x) replaces them once its first GPU
-run has passed (cupyflash._problem.NEW_KERNELS_ENABLED)."""
+run has passed (cupyflash._gates.ROTARY)."""
 
 import numpy
 
-from . import _problem
+from . import _gates
 from ._problem import acc_dtype
 
 
@@ -36,7 +36,7 @@ def apply(r, x, cos, sin):
     """x rotated (a new array, or x itself with ``r.inplace``)."""
     xp = r.xp
     # The fused kernel reads columns at unit stride (other layouts take the elementwise kernels).
-    if xp is not numpy and _problem.NEW_KERNELS_ENABLED and x.strides[-1] == x.itemsize:
+    if xp is not numpy and _gates.ROTARY and x.strides[-1] == x.itemsize:
         from ._families import common
 
         # float32 tables serve every dtype; a float32 x reads them as its own dtype.

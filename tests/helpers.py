@@ -416,6 +416,16 @@ def use_family(monkeypatch, family):
         monkeypatch.setenv("CUPYFLASH_FAMILY", family)
 
 
+def open_gates(monkeypatch, *names):
+    """Turn on the switches ``names`` of cupyflash._gates (kernels that wait for their first GPU run) for
+    one test."""
+    from cupyflash import _gates
+
+    for name in names:
+        assert name in _gates.NAMES, name
+        monkeypatch.setattr(_gates, name, True)
+
+
 def central_differences(loss, x, step):
     """d loss / d x by central differences, perturbing the array ``x`` in place (restored after)."""
     numeric = np.empty_like(x)

@@ -92,8 +92,8 @@ def decode(dtype):
 
 def dropout(dtype):
     """The kernels built with dropout (the Hopper 16-bit forward, the general kernels; CuPy calls take them
-    once cupyflash._problem.NEW_KERNELS_ENABLED is on) and the device mask."""
-    cupyflash._problem.NEW_KERNELS_ENABLED = True
+    once cupyflash._gates.DROPOUT is on) and the device mask."""
+    cupyflash._gates.DROPOUT = True
     options = {"causal": True, "dropout_p": 0.3, "dropout_seed": 7}
     for _ in range(2):
         q, k, v, do = (normal(s, dtype) for s in ((2, 77, 4, 40), (2, 101, 2, 40), (2, 101, 2, 40), (2, 77, 4, 40)))
@@ -104,8 +104,8 @@ def dropout(dtype):
 
 def max_scores(dtype):
     """The forwards and the decode kernel that keep the maximum score (kMaxScore; CuPy calls take them once
-    cupyflash._problem.NEW_KERNELS_ENABLED is on): dense, packed and a cache, with a softcap and without."""
-    cupyflash._problem.NEW_KERNELS_ENABLED = True
+    cupyflash._gates.MAX_SCORE is on): dense, packed and a cache, with a softcap and without."""
+    cupyflash._gates.MAX_SCORE = True
     for softcap in (0.0, 20.0):
         q, k, v = normal((2, 77, 4, 40), dtype), normal((2, 101, 2, 40), dtype), normal((2, 101, 2, 40), dtype)
         cupyflash.flash_attention(q, k, v, causal=True, softcap=softcap, return_max_score=True)
@@ -120,8 +120,8 @@ def max_scores(dtype):
 
 def fp8():
     """The Hopper FP8 forward and its V^T pre-pass (CuPy calls take them once
-    cupyflash._problem.NEW_KERNELS_ENABLED is on): GQA, causal, a block mask, the maximum score."""
-    cupyflash._problem.NEW_KERNELS_ENABLED = True
+    cupyflash._gates.FP8 is on): GQA, causal, a block mask, the maximum score."""
+    cupyflash._gates.FP8 = cupyflash._gates.MAX_SCORE = True
     q, k, v = normal((2, 77, 4, 64), numpy.float32), normal((2, 101, 2, 64), numpy.float32), normal((2, 101, 2, 64),
                                                                                                     numpy.float32)
     (q8, qd), (k8, kd), (v8, vd) = (cupyflash.quantize_fp8(x) for x in (q, k, v))
@@ -135,11 +135,11 @@ def fp8():
 
 def functions(dtype):
     """Kernels built with score and mask functions (the Hopper 16-bit forward and backward, the general
-    kernels; taken once cupyflash._problem.NEW_KERNELS_ENABLED is on): a relative bias with a table (its
+    kernels; taken once cupyflash._gates.FUNCTIONS is on): a relative bias with a table (its
     gradient by atomics; at head dim 128 the Hopper backward's, whose tiles past the clip sum theirs and
     the others read dS^T back from shared memory), a softcap, a document mask built on the device, odd
     sizes, and the block classification kernel."""
-    cupyflash._problem.NEW_KERNELS_ENABLED = True
+    cupyflash._gates.FUNCTIONS = True
     from cupyflash import mods
 
     table = normal((4, 41), numpy.float32)

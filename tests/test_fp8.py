@@ -6,7 +6,7 @@ ulp of out's dtype at the largest output), and the checks of the arguments."""
 import ml_dtypes
 import numpy as np
 import pytest
-from helpers import assert_within_rule, gpu_available
+from helpers import assert_within_rule, gpu_available, open_gates
 
 import cupyflash
 from cupyflash import _fp8, reference
@@ -224,16 +224,16 @@ def test_cupy_quantizes_as_numpy_does_and_refuses_the_forward():
     ((2, 160, 260, 2, 1, 128, 128), {"block_mask": True}, False, ml_dtypes.bfloat16),
 ])
 def test_hopper_fp8_forward_against_the_oracle(sizes, options, q_per_head, out_dtype, monkeypatch):
-    """The Hopper FP8 kernel (kernels_cu/sm90/fwd_fp8_mainloop.cuh, behind NEW_KERNELS_ENABLED until this
+    """The Hopper FP8 kernel (kernels_cu/sm90/fwd_fp8_mainloop.cuh, behind _gates.FP8 until this
     passes), its V^T pre-pass included: odd shapes, GQA, causal, windows, block masks, descales per kv
     head and per query head, both out dtypes, the maximum score, against the rule."""
     import cupy
 
-    from cupyflash import _families, _problem
+    from cupyflash import _families
 
     if _families.common.current_device().capability != 90:
         pytest.skip("the FP8 kernel runs on compute capability 9.0")
-    monkeypatch.setattr(_problem, "NEW_KERNELS_ENABLED", True)
+    open_gates(monkeypatch, "FP8", "MAX_SCORE")
     rng = np.random.default_rng(sum(sizes))
     b, sq, sk, h, hk, d, dv = sizes
     inputs, descales = _quantized(rng, *sizes, q_per_head=q_per_head)

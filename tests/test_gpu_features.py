@@ -10,6 +10,7 @@ from helpers import (
     check_dense,
     check_varlen,
     gpu_available,
+    open_gates,
     packed_offsets,
     random_layout,
     random_qkv,
@@ -53,10 +54,8 @@ def test_varlen_seqused_k(family, checked_on, monkeypatch):
     """flash_attention_varlen's seqused_k on every family (common/sequence.cuh clamps each packed sequence's
     keys to it): a sequence using none, one using all, partial tiles; on the device path (both max_seqlen
     given) the plan's own seqused_k slot, a second call with other counts running the plan. Behind
-    NEW_KERNELS_ENABLED until this passes."""
-    from cupyflash import _problem
-
-    monkeypatch.setattr(_problem, "NEW_KERNELS_ENABLED", True)
+    _gates.SEQUSED_K until this passes."""
+    open_gates(monkeypatch, "SEQUSED_K")
     use_family(monkeypatch, family)
     max_seqlen = None if checked_on == "host" else (300, 700)
     for used in ([200, 0, 519], [37, 700, 1]):
@@ -197,12 +196,11 @@ def test_varlen_zero_max_seqlen_with_rows_is_nan():
 @pytest.mark.parametrize("fused", [False, True], ids=["merged", "fused"])
 def test_sinks(fused, sizes, causal, dtype, monkeypatch):
     """Sinks on every dtype's default kernels (merged with the kernels' results, or joined in their
-    epilogues once cupyflash._problem.NEW_KERNELS_ENABLED is on; the backward from the lse that holds
+    epilogues once cupyflash._gates.SINKS is on; the backward from the lse that holds
     them): out, lse, dq, dk, dv and dsinks against the oracle. The rows that see no key (causal,
     seqlen_q > seqlen_k) get lse = sink."""
-    from cupyflash import _problem
-
-    monkeypatch.setattr(_problem, "NEW_KERNELS_ENABLED", fused)
+    if fused:
+        open_gates(monkeypatch, "SINKS")
     heads = sizes[3]
     sinks = cupy.asarray((np.random.default_rng(heads).standard_normal(heads) * 2).astype(np.float32))
     check_dense(cupy, sizes, DTYPES[dtype], causal=causal, sinks=sinks)
@@ -210,9 +208,8 @@ def test_sinks(fused, sizes, causal, dtype, monkeypatch):
 
 @pytest.mark.parametrize("fused", [False, True], ids=["merged", "fused"])
 def test_sinks_varlen(fused, monkeypatch):
-    from cupyflash import _problem
-
-    monkeypatch.setattr(_problem, "NEW_KERNELS_ENABLED", fused)
+    if fused:
+        open_gates(monkeypatch, "SINKS")
     sinks = cupy.asarray(np.array([0.5, -1.0, -np.inf, 2.0], np.float32))
     check_varlen(cupy, [77, 0, 130], [90, 12, 64], 4, 2, 64, 64, DTYPES["bfloat16"], causal=True,
                  max_seqlen=(130, 90), sinks=sinks)
@@ -224,9 +221,7 @@ def test_sinks_varlen(fused, monkeypatch):
 def test_sinks_fused_on_every_family(family, dtype, monkeypatch):
     """Every forward's epilogue joins the sink (fragment/softmax.cuh's finish, the general row softmax),
     NaN sinks and rows without keys included."""
-    from cupyflash import _problem
-
-    monkeypatch.setattr(_problem, "NEW_KERNELS_ENABLED", True)
+    open_gates(monkeypatch, "SINKS")
     use_family(monkeypatch, family)
     sinks = cupy.asarray(np.array([1.5, -np.inf, -3.0, 0.25], np.float32))
     check_dense(cupy, (2, 150, 97, 4, 2, 64, 64), DTYPES[dtype], causal=True, sinks=sinks)
@@ -250,11 +245,10 @@ def test_dropout_and_max_score_refused_on_cupy():
 @pytest.mark.parametrize("fused", [False, True], ids=["elementwise", "fused"])
 def test_apply_rotary_matches_numpy(fused, packed, dtype, monkeypatch):
     """The CuPy paths (the elementwise kernels, and the fused kernel that replaces them once this passes:
-    cupyflash._problem.NEW_KERNELS_ENABLED) against the NumPy one (within one rounding: the GPU may fuse
+    cupyflash._gates.ROTARY) against the NumPy one (within one rounding: the GPU may fuse
     a * c - b * s); CuPy offsets past the tables give NaN in the rotated columns only."""
-    from cupyflash import _problem
-
-    monkeypatch.setattr(_problem, "NEW_KERNELS_ENABLED", fused)
+    if fused:
+        open_gates(monkeypatch, "ROTARY")
     dt = DTYPES[dtype]
     rng = np.random.default_rng(0)
     x = rng.standard_normal((3, 40, 4, 64)).astype(dt)

@@ -2,15 +2,15 @@
 score_mod or a mask_mod (kernels_cu/common/user_calls.cuh) against the float64 oracle under the tolerance
 rule, with the buffers' gradients; the built-ins written as score_mods against the built-ins; the
 compiled variants cached by expression. Until this file has passed on a GPU, CuPy calls refuse
-score_mod and from_mask_mod masks (cupyflash._problem.NEW_KERNELS_ENABLED); its tests turn the kernels on."""
+score_mod and from_mask_mod masks (cupyflash._gates.FUNCTIONS); its tests turn the kernels on."""
 
 import numpy as np
 import pytest
-from helpers import DTYPES, check_dense, check_varlen, gpu_available, random_qkv, to_host, use_family
+from helpers import DTYPES, check_dense, check_varlen, gpu_available, open_gates, random_qkv, to_host, use_family
 from test_mods import _alibi_mod, _documents, _softcap_mod, _table, gated, rel_bias, same_document
 
 import cupyflash
-from cupyflash import _kernels, _problem, mods
+from cupyflash import _kernels, mods
 
 pytestmark = pytest.mark.gpu
 
@@ -22,7 +22,7 @@ else:
 
 @pytest.fixture(autouse=True)
 def _user_kernels(monkeypatch):
-    monkeypatch.setattr(_problem, "NEW_KERNELS_ENABLED", True)
+    open_gates(monkeypatch, "FUNCTIONS")
 
 
 @pytest.mark.parametrize("dtype, family", [("float64", ""), ("float64", "general"), ("float32", ""), ("float32", "sm80"),

@@ -14,6 +14,7 @@ from helpers import (
     OUTPUT_FACTOR,
     assert_within_rule,
     gpu_available,
+    open_gates,
     seed_from,
     to_host,
 )
@@ -75,7 +76,7 @@ def _inputs(xp, dtype, *, batch, seqlen_q, heads, heads_k, headdim, headdim_v, c
 def _check(xp, dtype, options=None, max_score=None, **sizes):
     """One call against the oracle (out, lse with the tolerance rule; the caches as the reference
     writes them, rounded; the maximum score where ``max_score``, by default for NumPy arrays only: CuPy
-    calls return it once cupyflash._problem.NEW_KERNELS_ENABLED is on, tests/test_gpu_training.py);
+    calls return it once cupyflash._gates.MAX_SCORE is on, tests/test_gpu_training.py);
     returns the call's results."""
     options = options or {}
     (q, k_cache, v_cache), arrays = _inputs(xp, dtype, **sizes, seed=seed_from(dtype, sorted(sizes.items()),
@@ -588,10 +589,8 @@ def test_mla_shapes(heads, seqlen_q, xp_name):
     ("float32", dict(DECODE, lengths=[99, 37, 5], capacity=100, headdim=32, headdim_v=32), {}, [0, 36, 2]),
 ])
 def test_left_padded_caches_cupy(dtype, sizes, options, leftpad, monkeypatch):
-    """cache_leftpad on CuPy (behind NEW_KERNELS_ENABLED until this passes): the general kernels over the
+    """cache_leftpad on CuPy (behind _gates.LEFTPAD until this passes): the general kernels over the
     cache shifted per entry, against the oracle."""
-    from cupyflash import _problem
-
-    monkeypatch.setattr(_problem, "NEW_KERNELS_ENABLED", True)
+    open_gates(monkeypatch, "LEFTPAD")
     dtype, sizes, options = _options(cupy, (dtype, sizes, options))
     _check(cupy, dtype, dict(options, cache_leftpad=cupy.asarray(np.asarray(leftpad, np.int32))), **sizes)

@@ -10,10 +10,10 @@ import ml_dtypes
 import numpy as np
 
 import cupyflash
-from cupyflash import _families, _problem, mods
+from cupyflash import _families, _gates, _problem, mods
 from cupyflash._families import common, sm80
 
-_problem.NEW_KERNELS_ENABLED = True
+_gates.FUNCTIONS = True
 S, H, D = 16384, 16, 128
 rng = cupy.random.RandomState(0)
 q, k, v, dout = (rng.standard_normal((1, S, H, D), dtype=np.float32).astype(ml_dtypes.bfloat16) for _ in range(4))
