@@ -32,8 +32,12 @@ FUNCTIONS = False
 #: apply_rotary's fused kernel (kernels_cu/rotary.cu).
 ROTARY = False
 
-#: The Hopper FP8 forward (kernels_cu/sm90/fwd_fp8*.cu, fp8_values.cu).
+#: The Hopper FP8 forward (kernels_cu/sm90/fwd_kmajor*.cu[h] with e4m3 operands, kmajor_values.cu).
 FP8 = False
+
+#: The Hopper tf32 forward for precision="tf32" (the same kernel with tf32 operands; q, k and V^T rounded
+#: by the pre-passes). Off: "tf32" runs the planes kernel (two bfloat16 parts a value).
+TF32 = False
 
 #: seqused_k on packed CuPy batches (kernels_cu/common/sequence.cuh clamps each sequence's keys).
 SEQUSED_K = False
@@ -42,7 +46,7 @@ SEQUSED_K = False
 LEFTPAD = False
 
 #: Every switch, by name.
-NAMES = ("MAX_SCORE", "SINKS", "EXTRAS_PLANS", "DROPOUT", "FUNCTIONS", "ROTARY", "FP8", "SEQUSED_K", "LEFTPAD")
+NAMES = ("MAX_SCORE", "SINKS", "EXTRAS_PLANS", "DROPOUT", "FUNCTIONS", "ROTARY", "FP8", "TF32", "SEQUSED_K", "LEFTPAD")
 
 
 def open_all():

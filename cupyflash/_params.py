@@ -78,10 +78,17 @@ KV_CACHE_ARGS = numpy.dtype(
     align=True,
 )
 
-#: TransposeValuesArgs (kernels_cu/sm90/fp8_values.cu).
+#: TransposeValuesArgs (kernels_cu/sm90/kmajor_values.cu).
 TRANSPOSE_VALUES_ARGS = numpy.dtype(
     [("v", TENSOR_ARG), ("vt", _PTR), ("batch", _I32), ("seqlen_k", _I32), ("heads_k", _I32), ("headdim_v", _I32),
      ("keys", _I32)],
+    align=True,
+)
+
+#: RoundRowsArgs (kernels_cu/sm90/kmajor_values.cu).
+ROUND_ROWS_ARGS = numpy.dtype(
+    [("x", TENSOR_ARG), ("out", _PTR), ("batch", _I32), ("rows", _I32), ("heads", _I32), ("dim", _I32),
+     ("dim_out", _I32)],
     align=True,
 )
 
@@ -135,6 +142,7 @@ STRUCTS = {
     "BwdArgs": BWD_ARGS,
     "KvCacheArgs": KV_CACHE_ARGS,
     "TransposeValuesArgs": TRANSPOSE_VALUES_ARGS,
+    "RoundRowsArgs": ROUND_ROWS_ARGS,
     "NanFill": NAN_FILL,
     "DropoutMaskArgs": DROPOUT_MASK_ARGS,
     "RotaryArgs": ROTARY_ARGS,

@@ -413,7 +413,7 @@ def check_fp8(dtype, xp, batch, heads, heads_k, q_descale, k_descale, v_descale,
 
 
 def check_fp8_on_the_gpu(p, operands):
-    """CuPy FP8 problems run on the Hopper FP8 kernel (kernels_cu/sm90/fwd_fp8_mainloop.cuh), once it has run
+    """CuPy FP8 problems run on the Hopper FP8 kernel (kernels_cu/sm90/fwd_kmajor_mainloop.cuh), once it has run
     on a GPU (_gates.FP8): NotImplementedError naming what it does not take."""
     if not _gates.FP8:
         raise NotImplementedError(
@@ -422,7 +422,7 @@ def check_fp8_on_the_gpu(p, operands):
         )
     from ._families import common, sm90
 
-    missing = sm90.fp8_missing(p, common.current_device().capability, operands)
+    missing = sm90.kmajor_missing(p, common.current_device().capability, operands)
     if missing:
         raise NotImplementedError(f"the FP8 kernel does not take {missing[0]} yet (README, 'FP8 inputs')")
 

@@ -9,8 +9,8 @@ Run on a GPU from the repository root:
 
 It checks no values (the GPU tests do); the sanitizer reports any access outside an allocation, or any
 shared-memory race. The sm90 and general runs include their dropout kernels and the device dropout mask,
-and the kernels built with score and mask functions, the sm90 run the FP8 forward (or "sm90:float8_e4m3fn"
-alone); every run, the kernels that keep the maximum score.
+and the kernels built with score and mask functions, the sm90 run the FP8 and tf32 forwards (or
+"sm90:float8_e4m3fn", "sm90:tf32" alone); every run, the kernels that keep the maximum score.
 Sizes are small so the instrumented run takes a minute or two. Arguments name the families to run
 (default: all three), or a family and one of its dtypes ("sm80:float32").
 """
@@ -155,6 +155,18 @@ def functions(dtype):
             cupyflash.flash_attention_backward(do, q, k, v, out, lse, causal=True, **options)
 
 
+def tf32():
+    """The Hopper tf32 forward and its pre-passes (precision="tf32"; CuPy calls take them once
+    cupyflash._gates.TF32 is on): head dims padded by the copies (40 with 24), GQA, causal, a window, the
+    maximum score."""
+    cupyflash._gates.TF32 = cupyflash._gates.MAX_SCORE = True
+    for d, dv, options in ((40, 24, {"causal": True}), (128, 128, {"window_size": (70, 9)})):
+        q, k, v = normal((2, 77, 4, d), numpy.float32), normal((2, 101, 2, d), numpy.float32), normal((2, 101, 2, dv),
+                                                                                                    numpy.float32)
+        for _ in range(2):
+            cupyflash.flash_attention(q, k, v, precision="tf32", return_max_score=True, **options)
+
+
 DTYPES = {"float16": numpy.float16, "bfloat16": ml_dtypes.bfloat16, "float32": numpy.float32, "float64": numpy.float64}
 FAMILY_DTYPES = {"sm90": ("float16", "bfloat16", "float32"), "sm80": ("float16", "bfloat16", "float32", "float64"),
                  "general": ("float32", "float64")}
@@ -173,5 +185,7 @@ for family, only in runs:
             functions(dtype)
     if family == "sm90" and only in (None, "float8_e4m3fn"):
         fp8()
+    if family == "sm90" and only in (None, "tf32"):
+        tf32()
 cupy.cuda.Device().synchronize()
 print("sanitize_attention: done")

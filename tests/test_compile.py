@@ -92,6 +92,8 @@ SM90_MAX_SCORE_SPILL_CEILING = {
 #: score) local-memory accesses, as the 16-bit d256 kernel's score_mod consumers do.
 SM90_FP8_SPILL_CEILING = {(64, False): 124, (64, True): 124, (128, False): 124, (128, True): 124, (256, False): 300,
                           (256, True): 340}
+#: The tf32 forward (sm90_fwd_tf32, the same main loop): the producer's 124 bytes only (session 28).
+SM90_TF32_SPILL_CEILING = 124
 #: The same for the sm90 backward's dropout variants (head dims up to 128), measured when written
 #: (session 23): the d96 and d128 consumers keep out of local memory; d64's 128-query tile, which spills
 #: without dropout too (96 and 70 consumer local accesses), takes 50 and 78.
@@ -367,6 +369,7 @@ def test_every_variant_compiles_without_spills(reports, builds, request, capsys)
     ceiling.update({v.key: SM90_PLANES_SPILL_CEILING[v.param("headdim")] for v in sm90.FWD_PLANES.variants()})
     ceiling.update({v.key: SM90_FP8_SPILL_CEILING[(v.param("headdim"), v.param("max_score"))]
                     for v in sm90.FWD_FP8.variants()})
+    ceiling.update({v.key: SM90_TF32_SPILL_CEILING for v in sm90.FWD_TF32.variants()})
     ceiling.update({v.key: SM90_BWD_PLANES_SPILL_CEILING[v.param("headdim")] for v in sm90.BWD_PLANES.variants()})
     for v in kvcache_device.DECODE.variants():
         ceiling[v.key] = KVC_SPILL_CEILING.get(v.param("headdim"), 0)
@@ -499,6 +502,11 @@ def test_hopper_variants_run_on_hgmma(reports):
         if v.key not in built:
             continue
         steps = v.param("headdim") // 32 + v.param("block_n") // 32  # k32: QGMMA ... E4M3.E4M3
+        assert reports[(v.key, 90)]["hgmma"] >= steps, (v.key, reports[(v.key, 90)])
+    for v in sm90.FWD_TF32.variants():
+        if v.key not in built:
+            continue
+        steps = v.param("headdim") // 8 + v.param("block_n") // 8  # k8: HGMMA ... F32.TF32
         assert reports[(v.key, 90)]["hgmma"] >= steps, (v.key, reports[(v.key, 90)])
     for v in sm90.BWD.variants():
         if v.key not in built:

@@ -205,6 +205,33 @@ def test_float32_forward_takes_its_precision(precision, device, expected):
     assert (family.name, variant.key) == (expected[:4], expected)
 
 
+@pytest.mark.parametrize("headdim, headdim_v, options, expected", [
+    (64, None, {}, "sm90_fwd_tf32_fp32_d64_v64_n128_s2_top_0"),
+    (40, 24, {"causal": True, "window_size": (30, 0)}, "sm90_fwd_tf32_fp32_d64_v64_n128_s2_top_0"),
+    (96, None, {"return_max_score": True}, "sm90_fwd_tf32_fp32_d128_v128_n64_s2_top_1"),
+    (128, None, {"softcap": 5.0}, "sm90_fwd_planes_fp32_d128_n64_s1_mod_1_tf32_1_top_0"),
+    (160, None, {}, None),
+])
+def test_tf32_precision_takes_the_tf32_kernel_where_it_can(headdim, headdim_v, options, expected, monkeypatch):
+    """precision="tf32" on compute capability 9.0 runs the tf32 wgmma kernel (kernels_cu/sm90/fwd_kmajor.cu,
+    behind _gates.TF32) for what sm90.kmajor_missing allows; a softcap keeps the planes kernel, head dims
+    above 128 the general family (as without the switch)."""
+    from cupyflash import _gates
+
+    monkeypatch.setattr(_gates, "TF32", True)
+    max_score = options.pop("return_max_score", False)
+    p = _problem(headdim, headdim_v, dtype=np.float32, precision="tf32", **options)
+    if max_score:
+        import dataclasses
+
+        p = dataclasses.replace(p, max_score=True)
+    variant = sm90.FORWARD.select(p, H200, _operands(p))
+    assert (variant and variant.key) == expected
+    monkeypatch.setattr(_gates, "TF32", False)
+    variant = sm90.FORWARD.select(p, H200, _operands(p))
+    assert (variant and variant.kernel) is (sm90.FWD_PLANES if expected else None)
+
+
 @pytest.mark.parametrize("headdim, device, expected", [
     (64, H200, "sm80_fwd_dmma_fp64_d64_n32_m1_mod_0_top_0"), (128, H200, "sm80_fwd_dmma_fp64_d128_n16_m1_mod_0_top_0"),
     (96, A100, "sm80_fwd_dmma_fp64_d96_n16_m1_mod_0_top_0"), (160, H200, None),

@@ -14,7 +14,7 @@ import functools
 
 import numpy
 
-from .. import _fp8, _kernels, _params, _plan
+from .. import _fp8, _gates, _kernels, _params, _plan
 from .._problem import lse_dtype
 from . import common, sm80
 
@@ -80,17 +80,29 @@ FWD = _kernels.Kernel(
     tuple((*dims, *tile) for dims, tiles in FWD_TILES.items() for tile in tiles), ("score_mod", "dropout", "max_score"),
     arch="90a", user_functions=True,
 )
-#: FP8 (e4m3) inputs (kernels_cu/sm90/fwd_fp8_mainloop.cuh): head-dim bucket -> (keys per tile, K/V^T
-#: stages). The kernel's dtype is out's (bfloat16 or float16); 128-row CTAs of two consumer warpgroups.
+#: The forwards whose operands wgmma reads K-major only (kernels_cu/sm90/fwd_kmajor_mainloop.cuh), in
+#: 128-row CTAs of two consumer warpgroups. FP8 (e4m3) inputs: head-dim bucket -> (keys per tile, K/V^T
+#: stages); the kernel's dtype is out's (bfloat16 or float16).
 FWD_FP8_TILES = {(64, 64): (128, 4), (128, 128): (128, 4), (256, 256): (128, 2)}
 FWD_FP8 = _kernels.Kernel(
-    "sm90_fwd_fp8", "sm90/fwd_fp8.cu", _kernels.HALF_DTYPES, ("headdim", "headdim_v", "block_n", "stages"),
+    "sm90_fwd_fp8", "sm90/fwd_kmajor.cu", _kernels.HALF_DTYPES, ("headdim", "headdim_v", "block_n", "stages"),
     tuple((*dims, *tile) for dims, tile in FWD_FP8_TILES.items()), ("max_score",), arch="90a",
 )
-FWD_FP8_BLOCK_M = 128
-#: Its pre-pass: v as V^T, keys contiguous and permuted per 32-key block (kernels_cu/sm90/fp8_values.cu).
-FP8_VALUES = _kernels.Kernel("fp8_transpose_values", "sm90/fp8_values.cu", ())
-FP8_VALUES_THREADS = 256
+#: float32 at precision="tf32" (one tf32 product per product, k = 8; four bytes an element): at head dim
+#: 128 the Q tile (64 KB) and two stages of 64-key K and V^T tiles (32 KB each) fill 192 KB; at 64 two
+#: stages of 128-key tiles, 160 KB. Larger head dims take the planes kernel (FWD_PLANES).
+FWD_TF32_TILES = {(64, 64): (128, 2), (128, 128): (64, 2)}
+FWD_TF32 = _kernels.Kernel(
+    "sm90_fwd_tf32", "sm90/fwd_kmajor.cu", ("float32",), ("headdim", "headdim_v", "block_n", "stages"),
+    tuple((*dims, *tile) for dims, tile in FWD_TF32_TILES.items()), ("max_score",), arch="90a",
+)
+KMAJOR_BLOCK_M = 128
+#: Their pre-passes (kernels_cu/sm90/kmajor_values.cu): v as V^T, keys contiguous and permuted per k-step
+#: (e4m3 and float32, the latter rounded to tf32), and q and k rounded to tf32.
+FP8_VALUES = _kernels.Kernel("fp8_transpose_values", "sm90/kmajor_values.cu", ())
+TF32_VALUES = _kernels.Kernel("tf32_transpose_values", "sm90/kmajor_values.cu", ())
+TF32_ROWS = _kernels.Kernel("tf32_round_rows", "sm90/kmajor_values.cu", ())
+PREPASS_THREADS = 256
 #: The float32 forward's tiles (kernels_cu/sm90/fwd_planes_mainloop.cuh): head-dim bucket -> ((keys per
 #: tile, K/V stages),). q, k and v are read as three bfloat16 planes (6 bytes an element): at head dim
 #: 128 the 128-row Q tile (96 KB) and one stage of 64-key K and V tiles (48 KB each) fill 194 KB.
@@ -165,25 +177,42 @@ def fwd_planes_smem_bytes(variant):
     return ALIGN_SLACK + planes * 128 * _atoms(d) * (FWD_PLANES_BLOCK_M + 2 * stages * block_n) + CTA_STATE_BYTES
 
 
-def fwd_fp8_smem_bytes(variant):
-    """Dynamic shared memory of an FP8 forward variant (Sm90FwdFp8Traits::kSmemBytes): the Q tile and
-    ``stages`` K and V^T tiles (128-byte atoms of 128 e4m3 columns; V^T: headdim_v rows of the tile's
-    keys), the state and the alignment slack."""
+def _prepass_blocks(chunks):
+    """Blocks of a grid-stride pre-pass over ``chunks`` 16-byte chunks (at most 8192)."""
+    return max(1, min(common.cdiv(chunks, PREPASS_THREADS), 8192))
+
+
+def kmajor_element_bytes(variant):
+    """Bytes of an element of a K-major forward variant's operands: 1 (e4m3) or 4 (tf32)."""
+    return 4 if variant.kernel is FWD_TF32 else 1
+
+
+def fwd_kmajor_smem_bytes(variant):
+    """Dynamic shared memory of a K-major forward variant (Sm90FwdKMajorTraits::kSmemBytes): the Q tile and
+    ``stages`` K and V^T tiles (128-byte atoms of 128 e4m3 or 32 float32 columns; V^T: headdim_v rows of
+    the tile's keys), the state and the alignment slack."""
     d, dv, block_n, stages = (variant.param(n) for n in ("headdim", "headdim_v", "block_n", "stages"))
-    atoms = (d + 127) // 128
-    return ALIGN_SLACK + FWD_FP8_BLOCK_M * 128 * atoms + stages * (block_n * 128 * atoms + dv * block_n) + CTA_STATE_BYTES
+    size = kmajor_element_bytes(variant)
+    atoms = common.cdiv(d, 128 // size)
+    return (ALIGN_SLACK + KMAJOR_BLOCK_M * 128 * atoms + stages * (block_n * 128 * atoms + dv * block_n * size)
+            + CTA_STATE_BYTES)
 
 
-def fp8_missing(p, capability, operands):
-    """What the FP8 forward does not take of FP8 problem ``p`` on a device of ``capability`` with these
-    operands, in words (empty: it runs). The checks and dispatch share this one list."""
+def kmajor_missing(p, capability, operands):
+    """What the K-major forward of problem ``p`` (the FP8 kernel for e4m3 inputs, the tf32 kernel for float32
+    ones) does not take on a device of ``capability`` with these operands, in words (empty: it runs). The
+    checks of FP8 calls and dispatch share this one list; a float32 problem it rejects takes the planes
+    kernel."""
+    fp8 = p.dtype == _fp8.E4M3
     limits = (
         (capability != CAPABILITY, f"a device of compute capability {capability} (it runs on 9.0: H100, H200)"),
         (p.varlen, "packed (varlen) batches"), (p.seqused_k is not None, "seqused_k"), (p.softcap != 0.0, "softcap"),
         (p.alibi_slopes is not None, "ALiBi"), (p.sinks is not None, "sinks"),
-        (p.user_mask is not None, "BlockMask.from_mask_mod"), (p.softmax_scale <= 0, "softmax_scale <= 0"),
-        (max(p.headdim, p.headdim_v) > 256, "head dims above 256"),
-        (not all(tma_addressable(x, False) for x in operands),
+        (p.user_mask is not None, "BlockMask.from_mask_mod"), (p.user_score is not None, "score_mod"),
+        (p.dropout, "dropout"), (p.softmax_scale <= 0, "softmax_scale <= 0"),
+        (max(p.headdim, p.headdim_v) > (256 if fp8 else 128), f"head dims above {256 if fp8 else 128}"),
+        # The tf32 kernel reads the pre-passes' copies, never q, k or v themselves.
+        (fp8 and not all(tma_addressable(x, False) for x in operands),
          "q, k or v rows that are not 16-byte aligned (make them contiguous with a head dim that is a multiple of 16)"),
     )
     return [what for failed, what in limits if failed]
@@ -253,7 +282,7 @@ def bucket(headdim, headdim_v, buckets=tuple(FWD_TILES)):
 # ---- TMA tensor maps ----
 
 #: CUtensorMapDataType of each 16-bit dtype, and the other enums cuTensorMapEncodeTiled takes.
-_TMA_DTYPE = {"float16": 6, "bfloat16": 9, "float8_e4m3fn": 0}  # 0: CU_TENSOR_MAP_DATA_TYPE_UINT8
+_TMA_DTYPE = {"float16": 6, "bfloat16": 9, "float8_e4m3fn": 0, "float32": 7}  # 0: CU_TENSOR_MAP_DATA_TYPE_UINT8
 _TMA_FLOAT32 = 7
 _SWIZZLE_128B = 3
 _L2_PROMOTION_128B = 2
@@ -373,10 +402,11 @@ def cxx_facts():
         traits = f"cupyflash::Sm90FwdPlanesTraits<{', '.join(map(str, v.tile))}, {str(v.param('tf32')).lower()}>"
         facts.update({f"{traits}::kSmemBytes": fwd_planes_smem_bytes(v), f"{traits}::kThreads": 384,
                       f"{traits}::kBlockM": FWD_PLANES_BLOCK_M})
-    for v in FWD_FP8.variants():
-        traits = f"cupyflash::Sm90FwdFp8Traits<{', '.join(map(str, v.tile))}>"
-        facts.update({f"{traits}::kSmemBytes": fwd_fp8_smem_bytes(v), f"{traits}::kThreads": 384,
-                      f"{traits}::kBlockM": FWD_FP8_BLOCK_M})
+    for kernel, op in ((FWD_FP8, "E4m3Operands"), (FWD_TF32, "Tf32Operands")):
+        for v in kernel.variants():
+            traits = f"cupyflash::Sm90FwdKMajorTraits<cupyflash::{op}, {', '.join(map(str, v.tile))}>"
+            facts.update({f"{traits}::kSmemBytes": fwd_kmajor_smem_bytes(v), f"{traits}::kThreads": 384,
+                          f"{traits}::kBlockM": KMAJOR_BLOCK_M})
     for v in BWD.variants():
         traits = f"cupyflash::Sm90BwdTraits<__half, {', '.join(map(str, v.tile))}>"
         facts.update({f"{traits}::kSmemBytes": bwd_smem_bytes(v), f"{traits}::kThreads": BWD_THREADS,
@@ -385,7 +415,7 @@ def cxx_facts():
         traits = f"cupyflash::Sm90BwdPlanesTraits<{', '.join(map(str, v.tile))}, {str(v.param('tf32')).lower()}>"
         facts.update({f"{traits}::kSmemBytes": bwd_planes_smem_bytes(v), f"{traits}::kThreads": BWD_THREADS,
                       f"{traits}::kBlockN": BWD_PLANES_BLOCK, f"{traits}::kBlockM": BWD_PLANES_BLOCK})
-    return ("sm90/fwd.cu", "sm90/fwd_planes.cu", "sm90/fwd_fp8.cu", "sm90/bwd.cu", "sm90/bwd_planes.cu"), facts
+    return ("sm90/fwd.cu", "sm90/fwd_planes.cu", "sm90/fwd_kmajor.cu", "sm90/bwd.cu", "sm90/bwd_planes.cu"), facts
 
 
 class Sm90Forward:
@@ -394,7 +424,7 @@ class Sm90Forward:
     kernel's operands)."""
 
     name = "sm90"
-    kernels = (FWD, sm80.PLANES, FWD_PLANES, FP8_VALUES, FWD_FP8)
+    kernels = (FWD, sm80.PLANES, FWD_PLANES, FP8_VALUES, FWD_FP8, TF32_VALUES, TF32_ROWS, FWD_TF32)
     user_functions = True
 
     def select(self, p, device, operands):
@@ -407,6 +437,10 @@ class Sm90Forward:
         if p.dtype == numpy.float32:
             if p.dropout:  # the float32 kernel has no dropout yet: the general family's
                 return None
+            if p.precision == "tf32" and _gates.TF32 and not kmajor_missing(p, device.capability, operands):
+                variant = self._select_kmajor(FWD_TF32, FWD_TF32_TILES, "float32", p, device)
+                if variant is not None:
+                    return variant
             dim = sm80.headdim_bucket(p.headdim, p.headdim_v, tuple(FWD_PLANES_TILES))
             if dim is None:
                 return None
@@ -435,24 +469,27 @@ class Sm90Forward:
                               max_score=max_score, user=user)
         return variant if fwd_smem_bytes(variant) <= device.smem_optin else None
 
-    @staticmethod
-    def _select_fp8(p, device, operands):
-        """The FP8 forward for the problems :func:`fp8_missing` finds nothing missing in (the checks refuse
+    def _select_fp8(self, p, device, operands):
+        """The FP8 forward for the problems :func:`kmajor_missing` finds nothing missing in (the checks refuse
         the others, cupyflash/_problem.py's check_fp8_on_the_gpu)."""
-        if fp8_missing(p, device.capability, operands):
+        if kmajor_missing(p, device.capability, operands):
             return None
-        dims = bucket(p.headdim, p.headdim_v, tuple(FWD_FP8_TILES))
+        return self._select_kmajor(FWD_FP8, FWD_FP8_TILES, common.dtype_name(p.output_dtype), p, device)
+
+    @staticmethod
+    def _select_kmajor(kernel, tiles, dtype, p, device):
+        """The variant of a K-major forward (FWD_FP8 or FWD_TF32) for its bucket of p's head dims, if any."""
+        dims = bucket(p.headdim, p.headdim_v, tuple(tiles))
         if dims is None:
             return None
-        variant = FWD_FP8.variant(common.dtype_name(p.output_dtype), (*dims, *FWD_FP8_TILES[dims]),
-                                  max_score=p.max_score is not None)
-        return variant if fwd_fp8_smem_bytes(variant) <= device.smem_optin else None
+        variant = kernel.variant(dtype, (*dims, *tiles[dims]), max_score=p.max_score is not None)
+        return variant if fwd_kmajor_smem_bytes(variant) <= device.smem_optin else None
 
     def plan(self, b, variant, p, q, k, v, device):
         if variant.kernel is FWD_PLANES:
             return self._plan_planes(b, variant, p, q, k, v, device)
-        if variant.kernel is FWD_FP8:
-            return self._plan_fp8(b, variant, p, q, k, v, device)
+        if variant.kernel is FWD_FP8 or variant.kernel is FWD_TF32:
+            return self._plan_kmajor(b, variant, p, q, k, v, device)
         block_m, block_n = variant.param("block_m"), variant.param("block_n")
         out, lse = b.output(p.out_shape, p.dtype), b.output(p.lse_shape, numpy.float32)
         lists = common.sparse_lists(b, p, block_m, block_n)
@@ -492,32 +529,52 @@ class Sm90Forward:
             schedule["next_work"] = b.counters(1).data.ptr
         return schedule
 
-    def _plan_fp8(self, b, variant, p, q, k, v, device):
-        """FP8: v as V^T (the pre-pass), then the forward over q, k and V^T; out in the variant's dtype."""
+    def _plan_kmajor(self, b, variant, p, q, k, v, device):
+        """A K-major forward: v as V^T (the pre-pass; for tf32 also q and k rounded, into copies), then the
+        forward over q, k (or their copies) and V^T; out in the variant's dtype."""
         block_n = variant.param("block_n")
-        out, lse = b.output(p.out_shape, p.output_dtype), b.output(p.lse_shape, numpy.float32)
-        keys = common.cdiv(p.seqlen_k, 32) * 32
-        vt = b.workspace((p.batch, p.heads_k, p.headdim_v, keys), numpy.uint8)
+        tf32 = variant.kernel is FWD_TF32
+        out, lse = b.output(p.out_shape, p.output_dtype), b.output(p.lse_shape, lse_dtype(p.dtype))
+        step = 8 if tf32 else 32  # keys per k-step: V^T's rows are whole k-steps
+        keys = common.cdiv(p.seqlen_k, step) * step
+        vt = b.workspace((p.batch, p.heads_k, p.headdim_v, keys), numpy.float32 if tf32 else numpy.uint8)
         pre = b.struct(_params.TRANSPOSE_VALUES_ARGS)
         pre[0] = (_params.tensor(v), _params.pointer(vt), p.batch, p.seqlen_k, p.heads_k, p.headdim_v, keys)
-        chunks = p.batch * p.heads_k * (keys // 16) * p.headdim_v
-        b.launch(common.function(FP8_VALUES.variant()), (min(common.cdiv(chunks, FP8_VALUES_THREADS), 8192), 1, 1),
-                 FP8_VALUES_THREADS, (pre,))
-        lists = common.sparse_lists(b, p, FWD_FP8_BLOCK_M, block_n)
+        chunks = p.batch * p.heads_k * (keys // (4 if tf32 else 16)) * p.headdim_v  # 16 bytes a thread
+        b.launch(common.function((TF32_VALUES if tf32 else FP8_VALUES).variant()), (_prepass_blocks(chunks), 1, 1),
+                 PREPASS_THREADS, (pre,))
+        if tf32:
+            q, k = (self._round_rows(b, x) for x in (q, k))
+        lists = common.sparse_lists(b, p, KMAJOR_BLOCK_M, block_n)
         args = common.fwd_args(b, p, q, k, v, out, lse, lists)
         maps = b.struct(MAPS)
-        for field, x, rows in (("q", q, FWD_FP8_BLOCK_M), ("k", k, block_n)):
+        for field, x, rows in (("q", q, KMAJOR_BLOCK_M), ("k", k, block_n)):
             tensor_map(b, maps, field, x, False, rows)
-        # V^T's 4-D view (keys, headdim_v, heads_k, batch): a box of block_n keys by the bucket's rows.
+        # V^T's 4-D view (keys, headdim_v, heads_k, batch): a box of one atom's keys (128 bytes) by the
+        # bucket's rows.
+        size = vt.dtype.itemsize
         dims = (keys, p.headdim_v, p.heads_k, p.batch)
-        strides = (keys, p.headdim_v * keys, p.heads_k * p.headdim_v * keys)
-        b.tensor_map(maps, "v", vt, functools.partial(_encode, dtype_code=_TMA_DTYPE["float8_e4m3fn"], dims=dims,
-                                                      strides=strides, box=(block_n, variant.param("headdim_v"), 1, 1)))
-        work = common.cdiv(p.seqlen_q, FWD_FP8_BLOCK_M) * p.batch * p.heads
+        strides = tuple(size * x for x in (keys, p.headdim_v * keys, p.heads_k * p.headdim_v * keys))
+        b.tensor_map(maps, "v", vt, functools.partial(_encode, dtype_code=_TMA_DTYPE[vt.dtype.name], dims=dims,
+                                                      strides=strides, box=(128 // size, variant.param("headdim_v"), 1, 1)))
+        work = common.cdiv(p.seqlen_q, KMAJOR_BLOCK_M) * p.batch * p.heads
         schedule = self._schedule(b, p, device)
-        smem = fwd_fp8_smem_bytes(variant)
+        smem = fwd_kmajor_smem_bytes(variant)
         b.launch(common.function(variant, smem), (min(work, device.sm_count), 1, 1), 384, (args, maps, schedule), smem)
         return out, lse
+
+    @staticmethod
+    def _round_rows(b, x):
+        """A contiguous copy of q or k (plan slot ``x``, (batch, rows, heads, dim)) rounded to tf32, its head
+        dim padded to 4 with zeros (the pre-pass tf32_round_rows), as a workspace slot."""
+        batch, rows, heads, dim = x.shape
+        dim_out = common.cdiv(dim, 4) * 4
+        copy = b.workspace((batch, rows, heads, dim_out), numpy.float32)
+        args = b.struct(_params.ROUND_ROWS_ARGS)
+        args[0] = (_params.tensor(x), _params.pointer(copy), batch, rows, heads, dim, dim_out)
+        b.launch(common.function(TF32_ROWS.variant()), (_prepass_blocks(batch * rows * heads * (dim_out // 4)), 1, 1),
+                 PREPASS_THREADS, (args,))
+        return copy
 
     def _plan_planes(self, b, variant, p, q, k, v, device):
         """float32: k and v split into bfloat16 planes (sm80.plan_planes), then the forward over them and q

@@ -112,11 +112,18 @@ struct BwdArgs {
     void* sink_terms;            // sinks: bwd_delta's exp(sink - lse) * delta per row (lse_t, delta's layout); null: none
 };
 
-// The FP8 forward's pre-pass (sm90/fp8_values.cu): v as V^T.
+// The K-major forwards' pre-passes (sm90/kmajor_values.cu): v as V^T.
 struct TransposeValuesArgs {
-    TensorArg v;          // (batch, seqlen_k, heads_k, headdim_v), 1-byte elements
-    unsigned char* vt;    // (batch, heads_k, headdim_v, keys): keys = seqlen_k rounded up to 32
+    TensorArg v;          // (batch, seqlen_k, heads_k, headdim_v), e4m3 or float32 elements
+    unsigned char* vt;    // (batch, heads_k, headdim_v, keys): keys = seqlen_k rounded up to a k-step
     int batch, seqlen_k, heads_k, headdim_v, keys;
+};
+
+// ... and q or k rounded to tf32 into a contiguous copy.
+struct RoundRowsArgs {
+    TensorArg x;  // (batch, rows, heads, dim) float32
+    float* out;   // (batch, rows, heads, dim_out), dim_out = dim rounded up to 4
+    int batch, rows, heads, dim, dim_out;
 };
 
 // Attention of queries to a KV cache (kvcache/kvcache.cu). attn.q holds the queries: kvc_append reads them

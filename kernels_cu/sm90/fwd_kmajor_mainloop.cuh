@@ -1,24 +1,20 @@
-// The Hopper forward's main loop for FP8 inputs (e4m3, sm_90a): Sm90FwdFp8Mainloop, which sm90/fwd_fp8.cu
-// assembles with the kernel body of sm90/fwd_kernel.cuh (producer, two consumer warpgroups, persistent
-// grid) and a register epilogue.
+// The Hopper forward's main loop for operands that wgmma reads K-major only (sm_90a):
+// Sm90FwdKMajorMainloop<Op, ...>, Op one of sm90/kmajor_operands.cuh's formats: e4m3 (FP8 inputs) or tf32
+// (float32 inputs at precision="tf32"). sm90/fwd_kmajor.cu assembles it with the kernel body of
+// sm90/fwd_kernel.cuh (producer, two consumer warpgroups, persistent grid) and a register epilogue.
 //
-// 8-bit wgmma (m64nNk32) reads both operands K-major. S = Q K^T is as in the 16-bit loop, with 128-byte
-// atoms of 128 columns. For O += P V, V must be stored with the keys contiguous: the pre-pass
-// fp8_transpose_values (sm90/fp8_values.cu) writes V^T, (batch, heads_k, headdim_v, keys rounded up to
-// 32), whose tiles are headdim_v rows of kBlockN keys. P is the A operand, from registers: a thread's
-// accumulators of S hold, in row g, keys 2t, 2t + 1 of each 8-key n-tile, where the A fragment of a
-// 32-key step wants keys 4t .. 4t + 3 and 16 + 4t .. 19 + 4t. Instead of moving bytes between the quad's
-// threads, the k-step's keys are taken in another order: A's key 4t + j (j < 4) is key 8 (j / 2) + 2t +
-// j % 2 of the step, and A's key 16 + 4t + j is 16 more; V^T stores each 32-key block in that order (the
-// pre-pass does), so the products pair each probability with its own value row.
+// S = Q K^T is as in the 16-bit loop, with K-major 128-byte atoms (Op::kAtomCols columns each). For
+// O += P V, V must be stored with the keys contiguous: a pre-pass (sm90/kmajor_values.cu) writes V^T,
+// (batch, heads_k, headdim_v, keys rounded up to a k-step), whose tiles are headdim_v rows of kBlockN keys
+// in atoms of Op::kAtomCols keys, each k-step's keys in the order Op::key_at gives: the order in which a
+// thread's accumulators of S are the A fragment of P V as they are (Op::to_operand).
 //
-// Scores: raw products s = q_stored . k_stored; the softmax folds softmax_scale * q_descale * k_descale
-// (one factor per work tile, positive) into its exponent, as the plain 16-bit kernels fold softmax_scale.
-// P, scaled by 2^8, is rounded to e4m3 for the product (the softmax's sums keep float32); the epilogue
-// multiplies out by
-// v_descale with 1 / l. Masks, windows, GQA, block masks and the maximum score as in the 16-bit loop;
-// no score modifications, sinks, dropout, or packed sequences yet (cupyflash/_problem.py refuses those
-// calls with CuPy arrays).
+// Scores: raw products s = q_stored . k_stored; the softmax folds softmax_scale (times q_descale and
+// k_descale for FP8: one factor per work tile, positive) into its exponent, as the plain 16-bit kernels
+// fold softmax_scale. P is converted to Op's format for the product (the softmax's sums keep float32); the
+// epilogue multiplies out by 1 / l (and v_descale). Masks, windows, GQA, block masks and the maximum score
+// as in the 16-bit loop; no score modifications, dropout, or packed sequences (cupyflash/_families/
+// sm90.py's kmajor_missing lists what dispatch and the checks keep from it).
 #pragma once
 #include "common/dtypes.cuh"
 #include "common/mask.cuh"
@@ -29,67 +25,49 @@
 #include "fragment/softmax.cuh"
 #include "generated/wgmma_ops.cuh"
 #include "sm90/fwd_mainloop.cuh"
+#include "sm90/kmajor_operands.cuh"
 #include "sm90/pipeline.cuh"
 #include "sm90/primitives.cuh"
 
 namespace cupyflash {
 
-template <int kHeadDim_, int kHeadDimV_, int kBlockN_, int kStages_>
-struct Sm90FwdFp8Traits {
-    static constexpr int kHeadDim = kHeadDim_;    // q.k columns, a multiple of 32
+template <typename Op, int kHeadDim_, int kHeadDimV_, int kBlockN_, int kStages_>
+struct Sm90FwdKMajorTraits {
+    static constexpr int kHeadDim = kHeadDim_;    // q.k columns, a multiple of Op::kStep
     static constexpr int kHeadDimV = kHeadDimV_;  // v and output columns, a multiple of 16
     static constexpr int kBlockM = 128;           // two consumer warpgroups
-    static constexpr int kBlockN = kBlockN_;      // keys per tile: 128
+    static constexpr int kBlockN = kBlockN_;      // keys per tile: whole atoms of V^T
     static constexpr int kStages = kStages_;
     static constexpr int kConsumers = 2;
     static constexpr int kThreads = 128 * (1 + kConsumers);
     static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
     static constexpr int kProducerRegs = 24;
     static constexpr int kConsumerRegs = (kLaunchRegs * (1 + kConsumers) - kProducerRegs) / kConsumers / 8 * 8;
-    // Q and K tiles in 128-byte atoms of 128 columns (a head dim of 64 fills half of one; TMA zeroes the
-    // rest, which no product reads). The V^T tile: kHeadDimV rows of kBlockN keys, one atom.
-    static constexpr int kAtomsQK = (kHeadDim + 127) / 128;
+    // Q and K tiles in 128-byte atoms of Op::kAtomCols columns (an e4m3 head dim of 64 fills half of one;
+    // TMA zeroes the rest, which no product reads). The V^T tile: kVAtoms atoms of kHeadDimV rows.
+    static constexpr int kAtomsQK = (kHeadDim + Op::kAtomCols - 1) / Op::kAtomCols;
+    static constexpr int kVAtoms = kBlockN / Op::kAtomCols;
     static constexpr int kQBytes = kBlockM * 128 * kAtomsQK;
     static constexpr int kKBytes = kBlockN * 128 * kAtomsQK;
-    static constexpr int kVBytes = kHeadDimV * kBlockN;
+    static constexpr int kVBytes = kHeadDimV * 128 * kVAtoms;
     static constexpr int kKOffset = kQBytes;
     static constexpr int kVOffset = kKOffset + kStages * kKBytes;
     static constexpr int kFixedBytes = 1024 + kCtaStateBytes;
     static constexpr int kStateOffset = kVOffset + kStages * kVBytes;
     static constexpr int kSmemBytes = kFixedBytes + kStateOffset;
-    static constexpr int kDSteps = kHeadDim / 32;   // k-steps of S = Q K^T
-    static constexpr int kKeySteps = kBlockN / 32;  // k-steps of O += P V
+    static constexpr int kDSteps = kHeadDim / Op::kStep;   // k-steps of S = Q K^T
+    static constexpr int kKeySteps = kBlockN / Op::kStep;  // k-steps of O += P V
     static constexpr int kNTiles = kBlockN / 8;
     static constexpr int kOTiles = kHeadDimV / 8;
-    // Of every 4 n-tiles of probabilities, those computed on the FMA pipe (fragment/softmax.cuh's
-    // kPolyShare): at head dim 128 one warpgroup's ex2s of a tile take about as many clocks on the
-    // special-function unit (16 a clock) as its two QGMMA products on the tensor cores, so a quarter moves;
-    // a first choice, to be measured (bench/NOTES.md, session 27).
-    static constexpr int kPolyExp2Share = 1;
-    static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256 && kHeadDimV % 16 == 0 && kHeadDimV <= 256,
-                  "head dims: q.k a multiple of 32, v of 16, up to 256");
-    static_assert(kBlockN == 128, "a V^T tile is one 128-byte atom of keys");
+    static_assert(kHeadDim % Op::kStep == 0 && kHeadDim <= 256 && kHeadDimV % 16 == 0 && kHeadDimV <= 256,
+                  "head dims: q.k a multiple of the k-step, v of 16, up to 256");
+    static_assert(kBlockN % Op::kAtomCols == 0, "a V^T tile is whole 128-byte atoms of keys");
     static_assert(kStages >= 2 && kStages <= 4, "2 to 4 stages");
 };
 
-// e4m3 A fragments of O += P V from the scores' accumulators: k-step kk's register 0 holds row g's
-// probabilities of keys 2t, 2t + 1 of n-tiles 4 kk and 4 kk + 1, register 2 those of n-tiles 4 kk + 2 and
-// 4 kk + 3, registers 1 and 3 row g + 8's (the key order V^T is stored in; see the header).
-template <int kSteps>
-__device__ __forceinline__ void to_e4m3_operand(unsigned (&a)[kSteps][4], const float (&x)[4 * kSteps][4]) {
-#pragma unroll
-    for (int kk = 0; kk < kSteps; ++kk) {
-        const float(&n0)[4] = x[4 * kk], (&n1)[4] = x[4 * kk + 1], (&n2)[4] = x[4 * kk + 2], (&n3)[4] = x[4 * kk + 3];
-        a[kk][0] = pack4_e4m3(n0[0], n0[1], n1[0], n1[1]);
-        a[kk][1] = pack4_e4m3(n0[2], n0[3], n1[2], n1[3]);
-        a[kk][2] = pack4_e4m3(n2[0], n2[1], n3[0], n3[1]);
-        a[kk][3] = pack4_e4m3(n2[2], n2[3], n3[2], n3[3]);
-    }
-}
-
 // softmax_scale * q_descale * k_descale of work tile (b, h): the factor of a raw product (the plain
-// kernels' softmax_scale).
-__device__ __forceinline__ float fp8_scale(const AttnArgs& a, int b, int h) {
+// kernels' softmax_scale; float32 inputs have no descales).
+__device__ __forceinline__ float raw_score_scale(const AttnArgs& a, int b, int h) {
     const int kvh = kv_head(h, a.heads, a.heads_k);
     float scale = static_cast<float>(a.softmax_scale);
     if (a.q_descale != nullptr) scale *= a.q_descale[b * a.q_descale_heads + (a.q_descale_heads == a.heads ? h : kvh)];
@@ -98,12 +76,10 @@ __device__ __forceinline__ float fp8_scale(const AttnArgs& a, int b, int h) {
 }
 
 // kMaxScore (return_max_score): the softmax keeps each row's largest raw product for the epilogue.
-template <int kHeadDim, int kHeadDimV, int kBlockN, int kStages, bool kMaxScore>
-struct Sm90FwdFp8Mainloop {
-    using Tr = Sm90FwdFp8Traits<kHeadDim, kHeadDimV, kBlockN, kStages>;
-    // Probabilities up to 2^8 (fragment/softmax.cuh's kOffset): e4m3 keeps those down to 2^-17 of a row's
-    // largest, where a largest of 1 would lose all below 2^-10.
-    using Softmax = FragmentSoftmax<Tr::kNTiles, false, float, kMaxScore, 8, Tr::kPolyExp2Share>;
+template <typename Op, int kHeadDim, int kHeadDimV, int kBlockN, int kStages, bool kMaxScore>
+struct Sm90FwdKMajorMainloop {
+    using Tr = Sm90FwdKMajorTraits<Op, kHeadDim, kHeadDimV, kBlockN, kStages>;
+    using Softmax = FragmentSoftmax<Tr::kNTiles, false, float, kMaxScore, Op::kOffset, Op::kPolyExp2Share>;
     static constexpr int kBlockM = Tr::kBlockM;
     using Turns = Pingpong<1, Tr::kConsumers>;
 
@@ -113,7 +89,7 @@ struct Sm90FwdFp8Mainloop {
                                                         int m0) {
 #pragma unroll
         for (int atom = 0; atom < Tr::kAtomsQK; ++atom) {
-            tma_load_4d(smem + atom * kBlockM * 128, maps.q, &st.q_full, 128 * atom, seq.q_start + m0, h, b);
+            tma_load_4d(smem + atom * kBlockM * 128, maps.q, &st.q_full, Op::kAtomCols * atom, seq.q_start + m0, h, b);
         }
     }
 
@@ -132,12 +108,16 @@ struct Sm90FwdFp8Mainloop {
 #pragma unroll
             for (int atom = 0; atom < Tr::kAtomsQK; ++atom) {
                 tma_load_4d(smem + Tr::kKOffset + stage * Tr::kKBytes + atom * kBlockN * 128, maps.k, &st.k_full[stage],
-                            128 * atom, row, kvh, tile.b);
+                            Op::kAtomCols * atom, row, kvh, tile.b);
             }
             if (i >= kStages) mbarrier_wait(&st.empty_v[stage], round_parity);
             mbarrier_arrive_expect_tx(&st.v_full[stage], Tr::kVBytes);
-            // V^T's 4-D view: (keys, headdim_v, heads_k, batch); the box is kBlockN keys by kHeadDimV rows.
-            tma_load_4d(smem + Tr::kVOffset + stage * Tr::kVBytes, maps.v, &st.v_full[stage], row, 0, kvh, tile.b);
+            // V^T's 4-D view: (keys, headdim_v, heads_k, batch); the box is an atom's keys by kHeadDimV rows.
+#pragma unroll
+            for (int atom = 0; atom < Tr::kVAtoms; ++atom) {
+                tma_load_4d(smem + Tr::kVOffset + stage * Tr::kVBytes + atom * kHeadDimV * 128, maps.v, &st.v_full[stage],
+                            row + Op::kAtomCols * atom, 0, kvh, tile.b);
+            }
         }
     }
 
@@ -148,7 +128,7 @@ struct Sm90FwdFp8Mainloop {
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < Tr::kDSteps; ++kk) {
-            WgmmaSS<E4m3, kBlockN>::mma(s, desc_advance(q_desc, kmajor_step<kBlockM>(kk)),
+            WgmmaSS<typename Op::Tag, kBlockN>::mma(s, desc_advance(q_desc, kmajor_step<kBlockM>(kk)),
                                         desc_advance(k_desc, kmajor_step<kBlockN>(kk)), kk > 0);
         }
         wgmma_commit();
@@ -161,7 +141,7 @@ struct Sm90FwdFp8Mainloop {
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < Tr::kKeySteps; ++kk) {
-            WgmmaRS<E4m3, kHeadDimV>::mma(o, p[kk], desc_advance(v_desc, kmajor_step<kHeadDimV>(kk)), 1);
+            WgmmaRS<typename Op::Tag, kHeadDimV>::mma(o, p[kk], desc_advance(v_desc, kmajor_step<kHeadDimV>(kk)), 1);
         }
         wgmma_commit();
     }
@@ -190,7 +170,7 @@ struct Sm90FwdFp8Mainloop {
         const unsigned v_tiles = q_tile + Tr::kVOffset;
         // The raw path needs a positive factor (it orders raw and scaled scores alike); a descale that is
         // not positive and finite (CuPy's are not read on the host) makes the head's rows NaN.
-        const float factor = fp8_scale(a, tile.b, tile.h) * kLog2eF;
+        const float factor = raw_score_scale(a, tile.b, tile.h) * kLog2eF;
         const float scale_log2 = factor > 0.0f && factor < Consts<float>::inf() ? factor : Consts<float>::nan();
         const int w0 = tile.m0 + 64 * wg;
         const int row_g = w0 + 16 * warp + lane / 4;
@@ -218,7 +198,7 @@ struct Sm90FwdFp8Mainloop {
         mask(s, a, tile, entry, row_g, w0, col_t);
         softmax[0].update_max(s, rescale, scale_log2);  // O is still 0: nothing to rescale
         softmax[0].exponentiate(s, scale_log2);
-        to_e4m3_operand(p, s);
+        Op::to_operand(p, s);
         for (int j = 1; j < count; ++j) {
             const int prev = stage;
             const int prev_parity = (i / kStages) & 1;
@@ -243,7 +223,7 @@ struct Sm90FwdFp8Mainloop {
             fence_fragments(o[0]);
             release_stage(&st.empty_v[prev]);
             if (__any_sync(0xffffffffu, moved)) Softmax::rescale_rows(o[0], rescale);
-            to_e4m3_operand(p, s);
+            Op::to_operand(p, s);
         }
         mbarrier_wait(&st.v_full[stage], (i / kStages) & 1);
         Turns::take_turn(wg);
