@@ -69,7 +69,7 @@ KV_CACHE_ARGS = numpy.dtype(
     [
         ("attn", ATTN_ARGS), ("out", TENSOR_ARG), ("lse", ROWS_ARG), ("k_new", TENSOR_ARG), ("v_new", TENSOR_ARG),
         ("q_rot", TENSOR_ARG), ("rotary_cos", _PTR), ("rotary_sin", _PTR), ("cache_seqlens", _PTR),
-        ("cache_batch_idx", _PTR), ("block_table", _PTR), ("part_out", _PTR), ("part_lse", _PTR),
+        ("cache_batch_idx", _PTR), ("block_table", _PTR), ("cache_leftpad", _PTR), ("part_out", _PTR), ("part_lse", _PTR),
         ("seqused_k", _PTR), ("bad", _PTR), ("split_counters", _PTR), ("max_score", _PTR),
         ("block_table_stride", _I64), ("cache_seqlens_value", _I32),
         ("seqlen_new", _I32), ("page_size", _I32), ("cache_entries", _I32), ("num_splits", _I32),

@@ -1,7 +1,7 @@
 """flash_attention_with_kvcache under compute-sanitizer (issue 11): every kernel of the KV-cache path
 (append with rotary, the decode kernel with and without splits, its split merge and its own append of
 unrotated tokens, the general path's lengths, gather and poison) on dense and paged caches, with
-out-of-range cache_seqlens, cache_batch_idx and block_table entries among valid ones. Run on a GPU:
+out-of-range cache_seqlens, cache_batch_idx, block_table and cache_leftpad entries among valid ones. Run on a GPU:
 
     PYTHONPATH=$PWD compute-sanitizer --tool memcheck --error-exitcode 1 python3 tests/sanitize_kvcache.py
 
@@ -21,7 +21,7 @@ def normal(shape, dtype):
     return cupy.asarray(rng.standard_normal(shape).astype(dtype))
 
 
-def run(dtype, paged, page_size=16, heads=8, heads_k=2, d=128, seqlen_q=1, new=1, rotary=True):
+def run(dtype, paged, page_size=16, heads=8, heads_k=2, d=128, seqlen_q=1, new=1, rotary=True, leftpad=False):
     batch, capacity = 4, 256
     q = normal((batch, seqlen_q, heads, d), dtype)
     k, v = normal((batch, new, heads_k, d), dtype), normal((batch, new, heads_k, d), dtype)
@@ -44,6 +44,8 @@ def run(dtype, paged, page_size=16, heads=8, heads_k=2, d=128, seqlen_q=1, new=1
     else:
         k_cache = normal((batch + 1, capacity, heads_k, d), dtype)
         options["cache_batch_idx"] = cupy.asarray(numpy.array([4, 0, 99, 1], numpy.int32))
+        if leftpad:  # entry 0 starts at key 7, entry 2 past its length (bad)
+            options["cache_leftpad"] = cupy.asarray(numpy.array([7, 0, 201, 0], numpy.int32))
     v_cache = k_cache.copy()
     for splits in (1, 3):
         cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, num_splits=splits, **options)
@@ -56,4 +58,9 @@ for dtype in (numpy.dtype(ml_dtypes.bfloat16), numpy.float32):
             run(dtype, paged, rotary=rotary)
 run(numpy.float16, True, page_size=1, heads=4, heads_k=4, d=72, seqlen_q=5, new=3)
 run(numpy.float16, False, seqlen_q=40, new=40)  # dense chunk: the forward over the cache with seqused_k
+# Left-padded dense caches (their CuPy kernels wait for their first GPU run: cupyflash._gates.LEFTPAD).
+cupyflash._gates.LEFTPAD = True
+for rotary in (True, False):
+    run(numpy.dtype(ml_dtypes.bfloat16), False, rotary=rotary, leftpad=True)
+run(numpy.float32, False, leftpad=True)
 print("sanitize_kvcache: done")

@@ -307,3 +307,38 @@ def test_score_and_mask_functions_take_the_families_that_compile_them():
     assert [f for f, _ in _names(masked, H200)] == ["sm90", "sm90"]
     plain = _names(_problem(128), H200)
     assert all("_fn" not in key for _, key in plain)
+
+
+@pytest.mark.parametrize("dtype, headdim, headdim_v, seqlen_k", [("float8_e4m3fn", 128, 128, 77), ("float32", 40, 24, 77)])
+def test_kmajor_plans_encode_their_tensor_maps(dtype, headdim, headdim_v, seqlen_k, monkeypatch):
+    """The K-major forwards' plans (FP8, and tf32 with its rounded copies of q and k) build on the host: the
+    pre-passes' launches, and tensor maps of q, k (or their copies) and V^T with the TMA dtype, extents and
+    boxes of 128-byte atoms the kernels read (the encodings recorded instead of passed to the driver)."""
+    from cupyflash import _gates, _problem
+
+    monkeypatch.setattr(_gates, "TF32", True)
+    encodings = []
+    monkeypatch.setattr(sm90, "_encode", lambda ptr, **fields: encodings.append(fields) or bytes(128))
+    launched = []
+    monkeypatch.setattr(sm90.common, "function", lambda variant, smem=0: launched.append(variant.key) or variant.key)
+    dt = np.dtype(ml_dtypes.float8_e4m3fn if dtype == "float8_e4m3fn" else np.float32)
+    q = np.zeros((2, 50, 4, headdim), dt)
+    k, v = np.zeros((2, seqlen_k, 2, headdim), dt), np.zeros((2, seqlen_k, 2, headdim_v), dt)
+    p = _problem.forward_problem(q, k, v, causal=True, precision="tf32" if dtype == "float32" else "highest")
+    operands = tuple(_plan.Slot(i, x.shape, x.dtype) for i, x in enumerate((q, k, v)))
+    variant = sm90.FORWARD.select(p, H200, operands)
+    b = _plan.PlanBuilder()
+    out, lse = sm90.FORWARD.plan(b, variant, p, *operands, H200)
+    for _, _, _, encode in b._maps:
+        encode(0)
+    by_box = [(f["dtype_code"], f["dims"], f["box"]) for f in encodings]
+    if dtype == "float32":
+        assert launched == ["tf32_transpose_values", "tf32_round_rows", "tf32_round_rows", variant.key]
+        assert by_box == [(7, (40, 50, 4, 2), (32, 128, 1, 1)), (7, (40, seqlen_k, 2, 2), (32, 128, 1, 1)),
+                          (7, (80, 24, 2, 2), (32, 64, 1, 1))]
+        assert out.dtype == np.float32 and lse.dtype == np.float64
+    else:
+        assert launched == ["fp8_transpose_values", variant.key]
+        assert by_box == [(0, (128, 50, 4, 2), (128, 128, 1, 1)), (0, (128, seqlen_k, 2, 2), (128, 128, 1, 1)),
+                          (0, (96, 128, 2, 2), (128, 128, 1, 1))]
+        assert out.dtype == ml_dtypes.bfloat16 and lse.dtype == np.float32

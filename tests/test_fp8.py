@@ -224,9 +224,9 @@ def test_cupy_quantizes_as_numpy_does_and_refuses_the_forward():
     ((2, 160, 260, 2, 1, 128, 128), {"block_mask": True}, False, ml_dtypes.bfloat16),
 ])
 def test_hopper_fp8_forward_against_the_oracle(sizes, options, q_per_head, out_dtype, monkeypatch):
-    """The Hopper FP8 kernel (kernels_cu/sm90/fwd_fp8_mainloop.cuh, behind _gates.FP8 until this
-    passes), its V^T pre-pass included: odd shapes, GQA, causal, windows, block masks, descales per kv
-    head and per query head, both out dtypes, the maximum score, against the rule."""
+    """The Hopper FP8 kernel (kernels_cu/sm90/fwd_kmajor_mainloop.cuh with e4m3 operands, behind _gates.FP8
+    until this passes), its V^T pre-pass included: odd shapes, GQA, causal, windows, block masks, descales
+    per kv head and per query head, both out dtypes, the maximum score, against the rule."""
     import cupy
 
     from cupyflash import _families

@@ -584,13 +584,38 @@ def test_mla_shapes(heads, seqlen_q, xp_name):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype, sizes, options, leftpad", [
     ("bfloat16", dict(DECODE, lengths=[699, 37, 5], capacity=700), {"causal": True}, [650, 0, 5]),
+    ("float16", dict(DECODE, new=0, lengths=[700, 300, 333], capacity=700), {"num_splits": 5}, [1, 299, 100]),
     ("bfloat16", dict(DECODE, seqlen_q=5, new=2, lengths=[60, 37, 9], capacity=80, headdim=64, headdim_v=64,
                       batch_idx=True, rotary_dim=32), {"window_size": (20, 3), "alibi": True}, [13, 37, 1]),
+    ("bfloat16", dict(DECODE, seqlen_q=3, new=3, lengths=[40, 17, 0], capacity=64, headdim=96, headdim_v=96),
+     {"causal": True}, [39, 16, 0]),
     ("float32", dict(DECODE, lengths=[99, 37, 5], capacity=100, headdim=32, headdim_v=32), {}, [0, 36, 2]),
 ])
 def test_left_padded_caches_cupy(dtype, sizes, options, leftpad, monkeypatch):
-    """cache_leftpad on CuPy (behind _gates.LEFTPAD until this passes): the general kernels over the
-    cache shifted per entry, against the oracle."""
+    """cache_leftpad on CuPy (behind _gates.LEFTPAD until this passes), against the oracle: 16-bit calls on
+    the decode kernel (CacheEntry.first: its tiles start at each entry's first key; with splits, rotary,
+    new keys it appends itself, windows and ALiBi counted from the entry's start), never the general path;
+    float32 on the general kernels over the cache shifted per entry."""
+    from cupyflash._kvcache import device
+
     open_gates(monkeypatch, "LEFTPAD")
+    if dtype != "float32":
+        monkeypatch.setattr(device, "_general", lambda *args, **kwargs: pytest.fail("took the general path"))
     dtype, sizes, options = _options(cupy, (dtype, sizes, options))
     _check(cupy, dtype, dict(options, cache_leftpad=cupy.asarray(np.asarray(leftpad, np.int32))), **sizes)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_out_of_range_leftpad_gives_nan_rows_cupy(dtype, monkeypatch):
+    """A CuPy cache_leftpad entry outside [0, cache_seqlens] makes its batch entry's rows NaN (the decode
+    kernel's CacheEntry, the general path's poison), the others finite; CUPYFLASH_CHECK=1 raises instead."""
+    open_gates(monkeypatch, "LEFTPAD")
+    sizes = dict(DECODE, lengths=[50, 37, 20], capacity=64, headdim=64, headdim_v=64)
+    (q, k_cache, v_cache), arrays = _inputs(cupy, dtype, **sizes, seed=9)
+    arrays["cache_leftpad"] = cupy.asarray(np.array([3, 38, -1], np.int32))
+    out = to_host(cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **arrays)).astype(np.float32)
+    assert np.isfinite(out[0]).all() and np.isnan(out[1:]).all()
+    monkeypatch.setenv("CUPYFLASH_CHECK", "1")
+    with pytest.raises(ValueError, match="cache_leftpad"):
+        cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **arrays)

@@ -282,8 +282,8 @@ def bucket(headdim, headdim_v, buckets=tuple(FWD_TILES)):
 # ---- TMA tensor maps ----
 
 #: CUtensorMapDataType of each 16-bit dtype, and the other enums cuTensorMapEncodeTiled takes.
-_TMA_DTYPE = {"float16": 6, "bfloat16": 9, "float8_e4m3fn": 0, "float32": 7}  # 0: CU_TENSOR_MAP_DATA_TYPE_UINT8
 _TMA_FLOAT32 = 7
+_TMA_DTYPE = {"float16": 6, "bfloat16": 9, "float8_e4m3fn": 0, "float32": _TMA_FLOAT32}  # 0: CU_TENSOR_MAP_DATA_TYPE_UINT8
 _SWIZZLE_128B = 3
 _L2_PROMOTION_128B = 2
 _TMA_MAX_STRIDE = 1 << 40
@@ -555,8 +555,9 @@ class Sm90Forward:
         size = vt.dtype.itemsize
         dims = (keys, p.headdim_v, p.heads_k, p.batch)
         strides = tuple(size * x for x in (keys, p.headdim_v * keys, p.heads_k * p.headdim_v * keys))
-        b.tensor_map(maps, "v", vt, functools.partial(_encode, dtype_code=_TMA_DTYPE[vt.dtype.name], dims=dims,
-                                                      strides=strides, box=(128 // size, variant.param("headdim_v"), 1, 1)))
+        code = _TMA_FLOAT32 if tf32 else _TMA_DTYPE["float8_e4m3fn"]  # (V^T's e4m3 bytes: a uint8 workspace)
+        b.tensor_map(maps, "v", vt, functools.partial(_encode, dtype_code=code, dims=dims, strides=strides,
+                                                      box=(128 // size, variant.param("headdim_v"), 1, 1)))
         work = common.cdiv(p.seqlen_q, KMAJOR_BLOCK_M) * p.batch * p.heads
         schedule = self._schedule(b, p, device)
         smem = fwd_kmajor_smem_bytes(variant)

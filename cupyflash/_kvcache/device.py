@@ -95,7 +95,7 @@ def _fill_args(args, c, q, out, lse):
         attn, _params.tensor(out) if out is not None else empty,
         _params.rows(lse, *common.lse_strides(p)) if lse is not None else (0, 0, 0), *new, empty,
         _params.pointer(c.rotary_cos), _params.pointer(c.rotary_sin), _params.pointer(c.cache_seqlens),
-        _params.pointer(c.cache_batch_idx), _params.pointer(table), 0, 0, 0, 0, 0,
+        _params.pointer(c.cache_batch_idx), _params.pointer(table), _params.pointer(c.cache_leftpad), 0, 0, 0, 0, 0,
         table.strides[0] // 4 if table is not None else 0, c.cache_seqlens_value, c.seqlen_new, c.page_size,
         c.cache_entries, 1, c.rotary_dim, c.rotary_cos.shape[0] if c.rotary_dim else 0,
         int(c.rotary_interleaved), int(c.rotary_q_at_row),
@@ -106,8 +106,8 @@ def _fill_args(args, c, q, out, lse):
 def decode_variant(c, device, max_score=False):
     """The decode kernel's variant for call ``c`` (built with its score_mod, if any, and the maximum score's
     flag), or None when it does not take the call."""
-    if c.dtype.itemsize != 2 or device.capability < 80 or c.seqlen_q == 0 or c.cache_leftpad is not None:
-        return None  # (no queries: no CTA, and the general path appends; left padding: the general path's)
+    if c.dtype.itemsize != 2 or device.capability < 80 or c.seqlen_q == 0:
+        return None  # (no queries: no CTA, and the general path appends)
     bucket = next((d for d in DECODE_BUCKETS if d >= max(c.headdim, c.headdim_v)), None)
     if bucket is None or not common.vec_loads(c.k_cache, c.v_cache):
         return None
@@ -167,7 +167,8 @@ class DecodePlan:
         slots = {name: b.input(*common.contiguous(x)) if x is not None else b.input(None)
                  for name, x in (("cache_seqlens", c.cache_seqlens), ("cache_batch_idx", c.cache_batch_idx),
                                  ("block_table", c.block_table), ("rotary_cos", c.rotary_cos),
-                                 ("rotary_sin", c.rotary_sin), ("alibi_slopes", alibi_slopes))}
+                                 ("rotary_sin", c.rotary_sin), ("alibi_slopes", alibi_slopes),
+                                 ("cache_leftpad", c.cache_leftpad))}
         cs = dataclasses.replace(c, q=q, k_cache=k_cache, v_cache=v_cache, k_new=k_new, v_new=v_new, **slots)
         out = b.output(c.out_shape, c.dtype)
         lse = b.output(c.lse_shape, numpy.float32) if return_lse else b.workspace(c.lse_shape, numpy.float32)
@@ -215,16 +216,16 @@ class DecodePlan:
         self.plan = b.build(((out, lse) if return_lse else (out,)) + ((top,) if max_score else ()))
 
     def __call__(self, q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
-                 alibi_slopes):
+                 alibi_slopes, cache_leftpad=None):
         """The results of a call of the plan's layout (its key fixed cache_seqlens' type)."""
         if self.capacity is None:
             return self.plan.run(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos,
-                                 rotary_sin, alibi_slopes)
+                                 rotary_sin, alibi_slopes, cache_leftpad)
         value = int(cache_seqlens)
         if not 0 <= value <= self.capacity:
             raise ValueError(f"cache_seqlens must be in [0, {self.capacity}], got {value}")
         return self.plan.run(q, k_cache, v_cache, k, v, None, cache_batch_idx, block_table, rotary_cos, rotary_sin,
-                             alibi_slopes, scalars=(value,) * self.scalars)
+                             alibi_slopes, cache_leftpad, scalars=(value,) * self.scalars)
 
 
 def launch(variant, grid, threads, args, smem=0):
@@ -249,7 +250,7 @@ def attention(c, alibi_slopes, return_lse, int_seqlens, max_score=False):
         plan = DecodePlan(c, variant, device, alibi_slopes, return_lse, int_seqlens, max_score)
         results = plan(c.q, c.k_cache, c.v_cache, c.k_new, c.v_new,
                        c.cache_seqlens if c.cache_seqlens is not None else c.cache_seqlens_value, c.cache_batch_idx,
-                       c.block_table, c.rotary_cos, c.rotary_sin, alibi_slopes)
+                       c.block_table, c.rotary_cos, c.rotary_sin, alibi_slopes, c.cache_leftpad)
         return (results[0], results[1] if return_lse else None, results[-1] if max_score else None), plan
     q, _ = common.readable(c.q)
     if c.k_new is not None:

@@ -144,6 +144,7 @@ struct KvCacheArgs {
     const int* cache_seqlens;    // (batch,); null: cache_seqlens_value for every entry
     const int* cache_batch_idx;  // dense caches: (batch,) cache entry of each batch entry; null: b
     const int* block_table;      // paged caches: (batch, max_pages) rows block_table_stride apart; null: dense
+    const int* cache_leftpad;    // dense caches: (batch,) position of each entry's first key; null: 0
     float* part_out;             // num_splits > 1: [split][b][i][h][kHeadDim] partial outputs (normalized; rows of the head-dim bucket)
     float* part_lse;             // num_splits > 1: [split][b][h][i] their natural-log lse
     int* seqused_k;              // kvc_lengths: keys each batch entry uses (0 when bad)

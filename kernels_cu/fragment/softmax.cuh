@@ -137,6 +137,7 @@ struct FragmentSoftmax {
     // common/dtypes.cuh's lse_t), LN2 * m2 + ln(l) in float64: for float32, m2 is a float32 score, and l's
     // own float32 sum is the only rounding the lse keeps. The sink as above, in float64.
     __device__ __forceinline__ void finish(Acc (&inv_l)[2], double (&lse)[2], float sink) {
+        static_assert(kOffset == 0, "the float64 lse takes m2 as the base of the row's sum");
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const Acc total = group_sum<4>(l[r]);

@@ -35,8 +35,9 @@ struct PageTable {
 
 // Where batch entry b's keys are, and whether its values are in range.
 struct CacheEntry {
-    int keys;      // cache_seqlens[b] + seqlen_new when in range, else 0
+    int keys;      // cache_seqlens[b] + seqlen_new when in range, else 0: the end of the entry's keys
     int cached;    // cache_seqlens[b]
+    int first;     // cache_leftpad[b] when in range (left-padded dense caches), else 0: their start
     int entry;     // dense: the cache entry of b
     bool bad;
 
@@ -49,7 +50,10 @@ struct CacheEntry {
             entry = c.cache_batch_idx[b];
             bad = bad || entry < 0 || entry >= c.cache_entries;
         }
+        first = c.cache_leftpad != nullptr ? c.cache_leftpad[b] : 0;
+        bad = bad || first < 0 || first > cached;
         keys = bad ? 0 : static_cast<int>(total);
+        first = bad ? 0 : first;
     }
 
     // Element offset of cached row `pos` (< keys) of kv head hk in a cache tensor; *bad_page is set

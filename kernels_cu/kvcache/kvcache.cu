@@ -260,10 +260,14 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
     const int g = lane / 4, t = lane % 4;
 
     const CacheEntry entry(c, b);
+    // The entry's keys are positions entry.first .. entry.keys - 1 (first > 0 only in left-padded dense
+    // caches): a sequence of their own, whose masks and ALiBi count from its start. Below, a key's
+    // position is the sequence's (pos + entry.first in the cache), and the dense rows start at entry.first.
+    const int keys = entry.keys - entry.first, cached = entry.cached - entry.first;
     Sequence seq;
     seq.q_start = seq.k_start = 0;
     seq.seqlen_q = a.seqlen_q;
-    seq.seqlen_k = entry.keys;
+    seq.seqlen_k = keys;
     const Mask mask(a, seq);
 
     // The queries of the CTA's rows, the keys they see, and this split's share of those key tiles.
@@ -297,7 +301,7 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
     bool bad_page = false;
     // New keys in k_new/v_new (no rotary, so no kvc_append ran): written into the cache below.
     const bool fresh_keys = c.k_new.ptr != nullptr;
-    // The cache entry (page, or dense entry) and row within it of position pos < entry.keys.
+    // The cache entry (page, or dense entry) and row within it of position pos < keys.
     const T* k_base = static_cast<const T*>(a.k.ptr) + hk * a.k.head_stride;
     const T* v_base = static_cast<const T*>(a.v.ptr) + hk * a.v.head_stride;
     const int k_bytes = clamp_int(a.headdim - my_col, 0, 8) * static_cast<int>(sizeof(T));
@@ -306,8 +310,10 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
     // walks this thread's rows with pointer increments; a paged one splits positions with a shift
     // where the page size is a power of two (a division otherwise).
     const PageTable pages(c, b);
-    const T* k_rows = k_base + static_cast<long long>(entry.entry) * a.k.batch_stride + my_row * a.k.row_stride + my_col;
-    const T* v_rows = v_base + static_cast<long long>(entry.entry) * a.v.batch_stride + my_row * a.v.row_stride + my_col;
+    const T* k_rows = k_base + static_cast<long long>(entry.entry) * a.k.batch_stride +
+                      static_cast<long long>(entry.first + my_row) * a.k.row_stride + my_col;
+    const T* v_rows = v_base + static_cast<long long>(entry.entry) * a.v.batch_stride +
+                      static_cast<long long>(entry.first + my_row) * a.v.row_stride + my_col;
     const long long k_pass_step = kRowsPerPass * a.k.row_stride, v_pass_step = kRowsPerPass * a.v.row_stride;
     // Paged: the pages of this thread's rows of tile `tile` (0 past the entry's keys).
     auto lookup = [&](int tile, int (&page)[kPasses]) {
@@ -315,7 +321,7 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
 #pragma unroll
         for (int pass = 0; pass < kPasses; ++pass) {
             const int pos = tile * kBlockN + my_row + pass * kRowsPerPass;
-            page[pass] = pos < entry.keys ? pages.page(pos) : 0;
+            page[pass] = pos < keys ? pages.page(pos) : 0;
         }
     };
     // Key tile `tile` into stage `stage`: rows past the entry's keys and columns past the head dims are
@@ -325,14 +331,14 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
         T* dv = sV + stage * kBlockN * kLd + my_row * kLd + my_col;
         const int pos0 = tile * kBlockN + my_row;
         // Every row of the tile a key and every chunk inside the head dims: whole-chunk copies.
-        const bool whole = (tile + 1) * kBlockN <= entry.keys && k_bytes == 16 && v_bytes == 16;
-        if (fresh_keys && (tile + 1) * kBlockN > entry.cached) {
+        const bool whole = (tile + 1) * kBlockN <= keys && k_bytes == 16 && v_bytes == 16;
+        if (fresh_keys && (tile + 1) * kBlockN > cached) {
             // The tile holds new keys: their rows come from k_new/v_new (whose pages are still checked),
             // the others from the cache.
 #pragma unroll
             for (int pass = 0; pass < kPasses; ++pass) {
                 const int pos = pos0 + pass * kRowsPerPass;
-                const bool valid = pos < entry.keys;
+                const bool valid = pos < keys;
                 const T* k_src = k_base;
                 const T* v_src = v_base;
                 int at = 0;
@@ -343,8 +349,8 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
                         at = 0;
                     }
                 }
-                if (pos >= entry.cached) {
-                    const int j = valid ? pos - entry.cached : 0;
+                if (pos >= cached) {
+                    const int j = valid ? pos - cached : 0;
                     k_src = head_rows<const T>(c.k_new, b, j, hk) + my_col;
                     v_src = head_rows<const T>(c.v_new, b, j, hk) + my_col;
                 } else if (pages.row != nullptr) {
@@ -374,7 +380,7 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
             const T* v_src = v_rows + static_cast<long long>(tile) * kBlockN * a.v.row_stride;
 #pragma unroll
             for (int pass = 0; pass < kPasses; ++pass) {
-                const bool valid = pos0 + pass * kRowsPerPass < entry.keys;
+                const bool valid = pos0 + pass * kRowsPerPass < keys;
                 cp_async_16(smem_addr(dk + pass * kRowsPerPass * kLd), valid && k_bytes ? k_src : k_base,
                             valid ? k_bytes : 0);
                 cp_async_16(smem_addr(dv + pass * kRowsPerPass * kLd), valid && v_bytes ? v_src : v_base,
@@ -401,7 +407,7 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
 #pragma unroll
             for (int pass = 0; pass < kPasses; ++pass) {
                 const int pos = pos0 + pass * kRowsPerPass;
-                const bool valid = pos < entry.keys;
+                const bool valid = pos < keys;
                 int at = page[pass];
                 if (!pages.valid(at)) {
                     bad_page = bad_page || valid;
@@ -612,12 +618,15 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
     // k_new, see `issue`), so the writes need no ordering; a row on a page outside the cache is not
     // written (its readers flag the page). Batch entries that share cache rows race, as in
     // FlashAttention's own kernel (the docstring of flash_attention_with_kvcache says so).
-    if (fresh_keys && !entry.bad) {
+    // The entry's values are read again here (a few loads once per CTA) rather than kept in registers
+    // through the loop.
+    const CacheEntry at(c, b);
+    if (fresh_keys && !at.bad) {
         for (int j = blockIdx.x; j < c.seqlen_new; j += gridDim.x) {
             bool bad_row = false;
-            const int pos = entry.cached + j;
-            const long long k_at = entry.row_offset(c, a.k, b, pos, hk, &bad_row);
-            const long long v_at = entry.row_offset(c, a.v, b, pos, hk, &bad_row);
+            const int pos = at.cached + j;
+            const long long k_at = at.row_offset(c, a.k, b, pos, hk, &bad_row);
+            const long long v_at = at.row_offset(c, a.v, b, pos, hk, &bad_row);
             if (bad_row) continue;
             const T* k_src = head_rows<const T>(c.k_new, b, j, hk);
             const T* v_src = head_rows<const T>(c.v_new, b, j, hk);
