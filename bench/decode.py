@@ -108,8 +108,10 @@ def decode_rows(repeats, peers):
     return rows
 
 
-def prefill_row(repeats, seqlen_q=512, context=32768):
-    """TFLOP/s of a chunk of ``seqlen_q`` causal queries against a full cache, beside flash_attention's."""
+def prefill_row(repeats, seqlen_q=512, context=32768, page_sizes=(16, 64)):
+    """TFLOP/s of a chunk of ``seqlen_q`` causal queries against a full cache, dense and paged (``page_sizes``,
+    pages in a random order: issue 26's paged prefill, at least 0.95x the dense forward), beside
+    flash_attention's."""
     import cupyflash
 
     rng = numpy.random.default_rng(1)
@@ -121,8 +123,29 @@ def prefill_row(repeats, seqlen_q=512, context=32768):
     cached = cupyflash.flash_attention_with_kvcache
     ms_cache = median_ms(lambda: cached(q, k_cache, v_cache, cache_seqlens=context, causal=True), repeats)
     ms_dense = median_ms(lambda: cupyflash.flash_attention(q, k_cache, v_cache, causal=True), repeats)
-    return {"seqlen_q": seqlen_q, "context": context, "kvcache": flops / ms_cache / 1e9,
-            "dense_forward": flops / ms_dense / 1e9}
+    row = {"seqlen_q": seqlen_q, "context": context, "kvcache": flops / ms_cache / 1e9,
+           "dense_forward": flops / ms_dense / 1e9}
+    for page_size in page_sizes:
+        row[f"paged{page_size}"] = flops / _paged_prefill_ms(q, k_cache, v_cache, page_size, rng, repeats) / 1e9
+    return row
+
+
+def _paged_prefill_ms(q, k_cache, v_cache, page_size, rng, repeats):
+    """Median ms of the chunk against the cache held in pages of ``page_size`` rows, in a random order."""
+    import cupy
+
+    import cupyflash
+
+    context = k_cache.shape[1]
+    pages = context // page_size
+    order = cupy.asarray(rng.permutation(pages).astype(numpy.int32))
+    pools = []
+    for x in (k_cache, v_cache):
+        pool = cupy.empty((pages, page_size) + x.shape[2:], x.dtype)
+        pool[order] = x.reshape((pages, page_size) + x.shape[2:])
+        pools.append(pool)
+    return median_ms(lambda: cupyflash.flash_attention_with_kvcache(q, *pools, cache_seqlens=context,
+                                                                    block_table=order[None, :], causal=True), repeats)
 
 
 def cascade_row(repeats, requests=64, prefix=8192, own=512):
@@ -228,7 +251,8 @@ def table_lines(results):
     lines += [
         "",
         (f"Chunked prefill {p['seqlen_q']} x {p['context']} causal, TFLOP/s: kvcache {p['kvcache']:.0f}, "
-         f"dense forward {p['dense_forward']:.0f}"),
+         + "".join(f"paged {n[5:]} {x:.0f}, " for n, x in p.items() if n.startswith("paged"))
+         + f"dense forward {p['dense_forward']:.0f}"),
         (f"Decode call (batch 1, 4k): {c['call_us']:.1f} us per call from Python, {c['graph_replay_us']:.1f} us "
          "per graph replay"),
     ]

@@ -267,7 +267,8 @@ def breakdown(row, calls, repeats):
     decode = _kvcache.PLANS.get(key)
     if decode is None:
         return [f"{row.key}: the call left no plan"]
-    inputs = (q, k_cache, v_cache, kw["k"], kw["v"], kw["cache_seqlens"], None, kw["block_table"], None, None, None)
+    inputs = (q, k_cache, v_cache, kw["k"], kw["v"], kw["cache_seqlens"], None, kw["block_table"], None, None, None,
+              None)
     plan = decode.plan
     stubbed = dict(plan.namespace)
     set_params = _plan._graph_driver()["cuGraphExecKernelNodeSetParams"]

@@ -42,11 +42,17 @@ TF32 = False
 #: seqused_k on packed CuPy batches (kernels_cu/common/sequence.cuh clamps each sequence's keys).
 SEQUSED_K = False
 
-#: cache_leftpad on CuPy KV caches (the general kernels over the cache shifted per entry).
+#: cache_leftpad on CuPy KV caches (the decode kernel's CacheEntry.first; the general kernels over the cache
+#: shifted per entry).
 LEFTPAD = False
 
+#: A paged KV cache's prefill (more query rows than the decode kernel takes) on the Hopper 16-bit forward,
+#: its producer reading each key tile from the pages (Sm90FwdMaps::block_table). Off: the decode kernel.
+PAGED_PREFILL = False
+
 #: Every switch, by name.
-NAMES = ("MAX_SCORE", "SINKS", "EXTRAS_PLANS", "DROPOUT", "FUNCTIONS", "ROTARY", "FP8", "TF32", "SEQUSED_K", "LEFTPAD")
+NAMES = ("MAX_SCORE", "SINKS", "EXTRAS_PLANS", "DROPOUT", "FUNCTIONS", "ROTARY", "FP8", "TF32", "SEQUSED_K", "LEFTPAD",
+         "PAGED_PREFILL")
 
 
 def open_all():

@@ -92,6 +92,11 @@ class Problem:
     check_on_device: bool = False  # cu_seqlens was not checked on the host (see varlen_forward_problem)
     precision: str = "highest"  # PRECISIONS; "tf32" only for float32
     seqused_k: object = None  # int32 (batch,) keys each entry or packed sequence uses (its first ones), or None
+    # A KV cache's prefill on the Hopper forward (cupyflash/_kvcache/device.py): k and v are page pools
+    # (pages, page_size, heads_k, dim) and block_table, int32 (batch, seqlen_k // page_size), names each
+    # entry's pages; a constant of the one-shot plan that reads it (never a cached plan). Else None.
+    block_table: object = None
+    page_size: int = 0
     sinks: object = None  # float32 (heads,) of q's kind: a logit in every softmax denominator, or None
     out_dtype: object = None  # float8_e4m3fn inputs: the outputs' dtype (bfloat16 or float16); else None (dtype)
     q_descale: object = None  # float8_e4m3fn inputs: float32 (batch, heads_k) or (batch, heads) real / stored, or None

@@ -1,7 +1,8 @@
 """flash_attention_with_kvcache under compute-sanitizer (issue 11): every kernel of the KV-cache path
 (append with rotary, the decode kernel with and without splits, its split merge and its own append of
 unrotated tokens, the general path's lengths, gather and poison) on dense and paged caches, with
-out-of-range cache_seqlens, cache_batch_idx, block_table and cache_leftpad entries among valid ones. Run on a GPU:
+out-of-range cache_seqlens, cache_batch_idx, block_table and cache_leftpad entries among valid ones; on an
+H100/H200 also a paged prefill on the Hopper forward. Run on a GPU:
 
     PYTHONPATH=$PWD compute-sanitizer --tool memcheck --error-exitcode 1 python3 tests/sanitize_kvcache.py
 
@@ -44,8 +45,9 @@ def run(dtype, paged, page_size=16, heads=8, heads_k=2, d=128, seqlen_q=1, new=1
     else:
         k_cache = normal((batch + 1, capacity, heads_k, d), dtype)
         options["cache_batch_idx"] = cupy.asarray(numpy.array([4, 0, 99, 1], numpy.int32))
-        if leftpad:  # entry 0 starts at key 7, entry 2 past its length (bad)
-            options["cache_leftpad"] = cupy.asarray(numpy.array([7, 0, 201, 0], numpy.int32))
+        if leftpad:  # entry 0 starts past its length (bad for that alone), entry 2 (a valid entry here) at key 150
+            options["cache_batch_idx"] = cupy.asarray(numpy.array([4, 0, 2, 1], numpy.int32))
+            options["cache_leftpad"] = cupy.asarray(numpy.array([11, 0, 150, 0], numpy.int32))
     v_cache = k_cache.copy()
     for splits in (1, 3):
         cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, num_splits=splits, **options)
@@ -63,4 +65,10 @@ cupyflash._gates.LEFTPAD = True
 for rotary in (True, False):
     run(numpy.dtype(ml_dtypes.bfloat16), False, rotary=rotary, leftpad=True)
 run(numpy.float32, False, leftpad=True)
+# A paged prefill on the Hopper forward (cupyflash._gates.PAGED_PREFILL; 160 query rows per kv head), bad
+# pages among the good: its producer's boxes of out-of-range pages must read nothing.
+if cupy.cuda.Device().compute_capability == "90":
+    cupyflash._gates.PAGED_PREFILL = True
+    run(numpy.dtype(ml_dtypes.bfloat16), True, page_size=16, seqlen_q=40, new=40, rotary=False)
+    run(numpy.dtype(ml_dtypes.bfloat16), True, page_size=64, seqlen_q=40, new=1, rotary=False, d=256)
 print("sanitize_kvcache: done")

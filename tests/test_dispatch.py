@@ -1,6 +1,8 @@
 """Dispatch without a GPU: which family and variant a problem gets on a described device, the
 CUPYFLASH_FAMILY override, and which inputs a TMA can address."""
 
+import dataclasses
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -342,3 +344,59 @@ def test_kmajor_plans_encode_their_tensor_maps(dtype, headdim, headdim_v, seqlen
         assert by_box == [(0, (128, 50, 4, 2), (128, 128, 1, 1)), (0, (128, seqlen_k, 2, 2), (128, 128, 1, 1)),
                           (0, (96, 128, 2, 2), (128, 128, 1, 1))]
         assert out.dtype == ml_dtypes.bfloat16 and lse.dtype == np.float32
+
+
+@pytest.mark.parametrize("page_size, headdim, box_rows", [
+    (16, 128, 16), (64, 128, 64), (256, 128, 128), (8, 64, 8), (48, 128, 16), (64, 256, 16), (4, 128, None),
+    (12, 128, None),
+])
+def test_paged_keys_take_the_hopper_forward_in_whole_swizzle_periods(page_size, headdim, box_rows):
+    """A problem with a block table (a KV cache's prefill) runs the 16-bit Hopper forward when the TMA boxes
+    (the largest divisor of the page size and the tile's keys: d256's tiles have 80) are multiples of 8
+    rows, and no other family: float32 and the other families refuse paged keys."""
+    from cupyflash import _problem
+
+    max_pages = 1024 // page_size + 1
+    q = np.zeros((2, 100, 4, headdim), ml_dtypes.bfloat16)
+    pool = np.zeros((2 * max_pages, page_size, 2, headdim), ml_dtypes.bfloat16)
+    p = _problem.Problem(xp=np, dtype=np.dtype(ml_dtypes.bfloat16), batch=2, seqlen_q=100, seqlen_k=max_pages * page_size,
+                         heads=4, heads_k=2, headdim=headdim, headdim_v=headdim, softmax_scale=0.1, window_right=0,
+                         seqused_k=np.array([30, 1000], np.int32),
+                         block_table=np.arange(2 * max_pages, dtype=np.int32).reshape(2, max_pages), page_size=page_size)
+    operands = tuple(_plan.Slot(i, x.shape, x.dtype) for i, x in enumerate((q, pool, pool)))
+    variant = sm90.FORWARD.select(p, H200, operands)
+    assert (variant is not None) == (box_rows is not None)
+    if box_rows is not None:
+        assert variant.kernel is sm90.FWD and sm90.paged_box_rows(page_size, variant.param("block_n")) == box_rows
+    if box_rows is None:
+        with pytest.raises(AssertionError):
+            _families.select(_families.FORWARD, p, H200, operands)
+    p32 = dataclasses.replace(p, dtype=np.dtype(np.float32))
+    assert sm90.FORWARD.select(p32, H200, operands) is None
+
+
+def test_paged_plan_reads_the_pools_in_boxes_of_pages(monkeypatch):
+    """The plan of a paged problem: the block table, its row stride, the page size and the box rows in
+    Sm90FwdMaps, and k and v mapped as their pools (dim, page_size, heads_k, pages) with boxes of box_rows."""
+    from cupyflash import _problem
+
+    encodings = []
+    monkeypatch.setattr(sm90, "_encode", lambda ptr, **fields: encodings.append(fields) or bytes(128))
+    monkeypatch.setattr(sm90.common, "function", lambda variant, smem=0: variant.key)
+    table = _plan.Slot(9, (2, 10), np.dtype(np.int32))
+    p = _problem.Problem(xp=np, dtype=np.dtype(ml_dtypes.bfloat16), batch=2, seqlen_q=100, seqlen_k=640, heads=4,
+                         heads_k=2, headdim=128, headdim_v=128, softmax_scale=0.1, window_right=0,
+                         seqused_k=_plan.Slot(8, (2,), np.dtype(np.int32)), block_table=table, page_size=64)
+    operands = (_plan.Slot(0, (2, 100, 4, 128), p.dtype), _plan.Slot(1, (20, 64, 2, 128), p.dtype),
+                _plan.Slot(2, (20, 64, 2, 128), p.dtype))
+    b = _plan.PlanBuilder()
+    sm90.FORWARD.plan(b, sm90.FORWARD.select(p, H200, operands), p, *operands, H200)
+    maps = next(s for s in b._structs if s.dtype == sm90.MAPS)
+    assert (int(maps["block_table"][0]), int(maps["table_stride"][0]), int(maps["page_size"][0]),
+            int(maps["box_rows"][0])) == (table.data.ptr, 10, 64, 64)
+    for _, _, _, encode in b._maps:
+        encode(0)
+    assert [(f["dims"], f["box"]) for f in encodings] == [((128, 100, 4, 2), (64, 128, 1, 1)),
+                                                         ((128, 64, 2, 20), (64, 64, 1, 1)),
+                                                         ((128, 64, 2, 20), (64, 64, 1, 1)),
+                                                         ((128, 100, 4, 2), (64, 64, 1, 1))]  # out's (staged stores)

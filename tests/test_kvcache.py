@@ -619,3 +619,61 @@ def test_out_of_range_leftpad_gives_nan_rows_cupy(dtype, monkeypatch):
     monkeypatch.setenv("CUPYFLASH_CHECK", "1")
     with pytest.raises(ValueError, match="cache_leftpad"):
         cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **arrays)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, sizes, options", [
+    ("bfloat16", dict(DECODE, seqlen_q=40, new=40, lengths=[0, 300, 700], capacity=800, page_size=16), {"causal": True}),
+    ("float16", dict(DECODE, seqlen_q=33, new=0, lengths=[500, 64, 1], capacity=640, page_size=64),
+     {"window_size": (100, 0), "alibi": True}),
+    ("bfloat16", dict(DECODE, seqlen_q=70, new=5, lengths=[1000, 3, 512], capacity=1024, page_size=256, headdim=64,
+                      headdim_v=64, rotary_dim=32), {"causal": True}),
+    ("bfloat16", dict(DECODE, seqlen_q=20, new=20, lengths=[200, 0, 77], capacity=320, page_size=64, headdim=256,
+                      headdim_v=256), {"causal": True, "softcap": 30.0}),
+])
+def test_paged_prefill_on_the_hopper_forward(dtype, sizes, options, monkeypatch):
+    """A paged cache's prefill (more than 64 query rows per kv head) on the Hopper 16-bit forward, whose
+    producer reads each key tile from the pages (behind _gates.PAGED_PREFILL until this passes): pages of
+    16, 64 and 256 rows, boxes of 16 at head dim 256 (80-key tiles), new keys appended first, rotary,
+    windows, ALiBi, softcap; against the oracle, and the pages read in place (no gathered copy)."""
+    from cupyflash import _families
+    from cupyflash._kvcache import device
+
+    if _families.common.current_device().capability != 90:
+        pytest.skip("the Hopper forward runs on compute capability 9.0")
+    open_gates(monkeypatch, "PAGED_PREFILL")
+    used = []
+    paged_problem = device._paged_problem
+    monkeypatch.setattr(device, "_paged_problem", lambda c, seqused: used.append(1) or paged_problem(c, seqused))
+    dtype, sizes, options = _options(cupy, (dtype, sizes, options))
+    _check(cupy, dtype, options, **sizes)
+    assert used
+
+
+@pytest.mark.parametrize("paged, leftpad", [(False, True), (True, False)])
+def test_kernel_arguments_fill_every_field(paged, leftpad):
+    """The KV-cache kernels' KvCacheArgs are filled positionally (cupyflash/_kvcache/device.py's _fill_args,
+    as DecodePlan fills them, from plan slots): every field of the struct gets its value, and the index
+    arrays' addresses land in their own fields. (A field added to the struct and not to the tuple would
+    fail every CuPy call before its launch.)"""
+    from cupyflash import _params, _plan
+    from cupyflash._kvcache import call, device
+
+    sizes = dict(DECODE, new=0, page_size=16 if paged else 0)
+    (q, k_cache, v_cache), arrays = _inputs(np, "bfloat16", **sizes, seed=1)
+    if leftpad:
+        arrays["cache_leftpad"] = np.array([3, 0, 0], np.int32)
+    c = call.check(q, k_cache, v_cache, k=None, v=None, cache_seqlens=arrays["cache_seqlens"], cache_batch_idx=None,
+                   block_table=arrays.get("block_table"), rotary_cos=None, rotary_sin=None, rotary_interleaved=False,
+                   causal=True, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, softmax_scale=None, num_splits=0,
+                   max_splits=128, precision="highest", cache_leftpad=arrays.get("cache_leftpad"))
+    slots = {name: _plan.Slot(n, x.shape, x.dtype) for n, (name, x) in enumerate(
+        (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), *((n, x) for n, x in arrays.items())))}
+    cs = dataclasses.replace(c, **{name: slot for name, slot in slots.items() if name != "block_table" or paged})
+    out = _plan.Slot(20, c.out_shape, c.dtype)
+    args = device._fill_args(np.zeros(1, _params.KV_CACHE_ARGS), cs, slots["q"], out, None)
+    for name in ("cache_seqlens", "cache_leftpad", "block_table"):
+        expected = slots[name].data.ptr if name in slots else 0
+        assert int(args[name][0]) == expected, name
+    assert int(args["seqlen_new"][0]) == 0 and int(args["page_size"][0]) == (16 if paged else 0)
+    assert int(args["out"]["ptr"][0]) == out.data.ptr

@@ -64,11 +64,13 @@ def select(families, problem, device, operands):
     """The first family of ``families`` (from the one ``CUPYFLASH_FAMILY`` names) that supports ``problem``
     and its ``operands`` (arrays or plan slots, as the kernels will read them) on ``device``, and its
     variant. A problem with a score_mod or a mask_mod goes to the families whose kernels compile them
-    (``user_functions``)."""
+    (``user_functions``); one with paged keys (a block table) to those that read them (``paged_keys``)."""
     user = problem.user_score is not None or problem.user_mask is not None
     for family in forced(families):
         if user and not getattr(family, "user_functions", False):
             continue
+        if problem.block_table is not None and not getattr(family, "paged_keys", False):
+            continue  # (the host asks for paged keys only where the sm90 family takes them)
         variant = family.select(problem, device, operands)
         if variant is not None:
             return family, variant

@@ -11,6 +11,7 @@ and strides; dispatch gives inputs that do not have them to the sm80 family.
 
 import ctypes
 import functools
+import math
 
 import numpy
 
@@ -177,6 +178,14 @@ def fwd_planes_smem_bytes(variant):
     return ALIGN_SLACK + planes * 128 * _atoms(d) * (FWD_PLANES_BLOCK_M + 2 * stages * block_n) + CTA_STATE_BYTES
 
 
+def paged_box_rows(page_size, block_n):
+    """Rows of a paged key tile's TMA boxes (Sm90FwdMaps::box_rows): the largest divisor of both the page
+    size and the tile's keys, so no box straddles a page; None unless it is a multiple of 8 (whole
+    1024-byte swizzle periods: smaller pages take the decode kernel)."""
+    rows = math.gcd(page_size, block_n)
+    return rows if rows % 8 == 0 else None
+
+
 def _prepass_blocks(chunks):
     """Blocks of a grid-stride pre-pass over ``chunks`` 16-byte chunks (at most 8192)."""
     return max(1, min(common.cdiv(chunks, PREPASS_THREADS), 8192))
@@ -209,7 +218,7 @@ def kmajor_missing(p, capability, operands):
         (p.varlen, "packed (varlen) batches"), (p.seqused_k is not None, "seqused_k"), (p.softcap != 0.0, "softcap"),
         (p.alibi_slopes is not None, "ALiBi"), (p.sinks is not None, "sinks"),
         (p.user_mask is not None, "BlockMask.from_mask_mod"), (p.user_score is not None, "score_mod"),
-        (p.dropout, "dropout"), (p.softmax_scale <= 0, "softmax_scale <= 0"),
+        (p.dropout, "dropout"), (p.softmax_scale <= 0, "softmax_scale <= 0"), (p.block_table is not None, "paged keys"),
         (max(p.headdim, p.headdim_v) > (256 if fp8 else 128), f"head dims above {256 if fp8 else 128}"),
         # The tf32 kernel reads the pre-passes' copies, never q, k or v themselves.
         (fp8 and not all(tma_addressable(x, False) for x in operands),
@@ -309,8 +318,9 @@ L2_SECTION_MIN_PAIRS = 16
 L2_SECTION_MIN_PAIRS_SPARSE = 4
 #: Sm90FwdMaps: the CUtensorMaps of q, k, v and out, and whether out's is set (the kernel parameter is
 #: 64-byte aligned, which the driver arranges when it copies the bytes).
-MAPS = numpy.dtype({"names": ["q", "k", "v", "o", "store_o"], "formats": [(numpy.void, 128)] * 4 + [numpy.int32],
-                    "offsets": [0, 128, 256, 384, 512], "itemsize": 576, "aligned": True})
+MAPS = numpy.dtype({"names": ["q", "k", "v", "o", "store_o", "block_table", "table_stride", "page_size", "box_rows"],
+                    "formats": [(numpy.void, 128)] * 4 + [numpy.int32, numpy.uint64, numpy.int64, numpy.int32, numpy.int32],
+                    "offsets": [0, 128, 256, 384, 512, 520, 528, 536, 540], "itemsize": 576, "aligned": True})
 #: Sm90BwdMaps: q, k, v, dout and the float32 dQ buffers.
 BWD_MAPS = numpy.dtype({"names": ["q", "k", "v", "dout", "dq_accum"], "formats": [(numpy.void, 128)] * 5,
                         "offsets": [0, 128, 256, 384, 512], "itemsize": 640, "aligned": True})
@@ -426,6 +436,7 @@ class Sm90Forward:
     name = "sm90"
     kernels = (FWD, sm80.PLANES, FWD_PLANES, FP8_VALUES, FWD_FP8, TF32_VALUES, TF32_ROWS, FWD_TF32)
     user_functions = True
+    paged_keys = True  # 16-bit problems with a block table (a KV cache's prefill): paged_box_rows
 
     def select(self, p, device, operands):
         if device.capability != CAPABILITY:
@@ -435,7 +446,7 @@ class Sm90Forward:
         max_score = p.max_score is not None
         user = common.user_code(p, fast=p.dtype.itemsize == 2)
         if p.dtype == numpy.float32:
-            if p.dropout:  # the float32 kernel has no dropout yet: the general family's
+            if p.dropout or p.block_table is not None:  # (the float32 kernels have neither yet)
                 return None
             if p.precision == "tf32" and _gates.TF32 and not kmajor_missing(p, device.capability, operands):
                 variant = self._select_kmajor(FWD_TF32, FWD_TF32_TILES, "float32", p, device)
@@ -465,6 +476,8 @@ class Sm90Forward:
         if (p.dropout or user is not None or max_score
                 or p.block_mask is not None and p.block_mask.block_size[0] % tile[0] != 0):
             tile = tiles[-1]
+        if p.block_table is not None and (p.varlen or paged_box_rows(p.page_size, tile[1]) is None):
+            return None
         variant = FWD.variant(common.dtype_name(p.dtype), (*dims, *tile), score_mod=score_mod, dropout=p.dropout,
                               max_score=max_score, user=user)
         return variant if fwd_smem_bytes(variant) <= device.smem_optin else None
@@ -495,7 +508,14 @@ class Sm90Forward:
         lists = common.sparse_lists(b, p, block_m, block_n)
         args = common.fwd_args(b, p, q, k, v, out, lse, lists)
         maps = b.struct(MAPS)
-        for field, x, rows in (("q", q, block_m), ("k", k, block_n), ("v", v, block_n)):
+        key_rows = block_n
+        if p.block_table is not None:
+            # Paged keys: k and v are page pools, read in boxes of key_rows rows from their pages.
+            key_rows = paged_box_rows(p.page_size, block_n)
+            maps["block_table"] = _params.pointer(p.block_table)
+            maps["table_stride"] = p.block_table.strides[0] // 4  # (int32)
+            maps["page_size"], maps["box_rows"] = p.page_size, key_rows
+        for field, x, rows in (("q", q, block_m), ("k", k, key_rows), ("v", v, key_rows)):
             tensor_map(b, maps, field, x, p.varlen, rows)
         # The staged epilogue stores a consumer warpgroup's 64 rows per box (out is C-contiguous: a TMA
         # addresses it when headdim_v * 2 bytes is a multiple of 16).

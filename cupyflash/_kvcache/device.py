@@ -13,8 +13,8 @@ import cupy
 import numpy
 from cupy.cuda import function as _function
 
-from .. import _compute, _kernels, _params, _plan, _problem
-from .._families import common
+from .. import _compute, _gates, _kernels, _params, _plan, _problem
+from .._families import common, sm90
 from .call import MAX_SPLITS
 
 #: Query rows per kv head (seqlen_q * heads / heads_k) up to which a dense cache takes the decode
@@ -95,7 +95,7 @@ def _fill_args(args, c, q, out, lse):
         attn, _params.tensor(out) if out is not None else empty,
         _params.rows(lse, *common.lse_strides(p)) if lse is not None else (0, 0, 0), *new, empty,
         _params.pointer(c.rotary_cos), _params.pointer(c.rotary_sin), _params.pointer(c.cache_seqlens),
-        _params.pointer(c.cache_batch_idx), _params.pointer(table), _params.pointer(c.cache_leftpad), 0, 0, 0, 0, 0,
+        _params.pointer(c.cache_batch_idx), _params.pointer(table), _params.pointer(c.cache_leftpad), 0, 0, 0, 0, 0, 0,
         table.strides[0] // 4 if table is not None else 0, c.cache_seqlens_value, c.seqlen_new, c.page_size,
         c.cache_entries, 1, c.rotary_dim, c.rotary_cos.shape[0] if c.rotary_dim else 0,
         int(c.rotary_interleaved), int(c.rotary_q_at_row),
@@ -114,6 +114,8 @@ def decode_variant(c, device, max_score=False):
     rows = c.seqlen_q * (c.heads // c.heads_k)
     if c.block_table is None and rows > DECODE_MAX_ROWS or c.batch * c.seqlen_q * c.heads >= 2**31:
         return None  # (its row counts are 32-bit)
+    if rows > DECODE_MAX_ROWS and paged_prefill(c, device):
+        return None  # (the Hopper forward reads the pages once per 128 query rows, not once per 16)
     score_mod = c.softcap != 0.0 or c.alibi_slopes is not None
     user = _kernels.user_code(c.user_score, None, fast=True) if c.user_score is not None else None
     variant = DECODE.variant(common.dtype_name(c.dtype), (bucket,), score_mod=score_mod, max_score=max_score, user=user)
@@ -253,6 +255,9 @@ def attention(c, alibi_slopes, return_lse, int_seqlens, max_score=False):
                        c.block_table, c.rotary_cos, c.rotary_sin, alibi_slopes, c.cache_leftpad)
         return (results[0], results[1] if return_lse else None, results[-1] if max_score else None), plan
     q, _ = common.readable(c.q)
+    # The kernels below index these per batch entry as contiguous arrays.
+    c = dataclasses.replace(c, **{name: common.contiguous(getattr(c, name))[0]
+                                  for name in ("cache_seqlens", "cache_batch_idx", "block_table", "cache_leftpad")})
     if c.k_new is not None:
         c = dataclasses.replace(c, k_new=common.readable(c.k_new)[0], v_new=common.readable(c.v_new)[0],
                                 rotary_cos=common.contiguous(c.rotary_cos)[0], rotary_sin=common.contiguous(c.rotary_sin)[0])
@@ -277,9 +282,6 @@ def _general(c, q, max_score):
     """(out, lse), then with ``max_score`` the largest scores: the cache as a dense batch of capacity keys
     with per-entry counts (seqused_k), through the compute layer; the results of entries with out-of-range
     values NaN."""
-    c = dataclasses.replace(c, cache_seqlens=common.contiguous(c.cache_seqlens)[0],
-                            cache_batch_idx=common.contiguous(c.cache_batch_idx)[0],
-                            block_table=common.contiguous(c.block_table)[0])
     if c.cache_seqlens is None and c.block_table is None and c.cache_batch_idx is None and c.cache_leftpad is None:
         # Every entry uses the same keys, checked on the host: the dense forward over the caches' first keys.
         keys = c.cache_seqlens_value + c.seqlen_new
@@ -291,6 +293,9 @@ def _general(c, q, max_score):
     args["seqused_k"], args["bad"] = seqused.data.ptr, bad.data.ptr
     launch(LENGTHS.variant(), (c.batch, 1, 1), APPEND_THREADS, args)
     k, v = c.k_cache, c.v_cache
+    if c.block_table is not None and paged_prefill(c, common.current_device()):
+        results = _compute.forward(_paged_problem(c, seqused), q, k, v, max_score=max_score)
+        return _poisoned(results, bad, c.batch)
     if c.block_table is not None:
         # Clamped: a bad page makes the entry's rows NaN below, and must not make the gather fault.
         pages = cupy.clip(c.block_table, 0, c.cache_entries - 1)
@@ -312,9 +317,29 @@ def _general(c, q, max_score):
         k = cupy.take_along_axis(k, rows[:, :, None, None], axis=1)
         v = cupy.take_along_axis(v, rows[:, :, None, None], axis=1)
         seqused = cupy.maximum(seqused - pad, 0).astype(numpy.int32)
-    results = _compute.forward(_problem_of(c, seqused_k=seqused), q, k, v, max_score=max_score)
+    return _poisoned(_compute.forward(_problem_of(c, seqused_k=seqused), q, k, v, max_score=max_score), bad, c.batch)
+
+
+def _poisoned(results, bad, batch):
+    """``results`` with the rows of the batch entries that ``bad`` flags set to NaN."""
     for x in results:
-        per_entry = x.size // c.batch
+        per_entry = x.size // batch
         launch(POISON.variant(common.dtype_name(x.dtype)), (min(common.cdiv(x.size, POISON_THREADS), 4096), 1, 1),
                POISON_THREADS, (bad, x, numpy.int64(per_entry), numpy.int64(x.size)))
     return results
+
+
+def _paged_problem(c, seqused):
+    """The forward problem of call ``c``'s paged cache read in place: the page pools as k and v, the block
+    table (contiguous int32) and the entries' key counts."""
+    table = common.contiguous(c.block_table)[0]
+    return _problem_of(c, seqused_k=seqused, block_table=table, page_size=c.page_size)
+
+
+def paged_prefill(c, device):
+    """Whether the Hopper forward reads call ``c``'s paged cache in place (_gates.PAGED_PREFILL; page sizes
+    whose TMA boxes are whole swizzle periods, sm90.paged_box_rows)."""
+    if not _gates.PAGED_PREFILL or c.block_table is None or device.capability != sm90.CAPABILITY:
+        return False
+    p = _paged_problem(c, c.cache_seqlens)
+    return sm90.FORWARD.select(p, device, (c.q, c.k_cache, c.v_cache)) is not None

@@ -50,7 +50,7 @@ struct CacheEntry {
             entry = c.cache_batch_idx[b];
             bad = bad || entry < 0 || entry >= c.cache_entries;
         }
-        first = c.cache_leftpad != nullptr ? c.cache_leftpad[b] : 0;
+        first = c.cache_leftpad != nullptr && c.block_table == nullptr ? c.cache_leftpad[b] : 0;  // (dense caches only)
         bad = bad || first < 0 || first > cached;
         keys = bad ? 0 : static_cast<int>(total);
         first = bad ? 0 : first;

@@ -69,17 +69,35 @@ struct Sm90FwdKernel {
         }
     }
 
-    // The producer's second thread: the K and V tiles of every published work tile's walk.
+    // The producer's second thread: the K and V tiles of every published work tile's walk. Paged keys
+    // (Mainloop::kPagedKeys and a block table) take a loop of their own, so that the dense loop's registers
+    // (the producer runs on 24) stay as they were.
     __device__ __forceinline__ static void produce_keys(const AttnArgs& a, const Sm90FwdMaps& maps, Sm90FwdState& st,
                                                         unsigned char* smem) {
         tma_prefetch_desc(maps.k);
         tma_prefetch_desc(maps.v);
+        if constexpr (Mainloop::kPagedKeys) {
+            if (maps.block_table != nullptr) {
+                walk_keys<true>(a, maps, st, smem);
+                return;
+            }
+        }
+        walk_keys<false>(a, maps, st, smem);
+    }
+
+    template <bool kPaged>
+    __device__ __forceinline__ static void walk_keys(const AttnArgs& a, const Sm90FwdMaps& maps, Sm90FwdState& st,
+                                                     unsigned char* smem) {
         int i = 0;  // ring slots filled, over all work tiles
         for (int t = 0;; ++t) {
             mbarrier_wait(&st.published[t % 2], (t / 2) & 1);
             const Sm90FwdTile& tile = st.tile[t % 2];
             if (tile.done) break;
-            Mainloop::load_keys(a, maps, st, smem, tile, i);
+            if constexpr (kPaged) {
+                Mainloop::load_paged_keys(a, maps, st, smem, tile, i);
+            } else {
+                Mainloop::load_keys(a, maps, st, smem, tile, i);
+            }
         }
     }
 

@@ -38,10 +38,27 @@ namespace cupyflash {
 // heads, batch) with a box of 64 columns, kBlockM rows for q, kBlockN rows for k and v and 64 rows (one
 // consumer warpgroup's) for out, 128-byte swizzle. store_o: out has its map (the epilogue may store
 // through shared memory, Sm90FwdTraits::kStoreO).
+//
+// Paged keys (block_table not null; a KV cache's prefill, 16-bit kernels only): k and v are page pools
+// (pages, page_size, heads_k, dim) whose maps view them as (dim, page_size, heads_k, pages) with boxes of
+// box_rows rows, a divisor of both page_size and kBlockN and a multiple of 8 (whole 1024-byte swizzle
+// periods, so each box lands in the tile's layout at its own rows); key row r of batch entry b is row
+// r % page_size of page block_table[b * table_stride + r / page_size].
 struct Sm90FwdMaps {
     TmaDesc q, k, v, o;
     int store_o;
+    const int* block_table;
+    long long table_stride;
+    int page_size;
+    int box_rows;
 };
+
+// The page of key row `row` (a multiple of box_rows) of the page table row `pages`, or -1 (a coordinate
+// outside the pool: TMA fills the box with zeros) for rows past `capacity` (max_pages * page_size),
+// which the table does not cover.
+__device__ __forceinline__ int page_of(const Sm90FwdMaps& maps, const int* pages, int row, int capacity) {
+    return row < capacity ? pages[row / maps.page_size] : -1;
+}
 
 template <typename T, int kHeadDim_, int kHeadDimV_, int kBlockM_, int kBlockN_, int kStages_>
 struct Sm90FwdTraits {
@@ -117,6 +134,49 @@ struct Sm90FwdState {
     int entry[kMaxStages];                   // the stage's tile-list entry
     Sm90FwdTile tile[2];                     // work tile t in tile[t % 2]
 };
+
+// Producer, paged keys (Sm90FwdMaps::block_table; 16-bit kernels): the K and V tiles of a work tile's walk
+// as sm90_load_key_tiles loads them, each in boxes of box_rows rows from their pages. The table entries
+// are read as the boxes are issued: the ring's other stages cover their latency. (A walk of its own, not
+// a branch inside the dense one, so the dense walk's registers stay as they were: the producer runs on
+// 24.)
+template <typename Tr>
+__device__ __forceinline__ void sm90_load_paged_key_tiles(const AttnArgs& a, const Sm90FwdMaps& maps, Sm90FwdState& st,
+                                                          unsigned char* smem, const Sm90FwdTile& tile, int& i) {
+    static_assert(Tr::kPlanes == 1, "paged keys: 16-bit tiles");
+    constexpr int kStages = Tr::kStages, kBlockN = Tr::kBlockN;
+    const int kvh = kv_head(tile.h, a.heads, a.heads_k);
+    const int* pages = maps.block_table + tile.b * maps.table_stride;
+    for (int j = 0; j < tile.keys.count; ++j, ++i) {
+        const int stage = i % kStages;
+        const int round_parity = (i / kStages - 1) & 1;
+        if (i >= kStages) mbarrier_wait(&st.empty_k[stage], round_parity);
+        const int entry = tile.keys.entry(j);
+        st.entry[stage] = entry;
+        const int row = entry_tile(entry) * kBlockN;
+        unsigned char* k_tile = smem + Tr::kKOffset + stage * Tr::kKBytes;
+        unsigned char* v_tile = smem + Tr::kVOffset + stage * Tr::kVBytes;
+        mbarrier_arrive_expect_tx(&st.k_full[stage], Tr::kKBytes);
+        for (int r = 0; r < kBlockN; r += maps.box_rows) {
+            const int page = page_of(maps, pages, row + r, a.seqlen_k);
+#pragma unroll
+            for (int atom = 0; atom < Tr::kAtomsQK; ++atom) {
+                tma_load_4d(k_tile + (atom * kBlockN + r) * 128, maps.k, &st.k_full[stage], 64 * atom,
+                            (row + r) % maps.page_size, kvh, page);
+            }
+        }
+        if (i >= kStages) mbarrier_wait(&st.empty_v[stage], round_parity);
+        mbarrier_arrive_expect_tx(&st.v_full[stage], Tr::kVBytes);
+        for (int r = 0; r < kBlockN; r += maps.box_rows) {
+            const int page = page_of(maps, pages, row + r, a.seqlen_k);
+#pragma unroll
+            for (int atom = 0; atom < Tr::kAtomsV; ++atom) {
+                tma_load_4d(v_tile + (atom * kBlockN + r) * 128, maps.v, &st.v_full[stage], 64 * atom,
+                            (row + r) % maps.page_size, kvh, page);
+            }
+        }
+    }
+}
 
 // Producer: the K and V tiles of a work tile's walk, through the ring of Tr::kStages stages (i: ring
 // slots filled so far, over all work tiles). Each tile is Tr::kPlanes 16-bit tiles (plane p of kv head
@@ -230,10 +290,17 @@ struct Sm90FwdMainloop {
         }
     }
 
-    // Producer: the K and V tiles of a work tile's walk (sm90_load_key_tiles).
+    // Producer: the K and V tiles of a work tile's walk (sm90_load_key_tiles), and with paged keys
+    // (Sm90FwdMaps::block_table) sm90_load_paged_key_tiles.
+    static constexpr bool kPagedKeys = true;
     __device__ __forceinline__ static void load_keys(const AttnArgs& a, const Sm90FwdMaps& maps, Sm90FwdState& st,
                                                      unsigned char* smem, const Sm90FwdTile& tile, int& i) {
         sm90_load_key_tiles<Tr>(a, maps, st, smem, tile, i);
+    }
+    __device__ __forceinline__ static void load_paged_keys(const AttnArgs& a, const Sm90FwdMaps& maps,
+                                                           Sm90FwdState& st, unsigned char* smem,
+                                                           const Sm90FwdTile& tile, int& i) {
+        sm90_load_paged_key_tiles<Tr>(a, maps, st, smem, tile, i);
     }
 
     // S = Q K^T of this warpgroup's 64 rows (Q row offset q_row) and the key tile in `stage`, issued.

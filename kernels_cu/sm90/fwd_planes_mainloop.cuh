@@ -156,6 +156,7 @@ struct Sm90FwdPlanesMainloop {
     }
 
     // Producer: the planes of the K and V tiles of a work tile's walk (sm90_load_key_tiles).
+    static constexpr bool kPagedKeys = false;  // (Sm90FwdKernel::produce_keys)
     __device__ __forceinline__ static void load_keys(const AttnArgs& a, const Sm90FwdMaps& maps, Sm90FwdState& st,
                                                      unsigned char* smem, const Sm90FwdTile& tile, int& i) {
         sm90_load_key_tiles<Tr>(a, maps, st, smem, tile, i);

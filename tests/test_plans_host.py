@@ -1,0 +1,218 @@
+"""Plans built on the host, without a GPU: every family's forward and backward plan for problems with the
+features the CUDA paths take (masks, score modifications, packed batches, seqused_k, sinks, dropout, the
+maximum score, score functions, deterministic sums), on an H200 and an A100 as dispatch describes them.
+
+The plans' kernels are not loaded (common.function returns the variant's key) and their tensor maps are
+not encoded (sm90._encode records its fields), so what runs is everything a call does on the host before
+its first launch: dispatch, the argument structs filled field by field or positionally, the tensor maps'
+views and boxes, the workspaces. A struct that gains a field its filler misses, a plan slot of the wrong
+kind, or a dtype without a TMA code fails here, in CI, instead of on the first GPU run."""
+
+import dataclasses
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from cupyflash import _gates, _plan, _problem, mods
+from cupyflash._families import common, general, sm80, sm90
+
+H200 = common.Device(90, 227 * 1024, 132)
+A100 = common.Device(80, 163 * 1024, 108)
+FAMILIES = {"sm90": (sm90.FORWARD, sm90.BACKWARD), "sm80": (sm80.FORWARD, sm80.BACKWARD),
+            "general": (general.FORWARD, general.BACKWARD)}
+
+
+@pytest.fixture(autouse=True)
+def _no_device(monkeypatch):
+    """Kernels stay unloaded and tensor maps unencoded; every unverified kernel's switch is on (their plans
+    are what this file checks)."""
+    monkeypatch.setattr(common, "function", lambda variant, smem=0: variant.key)
+    monkeypatch.setattr(sm90, "_encode", lambda ptr, **fields: bytes(128))
+    for name in _gates.NAMES:
+        monkeypatch.setattr(_gates, name, True)
+
+
+def _slots(p, operands):
+    """Problem ``p`` (checked on NumPy arrays) as a plan sees it: its arrays plan slots, and the operands'."""
+    index = iter(range(len(operands), 100))
+    fields = {}
+    for name in ("alibi_slopes", "cu_seqlens_q", "cu_seqlens_k", "seqused_k", "sinks"):
+        x = getattr(p, name)
+        if x is not None:
+            fields[name] = _plan.Slot(next(index), x.shape, x.dtype)
+    if p.user_buffers is not None:
+        fields["user_buffers"] = tuple(_plan.Slot(next(index), x.shape, x.dtype) for x in p.user_buffers)
+    slots = tuple(_plan.Slot(i, x.shape, x.dtype) for i, x in enumerate(operands))
+    return dataclasses.replace(p, **fields), slots
+
+
+def _table_bias(s, b, h, q_idx, kv_idx, table):
+    return s + table[h, mods.clip(kv_idx - q_idx + 8, 0, 16)]
+
+
+CASES = {
+    "causal-gqa": dict(causal=True),
+    "window-softcap": dict(window_size=(40, 3), softcap=20.0),
+    "alibi": dict(alibi=True),
+    "sinks": dict(sinks=True),
+    "dropout": dict(dropout_p=0.25, dropout_seed=3, causal=True),
+    "max-score": dict(max_score=True, causal=True),
+    "score-mod": dict(score_mod=_table_bias, causal=True),
+    "varlen-seqused": dict(varlen=True, causal=True),
+}
+
+
+def _problem_of(dtype, case, headdim=64):
+    """A checked NumPy problem of ``case`` and its q, k, v (GQA 4/2, odd lengths)."""
+    rng = np.random.default_rng(0)
+    options = dict(CASES[case])
+    q, k, v = (np.zeros(shape, dtype) for shape in ((2, 77, 4, headdim), (2, 101, 2, headdim), (2, 101, 2, headdim)))
+    if options.pop("alibi", False):
+        options["alibi_slopes"] = np.full(4, 0.5, np.float32)
+    if options.pop("sinks", False):
+        options["sinks"] = rng.standard_normal(4).astype(np.float32)
+    max_score = options.pop("max_score", False)
+    if options.get("score_mod") is not None:
+        options["score_mod_buffers"] = (rng.standard_normal((4, 17)).astype(np.float32),)
+    if options.pop("varlen", False):
+        cu = np.array([0, 30, 30, 77], np.int32)
+        cu_k = np.array([0, 50, 61, 101], np.int32)
+        q, k, v = q[0], k[0], v[0]
+        p = _problem.varlen_forward_problem(q, k, v, cu, cu_k, max_seqlen_q=47, max_seqlen_k=50,
+                                            seqused_k=np.array([50, 0, 40], np.int32),
+                                            **options)
+    else:
+        p = _problem.forward_problem(q, k, v, **options)
+    if max_score:
+        p = dataclasses.replace(p, max_score=True)
+    return p, (q, k, v)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("family, device, dtype", [
+    ("sm90", H200, ml_dtypes.bfloat16), ("sm90", H200, np.float32), ("sm80", A100, np.float16),
+    ("sm80", A100, np.float32), ("sm80", A100, np.float64), ("general", A100, np.float32),
+])
+def test_forward_and_backward_plans_build_on_the_host(case, family, device, dtype):
+    forward, backward = FAMILIES[family]
+    try:
+        p, arrays = _problem_of(np.dtype(dtype), case)
+    except TypeError as error:  # a combination the API refuses (tested in test_validation.py)
+        pytest.skip(str(error))
+    ps, operands = _slots(p, arrays)
+    if p.max_score is not None:
+        ps = dataclasses.replace(ps, max_score=_plan.Slot(90, (p.batch, p.heads), np.dtype(np.uint32)))
+    user = p.user_score is not None or p.user_mask is not None
+    if user and not getattr(forward, "user_functions", False):
+        pytest.skip("the family does not compile score functions")
+    variant = forward.select(ps, device, operands)
+    if variant is None:
+        pytest.skip(f"{family} does not take this problem on this device")
+    b = _plan.PlanBuilder()
+    out, lse = forward.plan(b, variant, ps, *operands, device)
+    assert tuple(out.shape) == p.out_shape and tuple(lse.shape) == p.lse_shape
+    assert b._launches and all(isinstance(f, str) for f, *_ in b._launches)
+    if p.max_score is not None or p.sinks is not None:
+        return  # (their backward is the plain one's, with the sinks' terms: tested below without them)
+    bp = dataclasses.replace(ps, max_score=None)
+    dout = _plan.Slot(91, out.shape, out.dtype)
+    grads = dataclasses.replace(bp, user_grads=tuple(_plan.Slot(92 + n, x.shape, np.dtype(np.float32))
+                                                     for n, x in enumerate(p.user_buffers or ())) or None)
+    variant = backward.select(grads, device, (dout, *operands))
+    if variant is None:
+        return
+    for deterministic in (False, True):
+        b = _plan.PlanBuilder()
+        backward.plan(b, variant, grads, dout, *operands, _plan.Slot(93, out.shape, out.dtype), lse, deterministic,
+                      device)
+        assert b._launches
+
+
+class _DeviceArray:
+    """A stand-in for a C-contiguous CuPy array: what plans read of one (shape, dtype, strides, address)."""
+
+    def __init__(self, shape, dtype, address):
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.strides = np.empty(0, self.dtype).itemsize * np.array(
+            [int(np.prod(self.shape[i + 1:])) for i in range(len(self.shape))], np.int64)
+        self.strides = tuple(int(s) for s in self.strides)
+        self.flags = type("Flags", (), {"c_contiguous": True})()
+        self.data = type("Data", (), {"ptr": address})()
+        self.ndim, self.itemsize, self.size = len(self.shape), self.dtype.itemsize, int(np.prod(self.shape))
+
+
+@pytest.mark.parametrize("options", [{}, {"paged": True}, {"leftpad": True}, {"rotary": True, "new": 2},
+                                     {"new": 1, "max_score": True, "splits": 3}])
+def test_decode_plans_build_on_the_host(options):
+    """The decode kernel's plan (cupyflash/_kvcache/device.py's DecodePlan) for dense and paged caches, left
+    padding, appended and rotated tokens, splits and the maximum score: its argument structs filled and its
+    launches made, from stand-ins for CuPy arrays."""
+    from cupyflash._kvcache import call, device
+
+    batch, heads, heads_k, d, capacity, new = 3, 8, 2, 128, 256, options.get("new", 0)
+    addresses = iter(range(1 << 20, 1 << 30, 1 << 16))
+
+    def array(shape, dtype):
+        return _DeviceArray(shape, dtype, next(addresses))
+
+    page = 16 if options.get("paged") else 0
+    k_cache = array((batch * capacity // page, page, heads_k, d) if page else (batch, capacity, heads_k, d),
+                    ml_dtypes.bfloat16)
+    fields = dict(k=array((batch, new, heads_k, d), ml_dtypes.bfloat16) if new else None,
+                  v=array((batch, new, heads_k, d), ml_dtypes.bfloat16) if new else None,
+                  cache_seqlens=array((batch,), np.int32),
+                  block_table=array((batch, capacity // page), np.int32) if page else None,
+                  cache_leftpad=array((batch,), np.int32) if options.get("leftpad") else None)
+    if options.get("rotary"):
+        fields["rotary_cos"] = array((capacity, 32), ml_dtypes.bfloat16)
+        fields["rotary_sin"] = array((capacity, 32), ml_dtypes.bfloat16)
+    q = array((batch, 1, heads, d), ml_dtypes.bfloat16)
+    host = call.check(np.zeros(q.shape, q.dtype), np.zeros(k_cache.shape, k_cache.dtype), np.zeros(k_cache.shape,
+                      k_cache.dtype), k=None if not new else np.zeros(fields["k"].shape, q.dtype),
+                      v=None if not new else np.zeros(fields["k"].shape, q.dtype),
+                      cache_seqlens=np.zeros(batch, np.int32),
+                      cache_batch_idx=None, block_table=np.zeros((batch, capacity // page), np.int32) if page else None,
+                      rotary_cos=np.zeros((capacity, 32), q.dtype) if options.get("rotary") else None,
+                      rotary_sin=np.zeros((capacity, 32), q.dtype) if options.get("rotary") else None,
+                      rotary_interleaved=False, causal=True, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                      softmax_scale=None, num_splits=options.get("splits", 0), max_splits=128, precision="highest",
+                      cache_leftpad=np.zeros(batch, np.int32) if options.get("leftpad") else None)
+    c = dataclasses.replace(host, xp=None, q=q, k_cache=k_cache, v_cache=k_cache, k_new=fields["k"], v_new=fields["v"],
+                            **{n: fields.get(n) for n in ("cache_seqlens", "block_table", "cache_leftpad", "rotary_cos",
+                                                          "rotary_sin")})
+    variant = device.decode_variant(c, H200, options.get("max_score", False))
+    assert variant is not None
+    plan = device.DecodePlan(c, variant, H200, None, True, False, options.get("max_score", False))
+    assert plan.plan is not None
+
+
+@pytest.mark.parametrize("case", ["sinks", "max-score", "varlen-seqused", "score-mod"])
+def test_cuda_layer_plans_build_on_the_host(case, monkeypatch):
+    """cupyflash/_cuda.py's forward and backward plans (the checked path's, and the cached plans of calls
+    with sinks or the maximum score): the problem's arrays as plan inputs, the maximum score's workspace
+    and decoding, the sinks' per-row terms, the score functions' gradient accumulators; on an H200."""
+    from cupyflash import _cuda
+
+    monkeypatch.setattr(common, "current_device", lambda: H200)
+    addresses = iter(range(1 << 20, 1 << 30, 1 << 16))
+
+    def device_array(x):
+        return None if x is None else _DeviceArray(x.shape, x.dtype, next(addresses))
+
+    p, arrays = _problem_of(np.dtype(ml_dtypes.bfloat16), case)
+    p = dataclasses.replace(p, max_score=None)
+    fields = {name: device_array(getattr(p, name)) for name in ("alibi_slopes", "cu_seqlens_q", "cu_seqlens_k",
+                                                               "seqused_k", "sinks")}
+    buffers = tuple(device_array(x) for x in p.user_buffers or ())
+    p = dataclasses.replace(p, user_buffers=buffers or None, **fields)
+    q, k, v = (device_array(x) for x in arrays)
+    plan = _cuda.forward_plan(p, q, k, v, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k,
+                              max_score=case == "max-score", user_buffers=buffers)
+    assert plan is not None
+    out = _DeviceArray(p.out_shape, p.dtype, next(addresses))
+    lse = _DeviceArray(p.lse_shape, np.float32, next(addresses))
+    grads = tuple(_DeviceArray(x.shape, np.float32, next(addresses)) for x in buffers)
+    plan = _cuda.backward_plan(p, out, q, k, v, out, lse, False, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k,
+                               buffers, grads)
+    assert plan is not None
