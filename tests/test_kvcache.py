@@ -5,6 +5,7 @@ the general path; the caches written in place; out-of-range values; CUDA graph c
 NumPy always, CuPy on a GPU."""
 
 import dataclasses
+import sys
 
 import ml_dtypes
 import numpy as np
@@ -623,30 +624,48 @@ def test_out_of_range_leftpad_gives_nan_rows_cupy(dtype, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype, sizes, options", [
-    ("bfloat16", dict(DECODE, seqlen_q=40, new=40, lengths=[0, 300, 700], capacity=800, page_size=16), {"causal": True}),
-    ("float16", dict(DECODE, seqlen_q=33, new=0, lengths=[500, 64, 1], capacity=640, page_size=64),
+    ("bfloat16", dict(DECODE, seqlen_q=70, new=40, lengths=[0, 300, 760], capacity=800, page_size=16), {"causal": True}),
+    ("float16", dict(DECODE, seqlen_q=65, new=0, lengths=[500, 64, 1], capacity=640, page_size=64),
      {"window_size": (100, 0), "alibi": True}),
-    ("bfloat16", dict(DECODE, seqlen_q=70, new=5, lengths=[1000, 3, 512], capacity=1024, page_size=256, headdim=64,
+    ("bfloat16", dict(DECODE, seqlen_q=130, new=5, lengths=[1000, 3, 512], capacity=1024, page_size=256, headdim=64,
                       headdim_v=64, rotary_dim=32), {"causal": True}),
-    ("bfloat16", dict(DECODE, seqlen_q=20, new=20, lengths=[200, 0, 77], capacity=320, page_size=64, headdim=256,
+    ("bfloat16", dict(DECODE, seqlen_q=80, new=20, lengths=[200, 0, 77], capacity=320, page_size=64, headdim=256,
                       headdim_v=256), {"causal": True, "softcap": 30.0}),
+    ("float16", dict(DECODE, seqlen_q=66, new=3, lengths=[91, 40, 13], capacity=96, page_size=24), {"causal": True}),
 ])
 def test_paged_prefill_on_the_hopper_forward(dtype, sizes, options, monkeypatch):
-    """A paged cache's prefill (more than 64 query rows per kv head) on the Hopper 16-bit forward, whose
-    producer reads each key tile from the pages (behind _gates.PAGED_PREFILL until this passes): pages of
-    16, 64 and 256 rows, boxes of 16 at head dim 256 (80-key tiles), new keys appended first, rotary,
-    windows, ALiBi, softcap; against the oracle, and the pages read in place (no gathered copy)."""
+    """A paged cache's prefill (more than 64 queries) on the Hopper 16-bit forward, whose producer reads each
+    key tile from the pages (behind _gates.PAGED_PREFILL until this passes): pages of 16, 24 (8-row boxes),
+    64 and 256 rows, boxes of 16 at head dim 256 (80-key tiles), an entry filling its capacity (boxes past
+    it on page -1), table entries of -1 past every entry's used pages, new keys appended first, rotary,
+    windows, ALiBi, softcap, the maximum score; against the oracle, the pages read in place. The device is
+    described with 8 SMs, so that these small chunks fill it (paged_prefill routes by work tiles)."""
     from cupyflash import _families
     from cupyflash._kvcache import device
 
-    if _families.common.current_device().capability != 90:
+    real = _families.common.current_device()
+    if real.capability != 90:
         pytest.skip("the Hopper forward runs on compute capability 9.0")
-    open_gates(monkeypatch, "PAGED_PREFILL")
+    monkeypatch.setattr(_families.common, "current_device", lambda: dataclasses.replace(real, sm_count=8))
+    open_gates(monkeypatch, "PAGED_PREFILL", "MAX_SCORE")
     used = []
     paged_problem = device._paged_problem
     monkeypatch.setattr(device, "_paged_problem", lambda c, seqused: used.append(1) or paged_problem(c, seqused))
+    inputs = _inputs
+
+    def unused_pages_minus_one(*args, **kwargs):
+        """The inputs with every table entry past its entry's used pages -1 (FlashAttention-2's callers leave
+        anything there)."""
+        arrays, kwargs_out = inputs(*args, **kwargs)
+        table = kwargs_out["block_table"]
+        used_keys = np.asarray(kwargs["lengths"]) + kwargs.get("new", 0)
+        for b, keys in enumerate(used_keys):
+            table[b, -(-int(keys) // kwargs["page_size"]):] = -1
+        return arrays, kwargs_out
+
+    monkeypatch.setattr(sys.modules[__name__], "_inputs", unused_pages_minus_one)
     dtype, sizes, options = _options(cupy, (dtype, sizes, options))
-    _check(cupy, dtype, options, **sizes)
+    _check(cupy, dtype, options, max_score=True, **sizes)
     assert used
 
 

@@ -13,7 +13,7 @@ import cupy
 import numpy
 from cupy.cuda import function as _function
 
-from .. import _compute, _gates, _kernels, _params, _plan, _problem
+from .. import _compute, _families, _gates, _kernels, _params, _plan, _problem
 from .._families import common, sm90
 from .call import MAX_SPLITS
 
@@ -21,6 +21,9 @@ from .call import MAX_SPLITS
 #: kernel; longer chunks (chunked prefill) run the dense forward, which reuses each K/V tile for 128
 #: query rows instead of 16.
 DECODE_MAX_ROWS = 64
+#: Query rows of the Hopper forward's work tiles at head dims above 64 (192 at 64: fewer tiles), which
+#: paged_prefill counts.
+PREFILL_BLOCK_M = 128
 #: Head-dim buckets of the decode kernel (KvcTraits::kHeadDim): the smallest covering both head dims.
 DECODE_BUCKETS = (64, 128, 256)
 #: Threads of the decode kernel (KvcTraits::kThreads), query rows per CTA (kRows), keys per stage (kBlockN).
@@ -114,8 +117,8 @@ def decode_variant(c, device, max_score=False):
     rows = c.seqlen_q * (c.heads // c.heads_k)
     if c.block_table is None and rows > DECODE_MAX_ROWS or c.batch * c.seqlen_q * c.heads >= 2**31:
         return None  # (its row counts are 32-bit)
-    if rows > DECODE_MAX_ROWS and paged_prefill(c, device):
-        return None  # (the Hopper forward reads the pages once per 128 query rows, not once per 16)
+    if paged_prefill(c, device):
+        return None  # (the Hopper forward reads the pages once per query tile and head, not once per 16 rows)
     score_mod = c.softcap != 0.0 or c.alibi_slopes is not None
     user = _kernels.user_code(c.user_score, None, fast=True) if c.user_score is not None else None
     variant = DECODE.variant(common.dtype_name(c.dtype), (bucket,), score_mod=score_mod, max_score=max_score, user=user)
@@ -337,9 +340,16 @@ def _paged_problem(c, seqused):
 
 
 def paged_prefill(c, device):
-    """Whether the Hopper forward reads call ``c``'s paged cache in place (_gates.PAGED_PREFILL; page sizes
-    whose TMA boxes are whole swizzle periods, sm90.paged_box_rows)."""
-    if not _gates.PAGED_PREFILL or c.block_table is None or device.capability != sm90.CAPABILITY:
+    """Whether the Hopper forward reads call ``c``'s paged cache in place (_gates.PAGED_PREFILL): a prefill
+    chunk (more than DECODE_MAX_ROWS queries) whose work tiles, one per 128 queries of each query head with
+    no split of the keys, fill the device (shorter chunks keep the decode kernel, whose rows pack the
+    query heads of a kv head and whose splits share the keys), on compute capability 9.0 with dispatch
+    free to take the sm90 family (CUPYFLASH_FAMILY), page sizes whose TMA boxes are whole swizzle periods
+    (sm90.paged_box_rows)."""
+    if (not _gates.PAGED_PREFILL or c.block_table is None or device.capability != sm90.CAPABILITY
+            or c.seqlen_q <= DECODE_MAX_ROWS or sm90.FORWARD not in _families.forced(_families.FORWARD)):
+        return False
+    if common.cdiv(c.seqlen_q, PREFILL_BLOCK_M) * c.batch * c.heads < device.sm_count:
         return False
     p = _paged_problem(c, c.cache_seqlens)
     return sm90.FORWARD.select(p, device, (c.q, c.k_cache, c.v_cache)) is not None
