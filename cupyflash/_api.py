@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Optional, Sequence, Tuple, Union
 
+import numpy
+
 from . import _compute, _gates, _keys, _kvcache, _merge, _plan, _problem, _ring
 
 if TYPE_CHECKING:
     import cupy
-    import numpy
 
     from ._block_mask import BlockMask
     from ._ring import VirtualRing
@@ -416,8 +417,11 @@ def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
     block_table : int32 array, shape (batch, max_pages), or None, keyword-only
         Paged keys and values (FlashAttention-2's varlen paged KV): k and v of shape (num_pages, page_size,
         heads_k, dim), sequence b's key t at row ``t % page_size`` of page ``block_table[b, t //
-        page_size]``, its key count from cu_seqlens_k. The forward only; NumPy arrays only in this
-        version.
+        page_size]``, its key count from cu_seqlens_k. The forward only. NumPy values are checked
+        (ValueError); on CuPy arrays the pages are gathered on the device into each sequence's whole
+        capacity (batch x max_pages pages of workspace), a sequence whose cu_seqlens_k or used pages are
+        out of range gets NaN rows, and the path waits for its first GPU run (NotImplementedError until
+        then).
 
     Returns
     -------
@@ -431,8 +435,14 @@ def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
     Notes
     -----{notes}
     """
+    paged_bad = None
     if block_table is not None:  # the pages gathered into packed keys and values (checked there)
-        k, v = _problem.gather_paged(k, v, cu_seqlens_k, block_table)
+        if _problem.array_module({"k": k, "v": v, "block_table": block_table}) is numpy:
+            k, v = _problem.gather_paged(k, v, cu_seqlens_k, block_table)
+        else:
+            k, v, cu_seqlens_k, seqused_k, paged_bad = _problem.gather_paged_on_device(k, v, cu_seqlens_k, seqused_k,
+                                                                                       block_table)
+            max_seqlen_k = k.shape[0] // block_table.shape[0]
         key = None
     elif _plain(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score, score_mod, q_descale, k_descale,
                 v_descale, out_dtype):
@@ -462,8 +472,11 @@ def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
                                         seqused_k=seqused_k)
     return_lse = _problem.check_flag("return_lse", return_lse)
     return_max_score = _problem.check_max_score(return_max_score, p.xp)
-    return _forward(key, p, q, k, v, return_lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, return_max_score,
-                    seqused_k)
+    results = _forward(key, p, q, k, v, return_lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, return_max_score,
+                       seqused_k)
+    if paged_bad is not None:
+        results = _problem.nan_bad_sequences(results, paged_bad, cu_seqlens_q, return_lse, return_max_score)
+    return results
 
 
 def flash_attention_varlen_backward(dout: Array, q: Array, k: Array, v: Array, out: Array, lse: Array,

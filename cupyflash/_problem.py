@@ -723,24 +723,9 @@ def gather_paged(k, v, cu_seqlens_k, block_table):
     """flash_attention_varlen's paged keys and values (FlashAttention-2's block_table): k and v of shape
     (num_pages, page_size, heads_k, dim), sequence b's key t at row t % page_size of page
     block_table[b, t // page_size]; returns them packed, (total_k, heads_k, dim) with total_k =
-    cu_seqlens_k[-1], for the packed problem. NumPy arrays only in this version (the kernels read packed
-    keys; the Hopper forward's paged producer is issue 26's)."""
-    named = {"k": k, "v": v, "block_table": block_table}
-    xp = array_module(named)
-    if xp is not numpy:
-        raise NotImplementedError("block_table on flash_attention_varlen runs on NumPy arrays in this version: the "
-                                  "kernels do not gather pages yet (README, 'Variable-length batches')")
-    for name, x in (("k", k), ("v", v)):
-        check_rank(name, x, ("num_pages", "page_size", "heads_k", "dim"))
-    if k.shape[:3] != v.shape[:3]:
-        raise ValueError(f"k and v must agree on (num_pages, page_size, heads_k); got {k.shape} and {v.shape}")
-    if block_table.dtype != numpy.int32 or block_table.ndim != 2:
-        raise TypeError(f"block_table must be an int32 array of shape (batch, max_pages), got {block_table.dtype} "
-                        f"{block_table.shape}")
+    cu_seqlens_k[-1], for the packed problem (NumPy arrays; CuPy ones: :func:`gather_paged_on_device`)."""
     cu = numpy.asarray(cu_seqlens_k)
-    if cu.ndim != 1 or cu.shape[0] != block_table.shape[0] + 1:
-        raise ValueError(f"block_table has {block_table.shape[0]} rows; cu_seqlens_k must have {block_table.shape[0] + 1} "
-                         f"entries, got shape {cu.shape}")
+    _check_paged(k, v, cu, block_table)
     num_pages, page_size = k.shape[:2]
     lengths = numpy.diff(cu.astype(numpy.int64))
     capacity = block_table.shape[1] * page_size
@@ -755,6 +740,85 @@ def gather_paged(k, v, cu_seqlens_k, block_table):
     gathered = [(page, t % page_size) for page, (_, t) in zip(pages, rows)]
     return tuple(numpy.concatenate([x[page, row] for page, row in gathered]) if gathered else x[:0, 0]
                  for x in (k, v))
+
+
+def _check_paged(k, v, cu_seqlens_k, block_table):
+    """The shapes and dtypes of flash_attention_varlen's paged keys and values and their block table."""
+    for name, x in (("k", k), ("v", v)):
+        check_rank(name, x, ("num_pages", "page_size", "heads_k", "dim"))
+    if k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"k and v must agree on (num_pages, page_size, heads_k); got {k.shape} and {v.shape}")
+    if block_table.dtype != numpy.int32 or block_table.ndim != 2:
+        raise TypeError(f"block_table must be an int32 array of shape (batch, max_pages), got {block_table.dtype} "
+                        f"{block_table.shape}")
+    if cu_seqlens_k.ndim != 1 or cu_seqlens_k.shape[0] != block_table.shape[0] + 1:
+        raise ValueError(f"block_table has {block_table.shape[0]} rows; cu_seqlens_k must have {block_table.shape[0] + 1} "
+                         f"entries, got shape {cu_seqlens_k.shape}")
+
+
+def gather_paged_on_device(k, v, cu_seqlens_k, seqused_k, block_table):
+    """gather_paged for CuPy arrays, with no host synchronization: each sequence's pages gathered whole into
+    (batch * capacity, heads_k, dim) keys and values (capacity = max_pages * page_size), sequence b at rows
+    b * capacity on; returns them, the packed problem's cu_seqlens_k (b * capacity) and seqused_k (the
+    sequence's keys, at most the caller's seqused_k), and the bool (batch,) flags of sequences whose
+    cu_seqlens_k or used pages are out of range (their rows are made NaN after the forward, as the KV
+    cache's are; the gather reads a valid page in their place). The kernels read the seqused_k of packed
+    batches (_gates.SEQUSED_K)."""
+    import cupy
+
+    _check_paged(k, v, cu_seqlens_k, block_table)
+    if not _gates.SEQUSED_K:
+        raise NotImplementedError("block_table on flash_attention_varlen runs on NumPy arrays in this version: its "
+                                  "CuPy path (the pages gathered on the device, the keys each sequence uses as "
+                                  "seqused_k) waits for its first GPU run (README, 'Variable-length batches')")
+    check_devices(cupy, {"k": k, "v": v, "cu_seqlens_k": cu_seqlens_k, "block_table": block_table})
+    batch, max_pages = block_table.shape
+    num_pages, page_size = k.shape[:2]
+    capacity = max_pages * page_size
+    lengths = cupy.diff(cu_seqlens_k.astype(numpy.int64))
+    pages_used = (cupy.clip(lengths, 0, capacity) + page_size - 1) // page_size
+    table_bad = ((block_table < 0) | (block_table >= num_pages)) & (cupy.arange(max_pages)[None, :] < pages_used[:, None])
+    bad = (lengths < 0) | (lengths > capacity) | table_bad.any(axis=1)
+    pages = cupy.clip(block_table, 0, num_pages - 1)
+    packed = tuple(x[pages].reshape((batch * capacity,) + x.shape[2:]) for x in (k, v))
+    used = cupy.clip(lengths, 0, capacity)
+    if seqused_k is not None:
+        used = cupy.minimum(used, seqused_k)
+    cu = (cupy.arange(batch + 1, dtype=numpy.int32) * capacity).astype(numpy.int32)
+    return packed[0], packed[1], cu, cupy.where(bad, 0, used).astype(numpy.int32), bad
+
+
+#: NaN's bits by itemsize (bfloat16 and float16 apart), written through integer views: CuPy runs no
+#: elementwise operation on every dtype the kernels take.
+_NAN_BITS = {"bfloat16": (numpy.uint16, 0x7FC0), "float16": (numpy.uint16, 0x7E00), "float32": (numpy.uint32, 0x7FC00000),
+             "float64": (numpy.uint64, 0x7FF8000000000000)}
+
+
+def nan_bad_sequences(results, bad, cu_seqlens_q, return_lse, return_max_score):
+    """The results of a packed CuPy forward (out, then lse and max_score where asked for) with the rows of
+    the sequences ``bad`` flags NaN: out's rows, lse's columns, max_score's rows (gather_paged_on_device's
+    out-of-range sequences). No host synchronization."""
+    import cupy
+
+    results = results if isinstance(results, tuple) else (results,)
+    sequence = cupy.searchsorted(cu_seqlens_q[1:], cupy.arange(results[0].shape[0]), side="right")
+    rows = bad[cupy.minimum(sequence, bad.shape[0] - 1)]
+    _set_nan(results[0], rows, 0)  # out: (total_q, heads, headdim_v)
+    if return_lse:
+        _set_nan(results[1], rows, 1)  # lse: (heads, total_q)
+    if return_max_score:
+        _set_nan(results[-1], bad, 0)  # max_score: (batch, heads)
+    return results if len(results) > 1 else results[0]
+
+
+def _set_nan(x, flags, axis):
+    """x's slices along ``axis`` where ``flags`` is set become NaN."""
+    kind, bits = _NAN_BITS[x.dtype.name]
+    view = x.view(kind)
+    if axis == 0:
+        view[flags] = bits
+    else:
+        view[:, flags] = bits
 
 
 def _check_seqused_k(seqused_k, xp, cu_k, batch):

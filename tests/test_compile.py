@@ -10,22 +10,24 @@ variant.
 
 Which builds run: a variant is built for the architectures whose devices dispatch can give it to, and
 where it adds something the other builds do not check. The sm80 family's 16-bit first tiles for sm_80 at
-every head dim, and for sm_90 (the Hopper family's fallback, same registers) at head dims 128 and 256;
-their score-modified twins for sm_80 at those two; their fallback tiles (for devices with less shared
-memory than the H100's) for sm_80, each distinct tile once, plain, at the largest head dim that falls
-back to it (it holds no more per thread than that head dim's first tile). The float32 and float64
-kernels' plain variants for both architectures, the sm80 float32 forward for sm_80 alone, sm_90 running
-the Hopper one; their flagged variants, score_mod and tf32, on the largest head dim's first tile only,
-for sm_90, where they run on the H100/H200, or sm_80 for the sm80 float32 forward: a flag's code with
-the tightest registers. The sm90 kernels' dropout variants alone on the bench's tile (head dim 128) and
-with the score_mod flag on the tightest tile (the forward's head dim 256, the backward's 128-query tile
-at head dim 64); the general kernels' for sm_90 only. The maximum score's flag on the 16-bit, FP8 and
-decode kernels, with score_mod on the largest head dim and alone on the Hopper forward's head dim 128.
-The variants of a 16-bit kernel differ in their dtype only by an instruction's type, with the same
-registers, so bfloat16 is built for every selected tile, flag and architecture and float16 once per
-kernel (its first tile, plain, on its first architecture). That keeps the suite near two minutes on two
-cores (session 27: 224 builds, about 270 s of compiling); ``pytest --all-variants`` builds every variant
-for both architectures, and the GPU suite compiles every variant for its device anyway (conftest.py).
+the largest head dim of each tile shape and at 128, and for sm_90 (the Hopper family's fallback, same
+registers) at head dims 128 and 256; their score-modified twins for sm_80 at those two; their fallback
+tiles (for devices with less shared memory than the H100's) for sm_80, each distinct tile once, plain, at
+the largest head dim that falls back to it (it holds no more per thread than that head dim's first tile).
+The float32 and float64 kernels' plain variants for both architectures, the sm80 float32 forward for
+sm_80 alone, sm_90 running the Hopper one; their flagged variants, score_mod and tf32, on the largest
+head dim's first tile only, for sm_90, where they run on the H100/H200, or sm_80 for the sm80 float32
+forward: a flag's code with the tightest registers. The sm90 kernels' dropout variants alone on the
+bench's tile (head dim 128) and with the score_mod flag on the tightest tile (the forward's head dim 256,
+the backward's 128-query tile at head dim 64); the general kernels' for sm_90 only. The maximum score's
+flag on the 16-bit, FP8 and decode kernels, with score_mod on the largest head dim and alone on the
+Hopper forward's head dim 128. The decode kernel for sm_90 at head dim 256 only (its stack use differs
+per architecture; below, its registers as on sm_80). The variants of a 16-bit kernel differ in their
+dtype only by an instruction's type, with the same registers, so bfloat16 is built for every selected
+tile, flag and architecture and float16 once per kernel (its first tile, plain, on its first
+architecture). That keeps the suite near two minutes on two cores (session 28: 216 builds); ``pytest
+--all-variants`` builds every variant for both architectures, and the GPU suite compiles every variant
+for its device anyway (conftest.py).
 """
 
 import concurrent.futures
@@ -159,8 +161,8 @@ def _archs(variant, everything=False):
         # tightest), and alone on the Hopper forward's bench tile (head dim 128), in the 16-bit, FP8 and
         # decode kernels (sm_80's for the decode kernel, its tighter); not beside dropout or tf32, nor in the float32
         # and float64 forwards, which hold the same two registers a thread (--all-variants builds those).
-        if variant.kernel in (sm80.FWD_FP32, sm80.FWD_FP64, sm90.FWD_PLANES):
-            return ()
+        if variant.kernel in (sm80.FWD_FP32, sm80.FWD_FP64, sm90.FWD_PLANES, sm90.FWD_TF32):
+            return ()  # (the tf32 forward's epilogue is the FP8 forward's, built with the flag)
         others = {f for f, on in flags.items() if on and f != "max_score"}
         largest = max(variant.kernel.tiles, key=lambda tile: tile[0])
         bench = variant.kernel is sm90.FWD and variant.param("headdim") == 128
@@ -180,6 +182,8 @@ def _archs(variant, everything=False):
         if variant.kernel in wide and variant.tile[1:] != wide[variant.kernel][variant.param("headdim")][0]:
             return _fallback(variant, wide[variant.kernel], lambda bucket: wide[variant.kernel][bucket][0])
         return home
+    if variant.kernel is kvcache_device.DECODE and variant.param("headdim") != 256:
+        return archs[:1]  # registers as on sm_80 but at head dim 256, whose stack use differs per architecture
     if variant.kernel in (general.FWD, general.DQ, general.DKDV) and variant.param("dropout"):
         return archs[-1:]  # the generator's code is the same on both; its registers on the newer
     if variant.kernel in (sm90.FWD, sm90.BWD) and variant.param("dropout"):
@@ -201,10 +205,13 @@ def _archs(variant, everything=False):
         return _fallback(variant, tiles, first_fit)
     # On sm_90 the sm80 kernels are the Hopper family's fallback (operands a TMA cannot read), their
     # registers as on sm_80: built there for the bench's head dim (128) and the largest. The score-modified
-    # twins add the same few registers at every head dim: built for sm_80 at those two head dims.
+    # twins add the same few registers at every head dim: built for sm_80 at those two head dims. The other
+    # plain first tiles for sm_80 at the largest head dim each tile shape serves (registers grow with the
+    # head dim on one tile shape, as for the fallback tiles).
     headdim = variant.param("headdim")
     if headdim not in (128, max(tiles)):
-        return () if variant.param("score_mod") else (80,)
+        largest = max(d for d in tiles if first_fit(d) == variant.tile[1:])
+        return () if variant.param("score_mod") or headdim != largest else (80,)
     return (80,) if variant.param("score_mod") else archs
 
 
@@ -234,7 +241,7 @@ def _built(variants, everything):
             # bfloat16's builds cover every tile, flag and architecture with the same registers; float16
             # is built once per kernel: its first tile, plain, on its first architecture.
             if v.tile == v.kernel.tiles[0] and not any(v.flags):
-                builds.append((v, _archs(v)[0]))
+                builds.append((v, _archs(v, True)[0]))
             continue
         builds += [(v, a) for a in _archs(v)]
     return builds

@@ -7,6 +7,8 @@ import pytest
 from cases import DENSE, VARLEN, build, dense_ids, varlen_ids
 from helpers import (
     DTYPES,
+    OUTPUT_FACTOR,
+    assert_within_rule,
     check_dense,
     check_varlen,
     gpu_available,
@@ -68,6 +70,47 @@ def test_varlen_paged_keys_wait_for_the_kernels():
     cu = cupy.asarray(np.array([0, 2, 4], np.int32))
     with pytest.raises(NotImplementedError, match="block_table on flash_attention_varlen runs on NumPy arrays"):
         cupyflash.flash_attention_varlen(q, k, k, cu, cu, block_table=cupy.asarray(np.array([[0], [1]], np.int32)))
+
+
+@pytest.mark.parametrize("dtype, page_size", [("bfloat16", 16), ("float32", 1), ("float16", 64)])
+def test_varlen_paged_keys_cupy(dtype, page_size, monkeypatch):
+    """flash_attention_varlen's block_table on CuPy (behind _gates.SEQUSED_K until this passes): the pages
+    gathered on the device into each sequence's capacity, counted with seqused_k, against the oracle
+    (its own gather a loop over keys); pages in shuffled order, sequences of 0 to 200 keys, GQA, causal,
+    the caller's seqused_k on top; then a sequence with a page outside the pool gets NaN rows (out, lse,
+    the maximum score) and the others are unchanged."""
+    open_gates(monkeypatch, "SEQUSED_K", "MAX_SCORE")
+    dt = DTYPES[dtype]
+    rng = np.random.default_rng(page_size)
+    lengths_q, lengths_k = [5, 0, 70, 33], [200, 7, 0, 130]
+    cu_q, cu_k = (np.concatenate([[0], np.cumsum(n)]).astype(np.int32) for n in (lengths_q, lengths_k))
+    max_pages = -(-max(lengths_k) // page_size)
+    num_pages = 4 * max_pages + 2
+    table = rng.permutation(num_pages)[:4 * max_pages].reshape(4, max_pages).astype(np.int32)
+    q = rng.standard_normal((int(cu_q[-1]), 4, 64)).astype(dt)
+    k, v = (rng.standard_normal((num_pages, page_size, 2, 64)).astype(dt) for _ in range(2))
+    used = np.array([150, 7, 0, 130], np.int32)
+    arrays = [cupy.asarray(x) for x in (q, k, v, cu_q, cu_k)]
+    out, lse, top = cupyflash.flash_attention_varlen(*arrays, causal=True, block_table=cupy.asarray(table),
+                                                     seqused_k=cupy.asarray(used), return_lse=True,
+                                                     return_max_score=True)
+    wide = np.float64
+    want = reference.attention_varlen(q, k, v, cu_q, cu_k, True, block_table=table, seqused_k=used, compute_dtype=wide,
+                                      return_max_score=True)
+    base = reference.attention_varlen(q, k, v, cu_q, cu_k, True, block_table=table, seqused_k=used, compute_dtype=dt,
+                                      return_max_score=True)
+    for name, got, expected, plain in zip(("out", "lse", "max_score"), (out, lse, top), want, base):
+        assert_within_rule(name, got, expected, plain, OUTPUT_FACTOR)
+    bad = table.copy()
+    bad[2, 0] = num_pages + 5  # sequence 2 uses no key: its pages are not read, and not checked
+    bad[3, 1] = -1
+    out2, lse2, top2 = cupyflash.flash_attention_varlen(*arrays, causal=True, block_table=cupy.asarray(bad),
+                                                        seqused_k=cupy.asarray(used), return_lse=True,
+                                                        return_max_score=True)
+    rows = slice(int(cu_q[3]), int(cu_q[4]))
+    host = [to_host(x).astype(np.float64) for x in (out, lse, top, out2, lse2, top2)]
+    assert np.isnan(host[3][rows]).all() and np.isnan(host[4][:, rows]).all() and np.isnan(host[5][3]).all()
+    assert (host[3][:rows.start] == host[0][:rows.start]).all() and (host[5][:3] == host[2][:3]).all()
 
 
 @pytest.mark.parametrize("dtype, causal", [("bfloat16", True), ("float32", True), ("bfloat16", False)])

@@ -389,3 +389,42 @@ def test_varlen_paged_keys_are_checked():
         cupyflash.flash_attention_varlen(q, k, k, cu_q, cu_k, block_table=np.array([[0, 1], [5, 2]], np.int32))
     with pytest.raises(TypeError, match="block_table must be an int32 array"):
         cupyflash.flash_attention_varlen(q, k, k, cu_q, cu_k, block_table=np.array([[0, 1], [2, 0]], np.int64))
+
+
+def test_varlen_pages_gathered_on_the_device_match_the_host_gather(monkeypatch):
+    """gather_paged_on_device (the CuPy path of flash_attention_varlen's block_table), run with NumPy in
+    CuPy's place: each sequence's capacity holds its keys first (the host gather's, in order), seqused_k is
+    the smaller of its count and the caller's, out-of-range counts or used pages flag the sequence (pages
+    past its count are not checked), and nan_bad_sequences makes exactly the flagged sequences' out rows,
+    lse columns and max_score rows NaN, bfloat16 included."""
+    import sys
+
+    import ml_dtypes
+
+    from cupyflash import _gates, _problem
+
+    monkeypatch.setitem(sys.modules, "cupy", np)
+    monkeypatch.setattr(_gates, "SEQUSED_K", True)
+    rng = np.random.default_rng(5)
+    page_size, lengths = 4, [9, 0, 12, 5]
+    cu_k = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    table = rng.permutation(14)[:12].reshape(4, 3).astype(np.int32)
+    k, v = (rng.standard_normal((14, page_size, 2, 8)).astype(np.float32) for _ in range(2))
+    table[1, 0] = 99  # sequence 1 uses no key: not checked
+    gk, gv, cu, used, bad = _problem.gather_paged_on_device(k, v, cu_k, np.array([9, 0, 7, 9], np.int32), table)
+    host_k, host_v = _problem.gather_paged(k, v, cu_k, np.where(table == 99, 0, table))
+    assert cu.tolist() == [0, 12, 24, 36, 48] and used.tolist() == [9, 0, 7, 5] and not bad.any()
+    for b, n in enumerate(lengths):
+        np.testing.assert_array_equal(gk[12 * b:12 * b + n], host_k[cu_k[b]:cu_k[b + 1]])
+        np.testing.assert_array_equal(gv[12 * b:12 * b + n], host_v[cu_k[b]:cu_k[b + 1]])
+    table[3, 1] = -1  # used by sequence 3 (5 keys: pages 0 and 1)
+    table[0, 2] = 14
+    *_, used, bad = _problem.gather_paged_on_device(k, v, np.array([0, 9, 9, 21, 34], np.int32), None, table)
+    assert bad.tolist() == [True, False, False, True] and used.tolist() == [0, 0, 12, 0]
+    cu_q = np.array([0, 2, 2, 5, 6], np.int32)
+    out = np.ones((6, 3, 8), ml_dtypes.bfloat16)
+    lse, top = np.zeros((3, 6), np.float32), np.zeros((4, 3), np.float32)
+    out, lse, top = _problem.nan_bad_sequences((out, lse, top), bad, cu_q, True, True)
+    nan_rows = np.isnan(out.astype(np.float32)).all(axis=(1, 2))
+    assert nan_rows.tolist() == [True, True, False, False, False, True]
+    assert np.isnan(lse).all(axis=0).tolist() == nan_rows.tolist() and np.isnan(top).all(axis=1).tolist() == bad.tolist()
