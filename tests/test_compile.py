@@ -11,7 +11,7 @@ variant.
 Which builds run: a variant is built for the architectures whose devices dispatch can give it to, and
 where it adds something the other builds do not check. The sm80 family's 16-bit first tiles for sm_80 at
 the largest head dim of each tile shape and at 128, and for sm_90 (the Hopper family's fallback, same
-registers) at head dims 128 and 256; their score-modified twins for sm_80 at those two; their fallback
+registers) at head dim 128; their score-modified twins for sm_80 at those two; their fallback
 tiles (for devices with less shared memory than the H100's) for sm_80, each distinct tile once, plain, at
 the largest head dim that falls back to it (it holds no more per thread than that head dim's first tile).
 The float32 and float64 kernels' plain variants for both architectures, the sm80 float32 forward for
@@ -19,13 +19,13 @@ sm_80 alone, sm_90 running the Hopper one; their flagged variants, score_mod and
 head dim's first tile only, for sm_90, where they run on the H100/H200, or sm_80 for the sm80 float32
 forward: a flag's code with the tightest registers. The sm90 kernels' dropout variants alone on the
 bench's tile (head dim 128) and with the score_mod flag on the tightest tile (the forward's head dim 256,
-the backward's 128-query tile at head dim 64); the general kernels' for sm_90 only. The maximum score's
+the backward's 128-query tile at head dim 64); the general kernels for sm_90 only. The maximum score's
 flag on the 16-bit, FP8 and decode kernels, with score_mod on the largest head dim and alone on the
 Hopper forward's head dim 128. The decode kernel for sm_90 at head dim 256 only (its stack use differs
 per architecture; below, its registers as on sm_80). The variants of a 16-bit kernel differ in their
 dtype only by an instruction's type, with the same registers, so bfloat16 is built for every selected
 tile, flag and architecture and float16 once per kernel (its first tile, plain, on its first
-architecture). That keeps the suite near two minutes on two cores (session 28: 216 builds); ``pytest
+architecture). That keeps the suite near two minutes on two cores (session 28: 202 builds); ``pytest
 --all-variants`` builds every variant for both architectures, and the GPU suite compiles every variant
 for its device anyway (conftest.py).
 """
@@ -184,8 +184,10 @@ def _archs(variant, everything=False):
         return home
     if variant.kernel is kvcache_device.DECODE and variant.param("headdim") != 256:
         return archs[:1]  # registers as on sm_80 but at head dim 256, whose stack use differs per architecture
-    if variant.kernel in (general.FWD, general.DQ, general.DKDV) and variant.param("dropout"):
-        return archs[-1:]  # the generator's code is the same on both; its registers on the newer
+    if variant.kernel in (general.FWD, general.DQ, general.DKDV):
+        # SIMT code, the same on both (tests/test_compile.py's sm_75 test builds it for older GPUs too):
+        # registers on the newer.
+        return archs[-1:]
     if variant.kernel in (sm90.FWD, sm90.BWD) and variant.param("dropout"):
         # Dropout alone on the bench's tile (head dim 128, whose consumers keep out of local memory with it),
         # and with the score_mod flag on the tile of the tightest registers (the forward's largest head dim,
@@ -204,15 +206,15 @@ def _archs(variant, everything=False):
     if variant.tile[1:] != first_fit(variant.param("headdim")):
         return _fallback(variant, tiles, first_fit)
     # On sm_90 the sm80 kernels are the Hopper family's fallback (operands a TMA cannot read), their
-    # registers as on sm_80: built there for the bench's head dim (128) and the largest. The score-modified
-    # twins add the same few registers at every head dim: built for sm_80 at those two head dims. The other
+    # registers as on sm_80: built there for the bench's head dim (128). The score-modified twins add the
+    # same few registers at every head dim: built for sm_80 at 128 and the largest head dim. The other
     # plain first tiles for sm_80 at the largest head dim each tile shape serves (registers grow with the
     # head dim on one tile shape, as for the fallback tiles).
     headdim = variant.param("headdim")
     if headdim not in (128, max(tiles)):
         largest = max(d for d in tiles if first_fit(d) == variant.tile[1:])
         return () if variant.param("score_mod") or headdim != largest else (80,)
-    return (80,) if variant.param("score_mod") else archs
+    return (80,) if variant.param("score_mod") or headdim != 128 else archs
 
 
 def _fallback(variant, tiles, first_fit):
@@ -482,7 +484,7 @@ def test_every_kernel_and_dtype_is_built():
             assert any(w.kernel == v.kernel and not any(w.flags) and
                        (w.tile == v.tile or w.tile[1:] == v.tile[1:] and w.tile[0] > v.tile[0]) for w, _ in builds), v.key
             flags = dict(zip(v.kernel.flags, v.flags))
-            if flags.get("max_score") and v.kernel in (sm80.FWD_FP32, sm80.FWD_FP64, sm90.FWD_PLANES):
+            if flags.get("max_score") and v.kernel in (sm80.FWD_FP32, sm80.FWD_FP64, sm90.FWD_PLANES, sm90.FWD_TF32):
                 continue  # the maximum score of the float32 and float64 forwards: --all-variants (_archs)
             combination = v.flags if not flags.get("max_score") else tuple(f in ("score_mod", "max_score") for f in flags)
             assert any((w.kernel, w.flags) == (v.kernel, combination) for w, _ in builds), v.key
