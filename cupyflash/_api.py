@@ -440,9 +440,8 @@ def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
         if _problem.array_module({"k": k, "v": v, "block_table": block_table}) is numpy:
             k, v = _problem.gather_paged(k, v, cu_seqlens_k, block_table)
         else:
-            k, v, cu_seqlens_k, seqused_k, paged_bad = _problem.gather_paged_on_device(k, v, cu_seqlens_k, seqused_k,
-                                                                                       block_table)
-            max_seqlen_k = k.shape[0] // block_table.shape[0]
+            k, v, cu_seqlens_k, seqused_k, paged_bad, max_seqlen_k = _problem.gather_paged_on_device(
+                k, v, cu_seqlens_k, seqused_k, block_table)
         key = None
     elif _plain(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score, score_mod, q_descale, k_descale,
                 v_descale, out_dtype):

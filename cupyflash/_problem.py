@@ -760,10 +760,10 @@ def gather_paged_on_device(k, v, cu_seqlens_k, seqused_k, block_table):
     """gather_paged for CuPy arrays, with no host synchronization: each sequence's pages gathered whole into
     (batch * capacity, heads_k, dim) keys and values (capacity = max_pages * page_size), sequence b at rows
     b * capacity on; returns them, the packed problem's cu_seqlens_k (b * capacity) and seqused_k (the
-    sequence's keys, at most the caller's seqused_k), and the bool (batch,) flags of sequences whose
+    sequence's keys, at most the caller's seqused_k), the bool (batch,) flags of sequences whose
     cu_seqlens_k or used pages are out of range (their rows are made NaN after the forward, as the KV
-    cache's are; the gather reads a valid page in their place). The kernels read the seqused_k of packed
-    batches (_gates.SEQUSED_K)."""
+    cache's are; the gather reads a valid page in their place), and the capacity. The kernels read the
+    seqused_k of packed batches (_gates.SEQUSED_K)."""
     import cupy
 
     _check_paged(k, v, cu_seqlens_k, block_table)
@@ -771,8 +771,16 @@ def gather_paged_on_device(k, v, cu_seqlens_k, seqused_k, block_table):
         raise NotImplementedError("block_table on flash_attention_varlen runs on NumPy arrays in this version: its "
                                   "CuPy path (the pages gathered on the device, the keys each sequence uses as "
                                   "seqused_k) waits for its first GPU run (README, 'Variable-length batches')")
-    check_devices(cupy, {"k": k, "v": v, "cu_seqlens_k": cu_seqlens_k, "block_table": block_table})
     batch, max_pages = block_table.shape
+    kind = array_module({"block_table": block_table})
+    for name, x, shape in (("cu_seqlens_k", cu_seqlens_k, (batch + 1,)), ("seqused_k", seqused_k, (batch,))):
+        if x is None:
+            continue
+        if array_module({name: x}) is not kind or x.dtype != numpy.int32 or x.shape != shape:
+            raise TypeError(f"{name} must be an int32 cupy array of shape {shape} like block_table, got a "
+                            f"{type(x).__module__} array of dtype {x.dtype} and shape {x.shape}")
+    check_devices(cupy, {n: x for n, x in (("k", k), ("v", v), ("cu_seqlens_k", cu_seqlens_k),
+                                           ("block_table", block_table), ("seqused_k", seqused_k)) if x is not None})
     num_pages, page_size = k.shape[:2]
     capacity = max_pages * page_size
     lengths = cupy.diff(cu_seqlens_k.astype(numpy.int64))
@@ -785,7 +793,7 @@ def gather_paged_on_device(k, v, cu_seqlens_k, seqused_k, block_table):
     if seqused_k is not None:
         used = cupy.minimum(used, seqused_k)
     cu = (cupy.arange(batch + 1, dtype=numpy.int32) * capacity).astype(numpy.int32)
-    return packed[0], packed[1], cu, cupy.where(bad, 0, used).astype(numpy.int32), bad
+    return packed[0], packed[1], cu, cupy.where(bad, 0, used).astype(numpy.int32), bad, capacity
 
 
 #: NaN's bits by itemsize (bfloat16 and float16 apart), written through integer views: CuPy runs no
@@ -801,24 +809,25 @@ def nan_bad_sequences(results, bad, cu_seqlens_q, return_lse, return_max_score):
     import cupy
 
     results = results if isinstance(results, tuple) else (results,)
+    if bad.shape[0] == 0:
+        return results if len(results) > 1 else results[0]
     sequence = cupy.searchsorted(cu_seqlens_q[1:], cupy.arange(results[0].shape[0]), side="right")
     rows = bad[cupy.minimum(sequence, bad.shape[0] - 1)]
-    _set_nan(results[0], rows, 0)  # out: (total_q, heads, headdim_v)
+    _set_nan(cupy, results[0], rows, 0)  # out: (total_q, heads, headdim_v)
     if return_lse:
-        _set_nan(results[1], rows, 1)  # lse: (heads, total_q)
+        _set_nan(cupy, results[1], rows, 1)  # lse: (heads, total_q)
     if return_max_score:
-        _set_nan(results[-1], bad, 0)  # max_score: (batch, heads)
+        _set_nan(cupy, results[-1], bad, 0)  # max_score: (batch, heads)
     return results if len(results) > 1 else results[0]
 
 
-def _set_nan(x, flags, axis):
-    """x's slices along ``axis`` where ``flags`` is set become NaN."""
+def _set_nan(xp, x, flags, axis):
+    """x's slices along ``axis`` (0 or 1) where ``flags`` is set become NaN: a masked copy (boolean
+    indexing would count the mask on the host)."""
     kind, bits = _NAN_BITS[x.dtype.name]
-    view = x.view(kind)
-    if axis == 0:
-        view[flags] = bits
-    else:
-        view[:, flags] = bits
+    shape = [1] * x.ndim
+    shape[axis] = flags.shape[0]
+    xp.copyto(x.view(kind), kind(bits), where=flags.reshape(shape))
 
 
 def _check_seqused_k(seqused_k, xp, cu_k, batch):

@@ -418,12 +418,15 @@ def use_family(monkeypatch, family):
 
 def open_gates(monkeypatch, *names):
     """Turn on the switches ``names`` of cupyflash._gates (kernels that wait for their first GPU run) for
-    one test."""
-    from cupyflash import _gates
+    one test, with plan caches of its own: a plan made while a switch is on would otherwise outlive it
+    (plan keys do not name the switches)."""
+    from cupyflash import _api, _gates, _kvcache, _plan
 
     for name in names:
         assert name in _gates.NAMES, name
         monkeypatch.setattr(_gates, name, True)
+    monkeypatch.setattr(_api, "PLANS", _plan.PlanCache())
+    monkeypatch.setattr(_kvcache, "PLANS", _plan.PlanCache())
 
 
 def central_differences(loss, x, step):

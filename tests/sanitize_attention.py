@@ -8,7 +8,8 @@ Run on a GPU from the repository root:
     PYTHONPATH=$PWD compute-sanitizer --tool racecheck --error-exitcode 1 python3 tests/sanitize_attention.py sm90
 
 It checks no values (the GPU tests do); the sanitizer reports any access outside an allocation, or any
-shared-memory race. The sm90 and general runs include their dropout kernels and the device dropout mask,
+shared-memory race. Every run includes the joined sinks and seqused_k (varlen paged keys too); the sm90
+and general runs include their dropout kernels and the device dropout mask,
 and the kernels built with score and mask functions, the sm90 run the FP8 and tf32 forwards (or
 "sm90:float8_e4m3fn", "sm90:tf32" alone); every run, the kernels that keep the maximum score.
 Sizes are small so the instrumented run takes a minute or two. Arguments name the families to run
@@ -155,6 +156,25 @@ def functions(dtype):
             cupyflash.flash_attention_backward(do, q, k, v, out, lse, causal=True, **options)
 
 
+def sinks_and_counts(dtype):
+    """The forwards that join the sinks and the backward's sink terms (CuPy calls take them once
+    cupyflash._gates.SINKS is on), packed sequences that use only their first keys (seqused_k, SEQUSED_K)
+    and varlen paged keys gathered on the device (a sequence with a page outside the pool among them)."""
+    cupyflash._gates.SINKS = cupyflash._gates.SEQUSED_K = True
+    sinks = cupy.asarray(rng.standard_normal(4).astype(numpy.float32))
+    q, k, v, do = (normal(s, dtype) for s in ((2, 77, 4, 40), (2, 101, 2, 40), (2, 101, 2, 40), (2, 77, 4, 40)))
+    out, lse = cupyflash.flash_attention(q, k, v, causal=True, sinks=sinks, return_lse=True)
+    cupyflash.flash_attention_backward(do, q, k, v, out, lse, causal=True, sinks=sinks)
+    cu_q, cu_k = (cupy.asarray(numpy.array(x, numpy.int32)) for x in ([0, 30, 30, 77], [0, 50, 61, 101]))
+    used = cupy.asarray(numpy.array([49, 0, 40], numpy.int32))
+    for _ in range(2):
+        cupyflash.flash_attention_varlen(q[0], k[0], v[0], cu_q, cu_k, causal=True, seqused_k=used)
+    pool = normal((9, 16, 2, 40), dtype)
+    table = cupy.asarray(numpy.array([[0, 1, 2, 3], [4, 5, 9, 0], [6, 7, 8, -1]], numpy.int32))
+    cupyflash.flash_attention_varlen(q[0], pool, pool, cu_q, cupy.asarray(numpy.array([0, 50, 90, 130], numpy.int32)),
+                                     causal=True, block_table=table)
+
+
 def tf32():
     """The Hopper tf32 forward and its pre-passes (precision="tf32"; CuPy calls take them once
     cupyflash._gates.TF32 is on): head dims padded by the copies (40 with 24), GQA, causal, a window, the
@@ -180,6 +200,7 @@ for family, only in runs:
         if dtype != numpy.float64:
             decode(dtype)
         max_scores(dtype)
+        sinks_and_counts(dtype)
         if family in ("sm90", "general"):
             dropout(dtype)
             functions(dtype)

@@ -104,9 +104,11 @@ def test_varlen_paged_keys_cupy(dtype, page_size, monkeypatch):
     bad = table.copy()
     bad[2, 0] = num_pages + 5  # sequence 2 uses no key: its pages are not read, and not checked
     bad[3, 1] = -1
+    # (both max_seqlen given: cu_seqlens_q checked on the device, no host synchronization at all)
     out2, lse2, top2 = cupyflash.flash_attention_varlen(*arrays, causal=True, block_table=cupy.asarray(bad),
                                                         seqused_k=cupy.asarray(used), return_lse=True,
-                                                        return_max_score=True)
+                                                        return_max_score=True, max_seqlen_q=max(lengths_q),
+                                                        max_seqlen_k=max(lengths_k))
     rows = slice(int(cu_q[3]), int(cu_q[4]))
     host = [to_host(x).astype(np.float64) for x in (out, lse, top, out2, lse2, top2)]
     assert np.isnan(host[3][rows]).all() and np.isnan(host[4][:, rows]).all() and np.isnan(host[5][3]).all()
