@@ -11,23 +11,24 @@ variant.
 Which builds run: a variant is built for the architectures whose devices dispatch can give it to, and
 where it adds something the other builds do not check. The sm80 family's 16-bit first tiles for sm_80 at
 the largest head dim of each tile shape and at 128, and for sm_90 (the Hopper family's fallback, same
-registers) at head dim 128; their score-modified twins for sm_80 at those two; their fallback
-tiles (for devices with less shared memory than the H100's) for sm_80, each distinct tile once, plain, at
-the largest head dim that falls back to it (it holds no more per thread than that head dim's first tile).
-The float32 and float64 kernels' plain variants for both architectures, the sm80 float32 forward for
-sm_80 alone, sm_90 running the Hopper one; their flagged variants, score_mod and tf32, on the largest
-head dim's first tile only, for sm_90, where they run on the H100/H200, or sm_80 for the sm80 float32
-forward: a flag's code with the tightest registers. The sm90 kernels' dropout variants alone on the
-bench's tile (head dim 128) and with the score_mod flag on the tightest tile (the forward's head dim 256,
-the backward's 128-query tile at head dim 64); the general kernels for sm_90 only. The maximum score's
-flag on the 16-bit, FP8 and decode kernels, with score_mod on the largest head dim and alone on the
-Hopper forward's head dim 128. The decode kernel for sm_90 at head dim 256 only (its stack use differs
-per architecture; below, its registers as on sm_80). The variants of a 16-bit kernel differ in their
-dtype only by an instruction's type, with the same registers, so bfloat16 is built for every selected
-tile, flag and architecture and float16 once per kernel (its first tile, plain, on its first
-architecture). That keeps the suite near two minutes on two cores (session 28: 202 builds); ``pytest
---all-variants`` builds every variant for both architectures, and the GPU suite compiles every variant
-for its device anyway (conftest.py).
+registers) at head dim 128; their score-modified twins for sm_80 at those two; their fallback tiles (for
+devices with less shared memory than the H100's) for sm_80, each distinct tile once, plain, at the
+largest head dim that falls back to it (it holds no more per thread than that head dim's first tile). The
+float32 and float64 kernels' plain first tiles for both architectures at the largest head dim each
+serves, the sm80 float32 forward for sm_80 alone, sm_90 running the Hopper one; their flagged variants,
+score_mod and tf32, on the largest head dim's first tile only, for sm_90, where they run on the
+H100/H200, or sm_80 for the sm80 float32 forward: a flag's code with the tightest registers. The sm90
+kernels' score_mod twins at head dims 128 and 256 and on head dim 64's tightest tile (the forward's three
+consumers, the backward's 128 queries); their dropout variants alone on the bench's tile (head dim 128)
+and with the score_mod flag on the tightest tile (the forward's head dim 256, the backward's 128-query
+tile at head dim 64); the general kernels for sm_90 only. The maximum score's flag on the 16-bit, FP8 and
+decode kernels, with score_mod on the largest head dim and alone on the Hopper forward's head dim 128.
+The decode kernel for sm_90 at head dim 256 only (its stack use differs per architecture; below, its
+registers as on sm_80). The variants of a 16-bit kernel differ in their dtype only by an instruction's
+type, with the same registers, so bfloat16 is built for every selected tile, flag and architecture and
+float16 once per kernel (its first tile, plain, on its first architecture). That keeps the suite near two
+minutes on two cores (session 28: 189 builds); ``pytest --all-variants`` builds every variant for both
+architectures, and the GPU suite compiles every variant for its device anyway (conftest.py).
 """
 
 import concurrent.futures
@@ -179,9 +180,20 @@ def _archs(variant, everything=False):
             # they run on the H100/H200) or the kernel's home; other tiles build plain.
             largest = max(variant.kernel.tiles, key=lambda tile: tile[0])
             return (home[-1],) if variant.tile == largest else ()
-        if variant.kernel in wide and variant.tile[1:] != wide[variant.kernel][variant.param("headdim")][0]:
-            return _fallback(variant, wide[variant.kernel], lambda bucket: wide[variant.kernel][bucket][0])
+        if variant.kernel in wide:
+            tiles = wide[variant.kernel]
+            if variant.tile[1:] != tiles[variant.param("headdim")][0]:
+                return _fallback(variant, tiles, lambda bucket: tiles[bucket][0])
+            # A first tile at the largest head dim it serves (its registers bound the smaller ones').
+            if variant.param("headdim") != max(d for d, choices in tiles.items() if choices[0] == variant.tile[1:]):
+                return ()
         return home
+    if variant.kernel in (sm90.FWD, sm90.BWD) and variant.param("score_mod") and not variant.param("dropout"):
+        # The score modifications' registers on the bench's head dim (128), the largest, and head dim 64's
+        # tiles of the tightest registers (the forward's three consumers, the backward's 128 queries).
+        headdim = variant.param("headdim")
+        tight = headdim == 64 and (variant.kernel is sm90.BWD or variant.param("block_m") == 192)
+        return archs if headdim in (128, 256) or tight else ()
     if variant.kernel is kvcache_device.DECODE and variant.param("headdim") != 256:
         return archs[:1]  # registers as on sm_80 but at head dim 256, whose stack use differs per architecture
     if variant.kernel in (general.FWD, general.DQ, general.DKDV):
