@@ -419,9 +419,9 @@ def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
         heads_k, dim), sequence b's key t at row ``t % page_size`` of page ``block_table[b, t //
         page_size]``, its key count from cu_seqlens_k. The forward only. NumPy values are checked
         (ValueError); on CuPy arrays the pages are gathered on the device into each sequence's whole
-        capacity (batch x max_pages pages of workspace), a sequence whose cu_seqlens_k or used pages are
-        out of range gets NaN rows, and the path waits for its first GPU run (NotImplementedError until
-        then).
+        capacity (batch x max_pages pages of workspace; on an H100/H200 the Hopper forward reads them in
+        place), a sequence whose cu_seqlens_k or used pages are out of range gets NaN rows, and the path
+        waits for its first GPU run (NotImplementedError until then).
 
     Returns
     -------
@@ -435,12 +435,13 @@ def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
     Notes
     -----{notes}
     """
-    paged_bad = None
-    if block_table is not None:  # the pages gathered into packed keys and values (checked there)
+    paged_bad = pools = None
+    if block_table is not None:  # packed keys and values (checked there)
         if _problem.array_module({"k": k, "v": v, "block_table": block_table}) is numpy:
             k, v = _problem.gather_paged(k, v, cu_seqlens_k, block_table)
         else:
-            k, v, cu_seqlens_k, seqused_k, paged_bad, max_seqlen_k = _problem.gather_paged_on_device(
+            pools = k, v
+            k, v, cu_seqlens_k, seqused_k, paged_bad, max_seqlen_k = _problem.paged_counts_on_device(
                 k, v, cu_seqlens_k, seqused_k, block_table)
         key = None
     elif _plain(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score, score_mod, q_descale, k_descale,
@@ -471,6 +472,11 @@ def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
                                         seqused_k=seqused_k)
     return_lse = _problem.check_flag("return_lse", return_lse)
     return_max_score = _problem.check_max_score(return_max_score, p.xp)
+    if pools is not None:  # the Hopper forward reads the pages in place where it takes the problem
+        from . import _cuda
+
+        paged = _cuda.paged_in_place(p, q, *pools, block_table)
+        p, (k, v) = (paged, pools) if paged is not None else (p, _problem.gather_pages_on_device(*pools, block_table))
     results = _forward(key, p, q, k, v, return_lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, return_max_score,
                        seqused_k)
     if paged_bad is not None:

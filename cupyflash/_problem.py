@@ -723,7 +723,7 @@ def gather_paged(k, v, cu_seqlens_k, block_table):
     """flash_attention_varlen's paged keys and values (FlashAttention-2's block_table): k and v of shape
     (num_pages, page_size, heads_k, dim), sequence b's key t at row t % page_size of page
     block_table[b, t // page_size]; returns them packed, (total_k, heads_k, dim) with total_k =
-    cu_seqlens_k[-1], for the packed problem (NumPy arrays; CuPy ones: :func:`gather_paged_on_device`)."""
+    cu_seqlens_k[-1], for the packed problem (NumPy arrays; CuPy ones: :func:`paged_counts_on_device`)."""
     cu = numpy.asarray(cu_seqlens_k)
     _check_paged(k, v, cu, block_table)
     num_pages, page_size = k.shape[:2]
@@ -756,14 +756,16 @@ def _check_paged(k, v, cu_seqlens_k, block_table):
                          f"entries, got shape {cu_seqlens_k.shape}")
 
 
-def gather_paged_on_device(k, v, cu_seqlens_k, seqused_k, block_table):
-    """gather_paged for CuPy arrays, with no host synchronization: each sequence's pages gathered whole into
-    (batch * capacity, heads_k, dim) keys and values (capacity = max_pages * page_size), sequence b at rows
-    b * capacity on; returns them, the packed problem's cu_seqlens_k (b * capacity) and seqused_k (the
-    sequence's keys, at most the caller's seqused_k), the bool (batch,) flags of sequences whose
-    cu_seqlens_k or used pages are out of range (their rows are made NaN after the forward, as the KV
-    cache's are; the gather reads a valid page in their place), and the capacity. The kernels read the
-    seqused_k of packed batches (_gates.SEQUSED_K)."""
+def paged_counts_on_device(k, v, cu_seqlens_k, seqused_k, block_table):
+    """flash_attention_varlen's block_table for CuPy arrays, with no host synchronization, as a packed
+    problem in which sequence b's keys are rows b * capacity on of (batch * capacity, heads_k, dim) keys
+    and values (capacity = max_pages * page_size): the pages either gathered there (gather_pages_on_device)
+    or read in place by the Hopper forward's paged producer. Returns zero-stride views of that packed
+    shape (for the problem's checks; no memory), the packed problem's cu_seqlens_k (b * capacity) and
+    seqused_k (the sequence's keys, at most the caller's seqused_k), the bool (batch,) flags of sequences
+    whose cu_seqlens_k or used pages are out of range (their rows are made NaN after the forward, as the KV
+    cache's are; no page of theirs is read), and the capacity. The kernels read the seqused_k of packed
+    batches (_gates.SEQUSED_K)."""
     import cupy
 
     _check_paged(k, v, cu_seqlens_k, block_table)
@@ -787,13 +789,22 @@ def gather_paged_on_device(k, v, cu_seqlens_k, seqused_k, block_table):
     pages_used = (cupy.clip(lengths, 0, capacity) + page_size - 1) // page_size
     table_bad = ((block_table < 0) | (block_table >= num_pages)) & (cupy.arange(max_pages)[None, :] < pages_used[:, None])
     bad = (lengths < 0) | (lengths > capacity) | table_bad.any(axis=1)
-    pages = cupy.clip(block_table, 0, num_pages - 1)
-    packed = tuple(x[pages].reshape((batch * capacity,) + x.shape[2:]) for x in (k, v))
+    views = tuple(cupy.broadcast_to(x.reshape((-1,) + x.shape[2:])[:1], (batch * capacity,) + x.shape[2:])
+                  for x in (k, v))
     used = cupy.clip(lengths, 0, capacity)
     if seqused_k is not None:
         used = cupy.minimum(used, seqused_k)
     cu = (cupy.arange(batch + 1, dtype=numpy.int32) * capacity).astype(numpy.int32)
-    return packed[0], packed[1], cu, cupy.where(bad, 0, used).astype(numpy.int32), bad, capacity
+    return views[0], views[1], cu, cupy.where(bad, 0, used).astype(numpy.int32), bad, capacity
+
+
+def gather_pages_on_device(k, v, block_table):
+    """The pages of paged_counts_on_device's problem gathered: (batch * capacity, heads_k, dim) copies of k
+    and v, sequence b's pages at rows b * capacity on (an out-of-range page reads page 0 or the last: its
+    sequence is flagged, and NaN)."""
+    pages = block_table.clip(0, k.shape[0] - 1)
+    rows = block_table.shape[0] * block_table.shape[1] * k.shape[1]
+    return tuple(x[pages].reshape((rows,) + x.shape[2:]) for x in (k, v))
 
 
 #: NaN's bits by itemsize (bfloat16 and float16 apart), written through integer views: CuPy runs no
@@ -804,7 +815,7 @@ _NAN_BITS = {"bfloat16": (numpy.uint16, 0x7FC0), "float16": (numpy.uint16, 0x7E0
 
 def nan_bad_sequences(results, bad, cu_seqlens_q, return_lse, return_max_score):
     """The results of a packed CuPy forward (out, then lse and max_score where asked for) with the rows of
-    the sequences ``bad`` flags NaN: out's rows, lse's columns, max_score's rows (gather_paged_on_device's
+    the sequences ``bad`` flags NaN: out's rows, lse's columns, max_score's rows (paged_counts_on_device's
     out-of-range sequences). No host synchronization."""
     import cupy
 

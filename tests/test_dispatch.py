@@ -400,3 +400,37 @@ def test_paged_plan_reads_the_pools_in_boxes_of_pages(monkeypatch):
                                                          ((128, 64, 2, 20), (64, 64, 1, 1)),
                                                          ((128, 64, 2, 20), (64, 64, 1, 1)),
                                                          ((128, 100, 4, 2), (64, 64, 1, 1))]  # out's (staged stores)
+
+
+def test_packed_queries_read_page_pools_in_place(monkeypatch):
+    """flash_attention_varlen's block_table on the Hopper forward (cupyflash/_cuda.py's paged_in_place):
+    packed queries (their map the packed view), the pools' maps 4-D with boxes of box_rows, and the
+    sequences' rows of the problem b * capacity apart (paged_counts_on_device's layout)."""
+    from cupyflash import _problem
+
+    encodings = []
+    monkeypatch.setattr(sm90, "_encode", lambda ptr, **fields: encodings.append(fields) or bytes(128))
+    monkeypatch.setattr(sm90.common, "function", lambda variant, smem=0: variant.key)
+    batch, capacity, page = 3, 256, 16
+    dt = np.dtype(ml_dtypes.bfloat16)
+    q = np.zeros((150, 8, 128), dt)
+    placeholder = np.zeros((batch * capacity, 2, 128), dt)
+    cu_q = np.array([0, 70, 70, 150], np.int32)
+    cu_k = (np.arange(batch + 1) * capacity).astype(np.int32)
+    p = _problem.varlen_forward_problem(q, placeholder, placeholder, cu_q, cu_k, max_seqlen_q=80, max_seqlen_k=capacity,
+                                        causal=True, seqused_k=np.array([200, 0, 77], np.int32))
+    table = _plan.Slot(9, (batch, capacity // page), np.dtype(np.int32))
+    p = dataclasses.replace(p, block_table=table, page_size=page, cu_seqlens_q=_plan.Slot(6, (4,), np.dtype(np.int32)),
+                            cu_seqlens_k=_plan.Slot(7, (4,), np.dtype(np.int32)),
+                            seqused_k=_plan.Slot(8, (3,), np.dtype(np.int32)))
+    pool = _plan.Slot(1, (40, page, 2, 128), dt)
+    operands = (_plan.Slot(0, q.shape, dt), pool, _plan.Slot(2, pool.shape, dt))
+    variant = sm90.FORWARD.select(p, H200, operands)
+    assert variant is not None and variant.kernel is sm90.FWD
+    b = _plan.PlanBuilder()
+    sm90.FORWARD.plan(b, variant, p, *operands, H200)
+    for _, _, _, encode in b._maps:
+        encode(0)
+    assert [(f["dims"], f["box"]) for f in encodings[:3]] == [((128, 150, 8, 1), (64, 128, 1, 1)),
+                                                              ((128, page, 2, 40), (64, page, 1, 1)),
+                                                              ((128, page, 2, 40), (64, page, 1, 1))]

@@ -72,14 +72,24 @@ def test_varlen_paged_keys_wait_for_the_kernels():
         cupyflash.flash_attention_varlen(q, k, k, cu, cu, block_table=cupy.asarray(np.array([[0], [1]], np.int32)))
 
 
-@pytest.mark.parametrize("dtype, page_size", [("bfloat16", 16), ("float32", 1), ("float16", 64)])
-def test_varlen_paged_keys_cupy(dtype, page_size, monkeypatch):
+@pytest.mark.parametrize("dtype, page_size, in_place", [("bfloat16", 16, False), ("float32", 1, False),
+                                                       ("float16", 64, False), ("bfloat16", 16, True),
+                                                       ("float16", 64, True)])
+def test_varlen_paged_keys_cupy(dtype, page_size, in_place, monkeypatch):
     """flash_attention_varlen's block_table on CuPy (behind _gates.SEQUSED_K until this passes): the pages
-    gathered on the device into each sequence's capacity, counted with seqused_k, against the oracle
+    gathered on the device into each sequence's capacity, or with _gates.PAGED_PREFILL on an H100/H200
+    read in place by the Hopper forward's paged producer; counted with seqused_k, against the oracle
     (its own gather a loop over keys); pages in shuffled order, sequences of 0 to 200 keys, GQA, causal,
     the caller's seqused_k on top; then a sequence with a page outside the pool gets NaN rows (out, lse,
     the maximum score) and the others are unchanged."""
-    open_gates(monkeypatch, "SEQUSED_K", "MAX_SCORE")
+    from cupyflash import _cuda
+
+    open_gates(monkeypatch, "SEQUSED_K", "MAX_SCORE", *(("PAGED_PREFILL",) if in_place else ()))
+    if in_place and _families.common.current_device().capability != 90:
+        pytest.skip("the pages are read in place on compute capability 9.0")
+    taken = []
+    paged_in_place = _cuda.paged_in_place
+    monkeypatch.setattr(_cuda, "paged_in_place", lambda *args: taken.append(paged_in_place(*args)) or taken[-1])
     dt = DTYPES[dtype]
     rng = np.random.default_rng(page_size)
     lengths_q, lengths_k = [5, 0, 70, 33], [200, 7, 0, 130]
@@ -113,6 +123,7 @@ def test_varlen_paged_keys_cupy(dtype, page_size, monkeypatch):
     host = [to_host(x).astype(np.float64) for x in (out, lse, top, out2, lse2, top2)]
     assert np.isnan(host[3][rows]).all() and np.isnan(host[4][:, rows]).all() and np.isnan(host[5][3]).all()
     assert (host[3][:rows.start] == host[0][:rows.start]).all() and (host[5][:3] == host[2][:3]).all()
+    assert all((x is not None) == in_place for x in taken) and len(taken) == 2
 
 
 @pytest.mark.parametrize("dtype, causal", [("bfloat16", True), ("float32", True), ("bfloat16", False)])

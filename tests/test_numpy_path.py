@@ -392,11 +392,12 @@ def test_varlen_paged_keys_are_checked():
 
 
 def test_varlen_pages_gathered_on_the_device_match_the_host_gather(monkeypatch):
-    """gather_paged_on_device (the CuPy path of flash_attention_varlen's block_table), run with NumPy in
-    CuPy's place: each sequence's capacity holds its keys first (the host gather's, in order), seqused_k is
-    the smaller of its count and the caller's, out-of-range counts or used pages flag the sequence (pages
-    past its count are not checked), and nan_bad_sequences makes exactly the flagged sequences' out rows,
-    lse columns and max_score rows NaN, bfloat16 included."""
+    """paged_counts_on_device and gather_pages_on_device (the CuPy path of flash_attention_varlen's
+    block_table), run with NumPy in CuPy's place: each sequence's capacity holds its keys first (the host
+    gather's, in order), the placeholders have that packed shape, seqused_k is the smaller of its count
+    and the caller's, out-of-range counts or used pages flag the sequence (pages past its count are not
+    checked), and nan_bad_sequences makes exactly the flagged sequences' out rows, lse columns and
+    max_score rows NaN, bfloat16 included."""
     import sys
 
     import ml_dtypes
@@ -411,8 +412,10 @@ def test_varlen_pages_gathered_on_the_device_match_the_host_gather(monkeypatch):
     table = rng.permutation(14)[:12].reshape(4, 3).astype(np.int32)
     k, v = (rng.standard_normal((14, page_size, 2, 8)).astype(np.float32) for _ in range(2))
     table[1, 0] = 99  # sequence 1 uses no key: not checked
-    gk, gv, cu, used, bad, capacity = _problem.gather_paged_on_device(k, v, cu_k, np.array([9, 0, 7, 9], np.int32),
-                                                                      table)
+    views_k, views_v, cu, used, bad, capacity = _problem.paged_counts_on_device(k, v, cu_k, np.array([9, 0, 7, 9], np.int32),
+                                                                              table)
+    assert views_k.shape == views_v.shape == (48, 2, 8) and views_k.strides[0] == 0
+    gk, gv = _problem.gather_pages_on_device(k, v, table)
     host_k, host_v = _problem.gather_paged(k, v, cu_k, np.where(table == 99, 0, table))
     assert cu.tolist() == [0, 12, 24, 36, 48] and used.tolist() == [9, 0, 7, 5] and not bad.any() and capacity == 12
     for b, n in enumerate(lengths):
@@ -420,11 +423,11 @@ def test_varlen_pages_gathered_on_the_device_match_the_host_gather(monkeypatch):
         np.testing.assert_array_equal(gv[12 * b:12 * b + n], host_v[cu_k[b]:cu_k[b + 1]])
     table[3, 1] = -1  # used by sequence 3 (5 keys: pages 0 and 1)
     table[0, 2] = 14
-    *_, used, bad, _ = _problem.gather_paged_on_device(k, v, np.array([0, 9, 9, 21, 34], np.int32), None, table)
+    *_, used, bad, _ = _problem.paged_counts_on_device(k, v, np.array([0, 9, 9, 21, 34], np.int32), None, table)
     assert bad.tolist() == [True, False, False, True] and used.tolist() == [0, 0, 12, 0]
     with pytest.raises(TypeError, match="seqused_k must be an int32"):
-        _problem.gather_paged_on_device(k, v, cu_k, np.zeros(4, np.int64), table)
-    empty = _problem.gather_paged_on_device(k, v, np.zeros(1, np.int32), None, table[:0])
+        _problem.paged_counts_on_device(k, v, cu_k, np.zeros(4, np.int64), table)
+    empty = _problem.paged_counts_on_device(k, v, np.zeros(1, np.int32), None, table[:0])
     assert empty[0].shape == (0, 2, 8) and empty[4].shape == (0,)
     cu_q = np.array([0, 2, 2, 5, 6], np.int32)
     out = np.ones((6, 3, 8), ml_dtypes.bfloat16)

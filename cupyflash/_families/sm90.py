@@ -318,9 +318,10 @@ L2_SECTION_MIN_PAIRS = 16
 L2_SECTION_MIN_PAIRS_SPARSE = 4
 #: Sm90FwdMaps: the CUtensorMaps of q, k, v and out, and whether out's is set (the kernel parameter is
 #: 64-byte aligned, which the driver arranges when it copies the bytes).
-MAPS = numpy.dtype({"names": ["q", "k", "v", "o", "store_o", "block_table", "table_stride", "page_size", "box_rows"],
-                    "formats": [(numpy.void, 128)] * 4 + [numpy.int32, numpy.uint64, numpy.int64, numpy.int32, numpy.int32],
-                    "offsets": [0, 128, 256, 384, 512, 520, 528, 536, 540], "itemsize": 576, "aligned": True})
+MAPS = numpy.dtype({"names": ["q", "k", "v", "o", "store_o", "block_table", "table_stride", "page_size", "box_rows",
+                              "capacity"],
+                    "formats": [(numpy.void, 128)] * 4 + [numpy.int32, numpy.uint64, numpy.int64] + [numpy.int32] * 3,
+                    "offsets": [0, 128, 256, 384, 512, 520, 528, 536, 540, 544], "itemsize": 576, "aligned": True})
 #: Sm90BwdMaps: q, k, v, dout and the float32 dQ buffers.
 BWD_MAPS = numpy.dtype({"names": ["q", "k", "v", "dout", "dq_accum"], "formats": [(numpy.void, 128)] * 5,
                         "offsets": [0, 128, 256, 384, 512], "itemsize": 640, "aligned": True})
@@ -461,7 +462,9 @@ class Sm90Forward:
         if p.dtype.itemsize != 2:
             return None
         dims = bucket(p.headdim, p.headdim_v)
-        if dims is None or not all(tma_addressable(x, p.varlen) for x in operands):
+        # (Paged keys: k and v are page pools, 4-D whether or not the queries are packed.)
+        packed = (p.varlen, p.varlen and p.block_table is None, p.varlen and p.block_table is None)
+        if dims is None or not all(tma_addressable(x, varlen) for x, varlen in zip(operands, packed)):
             return None
         # The plain kernels fold softmax_scale into the exponent after the row maximum, which needs a
         # positive scale; the score_mod kernels scale first, as do those built with a score_mod function.
@@ -476,7 +479,7 @@ class Sm90Forward:
         if (p.dropout or user is not None or max_score
                 or p.block_mask is not None and p.block_mask.block_size[0] % tile[0] != 0):
             tile = tiles[-1]
-        if p.block_table is not None and (p.varlen or paged_box_rows(p.page_size, tile[1]) is None):
+        if p.block_table is not None and paged_box_rows(p.page_size, tile[1]) is None:
             return None
         variant = FWD.variant(common.dtype_name(p.dtype), (*dims, *tile), score_mod=score_mod, dropout=p.dropout,
                               max_score=max_score, user=user)
@@ -515,8 +518,10 @@ class Sm90Forward:
             maps["block_table"] = _params.pointer(p.block_table)
             maps["table_stride"] = p.block_table.strides[0] // 4  # (int32)
             maps["page_size"], maps["box_rows"] = p.page_size, key_rows
+            maps["capacity"] = p.block_table.shape[1] * p.page_size
+        pools = p.block_table is not None
         for field, x, rows in (("q", q, block_m), ("k", k, key_rows), ("v", v, key_rows)):
-            tensor_map(b, maps, field, x, p.varlen, rows)
+            tensor_map(b, maps, field, x, p.varlen and not (pools and field != "q"), rows)
         # The staged epilogue stores a consumer warpgroup's 64 rows per box (out is C-contiguous: a TMA
         # addresses it when headdim_v * 2 bytes is a multiple of 16).
         if fwd_stores_o(variant) and tma_addressable(out, p.varlen):

@@ -51,13 +51,13 @@ struct Sm90FwdMaps {
     long long table_stride;
     int page_size;
     int box_rows;
+    int capacity;  // rows a table row covers: its pages times page_size
 };
 
 // The page of key row `row` (a multiple of box_rows) of the page table row `pages`, or -1 (a coordinate
-// outside the pool: TMA fills the box with zeros) for rows past `capacity` (max_pages * page_size),
-// which the table does not cover.
-__device__ __forceinline__ int page_of(const Sm90FwdMaps& maps, const int* pages, int row, int capacity) {
-    return row < capacity ? pages[row / maps.page_size] : -1;
+// outside the pool: TMA fills the box with zeros) for rows past the table's capacity.
+__device__ __forceinline__ int page_of(const Sm90FwdMaps& maps, const int* pages, int row) {
+    return row < maps.capacity ? pages[row / maps.page_size] : -1;
 }
 
 template <typename T, int kHeadDim_, int kHeadDimV_, int kBlockM_, int kBlockN_, int kStages_>
@@ -158,7 +158,7 @@ __device__ __forceinline__ void sm90_load_paged_key_tiles(const AttnArgs& a, con
         unsigned char* v_tile = smem + Tr::kVOffset + stage * Tr::kVBytes;
         mbarrier_arrive_expect_tx(&st.k_full[stage], Tr::kKBytes);
         for (int r = 0; r < kBlockN; r += maps.box_rows) {
-            const int page = page_of(maps, pages, row + r, a.seqlen_k);
+            const int page = page_of(maps, pages, row + r);
 #pragma unroll
             for (int atom = 0; atom < Tr::kAtomsQK; ++atom) {
                 tma_load_4d(k_tile + (atom * kBlockN + r) * 128, maps.k, &st.k_full[stage], 64 * atom,
@@ -168,7 +168,7 @@ __device__ __forceinline__ void sm90_load_paged_key_tiles(const AttnArgs& a, con
         if (i >= kStages) mbarrier_wait(&st.empty_v[stage], round_parity);
         mbarrier_arrive_expect_tx(&st.v_full[stage], Tr::kVBytes);
         for (int r = 0; r < kBlockN; r += maps.box_rows) {
-            const int page = page_of(maps, pages, row + r, a.seqlen_k);
+            const int page = page_of(maps, pages, row + r);
 #pragma unroll
             for (int atom = 0; atom < Tr::kAtomsV; ++atom) {
                 tma_load_4d(v_tile + (atom * kBlockN + r) * 128, maps.v, &st.v_full[stage], 64 * atom,
