@@ -475,7 +475,7 @@ def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
     if pools is not None:  # the Hopper forward reads the pages in place where it takes the problem
         from . import _cuda
 
-        paged = _cuda.paged_in_place(p, q, *pools, block_table)
+        paged = _cuda.paged_in_place(p, q, *pools, block_table, return_max_score)
         p, (k, v) = (paged, pools) if paged is not None else (p, _problem.gather_pages_on_device(*pools, block_table))
     results = _forward(key, p, q, k, v, return_lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, return_max_score,
                        seqused_k)

@@ -33,17 +33,19 @@ def _problem_inputs(b, p, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, u
     return dataclasses.replace(p, **slots)
 
 
-def paged_in_place(p, q, k, v, block_table):
+def paged_in_place(p, q, k, v, block_table, max_score=False):
     """Packed problem ``p`` (flash_attention_varlen's block_table: _problem.paged_counts_on_device) with the
     page pools ``k`` and ``v`` read in place by the Hopper forward's paged producer (_gates.PAGED_PREFILL,
     compute capability 9.0, dispatch free to take the sm90 family), or None where that kernel does not take
-    it (the caller gathers the pages)."""
+    it (the caller gathers the pages). ``max_score``: the call returns the maximum score (its tile may
+    differ)."""
     device = common.current_device()
     if (not _gates.PAGED_PREFILL or device.capability != sm90.CAPABILITY
             or sm90.FORWARD not in _families.forced(_families.FORWARD)):
         return None
     paged = dataclasses.replace(p, block_table=common.contiguous(block_table)[0], page_size=k.shape[1])
-    return paged if sm90.FORWARD.select(paged, device, (q, k, v)) is not None else None
+    probe = dataclasses.replace(paged, max_score=True) if max_score else paged
+    return paged if sm90.FORWARD.select(probe, device, (q, k, v)) is not None else None
 
 
 def sink_inputs(p):

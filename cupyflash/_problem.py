@@ -764,7 +764,7 @@ def paged_counts_on_device(k, v, cu_seqlens_k, seqused_k, block_table):
     shape (for the problem's checks; no memory), the packed problem's cu_seqlens_k (b * capacity) and
     seqused_k (the sequence's keys, at most the caller's seqused_k), the bool (batch,) flags of sequences
     whose cu_seqlens_k or used pages are out of range (their rows are made NaN after the forward, as the KV
-    cache's are; no page of theirs is read), and the capacity. The kernels read the seqused_k of packed
+    cache's are; seqused_k 0, so the kernels read none of their keys), and the capacity. The kernels read the seqused_k of packed
     batches (_gates.SEQUSED_K)."""
     import cupy
 
@@ -789,8 +789,8 @@ def paged_counts_on_device(k, v, cu_seqlens_k, seqused_k, block_table):
     pages_used = (cupy.clip(lengths, 0, capacity) + page_size - 1) // page_size
     table_bad = ((block_table < 0) | (block_table >= num_pages)) & (cupy.arange(max_pages)[None, :] < pages_used[:, None])
     bad = (lengths < 0) | (lengths > capacity) | table_bad.any(axis=1)
-    views = tuple(cupy.broadcast_to(x.reshape((-1,) + x.shape[2:])[:1], (batch * capacity,) + x.shape[2:])
-                  for x in (k, v))
+    views = tuple(cupy.broadcast_to(x[:1, :1].reshape((-1,) + x.shape[2:]), (batch * capacity,) + x.shape[2:])
+                  for x in (k, v))  # (one row: a reshape of the whole pool could copy it)
     used = cupy.clip(lengths, 0, capacity)
     if seqused_k is not None:
         used = cupy.minimum(used, seqused_k)

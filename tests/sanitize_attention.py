@@ -171,8 +171,10 @@ def sinks_and_counts(dtype):
         cupyflash.flash_attention_varlen(q[0], k[0], v[0], cu_q, cu_k, causal=True, seqused_k=used)
     pool = normal((9, 16, 2, 40), dtype)
     table = cupy.asarray(numpy.array([[0, 1, 2, 3], [4, 5, 9, 0], [6, 7, 8, -1]], numpy.int32))
-    cupyflash.flash_attention_varlen(q[0], pool, pool, cu_q, cupy.asarray(numpy.array([0, 50, 90, 130], numpy.int32)),
-                                     causal=True, block_table=table)
+    for in_place in (False, True):  # gathered, then (16-bit on an H100/H200) read in place
+        cupyflash._gates.PAGED_PREFILL = in_place
+        cupyflash.flash_attention_varlen(q[0], pool, pool, cu_q, cupy.asarray(numpy.array([0, 50, 90, 130], numpy.int32)),
+                                         causal=True, block_table=table)
 
 
 def tf32():

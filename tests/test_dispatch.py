@@ -376,8 +376,9 @@ def test_paged_keys_take_the_hopper_forward_in_whole_swizzle_periods(page_size, 
 
 
 def test_paged_plan_reads_the_pools_in_boxes_of_pages(monkeypatch):
-    """The plan of a paged problem: the block table, its row stride, the page size and the box rows in
-    Sm90FwdMaps, and k and v mapped as their pools (dim, page_size, heads_k, pages) with boxes of box_rows."""
+    """The plan of a paged problem: the block table, its row stride, the page size, the box rows and the
+    rows a table row covers in Sm90FwdMaps, and k and v mapped as their pools (dim, page_size, heads_k,
+    pages) with boxes of box_rows."""
     from cupyflash import _problem
 
     encodings = []
@@ -393,7 +394,7 @@ def test_paged_plan_reads_the_pools_in_boxes_of_pages(monkeypatch):
     sm90.FORWARD.plan(b, sm90.FORWARD.select(p, H200, operands), p, *operands, H200)
     maps = next(s for s in b._structs if s.dtype == sm90.MAPS)
     assert (int(maps["block_table"][0]), int(maps["table_stride"][0]), int(maps["page_size"][0]),
-            int(maps["box_rows"][0])) == (table.data.ptr, 10, 64, 64)
+            int(maps["box_rows"][0]), int(maps["capacity"][0])) == (table.data.ptr, 10, 64, 64, 640)
     for _, _, _, encode in b._maps:
         encode(0)
     assert [(f["dims"], f["box"]) for f in encodings] == [((128, 100, 4, 2), (64, 128, 1, 1)),

@@ -221,7 +221,7 @@ def kmajor_missing(p, capability, operands):
         (p.dropout, "dropout"), (p.softmax_scale <= 0, "softmax_scale <= 0"), (p.block_table is not None, "paged keys"),
         (max(p.headdim, p.headdim_v) > (256 if fp8 else 128), f"head dims above {256 if fp8 else 128}"),
         # The tf32 kernel reads the pre-passes' copies, never q, k or v themselves.
-        (fp8 and not all(tma_addressable(x, False) for x in operands),
+        (fp8 and not p.varlen and not all(tma_addressable(x, False) for x in operands),
          "q, k or v rows that are not 16-byte aligned (make them contiguous with a head dim that is a multiple of 16)"),
     )
     return [what for failed, what in limits if failed]
