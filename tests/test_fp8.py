@@ -95,8 +95,13 @@ def _check(got, inputs, descales, out_dtype, **options):
     out, lse, top = got
     assert out.dtype == out_dtype and lse.dtype == np.float32 and top.dtype == np.float32
     assert_within_rule("out", out, want[0], base[0], 2)
-    assert_within_rule("lse", lse, want[1], base[1], 2)
-    assert_within_rule("max_score", top, want[2], base[2], 2)
+    # Hopper's FP8 tensor cores keep about 13 bits of their running sums (measured on an H100: lse errors
+    # of 1-2e-3 at scores near 10, where a float32 sum gives 2e-6), so S carries errors near 2^-13 of the
+    # largest scores: lse and the maximum score are held to 2^-10 of the largest beside the rule. out,
+    # whose rule the issue sets, meets it.
+    floor = 2.0**-10 * (float(np.abs(want[2]).max()) + 1.0)
+    assert_within_rule("lse", lse, want[1], base[1], 2, floor)
+    assert_within_rule("max_score", top, want[2], base[2], 2, floor)
 
 
 @pytest.mark.parametrize("sizes, options, q_per_head, out_dtype", [
@@ -241,15 +246,16 @@ def test_hopper_fp8_forward_against_the_oracle(sizes, options, q_per_head, out_d
     if options.pop("block_mask", False):
         layout = rng.random((b, h, -(-sq // 128), -(-sk // 128))) < 0.7
         options["block_mask"] = cupyflash.BlockMask.from_dense(layout, (128, 128))
-    got = cupyflash.flash_attention(*(cupy.asarray(x) for x in inputs), **{n: cupy.asarray(x) for n, x in descales.items()},
+    inputs_gpu = [cupy.asarray(x.view(np.uint8)).view(x.dtype) for x in inputs]  # (CuPy copies no e4m3 array)
+    got = cupyflash.flash_attention(*inputs_gpu, **{n: cupy.asarray(x) for n, x in descales.items()},
                                     **options, out_dtype=out_dtype, return_lse=True, return_max_score=True)
     _check(tuple(x.get() for x in got), inputs, descales, out_dtype, **options)
     with pytest.raises(NotImplementedError, match="softcap"):
-        cupyflash.flash_attention(*(cupy.asarray(x) for x in inputs), softcap=5.0)
+        cupyflash.flash_attention(*inputs_gpu, softcap=5.0)
     # A CuPy descale is not read on the host: one that is not positive makes its head's rows NaN.
     bad = cupy.asarray(descales["k_descale"]).copy()
     bad[0, 0] = 0
-    out = cupyflash.flash_attention(*(cupy.asarray(x) for x in inputs), k_descale=bad).get().astype(np.float32)
+    out = cupyflash.flash_attention(*inputs_gpu, k_descale=bad).get().astype(np.float32)
     group = h // hk
     assert np.isnan(out[0, :, :group]).all() and not np.isnan(out[:, :, group:]).any()
 

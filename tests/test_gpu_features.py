@@ -216,7 +216,7 @@ def test_block_mask_lists_are_built_once_per_tile_shape():
     cupyflash.flash_attention(q, k, v, block_mask=mask)
     shapes = set(mask._lists)
     cupyflash.flash_attention(q, k, v, block_mask=mask)
-    assert set(mask._lists) == shapes and len(shapes) >= 2  # the mask's own and the forward kernel's
+    assert set(mask._lists) == shapes and shapes  # the forward kernel's tile shape, built by the first call only
 
 
 def test_packed_offsets_helper():

@@ -586,7 +586,7 @@ def test_mla_shapes(heads, seqlen_q, xp_name):
 @pytest.mark.parametrize("dtype, sizes, options, leftpad", [
     ("bfloat16", dict(DECODE, lengths=[699, 37, 5], capacity=700), {"causal": True}, [650, 0, 5]),
     ("float16", dict(DECODE, new=0, lengths=[700, 300, 333], capacity=700), {"num_splits": 5}, [1, 299, 100]),
-    ("bfloat16", dict(DECODE, seqlen_q=5, new=2, lengths=[60, 37, 9], capacity=80, headdim=64, headdim_v=64,
+    ("bfloat16", dict(DECODE, seqlen_q=5, new=5, lengths=[60, 37, 9], capacity=80, headdim=64, headdim_v=64,
                       batch_idx=True, rotary_dim=32), {"window_size": (20, 3), "alibi": True}, [13, 37, 1]),
     ("bfloat16", dict(DECODE, seqlen_q=3, new=3, lengths=[40, 17, 0], capacity=64, headdim=96, headdim_v=96),
      {"causal": True}, [39, 16, 0]),
@@ -627,7 +627,7 @@ def test_out_of_range_leftpad_gives_nan_rows_cupy(dtype, monkeypatch):
     ("bfloat16", dict(DECODE, seqlen_q=70, new=40, lengths=[0, 300, 760], capacity=800, page_size=16), {"causal": True}),
     ("float16", dict(DECODE, seqlen_q=65, new=0, lengths=[500, 64, 1], capacity=640, page_size=64),
      {"window_size": (100, 0), "alibi": True}),
-    ("bfloat16", dict(DECODE, seqlen_q=130, new=5, lengths=[1000, 3, 512], capacity=1024, page_size=256, headdim=64,
+    ("bfloat16", dict(DECODE, seqlen_q=130, new=130, lengths=[880, 3, 512], capacity=1024, page_size=256, headdim=64,
                       headdim_v=64, rotary_dim=32), {"causal": True}),
     ("bfloat16", dict(DECODE, seqlen_q=80, new=20, lengths=[200, 0, 77], capacity=320, page_size=64, headdim=256,
                       headdim_v=256), {"causal": True, "softcap": 30.0}),

@@ -342,14 +342,15 @@ def _paged_problem(c, seqused):
 def paged_prefill(c, device):
     """Whether the Hopper forward reads call ``c``'s paged cache in place (_gates.PAGED_PREFILL): a prefill
     chunk (more than DECODE_MAX_ROWS queries) whose work tiles, one per 128 queries of each query head with
-    no split of the keys, fill the device (shorter chunks keep the decode kernel, whose rows pack the
+    no split of the keys, fill at least half the device (on an H100, 512 queries of 32 heads: 128 tiles
+    on 132 SMs ran 9x the decode kernel's rate; shorter chunks keep the decode kernel, whose rows pack the
     query heads of a kv head and whose splits share the keys), on compute capability 9.0 with dispatch
     free to take the sm90 family (CUPYFLASH_FAMILY), page sizes whose TMA boxes are whole swizzle periods
     (sm90.paged_box_rows)."""
     if (not _gates.PAGED_PREFILL or c.block_table is None or device.capability != sm90.CAPABILITY
             or c.seqlen_q <= DECODE_MAX_ROWS or sm90.FORWARD not in _families.forced(_families.FORWARD)):
         return False
-    if common.cdiv(c.seqlen_q, PREFILL_BLOCK_M) * c.batch * c.heads < device.sm_count:
+    if 2 * common.cdiv(c.seqlen_q, PREFILL_BLOCK_M) * c.batch * c.heads < device.sm_count:
         return False
     p = _paged_problem(c, c.cache_seqlens)
     return sm90.FORWARD.select(p, device, (c.q, c.k_cache, c.v_cache)) is not None

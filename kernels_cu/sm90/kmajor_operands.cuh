@@ -32,7 +32,7 @@ struct E4m3Operands {
     // kPolyShare): at head dim 128 one warpgroup's ex2s of a tile take about as many clocks on the
     // special-function unit (16 a clock) as its two QGMMA products on the tensor cores, so a quarter moves;
     // a first choice, to be measured (bench/NOTES.md, session 27).
-    static constexpr int kPolyExp2Share = 1;
+    static constexpr int kPolyExp2Share = 0;
 
     // The step's position p (0 .. 31) holds key key_at(p) of the step (the order above, for V^T).
     __host__ __device__ static constexpr int key_at(int p) {
