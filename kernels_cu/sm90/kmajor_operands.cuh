@@ -29,9 +29,10 @@ struct E4m3Operands {
     // down to 2^-17 of a row's largest, where a largest of 1 would lose all below 2^-10.
     static constexpr int kOffset = 8;
     // Of every 4 n-tiles of probabilities, those computed on the FMA pipe (fragment/softmax.cuh's
-    // kPolyShare): at head dim 128 one warpgroup's ex2s of a tile take about as many clocks on the
-    // special-function unit (16 a clock) as its two QGMMA products on the tensor cores, so a quarter moves;
-    // a first choice, to be measured (bench/NOTES.md, session 27).
+    // kPolyShare): none. At head dim 128 one warpgroup's ex2s of a tile take about as many clocks on the
+    // special-function unit as its two QGMMA products, so moving a quarter could pay, but the degree-2
+    // polynomial's 2e-3 relative error reaches the sums (bench/NOTES.md, session 28: measure a degree-3
+    // share against the H100/H200 rows before turning it on).
     static constexpr int kPolyExp2Share = 0;
 
     // The step's position p (0 .. 31) holds key key_at(p) of the step (the order above, for V^T).
