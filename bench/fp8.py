@@ -11,8 +11,7 @@ TFLOP/s (4 B H S^2 D, halved when causal) and FP8 over bfloat16. Targets: d128 1
 1,000 TFLOP/s, d256 1,100, d64 650; causal rows at 16k at least 0.9x their non-causal row; every row
 with seqlen >= 4096 at least 1.4x bfloat16. Times: CUDA events around calls enqueued back to back
 (medians), or with --per-call each call alone after a synchronize (host time included). An FP8 call the
-installed version refuses prints its error (until the kernel's first GPU run, CuPy FP8 calls take the
-switches cupyflash._gates.FP8 and MAX_SCORE: --enable).
+installed version refuses prints its error.
 """
 
 import argparse
@@ -42,13 +41,8 @@ def main(argv=None):
     parser.add_argument("--seqlens", default="4096,8192,16384", help="comma-separated sequence lengths")
     parser.add_argument("--per-call", action="store_true", help="time each call alone (host time included)")
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--enable", action="store_true", help="turn on kernels awaiting their first GPU run")
     args = parser.parse_args(argv)
     harness.require_gpu("fp8.py")
-    if args.enable:
-        from cupyflash import _gates
-
-        _gates.FP8 = _gates.MAX_SCORE = True
     settings = harness.Settings(warmup=3, repeats=args.repeats, backward=False, peers=False,
                                 timing="per-call" if args.per_call else "back-to-back")
     print(f"{'d':>4} {'seqlen':>6} {'causal':>6} {'bf16 TFLOP/s':>12} {'fp8 TFLOP/s':>12} {'fp8/bf16':>9}")

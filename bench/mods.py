@@ -311,10 +311,6 @@ def main(argv=None):
     harness.require_gpu("mods.py", "--dry-run prints the plan without one.")
     import cupy
 
-    from cupyflash import _gates
-
-    # The kernels built with score and mask functions wait on their first GPU run (issue 24).
-    _gates.FUNCTIONS = True
     peers, flex, create_block_mask, description = None, None, None, "peers: not run (--no-peers)"
     if settings.peers:
         torch_peers, description = harness.load_torch()

@@ -5,10 +5,10 @@ Run from the repository root on a GPU::
     python bench/rotary.py                       # the issue's shape, both pair layouts
     python bench/rotary.py --shape 2,1024,16,64 --dtypes bf16,fp32
 
-Per row: the GB/s of a device copy of x (``cupy.copyto``, one read and one write), of apply_rotary on
-the elementwise kernels and on the fused kernel (kernels_cu/common/rotary.cu), each counted as one read
-and one write of x (the tables are small and stay in L2), and the fused kernel's share of the copy rate.
-Times are CUDA events around calls enqueued back to back (medians).
+Per row: the GB/s of a device copy of x (``cupy.copyto``, one read and one write) and of apply_rotary (the
+fused kernel, kernels_cu/common/rotary.cu), each counted as one read and one write of x (the tables are small
+and stay in L2), and the fused kernel's share of the copy rate. Times are CUDA events around calls enqueued
+back to back (medians).
 """
 
 import argparse
@@ -25,11 +25,10 @@ def _parse_shape(text):
 
 
 def _rows(name, shape, repeats, clock):
-    """The table's lines of one dtype: the copy rate, then both pair layouts on both paths."""
+    """The table's lines of one dtype: the copy rate and the fused kernel's, both pair layouts."""
     import cupy
 
     import cupyflash
-    from cupyflash import _gates
 
     x = harness.make_inputs(shape, harness.dtype(name), seed=0, count=1)[0]
     out = cupy.empty_like(x)
@@ -44,13 +43,9 @@ def _rows(name, shape, repeats, clock):
     copy = rate(lambda: cupy.copyto(out, x))
     lines = []
     for interleaved in (False, True):
-        rates = []
-        for fused in (False, True):
-            _gates.ROTARY = fused
-            rates.append(rate(lambda: cupyflash.apply_rotary(x, cos, sin, interleaved=interleaved)))
-        _gates.ROTARY = False
+        fused = rate(lambda: cupyflash.apply_rotary(x, cos, sin, interleaved=interleaved))
         layout = "interleaved" if interleaved else "halves"
-        lines.append(f"{name:6} {layout:12} {copy:10.0f} {rates[0]:12.0f} {rates[1]:8.0f} {rates[1] / copy:11.2f}")
+        lines.append(f"{name:6} {layout:12} {copy:10.0f} {fused:8.0f} {fused / copy:11.2f}")
     return lines
 
 
@@ -63,7 +58,7 @@ def main(argv=None):
     harness.require_gpu("rotary.py")
 
     clock = harness.cupy_clock()
-    print(f"{'dtype':6} {'layout':12} {'copy GB/s':>10} {'elementwise':>12} {'fused':>8} {'fused/copy':>11}")
+    print(f"{'dtype':6} {'layout':12} {'copy GB/s':>10} {'fused':>8} {'fused/copy':>11}")
     for name in args.dtypes.split(","):
         for line in _rows(name, args.shape, args.repeats, clock):
             print(line)

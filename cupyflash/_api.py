@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence, Tuple, Union
 
 import numpy
 
-from . import _compute, _gates, _keys, _kvcache, _merge, _plan, _problem, _ring
+from . import _compute, _keys, _kvcache, _merge, _plan, _problem, _ring
 
 if TYPE_CHECKING:
     import cupy
@@ -190,10 +190,9 @@ def _plain(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score=Fals
 
 def _fused_extras(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score=False, score_mod=None, *fp8):
     """Whether a call that is not plain differs from one only by its sinks or the maximum score, which the
-    kernels join themselves once their switches are on (_gates): such calls have plans too (keyed by
-    _keys.with_extras), whose runs take the sinks as their last problem input."""
-    return (_gates.EXTRAS_PLANS and (sinks is None or _gates.SINKS)
-            and (return_max_score is False or (return_max_score is True and _gates.MAX_SCORE))
+    kernels join themselves: such calls have plans too (keyed by _keys.with_extras), whose runs take the
+    sinks as their last problem input."""
+    return ((return_max_score is False or return_max_score is True)
             and _plain(None, dropout_p, dropout_seed, dropout_offset, False, score_mod, *fp8))
 
 
@@ -294,7 +293,7 @@ def flash_attention(q: Array, k: Array, v: Array, *, causal: bool = False, softm
                                  score_mod_buffers=score_mod_buffers, q_descale=q_descale, k_descale=k_descale,
                                  v_descale=v_descale, out_dtype=out_dtype)
     return_lse = _problem.check_flag("return_lse", return_lse)
-    return_max_score = _problem.check_max_score(return_max_score, p.xp)
+    return_max_score = _problem.check_flag("return_max_score", return_max_score)
     return _forward(key, p, q, k, v, return_lse, alibi_slopes, return_max_score=return_max_score)
 
 
@@ -471,7 +470,7 @@ def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
                                         k_descale=k_descale, v_descale=v_descale, out_dtype=out_dtype,
                                         seqused_k=seqused_k)
     return_lse = _problem.check_flag("return_lse", return_lse)
-    return_max_score = _problem.check_max_score(return_max_score, p.xp)
+    return_max_score = _problem.check_flag("return_max_score", return_max_score)
     if pools is not None:  # the Hopper forward reads the pages in place where it takes the problem
         from . import _cuda
 

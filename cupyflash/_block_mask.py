@@ -156,9 +156,8 @@ class BlockMask:
         buffers : tuple of arrays
             The arrays the function indexes (float32, float64, int32 or bool, rank at most 4), all NumPy
             or all CuPy, copied (later writes to them do not change the mask). The layout is built on
-            their device (by a kernel compiled from the function, one CTA per block, once its first
-            GPU run has passed, cupyflash._gates.FUNCTIONS; until then by CuPy's array operations) or
-            on the host (NumPy buffers, or none).
+            their device (by a kernel compiled from the function, one CTA per block) or on the host
+            (NumPy buffers, or none).
 
         Returns
         -------
@@ -167,7 +166,7 @@ class BlockMask:
             pair in it. The calls evaluate the function only in blocks where it does not hold for every
             pair (and skip the blocks where it holds for none).
         """
-        from . import _gates, _problem, _trace
+        from . import _problem, _trace
 
         rows, cols, block_size = cls._grid(seqlen_q, seqlen_k, block_size)
         for name, value in (("batch", batch), ("heads", heads)):
@@ -178,42 +177,38 @@ class BlockMask:
         # Copies: the mask's blocks are classified once, so later writes to the caller's arrays must not
         # reach the function the kernels evaluate.
         buffers = tuple(xp.array(x, copy=True) for x in _problem.check_buffers("buffers", buffers, xp))
-        if xp is numpy:
-            for x in buffers:
-                x.flags.writeable = False
         traced = _trace.trace(mask_mod, "mask", [(b.dtype, b.ndim) for b in buffers], "mask_mod")
-        if xp is not numpy and _gates.FUNCTIONS:
+        if xp is not numpy:
             from ._families import common
 
             with buffers[0].device:
                 some, every = common.mask_mod_blocks(traced, buffers, batch, heads, seqlen_q, seqlen_k, block_size)
                 return cls(some, block_size, (traced, buffers, every, (seqlen_q, seqlen_k)))
+        for x in buffers:
+            x.flags.writeable = False
+        # NumPy buffers (or none): the host classifies the blocks.
         block_q, block_k = block_size
-        b = xp.arange(batch, dtype=numpy.int32).reshape(batch, 1, 1, 1)
-        h = xp.arange(heads, dtype=numpy.int32).reshape(1, heads, 1, 1)
-        kv_idx = xp.arange(seqlen_k, dtype=numpy.int32)[None, :]
-        some = xp.zeros((batch, heads, rows, cols), dtype=bool)
-        every = xp.zeros((batch, heads, rows, cols), dtype=bool)
+        b = numpy.arange(batch, dtype=numpy.int32).reshape(batch, 1, 1, 1)
+        h = numpy.arange(heads, dtype=numpy.int32).reshape(1, heads, 1, 1)
+        kv_idx = numpy.arange(seqlen_k, dtype=numpy.int32)[None, :]
+        some = numpy.zeros((batch, heads, rows, cols), dtype=bool)
+        every = numpy.zeros((batch, heads, rows, cols), dtype=bool)
         for r in range(rows):  # one block row of queries at a time: memory of block_q * seqlen_k pairs
-            q_idx = xp.arange(r * block_q, min((r + 1) * block_q, seqlen_q), dtype=numpy.int32)[:, None]
+            q_idx = numpy.arange(r * block_q, min((r + 1) * block_q, seqlen_q), dtype=numpy.int32)[:, None]
             (seen, ok), = _trace.evaluate([traced.root], {"b": b, "h": h, "q_idx": q_idx, "kv_idx": kv_idx},
-                                          buffers, numpy.float32, xp)
+                                          buffers, numpy.float32, numpy)
             shape = (batch, heads, q_idx.shape[0], seqlen_k)
-            seen = xp.broadcast_to(seen, shape)
+            seen = numpy.broadcast_to(seen, shape)
             # A pair whose index is out of range is visible (with a NaN score): its block is partial.
-            certain = seen if ok is None else seen & xp.broadcast_to(ok, shape)
-            padded = xp.zeros(shape[:3] + (cols * block_k,), dtype=bool)
-            padded[..., :seqlen_k] = seen if ok is None else seen | ~xp.broadcast_to(ok, shape)
+            certain = seen if ok is None else seen & numpy.broadcast_to(ok, shape)
+            padded = numpy.zeros(shape[:3] + (cols * block_k,), dtype=bool)
+            padded[..., :seqlen_k] = seen if ok is None else seen | ~numpy.broadcast_to(ok, shape)
             some[:, :, r] = padded.reshape(shape[:3] + (cols, block_k)).any(axis=(2, 4))
             padded[..., :seqlen_k] = certain
             padded[..., seqlen_k:] = True  # keys past the end do not make a block partial
             every[:, :, r] = padded.reshape(shape[:3] + (cols, block_k)).all(axis=(2, 4))
-        function = (traced, buffers, every, (seqlen_q, seqlen_k))
-        if xp is numpy:
-            some.flags.writeable = every.flags.writeable = False
-            return cls(some, block_size, function)
-        with some.device:
-            return cls(some, block_size, function)
+        some.flags.writeable = every.flags.writeable = False
+        return cls(some, block_size, (traced, buffers, every, (seqlen_q, seqlen_k)))
 
     @classmethod
     def longformer(cls, seqlen_q, seqlen_k=None, *, block_size=(128, 128), window_blocks=1, global_blocks=1):

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Tuple, Union
 
 import numpy
 
-from . import _gates, _merge, _numpy_impl
+from . import _merge, _numpy_impl
 from ._problem import Problem, lse_dtype
 
 if TYPE_CHECKING:
@@ -26,7 +26,6 @@ def forward(p: Problem, q: Array, k: Array, v: Array, max_score: bool = False) -
     finish); the NumPy twin, and a problem with nothing to compute, merge them in afterwards as one more
     part (cupyflash/_merge.py's add_sinks, the same arithmetic)."""
     xp = p.xp
-    fused = False
     if p.is_empty:
         results = xp.zeros(p.out_shape, dtype=p.output_dtype), xp.full(p.lse_shape, -numpy.inf, dtype=lse_dtype(p.dtype))
         if max_score:
@@ -36,8 +35,8 @@ def forward(p: Problem, q: Array, k: Array, v: Array, max_score: bool = False) -
     else:
         from . import _cuda
 
-        results, fused = _cuda.forward(p, q, k, v, max_score=max_score), _gates.SINKS
-    if p.sinks is not None and not fused:
+        return _cuda.forward(p, q, k, v, max_score=max_score)
+    if p.sinks is not None:
         results = _merge.add_sinks(xp, results[0], results[1], p.sinks, p.varlen) + tuple(results[2:])
     return results
 

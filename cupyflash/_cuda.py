@@ -8,7 +8,7 @@ import dataclasses
 import cupy
 import numpy
 
-from . import _families, _gates, _plan
+from . import _families, _plan
 from ._families import common, sm90
 from ._problem import acc_dtype, lse_dtype
 
@@ -35,12 +35,12 @@ def _problem_inputs(b, p, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, u
 
 def paged_in_place(p, q, k, v, block_table, max_score=False):
     """Packed problem ``p`` (flash_attention_varlen's block_table: _problem.paged_counts_on_device) with the
-    page pools ``k`` and ``v`` read in place by the Hopper forward's paged producer (_gates.PAGED_PREFILL,
-    compute capability 9.0, dispatch free to take the sm90 family), or None where that kernel does not take
+    page pools ``k`` and ``v`` read in place by the Hopper forward's paged producer (compute capability
+    9.0, dispatch free to take the sm90 family), or None where that kernel does not take
     it (the caller gathers the pages). ``max_score``: the call returns the maximum score (its tile may
     differ)."""
     device = common.current_device()
-    if (not _gates.PAGED_PREFILL or device.capability != sm90.CAPABILITY
+    if (device.capability != sm90.CAPABILITY
             or sm90.FORWARD not in _families.forced(_families.FORWARD)):
         return None
     paged = dataclasses.replace(p, block_table=common.contiguous(block_table)[0], page_size=k.shape[1])
@@ -96,7 +96,7 @@ def backward_plan(p, dout, q, k, v, out, lse, deterministic, alibi_slopes=None, 
     score_mod's buffers, the sinks where the problem has them, then the buffers' zeroed gradient
     accumulators of :func:`buffer_gradients`, which it
     adds into, or with ``deterministic`` writes from exact sums) and returns ``(dq, dk, dv)``, then with
-    sinks (once _gates.SINKS) their gradient's per-row terms, which bwd_delta writes
+    sinks their gradient's per-row terms, which bwd_delta writes
     (_merge.sink_gradient_from_terms sums them); lse may be float32 or float64 (the plan converts it to the
     precision of the forward's)."""
     device = common.current_device()
@@ -121,7 +121,7 @@ def backward_plan(p, dout, q, k, v, out, lse, deterministic, alibi_slopes=None, 
             ps = dataclasses.replace(ps, user_grads=grad_slots)
     dout_s, q_s, k_s, v_s, out_s = operands
     terms = None
-    if p.sinks is not None and _gates.SINKS and launchable(p):
+    if p.sinks is not None and launchable(p):
         terms = b.output(p.lse_shape, dtype)
         ps = dataclasses.replace(ps, sink_terms=terms)
     if launchable(p):

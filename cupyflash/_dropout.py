@@ -118,7 +118,7 @@ def dropout_mask(seed, shape, p, offset=0, *, like=None):
         others; the attention functions scale kept probabilities by ``1 / (1 - p)``. Move it to the GPU
         with ``cupy.asarray``.
     """
-    from . import _gates, _problem
+    from . import _problem
 
     if not isinstance(shape, (tuple, list)) or len(shape) != 4 or not all(_problem.is_int(x) for x in shape):
         raise TypeError(f"shape must be (batch, heads, seqlen_q, seqlen_k), four ints; got {shape!r}")
@@ -127,9 +127,6 @@ def dropout_mask(seed, shape, p, offset=0, *, like=None):
     batch, heads, seqlen_q, seqlen_k = (int(x) for x in shape)
     p, seed, offset = _problem.check_dropout(p, seed, offset)
     if like is not None and _problem.array_module({"like": like}) is not numpy:
-        if not _gates.DROPOUT:
-            raise NotImplementedError("dropout_mask draws on the host in this version (like=None or a NumPy "
-                                      "array); cupy.asarray moves the mask to the GPU")
         from ._families import common
 
         return common.dropout_mask(p, seed, offset, (batch, heads, seqlen_q, seqlen_k))

@@ -144,7 +144,7 @@ def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_tab
         # array a layout.
         seqlens = layout(cache_seqlens) if isinstance(cache_seqlens, _NDARRAY) else cache_seqlens.__class__
         qd, kd, vd = q.data, k_cache.data, v_cache.data
-        return (4, _get_ident(), _get_device(),
+        return (4, _get_ident(), _get_device(), _ENVIRON.get(_FAMILY_KEY),
                 q.shape, q.strides, q.dtype.num, qd.device_id, qd.ptr & 15 == 0,
                 type(k_cache), k_cache.shape, k_cache.strides, k_cache.dtype.num, kd.device_id, kd.ptr & 15 == 0,
                 type(v_cache), v_cache.shape, v_cache.strides, v_cache.dtype.num, vd.device_id, vd.ptr & 15 == 0,

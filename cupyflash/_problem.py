@@ -15,7 +15,7 @@ import numbers
 import ml_dtypes
 import numpy
 
-from . import _fp8, _gates
+from . import _fp8
 
 #: Supported input dtypes by name; outputs keep the input dtype.
 SUPPORTED_DTYPES = {
@@ -249,17 +249,6 @@ def check_flag(name, value):
     return bool(value)
 
 
-def check_max_score(value, xp):
-    """return_max_score: a bool; True on CuPy arrays only once the kernels' maxima have run on a GPU
-    (_gates.MAX_SCORE)."""
-    value = check_flag("return_max_score", value)
-    if value and xp is not numpy and not _gates.MAX_SCORE:
-        raise NotImplementedError(
-            "return_max_score runs on NumPy arrays in this version: the CUDA kernels do not return it yet "
-            "(README, 'Dropout, sinks and the maximum score')"
-        )
-    return value
-
 
 #: precision= values: "highest" (float32 accuracy, every dtype's default) and "tf32" (float32 inputs only:
 #: at least TF32's accuracy, for the kernels that have a faster form at it).
@@ -418,13 +407,8 @@ def check_fp8(dtype, xp, batch, heads, heads_k, q_descale, k_descale, v_descale,
 
 
 def check_fp8_on_the_gpu(p, operands):
-    """CuPy FP8 problems run on the Hopper FP8 kernel (kernels_cu/sm90/fwd_kmajor_mainloop.cuh), once it has run
-    on a GPU (_gates.FP8): NotImplementedError naming what it does not take."""
-    if not _gates.FP8:
-        raise NotImplementedError(
-            "float8_e4m3fn inputs run on NumPy arrays in this version: the Hopper FP8 kernel is written but not yet "
-            "verified on a GPU (README, 'FP8 inputs')"
-        )
+    """CuPy FP8 problems run on the Hopper FP8 kernel (kernels_cu/sm90/fwd_kmajor_mainloop.cuh):
+    NotImplementedError naming what it does not take."""
     from ._families import common, sm90
 
     missing = sm90.kmajor_missing(p, common.current_device().capability, operands)
@@ -475,11 +459,6 @@ def check_score_mod(score_mod, buffers, xp, softcap, alibi_slopes):
     if softcap != 0.0 or alibi_slopes is not None:
         raise ValueError("score_mod cannot be combined with softcap or alibi_slopes: write them in the score_mod "
                          "(README, 'Score and mask functions')")
-    if xp is not numpy and not _gates.FUNCTIONS:
-        raise NotImplementedError(
-            "score_mod runs on NumPy arrays in this version: its CUDA kernels are not yet verified on a GPU "
-            "(README, 'Score and mask functions')"
-        )
     from . import _trace
 
     checked = check_buffers("score_mod_buffers", () if buffers is None else buffers, xp)
@@ -569,11 +548,6 @@ def _options(p, causal, window_size, softcap, alibi_slopes, block_mask, precisio
     if p["dtype"] == _fp8.E4M3 and (p["dropout_p"] or score_mod is not None):
         raise ValueError(f"{'dropout' if p['dropout_p'] else 'score_mod'} is not offered with float8_e4m3fn inputs "
                          "(a forward without a backward: dropout trains; write the score modification in bfloat16)")
-    if p["dropout_p"] and p["xp"] is not numpy and not _gates.DROPOUT:
-        raise NotImplementedError(
-            "dropout runs on NumPy arrays in this version: the CUDA kernels do not draw it yet (README, "
-            "'Dropout, sinks and the maximum score')"
-        )
     p["window_left"], p["window_right"] = check_window(window_size, check_flag("causal", causal))
     p["softcap"] = check_softcap(softcap, p["dtype"], p["softmax_scale"])
     p["alibi_slopes"] = check_alibi_slopes(alibi_slopes, p["xp"], p["batch"], p["heads"])
@@ -583,11 +557,6 @@ def _options(p, causal, window_size, softcap, alibi_slopes, block_mask, precisio
         if p.get("cu_seqlens_q") is not None:
             raise TypeError("block_mask is not supported with packed (varlen) batches")
         p["block_mask"] = check_block_mask(block_mask, p["batch"], p["heads"], p["seqlen_q"], p["seqlen_k"])
-        if block_mask.mask_mod is not None and p["xp"] is not numpy and not _gates.FUNCTIONS:
-            raise NotImplementedError(
-                "a BlockMask from from_mask_mod runs on NumPy arrays in this version: its CUDA kernels are not "
-                "yet verified on a GPU (README, 'Score and mask functions')"
-            )
     problem = Problem(**p)
     if problem.dtype == _fp8.E4M3 and problem.xp is not numpy:
         check_fp8_on_the_gpu(problem, operands)
@@ -764,15 +733,10 @@ def paged_counts_on_device(k, v, cu_seqlens_k, seqused_k, block_table):
     shape (for the problem's checks; no memory), the packed problem's cu_seqlens_k (b * capacity) and
     seqused_k (the sequence's keys, at most the caller's seqused_k), the bool (batch,) flags of sequences
     whose cu_seqlens_k or used pages are out of range (their rows are made NaN after the forward, as the KV
-    cache's are; seqused_k 0, so the kernels read none of their keys), and the capacity. The kernels read the seqused_k of packed
-    batches (_gates.SEQUSED_K)."""
+    cache's are; seqused_k 0, so the kernels read none of their keys), and the capacity."""
     import cupy
 
     _check_paged(k, v, cu_seqlens_k, block_table)
-    if not _gates.SEQUSED_K:
-        raise NotImplementedError("block_table on flash_attention_varlen runs on NumPy arrays in this version: its "
-                                  "CuPy path (the pages gathered on the device, the keys each sequence uses as "
-                                  "seqused_k) waits for its first GPU run (README, 'Variable-length batches')")
     batch, max_pages = block_table.shape
     kind = array_module({"block_table": block_table})
     for name, x, shape in (("cu_seqlens_k", cu_seqlens_k, (batch + 1,)), ("seqused_k", seqused_k, (batch,))):
@@ -853,9 +817,6 @@ def _check_seqused_k(seqused_k, xp, cu_k, batch):
         raise TypeError(f"seqused_k has dtype {seqused_k.dtype}; expected int32")
     if seqused_k.shape != (batch,):
         raise ValueError(f"seqused_k must have shape ({batch},) (one count per sequence), got {seqused_k.shape}")
-    if xp is not numpy and not _gates.SEQUSED_K:
-        raise NotImplementedError("seqused_k on packed batches runs on NumPy arrays in this version: its kernel path "
-                                  "(common/sequence.cuh) waits for its first GPU run")
     if xp is numpy:
         keys = numpy.diff(numpy.asarray(cu_k))
         bad = numpy.flatnonzero((seqused_k < 0) | (seqused_k > keys))

@@ -6,13 +6,12 @@ rotation, which is also the gradient: a rotation's transpose is its inverse). Th
 (2c, 2c + 1) when interleaved, else (c, c + rotary_dim / 2) (GPT-NeoX). The arithmetic runs in
 float32 (float64 for float64 x) and rounds once to x's dtype.
 
-On CuPy arrays it is a few elementwise kernels on the current stream, with no host synchronization; the
-fused kernel (kernels_cu/common/rotary.cu: one read and one write of x) replaces them once its first GPU
-run has passed (cupyflash._gates.ROTARY)."""
+On CuPy arrays whose columns are at unit stride it is one fused kernel on the current stream
+(kernels_cu/common/rotary.cu: one read and one write of x), on other CuPy layouts a few elementwise kernels; neither
+synchronizes with the host."""
 
 import numpy
 
-from . import _gates
 from ._problem import acc_dtype
 
 
@@ -36,7 +35,7 @@ def apply(r, x, cos, sin):
     """x rotated (a new array, or x itself with ``r.inplace``)."""
     xp = r.xp
     # The fused kernel reads columns at unit stride (other layouts take the elementwise kernels).
-    if xp is not numpy and _gates.ROTARY and x.strides[-1] == x.itemsize:
+    if xp is not numpy and x.strides[-1] == x.itemsize:
         from ._families import common
 
         # float32 tables serve every dtype; a float32 x reads them as its own dtype.

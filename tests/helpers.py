@@ -416,19 +416,6 @@ def use_family(monkeypatch, family):
         monkeypatch.setenv("CUPYFLASH_FAMILY", family)
 
 
-def open_gates(monkeypatch, *names):
-    """Turn on the switches ``names`` of cupyflash._gates (kernels that wait for their first GPU run) for
-    one test, with plan caches of its own: a plan made while a switch is on would otherwise outlive it
-    (plan keys do not name the switches)."""
-    from cupyflash import _api, _gates, _kvcache, _plan
-
-    for name in names:
-        assert name in _gates.NAMES, name
-        monkeypatch.setattr(_gates, name, True)
-    monkeypatch.setattr(_api, "PLANS", _plan.PlanCache())
-    monkeypatch.setattr(_kvcache, "PLANS", _plan.PlanCache())
-
-
 def central_differences(loss, x, step):
     """d loss / d x by central differences, perturbing the array ``x`` in place (restored after)."""
     numeric = np.empty_like(x)

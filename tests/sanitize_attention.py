@@ -92,9 +92,8 @@ def decode(dtype):
 
 
 def dropout(dtype):
-    """The kernels built with dropout (the Hopper 16-bit forward, the general kernels; CuPy calls take them
-    once cupyflash._gates.DROPOUT is on) and the device mask."""
-    cupyflash._gates.DROPOUT = True
+    """The kernels built with dropout (the Hopper 16-bit forward, the general kernels) and the device
+    mask."""
     options = {"causal": True, "dropout_p": 0.3, "dropout_seed": 7}
     for _ in range(2):
         q, k, v, do = (normal(s, dtype) for s in ((2, 77, 4, 40), (2, 101, 2, 40), (2, 101, 2, 40), (2, 77, 4, 40)))
@@ -104,9 +103,8 @@ def dropout(dtype):
 
 
 def max_scores(dtype):
-    """The forwards and the decode kernel that keep the maximum score (kMaxScore; CuPy calls take them once
-    cupyflash._gates.MAX_SCORE is on): dense, packed and a cache, with a softcap and without."""
-    cupyflash._gates.MAX_SCORE = True
+    """The forwards and the decode kernel that keep the maximum score (kMaxScore): dense, packed and a
+    cache, with a softcap and without."""
     for softcap in (0.0, 20.0):
         q, k, v = normal((2, 77, 4, 40), dtype), normal((2, 101, 2, 40), dtype), normal((2, 101, 2, 40), dtype)
         cupyflash.flash_attention(q, k, v, causal=True, softcap=softcap, return_max_score=True)
@@ -120,9 +118,7 @@ def max_scores(dtype):
 
 
 def fp8():
-    """The Hopper FP8 forward and its V^T pre-pass (CuPy calls take them once
-    cupyflash._gates.FP8 is on): GQA, causal, a block mask, the maximum score."""
-    cupyflash._gates.FP8 = cupyflash._gates.MAX_SCORE = True
+    """The Hopper FP8 forward and its V^T pre-pass: GQA, causal, a block mask, the maximum score."""
     q, k, v = normal((2, 77, 4, 64), numpy.float32), normal((2, 101, 2, 64), numpy.float32), normal((2, 101, 2, 64),
                                                                                                     numpy.float32)
     (q8, qd), (k8, kd), (v8, vd) = (cupyflash.quantize_fp8(x) for x in (q, k, v))
@@ -136,11 +132,10 @@ def fp8():
 
 def functions(dtype):
     """Kernels built with score and mask functions (the Hopper 16-bit forward and backward, the general
-    kernels; taken once cupyflash._gates.FUNCTIONS is on): a relative bias with a table (its
+    kernels): a relative bias with a table (its
     gradient by atomics; at head dim 128 the Hopper backward's, whose tiles past the clip sum theirs and
     the others read dS^T back from shared memory), a softcap, a document mask built on the device, odd
     sizes, and the block classification kernel."""
-    cupyflash._gates.FUNCTIONS = True
     from cupyflash import mods
 
     table = normal((4, 41), numpy.float32)
@@ -157,10 +152,11 @@ def functions(dtype):
 
 
 def sinks_and_counts(dtype):
-    """The forwards that join the sinks and the backward's sink terms (CuPy calls take them once
-    cupyflash._gates.SINKS is on), packed sequences that use only their first keys (seqused_k, SEQUSED_K)
-    and varlen paged keys gathered on the device (a sequence with a page outside the pool among them)."""
-    cupyflash._gates.SINKS = cupyflash._gates.SEQUSED_K = True
+    """The forwards that join the sinks and the backward's sink terms, packed sequences that use only
+    their first keys (seqused_k) and varlen paged keys, gathered on the device and (16-bit on an
+    H100/H200) read in place (a sequence with a page outside the pool among them)."""
+    from cupyflash import _cuda
+
     sinks = cupy.asarray(rng.standard_normal(4).astype(numpy.float32))
     q, k, v, do = (normal(s, dtype) for s in ((2, 77, 4, 40), (2, 101, 2, 40), (2, 101, 2, 40), (2, 77, 4, 40)))
     out, lse = cupyflash.flash_attention(q, k, v, causal=True, sinks=sinks, return_lse=True)
@@ -171,17 +167,17 @@ def sinks_and_counts(dtype):
         cupyflash.flash_attention_varlen(q[0], k[0], v[0], cu_q, cu_k, causal=True, seqused_k=used)
     pool = normal((9, 16, 2, 40), dtype)
     table = cupy.asarray(numpy.array([[0, 1, 2, 3], [4, 5, 9, 0], [6, 7, 8, -1]], numpy.int32))
-    for in_place in (False, True):  # gathered, then (16-bit on an H100/H200) read in place
-        cupyflash._gates.PAGED_PREFILL = in_place
+    read_in_place = _cuda.paged_in_place
+    for gathered in (True, False):
+        _cuda.paged_in_place = (lambda *args, **kwargs: None) if gathered else read_in_place
         cupyflash.flash_attention_varlen(q[0], pool, pool, cu_q, cupy.asarray(numpy.array([0, 50, 90, 130], numpy.int32)),
                                          causal=True, block_table=table)
+    _cuda.paged_in_place = read_in_place
 
 
 def tf32():
-    """The Hopper tf32 forward and its pre-passes (precision="tf32"; CuPy calls take them once
-    cupyflash._gates.TF32 is on): head dims padded by the copies (40 with 24), GQA, causal, a window, the
-    maximum score."""
-    cupyflash._gates.TF32 = cupyflash._gates.MAX_SCORE = True
+    """The Hopper tf32 forward and its pre-passes (precision="tf32"): head dims padded by the copies (40
+    with 24), GQA, causal, a window, the maximum score."""
     for d, dv, options in ((40, 24, {"causal": True}), (128, 128, {"window_size": (70, 9)})):
         q, k, v = normal((2, 77, 4, d), numpy.float32), normal((2, 101, 2, d), numpy.float32), normal((2, 101, 2, dv),
                                                                                                     numpy.float32)

@@ -61,12 +61,11 @@ for dtype in (numpy.dtype(ml_dtypes.bfloat16), numpy.float32):
             run(dtype, paged, rotary=rotary)
 run(numpy.float16, True, page_size=1, heads=4, heads_k=4, d=72, seqlen_q=5, new=3)
 run(numpy.float16, False, seqlen_q=40, new=40)  # dense chunk: the forward over the cache with seqused_k
-# Left-padded dense caches (their CuPy kernels wait for their first GPU run: cupyflash._gates.LEFTPAD).
-cupyflash._gates.LEFTPAD = True
+# Left-padded dense caches.
 for rotary in (True, False):
     run(numpy.dtype(ml_dtypes.bfloat16), False, rotary=rotary, leftpad=True)
 run(numpy.float32, False, leftpad=True)
-# A paged prefill on the Hopper forward (cupyflash._gates.PAGED_PREFILL; 70 queries, on a device described
+# A paged prefill on the Hopper forward (70 queries, on a device described
 # with 8 SMs so that these few work tiles take that path): entry 0's table is -1 past its used pages,
 # which its producer's boxes of page -1 must read nothing of (entries with bad pages issue none).
 if cupy.cuda.Device().compute_capability == "90":
@@ -76,7 +75,6 @@ if cupy.cuda.Device().compute_capability == "90":
 
     device = common.current_device()
     common.current_device = lambda: dataclasses.replace(device, sm_count=8)
-    cupyflash._gates.PAGED_PREFILL = True
     run(numpy.dtype(ml_dtypes.bfloat16), True, page_size=16, seqlen_q=70, new=40, rotary=False)
     run(numpy.dtype(ml_dtypes.bfloat16), True, page_size=64, seqlen_q=70, new=1, rotary=False, d=256)
 print("sanitize_kvcache: done")

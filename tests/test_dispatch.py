@@ -195,13 +195,14 @@ def test_dropout_takes_the_hopper_kernels_and_the_general_kernels_elsewhere(head
 
 @pytest.mark.parametrize("precision, device, expected", [
     ("highest", H200, "sm90_fwd_planes_fp32_d64_n64_s2_mod_0_tf32_0_top_0"),
-    ("tf32", H200, "sm90_fwd_planes_fp32_d64_n64_s2_mod_0_tf32_1_top_0"),
+    ("tf32", H200, "sm90_fwd_tf32_fp32_d64_v64_n128_s2_top_0"),
     ("highest", A100, "sm80_fwd_parts_fp32_d64_n32_m1_mod_0_tf32_0_top_0"),
     ("tf32", A100, "sm80_fwd_parts_fp32_d64_n32_m1_mod_0_tf32_1_top_0"),
 ])
 def test_float32_forward_takes_its_precision(precision, device, expected):
-    """float32's forward runs in bfloat16 parts, the Hopper kernel on compute capability 9.0 and the sm80
-    family's on other sm_80+ GPUs, three parts for "highest", two for "tf32"."""
+    """float32's forward: "highest" runs in three bfloat16 parts (the Hopper planes kernel on compute
+    capability 9.0, the sm80 family's on other sm_80+ GPUs); "tf32" the tf32 wgmma kernel on compute
+    capability 9.0 and two parts elsewhere."""
     p = _problem(64, dtype=np.float32, precision=precision)
     family, variant = _families.select(_families.FORWARD, p, device, _operands(p))
     assert (family.name, variant.key) == (expected[:4], expected)
@@ -214,13 +215,10 @@ def test_float32_forward_takes_its_precision(precision, device, expected):
     (128, None, {"softcap": 5.0}, "sm90_fwd_planes_fp32_d128_n64_s1_mod_1_tf32_1_top_0"),
     (160, None, {}, None),
 ])
-def test_tf32_precision_takes_the_tf32_kernel_where_it_can(headdim, headdim_v, options, expected, monkeypatch):
-    """precision="tf32" on compute capability 9.0 runs the tf32 wgmma kernel (kernels_cu/sm90/fwd_kmajor.cu,
-    behind _gates.TF32) for what sm90.kmajor_missing allows; a softcap keeps the planes kernel, head dims
-    above 128 the general family (as without the switch)."""
-    from cupyflash import _gates
-
-    monkeypatch.setattr(_gates, "TF32", True)
+def test_tf32_precision_takes_the_tf32_kernel_where_it_can(headdim, headdim_v, options, expected):
+    """precision="tf32" on compute capability 9.0 runs the tf32 wgmma kernel (kernels_cu/sm90/fwd_kmajor.cu)
+    for what sm90.kmajor_missing allows; a softcap keeps the planes kernel, head dims above 128 the general
+    family."""
     max_score = options.pop("return_max_score", False)
     p = _problem(headdim, headdim_v, dtype=np.float32, precision="tf32", **options)
     if max_score:
@@ -229,9 +227,6 @@ def test_tf32_precision_takes_the_tf32_kernel_where_it_can(headdim, headdim_v, o
         p = dataclasses.replace(p, max_score=True)
     variant = sm90.FORWARD.select(p, H200, _operands(p))
     assert (variant and variant.key) == expected
-    monkeypatch.setattr(_gates, "TF32", False)
-    variant = sm90.FORWARD.select(p, H200, _operands(p))
-    assert (variant and variant.kernel) is (sm90.FWD_PLANES if expected else None)
 
 
 @pytest.mark.parametrize("headdim, device, expected", [
@@ -316,9 +311,8 @@ def test_kmajor_plans_encode_their_tensor_maps(dtype, headdim, headdim_v, seqlen
     """The K-major forwards' plans (FP8, and tf32 with its rounded copies of q and k) build on the host: the
     pre-passes' launches, and tensor maps of q, k (or their copies) and V^T with the TMA dtype, extents and
     boxes of 128-byte atoms the kernels read (the encodings recorded instead of passed to the driver)."""
-    from cupyflash import _gates, _problem
+    from cupyflash import _problem
 
-    monkeypatch.setattr(_gates, "TF32", True)
     encodings = []
     monkeypatch.setattr(sm90, "_encode", lambda ptr, **fields: encodings.append(fields) or bytes(128))
     launched = []

@@ -6,7 +6,7 @@ ulp of out's dtype at the largest output), and the checks of the arguments."""
 import ml_dtypes
 import numpy as np
 import pytest
-from helpers import assert_within_rule, gpu_available, open_gates
+from helpers import assert_within_rule, gpu_available
 
 import cupyflash
 from cupyflash import _fp8, reference
@@ -204,9 +204,8 @@ def test_fp8_arguments_need_fp8_inputs_and_there_is_no_backward():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a GPU")
-def test_cupy_quantizes_as_numpy_does_and_refuses_the_forward():
-    """CuPy holds e4m3 arrays and quantize_fp8 runs there bit for bit as on NumPy; the forward waits for
-    the Hopper FP8 kernel."""
+def test_cupy_quantizes_as_numpy_does():
+    """CuPy holds e4m3 arrays and quantize_fp8 runs there bit for bit as on NumPy."""
     import cupy
 
     x = np.random.default_rng(7).standard_normal((2, 50, 3, 24)).astype(np.float32) * 5
@@ -215,8 +214,6 @@ def test_cupy_quantizes_as_numpy_does_and_refuses_the_forward():
     assert x8.dtype == E4M3
     np.testing.assert_array_equal(x8.view(cupy.uint8).get(), want8.view(np.uint8))
     np.testing.assert_array_equal(descale.get(), want_descale)
-    with pytest.raises(NotImplementedError, match="FP8"):
-        cupyflash.flash_attention(x8, x8, x8, q_descale=descale, k_descale=descale, v_descale=descale)
 
 
 @pytest.mark.gpu
@@ -228,9 +225,9 @@ def test_cupy_quantizes_as_numpy_does_and_refuses_the_forward():
     ((1, 200, 170, 2, 1, 256, 256), {"causal": True}, True, ml_dtypes.bfloat16),
     ((2, 160, 260, 2, 1, 128, 128), {"block_mask": True}, False, ml_dtypes.bfloat16),
 ])
-def test_hopper_fp8_forward_against_the_oracle(sizes, options, q_per_head, out_dtype, monkeypatch):
-    """The Hopper FP8 kernel (kernels_cu/sm90/fwd_kmajor_mainloop.cuh with e4m3 operands, behind _gates.FP8
-    until this passes), its V^T pre-pass included: odd shapes, GQA, causal, windows, block masks, descales
+def test_hopper_fp8_forward_against_the_oracle(sizes, options, q_per_head, out_dtype):
+    """The Hopper FP8 kernel (kernels_cu/sm90/fwd_kmajor_mainloop.cuh with e4m3 operands), its V^T pre-pass
+    included: odd shapes, GQA, causal, windows, block masks, descales
     per kv head and per query head, both out dtypes, the maximum score, against the rule."""
     import cupy
 
@@ -238,7 +235,6 @@ def test_hopper_fp8_forward_against_the_oracle(sizes, options, q_per_head, out_d
 
     if _families.common.current_device().capability != 90:
         pytest.skip("the FP8 kernel runs on compute capability 9.0")
-    open_gates(monkeypatch, "FP8", "MAX_SCORE")
     rng = np.random.default_rng(sum(sizes))
     b, sq, sk, h, hk, d, dv = sizes
     inputs, descales = _quantized(rng, *sizes, q_per_head=q_per_head)

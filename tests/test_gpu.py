@@ -168,18 +168,16 @@ def test_float32_tf32_precision_gradients(scale):
     ((1, 300, 777, 2, 2, 128, 128), {"window_size": (100, 20)}),
     ((2, 257, 129, 4, 1, 96, 96), {"causal": True, "block_mask": True}),
 ])
-def test_tf32_kernel_within_its_rule(sizes, options, monkeypatch):
-    """The tf32 wgmma forward (kernels_cu/sm90/fwd_kmajor.cu with Tf32Operands, behind _gates.TF32 until this
-    passes), its pre-passes included (q and k rounded into copies whose head dims are padded, V^T
-    permuted per 8-key step): odd shapes, GQA, causal, windows, block masks, head dims that are not the
-    bucket's, the maximum score; out and lse under the "tf32" rule, and the gradients of the backward that
-    follows it (the planes kernel's, from this forward's lse)."""
-    from cupyflash import _gates, _problem
+def test_tf32_kernel_within_its_rule(sizes, options):
+    """The tf32 wgmma forward (kernels_cu/sm90/fwd_kmajor.cu with Tf32Operands), its pre-passes included (q
+    and k rounded into copies whose head dims are padded, V^T permuted per 8-key step): odd shapes, GQA,
+    causal, windows, block masks, head dims that are not the bucket's, the maximum score; out and lse under
+    the "tf32" rule, and the gradients of the backward that follows it (the planes kernel's, from this
+    forward's lse)."""
+    from cupyflash import _problem
 
     if _families.common.current_device().capability != 90:
         pytest.skip("the tf32 kernel runs on compute capability 9.0")
-    monkeypatch.setattr(_gates, "TF32", True)
-    monkeypatch.setattr(_gates, "MAX_SCORE", True)
     b, sq, sk, h, hk, d, dv = sizes
     q, k, v = random_qkv(cupy, b, sq, sk, h, hk, d, dv, np.dtype(np.float32), seed=sum(sizes))
     dout = cupy.asarray(np.random.default_rng(sq).standard_normal((b, sq, h, dv)).astype(np.float32))

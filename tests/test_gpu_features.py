@@ -12,7 +12,6 @@ from helpers import (
     check_dense,
     check_varlen,
     gpu_available,
-    open_gates,
     packed_offsets,
     random_layout,
     random_qkv,
@@ -55,9 +54,7 @@ def test_varlen_features(case, family, checked_on, monkeypatch):
 def test_varlen_seqused_k(family, checked_on, monkeypatch):
     """flash_attention_varlen's seqused_k on every family (common/sequence.cuh clamps each packed sequence's
     keys to it): a sequence using none, one using all, partial tiles; on the device path (both max_seqlen
-    given) the plan's own seqused_k slot, a second call with other counts running the plan. Behind
-    _gates.SEQUSED_K until this passes."""
-    open_gates(monkeypatch, "SEQUSED_K")
+    given) the plan's own seqused_k slot, a second call with other counts running the plan."""
     use_family(monkeypatch, family)
     max_seqlen = None if checked_on == "host" else (300, 700)
     for used in ([200, 0, 519], [37, 700, 1]):
@@ -65,31 +62,23 @@ def test_varlen_seqused_k(family, checked_on, monkeypatch):
                      max_seqlen=max_seqlen, seqused_k=cupy.asarray(np.array(used, np.int32)), seed=len(used) + used[0])
 
 
-def test_varlen_paged_keys_wait_for_the_kernels():
-    q, k = cupy.ones((4, 2, 8), np.float32), cupy.ones((3, 4, 2, 8), np.float32)
-    cu = cupy.asarray(np.array([0, 2, 4], np.int32))
-    with pytest.raises(NotImplementedError, match="block_table on flash_attention_varlen runs on NumPy arrays"):
-        cupyflash.flash_attention_varlen(q, k, k, cu, cu, block_table=cupy.asarray(np.array([[0], [1]], np.int32)))
-
-
 @pytest.mark.parametrize("dtype, page_size, in_place", [("bfloat16", 16, False), ("float32", 1, False),
                                                        ("float16", 64, False), ("bfloat16", 16, True),
                                                        ("float16", 64, True)])
 def test_varlen_paged_keys_cupy(dtype, page_size, in_place, monkeypatch):
-    """flash_attention_varlen's block_table on CuPy (behind _gates.SEQUSED_K until this passes): the pages
-    gathered on the device into each sequence's capacity, or with _gates.PAGED_PREFILL on an H100/H200
-    read in place by the Hopper forward's paged producer; counted with seqused_k, against the oracle
-    (its own gather a loop over keys); pages in shuffled order, sequences of 0 to 200 keys, GQA, causal,
-    the caller's seqused_k on top; then a sequence with a page outside the pool gets NaN rows (out, lse,
-    the maximum score) and the others are unchanged."""
+    """flash_attention_varlen's block_table on CuPy: the pages gathered on the device into each sequence's
+    capacity (the in-place path turned away), or on an H100/H200 read in place by the Hopper forward's paged
+    producer; counted with seqused_k, against the oracle (its own gather a loop over keys); pages in shuffled
+    order, sequences of 0 to 200 keys, GQA, causal, the caller's seqused_k on top; then a sequence with a page
+    outside the pool gets NaN rows (out, lse, the maximum score) and the others are unchanged."""
     from cupyflash import _cuda
 
-    open_gates(monkeypatch, "SEQUSED_K", "MAX_SCORE", *(("PAGED_PREFILL",) if in_place else ()))
     if in_place and _families.common.current_device().capability != 90:
         pytest.skip("the pages are read in place on compute capability 9.0")
     taken = []
     paged_in_place = _cuda.paged_in_place
-    monkeypatch.setattr(_cuda, "paged_in_place", lambda *args: taken.append(paged_in_place(*args)) or taken[-1])
+    monkeypatch.setattr(_cuda, "paged_in_place", (lambda *args: taken.append(paged_in_place(*args)) or taken[-1])
+                        if in_place else (lambda *args: taken.append(None)))
     dt = DTYPES[dtype]
     rng = np.random.default_rng(page_size)
     lengths_q, lengths_k = [5, 0, 70, 33], [200, 7, 0, 130]
@@ -249,23 +238,16 @@ def test_varlen_zero_max_seqlen_with_rows_is_nan():
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
 @pytest.mark.parametrize("sizes, causal", [((2, 137, 201, 6, 2, 64, 64), True), ((1, 300, 96, 4, 4, 128, 128), True),
                                            ((2, 65, 65, 8, 1, 96, 96), False)])
-@pytest.mark.parametrize("fused", [False, True], ids=["merged", "fused"])
-def test_sinks(fused, sizes, causal, dtype, monkeypatch):
-    """Sinks on every dtype's default kernels (merged with the kernels' results, or joined in their
-    epilogues once cupyflash._gates.SINKS is on; the backward from the lse that holds
-    them): out, lse, dq, dk, dv and dsinks against the oracle. The rows that see no key (causal,
+def test_sinks(sizes, causal, dtype):
+    """Sinks on every dtype's default kernels (joined in their epilogues; the backward from the lse that
+    holds them): out, lse, dq, dk, dv and dsinks against the oracle. The rows that see no key (causal,
     seqlen_q > seqlen_k) get lse = sink."""
-    if fused:
-        open_gates(monkeypatch, "SINKS")
     heads = sizes[3]
     sinks = cupy.asarray((np.random.default_rng(heads).standard_normal(heads) * 2).astype(np.float32))
     check_dense(cupy, sizes, DTYPES[dtype], causal=causal, sinks=sinks)
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["merged", "fused"])
-def test_sinks_varlen(fused, monkeypatch):
-    if fused:
-        open_gates(monkeypatch, "SINKS")
+def test_sinks_varlen():
     sinks = cupy.asarray(np.array([0.5, -1.0, -np.inf, 2.0], np.float32))
     check_varlen(cupy, [77, 0, 130], [90, 12, 64], 4, 2, 64, 64, DTYPES["bfloat16"], causal=True,
                  max_seqlen=(130, 90), sinks=sinks)
@@ -277,7 +259,6 @@ def test_sinks_varlen(fused, monkeypatch):
 def test_sinks_fused_on_every_family(family, dtype, monkeypatch):
     """Every forward's epilogue joins the sink (fragment/softmax.cuh's finish, the general row softmax),
     NaN sinks and rows without keys included."""
-    open_gates(monkeypatch, "SINKS")
     use_family(monkeypatch, family)
     sinks = cupy.asarray(np.array([1.5, -np.inf, -3.0, 0.25], np.float32))
     check_dense(cupy, (2, 150, 97, 4, 2, 64, 64), DTYPES[dtype], causal=True, sinks=sinks)
@@ -287,24 +268,13 @@ def test_sinks_fused_on_every_family(family, dtype, monkeypatch):
     assert bool(cupy.isnan(lse[0, 1]).all()) and not bool(cupy.isnan(lse[0, [0, 2, 3]]).any())
 
 
-def test_dropout_and_max_score_refused_on_cupy():
-    """Until the kernels draw dropout and return the maximum score, a CuPy call says so (NumPy runs both)."""
-    q, k, v = random_qkv(cupy, 1, 16, 16, 2, 2, 64, 64, DTYPES["bfloat16"], seed=0)
-    with pytest.raises(NotImplementedError, match="dropout runs on NumPy arrays"):
-        cupyflash.flash_attention(q, k, v, dropout_p=0.1, dropout_seed=1)
-    with pytest.raises(NotImplementedError, match="return_max_score runs on NumPy arrays"):
-        cupyflash.flash_attention(q, k, v, return_max_score=True)
-
-
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
 @pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("fused", [False, True], ids=["elementwise", "fused"])
-def test_apply_rotary_matches_numpy(fused, packed, dtype, monkeypatch):
-    """The CuPy paths (the elementwise kernels, and the fused kernel that replaces them once this passes:
-    cupyflash._gates.ROTARY) against the NumPy one (within one rounding: the GPU may fuse
-    a * c - b * s); CuPy offsets past the tables give NaN in the rotated columns only."""
-    if fused:
-        open_gates(monkeypatch, "ROTARY")
+def test_apply_rotary_matches_numpy(fused, packed, dtype):
+    """The CuPy paths (the fused kernel for columns at unit stride, the elementwise kernels for a strided
+    x) against the NumPy one (within one rounding: the GPU may fuse a * c - b * s); CuPy offsets past
+    the tables give NaN in the rotated columns only."""
     dt = DTYPES[dtype]
     rng = np.random.default_rng(0)
     x = rng.standard_normal((3, 40, 4, 64)).astype(dt)
@@ -317,13 +287,17 @@ def test_apply_rotary_matches_numpy(fused, packed, dtype, monkeypatch):
         options["cu_seqlens"] = packed_offsets([40, 50, 30])
     want = cupyflash.apply_rotary(x, cos, sin, **options).astype(np.float64)
     gpu = {name: cupy.asarray(value) for name, value in options.items()}
-    got = to_host(cupyflash.apply_rotary(cupy.asarray(x), cupy.asarray(cos), cupy.asarray(sin), **gpu))
+
+    def device_x():  # every other column of a wider array: its columns are not at unit stride
+        return cupy.asarray(x) if fused else cupy.asarray(np.stack([x, x], axis=-1))[..., 0]
+
+    got = to_host(cupyflash.apply_rotary(device_x(), cupy.asarray(cos), cupy.asarray(sin), **gpu))
     # One rounding to dt, plus the accumulator's rounding of the two products (a fused multiply-add may
     # round differently where they cancel).
     eps = np.finfo(np.float64 if dt == np.float64 else np.float32).eps
     tolerance = np.spacing(np.abs(want).astype(dt)).astype(np.float64) + 4 * eps * np.abs(x.astype(np.float64)).max()
     assert (np.abs(got.astype(np.float64) - want) <= tolerance).all()
     gpu["seqlen_offsets"] = cupy.asarray(np.array([0, 11, 40], np.int32))  # the last rows past the 64 positions
-    far = to_host(cupyflash.apply_rotary(cupy.asarray(x), cupy.asarray(cos), cupy.asarray(sin), **gpu))
+    far = to_host(cupyflash.apply_rotary(device_x(), cupy.asarray(cos), cupy.asarray(sin), **gpu))
     rows = far.reshape(-1, 4, 64)[-30:].astype(np.float64)
     assert np.isnan(rows[-1, :, :48]).all() and not np.isnan(rows[..., 48:]).any()

@@ -1,12 +1,11 @@
 """Score and mask functions on the GPU (GPU only): the general kernels built with the generated code of a
 score_mod or a mask_mod (kernels_cu/common/user_calls.cuh) against the float64 oracle under the tolerance
 rule, with the buffers' gradients; the built-ins written as score_mods against the built-ins; the
-compiled variants cached by expression. Until this file has passed on a GPU, CuPy calls refuse
-score_mod and from_mask_mod masks (cupyflash._gates.FUNCTIONS); its tests turn the kernels on."""
+compiled variants cached by expression."""
 
 import numpy as np
 import pytest
-from helpers import DTYPES, check_dense, check_varlen, gpu_available, open_gates, random_qkv, to_host, use_family
+from helpers import DTYPES, check_dense, check_varlen, gpu_available, random_qkv, to_host, use_family
 from test_mods import _alibi_mod, _documents, _softcap_mod, _table, gated, rel_bias, same_document
 
 import cupyflash
@@ -18,11 +17,6 @@ if gpu_available():
     import cupy
 else:
     cupy = None
-
-
-@pytest.fixture(autouse=True)
-def _user_kernels(monkeypatch):
-    open_gates(monkeypatch, "FUNCTIONS")
 
 
 @pytest.mark.parametrize("dtype, family", [("float64", ""), ("float64", "general"), ("float32", ""), ("float32", "sm80"),

@@ -2,13 +2,11 @@
 definition bit for bit, through cupyflash.dropout_mask; the Hopper 16-bit forward and backward and the
 general kernels built with dropout against the float64 oracle given the same keep mask (every dtype, GQA, causal,
 windows, packed batches, sinks);
-runs reproducible to the bit and dispatch; the maximum score of every forward kernel and the decode kernel.
-Until this file has passed on a GPU, CuPy calls refuse dropout and return_max_score (cupyflash._gates.DROPOUT
-and MAX_SCORE); each test turns on the switch of what it tests."""
+runs reproducible to the bit and dispatch; the maximum score of every forward kernel and the decode kernel."""
 
 import numpy as np
 import pytest
-from helpers import DTYPES, check_dense, check_varlen, gpu_available, open_gates, random_qkv, to_host, use_family
+from helpers import DTYPES, check_dense, check_varlen, gpu_available, random_qkv, to_host, use_family
 
 import cupyflash
 from cupyflash import _families, _problem
@@ -19,12 +17,6 @@ if gpu_available():
     import cupy
 else:
     cupy = None
-
-
-@pytest.fixture(autouse=True)
-def _gate(request, monkeypatch):
-    """The maximum score's tests (named test_max_score...) turn on its kernels, the others dropout's."""
-    open_gates(monkeypatch, "MAX_SCORE" if request.node.name.startswith("test_max_score") else "DROPOUT")
 
 
 @pytest.mark.parametrize("shape, p, seed, offset", [((2, 3, 37, 21), 0.5, 0, 0), ((1, 2, 300, 517), 0.1, 2**64 - 1, 7),

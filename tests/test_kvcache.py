@@ -15,7 +15,6 @@ from helpers import (
     OUTPUT_FACTOR,
     assert_within_rule,
     gpu_available,
-    open_gates,
     seed_from,
     to_host,
 )
@@ -76,9 +75,7 @@ def _inputs(xp, dtype, *, batch, seqlen_q, heads, heads_k, headdim, headdim_v, c
 
 def _check(xp, dtype, options=None, max_score=None, **sizes):
     """One call against the oracle (out, lse with the tolerance rule; the caches as the reference
-    writes them, rounded; the maximum score where ``max_score``, by default for NumPy arrays only: CuPy
-    calls return it once cupyflash._gates.MAX_SCORE is on, tests/test_gpu_training.py);
-    returns the call's results."""
+    writes them, rounded; the maximum score unless ``max_score`` is False); returns the call's results."""
     options = options or {}
     (q, k_cache, v_cache), arrays = _inputs(xp, dtype, **sizes, seed=seed_from(dtype, sorted(sizes.items()),
                                                                                sorted(options.items())))
@@ -96,7 +93,7 @@ def _check(xp, dtype, options=None, max_score=None, **sizes):
                                             return_max_score=True)
     base = reference.attention_with_kvcache(host_q, host_k, host_v, **host, **ref_options, compute_dtype=DTYPES[dtype],
                                             return_max_score=True)
-    if xp is np if max_score is None else max_score:
+    if max_score is not False:
         out, lse, top = cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **arrays, **options, return_lse=True,
                                                                return_max_score=True)
         assert top.dtype == np.float32 and top.shape == (sizes["batch"], sizes["heads"])
@@ -505,15 +502,6 @@ def test_left_padding_is_checked(change, error, match):
         cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **arrays, **change)
 
 
-@pytest.mark.gpu
-def test_left_padding_waits_for_the_kernels_on_cupy():
-    (q, k_cache, v_cache), arrays = _inputs(cupy, "bfloat16", **dict(DECODE, capacity=64, lengths=[30, 37, 0],
-                                                                     headdim=32, headdim_v=32), seed=13)
-    with pytest.raises(NotImplementedError, match="cache_leftpad runs on NumPy arrays"):
-        cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **arrays,
-                                               cache_leftpad=cupy.asarray(np.array([1, 2, 0], np.int32)))
-
-
 @pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
 @pytest.mark.gpu
 def test_checked_mode_raises_for_cupy_values(paged, monkeypatch):
@@ -593,13 +581,12 @@ def test_mla_shapes(heads, seqlen_q, xp_name):
     ("float32", dict(DECODE, lengths=[99, 37, 5], capacity=100, headdim=32, headdim_v=32), {}, [0, 36, 2]),
 ])
 def test_left_padded_caches_cupy(dtype, sizes, options, leftpad, monkeypatch):
-    """cache_leftpad on CuPy (behind _gates.LEFTPAD until this passes), against the oracle: 16-bit calls on
+    """cache_leftpad on CuPy against the oracle: 16-bit calls on
     the decode kernel (CacheEntry.first: its tiles start at each entry's first key; with splits, rotary,
     new keys it appends itself, windows and ALiBi counted from the entry's start), never the general path;
     float32 on the general kernels over the cache shifted per entry."""
     from cupyflash._kvcache import device
 
-    open_gates(monkeypatch, "LEFTPAD")
     if dtype != "float32":
         monkeypatch.setattr(device, "_general", lambda *args, **kwargs: pytest.fail("took the general path"))
     dtype, sizes, options = _options(cupy, (dtype, sizes, options))
@@ -611,7 +598,6 @@ def test_left_padded_caches_cupy(dtype, sizes, options, leftpad, monkeypatch):
 def test_out_of_range_leftpad_gives_nan_rows_cupy(dtype, monkeypatch):
     """A CuPy cache_leftpad entry outside [0, cache_seqlens] makes its batch entry's rows NaN (the decode
     kernel's CacheEntry, the general path's poison), the others finite; CUPYFLASH_CHECK=1 raises instead."""
-    open_gates(monkeypatch, "LEFTPAD")
     sizes = dict(DECODE, lengths=[50, 37, 20], capacity=64, headdim=64, headdim_v=64)
     (q, k_cache, v_cache), arrays = _inputs(cupy, dtype, **sizes, seed=9)
     arrays["cache_leftpad"] = cupy.asarray(np.array([3, 38, -1], np.int32))
@@ -635,7 +621,7 @@ def test_out_of_range_leftpad_gives_nan_rows_cupy(dtype, monkeypatch):
 ])
 def test_paged_prefill_on_the_hopper_forward(dtype, sizes, options, monkeypatch):
     """A paged cache's prefill (more than 64 queries) on the Hopper 16-bit forward, whose producer reads each
-    key tile from the pages (behind _gates.PAGED_PREFILL until this passes): pages of 16, 24 (8-row boxes),
+    key tile from the pages: pages of 16, 24 (8-row boxes),
     64 and 256 rows, boxes of 16 at head dim 256 (80-key tiles), an entry filling its capacity (boxes past
     it on page -1), table entries of -1 past every entry's used pages, new keys appended first, rotary,
     windows, ALiBi, softcap, the maximum score; against the oracle, the pages read in place. The device is
@@ -647,7 +633,6 @@ def test_paged_prefill_on_the_hopper_forward(dtype, sizes, options, monkeypatch)
     if real.capability != 90:
         pytest.skip("the Hopper forward runs on compute capability 9.0")
     monkeypatch.setattr(_families.common, "current_device", lambda: dataclasses.replace(real, sm_count=8))
-    open_gates(monkeypatch, "PAGED_PREFILL", "MAX_SCORE")
     used = []
     paged_problem = device._paged_problem
     monkeypatch.setattr(device, "_paged_problem", lambda c, seqused: used.append(1) or paged_problem(c, seqused))
@@ -696,3 +681,51 @@ def test_kernel_arguments_fill_every_field(paged, leftpad):
         assert int(args[name][0]) == expected, name
     assert int(args["seqlen_new"][0]) == 0 and int(args["page_size"][0]) == (16 if paged else 0)
     assert int(args["out"]["ptr"][0]) == out.data.ptr
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, sizes, int_seqlens", [
+    ("bfloat16", dict(DECODE, seqlen_q=100, new=0, lengths=[300, 0, 517], capacity=600), False),
+    ("float16", dict(DECODE, seqlen_q=80, new=80, lengths=[200, 200, 200], capacity=320, rotary_dim=32), True),
+    ("float32", dict(DECODE, seqlen_q=3, new=3, lengths=[40, 17, 0], capacity=64, headdim=64, headdim_v=64), False),
+    ("bfloat16", dict(DECODE, seqlen_q=70, new=5, lengths=[0, 300, 500], capacity=512, page_size=64), False),
+], ids=["dense", "int-lengths-rotary", "float32", "paged-in-place"])
+def test_general_path_calls_run_their_plan(dtype, sizes, int_seqlens, monkeypatch):
+    """Calls the decode kernel does not take (chunks of many queries, float32; on an H100/H200 a paged
+    prefill read in place by the Hopper forward) keep a plan of their layout (_kvcache/device.py's
+    GeneralPlan): three calls with other values, lengths and new tokens, the first building the plan,
+    the others running it (the third its generated code), each against the oracle; an out-of-range
+    cache_seqlens entry in the third gives that entry NaN rows and leaves the others exact. The device is
+    described with 8 SMs so that the paged chunk fills it."""
+    from cupyflash import _families, _kvcache
+    from cupyflash._kvcache import device
+
+    real = _families.common.current_device()
+    if sizes.get("page_size") and real.capability != 90:
+        pytest.skip("a paged cache's pages are read in place on compute capability 9.0")
+    monkeypatch.setattr(_families.common, "current_device", lambda: dataclasses.replace(real, sm_count=8))
+    _kvcache.PLANS.clear()
+    for call in range(3):
+        lengths = list(sizes["lengths"]) if call == 0 else [n - 7 * call if n >= 7 * call else n for n in sizes["lengths"]]
+        (q, k_cache, v_cache), arrays = _inputs(cupy, dtype, **dict(sizes, lengths=lengths), seed=40 + call)
+        if int_seqlens:
+            arrays["cache_seqlens"] = lengths[0]
+        host = {n: to_host(x) if not isinstance(x, int) else x for n, x in arrays.items()}
+        bad = call == 2 and not int_seqlens
+        if bad:
+            capacity = sizes["capacity"]
+            arrays["cache_seqlens"][1] = capacity + 1  # past the capacity: entry 1 is bad
+        args = [to_host(x) for x in (q, k_cache, v_cache)]
+        want = reference.attention_with_kvcache(*args, **host, causal=True)
+        base = reference.attention_with_kvcache(*args, **host, causal=True, compute_dtype=DTYPES[dtype])
+        out, lse = cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **arrays, causal=True, return_lse=True)
+        (plan,) = _kvcache.PLANS._plans.values()
+        assert isinstance(plan, device.GeneralPlan)
+        good = [0, 2] if bad else [0, 1, 2]
+        assert_within_rule("out", out[good], want[0][good], base[0][good], OUTPUT_FACTOR)
+        assert_within_rule("lse", lse[good], want[1][good], base[1][good], OUTPUT_FACTOR)
+        if bad:
+            assert bool(cupy.isnan(out[1]).all()) and bool(cupy.isnan(lse[1]).all())
+        else:
+            for got, expected in ((k_cache, want[2]), (v_cache, want[3])):
+                np.testing.assert_array_equal(to_host(got).astype(np.float64), expected.astype(DTYPES[dtype]).astype(np.float64))

@@ -402,10 +402,9 @@ def test_varlen_pages_gathered_on_the_device_match_the_host_gather(monkeypatch):
 
     import ml_dtypes
 
-    from cupyflash import _gates, _problem
+    from cupyflash import _problem
 
     monkeypatch.setitem(sys.modules, "cupy", np)
-    monkeypatch.setattr(_gates, "SEQUSED_K", True)
     rng = np.random.default_rng(5)
     page_size, lengths = 4, [9, 0, 12, 5]
     cu_k = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)

@@ -12,7 +12,6 @@ from helpers import (
     OUTPUT_FACTOR,
     assert_within_rule,
     gpu_available,
-    open_gates,
     oracle,
     plain,
     random_normal,
@@ -144,12 +143,10 @@ def test_a_plan_serves_new_arrays_of_its_layout(family, dtype, options, monkeypa
 
 @_gpu
 @pytest.mark.parametrize("family, dtype", [("sm90", "bfloat16"), ("general", "float32")])
-def test_sinks_and_the_maximum_score_have_plans_once_fused(family, dtype, monkeypatch):
-    """With the kernels that join the sinks and keep the maximum score (_gates), such calls
-    have plans of their own: a second call with other sinks of the same layout runs the plan, with its
-    sinks; forward (out, lse, max_score) and backward (dq, dk, dv, dsinks from bwd_delta's terms) against
-    the oracle."""
-    open_gates(monkeypatch, "EXTRAS_PLANS", "SINKS", "MAX_SCORE")
+def test_sinks_and_the_maximum_score_have_plans(family, dtype, monkeypatch):
+    """The kernels join the sinks and keep the maximum score, so such calls have plans of their own: a second
+    call with other sinks of the same layout runs the plan, with its sinks; forward (out, lse, max_score) and
+    backward (dq, dk, dv, dsinks from bwd_delta's terms) against the oracle."""
     use_family(monkeypatch, family)
     _api.PLANS.clear()
     q, k, v, dout = _inputs((2, 150, 4, 64), dtype, 3, heads_k=2)

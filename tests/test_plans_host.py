@@ -14,7 +14,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from cupyflash import _gates, _plan, _problem, mods
+from cupyflash import _plan, _problem, mods
 from cupyflash._families import common, general, sm80, sm90
 
 H200 = common.Device(90, 227 * 1024, 132)
@@ -25,12 +25,9 @@ FAMILIES = {"sm90": (sm90.FORWARD, sm90.BACKWARD), "sm80": (sm80.FORWARD, sm80.B
 
 @pytest.fixture(autouse=True)
 def _no_device(monkeypatch):
-    """Kernels stay unloaded and tensor maps unencoded; every unverified kernel's switch is on (their plans
-    are what this file checks)."""
+    """Kernels stay unloaded and tensor maps unencoded."""
     monkeypatch.setattr(common, "function", lambda variant, smem=0: variant.key)
     monkeypatch.setattr(sm90, "_encode", lambda ptr, **fields: bytes(128))
-    for name in _gates.NAMES:
-        monkeypatch.setattr(_gates, name, True)
 
 
 def _slots(p, operands):
@@ -185,6 +182,56 @@ def test_decode_plans_build_on_the_host(options):
     assert variant is not None
     plan = device.DecodePlan(c, variant, H200, None, True, False, options.get("max_score", False))
     assert plan.plan is not None
+
+
+@pytest.mark.parametrize("options", [{"int_seqlens": True}, {"rotary": True, "new": 3}, {"paged": True},
+                                     {"dtype": np.float32, "new": 2}])
+def test_general_plans_build_on_the_host(options, monkeypatch):
+    """The general path's plan (cupyflash/_kvcache/device.py's GeneralPlan) of a prefill chunk: a dense cache
+    with more entries than the batch (its first entries as a view of the same address), cache_seqlens as an
+    int or an array, new tokens appended and rotated first, float32 on the planes kernel, a paged cache read
+    in place by the Hopper forward; its launches in order, from stand-ins for CuPy arrays."""
+    from cupyflash._kvcache import call, device
+
+    batch, seqlen_q, heads, heads_k, d, capacity = 3, 128, 32, 8, 128, 512
+    new, page, dtype = options.get("new", 0), 64 if options.get("paged") else 0, options.get("dtype", ml_dtypes.bfloat16)
+    addresses = iter(range(1 << 20, 1 << 30, 1 << 16))
+    entries = batch * capacity // page if page else batch + 2
+
+    def both(shape, dtype):
+        """A NumPy array of zeros for the checks and a stand-in of the same layout for the plan."""
+        return np.zeros(shape, dtype), _DeviceArray(shape, dtype, next(addresses))
+
+    arrays = {"q": both((batch, seqlen_q, heads, d), dtype),
+              "k_cache": both((entries, page or capacity, heads_k, d), dtype),
+              "cache_seqlens": None if options.get("int_seqlens") else both((batch,), np.int32),
+              "k": both((batch, new, heads_k, d), dtype) if new else None,
+              "block_table": both((batch, capacity // page), np.int32) if page else None,
+              "rotary_cos": both((capacity + seqlen_q, 32), dtype) if options.get("rotary") else None}
+    host = {n: None if x is None else x[0] for n, x in arrays.items()}
+    checked = call.check(host["q"], host["k_cache"], host["k_cache"], k=host["k"], v=host["k"],
+                         cache_seqlens=100 if options.get("int_seqlens") else host["cache_seqlens"],
+                         cache_batch_idx=None, block_table=host["block_table"], rotary_cos=host["rotary_cos"],
+                         rotary_sin=host["rotary_cos"], rotary_interleaved=False, causal=True, window_size=(-1, -1),
+                         softcap=0.0, alibi_slopes=None, softmax_scale=None, num_splits=0, max_splits=128,
+                         precision="highest")
+    stand_ins = {n: None if x is None else x[1] for n, x in arrays.items()}
+    c = dataclasses.replace(checked, xp=None, q=stand_ins["q"], k_cache=stand_ins["k_cache"],
+                            v_cache=stand_ins["k_cache"], k_new=stand_ins["k"], v_new=stand_ins["k"],
+                            cache_seqlens=stand_ins["cache_seqlens"], block_table=stand_ins["block_table"],
+                            rotary_cos=stand_ins["rotary_cos"], rotary_sin=stand_ins["rotary_cos"])
+    assert device.decode_variant(c, H200) is None and device.general_plannable(c, H200, False)
+    launched = []
+    monkeypatch.setattr(common, "function", lambda variant, smem=0: launched.append(variant.key) or variant.key)
+    plan = device.GeneralPlan(c, H200, None, True, bool(options.get("int_seqlens")))
+    appends = ["kvc_append"] if new or options.get("rotary") else []
+    poisons = ["kvc_poison"] * 2 if not options.get("int_seqlens") else []
+    families = [key.split("_")[0] for key in launched]
+    forward = launched[len(appends) + 1:len(launched) - len(poisons)]
+    assert [key[:10] for key in launched[:len(appends) + 1]] == appends + ["kvc_length"]
+    assert [key[:10] for key in launched[len(launched) - len(poisons):]] == poisons
+    assert families[len(appends) + 1:len(launched) - len(poisons)][-1] == "sm90", forward
+    assert plan.scalars == (1 + bool(appends)) and (plan.capacity is None) != bool(options.get("int_seqlens"))
 
 
 @pytest.mark.parametrize("case", ["sinks", "max-score", "varlen-seqused", "score-mod"])

@@ -9,7 +9,7 @@ import functools
 import cupy
 import numpy
 
-from .. import _dropout, _gates, _kernels, _params, _plan
+from .. import _dropout, _kernels, _params, _plan
 
 
 def cdiv(a, b):
@@ -95,7 +95,7 @@ def attn(p, q, k, v, lists=None, vec=None):
         alibi_batch_stride, p.softmax_scale, p.softcap, p.batch, p.heads, p.heads_k, p.headdim, p.headdim_v,
         p.seqlen_q, p.seqlen_k, p.total_q, p.total_k, p.window_left, p.window_right,
         vec_loads(q, k, v) if vec is None else vec, sparse(p.block_mask, lists) if lists is not None else _NO_SPARSE,
-        dropout(p), _params.pointer(p.sinks) if _gates.SINKS else 0,
+        dropout(p), _params.pointer(p.sinks),
         mod_buffers(p.user_buffers), mod_buffers(p.block_mask.mask_buffers_on(cupy) if p.user_mask is not None else None),
         _params.pointer(p.q_descale), _params.pointer(p.k_descale), _params.pointer(p.v_descale),
         p.q_descale.shape[1] if p.q_descale is not None else p.heads_k,

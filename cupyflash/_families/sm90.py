@@ -15,7 +15,7 @@ import math
 
 import numpy
 
-from .. import _fp8, _gates, _kernels, _params, _plan
+from .. import _fp8, _kernels, _params, _plan
 from .._problem import lse_dtype
 from . import common, sm80
 
@@ -449,7 +449,7 @@ class Sm90Forward:
         if p.dtype == numpy.float32:
             if p.dropout or p.block_table is not None:  # (the float32 kernels have neither yet)
                 return None
-            if p.precision == "tf32" and _gates.TF32 and not kmajor_missing(p, device.capability, operands):
+            if p.precision == "tf32" and not kmajor_missing(p, device.capability, operands):
                 variant = self._select_kmajor(FWD_TF32, FWD_TF32_TILES, "float32", p, device)
                 if variant is not None:
                     return variant

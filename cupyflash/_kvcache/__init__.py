@@ -1,7 +1,8 @@
 """flash_attention_with_kvcache, in one package: call.py (the checks of a call, the host checks of a NumPy
 call's values), host.py (the NumPy twin), device.py (the kernels, the decode plans and the general path
-on the GPU). A CuPy call that takes the decode kernel leaves a plan keyed by its layout
-(cupyflash/_keys.py), which the next call of that layout runs without checks or setup.
+on the GPU). A CuPy call that takes the decode kernel, or the general path over a dense cache or pages
+read in place, leaves a plan keyed by its layout (cupyflash/_keys.py), which the next call of that
+layout runs without checks or setup.
 
 Importing this package needs no CuPy: device.py is imported by the first CuPy call."""
 
@@ -30,7 +31,7 @@ except AttributeError:  # pragma: no cover (no CPython _Environ)
 def checked_mode():
     return _ENVIRON.get(_CHECK_KEY) not in (None, b"", b"0", "", "0")
 
-#: The decode plans, by key.
+#: The plans (device.CachePlan), by key.
 PLANS = _plan.PlanCache()
 
 
@@ -59,7 +60,7 @@ def attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_t
         named["cache_seqlens"] = cache_seqlens
     checked = dict(zip(named, _problem.arrays(**named)))
     return_lse = _problem.check_flag("return_lse", return_lse)
-    return_max_score = _problem.check_max_score(return_max_score, _problem.array_module({"q": checked["q"]}))
+    return_max_score = _problem.check_flag("return_max_score", return_max_score)
     c = _call.check(
         checked["q"], checked["k_cache"], checked["v_cache"], k=checked.get("k"), v=checked.get("v"),
         cache_seqlens=checked.get("cache_seqlens", cache_seqlens), cache_batch_idx=checked.get("cache_batch_idx"),

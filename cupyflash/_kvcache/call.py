@@ -5,7 +5,7 @@ import dataclasses
 
 import numpy
 
-from .. import _gates, _problem
+from .. import _problem
 
 #: Largest num_splits: the decode kernel's split merge keeps a row tile's weights of every split in
 #: shared memory (kvcache.cu kMaxSplits; device.cxx_facts checks it). Here, not beside the kernels,
@@ -156,9 +156,6 @@ def check(q, k_cache, v_cache, *, k, v, cache_seqlens, cache_batch_idx, block_ta
                              "either)")
         if cache_leftpad.shape != (batch,):
             raise ValueError(f"cache_leftpad must have shape ({batch},), got {cache_leftpad.shape}")
-        if xp is not numpy and not _gates.LEFTPAD:
-            raise NotImplementedError("cache_leftpad runs on NumPy arrays in this version: its CuPy path (the general "
-                                      "kernels over the shifted cache) waits for its first GPU run (README, 'KV caches')")
         if score_mod is not None:  # its kv_idx is the position in the cache, which the padding would shift
             raise NotImplementedError("score_mod with cache_leftpad is not offered yet")
 

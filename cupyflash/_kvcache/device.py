@@ -1,11 +1,12 @@
 """The KV-cache kernels (kernels_cu/kvcache/kvcache.cu) and a CuPy call's two paths: the decode kernel
 (float16/bfloat16 caches with 16-byte aligned rows, head dims up to 256; every paged cache, and every
 call whose query rows per kv head, seqlen_q * heads / heads_k, are few), planned once per layout (a
-:class:`DecodePlan`), or the general path: the forward families over the cache through the compute
-layer, as a prefix of every entry (an int cache_seqlens) or with per-entry key counts (seqused_k),
-after gathering a paged cache or the cache_batch_idx entries into a dense copy. New keys and values go
-into the cache through the decode kernel itself where it runs and they need no rotary embedding, else
-first, through kvc_append."""
+:class:`DecodePlan`), or the general path: the forward families over the cache with per-entry key
+counts (seqused_k), reading a dense cache or a paged one's pages in place (the Hopper forward), planned
+once per layout too (a :class:`GeneralPlan`), or, unplanned, after gathering the pages, the
+cache_batch_idx entries or the left-padded rows into a dense copy. New keys and values go into the
+cache through the decode kernel itself where it runs and they need no rotary embedding, else first,
+through kvc_append."""
 
 import dataclasses
 
@@ -13,7 +14,7 @@ import cupy
 import numpy
 from cupy.cuda import function as _function
 
-from .. import _compute, _families, _gates, _kernels, _params, _plan, _problem
+from .. import _compute, _families, _kernels, _params, _plan, _problem
 from .._families import common, sm90
 from .call import MAX_SPLITS
 
@@ -151,49 +152,80 @@ def num_splits(c, variant, device, row_tiles):
     return next(s for s in counts if efficiency(s) >= 0.99 * best)
 
 
-class DecodePlan:
-    """A decode-kernel call prepared once for a layout (cupyflash/_plan.py): the decode kernel, which also
-    appends new tokens and merges its splits, after kvc_append where the new keys need the rotary
-    embedding or rows the decode kernel cannot copy, with every size filled. ``plan`` runs them on the current
-    stream for the arrays of a call of that layout, in :meth:`__call__`'s order, and returns (out,) or,
-    with ``return_lse``, (out, lse), then with ``max_score`` each entry's and head's largest score (the
-    decode kernel raises images in a zeroed workspace, common.plan_max_score_decode decodes them).
-    ``capacity`` is the cache_seqlens bound of a call that passes it as an int (checked on the host, as
-    the call's checks would, then passed as the plan's scalar), None when the plan's calls pass an array
-    or None (the full cache: a constant of the plan)."""
+def _plan_inputs(b, c, alibi_slopes):
+    """Call ``c`` with its arrays as inputs of plan ``b``, in the order a run takes them
+    (:meth:`CachePlan.__call__`); ``alibi_slopes`` is the call's own array. The caches are written in
+    place: never copied."""
+    q = b.input(*common.readable(c.q))
+    k_cache, v_cache = b.input(c.k_cache), b.input(c.v_cache)
+    k_new, v_new = (b.input(*common.readable(x)) if x is not None else b.input(None) for x in (c.k_new, c.v_new))
+    slots = {name: b.input(*common.contiguous(x)) if x is not None else b.input(None)
+             for name, x in (("cache_seqlens", c.cache_seqlens), ("cache_batch_idx", c.cache_batch_idx),
+                             ("block_table", c.block_table), ("rotary_cos", c.rotary_cos),
+                             ("rotary_sin", c.rotary_sin), ("alibi_slopes", alibi_slopes),
+                             ("cache_leftpad", c.cache_leftpad))}
+    return dataclasses.replace(c, q=q, k_cache=k_cache, v_cache=v_cache, k_new=k_new, v_new=v_new, **slots)
+
+
+def _plan_append(b, cs, int_seqlens, fused):
+    """kvc_append's launch in plan ``b`` for call ``cs`` (its arrays slots), where it has new tokens that
+    the decode kernel does not append itself (``fused``) or queries to rotate. Returns the queries the
+    attention reads (q, or the rotated copy kvc_append writes) and whether it launched."""
+    tokens = max(cs.seqlen_new, cs.seqlen_q if cs.rotary_dim else 0) if cs.k_new is not None else 0
+    q_rot = b.workspace(cs.q.shape, cs.dtype) if cs.rotary_dim else None
+    launched = bool(tokens and not fused)
+    if launched:
+        append = _fill_args(b.struct(_params.KV_CACHE_ARGS), cs, cs.q, None, None)
+        if q_rot is not None:
+            append["q_rot"] = _params.tensor(q_rot)
+        if int_seqlens:
+            b.int32_field(append, ("cache_seqlens_value",))
+        b.launch(common.function(APPEND.variant(common.dtype_name(cs.dtype))), (tokens, cs.batch, 1), APPEND_THREADS,
+                 (append,))
+    return (q_rot if q_rot is not None else cs.q), launched
+
+
+class CachePlan:
+    """A call of one layout prepared once (cupyflash/_plan.py): ``plan`` runs its launches on the current
+    stream for the arrays of a call of that layout, in :meth:`__call__`'s order. ``capacity`` is the
+    cache_seqlens bound of a call that passes it as an int (checked on the host, as the call's checks
+    would, then passed to each of the plan's ``scalars`` int32 fields), None when the plan's calls pass
+    an array or None (the full cache: a constant of the plan)."""
+
+    def __call__(self, q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
+                 alibi_slopes, cache_leftpad=None):
+        """The results of a call of the plan's layout (its key fixed cache_seqlens' type)."""
+        if self.capacity is None:
+            return self.plan.run(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos,
+                                 rotary_sin, alibi_slopes, cache_leftpad)
+        value = int(cache_seqlens)
+        if not 0 <= value <= self.capacity:
+            raise ValueError(f"cache_seqlens must be in [0, {self.capacity}], got {value}")
+        return self.plan.run(q, k_cache, v_cache, k, v, None, cache_batch_idx, block_table, rotary_cos, rotary_sin,
+                             alibi_slopes, cache_leftpad, scalars=(value,) * self.scalars)
+
+
+class DecodePlan(CachePlan):
+    """The decode kernel, which also appends new tokens and merges its splits, after kvc_append where the
+    new keys need the rotary embedding or rows the decode kernel cannot copy, with every size filled. A
+    run returns (out,) or, with ``return_lse``, (out, lse), then with ``max_score`` each entry's and head's
+    largest score (the decode kernel raises images in a zeroed workspace, common.plan_max_score_decode
+    decodes them)."""
 
     def __init__(self, c, variant, device, alibi_slopes, return_lse, int_seqlens, max_score=False):
         self.capacity = c.capacity - c.seqlen_new if int_seqlens else None
         b = _plan.PlanBuilder()
-        # Inputs, in the order __call__ takes them. The caches are written in place: never copied.
-        q = b.input(*common.readable(c.q))
-        k_cache, v_cache = b.input(c.k_cache), b.input(c.v_cache)
-        k_new, v_new = (b.input(*common.readable(x)) if x is not None else b.input(None) for x in (c.k_new, c.v_new))
-        slots = {name: b.input(*common.contiguous(x)) if x is not None else b.input(None)
-                 for name, x in (("cache_seqlens", c.cache_seqlens), ("cache_batch_idx", c.cache_batch_idx),
-                                 ("block_table", c.block_table), ("rotary_cos", c.rotary_cos),
-                                 ("rotary_sin", c.rotary_sin), ("alibi_slopes", alibi_slopes),
-                                 ("cache_leftpad", c.cache_leftpad))}
-        cs = dataclasses.replace(c, q=q, k_cache=k_cache, v_cache=v_cache, k_new=k_new, v_new=v_new, **slots)
+        cs = _plan_inputs(b, c, alibi_slopes)
         out = b.output(c.out_shape, c.dtype)
         lse = b.output(c.lse_shape, numpy.float32) if return_lse else b.workspace(c.lse_shape, numpy.float32)
         rows = c.seqlen_q * (c.heads // c.heads_k)
         row_tiles = common.cdiv(rows, DECODE_ROWS)
         splits = num_splits(c, variant, device, row_tiles)
-        tokens = max(c.seqlen_new, c.seqlen_q if c.rotary_dim else 0) if c.k_new is not None else 0
         # Unrotated new keys whose rows suit the decode kernel's 16-byte copies are appended by it (its
         # tiles read them from k_new/v_new); the others are written by kvc_append first.
-        fused = bool(c.seqlen_new and not c.rotary_dim and common.vec_loads(k_new, v_new))
-        q_rot = b.workspace(c.q.shape, c.dtype) if c.rotary_dim else None
-        if tokens and not fused:
-            append = _fill_args(b.struct(_params.KV_CACHE_ARGS), cs, q, None, None)
-            if q_rot is not None:
-                append["q_rot"] = _params.tensor(q_rot)
-            if int_seqlens:
-                b.int32_field(append, ("cache_seqlens_value",))
-            b.launch(common.function(APPEND.variant(common.dtype_name(c.dtype))), (tokens, c.batch, 1), APPEND_THREADS,
-                     (append,))
-        main = _fill_args(b.struct(_params.KV_CACHE_ARGS), cs, q_rot if q_rot is not None else q, out, lse)
+        fused = bool(c.seqlen_new and not c.rotary_dim and common.vec_loads(cs.k_new, cs.v_new))
+        q, appended = _plan_append(b, cs, int_seqlens, fused)
+        main = _fill_args(b.struct(_params.KV_CACHE_ARGS), cs, q, out, lse)
         main["num_splits"] = splits
         if not fused:
             main["k_new"] = main["v_new"] = (0, 0, 0, 0)
@@ -217,20 +249,70 @@ class DecodePlan:
             common.plan_max_score_decode(b, images, top)
         self.splits = splits
         self.fused_append = fused
-        self.scalars = 2 if tokens and not fused and int_seqlens else 1
+        self.scalars = 1 + appended
         self.plan = b.build(((out, lse) if return_lse else (out,)) + ((top,) if max_score else ()))
 
-    def __call__(self, q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
-                 alibi_slopes, cache_leftpad=None):
-        """The results of a call of the plan's layout (its key fixed cache_seqlens' type)."""
-        if self.capacity is None:
-            return self.plan.run(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos,
-                                 rotary_sin, alibi_slopes, cache_leftpad)
-        value = int(cache_seqlens)
-        if not 0 <= value <= self.capacity:
-            raise ValueError(f"cache_seqlens must be in [0, {self.capacity}], got {value}")
-        return self.plan.run(q, k_cache, v_cache, k, v, None, cache_batch_idx, block_table, rotary_cos, rotary_sin,
-                             alibi_slopes, cache_leftpad, scalars=(value,) * self.scalars)
+
+def general_plannable(c, device, max_score):
+    """Whether the general path of CuPy call ``c`` (which the decode kernel does not take) keeps a
+    :class:`GeneralPlan`: a dense cache read as it is, or a paged one read in place by the Hopper forward
+    (paged_prefill); not with cache_batch_idx, left padding or a gather of the pages (array operations
+    that a plan does not hold), a score_mod or the maximum score (such calls are not planned)."""
+    if (c.seqlen_q == 0 or max_score or c.user_score is not None or c.fp8 or c.cache_batch_idx is not None
+            or c.cache_leftpad is not None):
+        return False
+    if any(common.readable(x)[1] is not None for x in (c.k_cache, c.v_cache)):
+        return False
+    return c.block_table is None or paged_prefill(c, device)
+
+
+def _first_entries(slot, batch):
+    """A dense cache's slot as the batch's first ``batch`` entries (the same address: a view)."""
+    if slot.shape[0] == batch:
+        return slot
+    return _plan.Slot(slot.index, (batch,) + slot.shape[1:], slot.dtype, slot.strides, slot.aligned16)
+
+
+class GeneralPlan(CachePlan):
+    """The general path of a call that :func:`general_plannable` admits: kvc_append where it has new
+    tokens or queries to rotate, kvc_lengths (each entry's key count, seqused_k, and bad flag), the forward
+    family's kernels over the cache (a dense cache's first batch entries, or the pages read in place by
+    the Hopper forward), then kvc_poison over out and lse where an entry can be bad (a cache_seqlens or
+    block_table array). A run returns (out,) or, with ``return_lse``, (out, lse)."""
+
+    def __init__(self, c, device, alibi_slopes, return_lse, int_seqlens):
+        self.capacity = c.capacity - c.seqlen_new if int_seqlens else None
+        b = _plan.PlanBuilder()
+        cs = _plan_inputs(b, c, alibi_slopes)
+        q, appended = _plan_append(b, cs, int_seqlens, fused=False)
+        seqused, bad = b.workspace((c.batch,), numpy.int32), b.workspace((c.batch,), numpy.int32)
+        lengths = _fill_args(b.struct(_params.KV_CACHE_ARGS), cs, q, None, None)
+        lengths["seqused_k"], lengths["bad"] = seqused.data.ptr, bad.data.ptr
+        if int_seqlens:
+            b.int32_field(lengths, ("cache_seqlens_value",))
+        b.launch(common.function(LENGTHS.variant()), (c.batch, 1, 1), APPEND_THREADS, (lengths,))
+        if c.block_table is not None:
+            k, v = cs.k_cache, cs.v_cache
+            p = _problem_of(cs, seqused_k=seqused, block_table=cs.block_table, page_size=c.page_size)
+        else:
+            k, v = (_first_entries(x, c.batch) for x in (cs.k_cache, cs.v_cache))
+            p = _problem_of(cs, seqused_k=seqused)
+        family, variant = _families.select(_families.FORWARD, p, device, (q, k, v))
+        out, lse = family.plan(b, variant, p, q, k, v, device)
+        if c.cache_seqlens is not None or c.block_table is not None:
+            for x in (out, lse) if return_lse else (out,):
+                _plan_poison(b, bad, x, c.batch)
+        self.scalars = 1 + appended
+        self.plan = b.build((out, lse) if return_lse else (out,))
+
+
+def _plan_poison(b, bad, x, batch):
+    """kvc_poison's launch in plan ``b``: the rows of ``x`` (a contiguous, batch-major slot) of the batch
+    entries ``bad`` flags set to NaN."""
+    args = [b.struct(dtype) for dtype in (numpy.uint64, numpy.uint64, numpy.int64, numpy.int64)]
+    args[0][0], args[1][0], args[2][0], args[3][0] = bad.data.ptr, x.data.ptr, x.size // batch, x.size
+    b.launch(common.function(POISON.variant(common.dtype_name(x.dtype))),
+             (min(common.cdiv(x.size, POISON_THREADS), 4096), 1, 1), POISON_THREADS, args)
 
 
 def launch(variant, grid, threads, args, smem=0):
@@ -247,12 +329,16 @@ def attention(c, alibi_slopes, return_lse, int_seqlens, max_score=False):
     """(out, lse, top) of a checked CuPy call ``c`` (``alibi_slopes``: the call's own array; ``int_seqlens``:
     the call passed cache_seqlens as an int; lse None without ``return_lse`` where the decode kernel runs;
     top, with ``max_score``, each entry's and head's largest score, else None), the new keys and values
-    written into the caches, and the :class:`DecodePlan` that repeats the call for arrays of the same
-    layout (None when the call takes the general path)."""
+    written into the caches, and the :class:`CachePlan` that repeats the call for arrays of the same
+    layout (None for the general path's calls that general_plannable turns away)."""
     device = common.current_device()
     variant = decode_variant(c, device, max_score)
+    plan = None
     if variant is not None:
         plan = DecodePlan(c, variant, device, alibi_slopes, return_lse, int_seqlens, max_score)
+    elif general_plannable(c, device, max_score):
+        plan = GeneralPlan(c, device, alibi_slopes, return_lse, int_seqlens)
+    if plan is not None:
         results = plan(c.q, c.k_cache, c.v_cache, c.k_new, c.v_new,
                        c.cache_seqlens if c.cache_seqlens is not None else c.cache_seqlens_value, c.cache_batch_idx,
                        c.block_table, c.rotary_cos, c.rotary_sin, alibi_slopes, c.cache_leftpad)
@@ -340,14 +426,14 @@ def _paged_problem(c, seqused):
 
 
 def paged_prefill(c, device):
-    """Whether the Hopper forward reads call ``c``'s paged cache in place (_gates.PAGED_PREFILL): a prefill
+    """Whether the Hopper forward reads call ``c``'s paged cache in place: a prefill
     chunk (more than DECODE_MAX_ROWS queries) whose work tiles, one per 128 queries of each query head with
     no split of the keys, fill at least half the device (on an H100, 512 queries of 32 heads: 128 tiles
     on 132 SMs ran 9x the decode kernel's rate; shorter chunks keep the decode kernel, whose rows pack the
     query heads of a kv head and whose splits share the keys), on compute capability 9.0 with dispatch
     free to take the sm90 family (CUPYFLASH_FAMILY), page sizes whose TMA boxes are whole swizzle periods
     (sm90.paged_box_rows)."""
-    if (not _gates.PAGED_PREFILL or c.block_table is None or device.capability != sm90.CAPABILITY
+    if (c.block_table is None or device.capability != sm90.CAPABILITY
             or c.seqlen_q <= DECODE_MAX_ROWS or sm90.FORWARD not in _families.forced(_families.FORWARD)):
         return False
     if 2 * common.cdiv(c.seqlen_q, PREFILL_BLOCK_M) * c.batch * c.heads < device.sm_count:
