@@ -69,20 +69,24 @@ struct Sm90FwdKernel {
         }
     }
 
-    // The producer's second thread: the K and V tiles of every published work tile's walk. Paged keys
-    // (Mainloop::kPagedKeys and a block table) take a loop of their own, so that the dense loop's registers
-    // (the producer runs on 24) stay as they were.
+    // The producer's second warp: the K and V tiles of every published work tile's walk, by its first
+    // lane; paged keys (Mainloop::kPagedKeys and a block table) by all its lanes, in a loop of their own
+    // (sm90_load_paged_key_tiles), so that the dense loop's registers (the producer runs on 24) stay as
+    // they were.
     __device__ __forceinline__ static void produce_keys(const AttnArgs& a, const Sm90FwdMaps& maps, Sm90FwdState& st,
                                                         unsigned char* smem) {
-        tma_prefetch_desc(maps.k);
-        tma_prefetch_desc(maps.v);
+        const bool first = threadIdx.x % 32 == 0;
+        if (first) {
+            tma_prefetch_desc(maps.k);
+            tma_prefetch_desc(maps.v);
+        }
         if constexpr (Mainloop::kPagedKeys) {
             if (maps.block_table != nullptr) {
                 walk_keys<true>(a, maps, st, smem);
                 return;
             }
         }
-        walk_keys<false>(a, maps, st, smem);
+        if (first) walk_keys<false>(a, maps, st, smem);
     }
 
     template <bool kPaged>
@@ -151,7 +155,7 @@ struct Sm90FwdKernel {
         if (wg == 0) {
             warpgroup_set_registers<Tr::kProducerRegs>();
             if (threadIdx.x == 0) produce_queries(args.attn, maps, schedule, st, smem);
-            if (threadIdx.x == 32) produce_keys(args.attn, maps, st, smem);
+            if (threadIdx.x / 32 == 1) produce_keys(args.attn, maps, st, smem);
         } else {
             warpgroup_set_registers<Tr::kConsumerRegs>();
             consume(args, maps, st, smem, wg - 1);

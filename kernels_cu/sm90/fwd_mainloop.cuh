@@ -136,45 +136,59 @@ struct Sm90FwdState {
 };
 
 // Producer, paged keys (Sm90FwdMaps::block_table; 16-bit kernels): the K and V tiles of a work tile's walk
-// as sm90_load_key_tiles loads them, each in boxes of box_rows rows from their pages. The table entries
-// are read as the boxes are issued: the ring's other stages cover their latency. (A walk of its own, not
-// a branch inside the dense one, so the dense walk's registers stay as they were: the producer runs on
-// 24.)
+// as sm90_load_key_tiles loads them, each in boxes of box_rows rows from their pages, by the whole second
+// producer warp: lane x reads the table entry of box x (kBlockN / box_rows boxes, at most kBlockN / 8) and
+// issues that box's loads, so a tile's entries are read together (one load latency, where one thread
+// reading them box after box paid one per box, twice), and the next tile's are read before the wait for
+// its stage, which hides that latency behind the ring. Lane 0 arrives on the barriers. (A walk of its
+// own, not a branch inside the dense one, so the dense walk's registers stay as they were: the producer
+// runs on 24.)
 template <typename Tr>
 __device__ __forceinline__ void sm90_load_paged_key_tiles(const AttnArgs& a, const Sm90FwdMaps& maps, Sm90FwdState& st,
                                                           unsigned char* smem, const Sm90FwdTile& tile, int& i) {
     static_assert(Tr::kPlanes == 1, "paged keys: 16-bit tiles");
     constexpr int kStages = Tr::kStages, kBlockN = Tr::kBlockN;
+    static_assert(kBlockN / 8 <= 32, "a lane per box of at least 8 rows");
+    const int lane = threadIdx.x % 32;
     const int kvh = kv_head(tile.h, a.heads, a.heads_k);
     const int* pages = maps.block_table + tile.b * maps.table_stride;
-    for (int j = 0; j < tile.keys.count; ++j, ++i) {
+    const int box = lane * maps.box_rows;  // this lane's box: its first row within a tile
+    const bool loads = box < kBlockN;
+    const int count = tile.keys.count;
+    int page = count > 0 && loads ? page_of(maps, pages, entry_tile(tile.keys.entry(0)) * kBlockN + box) : -1;
+    for (int j = 0; j < count; ++j, ++i) {
         const int stage = i % kStages;
         const int round_parity = (i / kStages - 1) & 1;
-        if (i >= kStages) mbarrier_wait(&st.empty_k[stage], round_parity);
         const int entry = tile.keys.entry(j);
-        st.entry[stage] = entry;
-        const int row = entry_tile(entry) * kBlockN;
+        const int row = entry_tile(entry) * kBlockN + box;
+        const int next = j + 1 < count && loads ? page_of(maps, pages, entry_tile(tile.keys.entry(j + 1)) * kBlockN + box)
+                                                : -1;
         unsigned char* k_tile = smem + Tr::kKOffset + stage * Tr::kKBytes;
         unsigned char* v_tile = smem + Tr::kVOffset + stage * Tr::kVBytes;
-        mbarrier_arrive_expect_tx(&st.k_full[stage], Tr::kKBytes);
-        for (int r = 0; r < kBlockN; r += maps.box_rows) {
-            const int page = page_of(maps, pages, row + r);
+        if (i >= kStages) mbarrier_wait(&st.empty_k[stage], round_parity);
+        if (lane == 0) {
+            st.entry[stage] = entry;
+            mbarrier_arrive_expect_tx(&st.k_full[stage], Tr::kKBytes);
+        }
+        __syncwarp();
+        if (loads) {
 #pragma unroll
             for (int atom = 0; atom < Tr::kAtomsQK; ++atom) {
-                tma_load_4d(k_tile + (atom * kBlockN + r) * 128, maps.k, &st.k_full[stage], 64 * atom,
-                            (row + r) % maps.page_size, kvh, page);
+                tma_load_4d(k_tile + (atom * kBlockN + box) * 128, maps.k, &st.k_full[stage], 64 * atom,
+                            row % maps.page_size, kvh, page);
             }
         }
         if (i >= kStages) mbarrier_wait(&st.empty_v[stage], round_parity);
-        mbarrier_arrive_expect_tx(&st.v_full[stage], Tr::kVBytes);
-        for (int r = 0; r < kBlockN; r += maps.box_rows) {
-            const int page = page_of(maps, pages, row + r);
+        if (lane == 0) mbarrier_arrive_expect_tx(&st.v_full[stage], Tr::kVBytes);
+        __syncwarp();
+        if (loads) {
 #pragma unroll
             for (int atom = 0; atom < Tr::kAtomsV; ++atom) {
-                tma_load_4d(v_tile + (atom * kBlockN + r) * 128, maps.v, &st.v_full[stage], 64 * atom,
-                            (row + r) % maps.page_size, kvh, page);
+                tma_load_4d(v_tile + (atom * kBlockN + box) * 128, maps.v, &st.v_full[stage], 64 * atom,
+                            row % maps.page_size, kvh, page);
             }
         }
+        page = next;
     }
 }
 
