@@ -257,9 +257,10 @@ def general_plannable(c, device, max_score):
     """Whether the general path of CuPy call ``c`` (which the decode kernel does not take) keeps a
     :class:`GeneralPlan`: a dense cache read as it is, or a paged one read in place by the Hopper forward
     (paged_prefill); not with cache_batch_idx, left padding or a gather of the pages (array operations
-    that a plan does not hold), a score_mod or the maximum score (such calls are not planned)."""
-    if (c.seqlen_q == 0 or max_score or c.user_score is not None or c.fp8 or c.cache_batch_idx is not None
-            or c.cache_leftpad is not None):
+    that a plan does not hold), a score_mod or the maximum score (such calls are not planned), or a cache
+    of no rows (nothing to launch)."""
+    if (c.seqlen_q == 0 or c.capacity == 0 or max_score or c.user_score is not None or c.fp8
+            or c.cache_batch_idx is not None or c.cache_leftpad is not None):
         return False
     if any(common.readable(x)[1] is not None for x in (c.k_cache, c.v_cache)):
         return False
@@ -439,4 +440,6 @@ def paged_prefill(c, device):
     if 2 * common.cdiv(c.seqlen_q, PREFILL_BLOCK_M) * c.batch * c.heads < device.sm_count:
         return False
     p = _paged_problem(c, c.cache_seqlens)
-    return sm90.FORWARD.select(p, device, (c.q, c.k_cache, c.v_cache)) is not None
+    # With rotary the kernel reads kvc_append's contiguous copy of q.
+    q = _plan.Slot(0, c.q.shape, c.q.dtype) if c.rotary_dim else c.q
+    return sm90.FORWARD.select(p, device, (q, c.k_cache, c.v_cache)) is not None

@@ -99,6 +99,7 @@ struct Sm90FwdKernel {
             if (tile.done) break;
             if constexpr (kPaged) {
                 Mainloop::load_paged_keys(a, maps, st, smem, tile, i);
+                __syncwarp();  // the lanes read the next published tile together
             } else {
                 Mainloop::load_keys(a, maps, st, smem, tile, i);
             }
