@@ -4,6 +4,7 @@ _plan.py); any other is checked (cupyflash/_problem.py, the only checks of a cal
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Callable, Optional, Sequence, Tuple, Union
 
 import numpy
@@ -214,6 +215,8 @@ def _forward(key, p, q, k, v, return_lse, alibi_slopes=None, cu_seqlens_q=None, 
              return_max_score=False, seqused_k=None):
     """out, then lse with ``return_lse`` and max_score with ``return_max_score``, of a checked forward
     call; a CuPy call's plan is kept under ``key``."""
+    if not return_lse:
+        p = dataclasses.replace(p, lse_returned=False)
     if key is None or not _compute.plannable(p):
         results = _compute.forward(p, q, k, v, max_score=return_max_score)
         return _results(results[0], results[1], results[-1], return_lse, return_max_score)

@@ -113,6 +113,9 @@ class Problem:
     user_grads: object = None  # CUDA backward plans: the slots of the buffers' gradient accumulators (None each for
                                # int and bool buffers), or None
     user_grads_exact: bool = False  # user_grads are exact sums (kernels_cu/common/exact_sum.cuh): deterministic
+    # Whether the forward's lse leaves the call (returned, or read by the backward of a vjp or ring): then
+    # its scores must be those the backward recomputes, which the tf32 kernel's are not (sm90.FORWARD).
+    lse_returned: bool = True
 
     @property
     def varlen(self):

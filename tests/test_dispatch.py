@@ -195,14 +195,14 @@ def test_dropout_takes_the_hopper_kernels_and_the_general_kernels_elsewhere(head
 
 @pytest.mark.parametrize("precision, device, expected", [
     ("highest", H200, "sm90_fwd_planes_fp32_d64_n64_s2_mod_0_tf32_0_top_0"),
-    ("tf32", H200, "sm90_fwd_tf32_fp32_d64_v64_n128_s2_top_0"),
+    ("tf32", H200, "sm90_fwd_planes_fp32_d64_n64_s2_mod_0_tf32_1_top_0"),
     ("highest", A100, "sm80_fwd_parts_fp32_d64_n32_m1_mod_0_tf32_0_top_0"),
     ("tf32", A100, "sm80_fwd_parts_fp32_d64_n32_m1_mod_0_tf32_1_top_0"),
 ])
 def test_float32_forward_takes_its_precision(precision, device, expected):
-    """float32's forward: "highest" runs in three bfloat16 parts (the Hopper planes kernel on compute
-    capability 9.0, the sm80 family's on other sm_80+ GPUs); "tf32" the tf32 wgmma kernel on compute
-    capability 9.0 and two parts elsewhere."""
+    """float32's forward runs in bfloat16 parts, the Hopper kernel on compute capability 9.0 and the sm80
+    family's on other sm_80+ GPUs, three parts for "highest", two for "tf32" (a call whose lse leaves it:
+    test_tf32_precision_takes_the_tf32_kernel_where_it_can has the others)."""
     p = _problem(64, dtype=np.float32, precision=precision)
     family, variant = _families.select(_families.FORWARD, p, device, _operands(p))
     assert (family.name, variant.key) == (expected[:4], expected)
@@ -216,17 +216,21 @@ def test_float32_forward_takes_its_precision(precision, device, expected):
     (160, None, {}, None),
 ])
 def test_tf32_precision_takes_the_tf32_kernel_where_it_can(headdim, headdim_v, options, expected):
-    """precision="tf32" on compute capability 9.0 runs the tf32 wgmma kernel (kernels_cu/sm90/fwd_kmajor.cu)
-    for what sm90.kmajor_missing allows; a softcap keeps the planes kernel, head dims above 128 the general
-    family."""
-    max_score = options.pop("return_max_score", False)
-    p = _problem(headdim, headdim_v, dtype=np.float32, precision="tf32", **options)
-    if max_score:
-        import dataclasses
+    """precision="tf32" on compute capability 9.0, in a call that returns no lse, runs the tf32 wgmma kernel
+    (kernels_cu/sm90/fwd_kmajor.cu) for what sm90.kmajor_missing allows; a softcap keeps the planes kernel,
+    head dims above 128 the general family; a call whose lse leaves it (a backward may follow) the planes
+    kernel."""
+    import dataclasses
 
+    max_score = options.pop("return_max_score", False)
+    p = dataclasses.replace(_problem(headdim, headdim_v, dtype=np.float32, precision="tf32", **options),
+                            lse_returned=False)
+    if max_score:
         p = dataclasses.replace(p, max_score=True)
     variant = sm90.FORWARD.select(p, H200, _operands(p))
     assert (variant and variant.key) == expected
+    variant = sm90.FORWARD.select(dataclasses.replace(p, lse_returned=True), H200, _operands(p))
+    assert (variant and variant.kernel) is (sm90.FWD_PLANES if expected else None)
 
 
 @pytest.mark.parametrize("headdim, device, expected", [
@@ -308,9 +312,12 @@ def test_score_and_mask_functions_take_the_families_that_compile_them():
 
 @pytest.mark.parametrize("dtype, headdim, headdim_v, seqlen_k", [("float8_e4m3fn", 128, 128, 77), ("float32", 40, 24, 77)])
 def test_kmajor_plans_encode_their_tensor_maps(dtype, headdim, headdim_v, seqlen_k, monkeypatch):
-    """The K-major forwards' plans (FP8, and tf32 with its rounded copies of q and k) build on the host: the
-    pre-passes' launches, and tensor maps of q, k (or their copies) and V^T with the TMA dtype, extents and
-    boxes of 128-byte atoms the kernels read (the encodings recorded instead of passed to the driver)."""
+    """The K-major forwards' plans (FP8, and tf32 with its rounded copies of q and k, for a call that returns
+    no lse) build on the host: the pre-passes' launches, and tensor maps of q, k (or their copies) and V^T
+    with the TMA dtype, extents and boxes of 128-byte atoms the kernels read (the encodings recorded instead
+    of passed to the driver)."""
+    import dataclasses
+
     from cupyflash import _problem
 
     encodings = []
@@ -320,7 +327,9 @@ def test_kmajor_plans_encode_their_tensor_maps(dtype, headdim, headdim_v, seqlen
     dt = np.dtype(ml_dtypes.float8_e4m3fn if dtype == "float8_e4m3fn" else np.float32)
     q = np.zeros((2, 50, 4, headdim), dt)
     k, v = np.zeros((2, seqlen_k, 2, headdim), dt), np.zeros((2, seqlen_k, 2, headdim_v), dt)
-    p = _problem.forward_problem(q, k, v, causal=True, precision="tf32" if dtype == "float32" else "highest")
+    p = dataclasses.replace(_problem.forward_problem(q, k, v, causal=True,
+                                                     precision="tf32" if dtype == "float32" else "highest"),
+                            lse_returned=False)
     operands = tuple(_plan.Slot(i, x.shape, x.dtype) for i, x in enumerate((q, k, v)))
     variant = sm90.FORWARD.select(p, H200, operands)
     b = _plan.PlanBuilder()

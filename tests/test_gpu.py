@@ -171,9 +171,11 @@ def test_float32_tf32_precision_gradients(scale):
 def test_tf32_kernel_within_its_rule(sizes, options):
     """The tf32 wgmma forward (kernels_cu/sm90/fwd_kmajor.cu with Tf32Operands), its pre-passes included (q
     and k rounded into copies whose head dims are padded, V^T permuted per 8-key step): odd shapes, GQA,
-    causal, windows, block masks, head dims that are not the bucket's, the maximum score; out and lse under
-    the "tf32" rule, and the gradients of the backward that follows it (the planes kernel's, from this
-    forward's lse)."""
+    causal, windows, block masks, head dims that are not the bucket's, the maximum score, under the "tf32"
+    rule. It runs for calls that return no lse; a call that returns lse, and the vjp, take the planes kernel,
+    whose scores the backward recomputes: their out, lse and gradients under the same rule."""
+    import dataclasses
+
     from cupyflash import _problem
 
     if _families.common.current_device().capability != 90:
@@ -186,15 +188,18 @@ def test_tf32_kernel_within_its_rule(sizes, options):
         layout = np.random.default_rng(sk).random((b, h, -(-sq // 128), -(-sk // 128))) < 0.7
         options["block_mask"] = cupyflash.BlockMask.from_dense(layout, (128, 128))
     p = _problem.forward_problem(q, k, v, precision="tf32", **options)
-    _, variant = _families.select(_families.FORWARD, p, _families.common.current_device(), (q, k, v))
-    assert variant.kernel.name == "sm90_fwd_tf32"
-    out, lse, top = cupyflash.flash_attention(q, k, v, precision="tf32", return_lse=True, return_max_score=True,
-                                              **options)
+    device = _families.common.current_device()
+    kernels = [_families.select(_families.FORWARD, dataclasses.replace(p, lse_returned=returned), device,
+                                (q, k, v))[1].kernel.name for returned in (False, True)]
+    assert kernels == ["sm90_fwd_tf32", "sm90_fwd_planes"]
+    out, top = cupyflash.flash_attention(q, k, v, precision="tf32", return_max_score=True, **options)
+    planes_out, lse = cupyflash.flash_attention(q, k, v, precision="tf32", return_lse=True, **options)
     _, vjp = cupyflash.flash_attention_vjp(q, k, v, precision="tf32", **options)
     got = dict(zip(("dq", "dk", "dv"), vjp(dout)))
     ref = oracle(q, k, v, dout=dout, **options)
     base = plain(*(_tf32(to_host(x)) for x in (q, k, v)), dout=to_host(dout), **options)
     assert_within_rule("out", out, ref["out"], base["out"], OUTPUT_FACTOR)
+    assert_within_rule("out", planes_out, ref["out"], base["out"], OUTPUT_FACTOR)
     assert_within_rule("lse", lse, ref["lse"], base["lse"], OUTPUT_FACTOR)
     assert_within_rule("max_score", top, ref["max_score"], base["max_score"], OUTPUT_FACTOR)
     for name, value in got.items():

@@ -218,9 +218,10 @@ def test_a_planned_call_can_be_captured_in_a_graph():
         out = cupyflash.flash_attention(q, k, v, causal=True)
         graph = stream.end_capture()
     for seed in (8, 9):
-        fresh = random_qkv(cupy, 1, 256, 256, 4, 4, 64, 64, DTYPES["bfloat16"], seed)
-        for dst, src in zip((q, k, v), fresh):
-            dst[...] = src
+        with stream:  # (a non-blocking stream does not wait for the default stream's work)
+            fresh = random_qkv(cupy, 1, 256, 256, 4, 4, 64, 64, DTYPES["bfloat16"], seed)
+            for dst, src in zip((q, k, v), fresh):
+                dst[...] = src
         graph.launch(stream)
         stream.synchronize()
         assert_within_rule("out", out, oracle(q, k, v, True)["out"], plain(q, k, v, True)["out"], OUTPUT_FACTOR)

@@ -449,7 +449,12 @@ class Sm90Forward:
         if p.dtype == numpy.float32:
             if p.dropout or p.block_table is not None:  # (the float32 kernels have neither yet)
                 return None
-            if p.precision == "tf32" and not kmajor_missing(p, device.capability, operands):
+            # The tf32 kernel rounds q, k and v to tf32 and sums in its own order: the backward (the planes
+            # kernel's) could not recompute its scores, whose differences exp(s - lse) magnifies at large
+            # logits (scores near 1000: gradients 15x past the rule), so it runs only for calls whose lse
+            # stays inside (no backward can follow).
+            if (p.precision == "tf32" and not p.lse_returned
+                    and not kmajor_missing(p, device.capability, operands)):
                 variant = self._select_kmajor(FWD_TF32, FWD_TF32_TILES, "float32", p, device)
                 if variant is not None:
                     return variant

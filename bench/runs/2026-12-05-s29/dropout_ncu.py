@@ -1,8 +1,8 @@
 """One plain and one dropout Hopper forward (bf16, d128, 4k, batch 4, 16 heads) for ncu: issue-slot and
 pipe use of sm90_fwd ..._drop_0 against _drop_1 (issue 23: the Philox draws' cost)."""
 import cupy
-import numpy as np
 import ml_dtypes
+import numpy as np
 
 import cupyflash
 
