@@ -1,10 +1,11 @@
 # Session 29, call 3: the two failures of call 1 after their fixes (tf32: the tf32 kernel only for calls
 # that return no lse; the graph-capture test's copies on the capturing stream), the tf32 and paged tests
-# around them, without the suite's precompile (each test compiles what it runs); memcheck of the KV-cache
-# kernels with the warp-parallel paged producer.
+# around them, and the sm90 dropout tests with the generator calls drawn two at a time, without the
+# suite's precompile (each test compiles what it runs); the dropout rows of bench/training.py; memcheck of
+# the KV-cache kernels with the warp-parallel paged producer.
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name --format=csv,noheader
-timeout 300 python - <<'PY' 2>&1 | tail -6
+timeout 200 python - <<'PY' 2>&1 | tail -6
 import sys
 import pytest
 from cupyflash import _kernels
@@ -12,7 +13,10 @@ _kernels.precompile = lambda *args, **kwargs: None
 sys.exit(pytest.main(["-q", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_gpu.py::test_float32_tf32_precision_within_its_rule",
                       "tests/test_gpu.py::test_float32_tf32_precision_gradients", "tests/test_gpu.py::test_tf32_kernel_within_its_rule",
                       "tests/test_plans.py::test_a_planned_call_can_be_captured_in_a_graph",
-                      "tests/test_gpu_features.py::test_varlen_paged_keys_cupy"]))
+                      "tests/test_gpu_features.py::test_varlen_paged_keys_cupy",
+                      "tests/test_gpu_training.py::test_dense[gqa-causal-bfloat16-]",
+                      "tests/test_gpu_training.py::test_dense[softcap-d128-bfloat16-]"]))
 PY
-timeout 150 compute-sanitizer --tool memcheck --error-exitcode 1 python tests/sanitize_kvcache.py > $OUT/memcheck_kvc.txt 2>&1
+timeout 80 python bench/training.py --seqlens 4096 --repeats 10 > $OUT/training.txt 2>&1; echo "training rc=$?"; grep -E "plain|dropout" $OUT/training.txt
+timeout 80 compute-sanitizer --tool memcheck --error-exitcode 1 python tests/sanitize_kvcache.py > $OUT/memcheck_kvc.txt 2>&1
 echo "memcheck kvcache rc=$?"; tail -2 $OUT/memcheck_kvc.txt
