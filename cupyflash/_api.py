@@ -120,10 +120,13 @@ _PRECISION_DOC = """
     precision : {"highest", "tf32"}, keyword-only
         For float32 inputs (JAX's name for the knob; every other dtype takes only "highest", the
         default). "highest": float32 accuracy, errors within about twice a plain float32
-        implementation's. "tf32": at least TF32's accuracy (a plain implementation whose products take
-        inputs rounded to TF32's 10 mantissa bits), which lets the float32 tensor-core forward
-        multiply two bfloat16 parts of each value in three products instead of three parts in six;
-        every other path computes as for "highest"."""
+        implementation's. "tf32": TF32's accuracy (a plain implementation whose products take inputs
+        rounded to TF32's 10 mantissa bits). On compute capability 9.0 a forward call that returns no
+        lse (dense, head dims up to 128, no softcap, ALiBi, sinks, score function or dropout) then runs
+        on the TF32 tensor cores (sm90_fwd_tf32: scores off by about 2^-11 of them); the other
+        tensor-core forwards, and calls whose lse leaves them (a backward may follow: it recomputes
+        their scores), multiply two bfloat16 parts of each value in three products instead of three
+        parts in six; every other path computes as for "highest"."""
 
 _TRAINING_DOC = """
     sinks : float32 array of q's kind, shape (heads,), or None, keyword-only
@@ -135,7 +138,7 @@ _TRAINING_DOC = """
     dropout_p : float in [0, 1), keyword-only
         Attention dropout: each probability is kept with probability ``1 - dropout_p`` (within 2^-16)
         and scaled by ``1 / (1 - dropout_p)`` before the product with v; lse is the softmax's before
-        dropout. NumPy arrays only in this version (NotImplementedError for CuPy arrays).
+        dropout. On CuPy arrays the Hopper 16-bit and the general kernels draw the decisions.
     dropout_seed : int in [0, 2^64), keyword-only
         Required when ``dropout_p > 0``. The keep decision of (batch entry b, query head h, query i,
         key j) is a pure function of (seed, offset, b, h, i, j) (Philox4x32-10;
@@ -148,8 +151,7 @@ _MAX_SCORE_DOC = """
     return_max_score : bool, keyword-only
         Also return ``max_score``: the largest score (after the scale, softcap and ALiBi; the sinks are
         not scores) over every row of each query head and the keys it sees, float32 (batch, heads), -inf
-        where the head sees no key (QK-clip reads it). NumPy arrays only in this version
-        (NotImplementedError for CuPy arrays)."""
+        where the head sees no key (QK-clip reads it). NumPy and CuPy arrays."""
 
 _FP8_DOC = """
     q_descale, k_descale, v_descale : float32 arrays of q's kind, or None, keyword-only
@@ -159,7 +161,8 @@ _FP8_DOC = """
     out_dtype : dtype, keyword-only
         FP8 inputs: out's dtype, bfloat16 (default) or float16; lse is float32. The attention is that of
         the dequantized inputs, its probabilities rounded to e4m3 for their product with v (as the FP8
-        tensor cores take them). NumPy arrays only in this version."""
+        tensor cores take them). On CuPy arrays the Hopper FP8 forward (compute capability 9.0;
+        NotImplementedError naming what it does not take)."""
 
 _SCORE_MOD_DOC = """
     score_mod : callable or None, keyword-only
@@ -167,7 +170,7 @@ _SCORE_MOD_DOC = """
         score ``softmax_scale * q . k`` of batch entry (or packed sequence) b, query head h, query q_idx and
         key kv_idx (0-based within the sequence). Traced once into an expression (:mod:`cupyflash.mods`
         holds its functions; Python control flow on its values is a TypeError); not with softcap or
-        alibi_slopes, which it can write. The backward differentiates it. NumPy arrays only in this version.
+        alibi_slopes, which it can write. The backward differentiates it.
     score_mod_buffers : tuple of arrays of q's kind, or None, keyword-only
         The arrays the score_mod indexes (float32, float64, int32 or bool, rank at most 4), one int per axis;
         an index out of range makes the score NaN. Given, the backward returns their gradients last."""
@@ -175,8 +178,8 @@ _SCORE_MOD_DOC = """
 
 _NOTES_DOC = """
     CuPy arrays run on CuPy's current device and stream; NumPy arrays run the same tiled algorithm on
-    the CPU. Accumulation is float32 (float64 for float64 inputs); float32 is float32-accurate unless
-    ``precision="tf32"`` (never TF32: its tensor-core forward multiplies exact bfloat16 parts).
+    the CPU. Accumulation is float32 (float64 for float64 inputs); float32 is float32-accurate by default
+    ("highest" never uses TF32) and TF32-accurate with ``precision="tf32"`` (see precision).
     A NaN (or an inf that makes one) in q or k reaches exactly the rows that see it."""
 
 
@@ -414,16 +417,15 @@ def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
         Here the descales' batch axis is the sequence's index.
     seqused_k : int32 array of q's kind, shape (batch,), or None, keyword-only
         Sequence b attends to its first ``seqused_k[b]`` keys only (FlashAttention's varlen seqused_k;
-        masks aligned to that count). NumPy values must lie in [0, its keys]. The forward only (the backward
-        takes none); NumPy arrays only in this version (the kernels' path waits for its first GPU run).
+        masks aligned to that count). NumPy values must lie in [0, its keys]; CuPy values are clamped into
+        the sequence by the kernels. The forward only (the backward takes none).
     block_table : int32 array, shape (batch, max_pages), or None, keyword-only
         Paged keys and values (FlashAttention-2's varlen paged KV): k and v of shape (num_pages, page_size,
         heads_k, dim), sequence b's key t at row ``t % page_size`` of page ``block_table[b, t //
         page_size]``, its key count from cu_seqlens_k. The forward only. NumPy values are checked
         (ValueError); on CuPy arrays the pages are gathered on the device into each sequence's whole
         capacity (batch x max_pages pages of workspace; on an H100/H200 the Hopper forward reads them in
-        place), a sequence whose cu_seqlens_k or used pages are out of range gets NaN rows, and the path
-        waits for its first GPU run (NotImplementedError until then).
+        place), and a sequence whose cu_seqlens_k or used pages are out of range gets NaN rows.
 
     Returns
     -------
@@ -715,8 +717,7 @@ def flash_attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, *, k:
         position ``cache_leftpad[b]`` (``0 <= cache_leftpad[b] <= cache_seqlens[b]``): it attends to
         positions ``cache_leftpad[b]`` up to ``cache_seqlens[b] + seqlen_new``, and its masks and ALiBi
         distances count keys from ``cache_leftpad[b]``. New keys are still written at
-        ``cache_seqlens[b]`` and rotary positions stay absolute. Not with a score_mod. NumPy arrays only in
-        this version.
+        ``cache_seqlens[b]`` and rotary positions stay absolute. Not with a score_mod (NotImplementedError).
     q_descale, k_descale, v_descale, out_dtype : keyword-only
         float8_e4m3fn q, caches and new keys and values (an e4m3 cache), as in :func:`flash_attention`:
         the descales (batch, heads_k) per batch entry (new tokens share their cache's); not with rotary
@@ -746,7 +747,6 @@ def flash_attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, *, k:
         Attention sinks, as in :func:`flash_attention` (the lse returned includes them).
     return_max_score : bool, keyword-only
         Also return each batch entry's and query head's largest score, as in :func:`flash_attention`.
-        NumPy arrays only in this version (NotImplementedError for CuPy arrays).
     score_mod, score_mod_buffers : keyword-only
         A score function and its buffers, as in :func:`flash_attention` (a custom bias while decoding):
         ``b`` is the batch entry, ``q_idx`` the query's row in ``q`` and ``kv_idx`` the key's position in

@@ -107,16 +107,15 @@ def dropout_mask(seed, shape, p, offset=0, *, like=None):
     offset : int
         In [0, 2^32): the generator's fourth counter word, so one seed serves many calls (say, one
         offset per layer and step).
-    like : numpy.ndarray, optional, keyword-only
-        The kind of array to return. NumPy only in this version: the GPU's draw (a CuPy ``like``,
-        kernels_cu/common/dropout.cuh) raises NotImplementedError until the GPU's dropout is enabled.
+    like : numpy.ndarray or cupy.ndarray, optional, keyword-only
+        The kind of array to return: a CuPy ``like`` draws the mask on its device
+        (kernels_cu/common/dropout_mask.cu), bit for bit the host's.
 
     Returns
     -------
-    numpy.ndarray of bool, shape ``shape``
+    numpy.ndarray or cupy.ndarray of bool, shape ``shape``
         Each entry is True (kept) with probability ``1 - floor(p * 2^16) / 2^16``, independently of the
-        others; the attention functions scale kept probabilities by ``1 / (1 - p)``. Move it to the GPU
-        with ``cupy.asarray``.
+        others; the attention functions scale kept probabilities by ``1 / (1 - p)``.
     """
     from . import _problem
 

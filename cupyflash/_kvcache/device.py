@@ -1,6 +1,7 @@
 """The KV-cache kernels (kernels_cu/kvcache/kvcache.cu) and a CuPy call's two paths: the decode kernel
-(float16/bfloat16 caches with 16-byte aligned rows, head dims up to 256; every paged cache, and every
-call whose query rows per kv head, seqlen_q * heads / heads_k, are few), planned once per layout (a
+(float16/bfloat16 caches with 16-byte aligned rows, head dims up to 256: paged caches but the prefill
+chunks the Hopper forward reads in place, and dense calls with at most DECODE_MAX_ROWS query rows per kv
+head or whose forward work tiles would not fill half the device), planned once per layout (a
 :class:`DecodePlan`), or the general path: the forward families over the cache with per-entry key
 counts (seqused_k), reading a dense cache or a paged one's pages in place (the Hopper forward), planned
 once per layout too (a :class:`GeneralPlan`), or, unplanned, after gathering the pages, the
