@@ -263,3 +263,27 @@ def test_cuda_layer_plans_build_on_the_host(case, monkeypatch):
     plan = _cuda.backward_plan(p, out, q, k, v, out, lse, False, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k,
                                buffers, grads)
     assert plan is not None
+
+
+@pytest.mark.parametrize("given", [(), ("q_descale",), ("q_descale", "k_descale", "v_descale")])
+def test_fp8_plans_take_the_descales_last(given, monkeypatch):
+    """An FP8 call's plan (cupyflash/_cuda.py's forward_plan on an H200) takes the three descales after
+    the problem's other arrays (_cuda.tail_inputs: None where not given), so that a call of its layout
+    runs it with its own descales; its launches are the V^T pre-pass and the FP8 kernel."""
+    from cupyflash import _cuda, _fp8
+
+    monkeypatch.setattr(common, "current_device", lambda: H200)
+    launched = []
+    monkeypatch.setattr(common, "function", lambda variant, smem=0: launched.append(variant.key) or variant.key)
+    addresses = iter(range(1 << 20, 1 << 30, 1 << 16))
+    q, k, v = (np.zeros(shape, _fp8.E4M3) for shape in ((2, 77, 4, 128), (2, 101, 2, 128), (2, 101, 2, 128)))
+    descales = {name: np.ones((2, 2), np.float32) if name in given else None for name in _fp8.DESCALES}
+    p = _problem.forward_problem(q, k, v, causal=True, **descales)
+    stand_ins = {name: None if x is None else _DeviceArray(x.shape, x.dtype, next(addresses)) for name, x in descales.items()}
+    p = dataclasses.replace(p, **stand_ins)
+    operands = tuple(_DeviceArray(x.shape, x.dtype, next(addresses)) for x in (q, k, v))
+    assert _cuda.tail_inputs(p) == tuple(stand_ins.values())
+    plan = _cuda.forward_plan(p, *operands)
+    assert len(plan._inputs) == 7 + 3
+    assert [bool(words or maps) for words, maps, _ in plan._inputs[7:]] == [name in given for name in _fp8.DESCALES]
+    assert launched[0] == "fp8_transpose_values" and launched[-1].startswith("sm90_fwd_fp8")
