@@ -287,3 +287,38 @@ def test_fp8_plans_take_the_descales_last(given, monkeypatch):
     assert len(plan._inputs) == 7 + 3
     assert [bool(words or maps) for words, maps, _ in plan._inputs[7:]] == [name in given for name in _fp8.DESCALES]
     assert launched[0] == "fp8_transpose_values" and launched[-1].startswith("sm90_fwd_fp8")
+
+
+@pytest.mark.parametrize("batch, seqlen_q, heads, paged, kernel", [
+    (64, 1, 32, False, "decode"),      # decode: one token per request
+    (1, 64, 32, False, "decode"),      # a shared prefix's queries (cascade): 32 forward tiles on 132 SMs
+    (1, 512, 32, False, "forward"),    # chunked prefill: 128 forward tiles, as many rows per kv head
+    (2, 300, 8, False, "decode"),      # a small model's chunk: 48 tiles
+    (1, 512, 32, True, "forward"),     # a paged chunk the Hopper forward reads in place
+    (1, 64, 32, True, "decode"),       # a paged shared prefix
+])
+def test_kvcache_routing_by_forward_tiles(batch, seqlen_q, heads, paged, kernel):
+    """A 16-bit KV-cache call with more than 64 query rows per kv head runs the forward families only
+    where their work tiles (one per 128 queries of each query head and batch entry) fill at least half
+    the device (cupyflash/_kvcache/device.py's forward_fills); fewer stay on the decode kernel, whose
+    splits share the keys. On an H200 stand-in, GQA 4."""
+    from cupyflash._kvcache import call, device
+
+    heads_k, d, capacity, page = heads // 4, 128, 8192, 64 if paged else 0
+    addresses = iter(range(1 << 20, 1 << 34, 1 << 24))
+    q_shape = (batch, seqlen_q, heads, d)
+    cache_shape = (batch * capacity // page, page, heads_k, d) if paged else (batch, capacity, heads_k, d)
+    table = np.zeros((batch, capacity // page), np.int32) if paged else None
+    host = call.check(np.zeros(q_shape, ml_dtypes.bfloat16), np.zeros(cache_shape, ml_dtypes.bfloat16),
+                      np.zeros(cache_shape, ml_dtypes.bfloat16), k=None, v=None, cache_seqlens=np.zeros(batch, np.int32),
+                      cache_batch_idx=None, block_table=table, rotary_cos=None, rotary_sin=None,
+                      rotary_interleaved=False, causal=True, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                      softmax_scale=None, num_splits=0, max_splits=128, precision="highest")
+    cache = _DeviceArray(cache_shape, ml_dtypes.bfloat16, next(addresses))
+    c = dataclasses.replace(host, xp=None, q=_DeviceArray(q_shape, ml_dtypes.bfloat16, next(addresses)), k_cache=cache,
+                            v_cache=cache, cache_seqlens=_DeviceArray((batch,), np.int32, next(addresses)),
+                            block_table=None if table is None else _DeviceArray(table.shape, np.int32, next(addresses)))
+    decode = device.decode_variant(c, H200)
+    assert (decode is not None) == (kernel == "decode")
+    if kernel == "forward":  # a planned general path, the pages read in place where paged
+        assert device.general_plannable(c, H200, False) and device.paged_prefill(c, H200) == paged
