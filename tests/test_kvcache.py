@@ -117,10 +117,8 @@ def _check(xp, dtype, options=None, max_score=None, **sizes):
 
 
 # Cases: (dtype, sizes, options). Decode rows (seqlen_q 1, GQA) take the decode kernel on the GPU for
-# 16-bit dtypes, and so do these small batches' longer chunks (more than 64 rows per kv head, but too few
-# forward work tiles to fill the device: device.forward_fills); float32/float64 take the forward families
-# (the sm80 family's float32/float64 forward up to head dim 128, the general kernels above).
-# test_general_path_calls_run_their_plan sends 16-bit chunks to the forward families.
+# 16-bit dtypes; longer chunks of a dense cache and float32/float64 the forward families (the sm80
+# family's float32/float64 forward up to head dim 128, the general kernels above).
 DECODE = {"batch": 3, "seqlen_q": 1, "heads": 8, "heads_k": 2, "headdim": 128, "headdim_v": 128, "capacity": 700,
           "lengths": [699, 37, 0], "new": 1}
 CASES = [

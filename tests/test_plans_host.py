@@ -267,17 +267,20 @@ def test_cuda_layer_plans_build_on_the_host(case, monkeypatch):
 
 @pytest.mark.parametrize("batch, seqlen_q, heads, paged, kernel", [
     (64, 1, 32, False, "decode"),      # decode: one token per request
-    (1, 64, 32, False, "decode"),      # a shared prefix's queries (cascade): 32 forward tiles on 132 SMs
-    (1, 512, 32, False, "forward"),    # chunked prefill: 128 forward tiles, as many rows per kv head
-    (2, 300, 8, False, "decode"),      # a small model's chunk: 48 tiles
-    (1, 512, 32, True, "forward"),     # a paged chunk the Hopper forward reads in place
-    (1, 64, 32, True, "decode"),       # a paged shared prefix
+    (1, 64, 32, False, "forward"),     # a shared prefix's queries (cascade): 256 rows per kv head
+    (1, 512, 32, False, "forward"),    # chunked prefill
+    (2, 300, 8, False, "forward"),     # a small model's chunk
+    (1, 512, 32, True, "forward"),     # a paged chunk the Hopper forward reads in place: 128 tiles
+    (1, 64, 32, True, "decode"),       # a paged shared prefix: 64 queries
 ])
-def test_kvcache_routing_by_forward_tiles(batch, seqlen_q, heads, paged, kernel):
-    """A 16-bit KV-cache call with more than 64 query rows per kv head runs the forward families only
-    where their work tiles (one per 128 queries of each query head and batch entry) fill at least half
-    the device (cupyflash/_kvcache/device.py's forward_fills); fewer stay on the decode kernel, whose
-    splits share the keys. On an H200 stand-in, GQA 4."""
+def test_kvcache_routing(batch, seqlen_q, heads, paged, kernel):
+    """Which kernel a 16-bit KV-cache call runs (cupyflash/_kvcache/device.py's decode_variant): a dense
+    cache takes the decode kernel up to DECODE_MAX_ROWS query rows per kv head and the forward families
+    past that; a paged one takes the Hopper forward only for a chunk of more than DECODE_MAX_ROWS queries
+    whose work tiles (one per 128 queries of each query head and batch entry) fill at least half the
+    device (paged_prefill), the decode kernel otherwise. On an H200 stand-in, GQA 4. (Session 30 sent
+    dense chunks of too few tiles to the decode kernel too: the cascade's shared prefix, 64 queries of
+    32 heads, then ran 0.63 ms against the forward's 0.45, so dense chunks stay on the forward.)"""
     from cupyflash._kvcache import call, device
 
     heads_k, d, capacity, page = heads // 4, 128, 8192, 64 if paged else 0

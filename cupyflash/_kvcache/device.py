@@ -1,7 +1,7 @@
 """The KV-cache kernels (kernels_cu/kvcache/kvcache.cu) and a CuPy call's two paths: the decode kernel
 (float16/bfloat16 caches with 16-byte aligned rows, head dims up to 256: paged caches but the prefill
 chunks the Hopper forward reads in place, and dense calls with at most DECODE_MAX_ROWS query rows per kv
-head or whose forward work tiles would not fill half the device), planned once per layout (a
+head), planned once per layout (a
 :class:`DecodePlan`), or the general path: the forward families over the cache with per-entry key
 counts (seqused_k), reading a dense cache or a paged one's pages in place (the Hopper forward), planned
 once per layout too (a :class:`GeneralPlan`), or, unplanned, after gathering the pages, the
@@ -21,7 +21,7 @@ from .call import MAX_SPLITS
 
 #: Query rows per kv head (seqlen_q * heads / heads_k) up to which a dense cache takes the decode
 #: kernel; longer chunks (chunked prefill) run the dense forward, which reuses each K/V tile for 128
-#: query rows instead of 16, where its work tiles fill the device (forward_fills).
+#: query rows instead of 16.
 DECODE_MAX_ROWS = 64
 #: Query rows of the Hopper forward's work tiles at head dims above 64 (192 at 64: fewer tiles), which
 #: paged_prefill counts.
@@ -117,9 +117,7 @@ def decode_variant(c, device, max_score=False):
     if bucket is None or not common.vec_loads(c.k_cache, c.v_cache):
         return None
     rows = c.seqlen_q * (c.heads // c.heads_k)
-    if c.block_table is None and rows > DECODE_MAX_ROWS and forward_fills(c, device):
-        return None
-    if c.batch * c.seqlen_q * c.heads >= 2**31:
+    if c.block_table is None and rows > DECODE_MAX_ROWS or c.batch * c.seqlen_q * c.heads >= 2**31:
         return None  # (its row counts are 32-bit)
     if paged_prefill(c, device):
         return None  # (the Hopper forward reads the pages once per query tile and head, not once per 16 rows)
@@ -429,25 +427,18 @@ def _paged_problem(c, seqused):
     return _problem_of(c, seqused_k=seqused, block_table=table, page_size=c.page_size)
 
 
-def forward_fills(c, device):
-    """Whether the forward's work tiles for call ``c``, one per PREFILL_BLOCK_M queries of each query head
-    and batch entry with no split of the keys, fill at least half the device. Fewer take the decode
-    kernel, whose splits share the keys among CTAs: on an H100, 512 queries of 32 heads (128 tiles on 132
-    SMs) ran 9x faster on the forward, and the 64 requests of a shared prefix (one entry of 64 queries,
-    32 heads: 32 tiles over 8k keys) ran slower on it than the decode kernel reads the prefix."""
-    return 2 * common.cdiv(c.seqlen_q, PREFILL_BLOCK_M) * c.batch * c.heads >= device.sm_count
-
-
 def paged_prefill(c, device):
-    """Whether the Hopper forward reads call ``c``'s paged cache in place: a prefill chunk (more than
-    DECODE_MAX_ROWS queries) whose work tiles fill at least half the device (forward_fills; shorter chunks
-    keep the decode kernel, whose rows pack the query heads of a kv head and whose splits share the
-    keys), on compute capability 9.0 with dispatch free to take the sm90 family (CUPYFLASH_FAMILY), page
-    sizes whose TMA boxes are whole swizzle periods (sm90.paged_box_rows)."""
+    """Whether the Hopper forward reads call ``c``'s paged cache in place: a prefill
+    chunk (more than DECODE_MAX_ROWS queries) whose work tiles, one per 128 queries of each query head with
+    no split of the keys, fill at least half the device (on an H100, 512 queries of 32 heads: 128 tiles
+    on 132 SMs ran 9x the decode kernel's rate; shorter chunks keep the decode kernel, whose rows pack the
+    query heads of a kv head and whose splits share the keys), on compute capability 9.0 with dispatch
+    free to take the sm90 family (CUPYFLASH_FAMILY), page sizes whose TMA boxes are whole swizzle periods
+    (sm90.paged_box_rows)."""
     if (c.block_table is None or device.capability != sm90.CAPABILITY
             or c.seqlen_q <= DECODE_MAX_ROWS or sm90.FORWARD not in _families.forced(_families.FORWARD)):
         return False
-    if not forward_fills(c, device):
+    if 2 * common.cdiv(c.seqlen_q, PREFILL_BLOCK_M) * c.batch * c.heads < device.sm_count:
         return False
     p = _paged_problem(c, c.cache_seqlens)
     # With rotary the kernel reads kvc_append's contiguous copy of q.
