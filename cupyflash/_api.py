@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence, Tuple, Union
 
 import numpy
 
-from . import _compute, _keys, _kvcache, _merge, _plan, _problem, _ring
+from . import _compute, _fp8, _keys, _kvcache, _merge, _plan, _problem, _ring
 
 if TYPE_CHECKING:
     import cupy
@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 #: The plans of the dense and packed functions' calls, by key (cupyflash/_keys.py).
 PLANS = _plan.PlanCache()
+#: e4m3 inputs: their plans' runs take the three descales last (_cuda.tail_inputs).
+_FP8_DTYPE = _fp8.E4M3
 
 _SHAPES_DOC = """
     q : cupy.ndarray or numpy.ndarray, shape (batch, seqlen_q, heads, headdim)
@@ -228,7 +230,7 @@ def _forward(key, p, q, k, v, return_lse, alibi_slopes=None, cu_seqlens_q=None, 
     plan = _cuda.forward_plan(p, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, return_lse=return_lse,
                               max_score=return_max_score)
     PLANS.put(key, plan)
-    results = plan.run(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, *_cuda.sink_inputs(p))
+    results = plan.run(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, *_cuda.tail_inputs(p))
     return results if len(results) > 1 else results[0]
 
 
@@ -246,7 +248,7 @@ def _backward(key, p, dout, q, k, v, out, lse, deterministic, alibi_slopes=None,
 
     plan = _cuda.backward_plan(p, dout, q, k, v, out, lse, deterministic, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
     PLANS.put(key, plan)
-    results = plan.run(dout, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None, *_cuda.sink_inputs(p))
+    results = plan.run(dout, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None, *_cuda.tail_inputs(p))
     return _planned_results(results, p.sinks, p.varlen)
 
 
@@ -284,12 +286,20 @@ def flash_attention(q: Array, k: Array, v: Array, *, causal: bool = False, softm
                        k_descale, v_descale, out_dtype):
         key = _keys.with_extras(_keys.forward(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes,
                                               block_mask, return_lse, precision), sinks, return_max_score)
+    elif sinks is None and _fused_extras(None, dropout_p, dropout_seed, dropout_offset, return_max_score, score_mod):
+        # FP8 arguments (and the maximum score): the plan's run takes the descales last.
+        key = _keys.with_fp8(_keys.with_extras(_keys.forward(q, k, v, causal, softmax_scale, window_size, softcap,
+                                                             alibi_slopes, block_mask, return_lse, precision),
+                                               None, return_max_score), q_descale, k_descale, v_descale, out_dtype)
     else:
         key = None
     plan = PLANS.get(key)
     if plan is not None:
-        results = (plan.run(q, k, v, alibi_slopes, None, None, None) if sinks is None
-                   else plan.run(q, k, v, alibi_slopes, None, None, None, sinks))
+        if q.dtype == _FP8_DTYPE:
+            results = plan.run(q, k, v, alibi_slopes, None, None, None, q_descale, k_descale, v_descale)
+        else:
+            results = (plan.run(q, k, v, alibi_slopes, None, None, None) if sinks is None
+                       else plan.run(q, k, v, alibi_slopes, None, None, None, sinks))
         return results if len(results) > 1 else results[0]
     q, k, v = _problem.arrays(q=q, k=k, v=v)
     p = _problem.forward_problem(q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window_size,

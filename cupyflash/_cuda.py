@@ -8,7 +8,7 @@ import dataclasses
 import cupy
 import numpy
 
-from . import _families, _plan
+from . import _families, _fp8, _plan
 from ._families import common, sm90
 from ._problem import acc_dtype, lse_dtype
 
@@ -20,9 +20,9 @@ def launchable(p):
 
 
 def _problem_inputs(b, p, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, user_buffers=()):
-    """The problem's own arrays as plan inputs (in this order, then the score_mod's buffers, then the
-    sinks where the problem has them: a plan of a call without sinks takes no such input), and the
-    problem with their slots."""
+    """The problem's own arrays as plan inputs (in this order, then the score_mod's buffers, then
+    :func:`tail_inputs`: the sinks where the problem has them, FP8's three descales where its inputs are
+    e4m3), and the problem with their slots."""
     slots = {name: b.input(*common.contiguous(x)) if x is not None else b.input(None)
              for name, x in (("alibi_slopes", alibi_slopes), ("cu_seqlens_q", cu_seqlens_q),
                              ("cu_seqlens_k", cu_seqlens_k), ("seqused_k", seqused_k))}
@@ -30,6 +30,9 @@ def _problem_inputs(b, p, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, u
         slots["user_buffers"] = tuple(b.input(*common.contiguous(x)) for x in user_buffers)
     if p.sinks is not None:
         slots["sinks"] = b.input(*common.contiguous(p.sinks))
+    if p.dtype == _fp8.E4M3:
+        slots.update({name: b.input(*common.contiguous(getattr(p, name))) if getattr(p, name) is not None
+                      else b.input(None) for name in _fp8.DESCALES})
     return dataclasses.replace(p, **slots)
 
 
@@ -48,9 +51,11 @@ def paged_in_place(p, q, k, v, block_table, max_score=False):
     return paged if sm90.FORWARD.select(probe, device, (q, k, v)) is not None else None
 
 
-def sink_inputs(p):
-    """The sinks as a plan run's last problem input: (p.sinks,) or ()."""
-    return () if p.sinks is None else (p.sinks,)
+def tail_inputs(p):
+    """A plan run's last problem inputs: the sinks where the problem has them, then for e4m3 inputs the
+    three descales (None where not given)."""
+    sinks = () if p.sinks is None else (p.sinks,)
+    return sinks + (tuple(getattr(p, name) for name in _fp8.DESCALES) if p.dtype == _fp8.E4M3 else ())
 
 
 def buffer_gradients(p):
@@ -142,7 +147,7 @@ def forward(p, q, k, v, max_score=False):
     buffers = p.user_buffers or ()
     plan = forward_plan(p, q, k, v, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, max_score=max_score,
                         user_buffers=buffers)
-    return plan(q, k, v, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, *buffers, *sink_inputs(p))
+    return plan(q, k, v, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k, *buffers, *tail_inputs(p))
 
 
 def backward(p, dout, q, k, v, out, lse, deterministic):
@@ -153,5 +158,5 @@ def backward(p, dout, q, k, v, out, lse, deterministic):
     plan = backward_plan(p, dout, q, k, v, out, lse, deterministic, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k,
                          buffers, grads)
     results = tuple(plan(dout, q, k, v, out, lse, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k, None, *buffers,
-                         *sink_inputs(p), *grads))
+                         *tail_inputs(p), *grads))
     return results[:3], results[3] if len(results) > 3 else None, list(grads) if p.user_buffers is not None else None

@@ -18,6 +18,8 @@ import numpy
 E4M3 = numpy.dtype(ml_dtypes.float8_e4m3fn)
 #: Its largest finite magnitude.
 E4M3_MAX = 448.0
+#: The Problem fields of an FP8 call's descales (real value = stored value x descale), in argument order.
+DESCALES = ("q_descale", "k_descale", "v_descale")
 #: Its smallest normal magnitude, 2^-6; below it the spacing is 2^-9 (subnormals).
 _MIN_NORMAL = 2.0**-6
 #: The float32 value of every byte, for decoding on either array kind.

@@ -78,6 +78,20 @@ def with_extras(key, sinks, return_max_score=False):
         return None
 
 
+def with_fp8(key, q_descale, k_descale, v_descale, out_dtype):
+    """The key of an FP8 call (``key``: the key of the same call without its descales and out_dtype): the
+    descales' layouts and out_dtype with its type; None where ``key`` is, and for descales that are not
+    contiguous (a plan's run writes the address it is given, which the kernels read as contiguous)."""
+    if key is None:
+        return None
+    try:
+        if any(x is not None and not x.flags.c_contiguous for x in (q_descale, k_descale, v_descale)):
+            return None
+        return key, layout(q_descale), layout(k_descale), layout(v_descale), out_dtype.__class__, out_dtype
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
 def backward(dout, q, k, v, out, lse, causal, softmax_scale, window_size, softcap, alibi_slopes, block_mask,
              deterministic, precision):
     if type(q) is not _NDARRAY:

@@ -256,6 +256,41 @@ def test_hopper_fp8_forward_against_the_oracle(sizes, options, q_per_head, out_d
     assert np.isnan(out[0, :, :group]).all() and not np.isnan(out[:, :, group:]).any()
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a GPU")
+def test_fp8_calls_run_their_plan():
+    """An FP8 call leaves a plan keyed by its layout, its descales' layouts and out_dtype
+    (cupyflash/_keys.py's with_fp8); the next calls of that layout run it with their own descales (the
+    plan's run takes them last), bitwise as a fresh plan computes them; strided descales take the checked
+    path, and so do calls with other descale shapes (another key)."""
+    import cupy
+
+    from cupyflash import _api, _families
+
+    if _families.common.current_device().capability != 90:
+        pytest.skip("the FP8 kernel runs on compute capability 9.0")
+    rng = np.random.default_rng(3)
+    inputs, descales = _quantized(rng, 2, 100, 130, 4, 2, 64, 64)
+    q8, k8, v8 = (cupy.asarray(x.view(np.uint8)).view(x.dtype) for x in inputs)
+    _api.PLANS.clear()
+    outs = []
+    for scale in (1.0, 0.5, 2.0):
+        gpu = {n: cupy.asarray(x * np.float32(scale)) for n, x in descales.items()}
+        outs.append((gpu, cupyflash.flash_attention(q8, k8, v8, causal=True, return_lse=True, **gpu)))
+    assert len(_api.PLANS) == 1
+    for gpu, (out, lse) in outs:
+        _api.PLANS.clear()
+        fresh = cupyflash.flash_attention(q8, k8, v8, causal=True, return_lse=True, **gpu)
+        assert all(bool((x.view(np.uint8) == y.view(np.uint8)).all()) for x, y in zip((out, lse), fresh))
+    _api.PLANS.clear()
+    wide = cupy.zeros((2, 4), np.float32)
+    wide[:, ::2] = cupy.asarray(descales["k_descale"])
+    out = cupyflash.flash_attention(q8, k8, v8, causal=True, k_descale=wide[:, ::2])
+    assert len(_api.PLANS) == 0
+    want = cupyflash.flash_attention(q8, k8, v8, causal=True, k_descale=cupy.asarray(descales["k_descale"]))
+    assert bool((out.view(np.uint16) == want.view(np.uint16)).all())
+
+
 @pytest.mark.parametrize("paged, options", [(False, {"causal": True}), (True, {"window_size": (50, 0)}),
                                             (False, {"alibi": True, "sinks": True})])
 def test_e4m3_kv_cache(paged, options):

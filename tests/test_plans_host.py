@@ -263,3 +263,65 @@ def test_cuda_layer_plans_build_on_the_host(case, monkeypatch):
     plan = _cuda.backward_plan(p, out, q, k, v, out, lse, False, p.alibi_slopes, p.cu_seqlens_q, p.cu_seqlens_k,
                                buffers, grads)
     assert plan is not None
+
+
+@pytest.mark.parametrize("batch, seqlen_q, heads, paged, kernel", [
+    (64, 1, 32, False, "decode"),      # decode: one token per request
+    (1, 64, 32, False, "forward"),     # a shared prefix's queries (cascade): 256 rows per kv head
+    (1, 512, 32, False, "forward"),    # chunked prefill
+    (2, 300, 8, False, "forward"),     # a small model's chunk
+    (1, 512, 32, True, "forward"),     # a paged chunk the Hopper forward reads in place: 128 tiles
+    (1, 64, 32, True, "decode"),       # a paged shared prefix: 64 queries
+])
+def test_kvcache_routing(batch, seqlen_q, heads, paged, kernel):
+    """Which kernel a 16-bit KV-cache call runs (cupyflash/_kvcache/device.py's decode_variant): a dense
+    cache takes the decode kernel up to DECODE_MAX_ROWS query rows per kv head and the forward families
+    past that; a paged one takes the Hopper forward only for a chunk of more than DECODE_MAX_ROWS queries
+    whose work tiles (one per 128 queries of each query head and batch entry) fill at least half the
+    device (paged_prefill), the decode kernel otherwise. On an H200 stand-in, GQA 4. (Session 30 sent
+    dense chunks of too few tiles to the decode kernel too: the cascade's shared prefix, 64 queries of
+    32 heads, then ran 0.63 ms against the forward's 0.45, so dense chunks stay on the forward.)"""
+    from cupyflash._kvcache import call, device
+
+    heads_k, d, capacity, page = heads // 4, 128, 8192, 64 if paged else 0
+    addresses = iter(range(1 << 20, 1 << 34, 1 << 24))
+    q_shape = (batch, seqlen_q, heads, d)
+    cache_shape = (batch * capacity // page, page, heads_k, d) if paged else (batch, capacity, heads_k, d)
+    table = np.zeros((batch, capacity // page), np.int32) if paged else None
+    host = call.check(np.zeros(q_shape, ml_dtypes.bfloat16), np.zeros(cache_shape, ml_dtypes.bfloat16),
+                      np.zeros(cache_shape, ml_dtypes.bfloat16), k=None, v=None, cache_seqlens=np.zeros(batch, np.int32),
+                      cache_batch_idx=None, block_table=table, rotary_cos=None, rotary_sin=None,
+                      rotary_interleaved=False, causal=True, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                      softmax_scale=None, num_splits=0, max_splits=128, precision="highest")
+    cache = _DeviceArray(cache_shape, ml_dtypes.bfloat16, next(addresses))
+    c = dataclasses.replace(host, xp=None, q=_DeviceArray(q_shape, ml_dtypes.bfloat16, next(addresses)), k_cache=cache,
+                            v_cache=cache, cache_seqlens=_DeviceArray((batch,), np.int32, next(addresses)),
+                            block_table=None if table is None else _DeviceArray(table.shape, np.int32, next(addresses)))
+    decode = device.decode_variant(c, H200)
+    assert (decode is not None) == (kernel == "decode")
+    if kernel == "forward":  # a planned general path, the pages read in place where paged
+        assert device.general_plannable(c, H200, False) and device.paged_prefill(c, H200) == paged
+
+
+@pytest.mark.parametrize("given", [(), ("q_descale",), ("q_descale", "k_descale", "v_descale")])
+def test_fp8_plans_take_the_descales_last(given, monkeypatch):
+    """An FP8 call's plan (cupyflash/_cuda.py's forward_plan on an H200) takes the three descales after
+    the problem's other arrays (_cuda.tail_inputs: None where not given), so that a call of its layout
+    runs it with its own descales; its launches are the V^T pre-pass and the FP8 kernel."""
+    from cupyflash import _cuda, _fp8
+
+    monkeypatch.setattr(common, "current_device", lambda: H200)
+    launched = []
+    monkeypatch.setattr(common, "function", lambda variant, smem=0: launched.append(variant.key) or variant.key)
+    addresses = iter(range(1 << 20, 1 << 30, 1 << 16))
+    q, k, v = (np.zeros(shape, _fp8.E4M3) for shape in ((2, 77, 4, 128), (2, 101, 2, 128), (2, 101, 2, 128)))
+    descales = {name: np.ones((2, 2), np.float32) if name in given else None for name in _fp8.DESCALES}
+    p = _problem.forward_problem(q, k, v, causal=True, **descales)
+    stand_ins = {name: None if x is None else _DeviceArray(x.shape, x.dtype, next(addresses)) for name, x in descales.items()}
+    p = dataclasses.replace(p, **stand_ins)
+    operands = tuple(_DeviceArray(x.shape, x.dtype, next(addresses)) for x in (q, k, v))
+    assert _cuda.tail_inputs(p) == tuple(stand_ins.values())
+    plan = _cuda.forward_plan(p, *operands)
+    assert len(plan._inputs) == 7 + 3
+    assert [bool(words or maps) for words, maps, _ in plan._inputs[7:]] == [name in given for name in _fp8.DESCALES]
+    assert launched[0] == "fp8_transpose_values" and launched[-1].startswith("sm90_fwd_fp8")

@@ -109,23 +109,24 @@ _FRAGMENT_PROGRAM = r"""
 #include <cstdio>
 #include <cstdlib>
 #include "fragment/dropout.cuh"
-// Every thread of a warp's 16-row fragment (lane: rows row0 + lane / 4 and + 8, keys n0 + 8 nt + 2 (lane % 4)
-// + {0, 1}) drops its probabilities; prints the kept mask of rows row0 .. row0 + 15, keys n0 .. n0 + 63.
+// Every thread of a warp's 16-row fragment of NT n-tiles (lane: rows row0 + lane / 4 and + 8, keys n0 + 8 nt +
+// 2 (lane % 4) + {0, 1}) drops its probabilities; prints the kept mask of rows row0 .. row0 + 15, keys n0 ..
+// n0 + 8 NT - 1.
 int main(int argc, char** argv) {
     cupyflash::DropoutArg d{strtoull(argv[1], nullptr, 10), static_cast<unsigned>(strtoul(argv[2], nullptr, 10)),
                             static_cast<unsigned>(strtoul(argv[3], nullptr, 10)), 1.0, 1};
     const unsigned bh = strtoul(argv[4], nullptr, 10);
     const int row0 = atoi(argv[5]), n0 = atoi(argv[6]);
-    char kept[16][64];
+    char kept[16][8 * NT];
     for (int lane = 0; lane < 32; ++lane) {
-        float p[8][4];
+        float p[NT][4];
         for (auto& tile : p) for (float& x : tile) x = 1.0f;
         const int row = row0 + lane / 4, col_t = 2 * (lane % 4);
         cupyflash::drop_fragment(p, d, bh, row, n0, col_t);
-        for (int nt = 0; nt < 8; ++nt)
+        for (int nt = 0; nt < NT; ++nt)
             for (int e = 0; e < 4; ++e) kept[lane / 4 + 8 * (e / 2)][8 * nt + col_t + e % 2] = p[nt][e] != 0.0f ? '1' : '0';
     }
-    for (auto& line : kept) fwrite(line, 1, 64, stdout);
+    for (auto& line : kept) fwrite(line, 1, 8 * NT, stdout);
     return 0;
 }
 """
@@ -135,20 +136,20 @@ _TRANSPOSED_PROGRAM = r"""
 #include <cstdio>
 #include <cstdlib>
 #include "fragment/dropout.cuh"
-// A warp's transposed fragment (lane: keys key0 + lane / 4 and + 8, queries m0 + 8 nt + 2 (lane % 4) + {0, 1});
-// prints the kept mask of queries m0 .. m0 + 63 (rows) by keys key0 .. key0 + 15.
+// A warp's transposed fragment of NT n-tiles (lane: keys key0 + lane / 4 and + 8, queries m0 + 8 nt + 2 (lane %
+// 4) + {0, 1}); prints the kept mask of queries m0 .. m0 + 8 NT - 1 (rows) by keys key0 .. key0 + 15.
 int main(int argc, char** argv) {
     cupyflash::DropoutArg d{strtoull(argv[1], nullptr, 10), static_cast<unsigned>(strtoul(argv[2], nullptr, 10)),
                             static_cast<unsigned>(strtoul(argv[3], nullptr, 10)), 1.0, 1};
     const unsigned bh = strtoul(argv[4], nullptr, 10);
     const int key0 = atoi(argv[5]), m0 = atoi(argv[6]);
-    char kept[64][16];
+    char kept[8 * NT][16];
     for (int lane = 0; lane < 32; ++lane) {
-        float p[8][4];
+        float p[NT][4];
         for (auto& tile : p) for (float& x : tile) x = 1.0f;
         const int key = key0 + lane / 4, col_t = 2 * (lane % 4);
-        cupyflash::apply_dropout_transposed(p, cupyflash::dropout_bits_transposed<8>(d, bh, key, m0, col_t), 1.0f);
-        for (int nt = 0; nt < 8; ++nt)
+        cupyflash::apply_dropout_transposed(p, cupyflash::dropout_bits_transposed<NT>(d, bh, key, m0, col_t), 1.0f);
+        for (int nt = 0; nt < NT; ++nt)
             for (int e = 0; e < 4; ++e) kept[8 * nt + col_t + e % 2][lane / 4 + 8 * (e / 2)] = p[nt][e] != 0.0f ? '1' : '0';
     }
     for (auto& line : kept) fwrite(line, 1, 16, stdout);
@@ -157,26 +158,28 @@ int main(int argc, char** argv) {
 """
 
 
-def test_fragment_dropout_is_the_definition_on_the_host(tmp_path):
+@pytest.mark.parametrize("n_tiles", [8, 10, 16])
+def test_fragment_dropout_is_the_definition_on_the_host(tmp_path, n_tiles):
     """fragment/dropout.cuh (the tensor-core kernels' per-thread draws) as host C++: a warp's fragment of
-    16 rows by 64 keys, rows starting on a multiple of 16 (one call per row pair) and not (one per row),
-    and the backward's transposed fragment of 16 keys (aligned and not) by 64 queries, against the
-    definition."""
-    binary = _host_build(tmp_path, "fragment", _FRAGMENT_PROGRAM)
+    16 rows by 8 n_tiles keys, rows starting on a multiple of 16 (one call per row pair) and not (one per
+    row), and the backward's transposed fragment of 16 keys (aligned and not) by 8 n_tiles queries, against
+    the definition; 4, 5 and 8 16-key blocks (an odd count draws its last block twice; 8 fill the mask)."""
+    keys = 8 * n_tiles
+    binary = _host_build(tmp_path, "fragment", f"#define NT {n_tiles}\n" + _FRAGMENT_PROGRAM)
     seed, offset, p, heads = 987654321987, 31, 0.45, 6
     for b, h, row0, n0 in ((0, 0, 0, 0), (1, 5, 48, 128), (0, 3, 13, 64), (2, 1, 1000, 16)):
         run = subprocess.run([binary, str(seed), str(offset), str(_dropout.threshold(p)), str(b * heads + h),
                               str(row0), str(n0)], check=True, capture_output=True, text=True)
-        got = np.frombuffer(run.stdout.encode(), np.uint8).reshape(16, 64) == ord("1")
-        want = _dropout.keep(seed, offset, b * heads + h, (row0, row0 + 16), (n0, n0 + 64), p)
+        got = np.frombuffer(run.stdout.encode(), np.uint8).reshape(16, keys) == ord("1")
+        want = _dropout.keep(seed, offset, b * heads + h, (row0, row0 + 16), (n0, n0 + keys), p)
         np.testing.assert_array_equal(got, want, err_msg=f"rows from {row0}, keys from {n0}")
     # The backward's transposed fragments: keys as rows, queries as columns.
-    binary = _host_build(tmp_path, "transposed", _TRANSPOSED_PROGRAM)
+    binary = _host_build(tmp_path, "transposed", f"#define NT {n_tiles}\n" + _TRANSPOSED_PROGRAM)
     for b, h, key0, m0 in ((0, 0, 0, 0), (1, 5, 48, 128), (0, 3, 13, 64), (2, 1, 1001, 16)):
         run = subprocess.run([binary, str(seed), str(offset), str(_dropout.threshold(p)), str(b * heads + h),
                               str(key0), str(m0)], check=True, capture_output=True, text=True)
-        got = np.frombuffer(run.stdout.encode(), np.uint8).reshape(64, 16) == ord("1")
-        want = _dropout.keep(seed, offset, b * heads + h, (m0, m0 + 64), (key0, key0 + 16), p)
+        got = np.frombuffer(run.stdout.encode(), np.uint8).reshape(keys, 16) == ord("1")
+        want = _dropout.keep(seed, offset, b * heads + h, (m0, m0 + keys), (key0, key0 + 16), p)
         np.testing.assert_array_equal(got, want, err_msg=f"keys from {key0}, queries from {m0}")
 
 
