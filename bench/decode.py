@@ -11,8 +11,8 @@ device copy ceiling 4.24 TB/s on the H200). Paged rows use a random page order. 
 new queries (causal) against a 32k cache, TFLOP/s on the visible pairs, beside cupyflash's dense
 forward of the same shapes. Call times: batch 1, 4k context, from Python (calls per second of a loop
 that synchronizes once) and as CUDA graph replays. Cascade: 64 requests sharing an 8k prefix, attended
-once for all (its keys in parts side by side) and merged, against decoding every whole cache. Times are medians of CUDA-event timings of groups of
-back-to-back calls (:func:`harness.time_grouped`).
+once for all (its keys in parts side by side) and merged, against decoding every whole cache. Times are
+medians of CUDA-event timings of groups of back-to-back calls (:func:`harness.time_grouped`).
 """
 
 import argparse
