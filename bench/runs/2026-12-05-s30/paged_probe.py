@@ -1,7 +1,9 @@
 """Issue 26: why pages of 16 lose (session 29: 439 TFLOP/s against 590 for pages of 64 and 684 dense).
 512 causal queries over a 32k cache, GQA 32/8, d128, bf16. Times each page size with the pages in a random
 and in the natural order (a random order costs DRAM locality; the natural one only the TMA boxes' count).
-With --ncu: one call each of pages 16 and 64 (random), for ncu -k regex:sm90_fwd."""
+With --ncu: one call each of pages 16 and 64 (random), for ncu -k regex:sm90_fwd. Times: medians of
+bench/harness.py's time_grouped (session 30's run took the mean of one group of 20 instead)."""
+import os
 import sys
 
 import cupy
@@ -9,6 +11,9 @@ import ml_dtypes
 import numpy as np
 
 import cupyflash
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+import harness  # noqa: E402  (bench/harness.py)
 
 rng = np.random.default_rng(1)
 seqlen_q, context, heads, heads_k, d = 512, 32768, 32, 8, 128
@@ -36,15 +41,8 @@ def call(page, natural):
                                                          causal=True)
 
 
-def ms(f, n=20):
-    f()
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-    start.record()
-    for _ in range(n):
-        f()
-    stop.record()
-    stop.synchronize()
-    return cupy.cuda.get_elapsed_time(start, stop) / n
+def ms(f):
+    return harness.median(harness.time_grouped(f, warmup=1, repeats=5, inner=4))
 
 
 if "--ncu" in sys.argv:
