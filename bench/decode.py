@@ -31,6 +31,8 @@ INNER_CALLS = 10
 WARMUP = 3
 #: Timings (medians) per row, and with --quick.
 REPEATS, QUICK_REPEATS = 30, 10
+#: The rows, in the order they run (--rows picks some).
+ROWS = ("calls", "decode", "prefill", "cascade")
 #: The call-time loop: calls timed, untimed calls first, batch 1 at this context.
 CALLS, CALL_WARMUP, CALL_CONTEXT = 2000, 20, 4096
 #: Device copy ceiling on the H200 (TB/s, bytes read + written), drawn on the plot.
@@ -151,11 +153,12 @@ def _paged_prefill_ms(q, k_cache, v_cache, page_size, rng, repeats):
 def cascade_row(repeats, requests=64, prefix=8192, own=512):
     """Issue 26's cascade row: ``requests`` decode tokens sharing a ``prefix``-key system prompt, each with
     ``own`` keys of its own. Shared: the prefix attended once for all (the requests' queries as one batch
-    entry of ``requests`` rows), its keys split into parts attended side by side (one batch entry each,
-    enough of them that the work tiles cover the SMs: one walk of 64 key tiles per head left 100 of 132
-    idle, session 30), each request's own keys by flash_attention_with_kvcache, every part merged at once
-    (merge_attention_states_stacked); unshared: one decode call over every request's whole cache (prefix
-    copies included). Milliseconds per step of each and the speedup (target: at least 3x)."""
+    entry of ``requests`` rows, broadcast, not copied), its keys split into parts attended side by side
+    (one batch entry each, enough of them that the work tiles cover the SMs: one walk of 64 key tiles per
+    head left 100 of 132 idle, session 30) and merged (merge_attention_states_stacked over views of the
+    results), each request's own keys by flash_attention_with_kvcache, the two merged; unshared: one decode
+    call over every request's whole cache (prefix copies included). Milliseconds per step of each, of the
+    shared step's three stages alone, and the speedup (target: at least 3x)."""
     import cupy
 
     import cupyflash
@@ -173,23 +176,32 @@ def cascade_row(repeats, requests=64, prefix=8192, own=512):
         splits *= 2
     k_parts = prefix_k.reshape(splits, prefix // splits, HEADS_K, HEADDIM)
     v_parts = prefix_v.reshape(splits, prefix // splits, HEADS_K, HEADDIM)
-    outs = cupy.empty((splits + 1, requests, 1, HEADS, HEADDIM), q.dtype)
-    lses = cupy.empty((splits + 1, requests, HEADS, 1), numpy.float32)
+    q_parts = cupy.broadcast_to(q.reshape(1, requests, HEADS, HEADDIM), (splits, requests, HEADS, HEADDIM))
+
+    def prefix_parts():
+        return cupyflash.flash_attention(q_parts, k_parts, v_parts, return_lse=True)
+
+    def own_part():
+        return cupyflash.flash_attention_with_kvcache(q, own_k, own_v, return_lse=True)
+
+    out_p, lse_p = prefix_parts()
+    own_out, own_lse = own_part()
+
+    def merges(out_p=out_p, lse_p=lse_p, own_out=own_out, own_lse=own_lse):
+        shared_out, shared_lse = cupyflash.merge_attention_states_stacked(
+            out_p.reshape(splits, requests, 1, HEADS, HEADDIM), lse_p.transpose(0, 2, 1)[..., None])
+        return cupyflash.merge_attention_states(shared_out, shared_lse, own_out, own_lse)
 
     def shared():
-        q_parts = cupy.broadcast_to(q.reshape(1, requests, HEADS, HEADDIM), (splits, requests, HEADS, HEADDIM))
-        out_p, lse_p = cupyflash.flash_attention(cupy.ascontiguousarray(q_parts), k_parts, v_parts, return_lse=True)
-        outs[:splits] = out_p.reshape(splits, requests, 1, HEADS, HEADDIM)
-        lses[:splits] = lse_p.transpose(0, 2, 1)[..., None]
-        outs[splits], lses[splits] = cupyflash.flash_attention_with_kvcache(q, own_k, own_v, return_lse=True)
-        return cupyflash.merge_attention_states_stacked(outs, lses)
+        return merges(*prefix_parts(), *own_part())
 
-    ms_shared = median_ms(shared, repeats)
+    ms = {name: median_ms(call, repeats) for name, call in
+          (("shared_ms", shared), ("prefix_ms", prefix_parts), ("own_ms", own_part), ("merge_ms", merges))}
     ms_unshared = median_ms(lambda k=full_k, v=full_v: cupyflash.flash_attention_with_kvcache(q, k, v), repeats)
     del full_k, full_v
     harness.release_cached_memory()
-    return {"requests": requests, "prefix": prefix, "own": own, "splits": splits, "shared_ms": ms_shared,
-            "unshared_ms": ms_unshared, "speedup": ms_unshared / ms_shared}
+    return {"requests": requests, "prefix": prefix, "own": own, "splits": splits, **ms,
+            "unshared_ms": ms_unshared, "speedup": ms_unshared / ms["shared_ms"]}
 
 
 def call_times():
@@ -250,28 +262,33 @@ def plot(results, path):
 
 
 def table_lines(results):
-    """The decode table (markdown), the chunked-prefill line and the call-time line."""
+    """The decode table (markdown), the chunked-prefill, call-time and cascade lines, of the rows run."""
 
     def fmt(x):
         return "n/a" if x is None else f"{x:.2f}"
 
-    lines = ["", "Decode, TB/s (K and V bytes / time), GQA 32/8, d128, bf16:",
-             "| batch x context | dense | paged 16 | paged 1 | torch FA2 | cuDNN |", "|---|---|---|---|---|---|"]
-    lines += [f"| {r['batch']} x {r['context']} | {fmt(r['dense'])} | {fmt(r['page16'])} | {fmt(r['page1'])} | "
-              f"{fmt(r.get('fa2'))} | {fmt(r.get('cudnn'))} |" for r in results["decode"]]
-    p, c = results["prefill"], results["calls"]
-    lines += [
-        "",
-        (f"Chunked prefill {p['seqlen_q']} x {p['context']} causal, TFLOP/s: kvcache {p['kvcache']:.0f}, "
-         + "".join(f"paged {n[5:]} {x:.0f}, " for n, x in p.items() if n.startswith("paged"))
-         + f"dense forward {p['dense_forward']:.0f}"),
-        (f"Decode call (batch 1, 4k): {c['call_us']:.1f} us per call from Python, {c['graph_replay_us']:.1f} us "
-         "per graph replay"),
-    ]
+    lines = []
+    if "decode" in results:
+        lines += ["", "Decode, TB/s (K and V bytes / time), GQA 32/8, d128, bf16:",
+                  "| batch x context | dense | paged 16 | paged 1 | torch FA2 | cuDNN |", "|---|---|---|---|---|---|"]
+        lines += [f"| {r['batch']} x {r['context']} | {fmt(r['dense'])} | {fmt(r['page16'])} | {fmt(r['page1'])} | "
+                  f"{fmt(r.get('fa2'))} | {fmt(r.get('cudnn'))} |" for r in results["decode"]]
+    lines.append("")
+    if "prefill" in results:
+        p = results["prefill"]
+        lines.append(f"Chunked prefill {p['seqlen_q']} x {p['context']} causal, TFLOP/s: kvcache {p['kvcache']:.0f}, "
+                     + "".join(f"paged {n[5:]} {x:.0f}, " for n, x in p.items() if n.startswith("paged"))
+                     + f"dense forward {p['dense_forward']:.0f}")
+    if "calls" in results:
+        c = results["calls"]
+        lines.append(f"Decode call (batch 1, 4k): {c['call_us']:.1f} us per call from Python, "
+                     f"{c['graph_replay_us']:.1f} us per graph replay")
     if "cascade" in results:
         x = results["cascade"]
         lines.append(f"Cascade {x['requests']} x ({x['prefix']} shared in {x.get('splits', 1)} parts + {x['own']} own): "
-                     f"{x['shared_ms']:.3f} ms shared, {x['unshared_ms']:.3f} ms unshared, {x['speedup']:.2f}x")
+                     f"{x['shared_ms']:.3f} ms shared, {x['unshared_ms']:.3f} ms unshared, {x['speedup']:.2f}x"
+                     + (f" (alone: prefix parts {x['prefix_ms']:.3f}, own {x['own_ms']:.3f}, merges {x['merge_ms']:.3f} ms)"
+                        if "merge_ms" in x else ""))
     return lines
 
 
@@ -279,6 +296,7 @@ def main(argv=None):
     """Run the benchmark (or redraw a saved run); returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_REPEATS} timings per row instead of {REPEATS}")
+    parser.add_argument("--rows", nargs="+", choices=ROWS, default=ROWS, help="which rows to run (default: all)")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--plot", type=Path, help="write a bar chart of the decode rows here (needs matplotlib)")
     parser.add_argument("--plot-from", type=Path, help="only plot the results of an earlier --json run (no GPU needed)")
@@ -290,11 +308,12 @@ def main(argv=None):
     harness.require_gpu("decode.py", "--plot-from redraws a saved run without one.")
     repeats = QUICK_REPEATS if args.quick else REPEATS
     peers, _ = harness.load_torch()
-    results = {"calls": call_times(), "decode": decode_rows(repeats, peers), "prefill": prefill_row(repeats),
-               "cascade": cascade_row(repeats)}
+    runs = {"calls": call_times, "decode": lambda: decode_rows(repeats, peers), "prefill": lambda: prefill_row(repeats),
+            "cascade": lambda: cascade_row(repeats)}
+    results = {name: runs[name]() for name in ROWS if name in args.rows}
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
-    if args.plot and not plot(results, args.plot):
+    if args.plot and "decode" in results and not plot(results, args.plot):
         print("no plot: matplotlib missing")
     print("\n".join(table_lines(results)))
     return 0

@@ -634,8 +634,8 @@ _MERGE_RETURNS_DOC = """
 
     Notes
     -----
-    The merge runs in the precision of the returned lse. CuPy arrays are merged by elementwise kernels
-    on the current stream, without synchronizing with the host; NumPy arrays on the CPU."""
+    The merge runs in the precision of the returned lse. CuPy arrays are merged by one kernel per 16
+    parts (kernels_cu/common/merge.cu) on the current stream, without synchronizing with the host; NumPy arrays on the CPU."""
 
 
 def merge_attention_states(out_a: Array, lse_a: Array, out_b: Array, lse_b: Array) -> Tuple[Array, Array]:

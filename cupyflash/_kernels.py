@@ -36,7 +36,7 @@ HALF_DTYPES = ("float16", "bfloat16")
 #: Template parameters as they appear in variant keys.
 _KEY_PREFIX = {"headdim": "d", "headdim_v": "v", "block_n": "n", "m_tiles": "m", "block_m": "q", "stages": "s",
                "score_mod": "mod", "tf32": "tf32", "dropout": "drop", "max_score": "top",
-               "float32_tables": "f32tab"}
+               "float32_tables": "f32tab", "vectors": "vec"}
 
 
 @dataclasses.dataclass(frozen=True)

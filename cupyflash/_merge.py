@@ -9,8 +9,9 @@ The exponentials are shifted by the row's largest ``lse_i`` so none overflows. A
 no key (``lse_i = -inf``) gets weight 0; when every part's row saw none, the merged row is
 ``out = 0, lse = -inf``, as :func:`cupyflash.flash_attention` gives such a row. A NaN ``lse_i`` makes
 the merged row NaN. The arithmetic runs in the dtype of the saved log-sum-exp of ``out``'s dtype
-(float32 for 16-bit outputs, float64 otherwise), written once against NumPy or CuPy: on CuPy arrays it
-is a few elementwise kernels on the current stream, with no host synchronization.
+(float32 for 16-bit outputs, float64 otherwise). On CuPy arrays :func:`merge` is one fused kernel on the
+current stream (kernels_cu/common/merge.cu, with no host synchronization) and this module's arithmetic
+is its NumPy twin.
 """
 
 import numpy
@@ -26,6 +27,10 @@ def _to_rows(lse, packed):
 
 def merge(xp, outs, lses, packed):
     """(out, lse) of the parts ``outs[i]``, ``lses[i]`` (at least one, validated; ``xp`` their module)."""
+    if xp is not numpy:
+        from ._families import common
+
+        return common.merge(outs, lses, packed)
     out_dtype = outs[0].dtype
     acc = _problem.lse_dtype(out_dtype)
     lses = [lse.astype(acc, copy=False) for lse in lses]

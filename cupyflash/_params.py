@@ -118,6 +118,16 @@ ROTARY_ARGS = numpy.dtype(
 #: MaxScoreDecodeArgs (kernels_cu/common/max_score.cu).
 MAX_SCORE_DECODE_ARGS = numpy.dtype([("images", _PTR), ("out", _PTR), ("count", _I32)], align=True)
 
+#: Parts one merge launch takes (kernels_cu/common/merge.cu kMergeParts).
+MERGE_PARTS = 16
+
+#: MergeArgs (kernels_cu/common/merge.cu).
+MERGE_ARGS = numpy.dtype(
+    [("parts", TENSOR_ARG, (MERGE_PARTS,)), ("lses", ROWS_ARG, (MERGE_PARTS,)), ("out", TENSOR_ARG), ("lse", ROWS_ARG),
+     ("num_parts", _I32), ("batch", _I32), ("seqlen", _I32), ("heads", _I32), ("headdim", _I32)],
+    align=True,
+)
+
 #: MaskModBlocksArgs (kernels_cu/common/mask_mod_blocks.cu).
 MASK_MOD_BLOCKS_ARGS = numpy.dtype(
     [("buffers", MOD_BUFFERS), ("some", _PTR), ("every", _PTR), ("batch", _I32), ("heads", _I32), ("seqlen_q", _I32),
@@ -148,6 +158,7 @@ STRUCTS = {
     "RotaryArgs": ROTARY_ARGS,
     "MaxScoreDecodeArgs": MAX_SCORE_DECODE_ARGS,
     "MaskModBlocksArgs": MASK_MOD_BLOCKS_ARGS,
+    "MergeArgs": MERGE_ARGS,
     "FinishExactArgs": FINISH_EXACT_ARGS,
 }
 

@@ -341,6 +341,11 @@ def test_decode_table(bench_modules):
     assert "| 8 x 32768 | 3.98 | 3.84 | 3.84 | n/a | n/a |" in lines
     assert lines[-2] == "Chunked prefill 512 x 32768 causal, TFLOP/s: kvcache 627, dense forward 639"
     assert lines[-1] == "Decode call (batch 1, 4k): 27.9 us per call from Python, 13.3 us per graph replay"
+    cascade = {"requests": 64, "prefix": 8192, "own": 512, "splits": 8, "shared_ms": 0.2, "prefix_ms": 0.1,
+               "own_ms": 0.05, "merge_ms": 0.02, "unshared_ms": 0.8, "speedup": 4.0}
+    assert bench_modules.decode.table_lines({"cascade": cascade}) == [
+        "", "Cascade 64 x (8192 shared in 8 parts + 512 own): 0.200 ms shared, 0.800 ms unshared, 4.00x (alone: "
+        "prefix parts 0.100, own 0.050, merges 0.020 ms)"]
 
 
 def test_grouped_table_notes(bench_modules):

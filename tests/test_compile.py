@@ -705,7 +705,8 @@ def test_argument_structs_match_params_cuh():
     expected = []
     lines = ['#include <cuda/std/cstddef>', '#include "common/params.cuh"', '#include "common/checks.cu"',
              '#include "common/dropout_mask.cu"', '#include "common/rotary.cu"', '#include "common/max_score.cu"',
-             '#include "common/mask_mod_blocks.cu"', '#include "common/exact_sum.cu"', '#include "sm90/fwd_mainloop.cuh"',
+             '#include "common/mask_mod_blocks.cu"', '#include "common/exact_sum.cu"', '#include "common/merge.cu"',
+             '#include "sm90/fwd_mainloop.cuh"',
              "using namespace cupyflash;",
              'extern "C" __global__ void layout(unsigned long long* out) {']
     for name, dtype in {**_params.STRUCTS, "Sm90FwdMaps": sm90.MAPS}.items():

@@ -1,6 +1,7 @@
 """merge_attention_states and its stacked form: attention over disjoint key sets, merged, against the
 attention over their union (the float64 oracle, with the tolerance rule), against the reference merge,
-on rows that saw no key and NaN rows, in both layouts; validation. NumPy always; CuPy on a GPU."""
+on rows that saw no key and NaN rows, in both layouts; validation. NumPy always; CuPy on a GPU, where
+the merge is one kernel, also against the reference merge past one launch's parts and on strided views."""
 
 import numpy as np
 import pytest
@@ -111,6 +112,36 @@ def test_matches_the_reference_merge_on_special_rows(module, dtype):
     np.testing.assert_allclose(got_lse[finite], ref_lse[finite], rtol=tol)
     rows = np.isfinite(ref_out)
     np.testing.assert_allclose(got_out[rows], ref_out[rows], rtol=tol, atol=tol * np.abs(ref_out[rows]).max())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("dtype", "headdim", "parts", "views"),
+                         [("bfloat16", 64, 37, False), ("float16", 9, 3, True), ("float32", 24, 17, True),
+                          ("float64", 6, 16, False), ("bfloat16", 40, 2, True)])
+def test_the_merge_kernel_matches_the_reference(dtype, headdim, parts, views):
+    """The CuPy merge (one kernel, kernels_cu/common/merge.cu): more parts than a launch takes (16, merged
+    in rounds), 16-byte and element loads, parts and lse given as strided views (a padded last axis, lse
+    transposed) and float64 lse for 16-bit parts, against the float64 reference merge."""
+    rng = np.random.default_rng(8)
+    dt = DTYPES[dtype]
+    lse_dtype = np.float64 if dtype == "bfloat16" else np.float32 if dt.itemsize == 2 else np.float64
+    stack = random_normal(cupy, (parts, 2, 7, 3, headdim + (3 if views else 0)), dt, rng)[..., :headdim]
+    lse_values = (rng.standard_normal((parts, 2, 7, 3)) * 20).astype(lse_dtype)
+    lse_values[:, 1, 2, 0] = -np.inf  # a row no part saw
+    lse_values[: parts // 2, 0, 4, 1] = -np.inf  # a row half of the parts did not see
+    stack[:, 1, 2, 0] = 0
+    lses = cupy.asarray(lse_values)
+    lses = lses.transpose(0, 1, 3, 2) if views else cupy.ascontiguousarray(lses.transpose(0, 1, 3, 2))
+    out, lse = cupyflash.merge_attention_states_stacked(stack, lses)
+    assert out.dtype == dt and lse.dtype == (np.float32 if dt.itemsize == 2 else np.float64)
+    ref_out, ref_lse = reference.merge_attention_states([to_host(p) for p in stack], [to_host(x) for x in lses])
+    got_out, got_lse = to_host(out).astype(np.float64), to_host(lse).astype(np.float64)
+    assert np.isneginf(got_lse[1, 0, 2]) and not got_out[1, 2, 0].any()
+    finite = np.isfinite(ref_lse)
+    assert np.array_equal(np.isfinite(got_lse), finite)
+    tol = 4e-3 if dt.itemsize == 2 else 1e-6 if dt == np.float32 else 1e-12
+    np.testing.assert_allclose(got_lse[finite], ref_lse[finite], rtol=tol)
+    np.testing.assert_allclose(got_out, ref_out, rtol=tol, atol=tol * np.abs(ref_out).max())
 
 
 @pytest.mark.parametrize("module", MODULES)

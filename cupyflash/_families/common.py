@@ -9,7 +9,7 @@ import functools
 import cupy
 import numpy
 
-from .. import _dropout, _kernels, _params, _plan
+from .. import _dropout, _kernels, _params, _plan, _problem
 
 
 def cdiv(a, b):
@@ -344,6 +344,59 @@ def dropout_mask(p, seed, offset, shape):
     kernel = _kernels.get_kernel(DROPOUT_MASK.variant())
     kernel((ctas,), (DROPOUT_MASK_THREADS,), (args,))
     return mask
+
+
+#: merge_attention_states on the GPU (kernels_cu/common/merge.cu): a warp per row, grid-stride over at most
+#: MERGE_MAX_CTAS CTAs of MERGE_THREADS, up to _params.MERGE_PARTS parts a launch.
+MERGE = _kernels.Kernel("merge_states", "common/merge.cu", _kernels.ALL_DTYPES, flags=("vectors",))
+MERGE_THREADS = 256
+MERGE_MAX_CTAS = 1 << 16
+
+
+def _merge_rows(lse, packed):
+    """A RowsArg of a part's lse, (batch, heads, seqlen) or packed (heads, total), at unit row stride."""
+    if lse.shape[-1] > 1 and lse.strides[-1] != lse.itemsize:
+        lse = cupy.ascontiguousarray(lse)
+    size = lse.itemsize
+    return lse, _params.rows(lse, 0 if packed else lse.strides[0] // size, lse.strides[-2] // size)
+
+
+def merge(outs, lses, packed):
+    """(out, lse) over the union of the parts' keys, from CuPy parts ``outs[i]``, ``lses[i]`` (checked by
+    cupyflash._problem.merge_parts), on the current stream: one launch per MERGE_PARTS parts, each
+    round's result the first part of the next (cupyflash/_merge.py is the twin)."""
+    acc = _problem.lse_dtype(outs[0].dtype)
+    outs = [o if o.strides[-1] == o.itemsize else cupy.ascontiguousarray(o) for o in outs]
+    rows = [_merge_rows(lse.astype(acc, copy=False), packed) for lse in lses]
+    out = cupy.empty(outs[0].shape, outs[0].dtype)
+    lse = cupy.empty(lses[0].shape, acc)
+    batch, seqlen, heads, headdim = (1,) + out.shape if packed else out.shape
+    count = batch * seqlen * heads
+    if count == 0:
+        return out, lse
+    vec = 16 // out.itemsize
+    ctas = min(cdiv(count, MERGE_THREADS // 32), MERGE_MAX_CTAS)
+    args = numpy.zeros(1, _params.MERGE_ARGS)
+    result = (_params.tensor(out, not packed), _merge_rows(lse, packed)[1])
+    first = 0
+    while first < len(outs):
+        # Later rounds read the merged rows as their first part and write them in place (each value is
+        # read by the thread that rewrites it, before it does).
+        take = _params.MERGE_PARTS - (first > 0)
+        parts = [_params.tensor(o, not packed) for o in outs[first:first + take]]
+        part_rows = [r for _, r in rows[first:first + take]]
+        if first > 0:
+            parts.insert(0, result[0])
+            part_rows.insert(0, result[1])
+        vectors = headdim % vec == 0 and all(
+            p[0] % 16 == 0 and all(stride % vec == 0 for stride in p[1:]) for p in parts)
+        padding = _params.MERGE_PARTS - len(parts)
+        args[0] = (parts + [(0, 0, 0, 0)] * padding, part_rows + [(0, 0, 0)] * padding, *result, len(parts), batch,
+                   seqlen, heads, headdim)
+        kernel = _kernels.get_kernel(MERGE.variant(dtype_name(out.dtype), vectors=vectors))
+        kernel((ctas,), (MERGE_THREADS,), (args,))
+        first += take
+    return out, lse
 
 
 #: BlockMask.from_mask_mod on the GPU (kernels_cu/common/mask_mod_blocks.cu): a CTA of 32 x 8 threads per
