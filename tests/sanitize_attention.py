@@ -99,6 +99,9 @@ def dropout(dtype):
         q, k, v, do = (normal(s, dtype) for s in ((2, 77, 4, 40), (2, 101, 2, 40), (2, 101, 2, 40), (2, 77, 4, 40)))
         out, lse = cupyflash.flash_attention(q, k, v, return_lse=True, **options)
         cupyflash.flash_attention_backward(do, q, k, v, out, lse, **options)
+    # Walks of four key tiles: the Hopper forward's dropout past its ring's first round.
+    q, k, v = normal((2, 300, 4, 128), dtype), normal((2, 390, 2, 128), dtype), normal((2, 390, 2, 128), dtype)
+    cupyflash.flash_attention(q, k, v, dropout_p=0.3, dropout_seed=7)
     cupyflash.dropout_mask(1, (2, 3, 45, 37), 0.3, like=q)
 
 
