@@ -1,15 +1,23 @@
-# Builds the dropout A/B trees for the next session's device call (bench/runs/2026-12-05-s31/next_calls.sh.txt):
-# .ab/t/main (main as committed), .ab/t/early (+ early_dropout_draws.patch), .ab/t/drawn (+ drawn_dropout_masks.patch),
-# each only what bench/training.py needs (cupyflash, kernels_cu, bench/*.py). Run from the repository root; pass
-# the three paths to run's carry.
+# Builds the A/B trees for the next session's device calls (bench/runs/2026-12-05-s31/next_calls.sh.txt), each
+# what bench/training.py and bench/bench.py need (cupyflash, kernels_cu, bench/*.py), under .ab/t/:
+#   main   main as committed
+#   early  + pending/early_dropout_draws.patch        drawn   + pending/drawn_dropout_masks.patch
+#   red    + pending/i22_bwd_planes_reduce_from_registers.patch
+#   redkv  + that and pending/i22_bwd_planes_split_keys.patch
+# Run from the repository root; pass ".ab/t" to run's carry (about 10 MB).
 set -e
+pending=bench/runs/2026-12-05-s31/pending
 rm -rf .ab/t && mkdir -p .ab/t
-for t in main early drawn; do
+for t in main early drawn red redkv; do
     mkdir -p .ab/t/$t
-    git archive HEAD cupyflash kernels_cu bench/harness.py bench/training.py | tar -x -C .ab/t/$t
+    git archive HEAD cupyflash kernels_cu bench/*.py | tar -x -C .ab/t/$t
 done
-for t in early drawn; do
-    patch=bench/runs/2026-12-05-s31/pending/$([ $t = early ] && echo early_dropout_draws || echo drawn_dropout_masks).patch
-    git apply --include=".ab/t/$t/kernels_cu/*" --include=".ab/t/$t/cupyflash/*" --directory=.ab/t/$t "$patch"
-done
-du -sh .ab/t/*
+apply() {  # tree, patch
+    git apply --include=".ab/t/$1/kernels_cu/*" --include=".ab/t/$1/cupyflash/*" --directory=.ab/t/$1 "$pending/$2.patch"
+}
+apply early early_dropout_draws
+apply drawn drawn_dropout_masks
+apply red i22_bwd_planes_reduce_from_registers
+apply redkv i22_bwd_planes_reduce_from_registers
+apply redkv i22_bwd_planes_split_keys
+du -sh .ab/t
