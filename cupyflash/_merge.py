@@ -9,14 +9,16 @@ The exponentials are shifted by the row's largest ``lse_i`` so none overflows. A
 no key (``lse_i = -inf``) gets weight 0; when every part's row saw none, the merged row is
 ``out = 0, lse = -inf``, as :func:`cupyflash.flash_attention` gives such a row. A NaN ``lse_i`` makes
 the merged row NaN. The arithmetic runs in the dtype of the saved log-sum-exp of ``out``'s dtype
-(float32 for 16-bit outputs, float64 otherwise). On CuPy arrays :func:`merge` is one fused kernel on the
-current stream (kernels_cu/common/merge.cu, with no host synchronization) and this module's arithmetic
-is its NumPy twin.
+(float32 for 16-bit outputs, float64 otherwise); up to 16 parts (MERGE_PARTS) are merged at once, more
+in rounds whose results are rounded to ``out``'s dtype. On CuPy arrays :func:`merge` is one fused kernel
+per round on the current stream (kernels_cu/common/merge.cu, with no host synchronization) and this
+module's arithmetic is its NumPy twin.
 """
 
 import numpy
 
 from . import _problem
+from ._params import MERGE_PARTS
 
 
 def _to_rows(lse, packed):
@@ -26,11 +28,22 @@ def _to_rows(lse, packed):
 
 
 def merge(xp, outs, lses, packed):
-    """(out, lse) of the parts ``outs[i]``, ``lses[i]`` (at least one, validated; ``xp`` their module)."""
+    """(out, lse) of the parts ``outs[i]``, ``lses[i]`` (at least one, validated; ``xp`` their module).
+    At most MERGE_PARTS parts are merged at once, as the kernel takes them: more are merged in rounds,
+    each round's result (out rounded to the parts' dtype) the first part of the next."""
     if xp is not numpy:
         from ._families import common
 
         return common.merge(outs, lses, packed)
+    out, lse = _merge_round(xp, outs[:MERGE_PARTS], lses[:MERGE_PARTS], packed)
+    for first in range(MERGE_PARTS, len(outs), MERGE_PARTS - 1):
+        out, lse = _merge_round(xp, [out, *outs[first:first + MERGE_PARTS - 1]],
+                                [lse, *lses[first:first + MERGE_PARTS - 1]], packed)
+    return out, lse
+
+
+def _merge_round(xp, outs, lses, packed):
+    """One round of :func:`merge`: at most MERGE_PARTS parts."""
     out_dtype = outs[0].dtype
     acc = _problem.lse_dtype(out_dtype)
     lses = [lse.astype(acc, copy=False) for lse in lses]

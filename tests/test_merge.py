@@ -230,6 +230,23 @@ def test_validation():
         cupyflash.merge_attention_states(packed_out, packed_lse.T, packed_out, packed_lse)
 
 
+def test_more_parts_than_a_launch_merge_in_rounds():
+    """Past MERGE_PARTS parts the twin merges in rounds, as the kernel's launches do: 20 parts are the first
+    16 merged, rounded to the parts' dtype, then merged with the other 4, bitwise; and still the
+    attention over all keys within the reference merge's tolerance."""
+    rng = np.random.default_rng(11)
+    outs = [random_normal(np, (1, 3, 2, 8), DTYPES["bfloat16"], rng) for _ in range(20)]
+    lses = [(rng.standard_normal((1, 2, 3)) * 10).astype(np.float32) for _ in range(20)]
+    out, lse = cupyflash.merge_attention_states_stacked(np.stack(outs), np.stack(lses))
+    first, first_lse = cupyflash.merge_attention_states_stacked(np.stack(outs[:16]), np.stack(lses[:16]))
+    rounds, rounds_lse = cupyflash.merge_attention_states_stacked(np.stack([first, *outs[16:]]),
+                                                                  np.stack([first_lse, *lses[16:]]))
+    assert np.array_equal(out.view(np.uint16), rounds.view(np.uint16)) and np.array_equal(lse, rounds_lse)
+    ref_out, ref_lse = reference.merge_attention_states(outs, lses)
+    np.testing.assert_allclose(lse, ref_lse, rtol=1e-6)
+    np.testing.assert_allclose(out.astype(np.float64), ref_out, rtol=2e-2, atol=2e-2 * np.abs(ref_out).max())
+
+
 def test_reference_merge_is_attention_over_all_keys():
     """The oracle merge against the oracle attention, three parts, one of them invisible to some rows."""
     q, k, v = random_qkv(np, 2, 21, 33, 2, 1, 8, 8, DTYPES["float64"], seed=7)
