@@ -1,6 +1,7 @@
 // cupyflash.merge_attention_states and merge_attention_states_stacked on CuPy arrays, and the merges of
 // ring attention: up to kMergeParts parts of attention over disjoint key sets merged in one pass
-// (cupyflash/_merge.py is the NumPy twin and states the arithmetic, which this follows step for step).
+// (cupyflash/_merge.py is the NumPy twin and states the arithmetic, which this follows, but for the order
+// of the weights' sum: a butterfly here, part order there, which may differ in the last bits).
 // Per row, in lse_t<T> (float32 for 16-bit parts, float64 for float32 and float64 ones):
 //   top = max_i lse_i (NaN if any is NaN), shift = top, or 0 where top = -inf (no part saw a key),
 //   w_i = exp(lse_i - shift), total = sum_i w_i,
