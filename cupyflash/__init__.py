@@ -22,7 +22,7 @@ from ._api import (
     ring_flash_attention_vjp,
 )
 from ._block_mask import BlockMask
-from ._dropout import dropout_mask
+from ._dropout import dropout_mask, dropout_rate
 from ._fp8 import quantize_fp8
 from ._problem import SUPPORTED_DTYPES
 from ._ring import VirtualRing, zigzag_shard, zigzag_unshard
@@ -35,6 +35,7 @@ __all__ = [
     "VirtualRing",
     "apply_rotary",
     "dropout_mask",
+    "dropout_rate",
     "flash_attention",
     "flash_attention_backward",
     "flash_attention_varlen",

@@ -138,12 +138,13 @@ _TRAINING_DOC = """
         key gets out 0 and lse ``sinks[h]``. -inf is no sink. NumPy sinks may not be NaN or +inf
         (ValueError); CuPy sinks are not read on the host, and a NaN there makes its head's rows NaN.
     dropout_p : float in [0, 1), keyword-only
-        Attention dropout: each probability is kept with probability ``1 - dropout_p`` (within 2^-16)
-        and scaled by ``1 / (1 - dropout_p)`` before the product with v; lse is the softmax's before
-        dropout. On CuPy arrays the Hopper 16-bit and the general kernels draw the decisions.
+        Attention dropout: each probability is dropped with probability
+        :func:`cupyflash.dropout_rate` ``(dropout_p)`` = ``round(256 dropout_p) / 256`` (8-bit
+        decisions, as FlashAttention-2's) and the kept ones are scaled by ``1 / (1 - dropout_p)``
+        before the product with v; lse is the softmax's before dropout. On CuPy arrays the Hopper 16-bit and the general kernels draw the decisions.
     dropout_seed : int in [0, 2^64), keyword-only
         Required when ``dropout_p > 0``. The keep decision of (batch entry b, query head h, query i,
-        key j) is a pure function of (seed, offset, b, h, i, j) (Philox4x32-10;
+        key j) is a pure function of (seed, offset, b, h, i, j) (Philox4x32-7;
         :func:`cupyflash.dropout_mask` returns it), so the backward, given the same three arguments,
         drops the same probabilities, and every run draws the same ones.
     dropout_offset : int in [0, 2^32), keyword-only

@@ -1,32 +1,40 @@
 """Dropout's keep decisions: a pure function of (seed, offset, b, h, i, j), from the counter-based
-generator Philox4x32-10 (Salmon et al., SC 2011; Random123's constants and round), so that the NumPy
-twin, the reference and any kernel can draw the same decision for the same entry without sharing state.
+generator Philox4x32 with 7 rounds (Salmon et al., SC 2011; Random123's constants and round function,
+FlashAttention-2's round count), so that the NumPy twin, the reference and any kernel can draw the same
+decision for the same entry without sharing state.
 
 The decision for batch entry (or packed sequence) ``b``, query head ``h`` of ``heads``, query row ``i``
 and key column ``j`` (both counted from 0 within the sequence) is
 
-    words = philox4x32_10(counter=(I, J, b * heads + h, offset), key=(seed mod 2^32, seed >> 32))
-    u     = 16-bit half bit0(j) of words[2 * bit3(i) + bit3(j)]    (half 0: the low 16 bits)
-    keep  = u >= floor(dropout_p * 2^16)
+    words = philox4x32_7(counter=(I, J, b * heads + h, offset), key=(seed mod 2^32, seed >> 32))
+    u     = byte 2 * bit3(j) + bit0(j) of words[2 * bit3(i) + bit4(j)]    (byte 0: the low 8 bits)
+    keep  = u >= threshold(dropout_p)
 
-where ``I`` is ``i`` without its bit 3 (``(i >> 4) * 8 + i % 8``), ``J`` is ``j`` without its bits 0
-and 3 (``(j >> 4) * 4 + (j >> 1) % 4``), and bitN(x) = (x >> N) & 1. One generator call thus serves
-the eight entries {i, i ^ 8} x {j, j ^ 1, j ^ 8, j ^ 9}: exactly the entries of those rows and keys that
-one thread of an mma.sync or wgmma accumulator holds (rows r and r + 8 of a 16-row block, column pairs
-2c, 2c + 1 of two 8-column blocks), so the forward uses every word it draws; the backward, whose
-transposed fragments hold keys r and r + 8 and query pairs, uses half of each. Each entry is kept with
-probability ``1 - floor(dropout_p * 2^16) / 2^16``: ``1 - dropout_p`` within 2^-16, exactly for
-multiples of 2^-16 (0.5, 0.25, 0.125, ...); kept probabilities are scaled by ``1 / (1 - dropout_p)``.
+where ``I`` is ``i`` without its bit 3 (``(i >> 4) * 8 + i % 8``), ``J`` is ``j`` without its bits 0, 3
+and 4 (``(j >> 5) * 4 + (j >> 1) % 4``), and bitN(x) = (x >> N) & 1. One generator call thus serves the
+sixteen entries {i, i ^ 8} x {j, j ^ 1, j ^ 8, j ^ 9, j ^ 16, j ^ 17, j ^ 24, j ^ 25}: exactly the
+entries of two rows and a 32-key block that one thread of an mma.sync or wgmma accumulator holds (rows r
+and r + 8 of a 16-row block, column pairs 2c, 2c + 1 of four 8-column blocks), so the forward uses every
+byte it draws; the backward, whose transposed fragments hold keys r and r + 8 and query pairs, uses a
+quarter of each call.
+
+The decisions are 8-bit, as FlashAttention-2's: ``threshold(dropout_p)`` is ``256 dropout_p`` rounded to
+the nearest integer (halves up), at least 1 and at most 255, so each entry is dropped with probability
+``threshold / 256`` (dropout_p = 0.1 drops 26/256 = 0.1016) and kept probabilities are scaled by
+``1 / (1 - dropout_p)``, also as FlashAttention-2 does. A 16-bit decision per entry took twice the
+generator calls and ten rounds each: the forward ran at 2x the time of no dropout (bench/NOTES.md,
+sessions 29-32).
 """
 
+import fractions
 import math
 
 import numpy
 
-#: Philox4x32's multipliers and Weyl key increments (Random123).
+#: Philox4x32's multipliers and Weyl key increments (Random123), and the rounds of a draw.
 _M0, _M1 = 0xD2511F53, 0xCD9E8D57
 _W0, _W1 = 0x9E3779B9, 0xBB67AE85
-_ROUNDS = 10
+ROUNDS = 7
 _LOW = numpy.uint64(0xFFFFFFFF)
 _SHIFT = numpy.uint64(32)
 
@@ -35,13 +43,14 @@ MAX_SEED = 2**64 - 1
 MAX_OFFSET = 2**32 - 1
 
 
-def philox4x32_10(c0, c1, c2, c3, k0, k1):
-    """The four 32-bit words of Philox4x32-10 for counters (c0, c1, c2, c3) (integer arrays that
-    broadcast, each word below 2^32) and the key (k0, k1) (ints below 2^32); returns uint32 arrays."""
+def philox4x32(c0, c1, c2, c3, k0, k1, rounds=ROUNDS):
+    """The four 32-bit words of Philox4x32 with ``rounds`` rounds for counters (c0, c1, c2, c3) (integer
+    arrays that broadcast, each word below 2^32) and the key (k0, k1) (ints below 2^32); returns uint32
+    arrays."""
     c0, c1, c2, c3 = (numpy.asarray(c, dtype=numpy.uint64) for c in (c0, c1, c2, c3))
     k0, k1 = numpy.uint64(k0), numpy.uint64(k1)
     m0, m1, w0, w1 = (numpy.uint64(x) for x in (_M0, _M1, _W0, _W1))
-    for _ in range(_ROUNDS):
+    for _ in range(rounds):
         p0 = m0 * c0  # below 2^64: both factors are below 2^32
         p1 = m1 * c2
         c0, c1, c2, c3 = (p1 >> _SHIFT) ^ c1 ^ k0, p1 & _LOW, (p0 >> _SHIFT) ^ c3 ^ k1, p0 & _LOW
@@ -50,9 +59,33 @@ def philox4x32_10(c0, c1, c2, c3, k0, k1):
 
 
 def threshold(dropout_p):
-    """The 16-bit threshold an entry's half word must reach to keep it: floor(dropout_p * 2^16), exact
-    (the product by a power of two is exact in float64, and dropout_p < 1 keeps it below 2^16)."""
-    return math.floor(dropout_p * 2.0**16)
+    """The byte an entry's draw must reach to be kept: 256 dropout_p rounded to nearest (halves up), in
+    [1, 255] for dropout_p > 0 (0 for none), computed exactly (dropout_p as the binary fraction it is)."""
+    if dropout_p == 0:
+        return 0
+    return min(255, max(1, math.floor(fractions.Fraction(dropout_p) * 256 + fractions.Fraction(1, 2))))
+
+
+def dropout_rate(p):
+    """The probability with which ``flash_attention(..., dropout_p=p)`` (and its backward, and
+    :func:`cupyflash.dropout_mask`) drops each probability: ``round(256 p) / 256``, halves rounded up, at
+    least 1/256 for any ``p > 0`` and at most 255/256 (the decisions are 8-bit, as FlashAttention-2's).
+    Kept probabilities are scaled by ``1 / (1 - p)``, as FlashAttention-2 scales them.
+
+    Parameters
+    ----------
+    p : float
+        The ``dropout_p`` of the attention functions, in [0, 1).
+
+    Returns
+    -------
+    float
+        ``round(256 p) / 256``; 0.0 for ``p = 0`` (for example 0.1015625 for 0.1, 0.5 for 0.5).
+    """
+    from . import _problem
+
+    p, _, _ = _problem.check_dropout(p, 0, 0)
+    return threshold(p) / 256
 
 
 def _fold_rows(x):
@@ -60,7 +93,7 @@ def _fold_rows(x):
 
 
 def _fold_cols(x):
-    return (x >> 4) * 4 + ((x >> 1) & 3)
+    return (x >> 5) * 4 + ((x >> 1) & 3)
 
 
 def _counters(start, stop, fold):
@@ -78,12 +111,12 @@ def keep(seed, offset, bh, rows, cols, dropout_p):
     bh = numpy.asarray(bh, dtype=numpy.int64)
     i, ci, index_i = _counters(*rows, _fold_rows)
     j, cj, index_j = _counters(*cols, _fold_cols)
-    words = philox4x32_10(ci[:, None], cj[None, :], bh[..., None, None], offset, seed & 0xFFFFFFFF, seed >> 32)
+    words = philox4x32(ci[:, None], cj[None, :], bh[..., None, None], offset, seed & 0xFFFFFFFF, seed >> 32)
     stacked = numpy.stack(words, axis=-1)  # bh.shape + (distinct rows, distinct columns, 4)
-    which = 2 * ((i[:, None] >> 3) & 1) + ((j[None, :] >> 3) & 1)
+    which = 2 * ((i[:, None] >> 3) & 1) + ((j[None, :] >> 4) & 1)
     chosen = stacked[..., index_i[:, None], index_j[None, :], which]
-    half = (chosen >> (16 * (j & 1)).astype(numpy.uint32)) & numpy.uint32(0xFFFF)
-    return half >= numpy.uint32(threshold(dropout_p))
+    byte = (chosen >> (8 * (2 * ((j >> 3) & 1) + (j & 1))).astype(numpy.uint32)) & numpy.uint32(0xFF)
+    return byte >= numpy.uint32(threshold(dropout_p))
 
 
 def dropout_mask(seed, shape, p, offset=0, *, like=None):
@@ -114,8 +147,9 @@ def dropout_mask(seed, shape, p, offset=0, *, like=None):
     Returns
     -------
     numpy.ndarray or cupy.ndarray of bool, shape ``shape``
-        Each entry is True (kept) with probability ``1 - floor(p * 2^16) / 2^16``, independently of the
-        others; the attention functions scale kept probabilities by ``1 / (1 - p)``.
+        Each entry is True (kept) with probability ``1 - round(256 p) / 256`` (see
+        :func:`cupyflash.dropout_rate`), independently of the others; the attention functions scale kept
+        probabilities by ``1 / (1 - p)``.
     """
     from . import _problem
 

@@ -49,6 +49,22 @@ def test_dense(case, dtype, family, monkeypatch):
                 **options)
 
 
+@pytest.mark.parametrize("sizes", [(1, 150, 330, 2, 1, 192, 192), (1, 140, 300, 2, 2, 192, 128),
+                                   (1, 130, 410, 2, 1, 256, 256)], ids=["d192-n96", "d192-v128", "d256-n80"])
+def test_hopper_forward_wide_heads(sizes):
+    """The Hopper forward with dropout at head dims above the backward's 128, over walks of several key
+    tiles: 96-key tiles (three generator calls a tile) and 80-key tiles, whose calls straddle the tiles (each
+    16-key step draws a call and uses the half its keys' bit 4 picks), against the oracle given the same
+    keep mask."""
+    q, k, v = random_qkv(cupy, *sizes, DTYPES["bfloat16"], seed=0)
+    p = _problem.forward_problem(q, k, v, causal=True, dropout_p=0.3, dropout_seed=5, dropout_offset=7)
+    family, _ = _families.select(_families.FORWARD, p, _families.common.current_device(), (q, k, v))
+    if family.name != "sm90":
+        pytest.skip("the Hopper forward's tiles")
+    check_dense(cupy, sizes, DTYPES["bfloat16"], causal=True, backward=False, dropout_p=0.3, dropout_seed=5,
+                dropout_offset=7)
+
+
 def test_dense_with_sinks():
     sinks = cupy.asarray(np.array([0.5, -1.0, 2.0, -np.inf], np.float32))
     check_dense(cupy, (2, 90, 70, 4, 2, 64, 64), DTYPES["bfloat16"], causal=True, sinks=sinks, dropout_p=0.5,

@@ -30,14 +30,16 @@ _KNOWN_ANSWERS = [
 
 @pytest.mark.parametrize("counter, key, expected", _KNOWN_ANSWERS)
 def test_philox_known_answers(counter, key, expected):
-    assert tuple(int(w) for w in _dropout.philox4x32_10(*counter, *key)) == expected
+    """The round function against Random123's answers (published for ten rounds; dropout draws seven)."""
+    assert tuple(int(w) for w in _dropout.philox4x32(*counter, *key, rounds=10)) == expected
+    assert _scalar_philox(counter, key, rounds=10) == list(expected)
 
 
-def _scalar_philox(counter, key):
-    """Philox4x32-10 on Python ints, one call, written from the paper's round function."""
+def _scalar_philox(counter, key, rounds=7):
+    """Philox4x32 on Python ints, one call, written from the paper's round function."""
     c = list(counter)
     k0, k1 = key
-    for _ in range(10):
+    for _ in range(rounds):
         p0, p1 = 0xD2511F53 * c[0], 0xCD9E8D57 * c[2]
         c = [(p1 >> 32) ^ c[1] ^ k0, p1 & 0xFFFFFFFF, (p0 >> 32) ^ c[3] ^ k1, p0 & 0xFFFFFFFF]
         k0, k1 = (k0 + 0x9E3779B9) & 0xFFFFFFFF, (k1 + 0xBB67AE85) & 0xFFFFFFFF
@@ -46,17 +48,18 @@ def _scalar_philox(counter, key):
 
 def _scalar_keep(seed, offset, b, h, heads, i, j, p):
     """The keep decision of one entry, transcribed from cupyflash/_dropout.py's definition."""
-    row, col = (i >> 4) * 8 + i % 8, (j >> 4) * 4 + (j >> 1) % 4
+    row, col = (i >> 4) * 8 + i % 8, (j >> 5) * 4 + (j >> 1) % 4
     words = _scalar_philox((row, col, b * heads + h, offset), (seed % 2**32, seed >> 32))
-    word = words[2 * ((i >> 3) & 1) + ((j >> 3) & 1)]
-    return (word >> (16 * (j & 1))) & 0xFFFF >= int(p * 2**16)
+    word = words[2 * ((i >> 3) & 1) + ((j >> 4) & 1)]
+    threshold = max(1, int(p * 256 + 0.5))  # these p: 256 p is no tie, and below 255
+    return (word >> (8 * (2 * ((j >> 3) & 1) + (j & 1)))) & 0xFF >= threshold
 
 
 @pytest.mark.parametrize("seed, offset, p", [(0, 0, 0.5), (2**64 - 1, 2**32 - 1, 0.1), (123456789012345, 77, 0.9)])
 def test_dropout_mask_is_its_definition(seed, offset, p):
-    """Every entry of an odd-sized mask against the scalar transcription (rows and columns past 16, so
-    the fold of bit 3 and the word choice are exercised)."""
-    shape = (2, 3, 37, 21)
+    """Every entry of an odd-sized mask against the scalar transcription (rows past 16 and columns past
+    32, so the folds of bit 3 and bits 3 and 4 and the word and byte choices are exercised)."""
+    shape = (2, 3, 37, 45)
     mask = cupyflash.dropout_mask(seed, shape, p, offset)
     assert mask.shape == shape and mask.dtype == bool
     expected = np.array([_scalar_keep(seed, offset, b, h, 3, i, j, p) for b, h, i, j in np.ndindex(shape)])
@@ -109,9 +112,9 @@ _FRAGMENT_PROGRAM = r"""
 #include <cstdio>
 #include <cstdlib>
 #include "fragment/dropout.cuh"
-// Every thread of a warp's 16-row fragment of NT n-tiles (lane: rows row0 + lane / 4 and + 8, keys n0 + 8 nt +
-// 2 (lane % 4) + {0, 1}) drops its probabilities; prints the kept mask of rows row0 .. row0 + 15, keys n0 ..
-// n0 + 8 NT - 1.
+// Every thread of a warp's 16-row fragment of NT n-tiles, packed as the A operand of NT / 2 k-steps (lane:
+// rows row0 + lane / 4 and + 8, keys n0 + 8 nt + 2 (lane % 4) + {0, 1}; pairs of bfloat16 ones) drops its
+// probabilities; prints the kept mask of rows row0 .. row0 + 15, keys n0 .. n0 + 8 NT - 1.
 int main(int argc, char** argv) {
     cupyflash::DropoutArg d{strtoull(argv[1], nullptr, 10), static_cast<unsigned>(strtoul(argv[2], nullptr, 10)),
                             static_cast<unsigned>(strtoul(argv[3], nullptr, 10)), 1.0, 1};
@@ -119,12 +122,17 @@ int main(int argc, char** argv) {
     const int row0 = atoi(argv[5]), n0 = atoi(argv[6]);
     char kept[16][8 * NT];
     for (int lane = 0; lane < 32; ++lane) {
-        float p[NT][4];
-        for (auto& tile : p) for (float& x : tile) x = 1.0f;
-        const int row = row0 + lane / 4, col_t = 2 * (lane % 4);
-        cupyflash::drop_fragment(p, d, bh, row, n0, col_t);
-        for (int nt = 0; nt < NT; ++nt)
-            for (int e = 0; e < 4; ++e) kept[lane / 4 + 8 * (e / 2)][8 * nt + col_t + e % 2] = p[nt][e] != 0.0f ? '1' : '0';
+        unsigned a[NT / 2][4];
+        for (auto& step : a) for (unsigned& x : step) x = 0x3F803F80u;
+        const int col_t = 2 * (lane % 4);
+        cupyflash::drop_operand(a, d, bh, row0 + lane / 4, n0, col_t);
+        for (int kk = 0; kk < NT / 2; ++kk)
+            for (int r = 0; r < 4; ++r)
+                for (int e = 0; e < 2; ++e) {
+                    const unsigned half = (a[kk][r] >> (16 * e)) & 0xFFFFu;
+                    if (half != 0 && half != 0x3F80u) return 1;
+                    kept[lane / 4 + 8 * (r % 2)][16 * kk + 8 * (r / 2) + col_t + e] = half ? '1' : '0';
+                }
     }
     for (auto& line : kept) fwrite(line, 1, 8 * NT, stdout);
     return 0;
@@ -160,14 +168,16 @@ int main(int argc, char** argv) {
 
 @pytest.mark.parametrize("n_tiles", [8, 10, 16])
 def test_fragment_dropout_is_the_definition_on_the_host(tmp_path, n_tiles):
-    """fragment/dropout.cuh (the tensor-core kernels' per-thread draws) as host C++: a warp's fragment of
-    16 rows by 8 n_tiles keys, rows starting on a multiple of 16 (one call per row pair) and not (one per
-    row), and the backward's transposed fragment of 16 keys (aligned and not) by 8 n_tiles queries, against
-    the definition; 4, 5 and 8 16-key blocks (an odd count draws its last block twice; 8 fill the mask)."""
+    """fragment/dropout.cuh (the tensor-core kernels' per-thread draws) as host C++: a warp's packed
+    probabilities of 16 rows by 8 n_tiles keys (rows on a multiple of 16, as the kernels' are; 32-key
+    calls, and 16-key k-steps that each draw half a call when their count is odd: 80-key tiles start on
+    multiples of 16), and the backward's transposed fragment of 16 keys by 8 n_tiles queries, against the
+    definition; 4, 5 and 8 16-key blocks (8 fill the backward's 64-bit mask)."""
     keys = 8 * n_tiles
     binary = _host_build(tmp_path, "fragment", f"#define NT {n_tiles}\n" + _FRAGMENT_PROGRAM)
     seed, offset, p, heads = 987654321987, 31, 0.45, 6
-    for b, h, row0, n0 in ((0, 0, 0, 0), (1, 5, 48, 128), (0, 3, 13, 64), (2, 1, 1000, 16)):
+    starts = (0, 80, 160, 1040) if n_tiles % 4 else (0, 128, 96, 1024)  # odd k-steps: 80-key tiles' starts
+    for (b, h, row0), n0 in zip(((0, 0, 0), (1, 5, 48), (0, 3, 16), (2, 1, 992)), starts):
         run = subprocess.run([binary, str(seed), str(offset), str(_dropout.threshold(p)), str(b * heads + h),
                               str(row0), str(n0)], check=True, capture_output=True, text=True)
         got = np.frombuffer(run.stdout.encode(), np.uint8).reshape(16, keys) == ord("1")
@@ -175,7 +185,7 @@ def test_fragment_dropout_is_the_definition_on_the_host(tmp_path, n_tiles):
         np.testing.assert_array_equal(got, want, err_msg=f"rows from {row0}, keys from {n0}")
     # The backward's transposed fragments: keys as rows, queries as columns.
     binary = _host_build(tmp_path, "transposed", f"#define NT {n_tiles}\n" + _TRANSPOSED_PROGRAM)
-    for b, h, key0, m0 in ((0, 0, 0, 0), (1, 5, 48, 128), (0, 3, 13, 64), (2, 1, 1001, 16)):
+    for b, h, key0, m0 in ((0, 0, 0, 0), (1, 5, 48, 128), (0, 3, 16, 64), (2, 1, 992, 16), (1, 2, 1040, 48)):
         run = subprocess.run([binary, str(seed), str(offset), str(_dropout.threshold(p)), str(b * heads + h),
                               str(key0), str(m0)], check=True, capture_output=True, text=True)
         got = np.frombuffer(run.stdout.encode(), np.uint8).reshape(keys, 16) == ord("1")
@@ -217,13 +227,14 @@ def test_max_score_images_order_like_the_floats(tmp_path):
 
 
 def test_dropout_mask_statistics():
-    """Keep rate within 4 sigma over 2^21 entries, at three rates (one not a multiple of 2^-16: the rate
-    is 1 - floor(p 2^16) / 2^16); no correlation (|r| < 4 / sqrt(n)) between neighbours in i, in j, across
-    the partners that share a generator call (j ^ 1, bit 3 of i and of j), across heads and offsets."""
-    for p in (0.1, 0.5, 0.83):
+    """Keep rate within 4 sigma over 2^21 entries, at three rates (none a multiple of 1/256: the rate is
+    1 - round(256 p) / 256); no correlation (|r| < 4 / sqrt(n)) between neighbours in i, in j, across the
+    partners that share a generator call (j ^ 1, bit 3 of i, bits 3 and 4 of j), across heads and
+    offsets."""
+    for p in (0.1, 0.5017, 0.83):
         mask = cupyflash.dropout_mask(2024, (1, 2, 1024, 1024), p, offset=3)
         n = mask.size
-        rate = np.floor(p * 2**16) / 2**16
+        rate = cupyflash.dropout_rate(p)
         assert abs(mask.mean() - (1 - rate)) < 4 * np.sqrt(rate * (1 - rate) / n), p
         x = mask.astype(np.float64)
         other = cupyflash.dropout_mask(2024, (1, 2, 1024, 1024), p, offset=4).astype(np.float64)
@@ -232,6 +243,8 @@ def test_dropout_mask_statistics():
             "j^1": (x[..., 0:1024:2], x[..., 1:1024:2]),
             "i+1": (x[..., :-1, :], x[..., 1:, :]),
             "j^8": (x[..., 0:1024:16], x[..., 8:1024:16]),
+            "j^16": (x[..., 0:1024:32], x[..., 16:1024:32]),
+            "j^24": (x[..., 0:1024:32], x[..., 24:1024:32]),
             "i^8": (x[..., 0:1024:16, :], x[..., 8:1024:16, :]),
             "i^8,j^8": (x[..., 0:1024:16, 0:1024:16], x[..., 8:1024:16, 8:1024:16]),
             "head": (x[:, 0], x[:, 1]),
@@ -252,6 +265,21 @@ def test_dropout_mask_edges():
         cupyflash.dropout_mask(1, (2, 2, 5), 0.5)
     with pytest.raises(ValueError, match="dropout_p"):
         cupyflash.dropout_mask(1, (1, 1, 2, 2), 1.0)
+
+
+def test_dropout_rate():
+    """The drop probability the 8-bit decisions give: round(256 p) / 256, halves up, in [1/256, 255/256]
+    for any p > 0; the arguments checked as the attention functions check dropout_p."""
+    assert cupyflash.dropout_rate(0.0) == 0.0
+    assert cupyflash.dropout_rate(0.1) == 26 / 256
+    assert cupyflash.dropout_rate(3 / 512) == 2 / 256 and cupyflash.dropout_rate(5 / 512) == 3 / 256
+    assert cupyflash.dropout_rate(1e-12) == 1 / 256
+    assert cupyflash.dropout_rate(0.9999) == 255 / 256
+    assert cupyflash.dropout_rate(np.float32(0.25)) == 0.25
+    with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\)"):
+        cupyflash.dropout_rate(1.0)
+    with pytest.raises(TypeError, match="dropout_p must be a real number"):
+        cupyflash.dropout_rate(True)
 
 
 # --- the features against the oracle -----------------------------------------------------------------

@@ -78,6 +78,7 @@ _EVERY_FUNCTION = textwrap.dedent("""
 
     keep = cupyflash.dropout_mask(5, (b, h, s, s), 0.25, offset=2)
     check("dropout_mask", keep.mean(), 0.75, tol=0.1)
+    check("dropout_rate", cupyflash.dropout_rate(0.1), 26 / 256)
     sinks = rng.standard_normal(h).astype(np.float32)
     out, top = cupyflash.flash_attention(q, k, v, causal=True, sinks=sinks, dropout_p=0.25, dropout_seed=5,
                                          dropout_offset=2, return_max_score=True)

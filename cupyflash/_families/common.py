@@ -339,7 +339,7 @@ def dropout_mask(p, seed, offset, shape):
     args = numpy.zeros(1, _params.DROPOUT_MASK_ARGS)
     args[0] = ((seed, offset, _dropout.threshold(p), 1.0 / (1.0 - p), int(p > 0)), mask.data.ptr, *shape)
     batch, heads, seqlen_q, seqlen_k = shape
-    calls = batch * heads * cdiv(seqlen_q, 16) * cdiv(seqlen_k, 16) * 32
+    calls = batch * heads * cdiv(seqlen_q, 16) * cdiv(seqlen_k, 32) * 32
     ctas = min(cdiv(calls, DROPOUT_MASK_THREADS), DROPOUT_MASK_MAX_CTAS)
     kernel = _kernels.get_kernel(DROPOUT_MASK.variant())
     kernel((ctas,), (DROPOUT_MASK_THREADS,), (args,))

@@ -2,12 +2,13 @@
 // NumPy twin, the reference's masks and cupyflash.dropout_mask draw from it, tests/test_training.py
 // compares this header with it bit for bit, on the host with a C++ compiler and on the GPU).
 //
-// The decision for batch entry b, query head h, query i and key j (from 0 within the sequence) takes the
-// 16-bit half bit0(j) of word 2 * bit3(i) + bit3(j) of Philox4x32-10 at counter (I, J, b * heads + h,
-// offset) and key (seed mod 2^32, seed >> 32), I = i without bit 3, J = j without bits 0 and 3; the entry
-// is kept when that half is at least threshold = floor(p * 2^16). One call decides the eight entries
-// {i, i ^ 8} x {j, j ^ 1, j ^ 8, j ^ 9}: what one thread of an mma.sync / wgmma accumulator holds of two
-// rows (r, r + 8) and two 8-column blocks (columns 2c, 2c + 1 of each).
+// The decision for batch entry b, query head h, query i and key j (from 0 within the sequence) takes byte
+// 2 * bit3(j) + bit0(j) of word 2 * bit3(i) + bit4(j) of Philox4x32-7 at counter (I, J, b * heads + h,
+// offset) and key (seed mod 2^32, seed >> 32), I = i without bit 3, J = j without bits 0, 3 and 4; the
+// entry is kept when that byte is at least threshold = round(256 p) (in [1, 255] for p > 0). One call
+// decides the sixteen entries {i, i ^ 8} x {j, j ^ 1, j ^ 8, j ^ 9, j ^ 16, j ^ 17, j ^ 24, j ^ 25}: what one
+// thread of an mma.sync / wgmma accumulator holds of two rows (r, r + 8) and a 32-key block (columns
+// 2c, 2c + 1 of four 8-column blocks).
 //
 // Host and device code alike (the host build is the tests' check against the Python definition).
 #pragma once
@@ -15,11 +16,11 @@
 
 namespace cupyflash {
 
-// Dropout of one call. threshold 0 keeps everything (dropout_p < 2^-16 draws nothing).
+// Dropout of one call. threshold 0 keeps everything (dropout_p = 0 draws nothing).
 struct DropoutArg {
     unsigned long long seed;
     unsigned offset;
-    unsigned threshold;  // floor(dropout_p * 2^16)
+    unsigned threshold;  // round(256 dropout_p), in [1, 255] for dropout_p > 0
     double scale;        // 1 / (1 - dropout_p), the factor of a kept probability (float64 for float64 inputs)
     int enabled;         // 1: dropout_p > 0
 };
@@ -48,26 +49,12 @@ CUPYFLASH_HD void philox_round(unsigned (&w)[4], unsigned k0, unsigned k1) {
     w[3] = lo0;
 }
 
-// Philox4x32-10: ten rounds, the key bumped by the Weyl constants between rounds. w holds the counter on
+// Philox4x32-7: seven rounds, the key bumped by the Weyl constants between rounds. w holds the counter on
 // entry and the four output words on exit.
-CUPYFLASH_HD void philox4x32_10(unsigned (&w)[4], unsigned k0, unsigned k1) {
+CUPYFLASH_HD void philox4x32_7(unsigned (&w)[4], unsigned k0, unsigned k1) {
 #pragma unroll
-    for (int round = 0; round < 10; ++round) {
+    for (int round = 0; round < 7; ++round) {
         philox_round(w, k0, k1);
-        k0 += 0x9E3779B9u;
-        k1 += 0xBB67AE85u;
-    }
-}
-
-// Two Philox4x32-10 calls of one key, their rounds interleaved: each round's products wait several
-// cycles, and a call's ten rounds depend on each other, so one call alone leaves the scheduler idle
-// between them (the sm90 forward with dropout issued 44% of its slots, session 29's profile); the other
-// call's round fills that wait.
-CUPYFLASH_HD void philox4x32_10_x2(unsigned (&w)[4], unsigned (&x)[4], unsigned k0, unsigned k1) {
-#pragma unroll
-    for (int round = 0; round < 10; ++round) {
-        philox_round(w, k0, k1);
-        philox_round(x, k0, k1);
         k0 += 0x9E3779B9u;
         k1 += 0xBB67AE85u;
     }
@@ -75,46 +62,39 @@ CUPYFLASH_HD void philox4x32_10_x2(unsigned (&w)[4], unsigned (&x)[4], unsigned 
 
 // The counter words of the call that decides entry (i, j).
 CUPYFLASH_HD unsigned dropout_row_word(int i) { return static_cast<unsigned>(((i >> 4) << 3) | (i & 7)); }
-CUPYFLASH_HD unsigned dropout_col_word(int j) { return static_cast<unsigned>(((j >> 4) << 2) | ((j >> 1) & 3)); }
+CUPYFLASH_HD unsigned dropout_col_word(int j) { return static_cast<unsigned>(((j >> 5) << 2) | ((j >> 1) & 3)); }
 
-// The eight keep decisions of the call at counter (row_word, col_word, bh, offset), as bits: bit
-// 2 * (2 * bit3(i) + bit3(j)) + bit0(j) is entry (i, j)'s.
-// A word's high half is at least threshold (< 2^16) iff the word is at least threshold << 16, and its low
-// half iff the word shifted left by 16 is: one shift and two comparisons per word, each selecting its
-// bit's value, where extracting the halves took two more instructions.
-CUPYFLASH_HD unsigned keep_bits_of(const unsigned (&w)[4], unsigned threshold) {
-    const unsigned high = threshold << 16;
-    unsigned bits = 0;
-#pragma unroll
-    for (int x = 0; x < 4; ++x) {
-        bits |= ((w[x] << 16) >= high ? 1u << (2 * x) : 0u) | (w[x] >= high ? 2u << (2 * x) : 0u);
-    }
-    return bits;
+// The sixteen draws (bytes of w) of the call at counter (row_word, col_word, bh, offset).
+CUPYFLASH_HD void dropout_draw(const DropoutArg& d, unsigned bh, unsigned row_word, unsigned col_word, unsigned (&w)[4]) {
+    w[0] = row_word;
+    w[1] = col_word;
+    w[2] = bh;
+    w[3] = d.offset;
+    philox4x32_7(w, static_cast<unsigned>(d.seed), static_cast<unsigned>(d.seed >> 32));
 }
 
-CUPYFLASH_HD unsigned dropout_keep_bits(const DropoutArg& d, unsigned bh, unsigned row_word, unsigned col_word) {
-    unsigned w[4] = {row_word, col_word, bh, d.offset};
-    philox4x32_10(w, static_cast<unsigned>(d.seed), static_cast<unsigned>(d.seed >> 32));
-    return keep_bits_of(w, d.threshold);
+// Entry (i, j)'s byte among its call's sixteen: word (byte >> 2), bits 8 (byte & 3) and up.
+CUPYFLASH_HD int dropout_byte(int i, int j) {
+    return 4 * (2 * ((i >> 3) & 1) + ((j >> 4) & 1)) + 2 * ((j >> 3) & 1) + (j & 1);
 }
 
-// dropout_keep_bits of two calls, (row_word0, col_word0) into bits0 and (row_word1, col_word1) into bits1,
-// drawn together (philox4x32_10_x2).
-CUPYFLASH_HD void dropout_keep_bits_x2(const DropoutArg& d, unsigned bh, unsigned row_word0, unsigned col_word0,
-                                       unsigned row_word1, unsigned col_word1, unsigned& bits0, unsigned& bits1) {
-    unsigned w[4] = {row_word0, col_word0, bh, d.offset};
-    unsigned x[4] = {row_word1, col_word1, bh, d.offset};
-    philox4x32_10_x2(w, x, static_cast<unsigned>(d.seed), static_cast<unsigned>(d.seed >> 32));
-    bits0 = keep_bits_of(w, d.threshold);
-    bits1 = keep_bits_of(x, d.threshold);
+// The four byte decisions of a word at once (SWAR): bit 7 of byte k of the result is set iff byte k of
+// draws is at least the threshold t, with not_t4 = ~(t * 0x01010101). Per byte, (x | y) - ((x ^ y) >> 1)
+// with y = 255 - t is the rounded-up mean of x and y, which is at least 128 iff x + 255 - t >= 255; its
+// terms never borrow across bytes ((x ^ y) with bit 0 cleared, halved, is below x | y in every byte).
+CUPYFLASH_HD unsigned bytes_kept(unsigned draws, unsigned not_t4) {
+    return (draws | not_t4) - (((draws ^ not_t4) & 0xFEFEFEFEu) >> 1);
 }
 
-// Entry (i, j)'s bit in dropout_keep_bits.
-CUPYFLASH_HD int dropout_bit(int i, int j) { return 2 * (2 * ((i >> 3) & 1) + ((j >> 3) & 1)) + (j & 1); }
+// ~(threshold replicated into four bytes), bytes_kept's second argument.
+CUPYFLASH_HD unsigned not_threshold4(const DropoutArg& d) { return ~(d.threshold * 0x01010101u); }
 
 // The keep decision of one entry (a whole generator call: for code that needs entries one at a time).
 CUPYFLASH_HD bool dropout_keep(const DropoutArg& d, unsigned bh, int i, int j) {
-    return (dropout_keep_bits(d, bh, dropout_row_word(i), dropout_col_word(j)) >> dropout_bit(i, j)) & 1u;
+    unsigned w[4];
+    dropout_draw(d, bh, dropout_row_word(i), dropout_col_word(j), w);
+    const int byte = dropout_byte(i, j);
+    return ((w[byte >> 2] >> (8 * (byte & 3))) & 0xFFu) >= d.threshold;
 }
 
 }  // namespace cupyflash

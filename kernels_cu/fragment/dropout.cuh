@@ -1,115 +1,121 @@
-// Dropout of an accumulator fragment's probabilities (common/dropout.cuh draws the decisions): a thread
-// of an mma.sync m16n8 or wgmma m64nN accumulator holds, per 8-key n-tile nt, rows `row` and row + 8 and
-// the two keys n0 + 8 nt + col_t + {0, 1} (col_t = 2 (lane % 4)), as p[nt][0..1] and p[nt][2..3]. One
-// generator call decides the eight entries {i, i + 8} x {j, j + 1, j + 8, j + 9} of a 16-row, 16-key
-// block, which is exactly a thread's share of n-tiles 2k and 2k + 1 when row % 16 < 8: every word the
-// call draws is used. A fragment whose row is 8-15 mod 16 (a tile that does not start on a multiple of
-// 16 rows) takes one call per row and 16-key block instead, half of each used.
+// Dropout of the tensor-core kernels' fragments (common/dropout.cuh draws the decisions). A thread of an
+// mma.sync m16n8 or wgmma m64nN accumulator holds, per 8-key n-tile nt, rows `row` and row + 8 and the
+// two keys n0 + 8 nt + col_t + {0, 1} (col_t = 2 (lane % 4)). One generator call decides the sixteen
+// entries {i, i + 8} x {j, j + 1, j + 8, j + 9, j + 16, j + 17, j + 24, j + 25} of a 16-row, 32-key block:
+// exactly a thread's share of n-tiles 4k .. 4k + 3 when row % 16 < 8, so the forward uses every byte it
+// draws. The kernels' rows and keys start on multiples of 16 within their sequence (tiles of 64 or more
+// rows and keys), which these functions require: row % 16 < 8 here, key_row % 16 < 8 below.
 #pragma once
 #include "common/dropout.cuh"
 
 namespace cupyflash {
 
-// Zeroes the dropped probabilities of p (the kept ones keep their value: the 1 / (1 - p) of the kept
-// ones is applied to the output at the end). bh = b * heads + h; row, n0 and the keys counted from the
-// start of the sequence; n0 a multiple of 16. The calls run two at a time (dropout_keep_bits_x2, whose
-// rounds interleave) in a loop that is not unrolled, collecting their eight bits each into one mask, so
-// that two calls' registers are live at a time (unrolled, the sm90 forward's consumers spilled around
-// them); the mask is then applied to the unrolled fragment.
-template <int kNTiles, typename Acc>
-__device__ __forceinline__ void drop_fragment(Acc (&p)[kNTiles][4], const DropoutArg& d, unsigned bh, int row,
-                                              int n0, int col_t) {
-    static_assert(kNTiles % 2 == 0 && kNTiles <= 16, "16-key blocks, at most 8 (one 64-bit mask)");
-    constexpr int kBlocks = kNTiles / 2;
-    const bool aligned = (row & 8) == 0;
-    // 8 bits per 16-key block k at bits 8k .. 8k + 7: bits 0-3 row `row`'s keys, 4-7 row + 8's. Each step
-    // shifts the mask down and puts its blocks at the top (constant shifts: a shift by 8 k of a 64-bit
-    // mask, k the loop counter, cost more instructions than the comparisons), so after the last step
-    // block 0 is at bit 64 - 8 * (blocks drawn) and one constant shift puts it at bit 0.
-    unsigned long long kept = 0;
-    if (aligned) {
-        // Blocks k and k + 1 a step (an odd count's last step draws its one block twice: the copy lands
-        // past block kBlocks - 1, in bits the fragment does not read).
-#pragma unroll 1
-        for (int k = 0; k < kBlocks; k += 2) {
-            const int k1 = k + 1 < kBlocks ? k + 1 : k;
-            unsigned bits0, bits1;
-            dropout_keep_bits_x2(d, bh, dropout_row_word(row), dropout_col_word(n0 + 16 * k + col_t),
-                                 dropout_row_word(row), dropout_col_word(n0 + 16 * k1 + col_t), bits0, bits1);
-            kept = (kept >> 16) | (static_cast<unsigned long long>((bits0 & 0xFFu) | (bits1 << 8)) << 48);
-        }
-        kept >>= 64 - 16 * ((kBlocks + 1) / 2);
-    } else {
-        // row has bit 3 set: its entries are the upper half of its call; row + 8 starts the next block.
-#pragma unroll 1
-        for (int k = 0; k < kBlocks; ++k) {
-            const unsigned col_word = dropout_col_word(n0 + 16 * k + col_t);
-            unsigned upper, lower;
-            dropout_keep_bits_x2(d, bh, dropout_row_word(row), col_word, dropout_row_word(row + 8), col_word, upper,
-                                 lower);
-            kept = (kept >> 8) | (static_cast<unsigned long long>(((upper >> 4) | (lower << 4)) & 0xFFu) << 56);
-        }
-        kept >>= 64 - 8 * kBlocks;
+// prmt.b32 in its default mode: byte k of the result is the byte of {b, a} (a the low four) that nibble k
+// of the selector names by its low three bits, or, with the nibble's bit 3 set, that byte's bit 7 copied
+// into all eight bits.
+CUPYFLASH_HD unsigned byte_perm_signed(unsigned a, unsigned b, unsigned selector) {
+#if defined(__CUDA_ARCH__)
+    unsigned r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(selector));
+    return r;
+#else
+    const unsigned long long bytes = a | (static_cast<unsigned long long>(b) << 32);
+    unsigned r = 0;
+    for (int k = 0; k < 4; ++k) {
+        const unsigned nibble = (selector >> (4 * k)) & 0xFu;
+        unsigned byte = static_cast<unsigned>(bytes >> (8 * (nibble & 7u))) & 0xFFu;
+        if (nibble & 8u) byte = (byte & 0x80u) ? 0xFFu : 0u;
+        r |= byte << (8 * k);
     }
+    return r;
+#endif
+}
+
+// Zeroes the dropped probabilities of the forward's P as the A operand of O += P V (fragment/operand.cuh:
+// a[kk][0] row `row`, keys n0 + 16 kk + col_t + {0, 1}; a[kk][1] row + 8, the same keys; a[kk][2], a[kk][3]
+// the two rows at those keys + 8), packed 16-bit pairs, after the softmax has summed them. The kept ones
+// keep their value: the 1 / (1 - p) is applied to the output at the end. A pair is one word's byte pair
+// (bit 0 of j picks the byte within it), so its two decisions become a mask of two 16-bit halves by one
+// prmt that copies each byte's decision bit (bytes_kept's bit 7) across its half, and one AND.
+//
+// With an even number of k-steps n0 % 32 == 0, and k-steps 2k and 2k + 1 are one call's 32-key block:
+// words 0 and 1 are row `row`'s keys with bit 4 clear and set, words 2 and 3 row + 8's. With an odd number
+// (80-key tiles, whose n0 is a multiple of 16 only) each k-step draws its own call, of which the half that
+// bit 4 of its keys picks is used. The calls are unrolled: independent, their rounds interleave. bh = b *
+// heads + h; row, n0 and the keys counted from the start of the sequence. (Drawn while the tile's products
+// run instead, between their issue and the wait, as words packed a block each, the decisions took longer
+// back to back: 1.58x the plain forward's time against 1.46x at d128 4k on an H100, session 32.)
+template <int kSteps>
+__device__ __forceinline__ void drop_operand(unsigned (&a)[kSteps][4], const DropoutArg& d, unsigned bh, int row,
+                                             int n0, int col_t) {
+    const unsigned not_t4 = not_threshold4(d);
+    const unsigned row_word = dropout_row_word(row);
+    // The four decisions of `draws` onto a[kk][r] (its bytes 0 and 1) and a[kk][r + 2] (bytes 2 and 3).
+    const auto apply = [&](unsigned draws, int kk, int r) {
+        const unsigned kept = bytes_kept(draws, not_t4);
+        a[kk][r] &= byte_perm_signed(kept, 0u, 0x9988u);
+        a[kk][r + 2] &= byte_perm_signed(kept, 0u, 0xBBAAu);
+    };
+    if constexpr (kSteps % 2 == 0) {
 #pragma unroll
-    for (int nt = 0; nt < kNTiles; nt += 2) {
-        const unsigned bits = static_cast<unsigned>(kept >> (4 * nt));  // block nt / 2 in the low 8 bits
-        if (!(bits & 1u)) p[nt][0] = Acc(0);
-        if (!(bits & 2u)) p[nt][1] = Acc(0);
-        if (!(bits & 4u)) p[nt + 1][0] = Acc(0);
-        if (!(bits & 8u)) p[nt + 1][1] = Acc(0);
-        if (!(bits & 16u)) p[nt][2] = Acc(0);
-        if (!(bits & 32u)) p[nt][3] = Acc(0);
-        if (!(bits & 64u)) p[nt + 1][2] = Acc(0);
-        if (!(bits & 128u)) p[nt + 1][3] = Acc(0);
+        for (int k = 0; k < kSteps / 2; ++k) {
+            unsigned w[4];
+            dropout_draw(d, bh, row_word, dropout_col_word(n0 + 32 * k + col_t), w);
+            apply(w[0], 2 * k, 0);
+            apply(w[1], 2 * k + 1, 0);
+            apply(w[2], 2 * k, 1);
+            apply(w[3], 2 * k + 1, 1);
+        }
+    } else {
+#pragma unroll
+        for (int kk = 0; kk < kSteps; ++kk) {
+            const int j = n0 + 16 * kk + col_t;
+            const bool high = (j >> 4) & 1;
+            unsigned w[4];
+            dropout_draw(d, bh, row_word, dropout_col_word(j), w);
+            apply(high ? w[1] : w[0], kk, 0);
+            apply(high ? w[3] : w[2], kk, 1);
+        }
     }
 }
 
 // The same decisions for a transposed fragment (the backward's S^T, dP^T): its rows are keys (key_row and
 // key_row + 8) and its columns queries m0 + 8 nt + col_t + {0, 1}, so p[nt][e + 2 r] is the entry of query
-// m0 + 8 nt + col_t + e and key key_row + 8 r. A call then serves a thread's four entries of one query
-// pair {i, i + 8} (n-tiles 2k and 2k + 1, column e) and its two keys: two calls per 16-query block (drawn
-// together, dropout_keep_bits_x2), half of each call's bits used. The queries must start on a multiple of 16 (m0 % 16 == 0: the backward's
-// query tiles do); keys 8-15 mod 16 take a second call per pair, as rows do above. Returns the keep bits,
-// 4 per (block, column e) k = 2 block + e: (i, key_row), (i, key_row + 8), (i + 8, key_row), (i + 8,
-// key_row + 8); apply_dropout_transposed applies them. The calls need no fragment: a kernel draws them
-// while its products run.
+// m0 + 8 nt + col_t + e and key key_row + 8 r. The call of query i (bit 3 clear) and key_row serves this
+// thread's four entries {i, i + 8} x {key_row, key_row + 8}: bytes bit0(key_row) and 2 + bit0(key_row) of
+// words bit4(key_row) (query i) and 2 + bit4(key_row) (query i + 8), a quarter of the call. A call per
+// (16-query block, e), one a step of a loop that is not unrolled, so that one call's registers are live at
+// a time (the backward's consumers have none to spare: two calls a step put six local-memory accesses into
+// the d128 consumers). The queries must start
+// on a multiple of 16 (m0 % 16 == 0: the backward's query tiles do). Returns the keep bits, 4 per (block,
+// column e) k = 2 block + e: (i, key_row), (i, key_row + 8), (i + 8, key_row), (i + 8, key_row + 8);
+// apply_dropout_transposed applies them. The calls need no fragment: a kernel draws them while its products
+// run.
 template <int kNTiles>
 __device__ __forceinline__ unsigned long long dropout_bits_transposed(const DropoutArg& d, unsigned bh, int key_row,
                                                                       int m0, int col_t) {
     static_assert(kNTiles % 2 == 0 && kNTiles <= 16, "16-query blocks, at most 8 (one 64-bit mask)");
-    const bool aligned = (key_row & 8) == 0;
-    const int key_bit = key_row & 1;  // bit 0 of both keys
-    unsigned long long kept = 0;
-    // The call's bits of (query i, key j), 2 (2 bit3(i) + bit3(j)) + bit0(j), as four bits of key_row's keys.
-    const auto four = [key_bit](unsigned bits) {
-        return ((bits >> key_bit) & 1u) | (((bits >> (2 + key_bit)) & 1u) << 1) |
-               (((bits >> (4 + key_bit)) & 1u) << 2) | (((bits >> (6 + key_bit)) & 1u) << 3);
+    const unsigned col_word = dropout_col_word(key_row);
+    // Bit 7 of each byte of bytes_kept's result, as four bits.
+    const auto four = [&](const unsigned (&w)[4]) {
+        const bool high = (key_row >> 4) & 1;
+        // The four bytes, in the order of the keep bits, from words (query i) and (query i + 8).
+        const unsigned gather = 0x6420u + 0x1111u * static_cast<unsigned>(key_row & 1);
+        const unsigned kept =
+            bytes_kept(byte_perm_signed(high ? w[1] : w[0], high ? w[3] : w[2], gather), not_threshold4(d));
+        return ((kept >> 7) & 1u) | ((kept >> 14) & 2u) | ((kept >> 21) & 4u) | ((kept >> 28) & 8u);
     };
-    if (aligned) {
-        // (block, column e) = (k / 2, k % 2): both columns of a block a step.
+    // 4 bits per (block, column e) k = 2 block + e, a call a step. Each step shifts the mask down and puts
+    // its bits at the top (constant shifts: a shift by 4 k of a 64-bit mask, k the loop counter, costs more
+    // instructions), so after the last step k = 0 is at bit 64 - 4 kNTiles and one shift puts it at 0.
+    unsigned long long kept = 0;
 #pragma unroll 1
-        for (int k = 0; k < kNTiles; k += 2) {
-            const int m = m0 + 16 * (k / 2) + col_t;
-            unsigned bits0, bits1;
-            dropout_keep_bits_x2(d, bh, dropout_row_word(m), dropout_col_word(key_row), dropout_row_word(m + 1),
-                                 dropout_col_word(key_row), bits0, bits1);
-            kept |= (static_cast<unsigned long long>(four(bits0)) << (4 * k)) |
-                    (static_cast<unsigned long long>(four(bits1)) << (4 * (k + 1)));
-        }
-    } else {
-        // key_row has bit 3 set (its bits are the bit3(j) = 1 ones of its call); key_row + 8 starts the next
-        // 16-key block (bit3(j) = 0 there): the two calls' bits merged as one aligned call's.
-#pragma unroll 1
-        for (int k = 0; k < kNTiles; ++k) {
-            const unsigned row_word = dropout_row_word(m0 + 16 * (k / 2) + col_t + k % 2);
-            unsigned upper, lower;
-            dropout_keep_bits_x2(d, bh, row_word, dropout_col_word(key_row), row_word, dropout_col_word(key_row + 8),
-                                 upper, lower);
-            kept |= static_cast<unsigned long long>(four(((upper >> 2) & 0x33u) | ((lower << 2) & 0xCCu))) << (4 * k);
-        }
+    for (int k = 0; k < kNTiles; ++k) {
+        unsigned w[4];
+        dropout_draw(d, bh, dropout_row_word(m0 + 16 * (k / 2) + col_t + k % 2), col_word, w);
+        kept = (kept >> 4) | (static_cast<unsigned long long>(four(w)) << 60);
     }
-    return kept;
+    return kept >> (64 - 4 * kNTiles);
 }
 
 // p[nt][e + 2 r] = kept ? p * scale : 0 for the bits of dropout_bits_transposed.

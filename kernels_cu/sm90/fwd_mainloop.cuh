@@ -391,13 +391,14 @@ struct Sm90FwdMainloop {
         return moved;
     }
 
-    // Dropout (kDropout) of key tile `entry`'s probabilities, after the softmax has summed them: the lse
-    // is the softmax's before dropout, and the epilogue applies the kept ones' 1 / (1 - p).
-    __device__ __forceinline__ static void drop(float (&s)[Tr::kNTiles][4], const AttnArgs& a, const Sm90FwdTile& tile,
-                                                int entry, int row_g, int col_t) {
+    // Dropout (kDropout) of key tile `entry`'s probabilities as the A operand p (fragment/dropout.cuh),
+    // after the softmax has summed them: the lse is the softmax's before dropout, and the epilogue applies
+    // the kept ones' 1 / (1 - p).
+    __device__ __forceinline__ static void drop(unsigned (&p)[Tr::kKeySteps][4], const AttnArgs& a,
+                                                const Sm90FwdTile& tile, int entry, int row_g, int col_t) {
         if constexpr (kDropout) {
-            drop_fragment(s, a.dropout, static_cast<unsigned>(tile.b * a.heads + tile.h), row_g,
-                          entry_tile(entry) * kBlockN, col_t);
+            drop_operand(p, a.dropout, static_cast<unsigned>(tile.b * a.heads + tile.h), row_g,
+                         entry_tile(entry) * kBlockN, col_t);
         }
     }
 
@@ -484,8 +485,8 @@ struct Sm90FwdMainloop {
         if (count == 1) release_stage(&st.q_empty);
         modify_and_mask(s, a, tile, scores, entry, row_g, w0, col_t);
         fold(softmax[0], s, rescale, scale_log2);  // O is still 0: nothing to rescale
-        drop(s, a, tile, entry, row_g, col_t);
         to_operand<T>(p, s);
+        drop(p, a, tile, entry, row_g, col_t);
         int v_entry = entry;  // the key tile whose probabilities p holds
         for (int j = 1; j < count; ++j) {
             const int prev = stage;
@@ -512,8 +513,8 @@ struct Sm90FwdMainloop {
             fence_fragments(o[0]);
             release_stage(&st.empty_v[prev]);
             if (__any_sync(0xffffffffu, moved)) Softmax::rescale_rows(o[0], rescale);
-            drop(s, a, tile, entry, row_g, col_t);
             to_operand<T>(p, s);
+            drop(p, a, tile, entry, row_g, col_t);
             v_entry = entry;
         }
         mbarrier_wait(&st.v_full[stage], (i / kStages) & 1);
