@@ -141,7 +141,8 @@ _TRAINING_DOC = """
         Attention dropout: each probability is dropped with probability
         :func:`cupyflash.dropout_rate` ``(dropout_p)`` = ``round(256 dropout_p) / 256`` (8-bit
         decisions, as FlashAttention-2's) and the kept ones are scaled by ``1 / (1 - dropout_p)``
-        before the product with v; lse is the softmax's before dropout. On CuPy arrays the Hopper 16-bit and the general kernels draw the decisions.
+        before the product with v; lse is the softmax's before dropout. On CuPy arrays the Hopper
+        16-bit and the general kernels draw the decisions.
     dropout_seed : int in [0, 2^64), keyword-only
         Required when ``dropout_p > 0``. The keep decision of (batch entry b, query head h, query i,
         key j) is a pure function of (seed, offset, b, h, i, j) (Philox4x32-7;

@@ -13,7 +13,9 @@ times = {cfg: [] for cfg in configs}
 start, stop = cupy.cuda.Event(), cupy.cuda.Event()
 for r in range(5):
     for causal, p in (configs if r % 2 == 0 else configs[::-1]):
-        call = lambda: cupyflash.flash_attention(q, k, v, causal=causal, dropout_p=p, dropout_seed=1234 if p else None)
+        def call(causal=causal, p=p):
+            return cupyflash.flash_attention(q, k, v, causal=causal, dropout_p=p, dropout_seed=1234 if p else None)
+
         call()
         start.record()
         for _ in range(30):
