@@ -138,11 +138,12 @@ _TRAINING_DOC = """
         key gets out 0 and lse ``sinks[h]``. -inf is no sink. NumPy sinks may not be NaN or +inf
         (ValueError); CuPy sinks are not read on the host, and a NaN there makes its head's rows NaN.
     dropout_p : float in [0, 1), keyword-only
-        Attention dropout: each probability is dropped with probability
+        Attention dropout: each probability is dropped with probability ``rate =``
         :func:`cupyflash.dropout_rate` ``(dropout_p)`` = ``round(256 dropout_p) / 256`` (8-bit
-        decisions, as FlashAttention-2's) and the kept ones are scaled by ``1 / (1 - dropout_p)``
-        before the product with v; lse is the softmax's before dropout. On CuPy arrays the Hopper
-        16-bit and the general kernels draw the decisions.
+        decisions, like FlashAttention-2's; dropout_p must be 0 or in [1/512, 511/512)) and the kept
+        ones are scaled by ``1 / (1 - rate)`` before the product with v, so the expectation of the
+        output is the one without dropout; lse is the softmax's before dropout. On CuPy arrays the
+        Hopper 16-bit and the general kernels draw the decisions.
     dropout_seed : int in [0, 2^64), keyword-only
         Required when ``dropout_p > 0``. The keep decision of (batch entry b, query head h, query i,
         key j) is a pure function of (seed, offset, b, h, i, j) (Philox4x32-7;

@@ -18,12 +18,14 @@ and r + 8 of a 16-row block, column pairs 2c, 2c + 1 of four 8-column blocks), s
 byte it draws; the backward, whose transposed fragments hold keys r and r + 8 and query pairs, uses a
 quarter of each call.
 
-The decisions are 8-bit, as FlashAttention-2's: ``threshold(dropout_p)`` is ``256 dropout_p`` rounded to
-the nearest integer (halves up), at least 1 and at most 255, so each entry is dropped with probability
-``threshold / 256`` (dropout_p = 0.1 drops 26/256 = 0.1016) and kept probabilities are scaled by
-``1 / (1 - dropout_p)``, also as FlashAttention-2 does. A 16-bit decision per entry took twice the
-generator calls and ten rounds each: the forward ran at 2x the time of no dropout (bench/NOTES.md,
-sessions 29-32).
+The decisions are 8-bit, as FlashAttention-2's are: ``threshold(dropout_p)`` is ``256 dropout_p``
+rounded to the nearest integer (halves up), so each entry is dropped with probability ``rate =
+threshold / 256`` (dropout_p = 0.1 drops 26/256 = 0.1016), and kept probabilities are scaled by
+``1 / (1 - rate)``, so that dropout leaves the expectation of every output unchanged. (FlashAttention-2
+rounds its threshold another way and scales by ``1 / (1 - dropout_p)``, whose expectation is off by up
+to ``(1/512) / (1 - dropout_p)``.) ``dropout_p`` must be 0 or in [1/512, 511/512), where the threshold
+is 1 to 255. A 16-bit decision per entry took twice the generator calls and ten rounds each: the forward
+ran at 2x the time of no dropout (bench/NOTES.md, sessions 29-32).
 """
 
 import fractions
@@ -59,23 +61,36 @@ def philox4x32(c0, c1, c2, c3, k0, k1, rounds=ROUNDS):
 
 
 def threshold(dropout_p):
-    """The byte an entry's draw must reach to be kept: 256 dropout_p rounded to nearest (halves up), in
-    [1, 255] for dropout_p > 0 (0 for none), computed exactly (dropout_p as the binary fraction it is)."""
+    """The byte an entry's draw must reach to be kept: 256 dropout_p rounded to nearest (halves up),
+    computed exactly (dropout_p as the binary fraction it is); 0 for no dropout. Raises ValueError where
+    that is not 1 to 255 (dropout_p > 0 outside [1/512, 511/512)): no 8-bit decision draws that rate."""
     if dropout_p == 0:
         return 0
-    return min(255, max(1, math.floor(fractions.Fraction(dropout_p) * 256 + fractions.Fraction(1, 2))))
+    t = math.floor(fractions.Fraction(float(dropout_p)) * 256 + fractions.Fraction(1, 2))
+    if not 1 <= t <= 255:
+        raise ValueError(f"dropout_p must be 0 or in [1/512, 511/512), got {dropout_p}: dropout's decisions are "
+                         f"8-bit, so it drops round(256 dropout_p) / 256 of the probabilities "
+                         f"(cupyflash.dropout_rate), which is 0 or 1 there")
+    return t
+
+
+def keep_scale(dropout_p):
+    """The factor of a kept probability: 1 / (1 - dropout_rate(dropout_p)) = 256 / (256 - threshold), so
+    that the expectation of every output is the one without dropout (1.0 for none)."""
+    return 256.0 / (256 - threshold(dropout_p))
 
 
 def dropout_rate(p):
     """The probability with which ``flash_attention(..., dropout_p=p)`` (and its backward, and
-    :func:`cupyflash.dropout_mask`) drops each probability: ``round(256 p) / 256``, halves rounded up, at
-    least 1/256 for any ``p > 0`` and at most 255/256 (the decisions are 8-bit, as FlashAttention-2's).
-    Kept probabilities are scaled by ``1 / (1 - p)``, as FlashAttention-2 scales them.
+    :func:`cupyflash.dropout_mask`) drops each probability: ``round(256 p) / 256``, halves rounded up (the
+    decisions are 8-bit, as FlashAttention-2's are). The kept ones are scaled by ``1 / (1 -
+    dropout_rate(p))``, so dropout leaves the expectation of every output unchanged. ``p`` must be 0 or
+    in [1/512, 511/512), where the rate is 1/256 to 255/256.
 
     Parameters
     ----------
     p : float
-        The ``dropout_p`` of the attention functions, in [0, 1).
+        The ``dropout_p`` of the attention functions: 0 or in [1/512, 511/512).
 
     Returns
     -------
@@ -136,7 +151,7 @@ def dropout_mask(seed, shape, p, offset=0, *, like=None):
     shape : (batch, heads, seqlen_q, seqlen_k)
         ``heads`` is the number of query heads.
     p : float
-        The dropout probability, in [0, 1).
+        The dropout probability: 0 or in [1/512, 511/512) (:func:`cupyflash.dropout_rate`).
     offset : int
         In [0, 2^32): the generator's fourth counter word, so one seed serves many calls (say, one
         offset per layer and step).
@@ -149,7 +164,7 @@ def dropout_mask(seed, shape, p, offset=0, *, like=None):
     numpy.ndarray or cupy.ndarray of bool, shape ``shape``
         Each entry is True (kept) with probability ``1 - round(256 p) / 256`` (see
         :func:`cupyflash.dropout_rate`), independently of the others; the attention functions scale kept
-        probabilities by ``1 / (1 - p)``.
+        probabilities by ``1 / (1 - dropout_rate(p))``.
     """
     from . import _problem
 

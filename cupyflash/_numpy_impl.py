@@ -149,23 +149,23 @@ class _Masking:
 @dataclasses.dataclass
 class _Dropout:
     """Dropout of one dense problem: the keep decisions of a tile (cupyflash/_dropout.py) as the factor
-    that multiplies its probabilities, 0 or 1 / (1 - dropout_p) in the accumulation dtype."""
+    that multiplies its probabilities, 0 or _dropout.keep_scale(dropout_p) in the accumulation dtype."""
 
     seed: int
     offset: int
     p: float
     bh: object  # (batch, heads_k, group): b * heads + h of every head, b counted from p.batch_start
-    scale: object  # 1 / (1 - p) in the accumulation dtype
+    scale: object  # 1 / (1 - dropout_rate(p)) in the accumulation dtype
 
     @classmethod
     def of(cls, p, shape, acc):
         batch, heads_k, group = shape
         b = p.batch_start + np.arange(batch)[:, None, None]
         h = np.arange(heads_k)[None, :, None] * group + np.arange(group)[None, None, :]
-        return cls(p.dropout_seed, p.dropout_offset, p.dropout_p, b * p.heads + h, acc.type(1 / (1 - p.dropout_p)))
+        return cls(p.dropout_seed, p.dropout_offset, p.dropout_p, b * p.heads + h, acc.type(_dropout.keep_scale(p.dropout_p)))
 
     def factor(self, m0, m1, n0, n1):
-        """(batch, heads_k, group, m1 - m0, n1 - n0): 0 where dropped, 1 / (1 - p) where kept."""
+        """(batch, heads_k, group, m1 - m0, n1 - n0): 0 where dropped, the scale where kept."""
         kept = _dropout.keep(self.seed, self.offset, self.bh, (m0, m1), (n0, n1), self.p)
         return np.where(kept, self.scale, self.scale.dtype.type(0))
 

@@ -470,15 +470,17 @@ def check_score_mod(score_mod, buffers, xp, softcap, alibi_slopes):
 
 
 def check_dropout(dropout_p, dropout_seed, dropout_offset):
-    """(p, seed, offset) of dropout: p a real in [0, 1); with p > 0 a seed, an int in [0, 2^64); the
-    offset an int in [0, 2^32). The seed is not needed (and may be None) without dropout."""
-    from ._dropout import MAX_OFFSET, MAX_SEED
+    """(p, seed, offset) of dropout: p a real, 0 or in [1/512, 511/512) (cupyflash/_dropout.py: the rates
+    8-bit decisions draw); with p > 0 a seed, an int in [0, 2^64); the offset an int in [0, 2^32). The
+    seed is not needed (and may be None) without dropout."""
+    from ._dropout import MAX_OFFSET, MAX_SEED, threshold
 
     if isinstance(dropout_p, (bool, numpy.bool_)) or not isinstance(dropout_p, numbers.Real):
         raise TypeError(f"dropout_p must be a real number, got {type(dropout_p).__name__} {dropout_p!r}")
     p = float(dropout_p)
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    threshold(p)  # raises where no 8-bit decision draws p
     if not is_int(dropout_offset):
         raise TypeError(f"dropout_offset must be an int, got {type(dropout_offset).__name__} {dropout_offset!r}")
     if not 0 <= dropout_offset <= MAX_OFFSET:

@@ -43,8 +43,9 @@ the key column, both counted from 0 within one sequence, and
   gets ``lse = sinks[h]``;
 * dropout: with ``keep`` a given boolean mask (see
   :func:`cupyflash.dropout_mask`), each probability becomes
-  ``p_ij * keep_ij / (1 - dropout_p)`` before the product with ``v``; lse
-  is the softmax's before dropout;
+  ``p_ij * keep_ij / (1 - dropout_rate(dropout_p))`` before the product
+  with ``v`` (:func:`cupyflash.dropout_rate`: the rate the 8-bit decisions
+  draw); lse is the softmax's before dropout;
 * the maximum score of a head is the largest modified score over its rows
   and the keys they see (``-inf`` when it sees none); sinks are not scores;
 * masked scores are ``-inf``; a row that sees no key gets ``out = 0``,
@@ -68,7 +69,7 @@ import operator
 
 import numpy as np
 
-from . import _fp8, _trace
+from . import _dropout, _fp8, _trace
 
 #: Dtypes whose matrix products accumulate in float32 in the plain baseline.
 _FLOAT32_ACCUMULATED = ("float16", "bfloat16", "float32")
@@ -426,13 +427,15 @@ def _sinks(xp, sinks, heads_k, group, acc):
 
 
 def _dropout_factor(xp, dropout_p, dropout_mask, shape, acc):
-    """Return ``keep / (1 - dropout_p)`` in the split-head layout ``shape``, or None without dropout.
+    """Return ``keep / (1 - dropout_rate(dropout_p))`` in the split-head layout ``shape``, or None without
+    dropout.
 
     ``dropout_mask`` is the boolean keep mask, (batch, heads, seqlen_q, seqlen_k).
     """
     dropout_p = float(dropout_p)
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    scale = _dropout.keep_scale(dropout_p)  # raises where no 8-bit decision draws dropout_p
     if dropout_p == 0.0:
         return None
     if dropout_mask is None:
@@ -443,7 +446,7 @@ def _dropout_factor(xp, dropout_p, dropout_mask, shape, acc):
         raise ValueError(f"dropout_mask must have shape {(batch, heads_k * group, seqlen_q, seqlen_k)}, "
                          f"got {tuple(keep.shape)}")
     keep = keep.reshape(shape)
-    return xp.where(keep, acc.type(1.0 / (1.0 - dropout_p)), acc.type(0))
+    return xp.where(keep, acc.type(scale), acc.type(0))
 
 
 def _max_score(xp, s):

@@ -268,18 +268,34 @@ def test_dropout_mask_edges():
 
 
 def test_dropout_rate():
-    """The drop probability the 8-bit decisions give: round(256 p) / 256, halves up, in [1/256, 255/256]
-    for any p > 0; the arguments checked as the attention functions check dropout_p."""
+    """The drop probability the 8-bit decisions give: round(256 p) / 256, halves up, for p = 0 or in
+    [1/512, 511/512) (1/256 to 255/256); the arguments checked as the attention functions check
+    dropout_p, which refuse the rest."""
     assert cupyflash.dropout_rate(0.0) == 0.0
     assert cupyflash.dropout_rate(0.1) == 26 / 256
     assert cupyflash.dropout_rate(3 / 512) == 2 / 256 and cupyflash.dropout_rate(5 / 512) == 3 / 256
-    assert cupyflash.dropout_rate(1e-12) == 1 / 256
-    assert cupyflash.dropout_rate(0.9999) == 255 / 256
+    assert cupyflash.dropout_rate(1 / 512) == 1 / 256
+    assert cupyflash.dropout_rate(np.nextafter(511 / 512, 0)) == 255 / 256
     assert cupyflash.dropout_rate(np.float32(0.25)) == 0.25
+    for p in (1e-12, np.nextafter(1 / 512, 0), 511 / 512, 0.9999):
+        with pytest.raises(ValueError, match=r"dropout_p must be 0 or in \[1/512, 511/512\)"):
+            cupyflash.dropout_rate(p)
     with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\)"):
         cupyflash.dropout_rate(1.0)
     with pytest.raises(TypeError, match="dropout_p must be a real number"):
         cupyflash.dropout_rate(True)
+
+
+def test_dropout_keeps_the_expectation():
+    """With v = 1 every output is the row's kept probabilities times the scale: over 4096 rows of 2048
+    keys their mean is 1 within 4 sigma at dropout_p = 0.9 (rate 230/256, scale 256/26), where scaling
+    by 1 / (1 - dropout_p) would put it at 1.0156, about 8 sigma off."""
+    rng = np.random.default_rng(3)
+    q, k = rng.standard_normal((1, 512, 8, 16)), rng.standard_normal((1, 2048, 8, 16))
+    out = cupyflash.flash_attention(q, k, np.ones((1, 2048, 8, 16)), dropout_p=0.9, dropout_seed=17)
+    rows = out[..., 0].reshape(-1)
+    np.testing.assert_array_equal(out, np.broadcast_to(out[..., :1], out.shape))
+    assert abs(rows.mean() - 1) < 4 * rows.std() / np.sqrt(rows.size), (rows.mean(), rows.std())
 
 
 # --- the features against the oracle -----------------------------------------------------------------
@@ -406,6 +422,7 @@ def test_oracle_gradients_against_central_differences():
 @pytest.mark.parametrize("options, error, match", [
     ({"dropout_p": 1.0, "dropout_seed": 1}, ValueError, r"dropout_p must be in \[0, 1\)"),
     ({"dropout_p": -0.1, "dropout_seed": 1}, ValueError, "dropout_p must be in"),
+    ({"dropout_p": 1e-3, "dropout_seed": 1}, ValueError, r"dropout_p must be 0 or in \[1/512, 511/512\)"),
     ({"dropout_p": True, "dropout_seed": 1}, TypeError, "dropout_p must be a real number"),
     ({"dropout_p": 0.1}, ValueError, "needs dropout_seed"),
     ({"dropout_p": 0.1, "dropout_seed": -1}, ValueError, r"dropout_seed must be in \[0, 2\*\*64\)"),

@@ -168,7 +168,7 @@ def dropout(p):
     """A ``DropoutArg`` as a tuple of its fields (kernels_cu/common/dropout.cuh; cupyflash/_dropout.py)."""
     if not p.dropout:
         return _NO_DROPOUT
-    return (p.dropout_seed, p.dropout_offset, _dropout.threshold(p.dropout_p), 1.0 / (1.0 - p.dropout_p), 1)
+    return (p.dropout_seed, p.dropout_offset, _dropout.threshold(p.dropout_p), _dropout.keep_scale(p.dropout_p), 1)
 
 
 _NO_DROPOUT = (0, 0, 0, 1.0, 0)
@@ -337,7 +337,7 @@ def dropout_mask(p, seed, offset, shape):
     if mask.size == 0:
         return mask
     args = numpy.zeros(1, _params.DROPOUT_MASK_ARGS)
-    args[0] = ((seed, offset, _dropout.threshold(p), 1.0 / (1.0 - p), int(p > 0)), mask.data.ptr, *shape)
+    args[0] = ((seed, offset, _dropout.threshold(p), _dropout.keep_scale(p), int(p > 0)), mask.data.ptr, *shape)
     batch, heads, seqlen_q, seqlen_k = shape
     calls = batch * heads * cdiv(seqlen_q, 16) * cdiv(seqlen_k, 32) * 32
     ctas = min(cdiv(calls, DROPOUT_MASK_THREADS), DROPOUT_MASK_MAX_CTAS)
