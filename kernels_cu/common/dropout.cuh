@@ -21,7 +21,7 @@ struct DropoutArg {
     unsigned long long seed;
     unsigned offset;
     unsigned threshold;  // round(256 dropout_p), in [1, 255] for dropout_p > 0
-    double scale;        // 1 / (1 - dropout_p), the factor of a kept probability (float64 for float64 inputs)
+    double scale;        // a kept probability's factor, 256 / (256 - threshold) = 1 / (1 - dropout rate)
     int enabled;         // 1: dropout_p > 0
 };
 
