@@ -15,8 +15,9 @@ and 4 (``(j >> 5) * 4 + (j >> 1) % 4``), and bitN(x) = (x >> N) & 1. One generat
 sixteen entries {i, i ^ 8} x {j, j ^ 1, j ^ 8, j ^ 9, j ^ 16, j ^ 17, j ^ 24, j ^ 25}: exactly the
 entries of two rows and a 32-key block that one thread of an mma.sync or wgmma accumulator holds (rows r
 and r + 8 of a 16-row block, column pairs 2c, 2c + 1 of four 8-column blocks), so the forward uses every
-byte it draws; the backward, whose transposed fragments hold keys r and r + 8 and query pairs, uses a
-quarter of each call.
+byte it draws; the backward, whose transposed fragments hold keys r and r + 8 and query pairs, uses
+half of each call (a lane's quarter, and the quarter of the lane that holds keys r ^ 1, r ^ 1 + 8, sent
+to it by a shuffle).
 
 The decisions are 8-bit, as FlashAttention-2's are: ``threshold(dropout_p)`` is ``256 dropout_p``
 rounded to the nearest integer (halves up), so each entry is dropped with probability ``rate =

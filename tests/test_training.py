@@ -156,7 +156,12 @@ int main(int argc, char** argv) {
         float p[NT][4];
         for (auto& tile : p) for (float& x : tile) x = 1.0f;
         const int key = key0 + lane / 4, col_t = 2 * (lane % 4);
-        cupyflash::apply_dropout_transposed(p, cupyflash::dropout_bits_transposed<NT>(d, bh, key, m0, col_t), 1.0f);
+        // The partner lane (4 apart: key ^ 1) sends its pair draw, as the shuffle does on the device.
+        const auto partner = [&](unsigned, int block) {
+            return cupyflash::dropout_pair_draw(d, bh, key ^ 1, m0 + 16 * block + col_t);
+        };
+        cupyflash::apply_dropout_transposed(p, cupyflash::dropout_bits_transposed<NT>(d, bh, key, m0, col_t, partner),
+                                            1.0f);
         for (int nt = 0; nt < NT; ++nt)
             for (int e = 0; e < 4; ++e) kept[8 * nt + col_t + e % 2][lane / 4 + 8 * (e / 2)] = p[nt][e] != 0.0f ? '1' : '0';
     }

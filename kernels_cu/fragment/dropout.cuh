@@ -3,7 +3,7 @@
 // two keys n0 + 8 nt + col_t + {0, 1} (col_t = 2 (lane % 4)). One generator call decides the sixteen
 // entries {i, i + 8} x {j, j + 1, j + 8, j + 9, j + 16, j + 17, j + 24, j + 25} of a 16-row, 32-key block:
 // exactly a thread's share of n-tiles 4k .. 4k + 3 when row % 16 < 8, so the forward uses every byte it
-// draws. The kernels' rows and keys start on multiples of 16 within their sequence (tiles of 64 or more
+// draws; the backward's lanes use half of each call, two lanes sharing it. The kernels' rows and keys start on multiples of 16 within their sequence (tiles of 64 or more
 // rows and keys), which these functions require: row % 16 < 8 here, key_row % 16 < 8 below.
 #pragma once
 #include "common/dropout.cuh"
@@ -81,39 +81,67 @@ __device__ __forceinline__ void drop_operand(unsigned (&a)[kSteps][4], const Dro
 
 // The same decisions for a transposed fragment (the backward's S^T, dP^T): its rows are keys (key_row and
 // key_row + 8) and its columns queries m0 + 8 nt + col_t + {0, 1}, so p[nt][e + 2 r] is the entry of query
-// m0 + 8 nt + col_t + e and key key_row + 8 r. The call of query i (bit 3 clear) and key_row serves this
-// thread's four entries {i, i + 8} x {key_row, key_row + 8}: bytes bit0(key_row) and 2 + bit0(key_row) of
-// words bit4(key_row) (query i) and 2 + bit4(key_row) (query i + 8), a quarter of the call. A call per
-// (16-query block, e), one a step of a loop that is not unrolled, so that one call's registers are live at
-// a time (the backward's consumers have none to spare: two calls a step put six local-memory accesses into
-// the d128 consumers). The queries must start
-// on a multiple of 16 (m0 % 16 == 0: the backward's query tiles do). Returns the keep bits, 4 per (block,
-// column e) k = 2 block + e: (i, key_row), (i, key_row + 8), (i + 8, key_row), (i + 8, key_row + 8);
-// apply_dropout_transposed applies them. The calls need no fragment: a kernel draws them while its products
-// run.
-template <int kNTiles>
-__device__ __forceinline__ unsigned long long dropout_bits_transposed(const DropoutArg& d, unsigned bh, int key_row,
-                                                                      int m0, int col_t) {
-    static_assert(kNTiles % 2 == 0 && kNTiles <= 16, "16-query blocks, at most 8 (one 64-bit mask)");
-    const unsigned col_word = dropout_col_word(key_row);
-    // Bit 7 of each byte of bytes_kept's result, as four bits.
-    const auto four = [&](const unsigned (&w)[4]) {
-        const bool high = (key_row >> 4) & 1;
-        // The four bytes, in the order of the keep bits, from words (query i) and (query i + 8).
-        const unsigned gather = 0x6420u + 0x1111u * static_cast<unsigned>(key_row & 1);
-        const unsigned kept =
-            bytes_kept(byte_perm_signed(high ? w[1] : w[0], high ? w[3] : w[2], gather), not_threshold4(d));
-        return ((kept >> 7) & 1u) | ((kept >> 14) & 2u) | ((kept >> 21) & 4u) | ((kept >> 28) & 8u);
+// m0 + 8 nt + col_t + e and key key_row + 8 r. The call of query i (bit 3 clear) and key_row decides the
+// entries {i, i + 8} x {key_row, key_row + 8} (bytes bit0(key_row) and 2 + bit0(key_row) of words
+// bit4(key_row), for query i, and 2 + bit4(key_row), for i + 8) and the same four of key_row ^ 1, whose
+// keys the lane 4 apart holds (lane / 4 is the key's low three bits) beside the same queries. So of a
+// 16-query block's two calls (columns e = 0, 1) each lane of such a pair draws one, e = bit0(key_row), and
+// sends the partner its four decisions: half a call a lane per (block, column) instead of a whole one.
+//
+// dropout_pair_draw is a lane's part for the block of queries i0 + {0, 1} (i0 = m0 + 16 block + col_t):
+// its own four decisions of column bit0(key_row) in bits 0-3 and its partner's in bits 4-7, each in the
+// order of the keep bits below. bytes_kept's bit 7 of each byte becomes one bit by a product whose partial
+// products land on distinct bits (bits 7, 15, 23, 31 to 28, 29, 30, 31).
+CUPYFLASH_HD unsigned dropout_pair_draw(const DropoutArg& d, unsigned bh, int key_row, int i0) {
+    const int own = key_row & 1;
+    unsigned w[4];
+    dropout_draw(d, bh, dropout_row_word(i0 + own), dropout_col_word(key_row), w);
+    const bool high = (key_row >> 4) & 1;
+    const unsigned query = high ? w[1] : w[0], query8 = high ? w[3] : w[2];
+    const unsigned not_t4 = not_threshold4(d);
+    const auto four = [&](int key_bit) {  // bytes key_bit, 2 + key_bit of both words, as four bits
+        const unsigned kept = bytes_kept(byte_perm_signed(query, query8, 0x6420u + 0x1111u * key_bit), not_t4);
+        return ((kept & 0x80808080u) * 0x00204081u) >> 28;
     };
-    // 4 bits per (block, column e) k = 2 block + e, a call a step. Each step shifts the mask down and puts
-    // its bits at the top (constant shifts: a shift by 4 k of a 64-bit mask, k the loop counter, costs more
-    // instructions), so after the last step k = 0 is at bit 64 - 4 kNTiles and one shift puts it at 0.
+    return four(own) | (four(own ^ 1) << 4);
+}
+
+// The keep bits of dropout_bits_transposed for one (block, both columns) from this lane's pair draw and
+// its partner's: the own column's four from `mine`, the other column's from `partners`' bits 4-7.
+CUPYFLASH_HD unsigned dropout_pair_bits(unsigned mine, unsigned partners, int key_row) {
+    const unsigned own = mine & 0xFu, other = partners >> 4;
+    return (key_row & 1) ? other | (own << 4) : own | (other << 4);
+}
+
+#if defined(__CUDACC__)
+// The lane 4 apart's value (lanes 4 apart hold keys key_row ^ 1): dropout_bits_transposed's exchange on
+// the device (the host tests pass their own).
+struct LaneXor4 {
+    __device__ __forceinline__ unsigned operator()(unsigned x, int) const { return __shfl_xor_sync(0xffffffffu, x, 4); }
+};
+#endif
+
+// Returns the keep bits, 4 per (block, column e) k = 2 block + e: (i, key_row), (i, key_row + 8), (i + 8,
+// key_row), (i + 8, key_row + 8); apply_dropout_transposed applies them. exchange(x, block) returns the
+// partner lane's x of that block (LaneXor4; the host test passes the partner's draw). One pair draw a step
+// of a loop that is not unrolled, so that one call's registers are live at a time (the backward's
+// consumers have none to spare: two calls a step put six local-memory accesses into the d128 consumers).
+// The queries must start on a multiple of 16 (m0 % 16 == 0: the backward's query tiles do); every lane
+// of the warp runs the loop (the exchange is a warp shuffle). The calls need no fragment: a kernel draws
+// them while its products run.
+template <int kNTiles, typename Exchange>
+__device__ __forceinline__ unsigned long long dropout_bits_transposed(const DropoutArg& d, unsigned bh, int key_row,
+                                                                      int m0, int col_t, Exchange exchange) {
+    static_assert(kNTiles % 2 == 0 && kNTiles <= 16, "16-query blocks, at most 8 (one 64-bit mask)");
+    // 8 bits per block. Each step shifts the mask down and puts its bits at the top (constant shifts: a
+    // shift by 8 k of a 64-bit mask, k the loop counter, costs more instructions), so after the last step
+    // block 0 is at bit 64 - 4 kNTiles and one shift puts it at 0.
     unsigned long long kept = 0;
 #pragma unroll 1
-    for (int k = 0; k < kNTiles; ++k) {
-        unsigned w[4];
-        dropout_draw(d, bh, dropout_row_word(m0 + 16 * (k / 2) + col_t + k % 2), col_word, w);
-        kept = (kept >> 4) | (static_cast<unsigned long long>(four(w)) << 60);
+    for (int block = 0; block < kNTiles / 2; ++block) {
+        const unsigned mine = dropout_pair_draw(d, bh, key_row, m0 + 16 * block + col_t);
+        const unsigned bits = dropout_pair_bits(mine, exchange(mine, block), key_row);
+        kept = (kept >> 8) | (static_cast<unsigned long long>(bits) << 56);
     }
     return kept >> (64 - 4 * kNTiles);
 }

@@ -542,7 +542,7 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
             // The draws need m0 % 16 == 0: the walk's query tiles start at multiples of kBlockM.
             static_assert(kBlockM % 16 == 0 && !Tr::kSplitCols, "dropout: 16-aligned query tiles, per-consumer keys");
             kept = dropout_bits_transposed<Tr::kSTiles>(a.dropout, static_cast<unsigned>(b * a.heads + h), key_g, m0,
-                                                        col_t);
+                                                        col_t, LaneXor4{});
         }
         const float keep_scale = static_cast<float>(a.dropout.scale);
         float2 lse2[Tr::kSTiles];
