@@ -41,6 +41,10 @@ import numpy
 #: Sentinel addresses: 0xFFF7A5A5 in the high word cannot be a device address, and as a pair of int32 or
 #: a double it is no value a struct field takes.
 _SENTINEL = 0xFFF7A5A5 << 32
+#: The dropout seed a plan is built with (a DropoutArg's 64-bit seed; kernels_cu/common/dropout.cuh): its
+#: words, and the 32-bit offset after each, are per-run scalars (Plan.dropout_scalars). 4 past the slots'
+#: base, so the slots' scan (multiples of 8) passes over it.
+DROPOUT_SEED = _SENTINEL + 4
 #: Alignment of the buffers inside a call's allocation (CuPy's pool aligns the allocation to 512), and of
 #: the structs inside a plan's argument buffer (a CUtensorMap is 64-byte aligned).
 _BUFFER_ALIGN = 256
@@ -322,15 +326,16 @@ class PlanBuilder:
 class Plan:
     """A call prepared for one layout (see the module docstring). ``plan(*inputs, scalars=())`` runs it
     on the current stream: ``inputs`` in the builder's order (None where the call has no such array),
-    ``scalars`` the int32 arguments of :meth:`PlanBuilder.int32_field`; returns the outputs.
+    ``scalars`` the int32 arguments of :meth:`PlanBuilder.int32_field`, then those of dropout's seed and
+    offset (:meth:`dropout_scalars`); returns the outputs.
 
     ``run`` is the same function without the method call (the public API's hot path calls it; it is
     replaced after the first run, and again when the plan makes its graph), ``source`` the Python it
     generated (None before the second run) and ``namespace`` the constants that names (for reading)."""
 
     __slots__ = ("_buffer", "_words", "_ints", "_inputs", "_buffers", "_zeroed", "_zeroed_nbytes", "_memset_nbytes",
-                 "_launches", "_outputs", "_nbytes", "_scalars", "_keep", "_graph", "run", "source", "namespace",
-                 "__weakref__")
+                 "_launches", "_outputs", "_nbytes", "_scalars", "_dropout_fields", "_keep", "_graph", "run", "source",
+                 "namespace", "__weakref__")
 
     def __init__(self, builder, outputs):
         # One argument buffer for every struct, each 64-byte aligned (the buffer too).
@@ -378,6 +383,11 @@ class Plan:
         self._outputs = tuple((slot.shape, slot.dtype, offset_of[slot.index]) for slot in outputs)
         self._nbytes = max(builder._nbytes, 1)
         self._scalars = tuple((placed[id(struct)] + offset) // 4 for struct, offset in builder._int32_fields)
+        # Dropout's seed and offset, after the builder's scalars: the two int32 halves of each DROPOUT_SEED
+        # word and the offset that follows it.
+        seeds = numpy.flatnonzero(self._buffer.view(numpy.uint64) == numpy.uint64(DROPOUT_SEED))
+        self._scalars += tuple(int(i) for w in seeds for i in (2 * w, 2 * w + 1, 2 * w + 2))
+        self._dropout_fields = len(seeds)
         self._launches = tuple(_Launch(function, grid, threads, smem, [base + placed[id(s)] for s in structs])
                                for function, grid, threads, smem, structs in builder._launches)
         self._keep = tuple(builder._keep)
@@ -386,6 +396,12 @@ class Plan:
         self._graph = None
         self.source = self.namespace = None
         self.run = self._first_run
+
+    def dropout_scalars(self, seed, offset):
+        """The ``scalars`` of a run with dropout's ``seed`` (in [0, 2^64)) and ``offset`` (in [0, 2^32)),
+        for a plan built with the seed :data:`DROPOUT_SEED` (and no int32 fields of its builder's)."""
+        words = tuple(x - (x >> 31 << 32) for x in (seed & 0xFFFFFFFF, seed >> 32, offset))  # as int32
+        return words * self._dropout_fields
 
     def __call__(self, *inputs, scalars=()):
         return self.run(*inputs, scalars=scalars)

@@ -325,3 +325,31 @@ def test_fp8_plans_take_the_descales_last(given, monkeypatch):
     assert len(plan._inputs) == 7 + 3
     assert [bool(words or maps) for words, maps, _ in plan._inputs[7:]] == [name in given for name in _fp8.DESCALES]
     assert launched[0] == "fp8_transpose_values" and launched[-1].startswith("sm90_fwd_fp8")
+
+
+@pytest.mark.parametrize("family, device, dtype", [("sm90", H200, ml_dtypes.bfloat16), ("general", A100, np.float32)])
+@pytest.mark.parametrize("seed, offset", [(3, 7), (2**64 - 1, 2**32 - 1), (2**63 + 5, 2**31)])
+def test_dropout_plans_take_the_seed_and_offset_per_run(family, device, dtype, seed, offset):
+    """A dropout plan is built with the seed _plan.DROPOUT_SEED: each DropoutArg of its structs (forward
+    and backward) holds, once a run's scalars are written, that run's seed and offset, int32 halves and
+    sign included."""
+    forward, backward = FAMILIES[family]
+    p, arrays = _problem_of(np.dtype(dtype), "dropout")
+    p = dataclasses.replace(p, dropout_seed=_plan.DROPOUT_SEED)
+    ps, operands = _slots(p, arrays)
+    b = _plan.PlanBuilder()
+    out, lse = forward.plan(b, forward.select(ps, device, operands), ps, *operands, device)
+    dout = _plan.Slot(91, out.shape, out.dtype)
+    bb = _plan.PlanBuilder()
+    backward.plan(bb, backward.select(ps, device, (dout, *operands)), ps, dout, *operands,
+                  _plan.Slot(93, out.shape, out.dtype), lse, False, device)
+    for builder in (b, bb):
+        plan = builder.build((out,) if builder is b else ())
+        scalars = plan.dropout_scalars(seed, offset)
+        assert scalars and len(scalars) == len(plan._scalars)
+        for index, value in zip(plan._scalars, scalars):
+            plan._ints[index] = value
+        words = plan._buffer.view(np.uint64)
+        seeds = np.flatnonzero(words == np.uint64(seed))
+        assert len(seeds) == len(scalars) // 3 and not np.any(words == np.uint64(_plan.DROPOUT_SEED))
+        assert all(int(words[w + 1]) & 0xFFFFFFFF == offset for w in seeds)
