@@ -1,6 +1,6 @@
 """Precompiles, in the tree it runs from, the variants one A/B arm's benchmark uses: `drop` (bf16 head dim
 128 forward and backward, training.py) or `fp32` (the float32 planes kernels, bench.py --dtypes fp32), and
-every small helper kernel."""
+every small helper kernel; `f32`: every float32 variant (the float32 GPU tests)."""
 import sys
 import time
 
@@ -15,6 +15,8 @@ def wanted(v, mode):
     name = v.kernel.name
     if name not in HEAVY:
         return True
+    if mode in ("f32", "f64"):
+        return v.dtype == {"f32": "float32", "f64": "float64"}[mode]
     if mode == "drop":
         return name in ("sm90_fwd", "sm90_bwd") and v.dtype == "bfloat16" and v.tile[0] == 128
     return name in ("sm90_fwd_planes", "sm90_bwd_planes")
