@@ -695,9 +695,19 @@ def merge_attention_states(out_a: Array, lse_a: Array, out_b: Array, lse_b: Arra
     lse_a, lse_b : arrays of the same kind, float32 or float64: the log-sum-exp of out_a and out_b
     {merge_returns}
     """
+    key = _keys.merge((out_a, lse_a, out_b, lse_b))
+    plan = PLANS.get(key)
+    if plan is not None:
+        return plan.run(out_a, lse_a, out_b, lse_b)
     out_a, lse_a, out_b, lse_b = _problem.arrays(out_a=out_a, lse_a=lse_a, out_b=out_b, lse_b=lse_b)
     xp, packed = _problem.merge_parts({"out_a": out_a, "out_b": out_b}, {"lse_a": lse_a, "lse_b": lse_b})
-    return _merge.merge(xp, [out_a, out_b], [lse_a, lse_b], packed)
+    if key is None or xp is numpy or out_a.size == 0:  # (an empty merge launches nothing: no graph)
+        return _merge.merge(xp, [out_a, out_b], [lse_a, lse_b], packed)
+    from ._families import common
+
+    plan = common.merge_plan([out_a, out_b], [lse_a, lse_b], packed)
+    PLANS.put(key, plan)
+    return plan.run(out_a, lse_a, out_b, lse_b)
 
 
 def merge_attention_states_stacked(out: Array, lse: Array, *, packed: bool = False) -> Tuple[Array, Array]:
@@ -717,10 +727,20 @@ def merge_attention_states_stacked(out: Array, lse: Array, *, packed: bool = Fal
         entries would be merged as parts; so without ``packed=True`` it is refused.
     {merge_returns}
     """
+    key = _keys.merge((out, lse), packed)
+    plan = PLANS.get(key)
+    if plan is not None:
+        return plan.run(out, lse)
     out, lse = _problem.arrays(out=out, lse=lse)
     packed = _problem.check_flag("packed", packed)
     xp, parts = _problem.merge_stacked(out, lse, packed)
-    return _merge.merge(xp, [out[i] for i in range(parts)], [lse[i] for i in range(parts)], packed)
+    if key is None or xp is numpy or out.size == 0:  # (an empty merge launches nothing: no graph)
+        return _merge.merge(xp, [out[i] for i in range(parts)], [lse[i] for i in range(parts)], packed)
+    from ._families import common
+
+    plan = common.merge_stacked_plan(out, lse, parts, packed)
+    PLANS.put(key, plan)
+    return plan.run(out, lse)
 
 
 for _function in (merge_attention_states, merge_attention_states_stacked):
