@@ -701,7 +701,7 @@ def merge_attention_states(out_a: Array, lse_a: Array, out_b: Array, lse_b: Arra
         return plan.run(out_a, lse_a, out_b, lse_b)
     out_a, lse_a, out_b, lse_b = _problem.arrays(out_a=out_a, lse_a=lse_a, out_b=out_b, lse_b=lse_b)
     xp, packed = _problem.merge_parts({"out_a": out_a, "out_b": out_b}, {"lse_a": lse_a, "lse_b": lse_b})
-    if key is None or xp is numpy or out_a.size == 0:  # (an empty merge launches nothing: no graph)
+    if key is None or xp is numpy or lse_a.size == 0:  # (no rows: no launch, no graph)
         return _merge.merge(xp, [out_a, out_b], [lse_a, lse_b], packed)
     from ._families import common
 
@@ -734,7 +734,7 @@ def merge_attention_states_stacked(out: Array, lse: Array, *, packed: bool = Fal
     out, lse = _problem.arrays(out=out, lse=lse)
     packed = _problem.check_flag("packed", packed)
     xp, parts = _problem.merge_stacked(out, lse, packed)
-    if key is None or xp is numpy or out.size == 0:  # (an empty merge launches nothing: no graph)
+    if key is None or xp is numpy or lse.size == 0:  # (no rows: no launch, no graph)
         return _merge.merge(xp, [out[i] for i in range(parts)], [lse[i] for i in range(parts)], packed)
     from ._families import common
 

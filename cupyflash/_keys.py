@@ -85,7 +85,7 @@ def merge(arrays, packed=None):
     if type(arrays[0]) is not _NDARRAY:
         return None
     try:
-        return (2, _get_ident(), _get_device(), tuple(layout(x) for x in arrays), packed.__class__, packed)
+        return ("merge", _get_ident(), _get_device(), tuple(layout(x) for x in arrays), packed.__class__, packed)
     except (AttributeError, TypeError, ValueError):
         return None
 

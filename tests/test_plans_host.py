@@ -442,3 +442,15 @@ def test_merge_plans_convert_what_the_kernel_cannot_read(monkeypatch):
     lse_b = _DeviceArray((2, 3, 7), np.float64, 1 << 26)
     plan = common.merge_plan([out_a, out_b], [lse_a, lse_b], False)
     assert [convert is not None for _, _, convert, _ in plan._inputs] == [False, False, True, True]
+
+
+def test_merge_plans_write_the_lse_of_rows_without_columns(monkeypatch):
+    """Rows with head dim 0 still have an lse to merge: the plan launches the merge (which writes it)
+    rather than returning its outputs unwritten; a merge without rows launches nothing."""
+    monkeypatch.setattr(common, "function", lambda variant, smem=0: variant.key)
+    parts = [(_DeviceArray((2, 5, 3, 0), ml_dtypes.bfloat16, 1 << 20), _DeviceArray((2, 3, 5), np.float32, 1 << 24)),
+             (_DeviceArray((2, 5, 3, 0), ml_dtypes.bfloat16, 1 << 21), _DeviceArray((2, 3, 5), np.float32, 1 << 25))]
+    plan = common.merge_plan([o for o, _ in parts], [x for _, x in parts], False)
+    assert len(plan._launches) == 1
+    empty = [(_DeviceArray((2, 0, 3, 8), ml_dtypes.bfloat16, 1 << 20), _DeviceArray((2, 3, 0), np.float32, 1 << 24))] * 2
+    assert not common.merge_plan([o for o, _ in empty], [x for _, x in empty], False)._launches

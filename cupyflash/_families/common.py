@@ -420,7 +420,7 @@ def plan_merge(b, outs, lses, packed):
     cupyflash/_merge.py is the twin)."""
     out = b.output(outs[0].shape, outs[0].dtype)
     lse = b.output(lses[0].shape, lses[0].dtype)
-    if out.size == 0:
+    if lse.size == 0:  # no rows (rows with head dim 0 still get their lse)
         return out, lse
     take = _params.MERGE_PARTS
     _plan_merge_round(b, outs[:take], lses[:take], out, lse, packed, out.dtype)
@@ -459,9 +459,18 @@ def merge_stacked_plan(out, lse, parts, packed):
 
 def merge(outs, lses, packed):
     """(out, lse) over the union of the parts' keys, from CuPy parts ``outs[i]``, ``lses[i]`` (checked by
-    cupyflash._problem.merge_parts), on the current stream: :func:`merge_plan`'s plan, run once."""
-    plan = merge_plan(outs, lses, packed)
-    return plan(*(x for pair in zip(outs, lses) for x in pair))
+    cupyflash._problem.merge_parts), on the current stream: :func:`merge_plan`'s plan, kept in the public
+    API's plan cache under the parts' layouts (ring attention merges parts of one layout at every step)."""
+    from .. import _api, _keys
+
+    arrays = tuple(x for pair in zip(outs, lses) for x in pair)
+    key = _keys.merge(arrays, packed)
+    plan = _api.PLANS.get(key)
+    if plan is None:
+        plan = merge_plan(outs, lses, packed)
+        if key is not None and lses[0].size:  # (a plan that launches nothing makes no graph: not kept)
+            _api.PLANS.put(key, plan)
+    return plan(*arrays)
 
 
 #: BlockMask.from_mask_mod on the GPU (kernels_cu/common/mask_mod_blocks.cu): a CTA of 32 x 8 threads per
