@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence, Tuple, Union
 
 import numpy
 
-from . import _compute, _fp8, _keys, _kvcache, _merge, _plan, _problem, _ring
+from . import _compute, _dropout, _fp8, _keys, _kvcache, _merge, _plan, _problem, _ring
 
 if TYPE_CHECKING:
     import cupy
@@ -190,7 +190,8 @@ _NOTES_DOC = """
 
 def _plain(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score=False, score_mod=None, *fp8):
     """Whether a call leaves sinks, dropout, the maximum score, score_mod and the FP8 arguments (``fp8``:
-    the descales and out_dtype) at their defaults: only such calls have plans (the others take the
+    the descales and out_dtype) at their defaults: such calls have plans, and so do those that differ
+    from one only as _fused_extras, the FP8 branch and _planned_dropout allow (the others take the
     checked path every call)."""
     return (sinks is None and dropout_p.__class__ is float and dropout_p == 0.0 and dropout_seed is None
             and dropout_offset.__class__ is int and dropout_offset == 0 and return_max_score is False
@@ -203,6 +204,31 @@ def _fused_extras(sinks, dropout_p, dropout_seed, dropout_offset, return_max_sco
     sinks as their last problem input."""
     return ((return_max_score is False or return_max_score is True)
             and _plain(None, dropout_p, dropout_seed, dropout_offset, False, score_mod, *fp8))
+
+
+def _planned_dropout(dropout_p, dropout_seed, dropout_offset, *fp8):
+    """dropout_p where a call's dropout can take a plan (a float in (0, 1), an int seed and offset in range,
+    and no FP8 arguments): such a plan is built with the seed _plan.DROPOUT_SEED and takes the seed and
+    offset per run (Plan.dropout_scalars), so that a step's new seed or offset does not miss the plan.
+    Else None (no dropout, or arguments for the checked path to judge). A rate no 8-bit decision draws
+    gets a key but never a plan: the checked path refuses it."""
+    if (dropout_p.__class__ is float and 0.0 < dropout_p < 1.0 and dropout_seed.__class__ is int
+            and 0 <= dropout_seed <= _dropout.MAX_SEED and dropout_offset.__class__ is int
+            and 0 <= dropout_offset <= _dropout.MAX_OFFSET and all(x is None for x in fp8)):
+        return dropout_p
+    return None
+
+
+def _undropped(drop, dropout_p, dropout_seed, dropout_offset):
+    """The dropout arguments a call's key is classified by: none where its dropout takes a plan's scalars
+    (``drop`` not None), else its own."""
+    return (0.0, None, 0) if drop is not None else (dropout_p, dropout_seed, dropout_offset)
+
+
+def _planned_problem(p):
+    """The problem a plan of ``p`` is built for: with dropout, the seed _plan.DROPOUT_SEED, whose words each
+    run writes (see _planned_dropout)."""
+    return dataclasses.replace(p, dropout_seed=_plan.DROPOUT_SEED) if p.dropout else p
 
 
 def _planned_results(results, p_sinks, varlen):
@@ -230,10 +256,11 @@ def _forward(key, p, q, k, v, return_lse, alibi_slopes=None, cu_seqlens_q=None, 
         return _results(results[0], results[1], results[-1], return_lse, return_max_score)
     from . import _cuda
 
-    plan = _cuda.forward_plan(p, q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, return_lse=return_lse,
-                              max_score=return_max_score)
+    plan = _cuda.forward_plan(_planned_problem(p), q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                              return_lse=return_lse, max_score=return_max_score)
     PLANS.put(key, plan)
-    results = plan.run(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, *_cuda.tail_inputs(p))
+    results = plan.run(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, *_cuda.tail_inputs(p),
+                       scalars=plan.dropout_scalars(p.dropout_seed, p.dropout_offset))
     return results if len(results) > 1 else results[0]
 
 
@@ -249,9 +276,11 @@ def _backward(key, p, dout, q, k, v, out, lse, deterministic, alibi_slopes=None,
     if p.sinks is not None and not _cuda.launchable(p):  # no kernel to write the sinks' terms: the checked path
         return _compute.backward(p, dout, q, k, v, out, lse, deterministic)
 
-    plan = _cuda.backward_plan(p, dout, q, k, v, out, lse, deterministic, alibi_slopes, cu_seqlens_q, cu_seqlens_k)
+    plan = _cuda.backward_plan(_planned_problem(p), dout, q, k, v, out, lse, deterministic, alibi_slopes, cu_seqlens_q,
+                               cu_seqlens_k)
     PLANS.put(key, plan)
-    results = plan.run(dout, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None, *_cuda.tail_inputs(p))
+    results = plan.run(dout, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None, *_cuda.tail_inputs(p),
+                       scalars=plan.dropout_scalars(p.dropout_seed, p.dropout_offset))
     return _planned_results(results, p.sinks, p.varlen)
 
 
@@ -281,28 +310,30 @@ def flash_attention(q: Array, k: Array, v: Array, *, causal: bool = False, softm
     Notes
     -----{notes}
     """
-    if _plain(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score, score_mod, q_descale, k_descale,
-              v_descale, out_dtype):
+    drop = _planned_dropout(dropout_p, dropout_seed, dropout_offset, q_descale, k_descale, v_descale, out_dtype)
+    undropped = _undropped(drop, dropout_p, dropout_seed, dropout_offset)
+    if _plain(sinks, *undropped, return_max_score, score_mod, q_descale, k_descale, v_descale, out_dtype):
         key = _keys.forward(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes, block_mask, return_lse,
                             precision)
-    elif _fused_extras(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score, score_mod, q_descale,
-                       k_descale, v_descale, out_dtype):
+    elif _fused_extras(sinks, *undropped, return_max_score, score_mod, q_descale, k_descale, v_descale, out_dtype):
         key = _keys.with_extras(_keys.forward(q, k, v, causal, softmax_scale, window_size, softcap, alibi_slopes,
                                               block_mask, return_lse, precision), sinks, return_max_score)
-    elif sinks is None and _fused_extras(None, dropout_p, dropout_seed, dropout_offset, return_max_score, score_mod):
+    elif sinks is None and _fused_extras(None, *undropped, return_max_score, score_mod):
         # FP8 arguments (and the maximum score): the plan's run takes the descales last.
         key = _keys.with_fp8(_keys.with_extras(_keys.forward(q, k, v, causal, softmax_scale, window_size, softcap,
                                                              alibi_slopes, block_mask, return_lse, precision),
                                                None, return_max_score), q_descale, k_descale, v_descale, out_dtype)
     else:
         key = None
+    key = _keys.with_dropout(key, drop)
     plan = PLANS.get(key)
     if plan is not None:
         if q.dtype == _FP8_DTYPE:
             results = plan.run(q, k, v, alibi_slopes, None, None, None, q_descale, k_descale, v_descale)
         else:
-            results = (plan.run(q, k, v, alibi_slopes, None, None, None) if sinks is None
-                       else plan.run(q, k, v, alibi_slopes, None, None, None, sinks))
+            scalars = () if drop is None else plan.dropout_scalars(dropout_seed, dropout_offset)
+            results = (plan.run(q, k, v, alibi_slopes, None, None, None, scalars=scalars) if sinks is None
+                       else plan.run(q, k, v, alibi_slopes, None, None, None, sinks, scalars=scalars))
         return results if len(results) > 1 else results[0]
     q, k, v = _problem.arrays(q=q, k=k, v=v)
     p = _problem.forward_problem(q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window_size,
@@ -348,19 +379,24 @@ def flash_attention_backward(dout: Array, q: Array, k: Array, v: Array, out: Arr
         Only with ``score_mod_buffers``: one gradient per buffer, in its dtype (None for int32 and bool
         buffers), accumulated in float32 (float64 for float64 inputs).
     """
-    if _plain(sinks, dropout_p, dropout_seed, dropout_offset, score_mod=score_mod):
+    drop = _planned_dropout(dropout_p, dropout_seed, dropout_offset)
+    undropped = _undropped(drop, dropout_p, dropout_seed, dropout_offset)
+    if _plain(sinks, *undropped, score_mod=score_mod):
         key = _keys.backward(dout, q, k, v, out, lse, causal, softmax_scale, window_size, softcap, alibi_slopes,
                              block_mask, deterministic, precision)
-    elif _fused_extras(sinks, dropout_p, dropout_seed, dropout_offset, score_mod=score_mod):
+    elif _fused_extras(sinks, *undropped, score_mod=score_mod):
         key = _keys.with_extras(_keys.backward(dout, q, k, v, out, lse, causal, softmax_scale, window_size, softcap,
                                                alibi_slopes, block_mask, deterministic, precision), sinks)
     else:
         key = None
+    key = _keys.with_dropout(key, drop)
     plan = PLANS.get(key)
     if plan is not None:
+        scalars = () if drop is None else plan.dropout_scalars(dropout_seed, dropout_offset)
         if sinks is None:
-            return plan.run(dout, q, k, v, out, lse, alibi_slopes, None, None, None)
-        return _planned_results(plan.run(dout, q, k, v, out, lse, alibi_slopes, None, None, None, sinks), sinks, False)
+            return plan.run(dout, q, k, v, out, lse, alibi_slopes, None, None, None, scalars=scalars)
+        return _planned_results(plan.run(dout, q, k, v, out, lse, alibi_slopes, None, None, None, sinks,
+                                         scalars=scalars), sinks, False)
     dout, q, k, v, out, lse = _problem.arrays(dout=dout, q=q, k=k, v=v, out=out, lse=lse)
     p = _problem.backward_problem(dout, q, k, v, out, lse, causal=causal, softmax_scale=softmax_scale,
                                   window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
@@ -453,6 +489,8 @@ def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
     -----{notes}
     """
     paged_bad = pools = None
+    drop = _planned_dropout(dropout_p, dropout_seed, dropout_offset, q_descale, k_descale, v_descale, out_dtype)
+    undropped = _undropped(drop, dropout_p, dropout_seed, dropout_offset)
     if block_table is not None:  # packed keys and values (checked there)
         if _problem.array_module({"k": k, "v": v, "block_table": block_table}) is numpy:
             k, v = _problem.gather_paged(k, v, cu_seqlens_k, block_table)
@@ -461,21 +499,22 @@ def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
             k, v, cu_seqlens_k, seqused_k, paged_bad, max_seqlen_k = _problem.paged_counts_on_device(
                 k, v, cu_seqlens_k, seqused_k, block_table)
         key = None
-    elif _plain(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score, score_mod, q_descale, k_descale,
-                v_descale, out_dtype):
+    elif _plain(sinks, *undropped, return_max_score, score_mod, q_descale, k_descale, v_descale, out_dtype):
         key = _keys.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                                    softmax_scale, window_size, softcap, alibi_slopes, return_lse, precision, seqused_k)
-    elif _fused_extras(sinks, dropout_p, dropout_seed, dropout_offset, return_max_score, score_mod, q_descale,
-                       k_descale, v_descale, out_dtype):
+    elif _fused_extras(sinks, *undropped, return_max_score, score_mod, q_descale, k_descale, v_descale, out_dtype):
         key = _keys.with_extras(_keys.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                      causal, softmax_scale, window_size, softcap, alibi_slopes,
                                                      return_lse, precision, seqused_k), sinks, return_max_score)
     else:
         key = None
+    key = _keys.with_dropout(key, drop)
     plan = PLANS.get(key)
     if plan is not None:
-        results = (plan.run(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k) if sinks is None
-                   else plan.run(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, sinks))
+        scalars = () if drop is None else plan.dropout_scalars(dropout_seed, dropout_offset)
+        results = (plan.run(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, scalars=scalars)
+                   if sinks is None
+                   else plan.run(q, k, v, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, sinks, scalars=scalars))
         return results if len(results) > 1 else results[0]
     q, k, v, cu_seqlens_q, cu_seqlens_k = _problem.arrays(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q,
                                                           cu_seqlens_k=cu_seqlens_k)
@@ -529,21 +568,25 @@ def flash_attention_varlen_backward(dout: Array, q: Array, k: Array, v: Array, o
     dbuffers : tuple
         Only with ``score_mod_buffers``, as in :func:`flash_attention_backward`.
     """
-    if _plain(sinks, dropout_p, dropout_seed, dropout_offset, score_mod=score_mod):
+    drop = _planned_dropout(dropout_p, dropout_seed, dropout_offset)
+    undropped = _undropped(drop, dropout_p, dropout_seed, dropout_offset)
+    if _plain(sinks, *undropped, score_mod=score_mod):
         key = _keys.varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                     causal, softmax_scale, window_size, softcap, alibi_slopes, deterministic, precision)
-    elif _fused_extras(sinks, dropout_p, dropout_seed, dropout_offset, score_mod=score_mod):
+    elif _fused_extras(sinks, *undropped, score_mod=score_mod):
         key = _keys.with_extras(_keys.varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                                       max_seqlen_k, causal, softmax_scale, window_size, softcap,
                                                       alibi_slopes, deterministic, precision), sinks)
     else:
         key = None
+    key = _keys.with_dropout(key, drop)
     plan = PLANS.get(key)
     if plan is not None:
+        scalars = () if drop is None else plan.dropout_scalars(dropout_seed, dropout_offset)
         if sinks is None:
-            return plan.run(dout, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None)
-        return _planned_results(plan.run(dout, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None, sinks),
-                                sinks, True)
+            return plan.run(dout, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None, scalars=scalars)
+        return _planned_results(plan.run(dout, q, k, v, out, lse, alibi_slopes, cu_seqlens_q, cu_seqlens_k, None, sinks,
+                                         scalars=scalars), sinks, True)
     dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = _problem.arrays(
         dout=dout, q=q, k=k, v=v, out=out, lse=lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k
     )
@@ -652,9 +695,19 @@ def merge_attention_states(out_a: Array, lse_a: Array, out_b: Array, lse_b: Arra
     lse_a, lse_b : arrays of the same kind, float32 or float64: the log-sum-exp of out_a and out_b
     {merge_returns}
     """
+    key = _keys.merge((out_a, lse_a, out_b, lse_b))
+    plan = PLANS.get(key)
+    if plan is not None:
+        return plan.run(out_a, lse_a, out_b, lse_b)
     out_a, lse_a, out_b, lse_b = _problem.arrays(out_a=out_a, lse_a=lse_a, out_b=out_b, lse_b=lse_b)
     xp, packed = _problem.merge_parts({"out_a": out_a, "out_b": out_b}, {"lse_a": lse_a, "lse_b": lse_b})
-    return _merge.merge(xp, [out_a, out_b], [lse_a, lse_b], packed)
+    if key is None or xp is numpy or lse_a.size == 0:  # (no rows: no launch, no graph)
+        return _merge.merge(xp, [out_a, out_b], [lse_a, lse_b], packed)
+    from ._families import common
+
+    plan = common.merge_plan([out_a, out_b], [lse_a, lse_b], packed)
+    PLANS.put(key, plan)
+    return plan.run(out_a, lse_a, out_b, lse_b)
 
 
 def merge_attention_states_stacked(out: Array, lse: Array, *, packed: bool = False) -> Tuple[Array, Array]:
@@ -674,10 +727,20 @@ def merge_attention_states_stacked(out: Array, lse: Array, *, packed: bool = Fal
         entries would be merged as parts; so without ``packed=True`` it is refused.
     {merge_returns}
     """
+    key = _keys.merge((out, lse), packed)
+    plan = PLANS.get(key)
+    if plan is not None:
+        return plan.run(out, lse)
     out, lse = _problem.arrays(out=out, lse=lse)
     packed = _problem.check_flag("packed", packed)
     xp, parts = _problem.merge_stacked(out, lse, packed)
-    return _merge.merge(xp, [out[i] for i in range(parts)], [lse[i] for i in range(parts)], packed)
+    if key is None or xp is numpy or lse.size == 0:  # (no rows: no launch, no graph)
+        return _merge.merge(xp, [out[i] for i in range(parts)], [lse[i] for i in range(parts)], packed)
+    from ._families import common
+
+    plan = common.merge_stacked_plan(out, lse, parts, packed)
+    PLANS.put(key, plan)
+    return plan.run(out, lse)
 
 
 for _function in (merge_attention_states, merge_attention_states_stacked):

@@ -78,6 +78,26 @@ def with_extras(key, sinks, return_max_score=False):
         return None
 
 
+def merge(arrays, packed=None):
+    """The key of a merge of CuPy ``arrays`` (merge_attention_states: out_a, lse_a, out_b, lse_b;
+    merge_attention_states_stacked: out, lse, with ``packed``): None where the first is not a CuPy array
+    or a layout cannot be read."""
+    if type(arrays[0]) is not _NDARRAY:
+        return None
+    try:
+        return ("merge", _get_ident(), _get_device(), tuple(layout(x) for x in arrays), packed.__class__, packed)
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def with_dropout(key, dropout_p):
+    """The key of a call that differs from one of key ``key`` by dropout at rate ``dropout_p`` (a float;
+    the seed and offset are the plan's per-run scalars): ``key`` where ``dropout_p`` is None."""
+    if key is None or dropout_p is None:
+        return key
+    return key, "dropout", dropout_p
+
+
 def with_fp8(key, q_descale, k_descale, v_descale, out_dtype):
     """The key of an FP8 call (``key``: the key of the same call without its descales and out_dtype): the
     descales' layouts and out_dtype with its type; None where ``key`` is, and for descales that are not

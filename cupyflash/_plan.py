@@ -26,7 +26,9 @@ A plan is built by the code that would run the call (the families of cupyflash/_
 its structs as always, but through :class:`Slot` placeholders, whose addresses are sentinels the
 builder finds again in the structs' bytes. So a plan never confuses two arrays that happened to share an
 address when it was built (``flash_attention(q, q, q)``), and an input the kernels cannot read as it is
-(a layout they copy) is copied again on every run.
+(a layout they copy) is copied again on every run. An input's parts (the stacked parts of a merge) can
+be slots of their own (:meth:`PlanBuilder.view`), whose words a run writes as the input's address plus
+the part's offset: no array per part.
 
 Plans are cached by the public API (cupyflash/_api.py) in a :class:`PlanCache` per thread and device:
 a plan's argument buffer is rewritten by every run, and its functions belong to one device.
@@ -41,6 +43,10 @@ import numpy
 #: Sentinel addresses: 0xFFF7A5A5 in the high word cannot be a device address, and as a pair of int32 or
 #: a double it is no value a struct field takes.
 _SENTINEL = 0xFFF7A5A5 << 32
+#: The dropout seed a plan is built with (a DropoutArg's 64-bit seed; kernels_cu/common/dropout.cuh): its
+#: words, and the 32-bit offset after each, are per-run scalars (Plan.dropout_scalars). 4 past the slots'
+#: base, so the slots' scan (multiples of 8) passes over it.
+DROPOUT_SEED = _SENTINEL + 4
 #: Alignment of the buffers inside a call's allocation (CuPy's pool aligns the allocation to 512), and of
 #: the structs inside a plan's argument buffer (a CUtensorMap is 64-byte aligned).
 _BUFFER_ALIGN = 256
@@ -245,6 +251,7 @@ class PlanBuilder:
         self._maps = []          # (struct, field, slot index, encode)
         self._launches = []      # (function, grid, threads, smem, structs)
         self._int32_fields = []  # (struct, byte offset) of per-run int32 scalars
+        self._views = []         # (view slot index, input slot index, byte offset)
         self._keep = []
 
     def input(self, array=None, convert=None):
@@ -260,6 +267,16 @@ class PlanBuilder:
         self._inputs.append(slot.index)
         self._converts.append(convert)
         return slot
+
+    def view(self, slot, offset, shape, strides):
+        """A slot for the array of ``shape`` and ``strides`` (bytes) that starts ``offset`` bytes into the
+        input of ``slot`` (a part of a stacked input): a run writes that input's address plus
+        ``offset`` wherever the structs hold the view's."""
+        assert slot.index in self._inputs, "views are of inputs"
+        view = Slot(len(self._slots), shape, slot.dtype, strides, slot.aligned16 and offset % 16 == 0)
+        self._slots.append(view)
+        self._views.append((view.index, slot.index, offset))
+        return view
 
     def output(self, shape, dtype):
         """A buffer of the call's allocation that the run returns (:meth:`build` says in which order)."""
@@ -322,15 +339,16 @@ class PlanBuilder:
 class Plan:
     """A call prepared for one layout (see the module docstring). ``plan(*inputs, scalars=())`` runs it
     on the current stream: ``inputs`` in the builder's order (None where the call has no such array),
-    ``scalars`` the int32 arguments of :meth:`PlanBuilder.int32_field`; returns the outputs.
+    ``scalars`` the int32 arguments of :meth:`PlanBuilder.int32_field`, then those of dropout's seed and
+    offset (:meth:`dropout_scalars`); returns the outputs.
 
     ``run`` is the same function without the method call (the public API's hot path calls it; it is
     replaced after the first run, and again when the plan makes its graph), ``source`` the Python it
     generated (None before the second run) and ``namespace`` the constants that names (for reading)."""
 
     __slots__ = ("_buffer", "_words", "_ints", "_inputs", "_buffers", "_zeroed", "_zeroed_nbytes", "_memset_nbytes",
-                 "_launches", "_outputs", "_nbytes", "_scalars", "_keep", "_graph", "run", "source", "namespace",
-                 "__weakref__")
+                 "_launches", "_outputs", "_nbytes", "_scalars", "_dropout_fields", "_keep", "_graph", "run", "source",
+                 "namespace", "__weakref__")
 
     def __init__(self, builder, outputs):
         # One argument buffer for every struct, each 64-byte aligned (the buffer too).
@@ -358,7 +376,12 @@ class Plan:
         for struct, field, slot, encode in builder._maps:
             address = base + placed[id(struct)] + struct.dtype.fields[field][1]
             maps.setdefault(slot, []).append(_TensorMap(address, encode))
-        self._inputs = tuple((tuple(words.get(s, ())), tuple(maps.get(s, ())), convert)
+        # Per input: its words, its tensor maps, its convert, and the words of its views with their offsets.
+        views = {}
+        for view, parent, offset in builder._views:
+            assert view not in maps, "views have no tensor maps"
+            views.setdefault(parent, []).extend((w, offset) for w in words.get(view, ()))
+        self._inputs = tuple((tuple(words.get(s, ())), tuple(maps.get(s, ())), convert, tuple(views.get(s, ())))
                              for s, convert in zip(builder._inputs, builder._converts))
         self._buffers = tuple((tuple(words.get(s, ())), tuple(maps.get(s, ())), offset)
                               for s, offset, kind in builder._buffers if kind is None)
@@ -378,6 +401,11 @@ class Plan:
         self._outputs = tuple((slot.shape, slot.dtype, offset_of[slot.index]) for slot in outputs)
         self._nbytes = max(builder._nbytes, 1)
         self._scalars = tuple((placed[id(struct)] + offset) // 4 for struct, offset in builder._int32_fields)
+        # Dropout's seed and offset, after the builder's scalars: the two int32 halves of each DROPOUT_SEED
+        # word and the offset that follows it.
+        seeds = numpy.flatnonzero(self._buffer.view(numpy.uint64) == numpy.uint64(DROPOUT_SEED))
+        self._scalars += tuple(int(i) for w in seeds for i in (2 * w, 2 * w + 1, 2 * w + 2))
+        self._dropout_fields = len(seeds)
         self._launches = tuple(_Launch(function, grid, threads, smem, [base + placed[id(s)] for s in structs])
                                for function, grid, threads, smem, structs in builder._launches)
         self._keep = tuple(builder._keep)
@@ -386,6 +414,12 @@ class Plan:
         self._graph = None
         self.source = self.namespace = None
         self.run = self._first_run
+
+    def dropout_scalars(self, seed, offset):
+        """The ``scalars`` of a run with dropout's ``seed`` (in [0, 2^64)) and ``offset`` (in [0, 2^32)),
+        for a plan built with the seed :data:`DROPOUT_SEED` (and no int32 fields of its builder's)."""
+        words = tuple(x - (x >> 31 << 32) for x in (seed & 0xFFFFFFFF, seed >> 32, offset))  # as int32
+        return words * self._dropout_fields
 
     def __call__(self, *inputs, scalars=()):
         return self.run(*inputs, scalars=scalars)
@@ -424,13 +458,15 @@ class Plan:
 
         stream = cupy.cuda.get_current_stream().ptr
         words, converted = self._words, []
-        for x, (at, maps, convert) in zip(inputs, self._inputs):
-            if not at and not maps:
+        for x, (at, maps, convert, shifted) in zip(inputs, self._inputs):
+            if not at and not maps and not shifted:
                 continue
             if convert is not None:
                 x = convert(x)
                 converted.append(x)  # kept until the launches
             _point(words, x.data.ptr, at, maps)
+            for index, offset in shifted:
+                words[index] = x.data.ptr + offset
         memory = cupy.cuda.alloc(self._nbytes)
         base = memory.ptr
         for at, maps, offset in self._buffers:
@@ -473,13 +509,14 @@ class Plan:
         if self._graph is None:
             rerun = ", ".join(params + ["scalars=scalars"])
             body.append(f"if not capturing(stream): return {constant(self._make_graph)}({rerun})")
-        for x, (words, maps, convert) in zip(params, self._inputs):
-            if not words and not maps:
+        for x, (words, maps, convert, shifted) in zip(params, self._inputs):
+            if not words and not maps and not shifted:
                 continue  # an input no kernel reads, or one the call does not have
             if convert is not None:
                 body.append(f"{x} = {constant(convert)}({x})")  # kept in the local until the launches
             body.append(f"p = {x}.data.ptr")
             body += point(words, maps)
+            body += [f"W[{w}] = p + {offset}" for w, offset in shifted]
         body += [f"memory = alloc({self._nbytes})", "base = memory.ptr"]
         for words, maps, offset in self._buffers:
             if words or maps:

@@ -121,8 +121,9 @@ SM90_BWD_DROPOUT_SPILL_CEILING = {
 SM90_PLANES_SPILL_CEILING = {64: 176, 128: 184}
 #: The same for the float32 Hopper backward (sm90_bwd_planes), head dim -> bytes: its producer's four
 #: loops as the 16-bit backward's below (no consumer local memory). At head dim 64 setmaxnreg gives the
-#: producer 40 registers (1216 -> 332 bytes); at 128 the consumers need 240 and the producer keeps 24.
-SM90_BWD_PLANES_SPILL_CEILING = {64: 332, 128: 812}
+#: producer 40 registers (1216 -> 332 bytes); at 128 the consumers need 240 and the producer keeps 24. The
+#: lse rows' split into float pairs (split_lse) added 32 bytes to both.
+SM90_BWD_PLANES_SPILL_CEILING = {64: 364, 128: 844}
 #: The same for the sm90 backward, whose producer warpgroup runs three loops (tiles, lse and delta rows,
 #: dQ reductions) at 24 registers, and whose consumers spill a few values in the masked P^T path. The
 #: conflict-free dQ stores (four address registers instead of eight) and the alternating whole-tile dQ

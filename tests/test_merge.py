@@ -262,3 +262,27 @@ def test_reference_merge_is_attention_over_all_keys():
     np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(full_lse))
     finite = np.isfinite(full_lse)
     np.testing.assert_allclose(lse[finite], full_lse[finite], rtol=1e-13)
+
+
+@pytest.mark.gpu
+def test_merges_have_plans_that_take_new_arrays():
+    """The CuPy merges keep a plan per layout: later calls with other arrays (other addresses) run it, its
+    generated run and graph from the third call on, and still give the reference merge of their own
+    parts (stacked parts read where they lie, at their offsets; the two-part form too)."""
+    from cupyflash import _api
+
+    _api.PLANS.clear()
+    rng = np.random.default_rng(12)
+    dt = DTYPES["bfloat16"]
+    for _ in range(3):
+        stack = random_normal(cupy, (5, 2, 7, 3, 40), dt, rng)
+        lses = cupy.asarray((rng.standard_normal((5, 2, 3, 7)) * 10).astype(np.float32))
+        out, lse = cupyflash.merge_attention_states_stacked(stack, lses)
+        pair_out, pair_lse = cupyflash.merge_attention_states(stack[0], lses[0], stack[1], lses[1])
+        for got, got_lse, n in ((out, lse, 5), (pair_out, pair_lse, 2)):
+            ref_out, ref_lse = reference.merge_attention_states([to_host(p) for p in stack[:n]],
+                                                                [to_host(x) for x in lses[:n]])
+            np.testing.assert_allclose(to_host(got_lse), ref_lse, rtol=4e-3)
+            np.testing.assert_allclose(to_host(got).astype(np.float64), ref_out, rtol=4e-3,
+                                       atol=4e-3 * np.abs(ref_out).max())
+    assert len(_api.PLANS) == 2, "one plan for each form"

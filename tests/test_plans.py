@@ -296,3 +296,31 @@ def test_a_plan_belongs_to_its_device():
         with cupy.cuda.Device(device):
             q, k, v, dout = _inputs((1, 128, 2, 64), "bfloat16", 10 + device)
             _judge(_run(q, k, v, dout), q, k, v, dout)
+
+
+@_gpu
+@pytest.mark.parametrize("family, dtype", [("sm90", "bfloat16"), ("general", "float32")])
+def test_dropout_calls_have_plans_that_take_each_seed(family, dtype, monkeypatch):
+    """A dropout call's plan takes the seed and offset per run: calls with other seeds and offsets reuse it,
+    and each gives the bits of a call of that seed and offset on the checked path (no plan), forward
+    and backward; the seeds differ where a plan that kept its first seed would not."""
+    use_family(monkeypatch, family)
+    q, k, v, dout = _inputs((2, 150, 4, 64), dtype, 3, heads_k=2)
+
+    def run(seed, offset):
+        options = dict(causal=True, dropout_p=0.25, dropout_seed=seed, dropout_offset=offset)
+        out, lse = cupyflash.flash_attention(q, k, v, return_lse=True, **options)
+        return [x.get() for x in (out, lse, *cupyflash.flash_attention_backward(dout, q, k, v, out, lse, **options))]
+
+    _api.PLANS.clear()
+    planned = [run(seed, offset) for seed, offset in ((4, 0), (2**63 + 9, 2**31 + 1), (4, 1))]
+    assert len(_api.PLANS) == 2, "one forward and one backward plan for every seed and offset"
+    for (seed, offset), got in zip(((4, 0), (2**63 + 9, 2**31 + 1), (4, 1)), planned):
+        _api.PLANS.clear()
+        monkeypatch.setattr(_api, "_planned_dropout", lambda *args: None)  # the checked path, the seed built in
+        expected = run(seed, offset)
+        monkeypatch.undo()
+        use_family(monkeypatch, family)
+        for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), got, expected):
+            assert np.array_equal(a, b, equal_nan=True), f"{name} of seed {seed}, offset {offset}"
+    assert not np.array_equal(planned[0][0], planned[2][0]), "another offset drops other probabilities"

@@ -14,7 +14,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from cupyflash import _plan, _problem, mods
+from cupyflash import _params, _plan, _problem, mods
 from cupyflash._families import common, general, sm80, sm90
 
 H200 = common.Device(90, 227 * 1024, 132)
@@ -323,5 +323,134 @@ def test_fp8_plans_take_the_descales_last(given, monkeypatch):
     assert _cuda.tail_inputs(p) == tuple(stand_ins.values())
     plan = _cuda.forward_plan(p, *operands)
     assert len(plan._inputs) == 7 + 3
-    assert [bool(words or maps) for words, maps, _ in plan._inputs[7:]] == [name in given for name in _fp8.DESCALES]
+    assert [bool(words or maps) for words, maps, *_ in plan._inputs[7:]] == [name in given for name in _fp8.DESCALES]
     assert launched[0] == "fp8_transpose_values" and launched[-1].startswith("sm90_fwd_fp8")
+
+
+@pytest.mark.parametrize("family, device, dtype", [("sm90", H200, ml_dtypes.bfloat16), ("general", A100, np.float32)])
+@pytest.mark.parametrize("seed, offset", [(3, 7), (2**64 - 1, 2**32 - 1), (2**63 + 5, 2**31)])
+def test_dropout_plans_take_the_seed_and_offset_per_run(family, device, dtype, seed, offset):
+    """A dropout plan is built with the seed _plan.DROPOUT_SEED: each DropoutArg of its structs (forward
+    and backward) holds, once a run's scalars are written, that run's seed and offset, int32 halves and
+    sign included."""
+    forward, backward = FAMILIES[family]
+    p, arrays = _problem_of(np.dtype(dtype), "dropout")
+    p = dataclasses.replace(p, dropout_seed=_plan.DROPOUT_SEED)
+    ps, operands = _slots(p, arrays)
+    b = _plan.PlanBuilder()
+    out, lse = forward.plan(b, forward.select(ps, device, operands), ps, *operands, device)
+    dout = _plan.Slot(91, out.shape, out.dtype)
+    bb = _plan.PlanBuilder()
+    backward.plan(bb, backward.select(ps, device, (dout, *operands)), ps, dout, *operands,
+                  _plan.Slot(93, out.shape, out.dtype), lse, False, device)
+    for builder in (b, bb):
+        plan = builder.build((out,) if builder is b else ())
+        scalars = plan.dropout_scalars(seed, offset)
+        assert scalars and len(scalars) == len(plan._scalars)
+        for index, value in zip(plan._scalars, scalars):
+            plan._ints[index] = value
+        words = plan._buffer.view(np.uint64)
+        seeds = np.flatnonzero(words == np.uint64(seed))
+        assert len(seeds) == len(scalars) // 3 and not np.any(words == np.uint64(_plan.DROPOUT_SEED))
+        assert all(int(words[w + 1]) & 0xFFFFFFFF == offset for w in seeds)
+
+
+class _Strided(_DeviceArray):
+    """A stand-in for a CuPy array of any strides (bytes)."""
+
+    def __init__(self, shape, dtype, strides, address):
+        super().__init__(shape, dtype, address)
+        self.strides = tuple(strides)
+
+
+class _Memory:
+    """What a generated run reads of CuPy's allocation: its address, and + for its buffers."""
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    def __add__(self, offset):
+        return self.ptr + offset
+
+
+def _run_generated(plan, *inputs):
+    """Runs plan's generated run (Plan._compile's source) on the host: as in a capture (kernels launched
+    one by one, here recorded), with an allocation at 1 << 40; returns the launches."""
+    plan._compile()
+    launches = []
+    namespace = dict(plan.namespace, get_stream=lambda: _Memory(7), capturing=lambda stream: True,
+                     alloc=lambda nbytes: _Memory(1 << 40), launch=lambda *args: launches.append(args),
+                     memset=lambda *args: None, ndarray=lambda shape, dtype, memory: (shape, dtype, memory))
+    exec(compile(plan.source, "<generated run>", "exec"), namespace)  # noqa: S102 (the plan's own source)
+    namespace["run"](*inputs)
+    return launches
+
+
+def _merge_structs(plan):
+    """The MergeArgs of each of a plan's launches, as its argument buffer holds them."""
+    base = plan._buffer.ctypes.data
+    return [np.frombuffer(plan._buffer, _params.MERGE_ARGS, count=1, offset=int(step.params[0]) - base)[0]
+            for step in plan._launches]
+
+
+@pytest.mark.parametrize("parts, packed", [(3, False), (20, False), (5, True)])
+def test_stacked_merge_plans_read_each_part_where_it_lies(parts, packed, monkeypatch):
+    """merge_attention_states_stacked's plan (common.merge_stacked_plan) reads part i of out and lse at the
+    stacked arrays' addresses plus i times their first stride, whichever addresses a run (its generated
+    code, run on the host) is given, out with a padded last axis; past MERGE_PARTS parts a second launch
+    takes the first's result as its part 0."""
+    launched = []  # the variants; a launch names its function by its number in this list
+    monkeypatch.setattr(common, "function", lambda variant, smem=0: launched.append(variant.key) or len(launched))
+    rows = (7, 3) if packed else (2, 7, 3)
+    out_shape = (parts, *rows, 40)
+    out_strides = tuple(2 * int(np.prod((*out_shape[i + 1:-1], 48))) for i in range(len(out_shape) - 1)) + (2,)
+    out = _Strided(out_shape, ml_dtypes.bfloat16, out_strides, 1 << 20)  # (.., 48) padded to 40 columns
+    lse_shape = (parts, 3, 7) if packed else (parts, 2, 3, 7)
+    lse = _DeviceArray(lse_shape, np.float32, 1 << 28)
+    plan = common.merge_stacked_plan(out, lse, parts, packed)
+    assert len(plan._launches) == (1 if parts <= _params.MERGE_PARTS else 2)
+    assert all(key.startswith("merge_states_bf16") for key in launched)
+    moved = {"out": 5 << 24, "lse": 9 << 24}  # a later run's arrays
+    launches = _run_generated(plan, _Strided(out_shape, ml_dtypes.bfloat16, out_strides, moved["out"]),
+                              _DeviceArray(lse_shape, np.float32, moved["lse"]))
+    assert [args[0] for args in launches] == list(range(1, len(launched) + 1))
+    first = _merge_structs(plan)[0]
+    count = min(parts, _params.MERGE_PARTS)
+    assert first["num_parts"] == count and first["headdim"] == 40
+    for i in range(count):
+        part = first["parts"][i]
+        assert part["ptr"] == moved["out"] + i * out.strides[0]
+        assert (part["row_stride"], part["head_stride"]) == (out.strides[-3] // 2, out.strides[-2] // 2)
+        assert first["lses"][i]["ptr"] == moved["lse"] + i * lse.strides[0]
+        assert first["lses"][i]["head_stride"] == lse.strides[-2] // 4
+    if parts > _params.MERGE_PARTS:
+        second = _merge_structs(plan)[1]
+        assert second["num_parts"] == parts - _params.MERGE_PARTS + 1
+        assert second["parts"][0]["ptr"] == first["out"]["ptr"] == second["out"]["ptr"] == 1 << 40
+        assert second["lses"][0]["ptr"] == first["lse"]["ptr"]
+        for k in range(1, parts - _params.MERGE_PARTS + 1):
+            assert second["parts"][k]["ptr"] == moved["out"] + (_params.MERGE_PARTS - 1 + k) * out.strides[0]
+
+
+def test_merge_plans_convert_what_the_kernel_cannot_read(monkeypatch):
+    """A two-part merge plan (common.merge_plan) converts on each run an out whose last axis is strided and
+    a float64 lse of 16-bit parts (to float32, the kernel's), and reads the others as they are."""
+    monkeypatch.setattr(common, "function", lambda variant, smem=0: variant.key)
+    out_a = _DeviceArray((2, 7, 3, 40), ml_dtypes.bfloat16, 1 << 20)
+    out_b = _Strided((2, 7, 3, 40), ml_dtypes.bfloat16, (2 * 7 * 3 * 80, 2 * 3 * 80, 2 * 80, 4), 1 << 22)
+    lse_a = _DeviceArray((2, 3, 7), np.float32, 1 << 24)
+    lse_b = _DeviceArray((2, 3, 7), np.float64, 1 << 26)
+    plan = common.merge_plan([out_a, out_b], [lse_a, lse_b], False)
+    assert [convert is not None for _, _, convert, _ in plan._inputs] == [False, False, True, True]
+
+
+def test_merge_plans_write_the_lse_of_rows_without_columns(monkeypatch):
+    """Rows with head dim 0 still have an lse to merge: the plan launches the merge (which writes it)
+    rather than returning its outputs unwritten; a merge without rows launches nothing."""
+    monkeypatch.setattr(common, "function", lambda variant, smem=0: variant.key)
+    parts = [(_DeviceArray((2, 5, 3, 0), ml_dtypes.bfloat16, 1 << 20), _DeviceArray((2, 3, 5), np.float32, 1 << 24)),
+             (_DeviceArray((2, 5, 3, 0), ml_dtypes.bfloat16, 1 << 21), _DeviceArray((2, 3, 5), np.float32, 1 << 25))]
+    plan = common.merge_plan([o for o, _ in parts], [x for _, x in parts], False)
+    assert len(plan._launches) == 1
+    empty = [(_DeviceArray((2, 0, 3, 8), ml_dtypes.bfloat16, 1 << 20), _DeviceArray((2, 3, 0), np.float32, 1 << 24))] * 2
+    assert not common.merge_plan([o for o, _ in empty], [x for _, x in empty], False)._launches

@@ -353,50 +353,124 @@ MERGE_THREADS = 256
 MERGE_MAX_CTAS = 1 << 16
 
 
-def _merge_rows(lse, packed):
-    """A RowsArg of a part's lse, (batch, heads, seqlen) or packed (heads, total), at unit row stride."""
-    if lse.shape[-1] > 1 and lse.strides[-1] != lse.itemsize:
-        lse = cupy.ascontiguousarray(lse)
-    size = lse.itemsize
-    return lse, _params.rows(lse, 0 if packed else lse.strides[0] // size, lse.strides[-2] // size)
+class _Copied:
+    """The layout of the C-contiguous copy a merge plan's convert makes of an array (what
+    PlanBuilder.input reads of the first call's array), without making it at build time."""
+
+    class _Data:
+        ptr = 0  # CuPy's pool aligns every allocation
+
+    data = _Data()
+
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype = tuple(shape), numpy.dtype(dtype)
+        step, strides = self.dtype.itemsize, []
+        for n in reversed(self.shape):
+            strides.append(step)
+            step *= max(n, 1)
+        self.strides = tuple(reversed(strides))
+
+
+def _readable_out(out):
+    """How a merge plan reads an out part: as it is, or (a last axis not of unit stride) copied on each
+    run. Returns (the layout it reads, the run's convert or None)."""
+    if out.strides[-1] == out.itemsize:
+        return out, None
+    return _Copied(out.shape, out.dtype), cupy.ascontiguousarray
+
+
+def _readable_lse(lse, acc):
+    """How a merge plan reads a part's lse: in the accumulation dtype ``acc`` and at unit row stride, as it
+    is where it already is, else converted on each run. Returns (the layout it reads, the run's convert
+    or None)."""
+    if lse.dtype == acc and (lse.shape[-1] <= 1 or lse.strides[-1] == lse.itemsize):
+        return lse, None
+
+    def convert(x):
+        return cupy.ascontiguousarray(x.astype(acc, copy=False))
+
+    return _Copied(lse.shape, acc), convert
+
+
+def _plan_merge_round(b, outs, lses, out, lse, packed, dtype):
+    """One launch of plan ``b``: the rows of at most MERGE_PARTS parts (slots ``outs[i]``, ``lses[i]`` at
+    unit row stride) merged into ``out`` and ``lse`` (slots)."""
+    batch, seqlen, heads, headdim = (1,) + out.shape if packed else out.shape
+    count = batch * seqlen * heads
+    vec = 16 // out.dtype.itemsize
+    size = lses[0].dtype.itemsize
+    parts = [_params.tensor(o, not packed) for o in outs]
+    rows = [_params.rows(x, 0 if packed else x.strides[0] // size, x.strides[-2] // size) for x in lses]
+    vectors = headdim % vec == 0 and all(
+        _plan.aligned16(o) and all(stride % vec == 0 for stride in t[1:]) for o, t in zip(outs, parts))
+    padding = _params.MERGE_PARTS - len(parts)
+    args = b.struct(_params.MERGE_ARGS)
+    args[0] = (parts + [(0, 0, 0, 0)] * padding, rows + [(0, 0, 0)] * padding, _params.tensor(out, not packed),
+               _params.rows(lse, 0 if packed else lse.strides[0] // lse.dtype.itemsize,
+                            lse.strides[-2] // lse.dtype.itemsize), len(parts), batch, seqlen, heads, headdim)
+    ctas = min(cdiv(count, MERGE_THREADS // 32), MERGE_MAX_CTAS)
+    b.launch(function(MERGE.variant(dtype_name(dtype), vectors=vectors)), (ctas, 1, 1), MERGE_THREADS, (args,))
+
+
+def plan_merge(b, outs, lses, packed):
+    """(out, lse) slots of plan ``b`` over the union of the parts' keys, from the slots ``outs[i]``,
+    ``lses[i]`` (readable: a unit last axis, lse in the accumulation dtype at unit row stride; checked by
+    cupyflash._problem.merge_parts): one launch per MERGE_PARTS parts, each round's result the first part
+    of the next, written in place (each value is read by the thread that rewrites it, before it does;
+    cupyflash/_merge.py is the twin)."""
+    out = b.output(outs[0].shape, outs[0].dtype)
+    lse = b.output(lses[0].shape, lses[0].dtype)
+    if lse.size == 0:  # no rows (rows with head dim 0 still get their lse)
+        return out, lse
+    take = _params.MERGE_PARTS
+    _plan_merge_round(b, outs[:take], lses[:take], out, lse, packed, out.dtype)
+    for first in range(take, len(outs), take - 1):
+        _plan_merge_round(b, [out, *outs[first:first + take - 1]], [lse, *lses[first:first + take - 1]], out, lse,
+                          packed, out.dtype)
+    return out, lse
+
+
+def merge_plan(outs, lses, packed):
+    """The plan of a merge of the CuPy parts ``outs[i]``, ``lses[i]`` (checked), for parts of their
+    layouts: its run takes them in that order (out_0, lse_0, out_1, lse_1, ...) and returns (out, lse)."""
+    acc = _problem.lse_dtype(outs[0].dtype)
+    b = _plan.PlanBuilder()
+    slots = []
+    for o, x in zip(outs, lses):
+        slots.append((b.input(*_readable_out(o)), b.input(*_readable_lse(x, acc))))
+    return b.build(plan_merge(b, [o for o, _ in slots], [x for _, x in slots], packed))
+
+
+def merge_stacked_plan(out, lse, parts, packed):
+    """The plan of a merge of ``parts`` parts stacked along the first axis of the CuPy ``out`` and ``lse``
+    (checked), for arrays of their layouts: its run takes (out, lse) and returns the merged (out, lse).
+    The parts are read where they lie, as views at their offsets (no array per part)."""
+    acc = _problem.lse_dtype(out.dtype)
+    b = _plan.PlanBuilder()
+    read_out, read_lse = _readable_out(out), _readable_lse(lse, acc)
+    whole_out, whole_lse = b.input(*read_out), b.input(*read_lse)
+    out_array, lse_array = read_out[0], read_lse[0]
+    outs = [b.view(whole_out, i * out_array.strides[0], out_array.shape[1:], out_array.strides[1:])
+            for i in range(parts)]
+    lses = [b.view(whole_lse, i * lse_array.strides[0], lse_array.shape[1:], lse_array.strides[1:])
+            for i in range(parts)]
+    return b.build(plan_merge(b, outs, lses, packed))
 
 
 def merge(outs, lses, packed):
     """(out, lse) over the union of the parts' keys, from CuPy parts ``outs[i]``, ``lses[i]`` (checked by
-    cupyflash._problem.merge_parts), on the current stream: one launch per MERGE_PARTS parts, each
-    round's result the first part of the next (cupyflash/_merge.py is the twin)."""
-    acc = _problem.lse_dtype(outs[0].dtype)
-    outs = [o if o.strides[-1] == o.itemsize else cupy.ascontiguousarray(o) for o in outs]
-    rows = [_merge_rows(lse.astype(acc, copy=False), packed) for lse in lses]
-    out = cupy.empty(outs[0].shape, outs[0].dtype)
-    lse = cupy.empty(lses[0].shape, acc)
-    batch, seqlen, heads, headdim = (1,) + out.shape if packed else out.shape
-    count = batch * seqlen * heads
-    if count == 0:
-        return out, lse
-    vec = 16 // out.itemsize
-    ctas = min(cdiv(count, MERGE_THREADS // 32), MERGE_MAX_CTAS)
-    args = numpy.zeros(1, _params.MERGE_ARGS)
-    result = (_params.tensor(out, not packed), _merge_rows(lse, packed)[1])
-    first = 0
-    while first < len(outs):
-        # Later rounds read the merged rows as their first part and write them in place (each value is
-        # read by the thread that rewrites it, before it does).
-        take = _params.MERGE_PARTS - (first > 0)
-        parts = [_params.tensor(o, not packed) for o in outs[first:first + take]]
-        part_rows = [r for _, r in rows[first:first + take]]
-        if first > 0:
-            parts.insert(0, result[0])
-            part_rows.insert(0, result[1])
-        vectors = headdim % vec == 0 and all(
-            p[0] % 16 == 0 and all(stride % vec == 0 for stride in p[1:]) for p in parts)
-        padding = _params.MERGE_PARTS - len(parts)
-        args[0] = (parts + [(0, 0, 0, 0)] * padding, part_rows + [(0, 0, 0)] * padding, *result, len(parts), batch,
-                   seqlen, heads, headdim)
-        kernel = _kernels.get_kernel(MERGE.variant(dtype_name(out.dtype), vectors=vectors))
-        kernel((ctas,), (MERGE_THREADS,), (args,))
-        first += take
-    return out, lse
+    cupyflash._problem.merge_parts), on the current stream: :func:`merge_plan`'s plan, kept in the public
+    API's plan cache under the parts' layouts (ring attention merges parts of one layout at every step)."""
+    from .. import _api, _keys
+
+    arrays = tuple(x for pair in zip(outs, lses) for x in pair)
+    key = _keys.merge(arrays, packed)
+    plan = _api.PLANS.get(key)
+    if plan is None:
+        plan = merge_plan(outs, lses, packed)
+        if key is not None and lses[0].size:  # (a plan that launches nothing makes no graph: not kept)
+            _api.PLANS.put(key, plan)
+    return plan(*arrays)
 
 
 #: BlockMask.from_mask_mod on the GPU (kernels_cu/common/mask_mod_blocks.cu): a CTA of 32 x 8 threads per

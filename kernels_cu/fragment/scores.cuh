@@ -240,7 +240,7 @@ __device__ __forceinline__ void probabilities_cols(float (&s)[kMTiles][kNTiles][
 // probabilities_cols for the float32 and float64 backward, in natural-log units: P = exp(s - lse) in
 // place of the raw products, s the modified score as the forward rounds it (modify_rows_natural, and so
 // bitwise the forward's where the raw products are) and lse the query's float64 log-sum-exp (-inf for a
-// query without probability mass: P = 0). With kScoreMod, dP^T becomes (dP^T - delta) * grad, the
+// query without probability mass: P = 0), or its split_lse pair. With kScoreMod, dP^T becomes (dP^T - delta) * grad, the
 // softcap's derivative; without, score_gradients applies delta. lse_pair(nt) and delta_pair(nt) give
 // the values of queries col_t + 8 nt and col_t + 8 nt + 1, as (first, second).
 template <bool kScoreMod, int kMTiles, int kNTiles, typename Acc, typename LsePair, typename DeltaPair, typename Scores>

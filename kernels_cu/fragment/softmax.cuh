@@ -11,15 +11,16 @@
 // storage rounding dominates and the folded scale is the cheaper choice.)
 #pragma once
 #include "common/math.cuh"
+#include "common/exp64.cuh"
 #include "common/poly_exp2.cuh"
 #include "common/reduce.cuh"
 
 namespace cupyflash {
 
 // kNatural (the float32 and float64 kernels): scores in natural-log units as the general kernels round
-// them (NaturalScores), probabilities by exp and the lse m + ln(l): float32 (float64) accuracy, which
-// the folded scale (three roundings of one constant: a systematic 1e-7 of every score) and ex2.approx
-// (2^-22) do not give (bench/NOTES.md, session 18). m2 then holds the natural-log maximum. Acc: the
+// them (NaturalScores), probabilities by exp (float64: common/exp64.cuh's exp_table) and the lse m +
+// ln(l): float32 (float64) accuracy, which the folded scale (three roundings of one constant: a
+// systematic 1e-7 of every score) and ex2.approx (2^-22) do not give (bench/NOTES.md, session 18). m2 then holds the natural-log maximum. Acc: the
 // accumulators' type (double for float64 inputs, which needs kNatural). kTop (return_max_score): also
 // each row's exact largest score, which m2 may lag (row_max_score). kOffset (log2 units; the FP8 kernel's
 // 8): probabilities are taken as 2^(s - m2 + kOffset), so the largest of a row is 2^kOffset rather than
@@ -170,7 +171,9 @@ struct FragmentSoftmax {
 
   private:
     __device__ __forceinline__ static Acc exp_units(Acc x) {
-        if constexpr (kNatural) {
+        if constexpr (kNatural && sizeof(Acc) == 8) {
+            return exp_table(x);  // (its arguments: x <= kSlack, or -inf)
+        } else if constexpr (kNatural) {
             return exp_acc(x);
         } else {
             return fast_exp2(x);

@@ -9,10 +9,10 @@
 // Each operand takes three times a 16-bit tile's shared memory, so a CTA takes 64 keys and 64-query tiles
 // and its two consumer warpgroups take roles over the whole 64 x 64 tile, as the 16-bit kernel does above
 // head dim 128 (sm90/bwd_mainloop.cuh, kSplitCols):
-//   - warpgroup 0: S^T = K Q^T (the scores' split sums), P^T from the float64 lse (natural-log units, as
-//     the sm80 float32 kernels), P' (P^T, times the softcap's derivative with kScoreMod) to shared memory
-//     for warpgroup 1 as float32, dV += P^T dO (P^T's planes from registers), and dQ's first kDqCols0
-//     columns;
+//   - warpgroup 0: S^T = K Q^T (the scores' split sums), P^T from the float64 lse as a float pair
+//     (natural-log units, as the sm80 float32 kernels), P' (P^T, times the softcap's derivative with
+//     kScoreMod) to shared memory for warpgroup 1 as float32, dV += P^T dO (P^T's planes from
+//     registers), and dQ's first kDqCols0 columns;
 //   - warpgroup 1: dP^T = V dO^T, dS^T = P' (dP^T - delta), dS^T's planes to shared memory, dK += dS^T Q
 //     (from registers), and dQ's other columns.
 // dV, dK and each dQ share are summed per tile from zero and then added (dV and dK with a FADD, dQ by
@@ -25,7 +25,8 @@
 // KB) fill 224 KB: one stage; at 64, two.
 //
 // The producer, the rows, the reductions, the ordered sum and the packed batches are as in the 16-bit
-// kernel (sm90/bwd_mainloop.cuh), with three TMA loads per tile (one per plane) and lse in float64.
+// kernel (sm90/bwd_mainloop.cuh), with three TMA loads per tile (one per plane) and lse as a float pair
+// (split_lse, common/softmax.cuh: P = exp((s - hi) - lo) takes no float64 operation).
 #pragma once
 #include "common/dtypes.cuh"
 #include "common/launch.cuh"
@@ -35,6 +36,7 @@
 #include "common/scheduler.cuh"
 #include "common/score_mod.cuh"
 #include "common/sequence.cuh"
+#include "common/softmax.cuh"
 #include "fragment/scores.cuh"
 #include "sm90/bwd_mainloop.cuh"
 #include "sm90/planes_products.cuh"
@@ -70,7 +72,7 @@ struct Sm90BwdPlanesTraits {
     static constexpr int kDsPlaneBytes = kBlockN * kBlockM * 2;
     static constexpr int kXBytes = kPlanes * kDsPlaneBytes > kBlockN * kBlockM * 4 ? kPlanes * kDsPlaneBytes
                                                                                   : kBlockN * kBlockM * 4;
-    // Per stage: lse (float64), then delta (float32), kBlockM each.
+    // Per stage: lse (split_lse's two floats), then delta (float32), kBlockM each.
     static constexpr int kRowsBytes = kBlockM * 12;
     static constexpr int kKOffset = 0;
     static constexpr int kVOffset = kKOffset + kKBytes;
@@ -163,7 +165,8 @@ struct Sm90BwdPlanesMainloop : Sm90BwdShared<64, 64> {
         mbarrier_arrive(&st.q_full[stage]);
     }
 
-    // Producer warp 1: each tile's lse (float64; -inf past the sequence: no probability) and delta.
+    // Producer warp 1: each tile's lse (split_lse's float pair of the float64 lse; -inf past the sequence:
+    // no probability) and delta.
     __device__ __forceinline__ static void load_rows(const BwdArgs& args, Sm90BwdState& st, unsigned char* smem,
                                                      const Sequence& seq, const TileWork& work) {
         const AttnArgs& a = args.attn;
@@ -181,7 +184,7 @@ struct Sm90BwdPlanesMainloop : Sm90BwdShared<64, 64> {
 #pragma unroll
             for (int r = lane; r < kBlockM; r += 32) {
                 const bool in_range = m0 + r < seq.seqlen_q;
-                reinterpret_cast<double*>(rows)[r] = in_range ? lse[r] : Consts<double>::neg_inf();
+                reinterpret_cast<float2*>(rows)[r] = split_lse(in_range ? lse[r] : Consts<double>::neg_inf());
                 reinterpret_cast<float*>(rows + kBlockM * 8)[r] = in_range ? delta[r] : 0.0f;
             }
             mbarrier_arrive(&st.rows_full[stage]);
@@ -304,8 +307,10 @@ struct Sm90BwdPlanesMainloop : Sm90BwdShared<64, 64> {
                 Products::template scores<kBlockM, kHeadDim / 16, kBlockN, kBlockM, true>(s, k_tile, 0, Tr::kKPlaneBytes,
                                                                                           q_tile, 0, Tr::kQPlaneBytes);
                 mbarrier_wait(&st.rows_full[stage], parity);
-                const double* lse = reinterpret_cast<const double*>(rows);
-                const auto lse_pair = [&](int nt) { return *reinterpret_cast<const double2*>(lse + 8 * nt + col_t); };
+                const auto lse_pair = [&](int nt) {
+                    const float4 l = reinterpret_cast<const float4*>(rows)[(8 * nt + col_t) / 2];
+                    return SplitLsePair{make_float2(l.x, l.y), make_float2(l.z, l.w)};
+                };
                 auto& p = reinterpret_cast<float(&)[1][kSTiles][4]>(s);
                 // With kModified, probabilities_cols_natural turns its second fragment into (x - delta) *
                 // (1 - tanh^2): from x = 1 and delta = 0 the softcap's derivative, which P' carries.
