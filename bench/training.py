@@ -10,8 +10,11 @@ tokens), plain, with sinks, with return_max_score (forward), with dropout 0.1; T
 4 B H S^2 D, halved when causal; backward 2.5x) and each feature's time over the plain call's. Targets:
 sinks and the maximum score at most 3% slower, dropout at most 12% (forward) and 15% (backward).
 Times: CUDA events around calls enqueued back to back (medians), or with --per-call each call alone
-after a synchronize (host time included). Features the installed version refuses on the GPU print
-their error instead of a time.
+after a synchronize (host time included). With --rounds N the features are timed N times in turn, the
+order reversed every other round, and each ratio is the median over rounds of the feature's time over
+the plain call's in the same round: a few-percent target needs that, since the GPU's clocks drift
+between calls measured minutes apart (the same plain forward ran 645 and 685 TFLOP/s in two runs of one
+session). Features the installed version refuses on the GPU print their error instead of a time.
 """
 
 import argparse
@@ -36,15 +39,15 @@ def _options(feature, heads):
     return {}
 
 
-def _rows(seqlen, causal, settings):
-    """(feature, direction, measurement) of one shape."""
+def _rows(seqlen, causal, settings, features=FEATURES):
+    """(feature, direction, measurement) of one shape, the features timed in the order given."""
     import cupyflash
 
     batch = max(1, TOKENS // seqlen)
     q, k, v, dout = harness.make_inputs((batch, seqlen, HEADS, HEADDIM), harness.dtype("bf16"), seed=seqlen)
     flops = harness.forward_flops(batch, HEADS, seqlen, seqlen, HEADDIM, causal)
     rows = []
-    for feature in FEATURES:
+    for feature in features:
         options = _options(feature, HEADS)
 
         def forward(options=options):
@@ -63,11 +66,33 @@ def _rows(seqlen, causal, settings):
     return rows
 
 
+def _rounds(seqlen, causal, settings, rounds):
+    """(feature, direction, measurement of the median round, median ratio to plain) of one shape over
+    ``rounds`` rounds, FEATURES in turn, reversed every other round (so a drift favours no feature)."""
+    times, ratios = {}, {}
+    for r in range(rounds):
+        rows = _rows(seqlen, causal, settings, FEATURES[::-1] if r % 2 else FEATURES)
+        plain = {direction: m.get("median_ms") for feature, direction, m in rows if feature == "plain"}
+        for feature, direction, m in rows:
+            times.setdefault((feature, direction), []).append(m)
+            if "error" not in m and plain[direction]:
+                ratios.setdefault((feature, direction), []).append(m["median_ms"] / plain[direction])
+    result = []
+    for (feature, direction), ms in times.items():
+        timed = sorted((m for m in ms if "error" not in m), key=lambda m: m["median_ms"])
+        m = timed[len(timed) // 2] if timed else ms[0]
+        ratio = ratios.get((feature, direction))
+        result.append((feature, direction, m, harness.median(ratio) if ratio else None))
+    order = {f: i for i, f in enumerate(FEATURES)}
+    return sorted(result, key=lambda row: (order[row[0]], row[1] != "forward"))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seqlens", default="4096", help="comma-separated sequence lengths")
     parser.add_argument("--per-call", action="store_true", help="time each call alone (host time included)")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=1, help="time the features this many times in turn")
     args = parser.parse_args(argv)
     harness.require_gpu("training.py")
     settings = harness.Settings(warmup=3, repeats=args.repeats, backward=True, peers=False,
@@ -75,15 +100,12 @@ def main(argv=None):
     print(f"{'seqlen':>6} {'causal':>6} {'feature':10} {'pass':9} {'TFLOP/s':>8} {'vs plain':>9}")
     for seqlen in (int(s) for s in args.seqlens.split(",")):
         for causal in (False, True):
-            rows = _rows(seqlen, causal, settings)
-            plain = {direction: m for feature, direction, m in rows if feature == "plain"}
-            for feature, direction, m in rows:
+            for feature, direction, m, ratio in _rounds(seqlen, causal, settings, args.rounds):
                 if "error" in m:
                     print(f"{seqlen:6} {int(causal):6} {feature:10} {direction:9} {m['error'][:60]}")
                     continue
-                base = plain[direction].get("median_ms")
-                ratio = f"{m['median_ms'] / base:9.3f}" if base else f"{'':9}"
-                print(f"{seqlen:6} {int(causal):6} {feature:10} {direction:9} {m['tflops']:8.1f} {ratio}")
+                shown = f"{ratio:9.3f}" if ratio is not None else f"{'':9}"
+                print(f"{seqlen:6} {int(causal):6} {feature:10} {direction:9} {m['tflops']:8.1f} {shown}")
             harness.release_cached_memory()
     return 0
 

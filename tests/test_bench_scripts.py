@@ -136,7 +136,7 @@ def test_no_cupy_exits_with_one_line(runs, script):
 @pytest.fixture(scope="module")
 def bench_modules():
     """bench/'s scripts imported as modules (bench/ first on sys.path, as ``python bench/x.py`` has it)."""
-    names = ("harness", "bench", "masks", "host", "ab", "decode", "ring", "tiles", "mma_probe", "mods")
+    names = ("harness", "bench", "masks", "host", "ab", "decode", "ring", "tiles", "mma_probe", "mods", "training")
     saved = {name: sys.modules.pop(name) for name in names if name in sys.modules}
     sys.path.insert(0, str(BENCH))
     try:
@@ -331,6 +331,32 @@ def test_mma_probe_sources_and_operands(bench_modules):
     a, b = [1.0, 2.0**-53, 2.0**-53], [1.0, 1.0, 1.0]
     assert probe.fma_chain(a, b, 0.0, probe.ORDERS["FMAs in column order"](3)) == 1.0
     assert probe.fma_chain(a, b, 0.0, probe.ORDERS["FMAs in reverse order"](3)) == 1.0 + 2.0**-52
+
+
+def test_training_rounds_take_each_rounds_ratio(bench_modules, monkeypatch):
+    """training.py --rounds: the features' order reverses every other round, and a feature's ratio is the
+    median over rounds of its time over the plain call's in the same round, so a drift between rounds
+    (here the GPU slower by half in the second round) moves no ratio."""
+    training = bench_modules.training
+    orders = []
+
+    def fake_rows(seqlen, causal, settings, features):
+        orders.append(tuple(features))
+        slow = 1.5 if len(orders) == 2 else 1.0
+        cost = {"plain": 1.0, "sinks": 1.02, "max_score": 1.03, "dropout": 1.4}
+        return [(f, d, {"median_ms": cost[f] * slow * (2.5 if d == "backward" else 1.0), "tflops": 1 / (cost[f] * slow)})
+                for f in features for d in ("forward", "backward") if not (f == "max_score" and d == "backward")]
+
+    monkeypatch.setattr(training, "_rows", fake_rows)
+    rows = training._rounds(4096, False, None, 3)
+    assert orders == [training.FEATURES, training.FEATURES[::-1], training.FEATURES]
+    ratios = {(f, d): r for f, d, _, r in rows}
+    assert ratios == pytest.approx({("plain", "forward"): 1.0, ("plain", "backward"): 1.0, ("sinks", "forward"): 1.02,
+                                    ("sinks", "backward"): 1.02, ("max_score", "forward"): 1.03,
+                                    ("dropout", "forward"): 1.4, ("dropout", "backward"): 1.4})
+    assert [(f, d) for f, d, _, _ in rows][:3] == [("plain", "forward"), ("plain", "backward"), ("sinks", "forward")]
+    # The time shown is the median round's (1.0 x cost, not the slow round's 1.5 x).
+    assert {f: m["median_ms"] for f, d, m, _ in rows if d == "forward"}["dropout"] == pytest.approx(1.4)
 
 
 def test_decode_table(bench_modules):
