@@ -534,3 +534,18 @@ def test_plain_varlen_dtypes():
     want_out, want_lse = reference.attention_varlen(q, k, v, cu_q, cu_k, True, alibi_slopes=slopes)
     np.testing.assert_allclose(out.astype(np.float64), want_out, atol=1e-2)
     np.testing.assert_array_equal(np.isinf(lse), np.isinf(want_lse))
+
+
+def test_test_seeds_do_not_depend_on_addresses():
+    """seed_from (the tests' input seeds): two functions with one name (a score_mod made twice, at two
+    addresses) give one seed, so a test's inputs are the same in every process; different names differ."""
+    def make():
+        return lambda s, b, h, q_idx, kv_idx: s
+
+    def other(s, b, h, q_idx, kv_idx):
+        return s
+
+    first, second = make(), make()
+    assert first is not second and repr(first) != repr(second)
+    assert seed_from("float32", {"score_mod": first}) == seed_from("float32", {"score_mod": second})
+    assert seed_from("float32", {"score_mod": first}) != seed_from("float32", {"score_mod": other})
