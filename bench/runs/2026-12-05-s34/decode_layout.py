@@ -7,10 +7,9 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-import numpy  # noqa: E402
-
 import decode  # noqa: E402
 import harness  # noqa: E402
+import numpy  # noqa: E402
 
 
 def main():
@@ -30,12 +29,12 @@ def main():
         for name, (k, v) in (("seq", (k_cache, v_cache)),
                              ("head", tuple(cupy.ascontiguousarray(x.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
                                             for x in (k_cache, v_cache)))):
-            call = lambda k=k, v=v: cupyflash.flash_attention_with_kvcache(q, k, v, **options)  # noqa: E731
+            call = lambda q=q, k=k, v=v, options=options: cupyflash.flash_attention_with_kvcache(q, k, v, **options)  # noqa: E731
             outs[name] = call()
             row[name] = gbytes / decode.median_ms(call, 20)
             del k, v
         diff = float(cupy.abs(outs["seq"].astype(cupy.float32) - outs["head"].astype(cupy.float32)).max())
-        copy_ms = decode.median_ms(lambda: (k_cache.copy(), v_cache.copy()), 20)
+        copy_ms = decode.median_ms(lambda k=k_cache, v=v_cache: (k.copy(), v.copy()), 20)
         cudnn = decode.torch_peers(peers, batch, context, 20).get("cudnn") if peers is not None else None
         print(f"| {batch} x {context} | {row['seq']:.2f} | {row['head']:.2f} | "
               f"{gbytes / cudnn if cudnn else float('nan'):.2f} | {2 * gbytes / copy_ms:.2f} | {diff:.3g} |", flush=True)

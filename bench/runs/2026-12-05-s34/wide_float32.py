@@ -4,9 +4,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
-from _pytest.monkeypatch import MonkeyPatch  # noqa: E402
-
 import test_gpu_mods  # noqa: E402
+from _pytest.monkeypatch import MonkeyPatch  # noqa: E402
 
 for attempt in range(3):
     try:
