@@ -31,7 +31,6 @@ struct NoUserScore {
     static constexpr bool kGradientsReadScore = false;
     static constexpr bool kAdditive = false;
     static constexpr bool kReadsPositions = false;
-    static constexpr bool kFreezable = false;
 };
 struct NoUserMask {
     static constexpr bool kEnabled = false;
@@ -214,8 +213,7 @@ struct FrozenScores : Base {
 };
 
 // Whether a kernel's scores object is a FrozenScores, and whether a kernel built for ScoreFn takes the
-// frozen branch (a score_mod whose reads of the positions can hold one value over a tile, kFreezable; the
-// others compute the same per pair).
+// frozen branch (a score_mod that reads the positions; the others compute the same per pair).
 template <typename Scores>
 struct IsFrozen {
     static constexpr bool value = false;
@@ -226,7 +224,7 @@ struct IsFrozen<FrozenScores<Base>> {
 };
 template <typename ScoreFn>
 struct FreezesScores {
-    static constexpr bool value = ScoreFn::kEnabled && ScoreFn::kFreezable;
+    static constexpr bool value = ScoreFn::kEnabled && ScoreFn::kReadsPositions;
 };
 
 // A kernel's scores object: its built-in one (Log2Scores, or NaturalScores<Acc> on the natural-log
