@@ -11,7 +11,10 @@ device copy ceiling 4.24 TB/s on the H200). Paged rows use a random page order. 
 new queries (causal) against a 32k cache, TFLOP/s on the visible pairs, beside cupyflash's dense
 forward of the same shapes. Call times: batch 1, 4k context, from Python (calls per second of a loop
 that synchronizes once) and as CUDA graph replays. Cascade: 64 requests sharing an 8k prefix, attended
-once for all (its keys in parts side by side) and merged, against decoding every whole cache. Times are
+once for all (its keys in parts side by side) and merged, against decoding every whole cache. MLA
+(issue 26): DeepSeek's latent cache (one kv head of 576 columns, v_cache the view of its first 512) in
+pages of 64, batch 64 x 8192, 16 and 128 query heads: TB/s of cache bytes and TFLOP/s (2 x batch x heads x
+context x (576 + 512)), beside the same call with a v_cache array of its own (the general path). Times are
 medians of CUDA-event timings of groups of back-to-back calls (:func:`harness.time_grouped`).
 """
 
@@ -32,7 +35,10 @@ WARMUP = 3
 #: Timings (medians) per row, and with --quick.
 REPEATS, QUICK_REPEATS = 30, 10
 #: The rows, in the order they run (--rows picks some).
-ROWS = ("calls", "decode", "prefill", "cascade")
+ROWS = ("calls", "decode", "prefill", "cascade", "mla")
+#: The MLA rows: batch, context, page size, query heads (issue 26's targets: 3.3 TB/s at 16 heads, 550
+#: TFLOP/s at 128).
+MLA_BATCH, MLA_CONTEXT, MLA_PAGE, MLA_HEADS = 64, 8192, 64, (16, 128)
 #: The call-time loop: calls timed, untimed calls first, batch 1 at this context.
 CALLS, CALL_WARMUP, CALL_CONTEXT = 2000, 20, 4096
 #: Device copy ceiling on the H200 (TB/s, bytes read + written), drawn on the plot.
@@ -204,6 +210,35 @@ def cascade_row(repeats, requests=64, prefix=8192, own=512):
             "unshared_ms": ms_unshared, "speedup": ms_unshared / ms["shared_ms"]}
 
 
+def mla_rows(repeats):
+    """Issue 26's MLA rows: per query-head count, TB/s of the latent cache read and TFLOP/s, of the call
+    with v_cache the view (the MLA decode kernel where it takes the call) and with v_cache a copy (the
+    general path; a few timings)."""
+    import cupy
+
+    import cupyflash
+
+    rng = numpy.random.default_rng(3)
+    pages = MLA_BATCH * MLA_CONTEXT // MLA_PAGE
+    latent = random((pages, MLA_PAGE, 1, 576), rng)
+    table = cupy.asarray(rng.permutation(pages).reshape(MLA_BATCH, -1).astype(numpy.int32))
+    seqlens = cupy.full((MLA_BATCH,), MLA_CONTEXT, dtype=numpy.int32)
+    options = {"cache_seqlens": seqlens, "block_table": table, "softmax_scale": 576 ** -0.5}
+    gbytes = MLA_BATCH * MLA_CONTEXT * 576 * 2 / 1e9
+    rows = []
+    for heads in MLA_HEADS:
+        q = random((MLA_BATCH, 1, heads, 576), rng)
+        gflop = 2 * MLA_BATCH * heads * MLA_CONTEXT * (576 + 512) / 1e9
+        ms = median_ms(lambda q=q: cupyflash.flash_attention_with_kvcache(q, latent, latent[..., :512], **options), repeats)
+        v_copy = cupy.ascontiguousarray(latent[..., :512])
+        ms_general = median_ms(lambda q=q, v=v_copy: cupyflash.flash_attention_with_kvcache(q, latent, v, **options), 3)
+        del v_copy
+        harness.release_cached_memory()
+        rows.append({"heads": heads, "ms": ms, "tbs": gbytes / ms, "tflops": gflop / ms,
+                     "general_ms": ms_general, "general_tbs": gbytes / ms_general})
+    return rows
+
+
 def call_times():
     """Microseconds per decode call (batch 1, :data:`CALL_CONTEXT` keys) from Python and per CUDA graph replay."""
     import cupy
@@ -289,6 +324,11 @@ def table_lines(results):
                      f"{x['shared_ms']:.3f} ms shared, {x['unshared_ms']:.3f} ms unshared, {x['speedup']:.2f}x"
                      + (f" (alone: prefix parts {x['prefix_ms']:.3f}, own {x['own_ms']:.3f}, merges {x['merge_ms']:.3f} ms)"
                         if "merge_ms" in x else ""))
+    if "mla" in results:
+        lines += ["", f"MLA decode, batch {MLA_BATCH} x {MLA_CONTEXT}, pages of {MLA_PAGE}, bf16:",
+                  "| query heads | ms | TB/s | TFLOP/s | general path ms | TB/s |", "|---|---|---|---|---|---|"]
+        lines += [f"| {r['heads']} | {r['ms']:.3f} | {r['tbs']:.2f} | {r['tflops']:.0f} | {r['general_ms']:.3f} | "
+                  f"{r['general_tbs']:.2f} |" for r in results["mla"]]
     return lines
 
 
@@ -309,7 +349,7 @@ def main(argv=None):
     repeats = QUICK_REPEATS if args.quick else REPEATS
     peers, _ = harness.load_torch()
     runs = {"calls": call_times, "decode": lambda: decode_rows(repeats, peers), "prefill": lambda: prefill_row(repeats),
-            "cascade": lambda: cascade_row(repeats)}
+            "cascade": lambda: cascade_row(repeats), "mla": lambda: mla_rows(repeats)}
     results = {name: runs[name]() for name in ROWS if name in args.rows}
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))

@@ -372,6 +372,8 @@ def test_decode_table(bench_modules):
     assert bench_modules.decode.table_lines({"cascade": cascade}) == [
         "", "Cascade 64 x (8192 shared in 8 parts + 512 own): 0.200 ms shared, 0.800 ms unshared, 4.00x (alone: "
         "prefix parts 0.100, own 0.050, merges 0.020 ms)"]
+    mla = [{"heads": 16, "ms": 0.2, "tbs": 3.0198, "tflops": 57.4, "general_ms": 2.5, "general_tbs": 0.2416}]
+    assert bench_modules.decode.table_lines({"mla": mla})[-1] == "| 16 | 0.200 | 3.02 | 57 | 2.500 | 0.24 |"
 
 
 def test_grouped_table_notes(bench_modules):
