@@ -14,7 +14,9 @@ that synchronizes once) and as CUDA graph replays. Cascade: 64 requests sharing 
 once for all (its keys in parts side by side) and merged, against decoding every whole cache. MLA
 (issue 26): DeepSeek's latent cache (one kv head of 576 columns, v_cache the view of its first 512) in
 pages of 64, batch 64 x 8192, 16 and 128 query heads: TB/s of cache bytes and TFLOP/s (2 x batch x heads x
-context x (576 + 512)), beside the same call with a v_cache array of its own (the general path). Times are
+context x (576 + 512)), beside the same call with a v_cache array of its own (the general path). e4m3
+(issue 25): the decode row 8 x 32768 with q, K and V e4m3 (no descales: the planned path) against the
+same row in bfloat16, as tokens per second (target 1.8x). Times are
 medians of CUDA-event timings of groups of back-to-back calls (:func:`harness.time_grouped`).
 """
 
@@ -35,7 +37,7 @@ WARMUP = 3
 #: Timings (medians) per row, and with --quick.
 REPEATS, QUICK_REPEATS = 30, 10
 #: The rows, in the order they run (--rows picks some).
-ROWS = ("calls", "decode", "prefill", "cascade", "mla")
+ROWS = ("calls", "decode", "prefill", "cascade", "mla", "fp8")
 #: The MLA rows: batch, context, page size, query heads (issue 26's targets: 3.3 TB/s at 16 heads, 550
 #: TFLOP/s at 128).
 MLA_BATCH, MLA_CONTEXT, MLA_PAGE, MLA_HEADS = 64, 8192, 64, (16, 128)
@@ -239,6 +241,24 @@ def mla_rows(repeats):
     return rows
 
 
+def fp8_row(repeats, batch=8, context=32768):
+    """Issue 25's e4m3 decode row: ms per step of the dense bf16 decode row and of the same with q, K and V
+    e4m3, and tokens per second of e4m3 over bf16 (None where the e4m3 cache does not run on CuPy)."""
+    import cupyflash
+
+    rng = numpy.random.default_rng(4)
+    q, k_cache, v_cache, options = decode_inputs(batch, context, 0, rng)
+    bf16_ms = median_ms(lambda: cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, **options), repeats)
+    # quantize_fp8 on the GPU (its descales dropped: the timing needs e4m3 bytes, not their scale).
+    q8, k8, v8 = (cupyflash.quantize_fp8(x)[0] for x in (q, k_cache, v_cache))
+    try:
+        e4m3_ms = median_ms(lambda: cupyflash.flash_attention_with_kvcache(q8, k8, v8, **options), repeats)
+    except NotImplementedError:
+        e4m3_ms = None
+    return {"batch": batch, "context": context, "bf16_ms": bf16_ms, "e4m3_ms": e4m3_ms,
+            "speedup": bf16_ms / e4m3_ms if e4m3_ms else None}
+
+
 def call_times():
     """Microseconds per decode call (batch 1, :data:`CALL_CONTEXT` keys) from Python and per CUDA graph replay."""
     import cupy
@@ -324,6 +344,10 @@ def table_lines(results):
                      f"{x['shared_ms']:.3f} ms shared, {x['unshared_ms']:.3f} ms unshared, {x['speedup']:.2f}x"
                      + (f" (alone: prefix parts {x['prefix_ms']:.3f}, own {x['own_ms']:.3f}, merges {x['merge_ms']:.3f} ms)"
                         if "merge_ms" in x else ""))
+    if "fp8" in results:
+        x = results["fp8"]
+        e4m3 = "n/a" if x["e4m3_ms"] is None else f"{x['e4m3_ms']:.3f} ms, {x['speedup']:.2f}x the tokens per second"
+        lines.append(f"e4m3 cache {x['batch']} x {x['context']} (GQA 32/8, d128): bf16 {x['bf16_ms']:.3f} ms, e4m3 {e4m3}")
     if "mla" in results:
         lines += ["", f"MLA decode, batch {MLA_BATCH} x {MLA_CONTEXT}, pages of {MLA_PAGE}, bf16:",
                   "| query heads | ms | TB/s | TFLOP/s | general path ms | TB/s |", "|---|---|---|---|---|---|"]
@@ -349,7 +373,7 @@ def main(argv=None):
     repeats = QUICK_REPEATS if args.quick else REPEATS
     peers, _ = harness.load_torch()
     runs = {"calls": call_times, "decode": lambda: decode_rows(repeats, peers), "prefill": lambda: prefill_row(repeats),
-            "cascade": lambda: cascade_row(repeats), "mla": lambda: mla_rows(repeats)}
+            "cascade": lambda: cascade_row(repeats), "mla": lambda: mla_rows(repeats), "fp8": lambda: fp8_row(repeats)}
     results = {name: runs[name]() for name in ROWS if name in args.rows}
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
