@@ -110,6 +110,15 @@ def test_virtual_ring_numpy(dtype, world, causal, layout, window):
     _check_ring(np, dtype, world, causal, layout, window)
 
 
+@pytest.mark.parametrize("dtype, causal, layout, window", [("float32", True, "zigzag", (-1, -1)),
+                                                           ("float64", False, None, (-1, -1)),
+                                                           ("float32", True, "contiguous", (20, -1))])
+def test_virtual_ring_numpy_eight_ranks(dtype, causal, layout, window):
+    """Eight ranks, issue 27's ring (one GPU each there; threads of one process here), GQA: zigzag causal
+    (16 chunks of 3 rows), the full ring non-causal, and a window reaching more than two shards back."""
+    _check_ring(np, dtype, 8, causal, layout, window, seqlen=48)
+
+
 @pytest.mark.parametrize("dtype, world, causal, layout, window", [c for c, _ in GPU_CASES],
                          ids=[i for _, i in GPU_CASES])
 @pytest.mark.gpu
