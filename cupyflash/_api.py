@@ -920,15 +920,20 @@ def ring_flash_attention(q: Array, k: Array, v: Array, comm: Union[VirtualRing, 
     lse : array, (batch, heads, seqlen / world); only with ``return_lse=True``
         Equal, within rounding, to the rows of :func:`flash_attention` on the unsharded sequence.
     """
+    return_lse = _problem.check_flag("return_lse", return_lse)
+    out, lse, _ = _ring_forward_call(q, k, v, comm, causal, softmax_scale, window_size, layout, precision, sinks)
+    return (out, lse) if return_lse else out
+
+
+def _ring_forward_call(q, k, v, comm, causal, softmax_scale, window_size, layout, precision, sinks):
+    """ring_flash_attention's checks and forward: (out, lse, the K/V block the walk ended on)."""
     if getattr(q, "dtype", None) == _problem.FP8_DTYPE:
         raise TypeError("ring attention takes no float8_e4m3fn inputs (no descales cross the ring): run it in bfloat16")
     q, k, v = _problem.arrays(q=q, k=k, v=v)
     p = _problem.forward_problem(q, k, v, softmax_scale=softmax_scale, precision=precision, sinks=sinks)
     _, ring, geometry = _ring._check("ring_flash_attention", {"q": q, "k": k, "v": v}, comm, causal, window_size,
                                       layout, p.softmax_scale, p.precision, p.sinks)
-    return_lse = _problem.check_flag("return_lse", return_lse)
-    out, lse = _ring.ring_forward(p, q, k, v, ring, geometry)
-    return (out, lse) if return_lse else out
+    return _ring.ring_forward(p, q, k, v, ring, geometry, keep_last=True)
 
 
 def ring_flash_attention_backward(dout: Array, q: Array, k: Array, v: Array, out: Array, lse: Array,
@@ -954,6 +959,14 @@ def ring_flash_attention_backward(dout: Array, q: Array, k: Array, v: Array, out
     dsinks : float32 array, shape (heads,)
         Only with ``sinks``: summed over every rank's rows, the same on every rank.
     """
+    return _ring_backward_call(dout, q, k, v, out, lse, comm, causal, softmax_scale, window_size, layout,
+                               deterministic, precision, sinks)
+
+
+def _ring_backward_call(dout, q, k, v, out, lse, comm, causal, softmax_scale, window_size, layout, deterministic,
+                        precision, sinks, start=None):
+    """ring_flash_attention_backward's checks and backward; ``start``: the vjp's K/V block in hand, where
+    the walk back begins (_ring.ring_backward)."""
     dout, q, k, v, out, lse = _problem.arrays(dout=dout, q=q, k=k, v=v, out=out, lse=lse)
     p = _problem.backward_problem(dout, q, k, v, out, lse, softmax_scale=softmax_scale, precision=precision,
                                   sinks=sinks)
@@ -962,7 +975,7 @@ def ring_flash_attention_backward(dout: Array, q: Array, k: Array, v: Array, out
                                       window_size, layout, p.softmax_scale, p.precision, p.sinks)
     deterministic = _problem.check_flag("deterministic", deterministic)
     lse = lse.astype(_problem.lse_dtype(p.dtype), copy=False)
-    return _ring.ring_backward(p, dout, q, k, v, out, lse, ring, geometry, deterministic)
+    return _ring.ring_backward(p, dout, q, k, v, out, lse, ring, geometry, deterministic, start)
 
 
 def ring_flash_attention_vjp(q: Array, k: Array, v: Array, comm: Union[VirtualRing, cupy.cuda.nccl.NcclCommunicator],
@@ -985,12 +998,13 @@ def ring_flash_attention_vjp(q: Array, k: Array, v: Array, comm: Union[VirtualRi
         ``vjp(dout) -> (dq, dk, dv)`` of this rank's shard (:func:`ring_flash_attention_backward`), and
         dsinks after them with ``sinks``.
     """
-    options = {"causal": causal, "softmax_scale": softmax_scale, "window_size": window_size, "layout": layout,
-               "precision": precision, "sinks": sinks}
-    out, lse = ring_flash_attention(q, k, v, comm, return_lse=True, **options)
+    out, lse, last = _ring_forward_call(q, k, v, comm, causal, softmax_scale, window_size, layout, precision, sinks)
 
     def vjp(dout):
-        return ring_flash_attention_backward(dout, q, k, v, out, lse, comm, deterministic=deterministic, **options)
+        # The walk back starts on the K/V block the forward ended on: no transfer before its first block,
+        # and no trip home for the dK/dV sums at its end.
+        return _ring_backward_call(dout, q, k, v, out, lse, comm, causal, softmax_scale, window_size, layout,
+                                   deterministic, precision, sinks, start=last)
 
     return out, vjp
 

@@ -136,6 +136,7 @@ _POLL = 0.05
 #: What the exchanges of a ring call carry, by tag, for a VirtualRing's errors: the n-th exchange of a
 #: call under a tag brings what ring step n works on (step 0 is a rank's own block).
 _CARRIED = {"kv": "the K/V block of step {n}", "dkv": "the dK/dV accumulators of step {n}",
+            "kv back": "the K/V block of backward step {n}", "dkv back": "the dK/dV accumulators of backward step {n}",
             "dkv home": "the finished dK/dV sums of its own block", "dsinks": "the dsinks share of hop {n}"}
 
 
@@ -529,18 +530,19 @@ def _check(function, named, comm, causal, window_size, layout, softmax_scale, pr
     return xp, ring, geometry
 
 
-def _visiting_blocks(ring, xp, k, v, steps):
-    """Yields (step, (k, v) block in hand) for the first ``steps`` ring steps, starting with this rank's
-    own block. While the caller works on one block the next is in flight: the one in hand goes to
-    rank + 1 and the next comes from rank - 1 into one of two buffers, waited for when the caller asks
-    for it."""
+def _visiting_blocks(ring, xp, k, v, steps, back=False):
+    """Yields (step, (k, v) block in hand) for the first ``steps`` ring steps, starting with the block
+    (k, v): this rank's own, which goes to rank + 1 while the next comes from rank - 1; or, ``back``, the
+    block the forward left in hand (that of rank - (steps - 1)), which goes to rank - 1 while the next
+    comes from rank + 1, so that the walk ends on the rank's own block. While the caller works on one
+    block the next is in flight, into one of two buffers, waited for when the caller asks for it."""
     block = (xp.ascontiguousarray(k), xp.ascontiguousarray(v))
     buffers = [(xp.empty_like(block[0]), xp.empty_like(block[1])) for _ in range(min(steps - 1, 2))]
     for step in range(steps):
         pending = None
         if step < steps - 1:
             arriving = buffers[step % 2]
-            pending = ring.exchange(block, arriving, "kv")
+            pending = ring.exchange(block, arriving, "kv back", -1) if back else ring.exchange(block, arriving, "kv")
         yield step, block
         if pending is not None:
             pending.wait()
@@ -570,13 +572,14 @@ def _summed_over_ranks(ring, xp, share):
     return total
 
 
-def ring_forward(p, q, k, v, ring, geometry):
+def ring_forward(p, q, k, v, ring, geometry, keep_last=False):
     """(out, lse) of this rank's queries over every rank's keys: the compute layer on each block, merged
-    (validated inputs of problem ``p``)."""
+    (validated inputs of problem ``p``); with ``keep_last``, also the (k, v) block in hand at the end
+    (rank - (steps - 1)'s), where ring_backward's walk back starts."""
     xp = p.xp
     acc = _problem.lse_dtype(q.dtype)
     batch, rows, heads = q.shape[:3]
-    out = lse = None
+    out = lse = block = None
     for step, block in _visiting_blocks(ring, xp, k, v, geometry.steps):
         for rows_q, rows_k, window in geometry.calls(ring.rank, step):
             q_part, k_part, v_part = q[:, rows_q], block[0][:, rows_k], block[1][:, rows_k]
@@ -591,17 +594,21 @@ def ring_forward(p, q, k, v, ring, geometry):
             out[:, rows_q], lse[:, :, rows_q] = merged, merged_lse
     if p.sinks is not None:
         out, lse = _merge.add_sinks(xp, out, lse, p.sinks, False, acc)
-    return out.astype(q.dtype), lse
+    return (out.astype(q.dtype), lse) + ((block,) if keep_last else ())
 
 
-def ring_backward(p, dout, q, k, v, out, lse, ring, geometry, deterministic):
+def ring_backward(p, dout, q, k, v, out, lse, ring, geometry, deterministic, start=None):
     """(dq, dk, dv) of this rank's shard, and dsinks (summed over every rank's rows) with sinks
     (validated inputs of problem ``p``). Each call's partial gradients come from the block backward given
     the global out and lse (so its probabilities are the global softmax's, sinks included); dK and dV
-    accumulate in the block's travelling accumulators, which go home after the last step."""
+    accumulate in the block's travelling accumulators, which go home after the last step. ``start``: the
+    block the forward left in hand (ring_forward's keep_last, the vjp): the walk then goes back, from that
+    block to the rank's own, the accumulators with the blocks, so it needs no transfer for its first
+    block and its sums end at home (no trip home)."""
     xp = p.xp
     acc = _problem.acc_dtype(q.dtype)
     world, steps = ring.world, geometry.steps
+    back = start is not None
     # The accumulators move after every step but the last, then go home (a full turn, or straight back
     # from where a shortened ring stopped). Two sets alternate: the one in hand is sent while the next
     # arrives in the other, which the send before last has finished reading (the sends and receives of
@@ -610,12 +617,13 @@ def ring_backward(p, dout, q, k, v, out, lse, ring, geometry, deterministic):
     grads = (xp.zeros(k.shape, acc), xp.zeros(v.shape, acc))
     grad_buffers = [grads, (xp.empty(k.shape, acc), xp.empty(v.shape, acc))] if steps > 1 else []
     pending = arriving = None
-    for step, block in _visiting_blocks(ring, xp, k, v, steps):
+    for step, block in _visiting_blocks(ring, xp, *(start if back else (k, v)), steps, back):
+        forward_step = steps - 1 - step if back else step  # the block of rank - forward_step
         parts = [(rows_q, rows_k,
                   _compute.backward(_block_problem(p, q[:, rows_q], block[0][:, rows_k], window), dout[:, rows_q],
                                     q[:, rows_q], block[0][:, rows_k], block[1][:, rows_k], out[:, rows_q],
                                     lse[:, :, rows_q], deterministic))
-                 for rows_q, rows_k, window in geometry.calls(ring.rank, step)]
+                 for rows_q, rows_k, window in geometry.calls(ring.rank, forward_step)]
         if pending is not None:
             # The accumulators of the block now in hand, from the rank that held it last.
             pending.wait()
@@ -627,11 +635,11 @@ def ring_backward(p, dout, q, k, v, out, lse, ring, geometry, deterministic):
             grads[1][:, rows_k] += dv_part
         if step < steps - 1:  # on to the next holder of this block
             arriving = grad_buffers[(step + 1) % 2]
-            pending = ring.exchange(grads, arriving, "dkv", 1)
-    # The sums are complete: they go home (to owner = rank - last step) in the output dtype, which
-    # halves the only transfer no computation hides, for 16-bit inputs.
+            pending = ring.exchange(grads, arriving, "dkv back", -1) if back else ring.exchange(grads, arriving, "dkv", 1)
+    # The sums are complete: walking back they are home; else they go home (to owner = rank - last
+    # step) in the output dtype, which halves the only transfer no computation hides, for 16-bit inputs.
     grads = tuple(g.astype(q.dtype) for g in grads)
-    hops = world - (steps - 1)
+    hops = 0 if back else world - (steps - 1)
     if hops % world:
         home = (xp.empty_like(grads[0]), xp.empty_like(grads[1]))
         ring.exchange(grads, home, "dkv home", hops).wait()

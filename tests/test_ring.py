@@ -198,7 +198,9 @@ def test_bounded_windows_shorten_the_ring():
 
 
 def test_shortened_ring_sends_less():
-    # A counting ring: a window inside a shard costs one K/V exchange and one accumulator return.
+    # A counting ring: a window inside a shard costs the forward one K/V exchange; the vjp's backward walks
+    # back from the block the forward ended on (one K/V exchange back, the accumulators with it) and its
+    # sums end at home. ring_flash_attention_backward walks forward again and sends the sums home.
     q, k, v = random_qkv(np, 1, 32, 32, 2, 1, 8, 8, np.float32, 5)
     dout = np.random.default_rng(2).standard_normal(q.shape).astype(np.float32)
     sent = []
@@ -216,7 +218,24 @@ def test_shortened_ring_sends_less():
 
     results = Counting.run(4, rank)
     assert sorted(sent) == sorted([(r, tag, hops) for r in range(4)
+                                   for tag, hops in (("kv", 1), ("kv back", -1), ("dkv back", -1))])
+    sent.clear()
+
+    def backward(ring):
+        rows = slice(8 * ring.rank, 8 * ring.rank + 8)
+        options = {"causal": True, "window_size": (3, 0), "layout": "contiguous"}
+        out, lse = cupyflash.ring_flash_attention(q[:, rows], k[:, rows], v[:, rows], ring, return_lse=True, **options)
+        grads = cupyflash.ring_flash_attention_backward(dout[:, rows], q[:, rows], k[:, rows], v[:, rows], out, lse,
+                                                        ring, **options)
+        return (out, *grads)
+
+    forward_walk = Counting.run(4, backward)
+    assert sorted(sent) == sorted([(r, tag, hops) for r in range(4)
                                    for tag, hops in (("kv", 1), ("kv", 1), ("dkv", 1), ("dkv home", 3))])
+    for back, forth in zip(results, forward_walk):  # the same out; gradients summed in another order
+        assert np.array_equal(back[0], forth[0])
+        for a, b in zip(back[1:], forth[1:]):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6 * np.abs(b).max())
     want = oracle(q, k, v, True, dout=dout, window_size=(3, 0))
     base = plain(q, k, v, True, dout=dout, window_size=(3, 0))
     for index, name in enumerate(("out", "dq", "dk", "dv")):
