@@ -146,6 +146,9 @@ SM90_BWD_SPILL_CEILING = {(64, 64, False): 1236, (64, 64, True): 1132, (96, 96, 
 #: (_loop_local_accesses; an L1 hit per 64-key tile; sm_80 has one, sm_90 none). (head dim bucket) ->
 #: value; other buckets none.
 KVC_SPILL_CEILING = {256: 64}
+#: The float64 forward (sm80_fwd_dmma) keeps an 8-byte stack frame at head dims 64 and 128 with no spill
+#: (found in session 35, when the test began checking frames apart from spills): allowed, no larger.
+SM80_FP64_STACK_CEILING = 8
 KVC_LOOP_LOCAL_CEILING = {256: 2}
 #: Variants per NVRTC program, and the relative compile cost of the large kernels.
 _CHUNK = 12
@@ -408,9 +411,12 @@ def test_every_variant_compiles_without_spills(reports, builds, request, capsys)
     ceiling.update({v.key: SM90_BWD_PLANES_SPILL_CEILING[v.param("headdim")] for v in sm90.BWD_PLANES.variants()})
     for v in kvcache_device.DECODE.variants():
         ceiling[v.key] = KVC_SPILL_CEILING.get(v.param("headdim"), 0)
-    spilled = {k: r for k, r in reports.items() if (r["spill_bytes"] or r["stack_bytes"])
-               and r["spill_bytes"] > ceiling.get(k[0], 0)}
-    assert not spilled, f"variants with spills or stack frames (above the recorded ceilings): {spilled}"
+    spilled = {k: r for k, r in reports.items() if r["spill_bytes"] > ceiling.get(k[0], 0)}
+    assert not spilled, f"variants with spills (above the recorded ceilings): {spilled}"
+    # Stack frames: where spills are allowed, as large as they; elsewhere none.
+    ceiling.update({v.key: max(ceiling.get(v.key, 0), SM80_FP64_STACK_CEILING) for v in sm80.FWD_FP64.variants()})
+    framed = {k: r for k, r in reports.items() if r["stack_bytes"] > ceiling.get(k[0], 0)}
+    assert not framed, f"variants with stack frames (above the recorded ceilings): {framed}"
     loop_ceiling = {v.key: KVC_LOOP_LOCAL_CEILING.get(v.param("headdim"), 0) for v in kvcache_device.DECODE.variants()}
     in_loop = {k: r for k, r in reports.items() if (r.get("loop_local") or 0) > loop_ceiling.get(k[0], 0)}
     assert not in_loop, f"decode variants whose key loop accesses local memory (above the ceilings): {in_loop}"

@@ -372,7 +372,7 @@ def test_paged_keys_take_the_hopper_forward_in_whole_swizzle_periods(page_size, 
     if box_rows is not None:
         assert variant.kernel is sm90.FWD and sm90.paged_box_rows(page_size, variant.param("block_n")) == box_rows
     if box_rows is None:
-        with pytest.raises(AssertionError):
+        with pytest.raises(AssertionError, match="the general family supports every problem"):
             _families.select(_families.FORWARD, p, H200, operands)
     p32 = dataclasses.replace(p, dtype=np.dtype(np.float32))
     assert sm90.FORWARD.select(p32, H200, operands) is None

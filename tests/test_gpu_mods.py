@@ -49,15 +49,22 @@ def test_buffer_gradients_on_the_tensor_cores(local, monkeypatch):
 
 
 @pytest.mark.parametrize("headdim, deterministic", [(128, False), (96, False), (128, True)])
-def test_buffer_gradients_on_the_hopper_backward(headdim, deterministic):
+def test_buffer_gradients_on_the_hopper_backward(headdim, deterministic, monkeypatch):
     """An additive bias's table gradient from the Hopper backward (head dims 96 and 128, where it takes
     them): tiles past the bias's clip sum their dS^T per thread (FrozenScores), the others add each
     pair's, read back from the dS^T buffer; causal, GQA, odd sizes, rows long enough for both kinds of
-    tile, and the deterministic exact sums."""
+    tile, and the deterministic exact sums. The call's own plan (built afresh) takes that kernel."""
+    from cupyflash import _api
+    from cupyflash._families import sm90
+
+    _api.PLANS.clear()
+    chosen = []
+    select = sm90.BACKWARD.select
+    monkeypatch.setattr(sm90.BACKWARD, "select", lambda *args: chosen.append(select(*args)) or chosen[-1])
     table = cupy.asarray(_table((4, 21), seed=29))
     check_dense(cupy, (2, 300, 333, 4, 2, headdim, headdim), DTYPES["bfloat16"], causal=True,
                 deterministic=deterministic, score_mod=rel_bias, score_mod_buffers=(table,))
-    assert any(v.key.startswith(f"sm90_bwd_bf16_d{headdim}_") and v.user is not None for _, v in _kernels._kernels)
+    assert any(v is not None and v.key.startswith(f"sm90_bwd_bf16_d{headdim}_") and v.user is not None for v in chosen)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

@@ -633,9 +633,9 @@ def test_paged_prefill_on_the_hopper_forward(dtype, sizes, options, monkeypatch)
     if real.capability != 90:
         pytest.skip("the Hopper forward runs on compute capability 9.0")
     monkeypatch.setattr(_families.common, "current_device", lambda: dataclasses.replace(real, sm_count=8))
-    used = []
-    paged_problem = device._paged_problem
-    monkeypatch.setattr(device, "_paged_problem", lambda c, seqused: used.append(1) or paged_problem(c, seqused))
+    decisions = []  # paged_prefill's answers: True where the Hopper forward reads the pages in place
+    paged_prefill = device.paged_prefill
+    monkeypatch.setattr(device, "paged_prefill", lambda *args: decisions.append(paged_prefill(*args)) or decisions[-1])
     inputs = _inputs
 
     def unused_pages_minus_one(*args, **kwargs):
@@ -651,7 +651,7 @@ def test_paged_prefill_on_the_hopper_forward(dtype, sizes, options, monkeypatch)
     monkeypatch.setattr(sys.modules[__name__], "_inputs", unused_pages_minus_one)
     dtype, sizes, options = _options(cupy, (dtype, sizes, options))
     _check(cupy, dtype, options, max_score=True, **sizes)
-    assert used
+    assert decisions and all(decisions)
 
 
 @pytest.mark.parametrize("paged, leftpad", [(False, True), (True, False)])

@@ -608,8 +608,10 @@ def test_kvcache_score_mod_is_the_builtin_alibi():
 
 
 _EXACT_SUM_DRIVER = r"""
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <numeric>
 #include <vector>
 #include "common/exact_sum.cuh"
 struct Words {
@@ -618,11 +620,16 @@ struct Words {
     void set(int k, long long bits) { w[k] |= bits; }
 };
 template <typename F>
-F sum(const std::vector<F>& xs, int stride) {
+F sum(const std::vector<F>& xs, int order) {
     std::vector<long long> words(cupyflash::exact_sum_slots<F>(), 0);
     Words sink{words.data()};
-    // Every element once, in the order 0, stride, 2 stride, ... (mod n): another order per stride.
-    for (size_t i = 0, at = 0; i < xs.size(); ++i, at = (at + stride) % xs.size()) cupyflash::exact_sum_add(xs[at], sink);
+    // Every element once: as given (order 0), reversed (1), or the odd positions first, then the even
+    // ones (2): three different orders of any three or more elements.
+    std::vector<size_t> at(xs.size());
+    std::iota(at.begin(), at.end(), 0);
+    if (order == 1) std::reverse(at.begin(), at.end());
+    if (order == 2) std::stable_partition(at.begin(), at.end(), [](size_t i) { return i % 2 == 1; });
+    for (size_t i : at) cupyflash::exact_sum_add(xs[i], sink);
     return cupyflash::exact_sum_finish<F>(words.data());
 }
 int main(int argc, char** argv) {
@@ -634,9 +641,9 @@ int main(int argc, char** argv) {
         f.push_back(static_cast<float>(x));
         d.push_back(x);
     }
-    for (int stride : {1, 7, 13}) {  // coprime with the counts used
-        if (single) printf("%a\n", static_cast<double>(sum(f, stride)));
-        else printf("%a\n", sum(d, stride));
+    for (int order : {0, 1, 2}) {
+        if (single) printf("%a\n", static_cast<double>(sum(f, order)));
+        else printf("%a\n", sum(d, order));
     }
     return 0;
 }

@@ -92,9 +92,22 @@ def _problem_of(dtype, case, headdim=64):
     ("sm80", A100, np.float32), ("sm80", A100, np.float64), ("general", A100, np.float32),
 ])
 def test_forward_and_backward_plans_build_on_the_host(case, family, device, dtype):
+    _check_plans(case, family, device, dtype)
+
+
+def test_hopper_backward_plan_with_buffer_gradients_builds_on_the_host():
+    """The Hopper 16-bit backward that adds an additive score_mod's buffer gradients itself (head dims
+    BWD_SCATTER_DIMS; at 64 the sm80 or general kernels add them): its plans build."""
+    assert _check_plans("score-mod", "sm90", H200, ml_dtypes.bfloat16, headdim=128)
+
+
+def _check_plans(case, family, device, dtype, headdim=64):
+    """Builds the forward plan of ``case`` on ``family`` and, where the family's backward takes the problem
+    (every case but a score_mod whose buffers take gradients may decline), the backward plans; returns
+    whether a backward plan was built."""
     forward, backward = FAMILIES[family]
     try:
-        p, arrays = _problem_of(np.dtype(dtype), case)
+        p, arrays = _problem_of(np.dtype(dtype), case, headdim)
     except TypeError as error:  # a combination the API refuses (tested in test_validation.py)
         pytest.skip(str(error))
     ps, operands = _slots(p, arrays)
@@ -111,19 +124,21 @@ def test_forward_and_backward_plans_build_on_the_host(case, family, device, dtyp
     assert tuple(out.shape) == p.out_shape and tuple(lse.shape) == p.lse_shape
     assert b._launches and all(isinstance(f, str) for f, *_ in b._launches)
     if p.max_score is not None or p.sinks is not None:
-        return  # (their backward is the plain one's, with the sinks' terms: tested below without them)
+        return False  # (their backward is the plain one's, with the sinks' terms: tested below without them)
     bp = dataclasses.replace(ps, max_score=None)
     dout = _plan.Slot(91, out.shape, out.dtype)
     grads = dataclasses.replace(bp, user_grads=tuple(_plan.Slot(92 + n, x.shape, np.dtype(np.float32))
                                                      for n, x in enumerate(p.user_buffers or ())) or None)
     variant = backward.select(grads, device, (dout, *operands))
     if variant is None:
-        return
+        assert case == "score-mod", f"the {family} backward declines {case}"
+        return False
     for deterministic in (False, True):
         b = _plan.PlanBuilder()
         backward.plan(b, variant, grads, dout, *operands, _plan.Slot(93, out.shape, out.dtype), lse, deterministic,
                       device)
         assert b._launches
+    return True
 
 
 class _DeviceArray:
