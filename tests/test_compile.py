@@ -285,6 +285,12 @@ def _nvdisasm():
     return shutil.which("nvdisasm")
 
 
+def test_sass_checks_have_their_disassembler():
+    """The local-memory limits of the decode loop and the Hopper consumers (and the HGMMA counts) read the
+    SASS through nvdisasm, which the test extras install: without it those limits would pass unchecked."""
+    assert _nvdisasm() is not None, "no nvdisasm: pip install nvidia-cuda-nvdisasm (the test extras name it)"
+
+
 def _sass_functions(cubin):
     """{mangled name: SASS text} of a cubin, through nvdisasm."""
     import subprocess
