@@ -1,6 +1,6 @@
-# Session 35, call C: main + session 34's three + the MLA and e4m3 patches + the float32 backward's K/V
-# split alone (not dQ in X, which cost d64 5-8% at 4k in call B): the GPU tests of what changed, and the
-# float32 speed against main on one machine.
+# Session 35, call C: main (session 34's three, MLA and e4m3 landed) + the float32 backward's three
+# patches revised (dQ in X only with one stage, Tr::kDqInX: it cost d64 5-8% at 4k in call B): the GPU
+# tests of what changed, and the float32 speed against main on one machine.
 export PYTHONUNBUFFERED=1
 t0=$(date +%s)
 P=$PWD/bench/runs/2026-12-05-s33/pre.py
@@ -11,6 +11,6 @@ PYTHONPATH=$PWD timeout 200 python -m pytest -q -m gpu -n 8 --dist load -p no:ca
 echo "tests rc=$? at $(( $(date +%s) - t0 )) s"; tail -1 $OUT/tests.txt; grep -E "^FAILED|^ERROR" $OUT/tests.txt | cut -c1-200 | head
 F="--dtypes fp32 --headdims 64,128 --seqlens 1024,4096 --causal 0,1 --no-peers"
 (cd .ab/t/main && PYTHONPATH=$PWD timeout 90 python bench/bench.py $F --out $OUT/fp32_main > $OUT/bench_main.txt 2>&1)
-PYTHONPATH=$PWD timeout 90 python bench/bench.py $F --out $OUT/fp32_kv > $OUT/bench_kv.txt 2>&1
-grep -E "^\[" $OUT/bench_main.txt $OUT/bench_kv.txt | sed -E 's/ \| CuPy.*//' | cut -c1-200
+PYTHONPATH=$PWD timeout 90 python bench/bench.py $F --out $OUT/fp32_new > $OUT/bench_new.txt 2>&1
+grep -E "^\[" $OUT/bench_main.txt $OUT/bench_new.txt | sed -E 's/ \| CuPy.*//' | cut -c1-200
 echo "end at $(( $(date +%s) - t0 )) s"
