@@ -358,8 +358,7 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
     // The frozen branch (FrozenScores), with position-free additive functions too (their tiles sum their
     // buffer gradients), on the 64-query tiles: beside the 128-query tile's fragments its second copy of
     // the probabilities took the consumers' local accesses from 48 to 127.
-    static constexpr bool kFreeze =
-        ScoreFn::kEnabled && (ScoreFn::kFreezable || (kScatter && !ScoreFn::kReadsPositions)) && Tr::kSTiles <= 8;
+    static constexpr bool kFreeze = ScoreFn::kEnabled && (ScoreFn::kReadsPositions || kScatter) && Tr::kSTiles <= 8;
     using Scores = typename IfType<kScatter, UserLog2ScoresLate<ScoreFn>,
                                    typename ScoresOf<ScoreFn, Log2Scores>::type>::type;
     using Base = Sm90BwdShared<kBlockM, Tr::kBlockN>;
