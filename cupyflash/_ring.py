@@ -538,11 +538,12 @@ def _visiting_blocks(ring, xp, k, v, steps, back=False):
     block the next is in flight, into one of two buffers, waited for when the caller asks for it."""
     block = (xp.ascontiguousarray(k), xp.ascontiguousarray(v))
     buffers = [(xp.empty_like(block[0]), xp.empty_like(block[1])) for _ in range(min(steps - 1, 2))]
+    tag, hops = ("kv back", -1) if back else ("kv", 1)
     for step in range(steps):
         pending = None
         if step < steps - 1:
             arriving = buffers[step % 2]
-            pending = ring.exchange(block, arriving, "kv back", -1) if back else ring.exchange(block, arriving, "kv")
+            pending = ring.exchange(block, arriving, tag, hops)
         yield step, block
         if pending is not None:
             pending.wait()
@@ -609,6 +610,7 @@ def ring_backward(p, dout, q, k, v, out, lse, ring, geometry, deterministic, sta
     acc = _problem.acc_dtype(q.dtype)
     world, steps = ring.world, geometry.steps
     back = start is not None
+    tag, direction = ("dkv back", -1) if back else ("dkv", 1)
     # The accumulators move after every step but the last, then go home (a full turn, or straight back
     # from where a shortened ring stopped). Two sets alternate: the one in hand is sent while the next
     # arrives in the other, which the send before last has finished reading (the sends and receives of
@@ -635,7 +637,7 @@ def ring_backward(p, dout, q, k, v, out, lse, ring, geometry, deterministic, sta
             grads[1][:, rows_k] += dv_part
         if step < steps - 1:  # on to the next holder of this block
             arriving = grad_buffers[(step + 1) % 2]
-            pending = ring.exchange(grads, arriving, "dkv back", -1) if back else ring.exchange(grads, arriving, "dkv", 1)
+            pending = ring.exchange(grads, arriving, tag, direction)
     # The sums are complete: walking back they are home; else they go home (to owner = rank - last
     # step) in the output dtype, which halves the only transfer no computation hides, for 16-bit inputs.
     grads = tuple(g.astype(q.dtype) for g in grads)
