@@ -13,7 +13,7 @@ import time; t = time.time()
 from cupyflash import _families, _kernels
 _kernels.precompile(_families.VARIANTS, max_workers=16)
 print(f'precompile {time.time() - t:.1f} s')"
-PYTHONPATH=$R timeout $(( $(left) - 20 < 300 ? $(left) - 20 : 300 )) python -m pytest -v -m gpu -n 12 --dist load -p no:cacheprovider tests > $OUT/suite.txt 2>&1
+PYTHONPATH=$R timeout $(( $(left) - 20 < 300 ? $(left) - 20 : 300 )) python -m pytest -v -m gpu -n 16 --dist load -p no:cacheprovider tests > $OUT/suite.txt 2>&1
 echo "suite rc=$? at $(( $(date +%s) - t0 )) s"; tail -1 $OUT/suite.txt; grep -E "FAILED|ERROR " $OUT/suite.txt | cut -c1-220 | head -20
 (cd .ab/t/split && PYTHONPATH=$PWD timeout 60 python $P fp32 16 > /dev/null) &
 PYTHONPATH=$R timeout 100 compute-sanitizer --tool racecheck --error-exitcode 1 python tests/sanitize_kvcache.py > $OUT/racecheck_kvc.txt 2>&1; echo "racecheck kvc rc=$? at $(( $(date +%s) - t0 )) s"; tail -3 $OUT/racecheck_kvc.txt
