@@ -2,7 +2,7 @@
 outputs and lse bitwise equal (the planes are the same bits), over dense, causal, GQA, odd lengths,
 head dims 40 / 64 / 96 / 128, tf32, packed sequences (one empty, ends inside key tiles), a block mask and
 a score_mod; then the speed of both, back to back (events), at the issue's rows.
-Run inside the tree to test: PYTHONPATH=$PWD python split_check.py [--speed-only]"""
+Run inside the tree to test: PYTHONPATH=$PWD python split_check.py [--speed-only] [--d128]"""
 import sys
 import time
 
@@ -95,7 +95,8 @@ def check():
 
 def speed():
     print("float32 forward TFLOP/s, events over 20 calls (pre-pass -> split)")
-    for d in (128, 64):
+    dims = (128,) if "--d128" in sys.argv else (128, 64)
+    for d in dims:
         for s in (1024, 4096):
             for causal in (False, True):
                 b, h = 16 * 1024 // s, 16
