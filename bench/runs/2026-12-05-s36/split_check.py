@@ -3,18 +3,18 @@ outputs and lse bitwise equal (the planes are the same bits), over dense, causal
 head dims 40 / 64 / 96 / 128, tf32, packed sequences (one empty, ends inside key tiles), a block mask and
 a score_mod; then the speed of both, back to back (events), at the issue's rows.
 Run inside the tree to test: PYTHONPATH=$PWD python split_check.py [--speed-only] [--d128]"""
+import os
 import sys
 import time
 
 import cupy
 import numpy as np
 
-import os
-
 sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
+from test_mods import _documents, _softcap_mod, same_document  # noqa: E402
+
 import cupyflash  # noqa: E402
 from cupyflash import _api  # noqa: E402
-from test_mods import _documents, _softcap_mod, same_document  # noqa: E402
 from cupyflash._families import sm90  # noqa: E402
 
 chosen = []
