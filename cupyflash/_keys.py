@@ -182,6 +182,7 @@ def kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_tab
                 q.shape, q.strides, q.dtype.num, qd.device_id, qd.ptr & 15 == 0,
                 type(k_cache), k_cache.shape, k_cache.strides, k_cache.dtype.num, kd.device_id, kd.ptr & 15 == 0,
                 type(v_cache), v_cache.shape, v_cache.strides, v_cache.dtype.num, vd.device_id, vd.ptr & 15 == 0,
+                vd.ptr == kd.ptr,  # v_cache a view of k_cache's first columns: the MLA decode kernel's layout
                 None if k is None else (layout(k), layout(v)), seqlens,
                 None if cache_batch_idx is None else layout(cache_batch_idx),
                 None if block_table is None else layout(block_table),

@@ -979,6 +979,23 @@ def _uniform_checks(t):
     return _taken_by_score(t, lambda n, positions: id(n) in positions)
 
 
+#: Operations that can map many positions to one value: bounds (clip is minimum(maximum(...))), selections,
+#: roundings, comparisons, integer division and bit operations, loads (a table of equal entries), and the
+#: float functions whose results saturate (tanh(100) is 1, exp2(-200) is 0).
+_SATURATING = _DISCRETE | {"minimum", "maximum", "where", "and", "or", "xor", "invert", "pow", "exp", "exp2", "tanh",
+                           "sigmoid"}
+
+
+def _freezable(checks):
+    """Whether the position-dependent parts ``checks`` can hold one value over a tile of many pairs: only
+    through a _SATURATING operation on the way from q_idx or kv_idx. Without one (ALiBi's slope times
+    |q_idx - kv_idx|) a tile's pairs take as many values as its positions do, so the kernels leave the
+    frozen branch out (its range test per tile and a second copy of the scores' code)."""
+    nodes = _topological_many(checks)
+    positions = _reading(nodes, ("q_idx", "kv_idx"))
+    return any(id(n) in positions and n.op in _SATURATING for n in nodes)
+
+
 _SCORE_PARAMS = "F score, int b, int h, int q_idx, int kv_idx, const ModBuffers& score_buffers"
 _MASK_PARAMS = "int b, int h, int q_idx, int kv_idx, const ModBuffers& mask_buffers"
 
@@ -1041,6 +1058,12 @@ def cuda_source(t, fast=False):
         "    // Whether it reads q_idx or kv_idx where the score or a result depends on them (uniform can be\n"
         "    // false).\n"
         f"    static constexpr bool kReadsPositions = {'true' if checks else 'false'};\n"
+        "    // Whether those reads can hold one value over a tile of many pairs (a clip, a rounding, a\n"
+        "    // selection, a load or a saturating function on the way): the kernels' frozen branch.\n"
+        f"    static constexpr bool kFreezable = {'true' if checks and _freezable(checks) else 'false'};\n"
+        "    // Whether its float functions take their fast forms (the 16-bit kernels'), in which the kernels\n"
+        "    // also fold an additive function's scale into one FMA (common/user_calls.cuh).\n"
+        f"    static constexpr bool kFast = {'true' if fast else 'false'};\n"
         "    // Whether, over queries [q0, q1] and keys [k0, k1] of (b, h), every part of the function that reads\n"
         "    // q_idx or kv_idx and not the score holds one value (common/user_range.cuh): the value, dscore\n"
         "    // and scatter of every pair there are then theirs at (q0, k0).\n"

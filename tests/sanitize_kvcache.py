@@ -1,6 +1,6 @@
 """flash_attention_with_kvcache under compute-sanitizer (issue 11): every kernel of the KV-cache path
 (append with rotary, the decode kernel with and without splits, its split merge and its own append of
-unrotated tokens, the general path's lengths, gather and poison) on dense and paged caches, with
+unrotated tokens, the MLA and e4m3 decode kernels, the general path's lengths, gather and poison) on dense and paged caches, with
 out-of-range cache_seqlens, cache_batch_idx, block_table and cache_leftpad entries among valid ones; on an
 H100/H200 also a paged prefill on the Hopper forward. Run on a GPU:
 
@@ -14,6 +14,7 @@ import ml_dtypes
 import numpy
 
 import cupyflash
+from cupyflash._kvcache import device as kvcache_device
 
 rng = numpy.random.default_rng(0)
 
@@ -65,6 +66,76 @@ run(numpy.float16, False, seqlen_q=40, new=40)  # dense chunk: the forward over 
 for rotary in (True, False):
     run(numpy.dtype(ml_dtypes.bfloat16), False, rotary=rotary, leftpad=True)
 run(numpy.float32, False, leftpad=True)
+
+
+def run_mla(page_size, heads, seqlen_q, new):
+    """The MLA decode kernel (576 / 512, v_cache a view of the latent cache), with and without splits, on
+    entries with bad lengths and pages among valid ones (page_size 0: dense, with cache_batch_idx)."""
+    batch, capacity = 4, 256
+    dtype = numpy.dtype(ml_dtypes.bfloat16)
+    q = normal((batch, seqlen_q, heads, 576), dtype)
+    lengths = cupy.asarray(numpy.array([10, capacity - new, 200, -5], numpy.int32))
+    options = dict(cache_seqlens=lengths, causal=seqlen_q > 1, return_lse=True)
+    if new:
+        k = normal((batch, new, 1, 576), dtype)
+        options.update(k=k, v=k[..., :512])
+    if page_size:
+        pages = capacity // page_size
+        latent = normal((batch * pages + 1, page_size, 1, 576), dtype)
+        table = numpy.arange(batch * pages, dtype=numpy.int32).reshape(batch, pages)
+        table[2, 1] = 10**6
+        options["block_table"] = cupy.asarray(table)
+    else:
+        latent = normal((batch + 1, capacity, 1, 576), dtype)
+        options["cache_batch_idx"] = cupy.asarray(numpy.array([4, 0, 99, 1], numpy.int32))
+    chosen = []
+    decode_variant = kvcache_device.decode_variant
+    kvcache_device.decode_variant = lambda *args, **kwargs: chosen.append(decode_variant(*args, **kwargs)) or chosen[-1]
+    for splits in (1, 3):
+        cupyflash.flash_attention_with_kvcache(q, latent, latent[..., :512], num_splits=splits, **options)
+    kvcache_device.decode_variant = decode_variant
+    assert [v.kernel for v in chosen] == [kvcache_device.MLA] * 2, chosen
+    cupy.cuda.Device().synchronize()
+
+
+def run_fp8(page_size, d):
+    """The e4m3 decode kernel (compute capability 9.0), with and without splits, new tokens appended by
+    it, on entries with bad lengths and pages among valid ones (page_size 0: dense, with
+    cache_batch_idx)."""
+    batch, capacity, heads, heads_k, new = 4, 256, 8, 2, 1
+    e4m3 = numpy.dtype(ml_dtypes.float8_e4m3fn)
+
+    def bytes_of(shape):
+        return cupy.asarray(rng.standard_normal(shape).astype(e4m3).view(numpy.uint8)).view(e4m3)
+
+    q = bytes_of((batch, 2, heads, d))
+    k, v = bytes_of((batch, new, heads_k, d)), bytes_of((batch, new, heads_k, d))
+    lengths = cupy.asarray(numpy.array([10, capacity - new, 200, -5], numpy.int32))
+    descale = cupy.full((batch, heads_k), 0.5, numpy.float32)
+    options = dict(k=k, v=v, cache_seqlens=lengths, causal=True, return_lse=True, q_descale=descale, k_descale=descale,
+                   v_descale=descale)
+    if page_size:
+        pages = capacity // page_size
+        k_cache, v_cache = (bytes_of((batch * pages + 1, page_size, heads_k, d)) for _ in range(2))
+        table = numpy.arange(batch * pages, dtype=numpy.int32).reshape(batch, pages)
+        table[2, 1] = 10**6
+        options["block_table"] = cupy.asarray(table)
+    else:
+        k_cache, v_cache = (bytes_of((batch + 1, capacity, heads_k, d)) for _ in range(2))
+        options["cache_batch_idx"] = cupy.asarray(numpy.array([4, 0, 99, 1], numpy.int32))
+    for splits in (1, 3):
+        cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, num_splits=splits, **options)
+    cupy.cuda.Device().synchronize()
+
+
+if cupy.cuda.Device().compute_capability == "90":
+    run_fp8(16, 128)
+    run_fp8(0, 64)
+    run_fp8(1, 256)
+run_mla(64, 16, 1, 1)
+run_mla(1, 128, 2, 0)
+run_mla(0, 32, 3, 2)
+run_mla(16, 12, 3, 1)
 # A paged prefill on the Hopper forward (70 queries, on a device described
 # with 8 SMs so that these few work tiles take that path): entry 0's table is -1 past its used pages,
 # which its producer's boxes of page -1 must read nothing of (entries with bad pages issue none).

@@ -321,18 +321,21 @@ def _report(variants, arch):
         sections[name] = {"registers": int(registers.group(1)), "spill_bytes": sum(spills), "stack_bytes": max(stack, default=0)}
     hgmma = consumer_local = loop_local = None
     # Decode variants with a stack frame: where in the SASS it is used (without one, nowhere).
-    decode = [v for v in variants if v.kernel is kvcache_device.DECODE and sections[lowered[v]]["stack_bytes"]]
+    decode = [v for v in variants if v.kernel in (kvcache_device.DECODE, kvcache_device.DECODE_FP8)
+              and sections[lowered[v]]["stack_bytes"]]
     if (any(v.kernel.arch for v in variants) or decode) and _nvdisasm() is not None:
         functions = _sass_functions(cubin)
         if any(v.kernel.arch for v in variants):
             # HGMMA: 16-bit products; QGMMA ... .E4M3.E4M3: FP8 ones.
             hgmma = {v: len(re.findall(r"\bHGMMA\.|\bQGMMA\.\S*E4M3\.E4M3", functions.get(lowered[v], ""))) for v in variants}
-            consumer_local = {v: _consumer_local_accesses(functions.get(lowered[v], "")) for v in variants}
+            # (of the warp-specialized kernels: the e4m3 decode kernel is sm_90a for its cvt alone)
+            consumer_local = {v: _consumer_local_accesses(functions.get(lowered[v], "")) for v in variants
+                              if v.kernel is not kvcache_device.DECODE_FP8}
         loop_local = {v: _loop_local_accesses(functions[lowered[v]]) for v in decode}
     result = {(v.key, arch): sections[lowered[v]] for v in variants}
     for v in variants:
         result[(v.key, arch)]["hgmma"] = hgmma[v] if hgmma else None
-        result[(v.key, arch)]["consumer_local"] = consumer_local[v] if consumer_local else None
+        result[(v.key, arch)]["consumer_local"] = consumer_local.get(v) if consumer_local else None
         result[(v.key, arch)]["loop_local"] = loop_local.get(v) if loop_local else None
     return result
 
@@ -370,12 +373,12 @@ def compiled(builds):
     (:func:`_user_function_jobs`), compiled in one pool: the small programs of the second fill the
     cores the first's last large ones leave idle."""
 
-    def group(build):
+    def group(build):  # (one program per source file, device and target: kvcache.cu holds both kinds)
         v, arch = build
-        return (v.source_file, arch)
+        return (v.source_file, arch, v.kernel.arch or "")
 
     groups = [[v for v, _ in bs] for _, bs in itertools.groupby(sorted(builds, key=group), key=group)]
-    archs = [arch for (_, arch), _ in itertools.groupby(sorted(builds, key=group), key=group)]
+    archs = [arch for (_, arch, _), _ in itertools.groupby(sorted(builds, key=group), key=group)]
     # Programs of a dozen variants (of any dtype) each: a program's front end costs about a second, so
     # fewer programs save that, and there are still enough to keep every core busy to the end; the
     # largest kernels go first.
@@ -415,7 +418,7 @@ def test_every_variant_compiles_without_spills(reports, builds, request, capsys)
                     for v in sm90.FWD_FP8.variants()})
     ceiling.update({v.key: SM90_TF32_SPILL_CEILING for v in sm90.FWD_TF32.variants()})
     ceiling.update({v.key: SM90_BWD_PLANES_SPILL_CEILING[v.param("headdim")] for v in sm90.BWD_PLANES.variants()})
-    for v in kvcache_device.DECODE.variants():
+    for v in (*kvcache_device.DECODE.variants(), *kvcache_device.DECODE_FP8.variants()):
         ceiling[v.key] = KVC_SPILL_CEILING.get(v.param("headdim"), 0)
     spilled = {k: r for k, r in reports.items() if r["spill_bytes"] > ceiling.get(k[0], 0)}
     assert not spilled, f"variants with spills (above the recorded ceilings): {spilled}"
@@ -423,7 +426,8 @@ def test_every_variant_compiles_without_spills(reports, builds, request, capsys)
     ceiling.update({v.key: max(ceiling.get(v.key, 0), SM80_FP64_STACK_CEILING) for v in sm80.FWD_FP64.variants()})
     framed = {k: r for k, r in reports.items() if r["stack_bytes"] > ceiling.get(k[0], 0)}
     assert not framed, f"variants with stack frames (above the recorded ceilings): {framed}"
-    loop_ceiling = {v.key: KVC_LOOP_LOCAL_CEILING.get(v.param("headdim"), 0) for v in kvcache_device.DECODE.variants()}
+    loop_ceiling = {v.key: KVC_LOOP_LOCAL_CEILING.get(v.param("headdim"), 0)
+                    for v in (*kvcache_device.DECODE.variants(), *kvcache_device.DECODE_FP8.variants())}
     in_loop = {k: r for k, r in reports.items() if (r.get("loop_local") or 0) > loop_ceiling.get(k[0], 0)}
     assert not in_loop, f"decode variants whose key loop accesses local memory (above the ceilings): {in_loop}"
     assert len(reports) == len(builds)
@@ -492,7 +496,7 @@ def test_kernels_of_older_gpus_compile_for_sm75():
     maximum-score kernels, the KV cache's general path) compile for sm_75: their headers must not use
     sm_80's instructions (__reduce_max_sync, cp.async). Plain variants, float32 and bfloat16."""
     tensor_cores = {sm80.FWD, sm80.BWD, sm80.FWD_FP32, sm80.FWD_FP64, sm80.BWD_FP32, sm80.BWD_FP64, sm80.PLANES,
-                    kvcache_device.DECODE}
+                    kvcache_device.DECODE, kvcache_device.MLA}
     selected = [v for v in _families.VARIANTS if v.kernel.arch is None and v.kernel not in tensor_cores
                 and not any(v.flags) and v.dtype in (None, "float32", "bfloat16")]
     by_file = {}

@@ -254,6 +254,13 @@ def test_hopper_fp8_forward_against_the_oracle(sizes, options, q_per_head, out_d
     out = cupyflash.flash_attention(*inputs_gpu, k_descale=bad).get().astype(np.float32)
     group = h // hk
     assert np.isnan(out[0, :, :group]).all() and not np.isnan(out[:, :, group:]).any()
+    # ... and a v_descale that is not positive (here of the last kv head of the last entry) likewise.
+    bad = cupy.ones((b, hk), np.float32)
+    bad[-1, -1] = -1
+    out = cupyflash.flash_attention(*inputs_gpu, v_descale=bad).get().astype(np.float32)
+    want_nan = np.zeros(out.shape, bool)
+    want_nan[-1, :, (hk - 1) * group:] = True
+    np.testing.assert_array_equal(np.isnan(out), want_nan)
 
 
 @pytest.mark.gpu
@@ -326,6 +333,102 @@ def test_e4m3_kv_cache(paged, options):
         assert_within_rule(name, got, w, b, 2)
     np.testing.assert_array_equal(k8.view(np.uint8), want[3].view(np.uint8))
     np.testing.assert_array_equal(v8.view(np.uint8), want[4].view(np.uint8))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a GPU")
+@pytest.mark.parametrize("paged, d, seqlen_q, options", [
+    (False, 64, 3, {"causal": True}),
+    (16, 128, 1, {"window_size": (50, 0), "num_splits": 3, "out_dtype": np.float16}),
+    (False, 64, 2, {"alibi": True, "sinks": True, "q_per_head": True}),
+    (1, 256, 1, {"causal": True}),
+])
+def test_e4m3_kv_cache_cupy(paged, d, seqlen_q, options, monkeypatch):
+    """The e4m3 decode kernel (kvc_fwd_fp8): q, caches and new tokens e4m3 on CuPy, dense and paged (pages of
+    16 and 1), GQA, chunks of 1-3 causal queries, windows, ALiBi, sinks, splits, head dims 64 to
+    256, per-kv-head and per-query-head descales, both out dtypes, the maximum score; against the oracle
+    under the FP8 rule (its probabilities stay float16, closer than the rule's e4m3 baseline), the new
+    tokens' bytes written into the cache, and a descale of 0 making its heads' rows NaN; a softcap is
+    refused (NotImplementedError: the kernel's tanh.approx is past the FP8 rule, as in the forward)."""
+    import cupy
+
+    from cupyflash import _families, _kvcache
+    from cupyflash._kvcache import device
+
+    if _families.common.current_device().capability != 90:
+        pytest.skip("the e4m3 decode kernel runs on compute capability 9.0")
+    rng = np.random.default_rng(d + seqlen_q + len(options))
+    batch, heads, heads_k, capacity, new = 3, 8, 2, 208, 2  # whole pages of 16
+    lengths = np.array([190, 7, 0], np.int32)
+    cache = rng.standard_normal((batch, capacity, heads_k, d)).astype(np.float32)
+    (k8, kd), (v8, vd) = cupyflash.quantize_fp8(cache), cupyflash.quantize_fp8(cache[..., ::-1].copy())
+    options = dict(options)
+    q_per_head = options.pop("q_per_head", False)
+    out_dtype = options.pop("out_dtype", None)  # (the oracle takes none)
+    q = rng.standard_normal((batch, seqlen_q, heads, d)).astype(np.float32)
+    if q_per_head:
+        q8, qd = cupyflash.quantize_fp8(q)  # qd (batch, heads)
+    else:  # one descale per (batch entry, kv head)
+        qd = (np.abs(q).reshape(batch, seqlen_q, heads_k, heads // heads_k, d).max(axis=(1, 3, 4)) / 448).astype(np.float32)
+        q8 = _fp8.e4m3_bits(np, q / np.repeat(qd, heads // heads_k, axis=1)[:, None, :, None]).view(E4M3)
+    k_new = _fp8.e4m3_bits(np, rng.standard_normal((batch, new, heads_k, d)) / kd[:, None, :, None]).view(E4M3)
+    v_new = _fp8.e4m3_bits(np, rng.standard_normal((batch, new, heads_k, d)) / vd[:, None, :, None]).view(E4M3)
+    arrays = {"k": k_new, "v": v_new, "cache_seqlens": lengths, "q_descale": qd, "k_descale": kd, "v_descale": vd}
+    if paged:  # the same rows in pages of `paged`, shuffled
+        pages = batch * capacity // paged
+        order = rng.permutation(pages)
+        arrays["block_table"] = np.argsort(order).reshape(batch, capacity // paged).astype(np.int32)
+        k8, v8 = (x.reshape(pages, paged, heads_k, d)[order] for x in (k8, v8))
+    if options.pop("alibi", False):
+        options["alibi_slopes"] = (2.0 ** -np.arange(1, heads + 1)).astype(np.float32)
+    if options.pop("sinks", False):
+        options["sinks"] = rng.standard_normal(heads).astype(np.float32)
+    splits = options.pop("num_splits", 0)
+    want = reference.attention_with_kvcache(q8, k8, v8, **arrays, **options, return_max_score=True)
+    base = reference.attention_with_kvcache(q8, k8, v8, **arrays, **options, return_max_score=True, compute_dtype=E4M3)
+
+    def gpu(x):
+        if isinstance(x, np.ndarray) and x.dtype == E4M3:
+            return cupy.asarray(x.view(np.uint8)).view(E4M3)  # (CuPy copies no e4m3 array)
+        return cupy.asarray(x) if isinstance(x, np.ndarray) else x
+
+    chosen = []
+    decode_variant = device.decode_variant
+    monkeypatch.setattr(device, "decode_variant", lambda *a, **k: chosen.append(decode_variant(*a, **k)) or chosen[-1])
+    k_gpu, v_gpu = gpu(k8), gpu(v8)
+    arrays_gpu = {n: gpu(x) for n, x in arrays.items()}
+    out, lse, top = cupyflash.flash_attention_with_kvcache(gpu(q8), k_gpu, v_gpu, **arrays_gpu,
+                                                           **{n: gpu(x) for n, x in options.items()}, num_splits=splits,
+                                                           out_dtype=out_dtype, return_lse=True, return_max_score=True)
+    assert [v.kernel for v in chosen] == [device.DECODE_FP8]
+    assert out.dtype == (out_dtype or ml_dtypes.bfloat16)
+    for name, got, w, b in zip(("out", "lse", "max_score"), (out, lse, top), want, base):
+        assert_within_rule(name, got.get(), w, b, 2)
+    np.testing.assert_array_equal(k_gpu.view(cupy.uint8).get(), want[3].view(np.uint8))
+    np.testing.assert_array_equal(v_gpu.view(cupy.uint8).get(), want[4].view(np.uint8))
+    if "sinks" not in options:
+        # Without the maximum score (and sinks) the call leaves a plan, its descales and out_dtype in the
+        # key, whose run gives the same bytes (the new tokens rewritten where they are).
+        _kvcache.PLANS.clear()
+        runs = [cupyflash.flash_attention_with_kvcache(gpu(q8), k_gpu, v_gpu, **arrays_gpu, num_splits=splits,
+                                                       **{n: gpu(x) for n, x in options.items()}, out_dtype=out_dtype,
+                                                       return_lse=True) for _ in range(2)]
+        assert len(_kvcache.PLANS) == 1
+        for first, second in zip(*runs):
+            np.testing.assert_array_equal(first.get().view(np.uint8), second.get().view(np.uint8))
+        assert_within_rule("out (planned)", runs[1][0].get(), want[0], base[0], 2)
+    # A CuPy descale is not read on the host: a k_descale of 0 makes its kv head's rows NaN.
+    bad = arrays_gpu["k_descale"].copy()
+    bad[1, 1] = 0  # (not [0, 0]: a transposed index would also hit it)
+    arrays_gpu.update(k=None, v=None, k_descale=bad)
+    out = cupyflash.flash_attention_with_kvcache(gpu(q8), k_gpu, v_gpu, **arrays_gpu, out_dtype=out_dtype,
+                                                 **{n: gpu(x) for n, x in options.items()}).get().astype(np.float32)
+    group = heads // heads_k
+    want_nan = np.zeros(out.shape, bool)
+    want_nan[1, :, group:] = True
+    np.testing.assert_array_equal(np.isnan(out), want_nan)
+    with pytest.raises(NotImplementedError, match="softcap"):
+        cupyflash.flash_attention_with_kvcache(gpu(q8), k_gpu, v_gpu, **arrays_gpu, softcap=30.0)
 
 
 def test_e4m3_kv_cache_is_checked():

@@ -39,6 +39,30 @@ def test_dense_features(case, family, monkeypatch):
     check_dense(cupy, sizes, dtype, causal=causal, **build(cupy, batch, heads, seqlen_q, seqlen_k, options))
 
 
+@pytest.mark.parametrize("headdim", [36, 100, 30])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_hopper_float32_backward_dq_in_place(headdim, deterministic, monkeypatch):
+    """The Hopper float32 backward adds dQ straight into dq (BwdArgs::dq_in_place: head dims that are
+    multiples of 4, not deterministic; the others take the float32 buffers and the conversion): head dims
+    below their bucket, GQA, a dense causal batch whose last 64-row tile crosses the sequence's end, and
+    packed sequences (one empty, tiles across sequence boundaries), against the oracle; the plans (built
+    afresh) map dq itself exactly where they should."""
+    from cupyflash import _api, _families
+    from cupyflash._families import sm90
+
+    if _families.common.current_device().capability != 90:
+        pytest.skip("the Hopper float32 backward")
+    _api.PLANS.clear()
+    maps = []
+    dq_map = sm90.dq_map
+    monkeypatch.setattr(sm90, "dq_map", lambda *args, **kwargs: maps.append(args[2]) or dq_map(*args, **kwargs))
+    dt = DTYPES["float32"]
+    check_dense(cupy, (2, 150, 130, 4, 2, headdim, headdim), dt, causal=True, deterministic=deterministic)
+    check_varlen(cupy, [70, 0, 129, 33], [90, 5, 129, 200], 4, 2, headdim, headdim, dt, causal=True,
+                 deterministic=deterministic)
+    assert len(maps) == (2 if headdim % 4 == 0 and not deterministic else 0)
+
+
 @pytest.mark.parametrize("case, family", with_families(VARLEN, lambda c: c[7], varlen_ids()))
 @pytest.mark.parametrize("checked_on", ["host", "device"])
 def test_varlen_features(case, family, checked_on, monkeypatch):

@@ -424,8 +424,8 @@ def test_cache_layouts_are_checked():
 
 def test_split_heuristic_fills_the_sms():
     """num_splits=0: enough splits that batch x kv heads x splits CTAs fill an H200's 132 SMs once
-    (twice for a paged cache), none shorter than MIN_TILES_PER_SPLIT tiles; none when the batch fills
-    them already; a call's own count."""
+    (twice for a paged or an e4m3 cache), none shorter than MIN_TILES_PER_SPLIT tiles; none when the batch
+    fills them already; a call's own count."""
     from cupyflash._families import common
     from cupyflash._kvcache import call as kvcache_call
     from cupyflash._kvcache import device as kvcache
@@ -451,6 +451,10 @@ def test_split_heuristic_fills_the_sms():
     paged = dataclasses.replace(small, block_table=np.zeros((1, 1), np.int32), page_size=16)
     assert kvcache.num_splits(dataclasses.replace(paged, capacity=131072), kvcache.DECODE.variant("bfloat16", (128,)),
                               device, 1) == 33  # 264 CTAs: two per SM
+    e4m3 = kvcache.DECODE_FP8.variant("bfloat16", (128,))
+    assert kvcache.num_splits(dataclasses.replace(small, batch=8, capacity=32768), e4m3, device, 1) == 4  # 256 CTAs
+    wide = kvcache.DECODE_FP8.variant("bfloat16", (256,))  # (two CTAs an SM do not fit: one wave of 132)
+    assert kvcache.num_splits(dataclasses.replace(small, batch=8, capacity=32768), wide, device, 1) == 2
 
 
 @pytest.mark.parametrize("dtype, sizes, options, leftpad", [
@@ -543,8 +547,8 @@ def test_checked_mode_reads_its_variable(monkeypatch):
 def test_mla_shapes(heads, seqlen_q, xp_name):
     """Issue 26's MLA layout through flash_attention_with_kvcache: one latent kv head of 576 columns in
     pages of 64, v_cache the view k_cache[..., :512] (new tokens written through both, the same bytes), 16
-    or 128 query heads, causal for seqlen_q > 1; against the oracle (on the GPU, today's general path:
-    the decode kernel's buckets stop at 256)."""
+    or 128 query heads, causal for seqlen_q > 1; against the oracle (on the GPU, the MLA decode kernel
+    after kvc_append: test_mla_decode_kernel_cupy)."""
     xp = _xp(xp_name)
     rng = np.random.default_rng(heads)
     batch, page, pages_per, bf16 = 2, 64, 3, DTYPES["bfloat16"]
@@ -568,6 +572,72 @@ def test_mla_shapes(heads, seqlen_q, xp_name):
     assert_within_rule("out", out, want[0], base[0], OUTPUT_FACTOR)
     assert_within_rule("lse", lse, want[1], base[1], OUTPUT_FACTOR)
     assert (to_host(latent) == want[2]).all() and (to_host(latent)[..., :512] == want[3]).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, heads, seqlen_q, page, lengths, options", [
+    ("bfloat16", 16, 1, 1, [1, 200, 77], {}),
+    ("float16", 32, 3, None, [150, 3, 64], {"causal": True, "num_splits": 4, "cache_leftpad": [7, 0, 60]}),
+    ("bfloat16", 128, 1, 64, [65, 129, 0], {"num_splits": 2}),
+    ("float16", 16, 4, 16, [300, 47, 4], {"causal": True}),
+    ("bfloat16", 12, 3, 16, [70, 5, 130], {"causal": True, "num_splits": 3}),
+    ("float16", 8, 5, None, [90, 2, 66], {"causal": True, "cache_leftpad": [0, 1, 30]}),
+])
+def test_mla_decode_kernel_cupy(dtype, heads, seqlen_q, page, lengths, options, monkeypatch):
+    """The MLA decode kernel (kernels_cu/kvcache/mla.cu) against the float64 reference, never the general
+    path: pages of 1, 16 and 64 and a dense cache with left padding, odd lengths and an empty entry, 16
+    to 128 heads, causal chunks of up to 4 queries, splits merged in the kernel; a view of the cache's
+    first 512 columns as v_cache; 12 and 8 heads put several queries, with their own causal limits, and
+    a partial last row tile in a CTA. A v_cache of another cache (the same layout) takes the general path
+    and another plan."""
+    from cupyflash import _kvcache
+    from cupyflash._kvcache import device
+
+    _kvcache.PLANS.clear()  # (no plan of an earlier test of these layouts)
+    dt = DTYPES[dtype]
+    rng = np.random.default_rng(sum(lengths) + heads)
+    batch, capacity = len(lengths), 320
+    if page is None:
+        latent = rng.standard_normal((batch + 1, capacity, 1, 576)).astype(dt)
+        arrays = {"cache_batch_idx": np.array([2, 0, 3][:batch], np.int32) % (batch + 1)}
+    else:
+        pages_per = -(-capacity // page)
+        num_pages = batch * pages_per + 3
+        latent = rng.standard_normal((num_pages, page, 1, 576)).astype(dt)
+        table = rng.permutation(num_pages)[:batch * pages_per].reshape(batch, pages_per).astype(np.int32)
+        arrays = {"block_table": table}
+    q = rng.standard_normal((batch, seqlen_q, heads, 576)).astype(dt)
+    arrays.update(cache_seqlens=np.array(lengths, np.int32), softmax_scale=576 ** -0.5, causal=options.get("causal", False))
+    if "cache_leftpad" in options:
+        arrays["cache_leftpad"] = np.array(options["cache_leftpad"], np.int32)
+    want = reference.attention_with_kvcache(q, latent, latent[..., :512], **arrays)
+    base = reference.attention_with_kvcache(q, latent, latent[..., :512], **arrays, compute_dtype=dt)
+    gpu = {n: cupy.asarray(x) if isinstance(x, np.ndarray) else x for n, x in arrays.items()}
+    latent_gpu = cupy.asarray(latent)
+    monkeypatch.setattr(device, "_general", lambda *args, **kwargs: pytest.fail("took the general path"))
+    chosen = []
+    decode_variant = device.decode_variant
+    monkeypatch.setattr(device, "decode_variant", lambda *args, **kwargs: chosen.append(decode_variant(*args, **kwargs))
+                        or chosen[-1])
+    out, lse = cupyflash.flash_attention_with_kvcache(cupy.asarray(q), latent_gpu, latent_gpu[..., :512], **gpu,
+                                                      num_splits=options.get("num_splits", 0), return_lse=True)
+    assert [v.kernel for v in chosen] == [device.MLA]
+    assert out.shape == (batch, seqlen_q, heads, 512)
+    assert_within_rule("out", out, want[0], base[0], OUTPUT_FACTOR)
+    assert_within_rule("lse", lse, want[1], base[1], OUTPUT_FACTOR)
+    # v_cache of the same layout in another latent cache: not a view of k_cache, so the general path,
+    # and not the plan of the call above (whose key differs only there).
+    monkeypatch.undo()
+    chosen.clear()
+    monkeypatch.setattr(device, "decode_variant", lambda *args, **kwargs: chosen.append(decode_variant(*args, **kwargs))
+                        or chosen[-1])
+    other = rng.standard_normal(latent.shape).astype(dt)
+    want = reference.attention_with_kvcache(q, latent, other[..., :512], **arrays)
+    base = reference.attention_with_kvcache(q, latent, other[..., :512], **arrays, compute_dtype=dt)
+    out, _ = cupyflash.flash_attention_with_kvcache(cupy.asarray(q), latent_gpu, cupy.asarray(other)[..., :512], **gpu,
+                                                    num_splits=options.get("num_splits", 0), return_lse=True)
+    assert chosen == [None]
+    assert_within_rule("out (v_cache of another cache)", out, want[0], base[0], OUTPUT_FACTOR)
 
 
 @pytest.mark.gpu

@@ -385,6 +385,20 @@ def test_uniform_tiles_hold_the_function_of_their_first_pair(tmp_path, fn, some,
     assert (uniform > 0) == some, uniform
 
 
+@pytest.mark.parametrize("fn, some", [(c[0], c[1]) for c in _UNIFORM_CASES[:12]],
+                         ids=[c[0].__name__ for c in _UNIFORM_CASES[:12]])
+def test_frozen_branch_only_for_functions_that_can_hold_one_value(fn, some):
+    """UserScore::kFreezable, which builds the kernels' frozen branch: set for every function whose tiles
+    can be uniform (those the test above finds uniform boxes for), and clear where the positions reach the
+    score through no clip, rounding, selection, load or saturating function (ALiBi's slope times |q - kv|,
+    whose tiles never hold one value: the branch only cost it time; bench/NOTES.md, session 34)."""
+    source = _trace.cuda_source(_trace_of(fn, [_table()]), True)
+    freezable = "kFreezable = true;" in source
+    assert freezable or "kFreezable = false;" in source
+    assert freezable or not some
+    assert freezable == (fn not in (alibi_by_formula, signed_zero)), fn.__name__
+
+
 # -------------------------------------------------------------------------------- through the API
 
 def _softcap_mod(cap):

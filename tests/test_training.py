@@ -552,3 +552,43 @@ def test_float64_exponential_is_within_its_stated_error(tmp_path):
     assert float(worst) <= 1.5 and float(mean) < 0.4, (worst, mean)
     assert float(neg_inf) == 0 and nan in ("nan", "-nan") and float(below) == 0 and float(one) == 1
     assert abs(float(edge) - 1) < 1e-15
+
+
+_LSE_PAIR_PROGRAM = r"""
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include "common/lse_pair.cuh"
+// The error of lse_pair_difference(s, split_lse(lse)) in ulps of the exact s - lse (long double), over
+// lse in -40 .. 120 (small ones, where s - hi rounds, and the Sterbenz range) and s within -30 .. 2 of it.
+int main() {
+    std::mt19937_64 rng(7);
+    std::uniform_real_distribution<double> lse_of(-40.0, 120.0), gap(-30.0, 2.0), tiny(-1e-3, 1e-3);
+    double worst = 0, worst_twice = 0;
+    for (int i = 0; i < 2000000; ++i) {
+        const double lse = i % 4 ? lse_of(rng) : tiny(rng);  // a quarter near 0 (one-key rows of s near 0)
+        const float s = static_cast<float>(lse + gap(rng));
+        const cupyflash::float2 pair = cupyflash::split_lse(lse);
+        const long double exact = static_cast<long double>(s) - static_cast<long double>(lse);
+        const float d = cupyflash::lse_pair_difference(s, pair);
+        const float twice = (s - pair.x) - pair.y;  // the two roundings it replaces
+        const long double ulp = std::ldexp(1.0L, std::ilogb(static_cast<float>(exact)) - 23);
+        worst = std::fmax(worst, static_cast<double>(fabsl(d - exact) / ulp));
+        worst_twice = std::fmax(worst_twice, static_cast<double>(fabsl(twice - exact) / ulp));
+    }
+    const cupyflash::float2 none = cupyflash::split_lse(-INFINITY);
+    printf("%.6f %.6f %g %g\n", worst, worst_twice, none.x, none.y);
+    return 0;
+}
+"""
+
+
+def test_lse_pair_difference_rounds_once(tmp_path):
+    """common/lse_pair.cuh (the float32 Hopper backward's s - lse from a float pair), built as host C++:
+    within half an ulp of the exact s - lse (plus 2^-24 of one), where rounding s - hi and then - lo
+    reached a whole ulp; a row without keys (-inf) splits into (+inf, 0)."""
+    binary = _host_build(tmp_path, "lse_pair", _LSE_PAIR_PROGRAM)
+    worst, worst_twice, inf, zero = subprocess.run([binary], check=True, capture_output=True, text=True).stdout.split()
+    assert float(worst) <= 0.5 + 2**-20, worst
+    assert float(worst_twice) > 0.75, worst_twice  # (the test can tell the two apart)
+    assert float(inf) == float("inf") and float(zero) == 0

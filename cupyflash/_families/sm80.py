@@ -305,16 +305,25 @@ class Sm80Backward:
 
 
 def backward_buffers(b, p, dout, q, k, v, out, lse, block_m, block_n, deterministic, dq_align=2,
-                     order=ORDERED_BY_LAUNCH, splits=DETERMINISTIC_DQ_SPLITS):
+                     order=ORDERED_BY_LAUNCH, splits=DETERMINISTIC_DQ_SPLITS, in_place=False):
     """The ``BwdArgs`` of a tensor-core backward with tiles of ``block_m`` queries and ``block_n`` keys,
     in plan ``b``; the gradients (outputs); and the dQ buffers (workspace, float32; float64 for float64
     inputs), whose rows are the
     head dim rounded up to ``dq_align`` floats. The workspace also holds delta and, with
     ``deterministic``, the turn counters of the ordered sum, taken in ``order`` into ``splits``
     buffers; the delta kernel zeroes the buffers and the counters (common.plan_delta). Used by the sm90
-    family too."""
+    family too; with ``in_place`` (its float32 kernel, not deterministic) there are no buffers: the
+    reductions add into dq itself (BwdArgs::dq_in_place, zeroed by the delta kernel), and the dQ
+    buffers returned are None."""
     dq, dk, dv = (b.output(x.shape, p.dtype) for x in (q, k, v))
     delta = b.workspace(p.lse_shape, acc_dtype(p.dtype))
+    if in_place:
+        assert p.dtype == numpy.float32 and p.headdim % 4 == 0 and not deterministic, "float32 rows of 16 bytes"
+        dq_fields = ((0, 0, 0), 0, 0, 0, p.headdim, 1, 0)
+        args = common.bwd_args(b, p, dout, q, k, v, out, lse, delta, dq, dk, dv,
+                               common.sparse_lists(b, p, block_m, block_n), dq_fields)
+        args["dq_in_place"] = 1
+        return args, (dq, dk, dv), None
     # Even rows keep every pair of the buffer 8-byte (float64: 16-byte) aligned for the vector reductions.
     dq_ld = common.cdiv(p.headdim, dq_align) * dq_align
     splits = splits if deterministic else 1

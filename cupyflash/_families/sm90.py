@@ -129,7 +129,7 @@ BWD = _kernels.Kernel(
 )
 #: The float32 backward's Q/dO stages per head-dim bucket (kernels_cu/sm90/bwd_planes_mainloop.cuh): 64-key
 #: CTAs and 64-query tiles whose operands are three bfloat16 planes each; at head dim 128 K and V (48 KB
-#: each), one Q and dO stage (96 KB) and the P'/dS^T buffer (24 KB) fill 224 KB.
+#: each), one Q and dO stage (96 KB) and the P'/dS^T/dQ buffer (32 KB) fill 227 KB.
 BWD_PLANES_STAGES = {64: 2, 128: 1}
 BWD_PLANES = _kernels.Kernel(
     "sm90_bwd_planes", "sm90/bwd_planes.cu", ("float32",), ("headdim", "stages"),
@@ -256,12 +256,12 @@ def bwd_smem_bytes(variant):
 def bwd_planes_smem_bytes(variant):
     """Dynamic shared memory of a float32 backward variant (Sm90BwdPlanesTraits::kSmemBytes): K and V and
     ``stages`` Q and dO tiles, each of three bfloat16 planes (two for "tf32") in 64-column atoms of 64
-    rows, the P'/dS^T buffer, ``stages`` rows of lse (float64) and delta, the state, and the alignment
+    rows, the P'/dS^T/dQ buffer, ``stages`` rows of lse (float64) and delta, the state, and the alignment
     slack."""
     d, stages = variant.param("headdim"), variant.param("stages")
     planes = 2 if variant.param("tf32") else 3
     block = BWD_PLANES_BLOCK
-    x = max(planes * block * block * 2, block * block * 4)
+    x = max(planes * block * block * 2, block * block * 4, block * d * 4 if stages == 1 else 0)  # (kDqInX: dQ too)
     return ALIGN_SLACK + planes * block * 128 * _atoms(d) * (2 + 2 * stages) + x + stages * block * 12 + CTA_STATE_BYTES
 
 
@@ -380,6 +380,18 @@ def accum_map(b, maps, field, dq_accum, p, dq_ld, box_rows):
     strides = (row_bytes, rows * row_bytes, p.heads * rows * row_bytes, dq_accum.strides[0])
     b.tensor_map(maps, field, dq_accum, functools.partial(_encode, dtype_code=_TMA_FLOAT32, dims=dims, strides=strides,
                                                           box=(32, box_rows, 1, 1, 1)))
+
+
+def dq_map(b, maps, field, dq, p, box_rows):
+    """``maps[field]`` becomes the CUtensorMap of dq itself (float32, the float32 backward's
+    BwdArgs::dq_in_place) in accum_map's 5-D view (headdim, rows, heads, batch, one buffer), so the
+    kernel's reductions take the same coordinates."""
+    if p.varlen:  # (total_q, heads, headdim)
+        dims, strides = (p.headdim, p.total_q, p.heads, 1, 1), (dq.strides[0], dq.strides[1], 16, 16)
+    else:  # (batch, seqlen_q, heads, headdim)
+        dims, strides = (p.headdim, p.seqlen_q, p.heads, p.batch, 1), (dq.strides[1], dq.strides[2], dq.strides[0], 16)
+    b.tensor_map(maps, field, dq, functools.partial(_encode, dtype_code=_TMA_FLOAT32, dims=dims, strides=strides,
+                                                     box=(32, box_rows, 1, 1, 1)))
 
 
 def _encode(ptr, dtype_code, dims, strides, box):
@@ -654,7 +666,8 @@ class Sm90Backward:
     address; float32 up to head dim 128, any layout (its bfloat16 planes are the kernel's operands).
 
     The argument setup, delta, the float32 dQ buffers, the ordered sum of the deterministic mode and
-    the dQ conversion are the sm80 family's; only the main kernel differs.
+    the dQ conversion are the sm80 family's (float32 but deterministic: dQ added into dq itself, no
+    buffers nor conversion); only the main kernel differs.
     """
 
     name = "sm90"
@@ -710,26 +723,38 @@ class Sm90Backward:
         by_walk = (key_tiles <= device.sm_count and common.cdiv(p.seqlen_q, block_m) * key_tiles < 2**31
                    and p.block_mask is None and p.window_left < 0 and p.window_right < 0)
         order = sm80.ORDERED_BY_WALK if by_walk else sm80.ORDERED_BY_LAUNCH
-        # The TMA reductions need 16-byte rows in the dQ buffers.
+        # The TMA reductions need 16-byte rows in the dQ buffers. float32's go straight into dq (its rows
+        # are headdim floats: 16-byte ones where headdim is a multiple of 4), saving the buffers' zeroing
+        # and the conversion pass (~95 us of a 5.2 ms call at 1k keys, bench/NOTES.md, session 35).
+        in_place = planes and not deterministic and p.headdim % 4 == 0
         args, grads, dq_accum = sm80.backward_buffers(b, p, dout, q, k, v, out, lse, block_m, block_n,
                                                       deterministic, dq_align=4, order=order,
                                                       splits=DETERMINISTIC_DQ_SPLITS_SPLIT_COLS_BY_WALK
-                                                      if by_walk and split_cols else DETERMINISTIC_DQ_SPLITS)
+                                                      if by_walk and split_cols else DETERMINISTIC_DQ_SPLITS,
+                                                      in_place=in_place)
         causal_walks = p.window_left < 0 <= p.window_right and p.block_mask is None
         args["tile_group"] = bwd_tile_group(p, key_tiles, deterministic, device.sm_count, causal_walks and not split_cols)
         args["tail_pairs"] = bwd_tail_pairs(p, key_tiles, deterministic, device.sm_count, causal_walks and split_cols)
         common.plan_delta(b, p, args)
+        maps = b.struct(BWD_MAPS)
         if planes:
+            # q and dout as planes (their tiles are read once per key tile); the kernel's consumers split k
+            # and v, which each CTA reads once (Sm90BwdPlanesMainloop::split_keys): no maps for them.
             tf32 = variant.param("tf32")
             q, dout = (sm80.plan_planes(b, p, x, p.heads, tf32) for x in (q, dout))
-            k, v = (sm80.plan_planes(b, p, x, p.heads_k, tf32) for x in (k, v))
-        maps = b.struct(BWD_MAPS)
-        for field, x, rows in (("q", q, block_m), ("k", k, block_n), ("v", v, block_n), ("dout", dout, block_m)):
+            operands = (("q", q, block_m), ("dout", dout, block_m))
+        else:
+            operands = (("q", q, block_m), ("k", k, block_n), ("v", v, block_n), ("dout", dout, block_m))
+        for field, x, rows in operands:
             tensor_map(b, maps, field, x, p.varlen, rows)
-        accum_map(b, maps, "dq_accum", dq_accum, p, int(args["dq_ld"][0]), block_m)
+        if in_place:
+            dq_map(b, maps, "dq_accum", grads[0], p, block_m)
+        else:
+            accum_map(b, maps, "dq_accum", dq_accum, p, int(args["dq_ld"][0]), block_m)
         grid = (key_tiles * p.batch * p.heads_k, 1, 1)
         b.launch(common.function(variant, smem), grid, BWD_THREADS, (args, maps), smem)
-        common.plan_dq_convert(b, p, args)
+        if not in_place:
+            common.plan_dq_convert(b, p, args)
         return grads
 
 

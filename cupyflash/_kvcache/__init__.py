@@ -40,17 +40,19 @@ def attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_t
               precision, sinks=None, return_max_score=False, score_mod=None, score_mod_buffers=None,
               cache_leftpad=None, q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
     """The body of cupyflash.flash_attention_with_kvcache (its docstring describes the arguments)."""
-    # Calls with sinks, the maximum score, a score_mod or left padding take the checked path (no plan).
+    # Calls with sinks, the maximum score, a score_mod or left padding take the checked path (no plan);
+    # e4m3 calls' descales and out_dtype are part of their key (contiguous descales only).
     plain = (sinks is None and return_max_score is False and score_mod is None and cache_leftpad is None
-             and q_descale is None and k_descale is None and v_descale is None and out_dtype is None
              and not checked_mode())
     key = None if not plain else _keys.kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table,
                                                rotary_cos, rotary_sin, rotary_interleaved, causal, window_size,
                                                softcap, alibi_slopes, softmax_scale, num_splits, return_lse, precision)
+    if q_descale is not None or k_descale is not None or v_descale is not None or out_dtype is not None:
+        key = _keys.with_fp8(key, q_descale, k_descale, v_descale, out_dtype)
     plan = PLANS.get(key)
     if plan is not None:
         results = plan(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
-                       alibi_slopes)
+                       alibi_slopes, None, q_descale, k_descale, v_descale)
         return results if return_lse else results[0]
     named = {"q": q, "k_cache": k_cache, "v_cache": v_cache}
     named.update({n: x for n, x in (("k", k), ("v", v), ("cache_batch_idx", cache_batch_idx), ("block_table", block_table),

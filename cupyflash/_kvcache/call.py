@@ -191,9 +191,6 @@ def check(q, k_cache, v_cache, *, k, v, cache_seqlens, cache_batch_idx, block_ta
 
     fp8 = _problem.check_fp8(dtype, xp, batch, heads, heads_k, q_descale, k_descale, v_descale, out_dtype)
     if fp8:
-        if xp is not numpy:
-            raise NotImplementedError("float8_e4m3fn caches run on NumPy arrays in this version: the decode kernel "
-                                      "does not read e4m3 yet (README, 'FP8 inputs')")
         if score_mod is not None:
             raise ValueError("score_mod is not offered with float8_e4m3fn caches (modify scores in bfloat16)")
     if (rotary_cos is None) != (rotary_sin is None):

@@ -15,7 +15,7 @@ import cupy
 import numpy
 from cupy.cuda import function as _function
 
-from .. import _compute, _families, _kernels, _params, _plan, _problem
+from .. import _compute, _families, _fp8, _kernels, _params, _plan, _problem
 from .._families import common, sm90
 from .call import MAX_SPLITS
 
@@ -42,21 +42,43 @@ MIN_TILES_PER_SPLIT = 2
 APPEND = _kernels.Kernel("kvc_append", "kvcache/kvcache.cu", _kernels.ALL_DTYPES)
 DECODE = _kernels.Kernel("kvc_fwd", "kvcache/kvcache.cu", _kernels.HALF_DTYPES, ("headdim",),
                          tuple((d,) for d in DECODE_BUCKETS), ("score_mod", "max_score"), user_functions=True)
+#: The decode kernel over e4m3 caches (q and new tokens e4m3 too; sm_90a), of out_dtype's dtype.
+DECODE_FP8 = _kernels.Kernel("kvc_fwd_fp8", "kvcache/kvcache.cu", _kernels.HALF_DTYPES, ("headdim",),
+                             tuple((d,) for d in DECODE_BUCKETS), ("score_mod", "max_score"), arch="90a")
 LENGTHS = _kernels.Kernel("kvc_lengths", "kvcache/kvcache.cu", ())
 POISON = _kernels.Kernel("kvc_poison", "kvcache/kvcache.cu", _kernels.ALL_DTYPES)
-KERNELS = (APPEND, DECODE, LENGTHS, POISON)
+#: MLA decoding (kernels_cu/kvcache/mla.cu): one latent kv head of MLA_HEADDIM columns whose first
+#: MLA_HEADDIM_V are the values, v_cache a view of k_cache.
+MLA = _kernels.Kernel("kvc_mla", "kvcache/mla.cu", _kernels.HALF_DTYPES)
+MLA_HEADDIM, MLA_HEADDIM_V = 576, 512
+KERNELS = (APPEND, DECODE, DECODE_FP8, LENGTHS, POISON, MLA)
 
 
-def decode_stages(headdim):
-    """K/V stages of the decode kernel (KvcTraits::kStages)."""
+def decode_stages(headdim, fp8=False):
+    """K/V stages of the decode kernel (KvcTraits::kStages; e4m3 stages hold half the bytes)."""
+    if fp8:
+        return 6 if headdim <= 64 else 4 if headdim <= 128 else 2
     return 4 if headdim <= 64 else 3 if headdim <= 128 else 2
 
 
 def decode_smem_bytes(variant):
-    """Dynamic shared memory of a decode variant (KvcTraits::kSmemBytes): the Q rows and the K/V stages,
-    rows padded by 8 elements."""
-    ld = variant.param("headdim") + 8
-    return DECODE_ROWS * ld * 2 + decode_stages(variant.param("headdim")) * 2 * DECODE_BLOCK_N * ld * 2
+    """Dynamic shared memory of a decode variant (KvcTraits::kSmemBytes: the Q rows and the K/V stages,
+    rows padded by 8 elements; MlaTraits::kSmemBytes: the Q rows, two stages of cache rows, P and the
+    warps' row statistics)."""
+    if variant.kernel is MLA:
+        ld, warps = MLA_HEADDIM + 8, DECODE_THREADS // 32
+        p_bytes, stat_bytes = DECODE_ROWS * (DECODE_BLOCK_N + 8) * 2, 2 * warps * DECODE_ROWS * 4
+        return DECODE_ROWS * ld * 2 + 2 * DECODE_BLOCK_N * ld * 2 + p_bytes + stat_bytes
+    d = variant.param("headdim")
+    ld, tile = d + 8, 2 * DECODE_BLOCK_N * (d + 8) * 2
+    if variant.kernel is DECODE_FP8:  # one float16 K/V tile, and stages of e4m3 rows of d + 16 bytes
+        return DECODE_ROWS * ld * 2 + tile + decode_stages(d, fp8=True) * 2 * DECODE_BLOCK_N * (d + 16)
+    return DECODE_ROWS * ld * 2 + decode_stages(d) * tile
+
+
+def part_cols(variant):
+    """Floats between two partial output rows of a decode variant (its traits' kPartCols)."""
+    return MLA_HEADDIM_V if variant.kernel is MLA else variant.param("headdim")
 
 
 def cxx_facts():
@@ -69,8 +91,19 @@ def cxx_facts():
         facts.update({f"{traits}::kThreads": DECODE_THREADS, f"{traits}::kRows": DECODE_ROWS,
                       f"{traits}::kBlockN": DECODE_BLOCK_N, f"{traits}::kStages": decode_stages(d),
                       f"{traits}::kSmemBytes": decode_smem_bytes(variant)})
+    for d in DECODE_BUCKETS:
+        traits = f"cupyflash::KvcTraits<__half, {d}, cupyflash::E4m3>"
+        facts.update({f"{traits}::kStages": decode_stages(d, fp8=True),
+                      f"{traits}::kSmemBytes": decode_smem_bytes(DECODE_FP8.variant("float16", (d,)))})
+    for dtype, name in (("float16", "__half"), ("bfloat16", "__nv_bfloat16")):
+        traits = f"cupyflash::MlaTraits<{name}>"
+        variant = MLA.variant(dtype)
+        facts.update({f"{traits}::kThreads": DECODE_THREADS, f"{traits}::kRows": DECODE_ROWS,
+                      f"{traits}::kBlockN": DECODE_BLOCK_N, f"{traits}::kHeadDim": MLA_HEADDIM,
+                      f"{traits}::kHeadDimV": MLA_HEADDIM_V, f"{traits}::kPartCols": part_cols(variant),
+                      f"{traits}::kSmemBytes": decode_smem_bytes(variant)})
     facts["cupyflash::kMaxSplits"] = MAX_SPLITS
-    return ("kvcache/kvcache.cu",), facts
+    return ("kvcache/kvcache.cu", "kvcache/mla.cu"), facts
 
 
 # ------------------------------------------------------------------------------------------------
@@ -83,7 +116,7 @@ def _problem_of(c, **fields):
                  heads_k=c.heads_k, headdim=c.headdim, headdim_v=c.headdim_v, softmax_scale=c.softmax_scale,
                  window_left=c.window_left, window_right=c.window_right, softcap=c.softcap,
                  alibi_slopes=c.alibi_slopes, precision=c.precision, user_score=c.user_score,
-                 user_buffers=c.user_buffers)
+                 user_buffers=c.user_buffers, **(c.fp8 or {}))
     return _problem.Problem(**{**sizes, **fields})
 
 
@@ -108,11 +141,55 @@ def _fill_args(args, c, q, out, lse):
     return args
 
 
+def mla_variant(c, device, max_score=False):
+    """The MLA decode kernel's variant for call ``c``, or None when it does not take the call: one kv head
+    of MLA_HEADDIM columns, v_cache the view of its first MLA_HEADDIM_V, 16-byte rows, no score
+    modification, window or maximum score (causal or not), new values (if any) the view of the new keys'
+    first MLA_HEADDIM_V columns (kvc_append writes them first, the same bytes twice), and the shared
+    memory."""
+    if (c.heads_k != 1 or c.headdim != MLA_HEADDIM or c.headdim_v != MLA_HEADDIM_V or max_score or c.softcap != 0.0
+            or c.alibi_slopes is not None or c.user_score is not None or c.window_left >= 0 or c.window_right > 0):
+        return None
+    k, v = c.k_cache, c.v_cache
+    if v.data.ptr != k.data.ptr or v.strides[:3] != k.strides[:3] or k.strides[3] != k.itemsize:
+        return None  # (not a view of the latent cache: the general path)
+    if c.k_new is not None and (c.v_new.data.ptr != c.k_new.data.ptr or c.v_new.strides != c.k_new.strides):
+        return None  # (new values of their own would overwrite the new keys' first columns)
+    if not common.vec_loads(c.q, k) or c.batch * c.seqlen_q * c.heads >= 2**31:
+        return None
+    variant = MLA.variant(common.dtype_name(c.dtype))
+    return variant if decode_smem_bytes(variant) <= device.smem_optin else None
+
+
+def fp8_decode_variant(c, device, max_score=False):
+    """The e4m3 decode kernel's variant for e4m3 call ``c``, or None: compute capability 9.0, head dims up to
+    256, 16-byte rows of the caches and new tokens (the kernel appends these itself), a paged cache or at
+    most DECODE_MAX_ROWS query rows per kv head."""
+    if device.capability != 90 or c.seqlen_q == 0 or c.user_score is not None or c.softcap != 0.0:
+        return None  # (softcap: the 16-bit kernels' tanh.approx is past the FP8 rule's float32 scores, as in the forward)
+    bucket = next((d for d in DECODE_BUCKETS if d >= max(c.headdim, c.headdim_v)), None)
+    new = (c.k_new, c.v_new) if c.k_new is not None else ()
+    if bucket is None or not common.vec_loads(c.k_cache, c.v_cache, *new):
+        return None
+    rows = c.seqlen_q * (c.heads // c.heads_k)
+    if c.block_table is None and rows > DECODE_MAX_ROWS or c.batch * c.seqlen_q * c.heads >= 2**31:
+        return None
+    score_mod = c.softcap != 0.0 or c.alibi_slopes is not None
+    variant = DECODE_FP8.variant(common.dtype_name(c.output_dtype), (bucket,), score_mod=score_mod, max_score=max_score)
+    return variant if decode_smem_bytes(variant) <= device.smem_optin else None
+
+
 def decode_variant(c, device, max_score=False):
     """The decode kernel's variant for call ``c`` (built with its score_mod, if any, and the maximum score's
-    flag), or None when it does not take the call."""
+    flag), the MLA decode kernel's for MLA calls, the e4m3 one's for e4m3 caches, or None when none takes
+    the call."""
+    if c.fp8:
+        return fp8_decode_variant(c, device, max_score)
     if c.dtype.itemsize != 2 or device.capability < 80 or c.seqlen_q == 0:
         return None  # (no queries: no CTA, and the general path appends)
+    mla = mla_variant(c, device, max_score)
+    if mla is not None:
+        return mla
     bucket = next((d for d in DECODE_BUCKETS if d >= max(c.headdim, c.headdim_v)), None)
     if bucket is None or not common.vec_loads(c.k_cache, c.v_cache):
         return None
@@ -137,8 +214,14 @@ def num_splits(c, variant, device, row_tiles):
     base = row_tiles * c.heads_k * c.batch
     # Dense caches: one CTA per SM draws as much bandwidth as two on the H200 (1 x 131072 tokens: 3.89
     # TB/s with 128 CTAs, 3.81 with 264), and fewer splits leave less to merge. Paged caches: two, whose
-    # tiles take turns hiding each other's page lookups (one per SM: 2.8-2.95 TB/s).
-    slots = device.sm_count * (2 if c.block_table is not None else 1)
+    # tiles take turns hiding each other's page lookups (one per SM: 2.8-2.95 TB/s). e4m3 caches: two,
+    # whose tiles' chains (the copies' wait, a barrier, the conversion to float16, a barrier, the
+    # products: one warp a scheduler) take turns too, where two fit (head dims up to 128); with one CTA
+    # an SM the e4m3 kernel ran at the 16-bit cache's speed for half its bytes (8 x 32k: 1.00x, H100,
+    # session 35). The MLA kernel's shared memory fits one CTA per SM either way.
+    fp8_pair = variant.kernel is DECODE_FP8 and 2 * decode_smem_bytes(variant) <= device.smem_optin
+    two = fp8_pair or c.block_table is not None and variant.kernel is not MLA
+    slots = device.sm_count * (2 if two else 1)
     most = min(MAX_SPLITS, max(1, common.cdiv(keys, DECODE_BLOCK_N) // MIN_TILES_PER_SPLIT))
     if base >= slots or most == 1:
         return 1
@@ -155,8 +238,8 @@ def num_splits(c, variant, device, row_tiles):
 
 def _plan_inputs(b, c, alibi_slopes):
     """Call ``c`` with its arrays as inputs of plan ``b``, in the order a run takes them
-    (:meth:`CachePlan.__call__`); ``alibi_slopes`` is the call's own array. The caches are written in
-    place: never copied."""
+    (:meth:`CachePlan.__call__`, the three descales last, None but for e4m3 calls that give them);
+    ``alibi_slopes`` is the call's own array. The caches are written in place: never copied."""
     q = b.input(*common.readable(c.q))
     k_cache, v_cache = b.input(c.k_cache), b.input(c.v_cache)
     k_new, v_new = (b.input(*common.readable(x)) if x is not None else b.input(None) for x in (c.k_new, c.v_new))
@@ -165,7 +248,10 @@ def _plan_inputs(b, c, alibi_slopes):
                              ("block_table", c.block_table), ("rotary_cos", c.rotary_cos),
                              ("rotary_sin", c.rotary_sin), ("alibi_slopes", alibi_slopes),
                              ("cache_leftpad", c.cache_leftpad))}
-    return dataclasses.replace(c, q=q, k_cache=k_cache, v_cache=v_cache, k_new=k_new, v_new=v_new, **slots)
+    descales = {name: b.input(*common.contiguous(c.fp8[name])) if c.fp8 and c.fp8[name] is not None else b.input(None)
+                for name in _fp8.DESCALES}
+    fp8 = dict(c.fp8, **descales) if c.fp8 else None
+    return dataclasses.replace(c, q=q, k_cache=k_cache, v_cache=v_cache, k_new=k_new, v_new=v_new, fp8=fp8, **slots)
 
 
 def _plan_append(b, cs, int_seqlens, fused):
@@ -194,16 +280,18 @@ class CachePlan:
     an array or None (the full cache: a constant of the plan)."""
 
     def __call__(self, q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
-                 alibi_slopes, cache_leftpad=None):
-        """The results of a call of the plan's layout (its key fixed cache_seqlens' type)."""
+                 alibi_slopes, cache_leftpad=None, q_descale=None, k_descale=None, v_descale=None):
+        """The results of a call of the plan's layout (its key fixed cache_seqlens' type; e4m3 calls' descales
+        contiguous, as their key requires)."""
         if self.capacity is None:
             return self.plan.run(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos,
-                                 rotary_sin, alibi_slopes, cache_leftpad)
+                                 rotary_sin, alibi_slopes, cache_leftpad, q_descale, k_descale, v_descale)
         value = int(cache_seqlens)
         if not 0 <= value <= self.capacity:
             raise ValueError(f"cache_seqlens must be in [0, {self.capacity}], got {value}")
         return self.plan.run(q, k_cache, v_cache, k, v, None, cache_batch_idx, block_table, rotary_cos, rotary_sin,
-                             alibi_slopes, cache_leftpad, scalars=(value,) * self.scalars)
+                             alibi_slopes, cache_leftpad, q_descale, k_descale, v_descale,
+                             scalars=(value,) * self.scalars)
 
 
 class DecodePlan(CachePlan):
@@ -217,14 +305,15 @@ class DecodePlan(CachePlan):
         self.capacity = c.capacity - c.seqlen_new if int_seqlens else None
         b = _plan.PlanBuilder()
         cs = _plan_inputs(b, c, alibi_slopes)
-        out = b.output(c.out_shape, c.dtype)
+        out = b.output(c.out_shape, c.output_dtype)
         lse = b.output(c.lse_shape, numpy.float32) if return_lse else b.workspace(c.lse_shape, numpy.float32)
         rows = c.seqlen_q * (c.heads // c.heads_k)
         row_tiles = common.cdiv(rows, DECODE_ROWS)
         splits = num_splits(c, variant, device, row_tiles)
         # Unrotated new keys whose rows suit the decode kernel's 16-byte copies are appended by it (its
         # tiles read them from k_new/v_new); the others are written by kvc_append first.
-        fused = bool(c.seqlen_new and not c.rotary_dim and common.vec_loads(cs.k_new, cs.v_new))
+        fused = bool(c.seqlen_new and not c.rotary_dim and common.vec_loads(cs.k_new, cs.v_new)
+                     and variant.kernel is not MLA)
         q, appended = _plan_append(b, cs, int_seqlens, fused)
         main = _fill_args(b.struct(_params.KV_CACHE_ARGS), cs, q, out, lse)
         main["num_splits"] = splits
@@ -232,7 +321,7 @@ class DecodePlan(CachePlan):
             main["k_new"] = main["v_new"] = (0, 0, 0, 0)
         if splits > 1:
             # Partial rows are the bucket's width apart (16-byte aligned float4 reads in the merge).
-            part_out = b.workspace((splits * c.batch * c.seqlen_q * c.heads * variant.param("headdim"),), numpy.float32)
+            part_out = b.workspace((splits * c.batch * c.seqlen_q * c.heads * part_cols(variant),), numpy.float32)
             part_lse = b.workspace((splits * c.batch * c.heads * c.seqlen_q,), numpy.float32)
             counters = b.counters(c.batch * c.heads_k * row_tiles)
             main["part_out"], main["part_lse"] = part_out.data.ptr, part_lse.data.ptr
@@ -338,12 +427,18 @@ def attention(c, alibi_slopes, return_lse, int_seqlens, max_score=False):
     plan = None
     if variant is not None:
         plan = DecodePlan(c, variant, device, alibi_slopes, return_lse, int_seqlens, max_score)
+    elif c.fp8:
+        raise NotImplementedError("float8_e4m3fn caches run on CuPy arrays in the e4m3 decode kernel only: compute "
+                                  "capability 9.0, at least one query, no softcap, head dims up to 256 with 16-byte rows "
+                                  f"(multiples of 16), a paged cache or at most {DECODE_MAX_ROWS} query rows per kv "
+                                  "head (README, 'FP8 inputs')")
     elif general_plannable(c, device, max_score):
         plan = GeneralPlan(c, device, alibi_slopes, return_lse, int_seqlens)
     if plan is not None:
         results = plan(c.q, c.k_cache, c.v_cache, c.k_new, c.v_new,
                        c.cache_seqlens if c.cache_seqlens is not None else c.cache_seqlens_value, c.cache_batch_idx,
-                       c.block_table, c.rotary_cos, c.rotary_sin, alibi_slopes, c.cache_leftpad)
+                       c.block_table, c.rotary_cos, c.rotary_sin, alibi_slopes, c.cache_leftpad,
+                       *(c.fp8[name] if c.fp8 else None for name in _fp8.DESCALES))
         return (results[0], results[1] if return_lse else None, results[-1] if max_score else None), plan
     q, _ = common.readable(c.q)
     # The kernels below index these per batch entry as contiguous arrays.

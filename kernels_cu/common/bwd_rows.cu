@@ -3,10 +3,10 @@
 // bytes and little else, so what sets their speed is how many loads each lane keeps in flight:
 //   bwd_delta       delta = rowsum(dO * O), the first kernel of every backward; for the tensor-core
 //                   families it also zeroes the float32 dQ buffers and the turn counters of the ordered
-//                   sum, so a backward call needs no memset of its own; with sinks it writes each row's
-//                   term of their gradient;
+//                   sum (or, with dq_in_place, dq itself), so a backward call needs no memset of its
+//                   own; with sinks it writes each row's term of their gradient;
 //   bwd_dq_convert  dQ = softmax_scale * (the sum of the dQ buffers), rounded to T: the last kernel of the
-//                   tensor-core families' backward.
+//                   tensor-core families' backward (but the Hopper float32 one's with dq_in_place).
 #include "common/dtypes.cuh"
 #include "common/math.cuh"
 #include "common/params.cuh"
@@ -44,7 +44,8 @@ struct RowRun {
 // 16-byte aligned, or wider than one load per lane, take element loads. Where args.dq_accum.ptr is set,
 // the run's dq_ld floats per row of each of the dq_splits buffers are zeroed (a run's rows are
 // contiguous there: 16-byte stores where dq_ld and the split stride are multiples of 4, as on the
-// Hopper path, else 8-byte, dq_ld being even), and where args.dq_turns is set, the turn counters.
+// Hopper path, else 8-byte, dq_ld being even); with args.dq_in_place, dq's own rows instead; and where
+// args.dq_turns is set, the turn counters.
 // Where args.sink_terms is set (sinks), row r's term of d loss / d sinks[h] is written beside delta:
 // the sink's probability exp(sink - lse_r) times delta_r (0 where lse is -inf: a row that saw no key
 // beside a sink of -inf), the difference in lse's type and the rest in the accumulators' (float32's
@@ -140,6 +141,25 @@ bwd_delta(const CUPYFLASH_GRID_CONSTANT BwdArgs args, int lanes, int run_rows) {
                     for (int c = 4 * lane32; c < count; c += 128) *reinterpret_cast<float4*>(dst + c) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                 } else {
                     for (int c = 2 * lane32; c < count; c += 64) *reinterpret_cast<float2*>(dst + c) = make_float2(0.0f, 0.0f);
+                }
+            }
+        }
+    }
+    if constexpr (sizeof(T) == 4) {
+        if (args.dq_in_place) {
+            // dq itself takes the reductions (float32 only; the host sets dq_in_place for 16-byte rows):
+            // the run's rows zeroed, a warp a run, 16 bytes a lane.
+            const int lane32 = threadIdx.x % 32;
+            for (unsigned u = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; u < runs;
+                 u += gridDim.x * (blockDim.x / 32)) {
+                const RowRun run(a, u, run_rows);
+                const int end = run.s0 + run_rows < a.seqlen_q ? run.s0 + run_rows : a.seqlen_q;
+                T* const rows = head_rows<T>(args.dq, run.b, 0, run.h);
+                for (int s = run.s0; s < end; ++s) {
+                    T* const row = rows + s * args.dq.row_stride;
+                    for (int c = 4 * lane32; c < a.headdim; c += 128) {
+                        *reinterpret_cast<float4*>(row + c) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    }
                 }
             }
         }

@@ -52,6 +52,10 @@ template <> __device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float lo, f
     return *reinterpret_cast<unsigned*>(&h);
 }
 
+// SelectType<B, X, Y>::type: X where B, else Y (NVRTC builds without the standard library).
+template <bool B, typename X, typename Y> struct SelectType { using type = X; };
+template <typename X, typename Y> struct SelectType<false, X, Y> { using type = Y; };
+
 // FP8 inputs (ml_dtypes.float8_e4m3fn): a tag for the kernels' storage type (1 byte; the tensor cores
 // and cvt read the bits).
 struct E4m3 {

@@ -110,6 +110,8 @@ struct BwdArgs {
     int tail_pairs;              // sm90: the last pairs, whose key tiles launch in turn after the others' (0: tile_group)
     ModGrads score_grads;        // accumulators of the score_mod buffers' gradients (zeroed before the launch)
     void* sink_terms;            // sinks: bwd_delta's exp(sink - lse) * delta per row (lse_t, delta's layout); null: none
+    int dq_in_place;             // 1 (the sm90 float32 backward): dQ's reductions add softmax_scale * dS K into dq
+                                 // itself, which bwd_delta zeroes; no dQ buffers, no conversion
 };
 
 // The K-major forwards' pre-passes (sm90/kmajor_values.cu): v as V^T.

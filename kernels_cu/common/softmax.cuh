@@ -10,6 +10,7 @@
 // large logits those put the gradients outside the same-precision tolerance, so the accuracy-first
 // general path does not do it; fragment/softmax.cuh is the base-2 version of the tensor-core paths.)
 #pragma once
+#include "common/lse_pair.cuh"
 #include "common/math.cuh"
 
 namespace cupyflash {
@@ -65,29 +66,11 @@ __device__ __forceinline__ Acc recompute_prob(Acc s, L lse, bool visible) {
     return (visible && lse != Consts<L>::neg_inf()) ? exp_acc(static_cast<Acc>(L(s) - lse)) : Acc(0);
 }
 
-// A float64 lse for float32 probabilities, as two floats: hi = fl(lse) and lo = fl(lse - hi), so that
-// exp((s - hi) - lo) takes no float64 operation (two conversions at a quarter of the FMA rate and a DADD
-// an entry, on the float32 backward's critical path). Where P is above 1e-7, s is within 16 of lse,
-// so s - hi is exact (Sterbenz) whenever |hi| >= 32; the one rounding left is that of the
-// second difference, as in fl32(s - lse) (lo's own rounding is 2^-48 |lse|). For |hi| < 32, s - hi
-// rounds too: d = s - lse is off by at most one ulp of d, a relative error of P of |d| 2^-23 (2e-6 at
-// d = -20, where P = 2e-9). A row with no key (lse = -inf) becomes hi = +inf, lo = 0: recompute_prob
-// returns 0 for it. (Its test is a branch per entry; a select over all of a thread's exponentials let
-// the compiler interleave them, and the head-dim-64 backward's consumers then spilled.)
-__device__ __forceinline__ float2 split_lse(double lse) {
-    if (lse == Consts<double>::neg_inf()) return make_float2(Consts<float>::inf(), 0.0f);
-    const float hi = __double2float_rn(lse);
-    return make_float2(hi, __double2float_rn(lse - static_cast<double>(hi)));
-}
-
-// Two queries' split_lse pairs (probabilities_cols_natural's lse_pair: first, second).
-struct SplitLsePair {
-    float2 x, y;
-};
-
-// P = exp(s - lse) from split_lse's pair (a visible entry; else 0).
+// P = exp(s - lse) of a visible entry from split_lse's pair (common/lse_pair.cuh), else 0. (Its test is a
+// branch per entry; a select over all of a thread's exponentials let the compiler interleave them, and
+// the head-dim-64 backward's consumers then spilled.)
 __device__ __forceinline__ float recompute_prob(float s, float2 lse, bool visible) {
-    return (visible && lse.x != Consts<float>::inf()) ? exp_acc(__fsub_rn(__fsub_rn(s, lse.x), lse.y)) : 0.0f;
+    return (visible && lse.x != Consts<float>::inf()) ? exp_acc(lse_pair_difference(s, lse)) : 0.0f;
 }
 
 }  // namespace cupyflash

@@ -31,6 +31,8 @@ struct NoUserScore {
     static constexpr bool kGradientsReadScore = false;
     static constexpr bool kAdditive = false;
     static constexpr bool kReadsPositions = false;
+    static constexpr bool kFreezable = false;
+    static constexpr bool kFast = false;
 };
 struct NoUserMask {
     static constexpr bool kEnabled = false;
@@ -64,6 +66,8 @@ struct UserNaturalScores {
     int b, h;
     UserExtent extent;
 
+    static constexpr bool kFolded = false;  // (UserLog2Scores::kFolded: the natural-log paths never fold)
+
     UserNaturalScores() = default;
     __device__ __forceinline__ UserNaturalScores(const AttnArgs& a, const Sequence& seq, int b_, int h_)
         : scale(static_cast<Acc>(a.softmax_scale)), buffers(&a.score_buffers), b(b_), h(h_), extent(seq) {}
@@ -90,7 +94,7 @@ struct UserNaturalScores {
 // modify_rows with kScoreMod): the scaled score softmax_scale * x rounded once, the function in float32,
 // then LOG2E times it, the base-2 units of fragment/softmax.cuh. The ALiBi bias argument is unused (the
 // host refuses ALiBi with a score_mod), and so is the softcap's tanh.
-template <typename ScoreFn>
+template <typename ScoreFn, bool kFold = false>
 struct UserLog2Scores {
     using Fn = ScoreFn;
     using Float = float;
@@ -107,11 +111,26 @@ struct UserLog2Scores {
         : scale(static_cast<float>(a.softmax_scale)), scale_log2(static_cast<float>(a.softmax_scale) * kLog2eF),
           buffers(&a.score_buffers), b(b_), h(h_), extent(seq) {}
 
+    // A forward's (kFold) fast forms of an additive function (16-bit inputs), value = s + g(positions):
+    // LOG2E (s + g) as one FMA of the raw product, fma(x, scale_log2, LOG2E g), the scale folded as the
+    // built-in scores fold it (g is the function at score -0, to which adding -0 changes nothing); a
+    // frozen tile takes LOG2E g once (FrozenScores), where the accurate form's scale, add and product cost
+    // three instructions an entry. Pair and frozen tile compute it alike, bitwise. The backwards keep the
+    // accurate form (folded, the Hopper backward's consumers went from 16 local accesses to 48 with a T5
+    // bias), so they recompute the scores within their roundings (a few float32 ulps, far inside a
+    // 16-bit gradient's tolerance), as fast forms and the built-in kernels' folded scale already do.
+    static constexpr bool kFolded = kFold && ScoreFn::kAdditive && ScoreFn::kFast;
+
     // (Evaluated everywhere, then selected: a function evaluated under a per-pair branch keeps the compiler
     // from sharing its parts that depend on the head alone across the pairs. Its loads are bounds-checked.)
     __device__ __forceinline__ float modified(float x, int i, int j, float, float* tanh_out) const {
         *tanh_out = 0.0f;
-        const float v = ScoreFn::template value<float>(scale_score(x, scale), b, h, i, j, *buffers) * kLog2eF;
+        float v;
+        if constexpr (kFolded) {
+            v = fmaf(x, scale_log2, ScoreFn::template value<float>(-0.0f, b, h, i, j, *buffers) * kLog2eF);
+        } else {
+            v = ScoreFn::template value<float>(scale_score(x, scale), b, h, i, j, *buffers) * kLog2eF;
+        }
         return extent.inside(i, j) ? v : 0.0f;
     }
 
@@ -182,10 +201,15 @@ template <typename Base>
 struct FrozenScores : Base {
     using Fn = typename Base::Fn;
     using F = typename Base::Float;
+    static constexpr bool kFolded = Base::kFolded;
     typename Fn::template Frozen<F> fz;
 
+    F folded_log2 = F(0);  // LOG2E g of the fast forms' additive functions (UserLog2Scores::kFolded)
+
     __device__ __forceinline__ FrozenScores(const Base& base, int i0, int j0)
-        : Base(base), fz(Fn::template freeze<F>(base.b, base.h, i0, j0, *base.buffers)) {}
+        : Base(base), fz(Fn::template freeze<F>(base.b, base.h, i0, j0, *base.buffers)) {
+        if constexpr (kFolded) folded_log2 = Fn::value_frozen(F(-0.0), fz, *base.buffers) * kLog2eF;
+    }
 
     // UserNaturalScores::modified.
     __device__ __forceinline__ F modified(F x, int, int, F* grad) const {
@@ -196,7 +220,11 @@ struct FrozenScores : Base {
     // UserLog2Scores::modified and derivative (UserLog2ScoresLate's derivative: 1), derivative_at, scatter.
     __device__ __forceinline__ float modified(float x, int, int, float, float* tanh_out) const {
         *tanh_out = 0.0f;
-        return Fn::value_frozen(scale_score(x, this->scale), fz, *this->buffers) * kLog2eF;
+        if constexpr (kFolded) {
+            return fmaf(x, this->scale_log2, folded_log2);
+        } else {
+            return Fn::value_frozen(scale_score(x, this->scale), fz, *this->buffers) * kLog2eF;
+        }
     }
     __device__ __forceinline__ float derivative(float x, int, int, float) const {
         if constexpr (Base::kLate) {
@@ -213,7 +241,8 @@ struct FrozenScores : Base {
 };
 
 // Whether a kernel's scores object is a FrozenScores, and whether a kernel built for ScoreFn takes the
-// frozen branch (a score_mod that reads the positions; the others compute the same per pair).
+// frozen branch (a score_mod whose reads of the positions can hold one value over a tile, kFreezable; the
+// others compute the same per pair).
 template <typename Scores>
 struct IsFrozen {
     static constexpr bool value = false;
@@ -224,25 +253,26 @@ struct IsFrozen<FrozenScores<Base>> {
 };
 template <typename ScoreFn>
 struct FreezesScores {
-    static constexpr bool value = ScoreFn::kEnabled && ScoreFn::kReadsPositions;
+    static constexpr bool value = ScoreFn::kEnabled && ScoreFn::kFreezable;
 };
 
 // A kernel's scores object: its built-in one (Log2Scores, or NaturalScores<Acc> on the natural-log
-// paths) without a score_mod; with one, UserLog2Scores or UserNaturalScores<Acc> in its place.
-template <typename ScoreFn, typename Builtin>
+// paths) without a score_mod; with one, UserLog2Scores or UserNaturalScores<Acc> in its place (kFold: a
+// forward's, UserLog2Scores::kFolded).
+template <typename ScoreFn, typename Builtin, bool kFold = false>
 struct ScoresOf {
-    using type = UserLog2Scores<ScoreFn>;
+    using type = UserLog2Scores<ScoreFn, kFold>;
 };
-template <typename ScoreFn, typename Acc>
-struct ScoresOf<ScoreFn, NaturalScores<Acc>> {
+template <typename ScoreFn, typename Acc, bool kFold>
+struct ScoresOf<ScoreFn, NaturalScores<Acc>, kFold> {
     using type = UserNaturalScores<Acc, ScoreFn>;
 };
-template <typename Builtin>
-struct ScoresOf<NoUserScore, Builtin> {
+template <typename Builtin, bool kFold>
+struct ScoresOf<NoUserScore, Builtin, kFold> {
     using type = Builtin;
 };
-template <typename Acc>
-struct ScoresOf<NoUserScore, NaturalScores<Acc>> {
+template <typename Acc, bool kFold>
+struct ScoresOf<NoUserScore, NaturalScores<Acc>, kFold> {
     using type = NaturalScores<Acc>;
 };
 

@@ -13,6 +13,9 @@
 //                num_splits > 1 each CTA writes a float32 partial output and its lse, and the last
 //                split of a row tile to finish merges them: out = sum_s exp(lse_s - lse) out_s,
 //                lse = ln sum_s exp(lse_s).
+//   kvc_fwd_fp8  the same kernel over e4m3 caches (sm_90a): q, the caches and the new tokens e4m3; each
+//                stage's bytes converted into a float16 K/V tile for the products, the scores times
+//                q_descale * k_descale, the output times v_descale, written in out_dtype.
 //   kvc_lengths  the general path's per-entry key counts (seqused_k) and bad flags; kvc_poison turns
 //                the rows of bad entries into NaN afterwards.
 //
@@ -22,6 +25,7 @@
 // as page 0 and not written. Such an entry's output rows and lse are NaN (cupyflash/_api.py).
 #include "common/dtypes.cuh"
 #include "kvcache/cache.cuh"
+#include "kvcache/split_merge.cuh"
 #include "common/launch.cuh"
 #include "common/mask.cuh"
 #include "common/max_score.cuh"
@@ -110,124 +114,52 @@ __global__ void __launch_bounds__(128) kvc_append(const CUPYFLASH_GRID_CONSTANT 
 // ------------------------------------------------------------------------------------------------
 // The decode kernel.
 
-template <typename T, int kHeadDim_>
+// C: the storage type of q, the caches and the new tokens: T (float16/bfloat16), or E4m3, whose tiles
+// land as bytes in stages of their own and are converted into one float16 K/V tile for the products
+// (e4m3 values are exact in float16), T being the output's type.
+template <typename T, int kHeadDim_, typename C = T>
 struct KvcTraits {
     static constexpr int kHeadDim = kHeadDim_;  // bucket covering headdim and headdim_v
+    static constexpr int kPartCols = kHeadDim;  // floats between two partial output rows (merge_splits)
+    static constexpr bool kFp8 = sizeof(C) == 1;
     static constexpr int kWarps = 4;
     static constexpr int kThreads = 32 * kWarps;
     static constexpr int kRows = 16;            // (query, head) rows per CTA: one mma.sync m-tile
     static constexpr int kBlockN = 16 * kWarps; // keys per stage, 16 per warp
-    static constexpr int kLd = kHeadDim + 8;    // padded shared row (sm80/tile.cuh)
-    static constexpr int kStageBytes = 2 * kBlockN * kLd * static_cast<int>(sizeof(T));
+    static constexpr int kLd = kHeadDim + 8;    // padded shared row of 16-bit elements (sm80/tile.cuh)
+    static constexpr int kLd8 = kHeadDim + 16;  // padded row of an e4m3 stage (bytes)
+    static constexpr int kTileBytes = 2 * kBlockN * kLd * 2;  // K and V of 16-bit elements
+    static constexpr int kStageBytes = kFp8 ? 2 * kBlockN * kLd8 : kTileBytes;
     // Stages in flight: decoding is bound by DRAM bandwidth, and with two CTAs per SM up to head dim
     // 128 (one at 256) these keep 100-200 KB of K/V requests in flight per SM, several times the
-    // bandwidth-latency product (4.24 TB/s * ~1 us / 132 SMs = 32 KB).
-    static constexpr int kStages = kHeadDim <= 64 ? 4 : kHeadDim <= 128 ? 3 : 2;
-    static constexpr int kQBytes = kRows * kLd * static_cast<int>(sizeof(T));
-    static constexpr int kSmemBytes = kQBytes + kStages * kStageBytes;
-    // After the loop the stages hold each warp's float32 output rows and row statistics (the maximum,
-    // the sum and the largest score).
+    // bandwidth-latency product (4.24 TB/s * ~1 us / 132 SMs = 32 KB). e4m3 stages hold half the bytes:
+    // more of them keep as many in flight.
+    static constexpr int kStages = kFp8 ? (kHeadDim <= 64 ? 6 : kHeadDim <= 128 ? 4 : 2)
+                                        : (kHeadDim <= 64 ? 4 : kHeadDim <= 128 ? 3 : 2);
+    static constexpr int kQBytes = kRows * kLd * 2;
+    static constexpr int kSmemBytes = kQBytes + (kFp8 ? kTileBytes : 0) + kStages * kStageBytes;
+    // After the loop the tiles (and stages) hold each warp's float32 output rows and row statistics
+    // (the maximum, the sum and the largest score).
     static constexpr int kMergeBytes = kWarps * kRows * (kHeadDim + 3) * 4;
-    static_assert(kMergeBytes <= kStages * kStageBytes, "the warps' states must fit the stage buffers");
+    static_assert(kMergeBytes <= kSmemBytes - kQBytes, "the warps' states must fit the tiles");
     static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head-dim buckets are multiples of 16 up to 256");
 };
 
-// Largest num_splits (cupyflash/_kvcache/call.py MAX_SPLITS): the merge keeps a row tile's weights, one
-// per split and row, in shared memory.
-constexpr int kMaxSplits = 256;
+// Two e4m3 values (the low byte first) as a float16 pair, exactly.
+__device__ __forceinline__ unsigned e4m3x2_to_half2(unsigned short x) {
+    unsigned r;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(r) : "h"(x));
+    return r;
+}
 
-// The split merge, run by the CTAs of kvc_fwd after they wrote their partial rows: the last of a row
-// tile's num_splits CTAs to count itself merges the tile's rows. Row (b, i, h) gets lse = ln sum_s
-// exp(lse_s) and out = sum_s exp(lse_s - lse) out_s, shifted by the largest lse_s, summed in a fixed
-// order (deterministic). Splits that saw no key (lse_s = -inf) weigh 0; a row no split saw is 0 with lse
-// -inf; a NaN lse_s makes the row NaN. Each CTA's writes are fenced before it counts, and the merging
-// CTA reads the partials through L2 (ld.cg), where the other SMs' writes are. The counter of the row
-// tile is zero before the launch, and the merging CTA sets it back to zero: the plan zeroes its
-// counters once (cupyflash/_plan.py PlanBuilder.counters).
-template <typename T, typename Tr>
-__device__ __forceinline__ void merge_splits(const KvCacheArgs& c, unsigned char* smem_raw) {
-    constexpr int kWeightsLd = kMaxSplits + 1;  // a row's weights, padded: the rows' threads read other banks
-    static_assert(Tr::kRows * (kWeightsLd + 1) * 4 <= Tr::kSmemBytes, "the merge's weights fit the shared memory");
-    const AttnArgs& a = c.attn;
-    const int splits = c.num_splits;
-    // The CTA's row tile, from the grid (kvc_fwd's own values are not kept across its loop for this).
-    const int row_tile = blockIdx.x / splits, hk = blockIdx.y, b = blockIdx.z;
-    const int group = a.heads / a.heads_k, rows = a.seqlen_q * group, r0 = row_tile * Tr::kRows;
-    __shared__ int is_last;
-    __threadfence();
-    __syncthreads();  // also: every thread is done with the warps' states in shared memory
-    if (threadIdx.x == 0) {
-        int* counter = c.split_counters + (static_cast<long long>(b) * a.heads_k + hk) * (gridDim.x / splits) + row_tile;
-        is_last = atomicAdd(counter, 1) == splits - 1;
-        if (is_last) atomicExch(counter, 0);
-        __threadfence();  // the count before the reads of the partials it stands for
-    }
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-
-    const int tile_rows = min(Tr::kRows, rows - r0);
-    const long long all_rows = static_cast<long long>(a.batch) * a.seqlen_q * a.heads;  // per split
-    float* weights = reinterpret_cast<float*>(smem_raw);  // [row][split]: exp(lse_s - base)
-    float* row_inv = weights + Tr::kRows * kWeightsLd;     // [row]: 1 / sum of the weights, NaN for a NaN row
-    // A warp per row: its lanes read the row's split lse values (one L2 round trip for up to 32 splits),
-    // and the row's maximum, NaN flag and sum are butterflies across the warp (a fixed order).
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (int r = warp; r < tile_rows; r += Tr::kWarps) {
-        const int i = (r0 + r) / group, h = hk * group + (r0 + r) % group;
-        const long long lse_row = (static_cast<long long>(b) * a.heads + h) * a.seqlen_q + i;
-        float* w = weights + r * kWeightsLd;
-        float m = Consts<float>::neg_inf();
-        bool nan = false;
-        for (int s = lane; s < splits; s += 32) {
-            const float x = __ldcg(c.part_lse + s * all_rows + lse_row);
-            w[s] = x;
-            nan = nan || x != x;
-            m = fmaxf(m, x);
-        }
-        m = group_max<32>(m);
-        nan = __any_sync(0xffffffffu, nan);
-        const float base = m == Consts<float>::neg_inf() ? 0.0f : m;
-        float total = 0.0f;
-        for (int s = lane; s < splits; s += 32) {
-            w[s] = __expf(w[s] - base);
-            total += w[s];
-        }
-        total = group_sum<32>(total);
-        if (lane == 0) {
-            const float qnan = __int_as_float(0x7fc00000);
-            row_inv[r] = nan ? qnan : (total != 0.0f ? 1.0f / total : 0.0f);
-            static_cast<float*>(c.lse.ptr)[rows_index(c.lse, b, h, i)] =
-                nan ? qnan : (total != 0.0f ? base + __logf(total) : Consts<float>::neg_inf());
-        }
-    }
-    __syncthreads();
-    // A thread per four columns of a row (partial rows are kHeadDim floats apart, so 16-byte aligned;
-    // the columns past headdim_v are read and dropped): sixteen splits' loads in flight at once, so a
-    // merge of up to 32 splits is two L2 round trips.
-    constexpr int kVec = 4;
-    const int vecs = ceil_div(a.headdim_v, kVec);
-    const long long split_stride = all_rows * (Tr::kHeadDim / kVec);  // float4s between two splits' rows
-    for (int idx = threadIdx.x; idx < tile_rows * vecs; idx += Tr::kThreads) {
-        const int r = idx / vecs, col = (idx % vecs) * kVec;
-        const int i = (r0 + r) / group, h = hk * group + (r0 + r) % group;
-        const float4* part = reinterpret_cast<const float4*>(
-            c.part_out + ((static_cast<long long>(b) * a.seqlen_q + i) * a.heads + h) * Tr::kHeadDim + col);
-        const float* w = weights + r * kWeightsLd;
-        float acc[kVec] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll 16
-        for (int s = 0; s < splits; ++s) {
-            const float4 x = __ldcg(part + s * split_stride);
-            acc[0] += w[s] * x.x;
-            acc[1] += w[s] * x.y;
-            acc[2] += w[s] * x.z;
-            acc[3] += w[s] * x.w;
-        }
-        T* out_row = head_rows<T>(c.out, b, i, h);
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-            if (col + k < a.headdim_v) out_row[col + k] = from_acc<T>(acc[k] * row_inv[r]);
-        }
+// An element of q as the products' type M (e4m3 bytes converted exactly to float16).
+template <typename M, typename C>
+__device__ __forceinline__ M product_element(C x) {
+    if constexpr (sizeof(C) == 1) {
+        const unsigned h2 = e4m3x2_to_half2(x.bits);
+        return *reinterpret_cast<const M*>(&h2);
+    } else {
+        return x;
     }
 }
 
@@ -235,20 +167,26 @@ __device__ __forceinline__ void merge_splits(const KvCacheArgs& c, unsigned char
 // row's head (UserLog2ScoresByRow). Caches have no block mask, so no mask_mod (MaskFn is NoUserMask).
 // kMaxScore (return_max_score): the warps also keep each row's largest score, and each row raises its
 // (batch entry, head) maximum after the merge (a split's rows raise it with their keys' largest).
-template <typename T, int kHeadDim, bool kScoreMod, bool kMaxScore, typename ScoreFn = NoUserScore,
-          typename MaskFn = NoUserMask>
-__global__ void __launch_bounds__(KvcTraits<T, kHeadDim>::kThreads, 2)
-kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
+// C: T, or E4m3 for an e4m3 cache (kvc_fwd_fp8: q and the new tokens e4m3 too; the products on float16,
+// the scores times q_descale * k_descale, the output times v_descale, T the output's type).
+template <typename T, typename C, int kHeadDim, bool kScoreMod, bool kMaxScore, typename ScoreFn, typename MaskFn>
+__device__ __forceinline__ void decode_attention(const KvCacheArgs& c, unsigned char* smem_raw) {
     static_assert(!MaskFn::kEnabled, "caches have no block mask");
-    using Tr = KvcTraits<T, kHeadDim>;
+    using Tr = KvcTraits<T, kHeadDim, C>;
+    constexpr bool kFp8 = Tr::kFp8;
+    using M = typename SelectType<kFp8, __half, T>::type;  // the products' type
     constexpr int kBlockN = Tr::kBlockN, kLd = Tr::kLd, kStages = Tr::kStages;
-    constexpr int kDSteps = kHeadDim / 16, kOTiles = kHeadDim / 8, kChunks = kHeadDim / 8;
-    extern __shared__ __align__(16) unsigned char smem_raw[];
+    constexpr int kDSteps = kHeadDim / 16, kOTiles = kHeadDim / 8;
+    constexpr int kVec = 16 / static_cast<int>(sizeof(C));  // elements of a 16-byte copy
+    constexpr int kChunks = kHeadDim / kVec;
     require_dynamic_smem<Tr::kSmemBytes>();
     const AttnArgs& a = c.attn;
-    T* sQ = reinterpret_cast<T*>(smem_raw);
-    T* sK = sQ + Tr::kRows * kLd;           // kStages tiles of kBlockN rows
-    T* sV = sK + kStages * kBlockN * kLd;
+    M* sQ = reinterpret_cast<M*>(smem_raw);
+    // 16-bit caches: kStages K and V tiles of kBlockN rows, copied into directly. e4m3: one K and V tile
+    // of float16, each stage's bytes (rows of Tr::kLd8) converted into it at the top of its iteration.
+    M* sK = sQ + Tr::kRows * kLd;
+    M* sV = sK + (kFp8 ? 1 : kStages) * kBlockN * kLd;
+    unsigned char* const stages8 = reinterpret_cast<unsigned char*>(sV + kBlockN * kLd);
 
     const int split = blockIdx.x % c.num_splits;
     const int row_tile = blockIdx.x / c.num_splits;
@@ -296,23 +234,24 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
     // latency hides behind a tile's compute instead of delaying its copies.
     constexpr int kRowsPerPass = Tr::kThreads / kChunks;
     constexpr int kPasses = kBlockN / kRowsPerPass;
+    constexpr int kRowBytes = kFp8 ? Tr::kLd8 : kLd * 2;  // bytes between two rows of a stage
     static_assert(Tr::kThreads % kChunks == 0 && kBlockN % kRowsPerPass == 0, "whole rows per pass");
-    const int my_row = threadIdx.x / kChunks, my_col = (threadIdx.x % kChunks) * 8;
+    const int my_row = threadIdx.x / kChunks, my_col = (threadIdx.x % kChunks) * kVec;
     bool bad_page = false;
     // New keys in k_new/v_new (no rotary, so no kvc_append ran): written into the cache below.
     const bool fresh_keys = c.k_new.ptr != nullptr;
     // The cache entry (page, or dense entry) and row within it of position pos < keys.
-    const T* k_base = static_cast<const T*>(a.k.ptr) + hk * a.k.head_stride;
-    const T* v_base = static_cast<const T*>(a.v.ptr) + hk * a.v.head_stride;
-    const int k_bytes = clamp_int(a.headdim - my_col, 0, 8) * static_cast<int>(sizeof(T));
-    const int v_bytes = clamp_int(a.headdim_v - my_col, 0, 8) * static_cast<int>(sizeof(T));
+    const C* k_base = static_cast<const C*>(a.k.ptr) + hk * a.k.head_stride;
+    const C* v_base = static_cast<const C*>(a.v.ptr) + hk * a.v.head_stride;
+    const int k_bytes = clamp_int(a.headdim - my_col, 0, kVec) * static_cast<int>(sizeof(C));
+    const int v_bytes = clamp_int(a.headdim_v - my_col, 0, kVec) * static_cast<int>(sizeof(C));
     // Decoding is bound by the instructions that issue the copies as much as by DRAM: a dense cache
     // walks this thread's rows with pointer increments; a paged one splits positions with a shift
     // where the page size is a power of two (a division otherwise).
     const PageTable pages(c, b);
-    const T* k_rows = k_base + static_cast<long long>(entry.entry) * a.k.batch_stride +
+    const C* k_rows = k_base + static_cast<long long>(entry.entry) * a.k.batch_stride +
                       static_cast<long long>(entry.first + my_row) * a.k.row_stride + my_col;
-    const T* v_rows = v_base + static_cast<long long>(entry.entry) * a.v.batch_stride +
+    const C* v_rows = v_base + static_cast<long long>(entry.entry) * a.v.batch_stride +
                       static_cast<long long>(entry.first + my_row) * a.v.row_stride + my_col;
     const long long k_pass_step = kRowsPerPass * a.k.row_stride, v_pass_step = kRowsPerPass * a.v.row_stride;
     // Paged: the pages of this thread's rows of tile `tile` (0 past the entry's keys).
@@ -327,8 +266,15 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
     // Key tile `tile` into stage `stage`: rows past the entry's keys and columns past the head dims are
     // zero-filled, so no NaN of unused cache memory can reach a product.
     auto issue = [&](int tile, int stage, const int (&page)[kPasses]) {
-        T* dk = sK + stage * kBlockN * kLd + my_row * kLd + my_col;
-        T* dv = sV + stage * kBlockN * kLd + my_row * kLd + my_col;
+        // Shared addresses of this thread's chunk of its first row in the stage (kRowBytes per row).
+        unsigned dk, dv;
+        if constexpr (kFp8) {
+            dk = smem_addr(stages8 + stage * Tr::kStageBytes + my_row * Tr::kLd8 + my_col);
+            dv = dk + kBlockN * Tr::kLd8;
+        } else {
+            dk = smem_addr(sK + stage * kBlockN * kLd + my_row * kLd + my_col);
+            dv = smem_addr(sV + stage * kBlockN * kLd + my_row * kLd + my_col);
+        }
         const int pos0 = tile * kBlockN + my_row;
         // Every row of the tile a key and every chunk inside the head dims: whole-chunk copies.
         const bool whole = (tile + 1) * kBlockN <= keys && k_bytes == 16 && v_bytes == 16;
@@ -339,8 +285,8 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
             for (int pass = 0; pass < kPasses; ++pass) {
                 const int pos = pos0 + pass * kRowsPerPass;
                 const bool valid = pos < keys;
-                const T* k_src = k_base;
-                const T* v_src = v_base;
+                const C* k_src = k_base;
+                const C* v_src = v_base;
                 int at = 0;
                 if (pages.row != nullptr) {
                     at = page[pass];
@@ -351,8 +297,8 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
                 }
                 if (pos >= cached) {
                     const int j = valid ? pos - cached : 0;
-                    k_src = head_rows<const T>(c.k_new, b, j, hk) + my_col;
-                    v_src = head_rows<const T>(c.v_new, b, j, hk) + my_col;
+                    k_src = head_rows<const C>(c.k_new, b, j, hk) + my_col;
+                    v_src = head_rows<const C>(c.v_new, b, j, hk) + my_col;
                 } else if (pages.row != nullptr) {
                     const int row = pages.row_in_page(pos);
                     k_src = k_base + at * a.k.batch_stride + row * a.k.row_stride + my_col;
@@ -362,28 +308,28 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
                     k_src = k_rows + row * a.k.row_stride;
                     v_src = v_rows + row * a.v.row_stride;
                 }
-                cp_async_16(smem_addr(dk + pass * kRowsPerPass * kLd), valid && k_bytes ? k_src : k_base,
+                cp_async_16(dk + pass * kRowsPerPass * kRowBytes, valid && k_bytes ? k_src : k_base,
                             valid ? k_bytes : 0);
-                cp_async_16(smem_addr(dv + pass * kRowsPerPass * kLd), valid && v_bytes ? v_src : v_base,
+                cp_async_16(dv + pass * kRowsPerPass * kRowBytes, valid && v_bytes ? v_src : v_base,
                             valid ? v_bytes : 0);
             }
         } else if (pages.row == nullptr && whole) {
-            const T* k_src = k_rows + static_cast<long long>(tile) * kBlockN * a.k.row_stride;
-            const T* v_src = v_rows + static_cast<long long>(tile) * kBlockN * a.v.row_stride;
+            const C* k_src = k_rows + static_cast<long long>(tile) * kBlockN * a.k.row_stride;
+            const C* v_src = v_rows + static_cast<long long>(tile) * kBlockN * a.v.row_stride;
 #pragma unroll
             for (int pass = 0; pass < kPasses; ++pass) {
-                cp_async_16(smem_addr(dk + pass * kRowsPerPass * kLd), k_src + pass * k_pass_step);
-                cp_async_16(smem_addr(dv + pass * kRowsPerPass * kLd), v_src + pass * v_pass_step);
+                cp_async_16(dk + pass * kRowsPerPass * kRowBytes, k_src + pass * k_pass_step);
+                cp_async_16(dv + pass * kRowsPerPass * kRowBytes, v_src + pass * v_pass_step);
             }
         } else if (pages.row == nullptr) {
-            const T* k_src = k_rows + static_cast<long long>(tile) * kBlockN * a.k.row_stride;
-            const T* v_src = v_rows + static_cast<long long>(tile) * kBlockN * a.v.row_stride;
+            const C* k_src = k_rows + static_cast<long long>(tile) * kBlockN * a.k.row_stride;
+            const C* v_src = v_rows + static_cast<long long>(tile) * kBlockN * a.v.row_stride;
 #pragma unroll
             for (int pass = 0; pass < kPasses; ++pass) {
                 const bool valid = pos0 + pass * kRowsPerPass < keys;
-                cp_async_16(smem_addr(dk + pass * kRowsPerPass * kLd), valid && k_bytes ? k_src : k_base,
+                cp_async_16(dk + pass * kRowsPerPass * kRowBytes, valid && k_bytes ? k_src : k_base,
                             valid ? k_bytes : 0);
-                cp_async_16(smem_addr(dv + pass * kRowsPerPass * kLd), valid && v_bytes ? v_src : v_base,
+                cp_async_16(dv + pass * kRowsPerPass * kRowBytes, valid && v_bytes ? v_src : v_base,
                             valid ? v_bytes : 0);
                 k_src += k_pass_step;
                 v_src += v_pass_step;
@@ -398,9 +344,9 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
                     at = 0;
                 }
                 const int row = pages.row_in_page(pos);
-                cp_async_16(smem_addr(dk + pass * kRowsPerPass * kLd),
+                cp_async_16(dk + pass * kRowsPerPass * kRowBytes,
                             k_base + at * a.k.batch_stride + row * a.k.row_stride + my_col);
-                cp_async_16(smem_addr(dv + pass * kRowsPerPass * kLd),
+                cp_async_16(dv + pass * kRowsPerPass * kRowBytes,
                             v_base + at * a.v.batch_stride + row * a.v.row_stride + my_col);
             }
         } else {
@@ -414,11 +360,11 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
                     at = 0;
                 }
                 const int row = pages.row_in_page(pos);
-                const T* k_src = k_base + at * a.k.batch_stride + row * a.k.row_stride + my_col;
-                const T* v_src = v_base + at * a.v.batch_stride + row * a.v.row_stride + my_col;
-                cp_async_16(smem_addr(dk + pass * kRowsPerPass * kLd), valid && k_bytes ? k_src : k_base,
+                const C* k_src = k_base + at * a.k.batch_stride + row * a.k.row_stride + my_col;
+                const C* v_src = v_base + at * a.v.batch_stride + row * a.v.row_stride + my_col;
+                cp_async_16(dk + pass * kRowsPerPass * kRowBytes, valid && k_bytes ? k_src : k_base,
                             valid ? k_bytes : 0);
-                cp_async_16(smem_addr(dv + pass * kRowsPerPass * kLd), valid && v_bytes ? v_src : v_base,
+                cp_async_16(dv + pass * kRowsPerPass * kRowBytes, valid && v_bytes ? v_src : v_base,
                             valid ? v_bytes : 0);
             }
         }
@@ -442,11 +388,11 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
     if (tile_begin + kStages - 1 < tile_end) lookup(tile_begin + kStages - 1, next_page);
     // Q rows (zero past the last row), staged through shared memory into A fragments.
     {
-        const T* src = span_r < rows ? head_rows<const T>(a.q, b, span_i, span_h) : nullptr;
+        const C* src = span_r < rows ? head_rows<const C>(a.q, b, span_i, span_h) : nullptr;
 #pragma unroll
         for (int k = 0; k < kSpan; ++k) {
             const int col = span_col + k;
-            sQ[span_row * kLd + col] = src != nullptr && col < a.headdim ? src[col] : from_acc<T>(0.0f);
+            sQ[span_row * kLd + col] = src != nullptr && col < a.headdim ? product_element<M>(src[col]) : from_acc<M>(0.0f);
         }
     }
 
@@ -477,6 +423,27 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
     }
     const auto query_of = [&](int, int r) { return query[r]; };
     const BlockLayout no_layout{};  // caches have no block mask
+    // e4m3: each row's q_descale * k_descale, by which its raw products are multiplied before the scale
+    // (NaN where the factor with softmax_scale is not positive and finite: CuPy's descales are not read on
+    // the host, and such a head's rows come out NaN, as in the Hopper FP8 forward), and v_descale, by
+    // which the output is (NaN likewise where it is not positive and finite).
+    float qk_descale[2] = {1.0f, 1.0f};
+    float v_descale = 1.0f;
+    if constexpr (kFp8) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            float x = 1.0f;
+            const int h = min(head[half], a.heads - 1);
+            if (a.q_descale != nullptr) x *= a.q_descale[b * a.q_descale_heads + (a.q_descale_heads == a.heads ? h : hk)];
+            if (a.k_descale != nullptr) x *= a.k_descale[b * a.heads_k + hk];
+            const float factor = x * static_cast<float>(a.softmax_scale) * kLog2eF;
+            qk_descale[half] = factor > 0.0f && factor < Consts<float>::inf() ? x : Consts<float>::nan();
+        }
+        if (a.v_descale != nullptr) {
+            const float x = a.v_descale[b * a.heads_k + hk];
+            v_descale = x > 0.0f && x < Consts<float>::inf() ? x : Consts<float>::nan();
+        }
+    }
 
     float o[kOTiles][4];
 #pragma unroll
@@ -489,8 +456,22 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
         if (tile + kStages - 1 < tile_end) issue(tile + kStages - 1, (it + kStages - 1) % kStages, next_page);
         cp_async_commit();
         if (tile + kStages < tile_end) lookup(tile + kStages, next_page);
-        const T* sKj = sK + (it % kStages) * kBlockN * kLd;
-        const T* sVj = sV + (it % kStages) * kBlockN * kLd;
+        if constexpr (kFp8) {
+            // The stage's e4m3 K and V rows (K's kBlockN, then V's) into the float16 tiles, 8 elements a
+            // step (sV follows sK), before any warp's products read them.
+            const unsigned char* stage = stages8 + (it % kStages) * Tr::kStageBytes;
+            constexpr int kPieces = kHeadDim / 8;
+            for (int u = threadIdx.x; u < 2 * kBlockN * kPieces; u += Tr::kThreads) {
+                const int row = u / kPieces, col = 8 * (u % kPieces);
+                const uint2 x = *reinterpret_cast<const uint2*>(stage + row * Tr::kLd8 + col);
+                *reinterpret_cast<uint4*>(sK + row * kLd + col) =
+                    make_uint4(e4m3x2_to_half2(static_cast<unsigned short>(x.x)), e4m3x2_to_half2(static_cast<unsigned short>(x.x >> 16)),
+                               e4m3x2_to_half2(static_cast<unsigned short>(x.y)), e4m3x2_to_half2(static_cast<unsigned short>(x.y >> 16)));
+            }
+            __syncthreads();
+        }
+        const M* sKj = sK + (kFp8 ? 0 : it % kStages) * kBlockN * kLd;
+        const M* sVj = sV + (kFp8 ? 0 : it % kStages) * kBlockN * kLd;
         const int n0 = tile * kBlockN + 16 * warp;  // this warp's 16 keys
 
         float s[2][4] = {};
@@ -505,8 +486,15 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
             } else {
                 load_a_frag<kLd>(qa, sQ, 0, 16 * kk);
             }
-            mma_16816<T>(s[0], qa, bk);
-            mma_16816<T>(s[1], qa, bk + 2);
+            mma_16816<M>(s[0], qa, bk);
+            mma_16816<M>(s[1], qa, bk + 2);
+        }
+        if constexpr (kFp8) {
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[nt][e] *= qk_descale[e / 2];
+            }
         }
         auto& rows = reinterpret_cast<float(&)[1][2][4]>(s);
         // Made per tile from the kernel parameters: at head dim 256 the registers it would hold across
@@ -525,13 +513,13 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
         softmax.step(s, o);
 
         unsigned p[4];
-        pack_a_fragment<T>(p, s[0], s[1]);
+        pack_a_fragment<M>(p, s[0], s[1]);
 #pragma unroll
         for (int cp = 0; cp < kOTiles / 2; ++cp) {
             unsigned bv[4];
             load_b_frags_trans<kLd>(bv, sVj, 16 * warp, 16 * cp);
-            mma_16816<T>(o[2 * cp], p, bv);
-            mma_16816<T>(o[2 * cp + 1], p, bv + 2);
+            mma_16816<M>(o[2 * cp], p, bv);
+            mma_16816<M>(o[2 * cp + 1], p, bv + 2);
         }
     }
     cp_async_wait<0>();
@@ -576,7 +564,7 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
         }
         // A row that saw no key is 0 with lse -inf; a NaN score makes l NaN, and NaN != 0.
         const float nan = __int_as_float(0x7fc00000);
-        const float inv_l = bad ? nan : (l != 0.0f ? 1.0f / l : 0.0f);
+        const float inv_l = bad ? nan : (l != 0.0f ? (kFp8 ? v_descale / l : 1.0f / l) : 0.0f);
         const float lse = bad ? nan : (l != 0.0f ? kLn2F * (m + __log2f(l)) : Consts<float>::neg_inf());
         T* out_row = head_rows<T>(c.out, b, span_i, span_h);
         const long long part_row =
@@ -628,14 +616,30 @@ kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
             const long long k_at = at.row_offset(c, a.k, b, pos, hk, &bad_row);
             const long long v_at = at.row_offset(c, a.v, b, pos, hk, &bad_row);
             if (bad_row) continue;
-            const T* k_src = head_rows<const T>(c.k_new, b, j, hk);
-            const T* v_src = head_rows<const T>(c.v_new, b, j, hk);
-            for (int col = threadIdx.x; col < a.headdim; col += Tr::kThreads) static_cast<T*>(a.k.ptr)[k_at + col] = k_src[col];
-            for (int col = threadIdx.x; col < a.headdim_v; col += Tr::kThreads) static_cast<T*>(a.v.ptr)[v_at + col] = v_src[col];
+            const C* k_src = head_rows<const C>(c.k_new, b, j, hk);
+            const C* v_src = head_rows<const C>(c.v_new, b, j, hk);
+            for (int col = threadIdx.x; col < a.headdim; col += Tr::kThreads) static_cast<C*>(a.k.ptr)[k_at + col] = k_src[col];
+            for (int col = threadIdx.x; col < a.headdim_v; col += Tr::kThreads) static_cast<C*>(a.v.ptr)[v_at + col] = v_src[col];
         }
     }
 
     if (c.num_splits > 1) merge_splits<T, Tr>(c, smem_raw);
+}
+
+template <typename T, int kHeadDim, bool kScoreMod, bool kMaxScore, typename ScoreFn = NoUserScore,
+          typename MaskFn = NoUserMask>
+__global__ void __launch_bounds__(KvcTraits<T, kHeadDim>::kThreads, 2)
+kvc_fwd(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    decode_attention<T, T, kHeadDim, kScoreMod, kMaxScore, ScoreFn, MaskFn>(c, smem_raw);
+}
+
+// e4m3 caches (sm_90a: cvt.f16x2.e4m3x2): T is out_dtype's type.
+template <typename T, int kHeadDim, bool kScoreMod, bool kMaxScore>
+__global__ void __launch_bounds__(KvcTraits<T, kHeadDim, E4m3>::kThreads, 2)
+kvc_fwd_fp8(const CUPYFLASH_GRID_CONSTANT KvCacheArgs c) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    decode_attention<T, E4m3, kHeadDim, kScoreMod, kMaxScore, NoUserScore, NoUserMask>(c, smem_raw);
 }
 
 // ------------------------------------------------------------------------------------------------

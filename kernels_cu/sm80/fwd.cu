@@ -58,7 +58,7 @@ struct Sm80FwdMainloop {
     // float32 and float64 keep their scores in natural-log units, at their accuracy (fragment/softmax.cuh).
     static constexpr bool kNatural = sizeof(T) >= 4;
     using Acc = typename Ops::Acc;
-    using Scores = typename ScoresOf<ScoreFn, typename Sm80Scores<T>::type>::type;
+    using Scores = typename ScoresOf<ScoreFn, typename Sm80Scores<T>::type, true>::type;
     using State = Sm80FwdState<Scores>;
     using Softmax = FragmentSoftmax<kBlockN / 8, kNatural, Acc, kMaxScore>;
     static constexpr int kLd = Tr::kLd;

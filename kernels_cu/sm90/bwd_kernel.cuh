@@ -41,9 +41,7 @@ struct Sm90BwdKernel {
             for (int s = 0; s < Tr::kStages; ++s) {
                 mbarrier_init(&st.q_full[s], 1);
                 mbarrier_init(&st.rows_full[s], 32);
-                // With kSplitCols the reducing thread frees the stage's dO and Q atoms, else each
-                // consumer warp releases the stage.
-                mbarrier_init(&st.empty[s], Tr::kSplitCols ? 1 : 4 * Tr::kConsumers);
+                mbarrier_init(&st.empty[s], Tr::kEmptyArrivals);
                 mbarrier_init(&st.q_empty[s], 1);
                 for (int w = 0; w < 2; ++w) mbarrier_init(&st.dq_staged[w][s], 128);
             }

@@ -86,7 +86,8 @@ namespace cupyflash {
 
 // Tensor maps of q, k, v and dout (cupyflash/_families/sm90.py builds them): 4-D views (headdim, rows,
 // heads, batch) with a box of 64 columns, kBlockM rows for q and dout and kBlockN rows for k and v.
-// dq_accum: the float32 dQ buffers as a 5-D view (dq_ld, rows, heads, batch, buffer) with a box of 32
+// dq_accum: the float32 dQ buffers (or, for float32 with BwdArgs::dq_in_place, dq itself) as a 5-D view
+// (dq_ld, rows, heads, batch, buffer) with a box of 32
 // columns by kBlockM rows, 128-byte swizzle (the layout of the shared dQ tile).
 struct Sm90BwdMaps {
     TmaDesc q, k, v, dout, dq_accum;
@@ -105,6 +106,9 @@ struct Sm90BwdTraits {
     static constexpr int kBlockN = kSplitCols ? 64 : 128;  // keys per CTA
     static constexpr int kStages = kStages_;      // Q/dO ring
     static constexpr int kConsumers = 2;
+    // Arrivals that free a stage: with kSplitCols the reducing thread frees the stage's dO and Q atoms
+    // (a dQ share is staged over each), else each consumer warp releases the stage.
+    static constexpr int kEmptyArrivals = kSplitCols ? 1 : 4 * kConsumers;
     static constexpr int kThreads = 128 * (1 + kConsumers);
     // As in the forward: the registers asked for across the CTA must fit 65536 / 384 = 168 per thread.
     static constexpr int kProducerRegs = 24;
@@ -180,13 +184,13 @@ struct Sm90BwdState {
     unsigned long long kv_full;
     unsigned long long q_full[kMaxStages];     // Q and dO of the stage, and its head and entry
     unsigned long long rows_full[kMaxStages];  // lse and delta of the stage: one arrival per lane of warp 1
-    unsigned long long empty[kMaxStages];      // one arrival per consumer warp (kSplitCols: see q_empty)
+    unsigned long long empty[kMaxStages];      // the stage is free: Tr::kEmptyArrivals (kSplitCols: see q_empty)
     unsigned long long ds_full[2];             // dS^T buffer stored: one arrival per thread that stores it
     unsigned long long ds_free[2];             // its dQ product is done: one arrival per consumer thread
     unsigned long long dq_full[2];             // dQ tile b is stored: one arrival per thread that stores it
-    unsigned long long dq_empty[2];            // its reductions have read it
+    unsigned long long dq_empty[2];            // its reductions have read it (float32: dq_empty[0], X's dQ)
     unsigned long long q_empty[kMaxStages];    // kSplitCols: the stage's Q atoms are free (`empty`: its dO atoms)
-    unsigned long long dq_staged[2][kMaxStages];  // kSplitCols: warpgroup w's dQ share is in the stage
+    unsigned long long dq_staged[2][kMaxStages];  // kSplitCols: warpgroup w's dQ share is in the stage (float32: X)
     unsigned long long p_full;                 // kSplitCols: warpgroup 0 has stored the tile's P'
     unsigned long long p_free;                 // warpgroup 1 has read it
     unsigned long long turn_ready[2];          // the ordered sum: the turn of the reducing thread's tile i % 2 has come
@@ -313,7 +317,7 @@ struct Sm90BwdShared {
             ++i;
         });
         // Before the CTA ends its shared memory must have been read; the additions themselves land before
-        // the kernel completes, as every write does (the dQ conversion is a later launch). Waiting for
+        // the kernel completes, as every write does (what reads them is a later launch). Waiting for
         // them here (bulk_wait) kept this thread 2.9 us past the consumers' epilogue (bench/NOTES.md,
         // session 12). Under the ordered sum each turn has already waited for its writes.
         bulk_wait_read();
@@ -358,7 +362,8 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
     // The frozen branch (FrozenScores), with position-free additive functions too (their tiles sum their
     // buffer gradients), on the 64-query tiles: beside the 128-query tile's fragments its second copy of
     // the probabilities took the consumers' local accesses from 48 to 127.
-    static constexpr bool kFreeze = ScoreFn::kEnabled && (ScoreFn::kReadsPositions || kScatter) && Tr::kSTiles <= 8;
+    static constexpr bool kFreeze =
+        ScoreFn::kEnabled && (ScoreFn::kFreezable || (kScatter && !ScoreFn::kReadsPositions)) && Tr::kSTiles <= 8;
     using Scores = typename IfType<kScatter, UserLog2ScoresLate<ScoreFn>,
                                    typename ScoresOf<ScoreFn, Log2Scores>::type>::type;
     using Base = Sm90BwdShared<kBlockM, Tr::kBlockN>;

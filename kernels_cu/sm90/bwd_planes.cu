@@ -1,8 +1,9 @@
 // Hopper backward for float32 (sm_90a only): sm90_bwd_planes, the kernel body of sm90/bwd.cu
 // (sm90/bwd_kernel.cuh: TMA loads and the dQ reductions by a producer warpgroup, two consumer
-// warpgroups in roles) with the main loop of sm90/bwd_planes_mainloop.cuh, which reads q, k, v and dout
-// as the bfloat16 planes that split_planes (sm80/planes.cu) writes and forms each product from six
-// bfloat16 wgmma products (three for precision="tf32"). One CTA per 64 keys of one (batch entry, kv
+// warpgroups in roles) with the main loop of sm90/bwd_planes_mainloop.cuh, which reads q and dout as the
+// bfloat16 planes that split_planes (sm80/planes.cu) writes, splits its CTA's k and v rows into the same
+// planes itself, and forms each product from six bfloat16 wgmma products (three for precision="tf32").
+// One CTA per 64 keys of one (batch entry, kv
 // head); the epilogue writes dK and dV (float32) from the registers, one per warpgroup.
 //
 // Grid: x = ceil(seqlen_k / 64) * batch * heads_k (common/scheduler.cuh). Dynamic shared memory:

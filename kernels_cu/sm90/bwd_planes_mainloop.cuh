@@ -1,5 +1,6 @@
-// The Hopper backward's main loop for float32 (sm_90a): q, k, v and dout arrive as bfloat16 planes
-// (x = hi + mid + lo exactly, split once by sm80/planes.cu; precision="tf32": hi + mid), and every product
+// The Hopper backward's main loop for float32 (sm_90a): q and dout arrive as bfloat16 planes (x = hi + mid
+// + lo exactly, split once by sm80/planes.cu; precision="tf32": hi + mid), the CTA's K and V rows are split
+// into the same planes by its consumers (split_keys, sm90/planes_split.cuh), and every product
 // is Sm80Operands<float>'s six bfloat16 products (three for tf32) on wgmma (sm90/planes_products.cuh),
 // in the order and with the split sums of the sm80 float32 backward (sm80/bwd.cu), so that S^T is the
 // forward's S bitwise (P^T recomputed from a few ulps' different scores broke the large-logit
@@ -17,16 +18,19 @@
 //     (from registers), and dQ's other columns.
 // dV, dK and each dQ share are summed per tile from zero and then added (dV and dK with a FADD, dQ by
 // the TMA reduction), so that their truncations are of the tile's share, as sm80's are. P' and dS^T's
-// planes share one buffer (X): warpgroup 0 writes P'_i once both warpgroups' dQ products of tile i - 1
-// have read dS^T_{i-1} (ds_free), and warpgroup 1 writes dS^T_i once all its threads have read P'_i
-// (a named barrier). Each warpgroup stages its dQ share over the operand its own dV or dK product read
-// (warpgroup 0 over dO, 1 over Q) for the reducing producer thread, which frees those tiles for the next
-// loads as it reads them. At head dim 128, K and V (48 KB each), one Q and dO stage (96 KB) and X (24
-// KB) fill 224 KB: one stage; at 64, two.
+// planes take one buffer (X) in turn: warpgroup 1 writes dS^T_i once all its threads have read P'_i (a
+// named barrier). With one Q/dO stage (head dim 128: K and V 48 KB each, the stage 96 KB, X 32 KB fill
+// 227 KB; Tr::kDqInX) the tile's dQ takes X too: each warpgroup stages its share there once both dQ
+// products have read dS^T_i (ds_free), warpgroup 0 writes P'_{i+1} once the reductions have read dQ_i
+// (dq_empty[0]), and every consumer frees the stage (empty) as soon as its dV or dK product is done, so
+// the next tile's loads run under the dQ products. With two stages (head dim 64) each warpgroup stages
+// its dQ share over the operand its own dV or dK product read (warpgroup 0 over dO, 1 over Q), which the
+// reducing thread frees as it reads them, and warpgroup 0 writes P'_{i+1} once dS^T_i is read.
 //
-// The producer, the rows, the reductions, the ordered sum and the packed batches are as in the 16-bit
-// kernel (sm90/bwd_mainloop.cuh), with three TMA loads per tile (one per plane) and lse as a float pair
-// (split_lse, common/softmax.cuh: P = exp((s - hi) - lo) takes no float64 operation).
+// The producer, the rows, the ordered sum and the packed batches are as in the 16-bit kernel
+// (sm90/bwd_mainloop.cuh), with three TMA loads per tile of Q and dO (one per plane) and lse as a float
+// pair (split_lse, common/softmax.cuh: P = exp((s - hi) - lo) takes no float64 operation); the reductions
+// read X (reduce_queries).
 #pragma once
 #include "common/dtypes.cuh"
 #include "common/launch.cuh"
@@ -40,6 +44,7 @@
 #include "fragment/scores.cuh"
 #include "sm90/bwd_mainloop.cuh"
 #include "sm90/planes_products.cuh"
+#include "sm90/planes_split.cuh"
 #include "sm90/primitives.cuh"
 
 namespace cupyflash {
@@ -67,11 +72,19 @@ struct Sm90BwdPlanesTraits {
     static constexpr int kQPlaneBytes = kBlockM * 128 * kAtoms;  // Q and dO
     static constexpr int kKBytes = kPlanes * kKPlaneBytes;
     static constexpr int kQBytes = kPlanes * kQPlaneBytes;
-    // X: P' (64 x 64 float32, 16 bytes per thread and n-tile) or dS^T's planes ([key][query], one
-    // 64-query atom a plane).
+    // kDqInX: with one Q/dO stage (head dim 128) the tile's dQ is staged in X, so the stage is freed as soon
+    // as its products are done and the next tile's Q and dO load under the dQ products; with two (head
+    // dim 64) the next tile's stage is already loaded, and dQ goes over the stage's Q and dO, which lets
+    // P'_{i+1} go into X without waiting for dQ_i's reductions (staged in X at head dim 64, the backward
+    // lost 5-8% at 4k on an H100, bench/NOTES.md, session 35).
+    static constexpr bool kDqInX = kStages == 1;
+    // X, in turn: P' (64 x 64 float32, 16 bytes per thread and n-tile), dS^T's planes ([key][query], one
+    // 64-query atom a plane) and, with kDqInX, the tile's dQ for the reductions (64 x kHeadDim float32 in
+    // 32-column atoms).
     static constexpr int kDsPlaneBytes = kBlockN * kBlockM * 2;
-    static constexpr int kXBytes = kPlanes * kDsPlaneBytes > kBlockN * kBlockM * 4 ? kPlanes * kDsPlaneBytes
-                                                                                  : kBlockN * kBlockM * 4;
+    static constexpr int kDqBytes = kDqInX ? kBlockM * kHeadDim * 4 : 0;
+    static constexpr int larger(int x, int y) { return x > y ? x : y; }
+    static constexpr int kXBytes = larger(larger(kBlockN * kBlockM * 4, kPlanes * kDsPlaneBytes), kDqBytes);
     // Per stage: lse (split_lse's two floats), then delta (float32), kBlockM each.
     static constexpr int kRowsBytes = kBlockM * 12;
     static constexpr int kKOffset = 0;
@@ -93,7 +106,10 @@ struct Sm90BwdPlanesTraits {
     static constexpr int kOpSteps = kBlockM / 16;
     static_assert(kHeadDim % 32 == 0 && kHeadDim <= 128, "head dims are whole 32-column dQ atoms up to 128");
     static_assert(kStages >= 1 && kStages <= Sm90BwdState::kMaxStages, "1 to 4 stages");
-    static_assert(kDqAtoms0 * kBlockM * 128 <= kQBytes && (kDqAtoms - kDqAtoms0) * kBlockM * 128 <= kQBytes,
+    // kDqInX: a stage's Q and dO are free once every consumer thread's last product reading them is done;
+    // else the reducing thread frees dO (`empty`) and then Q (q_empty) once it has read the dQ shares over them.
+    static constexpr int kEmptyArrivals = kDqInX ? 128 * kConsumers : 1;
+    static_assert(kDqInX || (kDqAtoms0 * kBlockM * 128 <= kQBytes && (kDqAtoms - kDqAtoms0) * kBlockM * 128 <= kQBytes),
                   "each dQ share fits the stage's operand it goes over");
     static_assert(kSmemBytes <= 227 * 1024, "the tiles must fit sm_90's 227 KB");
 };
@@ -116,16 +132,14 @@ struct Sm90BwdPlanesMainloop : Sm90BwdShared<64, 64> {
     static constexpr int kConsumerBarrier = 1;
     static constexpr int kReadBarrier = 2;
 
-    // Producer thread 0: K's and V's planes, then those of Q and dO of every tile of the walk, then the
-    // end marker. Plane p of head h is head p * heads + h (sm80/planes.cu).
+    // Producer thread 0: the planes of Q and dO of every tile of the walk, then the end marker (K's and
+    // V's the consumers split, split_keys). Plane p of head h is head p * heads + h (sm80/planes.cu).
     __device__ __forceinline__ static void load_tiles(const BwdArgs& args, const Sm90BwdMaps& maps, Sm90BwdState& st,
                                                       unsigned char* smem, const Sequence& seq, const TileWork& work) {
         const AttnArgs& a = args.attn;
         tma_prefetch_desc(maps.q);
         tma_prefetch_desc(maps.dout);
-        const int k_batch = a.cu_seqlens_k != nullptr ? 0 : work.b;
         const int q_batch = a.cu_seqlens_q != nullptr ? 0 : work.b;
-        const int key_row = seq.k_start + work.tile * kBlockN;
         const auto load_planes = [&](unsigned char* tile, const TmaDesc& map, unsigned long long* bar, int rows, int row,
                                      int h, int heads, int batch) {
 #pragma unroll
@@ -136,13 +150,10 @@ struct Sm90BwdPlanesMainloop : Sm90BwdShared<64, 64> {
                 }
             }
         };
-        mbarrier_arrive_expect_tx(&st.kv_full, 2 * Tr::kKBytes);
-        load_planes(smem + Tr::kKOffset, maps.k, &st.kv_full, kBlockN, key_row, work.h, a.heads_k, k_batch);
-        load_planes(smem + Tr::kVOffset, maps.v, &st.kv_full, kBlockN, key_row, work.h, a.heads_k, k_batch);
         int i = 0;  // stages filled
         const auto next_stage = [&]() {
             const int stage = i % kStages;
-            // The reducing thread frees round r of a stage's dO in phase r of `empty`; its Q in q_empty.
+            // Round r of a stage (with kDqInX its Q and dO, else its dO) is free in phase r of `empty`.
             if (i >= kStages) mbarrier_wait(&st.empty[stage], (i / kStages - 1) & 1);
             return stage;
         };
@@ -155,7 +166,7 @@ struct Sm90BwdPlanesMainloop : Sm90BwdShared<64, 64> {
             mbarrier_arrive_expect_tx(&st.q_full[stage], 2 * Tr::kQBytes);
             load_planes(smem + Tr::kDoOffset + stage * Tr::kQBytes, maps.dout, &st.q_full[stage], kBlockM, row, h, a.heads,
                         q_batch);
-            if (i >= kStages) mbarrier_wait(&st.q_empty[stage], (i / kStages - 1) & 1);
+            if (!Tr::kDqInX && i >= kStages) mbarrier_wait(&st.q_empty[stage], (i / kStages - 1) & 1);
             load_planes(smem + Tr::kQOffset + stage * Tr::kQBytes, maps.q, &st.q_full[stage], kBlockM, row, h, a.heads,
                         q_batch);
             ++i;
@@ -192,22 +203,58 @@ struct Sm90BwdPlanesMainloop : Sm90BwdShared<64, 64> {
         });
     }
 
-    // The shared-memory offset of float32 dQ atom `atom` (32 columns x 64 rows) of a stage: warpgroup 0's
-    // kDqAtoms0 over the dO tile, warpgroup 1's over the Q tile.
+    // The shared-memory offset of float32 dQ atom `atom` (32 columns x 64 rows) of a tile in `stage`: with
+    // kDqInX in X, warpgroup 0's kDqAtoms0 then warpgroup 1's; else warpgroup 0's over the stage's dO tile,
+    // warpgroup 1's over its Q tile.
     __device__ __forceinline__ static int staged_dq_atom(int stage, int atom) {
+        if constexpr (Tr::kDqInX) return Tr::kXOffset + atom * kBlockM * 128;
         return atom < Tr::kDqAtoms0 ? Tr::kDoOffset + stage * Tr::kQBytes + atom * kBlockM * 128
                                     : Tr::kQOffset + stage * Tr::kQBytes + (atom - Tr::kDqAtoms0) * kBlockM * 128;
     }
 
-    // Producer thread 64 (warp 2): adds each tile's dQ shares, as each warpgroup stages its own, into the
-    // float32 accumulator and frees the dO tile (empty) and the Q tile (q_empty) for the next loads as
-    // soon as the reductions have read them (Sm90BwdShared::reduce_walk and reduce_staged).
+    // Producer thread 64 (warp 2): adds each tile's dQ shares, as each warpgroup stages its own in X
+    // (dq_staged[w][0]), into the float32 accumulator or, with BwdArgs::dq_in_place, into dq itself
+    // (Sm90BwdShared::reduce_walk), and frees X for the
+    // next tile's P' (dq_empty[0]) once the reductions have read it. The stage's Q and dO are not held
+    // for the reductions: the consumers free them (empty) as their last products reading them complete,
+    // so the next tile's loads run under this tile's dQ products (with them staged over Q and dO, the
+    // next loads waited for the reductions: the consumers' longest wait at head dim 128's one stage,
+    // bench/NOTES.md, session 32).
     __device__ __forceinline__ static void reduce_queries(const BwdArgs& args, const Sm90BwdMaps& maps, Sm90BwdState& st,
                                                           unsigned char* smem, const Sequence& seq, const TileWork& work) {
         Base::reduce_walk(args, maps, st, smem, seq, work, [&](int i, const auto& reduce) {
-            Base::template reduce_staged<kStages, Tr::kDqAtoms0, Tr::kDqAtoms>(
-                st, i, reduce, [](int stage, int atom) { return staged_dq_atom(stage, atom); });
+            if constexpr (Tr::kDqInX) {
+#pragma unroll
+                for (int w = 0; w < 2; ++w) {
+                    mbarrier_wait(&st.dq_staged[w][0], i & 1);
+#pragma unroll
+                    for (int atom = w ? Tr::kDqAtoms0 : 0; atom < (w ? Tr::kDqAtoms : Tr::kDqAtoms0); ++atom) {
+                        reduce(atom, staged_dq_atom(0, atom));
+                    }
+                    bulk_commit();
+                }
+                bulk_wait_read();
+                mbarrier_arrive(&st.dq_empty[0]);
+            } else {
+                Base::template reduce_staged<kStages, Tr::kDqAtoms0, Tr::kDqAtoms>(
+                    st, i, reduce, [](int stage, int atom) { return staged_dq_atom(stage, atom); });
+            }
         });
+    }
+
+    // The CTA's 64 keys of k (float32, warpgroup 0) and v (warpgroup 1) split into the planes of the K and V
+    // tiles (sm90/planes_split.cuh), zeros past the sequence, once for the walk: a pass over k and v would
+    // write and read 1.5 times their bytes again (at 1k keys each pass took 1.5% of a float32 backward,
+    // bench/NOTES.md, session 35). Both warpgroups read both tiles: the 256 consumers meet after.
+    __device__ __forceinline__ static void split_keys(const AttnArgs& a, const Sequence& seq, const TileWork& work,
+                                                      unsigned char* smem, int wg) {
+        const TensorArg& x = wg == 0 ? a.k : a.v;
+        split_rows_into_planes<Ops, kPlanes, kHeadDim, kBlockN, 128>(
+            head_rows<const float>(x, work.b, seq.k_start, work.h), x.row_stride, work.tile * kBlockN, seq.seqlen_k,
+            wg == 0 ? a.headdim : a.headdim_v, smem + (wg == 0 ? Tr::kKOffset : Tr::kVOffset), kBlockN, 0,
+            Tr::kKPlaneBytes, threadIdx.x % 128);
+        fence_proxy_async();  // the stores, visible to wgmma
+        named_barrier_sync(kConsumerBarrier, 256);
     }
 
     // Zeroes the rows of a tile's planes from row `first` on (packed batches, see sm90/bwd_mainloop.cuh);
@@ -258,14 +305,9 @@ struct Sm90BwdPlanesMainloop : Sm90BwdShared<64, 64> {
         float4* p_share = reinterpret_cast<float4*>(smem + Tr::kXOffset) + thread % 128;
         const Mask mask(a, seq);
         const bool packed_q = a.cu_seqlens_q != nullptr;
+        const float dq_scale = static_cast<float>(a.softmax_scale);
 
-        mbarrier_wait(&st.kv_full, 0);
-        if (a.cu_seqlens_k != nullptr && seq.seqlen_k - key0 < kBlockN) {
-            clear_rows(smem + Tr::kKOffset, kBlockN, seq.seqlen_k - key0, thread);
-            clear_rows(smem + Tr::kVOffset, kBlockN, seq.seqlen_k - key0, thread);
-            fence_proxy_async();
-            named_barrier_sync(kConsumerBarrier, 256);
-        }
+        split_keys(a, seq, work, smem, wg);
 #pragma unroll
         for (int c = 0; c < Tr::kDkTiles; ++c) acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.0f;
 
@@ -286,8 +328,10 @@ struct Sm90BwdPlanesMainloop : Sm90BwdShared<64, 64> {
                 named_barrier_sync(kConsumerBarrier, 256);
             }
             const unsigned char* rows = smem + Tr::kRowsOffset + stage * Tr::kRowsBytes;
-            // dV or dK += z (this tile's share, issued) and, once every dS^T plane is stored, dQ's share of
-            // this warpgroup (kTiles n-tiles from atom first_atom) into the stage.
+            // dV or dK += z (this tile's share, issued: the warpgroup's last product reading the stage, which
+            // with kDqInX it then frees) and, once every dS^T plane is stored, dQ's share of this warpgroup
+            // (kTiles n-tiles from atom first_atom) staged: with kDqInX into X once both warpgroups' dQ
+            // products have read dS^T, else over the stage's operand its own dV or dK product read.
             const auto finish = [&](auto& z, auto& dq, int first_atom) {
                 constexpr int kCols = 8 * static_cast<int>(sizeof(dq) / sizeof(dq[0]));
                 mbarrier_wait(&st.ds_full[0], i & 1);
@@ -295,10 +339,19 @@ struct Sm90BwdPlanesMainloop : Sm90BwdShared<64, 64> {
                     dq, x_tile, Tr::kDsPlaneBytes, k_tile + first_atom / 2 * kBlockN * 128, Tr::kKPlaneBytes);
                 wgmma_wait<1>();
                 fence_fragments(z);
+                if constexpr (Tr::kDqInX) mbarrier_arrive(&st.empty[stage]);
                 Products::add_to(acc, z);
                 wgmma_wait<0>();
                 fence_fragments(dq);
                 mbarrier_arrive(&st.ds_free[0]);
+                if (args.dq_in_place) {  // the reductions go into dq itself: the conversion's softmax_scale, here
+#pragma unroll
+                    for (int c = 0; c < kCols / 8; ++c) {
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) dq[c][e] *= dq_scale;
+                    }
+                }
+                if constexpr (Tr::kDqInX) mbarrier_wait(&st.ds_free[0], i & 1);
                 store_dq_atoms(smem, dq, warp, lane, [&](int atom) { return staged_dq_atom(stage, first_atom + atom); });
             };
             float s[kSTiles][4];  // S^T, then P^T (warpgroup 0); dP^T, then dS^T (warpgroup 1)
@@ -328,7 +381,13 @@ struct Sm90BwdPlanesMainloop : Sm90BwdShared<64, 64> {
                     mask_tile_cols(p, mask, BlockLayout(a, work.b, h), a, key_g, m0, col_t, partial,
                                    UserMaskAt<MaskFn>(a, work.b, h));
                 }
-                if (i >= 1) mbarrier_wait(&st.ds_free[0], (i - 1) & 1);  // X: dS^T_{i-1} read
+                if (i >= 1) {  // X: with kDqInX, dQ_{i-1} read by the reductions, else dS^T_{i-1} by the dQ products
+                    if constexpr (Tr::kDqInX) {
+                        mbarrier_wait(&st.dq_empty[0], (i - 1) & 1);
+                    } else {
+                        mbarrier_wait(&st.ds_free[0], (i - 1) & 1);
+                    }
+                }
 #pragma unroll
                 for (int nt = 0; nt < kSTiles; ++nt) {
                     const float g0 = kModified ? derivative[0][nt][0] : 1.0f, g1 = kModified ? derivative[0][nt][1] : 1.0f;
@@ -347,6 +406,7 @@ struct Sm90BwdPlanesMainloop : Sm90BwdShared<64, 64> {
                 } else {
                     wgmma_wait<0>();
                     fence_fragments(z);
+                    if constexpr (Tr::kDqInX) mbarrier_arrive(&st.empty[stage]);
                     Products::add_to(acc, z);
                     mbarrier_arrive(&st.ds_free[0]);
                 }
@@ -378,7 +438,7 @@ struct Sm90BwdPlanesMainloop : Sm90BwdShared<64, 64> {
                 finish(z, dq, Tr::kDqAtoms0);
             }
             fence_proxy_async();
-            mbarrier_arrive(&st.dq_staged[wg][stage]);
+            mbarrier_arrive(&st.dq_staged[wg][Tr::kDqInX ? 0 : stage]);
         }
         fence_fragments(acc);
     }

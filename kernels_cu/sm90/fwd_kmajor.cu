@@ -28,8 +28,9 @@ struct Sm90FwdKMajorEpilogue {
         float inv_l[1][2];
         lse_t<TOut> row_lse[1][2];
         softmax[0].finish(inv_l[0], row_lse[0], Consts<float>::neg_inf());
-        if (a.v_descale != nullptr) {
-            const float v_descale = a.v_descale[tile.b * a.heads_k + kv_head(tile.h, a.heads, a.heads_k)];
+        if (a.v_descale != nullptr) {  // (one that is not positive and finite: NaN rows, as for q's and k's)
+            const float x = a.v_descale[tile.b * a.heads_k + kv_head(tile.h, a.heads, a.heads_k)];
+            const float v_descale = x > 0.0f && x < Consts<float>::inf() ? x : Consts<float>::nan();
             inv_l[0][0] *= v_descale;
             inv_l[0][1] *= v_descale;
         }

@@ -284,7 +284,7 @@ template <typename T, int kHeadDim, int kHeadDimV, int kBlockM_, int kBlockN, in
 struct Sm90FwdMainloop {
     using Tr = Sm90FwdTraits<T, kHeadDim, kHeadDimV, kBlockM_, kBlockN, kStages>;
     static constexpr bool kModified = kScoreMod || ScoreFn::kEnabled;
-    using Scores = typename ScoresOf<ScoreFn, Log2Scores>::type;
+    using Scores = typename ScoresOf<ScoreFn, Log2Scores, true>::type;
     using Softmax = FragmentSoftmax<Tr::kNTiles, false, float, kMaxScore>;
     static constexpr int kBlockM = Tr::kBlockM;
     // Named barriers: the turns 1 .. kConsumers, then one per consumer for sm90_clear_foreign_values; the

@@ -36,6 +36,7 @@
 #include "sm90/fwd_mainloop.cuh"
 #include "sm90/pipeline.cuh"
 #include "sm90/planes_products.cuh"
+#include "sm90/planes_split.cuh"
 #include "sm90/primitives.cuh"
 
 namespace cupyflash {
@@ -109,48 +110,13 @@ struct Sm90FwdPlanesMainloop {
                                                         unsigned char*, const Sequence&, int, int, int) {}
 
     // Consumer warpgroup wg: its 64 rows of the work tile's Q (float32, a.q) split into the planes of the
-    // Q tile in shared memory, in the TMA's swizzled layout (sm90/primitives.cuh), zeros past the
-    // sequence and the head dim. Split here rather than by split_planes, whose pass over q cost as much
-    // as a tenth of the forward at 1k keys; Ops::split2 either way, so the planes are the same. A
-    // thread takes 8 columns of a row at a time, its loads all issued before the first split.
+    // Q tile (sm90/planes_split.cuh). Split here rather than by split_planes, whose pass over q cost as
+    // much as a tenth of the forward at 1k keys.
     __device__ __forceinline__ static void split_queries(const AttnArgs& a, const Sm90FwdTile& tile, unsigned char* smem,
                                                          int wg) {
-        constexpr int kChunks = kHeadDim / 8;             // 8-column chunks of a row
-        constexpr int kTasks = 64 * kChunks / 128;        // a thread's chunks
-        static_assert(64 * kChunks % 128 == 0, "whole chunks per thread");
-        const int thread = threadIdx.x % 128;
-        const float* q = head_rows<const float>(a.q, tile.b, tile.seq.q_start, tile.h);
-        float x[kTasks][8];
-#pragma unroll
-        for (int u = 0; u < kTasks; ++u) {
-            const int task = thread + 128 * u;
-            const int r = tile.m0 + 64 * wg + task / kChunks, c0 = 8 * (task % kChunks);
-            const float* src = q + static_cast<long long>(r) * a.q.row_stride + c0;
-            const bool in = r >= 0 && r < tile.seq.seqlen_q;
-            if (in && c0 + 8 <= a.headdim && reinterpret_cast<size_t>(src) % 16 == 0) {
-                const float4 lo4 = reinterpret_cast<const float4*>(src)[0], hi4 = reinterpret_cast<const float4*>(src)[1];
-                x[u][0] = lo4.x, x[u][1] = lo4.y, x[u][2] = lo4.z, x[u][3] = lo4.w;
-                x[u][4] = hi4.x, x[u][5] = hi4.y, x[u][6] = hi4.z, x[u][7] = hi4.w;
-            } else {
-#pragma unroll
-                for (int e = 0; e < 8; ++e) x[u][e] = in && c0 + e < a.headdim ? src[e] : 0.0f;
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < kTasks; ++u) {
-            const int task = thread + 128 * u;
-            const int row = 64 * wg + task / kChunks, c0 = 8 * (task % kChunks);
-            unsigned planes[3][4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) Ops::split2(x[u][2 * i], x[u][2 * i + 1], planes[0][i], planes[1][i], planes[2][i]);
-            // 16-byte chunk (c0 % 64) / 8 of the row, XORed with row % 8 inside its atom.
-            unsigned char* dst = smem + (c0 / 64) * kBlockM * 128 + row * 128 + (((c0 % 64) / 8) ^ (row % 8)) * 16;
-#pragma unroll
-            for (int p = 0; p < Tr::kPlanes; ++p) {
-                *reinterpret_cast<uint4*>(dst + p * Tr::kQPlaneBytes) =
-                    make_uint4(planes[p][0], planes[p][1], planes[p][2], planes[p][3]);
-            }
-        }
+        split_rows_into_planes<Ops, Tr::kPlanes, kHeadDim, 64, 128>(
+            head_rows<const float>(a.q, tile.b, tile.seq.q_start, tile.h), a.q.row_stride, tile.m0 + 64 * wg,
+            tile.seq.seqlen_q, a.headdim, smem, kBlockM, 64 * wg, Tr::kQPlaneBytes, threadIdx.x % 128);
         fence_proxy_async();  // the stores, visible to wgmma
         named_barrier_sync(kClearBarrier + wg, 128);
     }
