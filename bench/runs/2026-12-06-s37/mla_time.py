@@ -1,6 +1,9 @@
-"""MLA decode at batch 64 x 8192 keys, pages of 64, bf16: ms, TB/s and TFLOP/s for 16 and 128 query heads
-(cupy events, 10 calls back to back after a warm-up), and the largest difference from the general path
-(v_cache a copy) on a small odd problem."""
+"""MLA decode at batch 64 x 8192 keys, pages of 64, bf16: ms, TB/s and TFLOP/s for the query-head counts
+given (default 128 and 16; cupy events, 10 calls back to back after a warm-up), and the largest
+difference from the general path (v_cache a copy) on a small odd problem.
+Run inside the tree to time: PYTHONPATH=$PWD python mla_time.py [HEADS ...]"""
+import sys
+
 import cupy
 import ml_dtypes
 import numpy as np
@@ -23,7 +26,7 @@ pages = batch * context // page
 latent = cupy.asarray(rng.standard_normal((pages, page, 1, 576)).astype(np.float32)).astype(bf16)
 table = cupy.asarray(rng.permutation(pages).reshape(batch, -1).astype(np.int32))
 opts = dict(cache_seqlens=cupy.full((batch,), context, np.int32), block_table=table, softmax_scale=576 ** -0.5)
-for heads in (128, 16):
+for heads in [int(h) for h in sys.argv[1:]] or [128, 16]:
     q = cupy.asarray(rng.standard_normal((batch, 1, heads, 576)).astype(np.float32)).astype(bf16)
     f = lambda: cupyflash.flash_attention_with_kvcache(q, latent, latent[..., :512], **opts)  # noqa: E731
     f()

@@ -1,13 +1,11 @@
-# Session 37, call 2 (warm after call1c.sh): compute-sanitizer over the KV-cache kernels with the Hopper MLA
-# kernel (.ab/t/mla: memcheck, then racecheck), split_keys' GPU test (.ab/t/split), and the float32 rows
-# (root: main + the pending patches; split tree) beside torch, each step only while time is left.
+# Session 38's second call (issue 22), warm after call_s38.sh: split_keys' GPU test in its own tree
+# (.ab/t/split: main + runs/2026-12-05-s36/pending/i22_fwd_split_keys.patch, applied with patch -p1) and
+# the float32 rows (main; split tree) beside torch, each step only while time is left.
 export PYTHONUNBUFFERED=1
 R=$PWD
 t0=$(date +%s)
 LIMIT=${LIMIT:-400}
 left() { echo $(( LIMIT - ($(date +%s) - t0) )); }
-(cd .ab/t/mla && PYTHONPATH=$PWD timeout 110 compute-sanitizer --tool memcheck --error-exitcode 1 python tests/sanitize_kvcache.py > $OUT/memcheck_mla.txt 2>&1); echo "memcheck mla rc=$? at $(( $(date +%s) - t0 )) s"; tail -3 $OUT/memcheck_mla.txt
-(cd .ab/t/mla && PYTHONPATH=$PWD timeout 110 compute-sanitizer --tool racecheck --error-exitcode 1 python tests/sanitize_kvcache.py > $OUT/racecheck_mla.txt 2>&1); echo "racecheck mla rc=$? at $(( $(date +%s) - t0 )) s"; tail -3 $OUT/racecheck_mla.txt
 (cd .ab/t/split && PYTHONPATH=$PWD timeout 90 python -m pytest -q -p no:cacheprovider tests/test_gpu_features.py -k splits_keys > $OUT/split_tests.txt 2>&1); echo "split tests rc=$? at $(( $(date +%s) - t0 )) s"; tail -3 $OUT/split_tests.txt
 F="--dtypes fp32 --headdims 128 --seqlens 1024,4096 --causal 1"
 PYTHONPATH=$R timeout $(( $(left) - 60 )) python bench/bench.py $F --out $OUT/fp32_new > $OUT/bench_new.txt 2>&1; tail -8 $OUT/bench_new.txt | cut -c1-160
