@@ -1,7 +1,8 @@
 """MLA decode at batch 64 x 8192 keys, pages of 64, bf16: ms, TB/s and TFLOP/s for the query-head counts
 given (default 128 and 16; cupy events, 10 calls back to back after a warm-up), and the largest
 difference from the general path (v_cache a copy) on a small odd problem.
-Run inside the tree to time: PYTHONPATH=$PWD python mla_time.py [HEADS ...]"""
+Run inside the tree to time: PYTHONPATH=$PWD python mla_time.py [--force-sm90] [HEADS ...]
+(--force-sm90: the Hopper kernel below its MLA_SM90_MIN_ROWS too)."""
 import sys
 
 import cupy
@@ -9,6 +10,11 @@ import ml_dtypes
 import numpy as np
 
 import cupyflash
+from cupyflash._kvcache import device as _device
+
+if len(sys.argv) > 1 and sys.argv[1] == "--force-sm90":
+    _device.MLA_SM90_MIN_ROWS = 1  # the Hopper kernel at every head count
+    del sys.argv[1]
 
 rng = np.random.default_rng(1)
 bf16 = ml_dtypes.bfloat16
