@@ -1,10 +1,21 @@
-# Session 38's fourth call: the named-barrier probe's modes one a process under racecheck (which hand-offs
-# racecheck's model reports), then ncu of kvc_mla_sm90 in .ab/t/mla2 at 128 heads: the warps' stall
-# reasons and the per-instruction stall samples of the SASS.
+# Session 39's first call (~450 s). Build first, on the CPU:
+#   rm -rf .ab/t && mkdir -p .ab/t/mla3 && git archive HEAD cupyflash kernels_cu bench tests | tar -x -C .ab/t/mla3 \
+#     && (cd .ab/t/mla3 && patch -p1 -s < ../../../bench/runs/2026-12-06-s38/pending/i26_mla_s_under_pv.patch)
+# and pass carry=[".ab/t"]. The named-barrier probe's modes one a process under racecheck; MLA times of
+# main and of .ab/t/mla3 (warpgroup 0's next S queued behind its P_o V_o); mla3's MLA tests; ncu of main's
+# kvc_mla_sm90 at 128 heads: the warps' stall reasons and the per-instruction stall samples of the SASS.
 export PYTHONUNBUFFERED=1
 R=$PWD
 nvidia-smi --query-gpu=name --format=csv,noheader
+t0=$(date +%s)
 for m in 0 1 2; do PYTHONPATH=$R timeout 40 compute-sanitizer --tool racecheck python tests/sanitize_named_barrier.py $m > $OUT/probe_$m.txt 2>&1; echo "mode $m rc=$?"; grep -E "sums|SUMMARY" $OUT/probe_$m.txt; grep -A1 "Race reported" $OUT/probe_$m.txt | grep -o "at handoff+0x[0-9a-f]*" | paste -sd' '; done
-cd .ab/t/mla2
-PYTHONPATH=$PWD timeout 80 ncu -k regex:kvc_mla_sm90 -s 1 -c 1 --page raw --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed python $R/bench/runs/2026-12-06-s37/mla_time.py 128 > $OUT/ncu_stalls.txt 2>&1; echo "ncu stalls rc=$?"; grep -E "stalled|tensor|dram" $OUT/ncu_stalls.txt | awk '$NF+0 > 0.05' | sort -k3 -g -r | head -24
-PYTHONPATH=$PWD timeout 100 ncu -k regex:kvc_mla_sm90 -s 1 -c 1 --section SourceCounters --section WarpStateStats --page source --print-source sass --csv python $R/bench/runs/2026-12-06-s37/mla_time.py 128 > $OUT/ncu_source.csv 2>&1; echo "ncu source rc=$?"; wc -l $OUT/ncu_source.csv
+T=$R/bench/runs/2026-12-06-s37/mla_time.py
+PYTHONPATH=$R timeout 60 python $T 128 16 > $OUT/time_main.txt 2>&1; echo "main:"; cat $OUT/time_main.txt
+(cd .ab/t/mla3 && PYTHONPATH=$PWD timeout 60 python $T 128 16 > $OUT/time_mla3.txt 2>&1); echo "mla3:"; cat $OUT/time_mla3.txt
+PYTHONPATH=$R timeout 30 python $T 128 > $OUT/time_main2.txt 2>&1; echo "main again:"; tail -1 $OUT/time_main2.txt
+(cd .ab/t/mla3 && PYTHONPATH=$PWD python -c "
+from cupyflash import _kernels
+from cupyflash._kvcache import device
+_kernels.precompile([v for k in device.KERNELS for v in k.variants()], max_workers=16)" && PYTHONPATH=$PWD timeout 150 python -m pytest -q -x -p no:cacheprovider -p no:xdist tests/test_kvcache.py -k mla > $OUT/mla3_tests.txt 2>&1); echo "mla3 tests rc=$? at $(( $(date +%s) - t0 )) s"; tail -1 $OUT/mla3_tests.txt
+PYTHONPATH=$R timeout 80 ncu -k regex:kvc_mla_sm90 -s 1 -c 1 --page raw --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed python $T 128 > $OUT/ncu_stalls.txt 2>&1; echo "ncu stalls rc=$?"; grep -E "stalled|tensor|dram" $OUT/ncu_stalls.txt | awk '$NF+0 > 0.05' | sort -k3 -g -r | head -24
+PYTHONPATH=$R timeout 100 ncu -k regex:kvc_mla_sm90 -s 1 -c 1 --section SourceCounters --section WarpStateStats --page source --print-source sass --csv python $T 128 > $OUT/ncu_source.csv 2>&1; echo "ncu source rc=$? at $(( $(date +%s) - t0 )) s"; wc -l $OUT/ncu_source.csv
