@@ -32,6 +32,7 @@ architectures, and the GPU suite compiles every variant for its device anyway (c
 """
 
 import concurrent.futures
+import importlib
 import itertools
 import os
 import re
@@ -630,13 +631,15 @@ def test_headdim_bucket(headdim, headdim_v, bucket):
     assert sm80.headdim_bucket(headdim, headdim_v) == bucket
 
 
-def test_sanitize_mbarrier_kernel_compiles():
-    """tests/sanitize_mbarrier.py's hand-off kernel (run under racecheck on a GPU) builds for sm_90a from
-    the kernels' own primitives, so it cannot drift from them unnoticed."""
-    import sanitize_mbarrier
+@pytest.mark.parametrize("script", ["sanitize_mbarrier", "sanitize_named_barrier"])
+def test_sanitize_probe_kernels_compile(script):
+    """The hand-off kernels of tests/sanitize_mbarrier.py and tests/sanitize_named_barrier.py (run under
+    racecheck on a GPU) build for sm_90a from the kernels' own primitives, so they cannot drift from them
+    unnoticed."""
     from cupy_backends.cuda.libs import nvrtc
 
-    program = nvrtc.createProgram(sanitize_mbarrier.SOURCE, "handoff.cu", (), ())
+    module = importlib.import_module(script)
+    program = nvrtc.createProgram(module.SOURCE, "handoff.cu", (), ())
     try:
         nvrtc.compileProgram(program, _kernels.runtime_nvrtc_options(90, "90a"))
     except nvrtc.NVRTCError as exc:
