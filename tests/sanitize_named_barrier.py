@@ -1,6 +1,7 @@
-"""The Hopper MLA decode kernel's hand-offs between its two warpgroups alone (kernels_cu/kvcache/mla_sm90.cu),
-for compute-sanitizer racecheck: does racecheck report a `bar.arrive` -> `bar.sync` hand-off where nothing
-races, and a `__syncthreads` that follows such hand-offs?
+"""The Hopper MLA decode kernel's hand-offs between its two warpgroups alone (kernels_cu/kvcache/mla_sm90.cu,
+pending in bench/runs/2026-12-06-s38/pending/i26_mla_sm90_v2.patch), for compute-sanitizer racecheck:
+does racecheck report a `bar.arrive` -> `bar.sync` hand-off where nothing races, and a `__syncthreads`
+that follows such hand-offs?
 
 Two warpgroups pass values through shared memory per round, as the MLA kernel passes P and its scales:
 warpgroup 0 writes slot[tid] and arrives on barrier 1; warpgroup 1 syncs on 1, reads it, writes its own
