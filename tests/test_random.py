@@ -97,14 +97,16 @@ EXACT_ZERO = "float64 dk exactly 0 (one key per row): the rule compares two roun
 #: Seed 355 (general kernels, float32, a 6 x 19 causal window, inputs scaled by 7.7): dq 2.7x the plain
 #: error before the general kernels' scores were summed with compensation, 3.1x after (the rule allows
 #: 3x), with out and lse within 0.6 of theirs: the scores' last bits move the roundings of dS = P (dP -
-#: delta) that dq sums (bench/NOTES.md, session 19).
+#: delta) that dq sums (bench/NOTES.md, session 19). Not strict: on an H100 (2026-12-06) the same kernels'
+#: dq came within the 3x: the plain float32 reference runs in NumPy on the host, whose BLAS rounds by
+#: the host's processor (as seed 7's below), and the case sits at 1.03 of the allowance.
 FLOAT32_DQ = "float32 dq of the general backward at 3.1x the plain error: the rule compares rounding with rounding"
 #: The CPU ones are not strict either: seed 7 failed in every CI run up to 2026-12-02's fourth session
 #: and passes in the fifth's environment (NumPy 2.4.6, OpenBLAS 0.3.31) on the same code: its margin is
 #: within how the BLAS rounds the plain float64 reference.
 KNOWN_FAILURES = {("cpu", 7): (FLOAT64_LSE, False), ("cpu", 78): (FLOAT64_LSE, False), ("cpu", 157): (FLOAT64_LSE, False),
                   ("gpu", 7): (FLOAT64_LSE, False), ("gpu", 157): (FLOAT64_LSE, False), ("gpu", 321): (FLOAT64_LSE, False),
-                  ("gpu", 304): (EXACT_ZERO, True), ("gpu", 355): (FLOAT32_DQ, True)}
+                  ("gpu", 304): (EXACT_ZERO, True), ("gpu", 355): (FLOAT32_DQ, False)}
 
 # --------------------------------------------------------------------------------------- problems
 
@@ -223,9 +225,9 @@ HALF_FAMILY_WEIGHTS = {"sm90": 0.4, "sm80": 0.4, "general": 0.2}
 #: float32 and float64 GPU cases run the sm80 family (head dims up to 128, forward and backward; the
 #: general kernels above it) when seed % 4 == 1, the general kernels otherwise: a rule of the seed,
 #: not a draw, so that the fixed set's problems stay what they were when these kernels came (and the
-#: strict known failures on the general kernels, 304 and 355, stay there).
+#: known failures on the general kernels, 304 and 355, stay there).
 WIDE_SM80_SEEDS = (4, 1)
-#: float32 cases run the Hopper forward (and sm80's backward) when seed % 4 == 2, by the same rule (the strict
+#: float32 cases run the Hopper forward (and sm80's backward) when seed % 4 == 2, by the same rule (the
 #: known failures, 304 and 355, stay on the general kernels).
 FLOAT32_SM90_SEEDS = 2
 #: float64 cases run a np.longdouble oracle, which has no BLAS: a tenth of the budget.
