@@ -19,6 +19,6 @@ ms() { cat /tmp/time_$1_*.txt | grep "heads 128" | awk '{s += $3} END {print s}'
 W=$(awk -v a="$(ms cA)" -v b="$(ms cB)" 'BEGIN {print (a < b) ? "cA" : "cB"}')
 echo "winner at 128 heads: $W ($(ms cA) vs $(ms cB) ms, two rounds summed; main $(ms main)) at $(( $(date +%s) - t0 )) s"
 (cd .ab/t/$W && PYTHONPATH=$PWD timeout $(( $(left) - 110 )) python -m pytest -q -x -p no:cacheprovider -n 8 tests/test_kvcache.py -k mla > $OUT/tests_$W.txt 2>&1); echo "$W tests rc=$? at $(( $(date +%s) - t0 )) s"; tail -1 $OUT/tests_$W.txt; grep -E "^E |FAILED" $OUT/tests_$W.txt | cut -c1-200 | head -5
-timeout $(( $(left) - 50 )) python bench/bench.py --dtypes fp32 --headdims 128 --causal 1 --seqlens 1024 --out /tmp/b32 > $OUT/fp32.txt 2>&1; echo "fp32 rc=$? at $(( $(date +%s) - t0 )) s"; tail -12 $OUT/fp32.txt | cut -c1-200
-timeout $(( $(left) - 3 )) python bench/decode.py --quick --rows fp8 > $OUT/fp8.txt 2>&1; echo "fp8 rc=$?"; tail -10 $OUT/fp8.txt | cut -c1-200
+PYTHONPATH=$R timeout $(( $(left) - 50 )) python bench/bench.py --dtypes fp32 --headdims 128 --causal 1 --seqlens 1024 --out /tmp/b32 > $OUT/fp32.txt 2>&1; echo "fp32 rc=$? at $(( $(date +%s) - t0 )) s"; tail -12 $OUT/fp32.txt | cut -c1-200
+PYTHONPATH=$R timeout $(( $(left) - 3 )) python bench/decode.py --quick --rows fp8 > $OUT/fp8.txt 2>&1; echo "fp8 rc=$?"; tail -10 $OUT/fp8.txt | cut -c1-200
 echo "end at $(( $(date +%s) - t0 )) s"
