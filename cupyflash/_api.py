@@ -161,13 +161,14 @@ _MAX_SCORE_DOC = """
 _FP8_DOC = """
     q_descale, k_descale, v_descale : float32 arrays of q's kind, or None, keyword-only
         Only with q, k and v of dtype ``ml_dtypes.float8_e4m3fn`` (FP8, forward only): real value = stored
-        value x descale (FlashAttention-3's convention; :func:`cupyflash.quantize_fp8` makes both), shape
-        (batch, heads_k), q_descale also (batch, heads); None means 1.
+        value x descale (FlashAttention-3's convention; :func:`cupyflash.quantize_fp8` makes both for
+        (batch, seqlen, heads, headdim) arrays), shape (batch, heads_k), q_descale also (batch, heads),
+        with packed sequences (sequences, heads_k) made by the caller; None means 1.
     out_dtype : dtype, keyword-only
         FP8 inputs: out's dtype, bfloat16 (default) or float16; lse is float32. The attention is that of
         the dequantized inputs, its probabilities rounded to e4m3 for their product with v (as the FP8
-        tensor cores take them). On CuPy arrays the Hopper FP8 forward (compute capability 9.0;
-        NotImplementedError naming what it does not take)."""
+        tensor cores take them). On CuPy arrays the Hopper FP8 forward (compute capability 9.0, dense
+        batches: packed ones run on NumPy alone; NotImplementedError naming what it does not take)."""
 
 _SCORE_MOD_DOC = """
     score_mod : callable or None, keyword-only
@@ -796,8 +797,10 @@ def flash_attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, *, k:
         ``cache_seqlens[b]`` and rotary positions stay absolute. Not with a score_mod (NotImplementedError).
     q_descale, k_descale, v_descale, out_dtype : keyword-only
         float8_e4m3fn q, caches and new keys and values (an e4m3 cache), as in :func:`flash_attention`:
-        the descales (batch, heads_k) per batch entry (new tokens share their cache's); not with rotary
-        or a score_mod. NumPy arrays only in this version.
+        the descales (batch, heads_k) per batch entry and kv head (q_descale also (batch, heads)); new
+        tokens share their cache's; not with rotary or a score_mod. On CuPy arrays the e4m3 decode kernel
+        (compute capability 9.0, head dims up to 256, a paged cache or at most 64 query rows per kv head,
+        no softcap; NotImplementedError otherwise).
     block_table : int32 array, shape (batch, max_pages), or None, keyword-only
         A paged cache: position ``t`` of batch entry ``b`` is row ``t % page_size`` of page
         ``block_table[b, t // page_size]``. Capacity is ``max_pages * page_size``.
@@ -871,7 +874,7 @@ _RING_DOC = """
         must be the current device), or one rank of a :class:`cupyflash.VirtualRing` (ranks as threads of
         one process). Blocks go to rank + 1 and come from rank - 1. Every rank must make the same ring
         calls, in the same order, with the same options (``causal``, ``window_size``, ``layout``,
-        ``softmax_scale``, ``precision``), dtype and shard shapes. A VirtualRing rank checks this at the
+        ``softmax_scale``, ``precision``, ``sinks``), dtype and shard shapes. A VirtualRing rank checks this at the
         start of every call (ValueError naming the ranks and the values that differ), and a rank that
         waits for a block that cannot come raises instead of hanging (see :class:`cupyflash.VirtualRing`).
         An NCCL ring is not checked: that would take a collective and a host synchronization in every

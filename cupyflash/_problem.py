@@ -17,7 +17,8 @@ import numpy
 
 from . import _fp8
 
-#: Supported input dtypes by name; outputs keep the input dtype.
+#: The input dtypes every function takes, by name; outputs keep the input dtype. (The forwards also take
+#: float8_e4m3fn, whose outputs are bfloat16 or float16: _fp8.)
 SUPPORTED_DTYPES = {
     "float16": numpy.dtype(numpy.float16),
     "bfloat16": numpy.dtype(ml_dtypes.bfloat16),
@@ -550,9 +551,12 @@ def _options(p, causal, window_size, softcap, alibi_slopes, block_mask, precisio
     p["precision"] = check_precision(precision, p["dtype"])
     p["sinks"] = check_sinks(sinks, p["xp"], p["heads"])
     p["dropout_p"], p["dropout_seed"], p["dropout_offset"] = check_dropout(dropout_p, dropout_seed, dropout_offset)
-    if p["dtype"] == _fp8.E4M3 and (p["dropout_p"] or score_mod is not None):
-        raise ValueError(f"{'dropout' if p['dropout_p'] else 'score_mod'} is not offered with float8_e4m3fn inputs "
-                         "(a forward without a backward: dropout trains; write the score modification in bfloat16)")
+    if p["dtype"] == _fp8.E4M3 and p["dropout_p"]:
+        raise ValueError("dropout is not offered with float8_e4m3fn inputs (FP8 has a forward and no backward, "
+                         "and dropout is for training)")
+    if p["dtype"] == _fp8.E4M3 and score_mod is not None:
+        raise ValueError("score_mod is not offered with float8_e4m3fn inputs (write the score modification in "
+                         "bfloat16 or float16)")
     p["window_left"], p["window_right"] = check_window(window_size, check_flag("causal", causal))
     p["softcap"] = check_softcap(softcap, p["dtype"], p["softmax_scale"])
     p["alibi_slopes"] = check_alibi_slopes(alibi_slopes, p["xp"], p["batch"], p["heads"])
