@@ -7,7 +7,7 @@
 # decode (dW): whole suite passed on an H100 in session 40 (914 passed), memcheck 0, racecheck of the
 # decode kernels 0. On an H200: the issue rows first (decode beside cuDNN, e4m3, MLA at 128 and 16
 # heads), the L2-hint A/B, then the whole suite of `both`; land `both` if it passes. On an H100: the
-# rows and the A/B only (the suite ran there already).
+# rows, the A/B and the L2 metrics of the decode kernels only (the suite ran there already).
 export PYTHONUNBUFFERED=1
 R=$PWD; S=$R/bench/runs/2026-12-06-s40
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$name"
@@ -16,6 +16,7 @@ for t in both l256 l256 both; do (cd .ab/t/$t && PYTHONPATH=$PWD timeout 60 pyth
 cd .ab/t/both && export PYTHONPATH=$PWD
 for h in 128 16; do timeout 60 python $S/mla_pool.py $h all 256; done
 timeout 90 python bench/decode.py --quick --rows fp8 2>&1 | grep -i e4m3
+bash $S/decode_l2_metrics.sh
 echo "rows done at $(( $(date +%s) - t0 )) s"
 case "$name" in *H200*) ;; *) exit 0;; esac
 python -c "
