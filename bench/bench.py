@@ -493,7 +493,7 @@ def plan_lines(rows, settings, run_memory, out_dir):
         torch_keys += [key for key in WIDE_TORCH_SYSTEMS if any(row.dtype in WIDE_DTYPES for row in rows)]
         systems += [f"{SYSTEMS[key]} fwd" + ("+bwd" if settings.backward else "") for key in torch_keys]
     lines = [
-        (f"plan (dry run, no GPU touched): {len(rows)} rows; warm-up {settings.warmup}, {timing_text(settings)}; "
+        (f"plan (dry run, no GPU touched): {len(rows)} rows; {harness.warmup_text(settings)}, {timing_text(settings)}; "
          f"results in {out_dir}"),
         f"systems: {', '.join(systems)}" + (f" ({torch_state})" if settings.peers else ""),
         f"FLOPs: {harness.FLOP_CONVENTION}",
@@ -648,8 +648,8 @@ def main(argv=None):
     print(f"cupyflash {env['cupyflash']}{revision} on {env['device']}; CuPy {env['cupy']}; {torch_description}")
     per_call = " per-call timings" if settings.timing == "per-call" else ""
     rounds = f"; {args.rounds} rounds in balanced orders" if args.rounds > 1 else ""
-    print(f"{len(rows)} rows; warm-up {settings.warmup}, median of {settings.repeats}{per_call}{rounds}; results in {args.out}",
-          flush=True)
+    print(f"{len(rows)} rows; {harness.warmup_text(settings)}, median of {settings.repeats}{per_call}{rounds}; "
+          f"results in {args.out}", flush=True)
 
     all_results = []
     for index, row in enumerate(rows, 1):

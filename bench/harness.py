@@ -256,24 +256,47 @@ class Settings:
     precision: str = "highest"
 
 
+#: Least time (ms, on the host's clock) that the warm-up calls take before any timing: a GPU raises its
+#: clocks over the first ~100 ms of work after an idle spell, and a few warm-up calls of a short kernel
+#: end before that (session 40: the same kernel 9-13% apart between two processes that timed after one call).
+WARM_MS = 100.0
+
 #: The timings ``Settings.timing`` names, as stored in results.json.
 TIMINGS = {
-    "back-to-back": "CUDA events around each call, enqueued back to back after the warm-up; median in ms",
+    "back-to-back": "CUDA events around each call, enqueued back to back after the warm-up (its calls and at "
+    f"least {WARM_MS:.0f} ms); median in ms",
     "per-call": "host clock around each call alone, from a synchronize to the end of its device work "
-    "(host time included), after the warm-up; median in ms",
+    f"(host time included), after the warm-up (its calls and at least {WARM_MS:.0f} ms); median in ms",
 }
+
+
+def warmup_text(settings):
+    """The warm-up of ``settings`` in words, for the scripts' plans and headers."""
+    return f"warm-up {settings.warmup} calls and {WARM_MS:.0f} ms"
+
+
+def warm_up(call, count):
+    """``count`` calls, then more until they have taken WARM_MS; the device is synchronized every ten calls
+    (so the clock measures work done, not enqueued) and at the end."""
+    start = time.perf_counter()
+    done = 0
+    while done < count or (time.perf_counter() - start) * 1e3 < WARM_MS:
+        call()
+        done += 1
+        if done % 10 == 0:
+            synchronize()
+    synchronize()
+    return done
 
 
 def time_back_to_back(call, warmup, repeats, clock):
     """Milliseconds of each of ``repeats`` calls enqueued back to back, each between two CUDA events.
 
-    ``warmup`` untimed calls come first; the device is synchronized before the first timed call and after
-    the last. Where the host's work per call is shorter than the kernels, each time is the device time of
-    one call.
+    ``warmup`` untimed calls come first (and more until they took WARM_MS: :func:`warm_up`); the device is
+    synchronized before the first timed call and after the last. Where the host's work per call is shorter
+    than the kernels, each time is the device time of one call.
     """
-    for _ in range(warmup):
-        call()
-    synchronize()
+    warm_up(call, warmup)
     events = [(clock.event(), clock.event()) for _ in range(repeats)]
     for start, stop in events:
         start.record()
@@ -285,9 +308,9 @@ def time_back_to_back(call, warmup, repeats, clock):
 
 def time_per_call(call, warmup, repeats):
     """Milliseconds of each of ``repeats`` calls made alone: a synchronize, the call, a synchronize, on the
-    host's clock (host time, launch latency and device time together), after ``warmup`` untimed calls."""
-    for _ in range(warmup):
-        call()
+    host's clock (host time, launch latency and device time together), after ``warmup`` untimed calls
+    (:func:`warm_up`)."""
+    warm_up(call, warmup)
     times = []
     for _ in range(repeats):
         synchronize()
@@ -300,11 +323,11 @@ def time_per_call(call, warmup, repeats):
 
 def time_grouped(call, warmup, repeats, inner):
     """Milliseconds per call of ``repeats`` groups of ``inner`` back-to-back calls, two CUDA events around
-    each group (a decoding loop: the host prepares the next call while the device runs the last one)."""
+    each group (a decoding loop: the host prepares the next call while the device runs the last one), after
+    ``warmup`` untimed calls (:func:`warm_up`)."""
     import cupy
 
-    for _ in range(warmup):
-        call()
+    warm_up(call, warmup)
     times = []
     for _ in range(repeats):
         start, stop = cupy.cuda.Event(), cupy.cuda.Event()

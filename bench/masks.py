@@ -270,7 +270,7 @@ def plan_lines(rows, settings, out_dir):
     """The --dry-run output: settings, peers and every row with its shape, mask, visible pairs and FLOPs."""
     directions = "fwd+bwd" if settings.backward else "fwd"
     lines = [
-        (f"plan (dry run, no GPU touched): {len(rows)} rows, {directions}; warm-up {settings.warmup}, median of "
+        (f"plan (dry run, no GPU touched): {len(rows)} rows, {directions}; {harness.warmup_text(settings)}, median of "
          f"{settings.repeats} {'per-call' if settings.timing == 'per-call' else 'CUDA-event'} timings"),
         f"results in {out_dir}",
         (f"all rows: {DTYPE}, headdim {HEADDIM}, {HEADS} query heads = {HEADS} kv heads, standard-normal inputs "
@@ -779,7 +779,7 @@ def main(argv=None):
     print(f"cupyflash {env['cupyflash']}{revision} on {env['device']}; CuPy {env['cupy']}")
     print("\n".join(peers.description))
     per_call = " per-call timings" if settings.timing == "per-call" else ""
-    print(f"{len(rows)} rows; warm-up {settings.warmup}, median of {settings.repeats}{per_call}; results in {args.out}",
+    print(f"{len(rows)} rows; {harness.warmup_text(settings)}, median of {settings.repeats}{per_call}; results in {args.out}",
           flush=True)
 
     all_results, by_key = [], {}

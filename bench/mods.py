@@ -266,7 +266,7 @@ def table_lines(rows, results, settings):
 
 
 def plan_lines(rows, settings):
-    lines = [f"{len(rows)} rows, {DTYPE} d{HEADDIM} h{HEADS} b1; warm-up {settings.warmup}, median of "
+    lines = [f"{len(rows)} rows, {DTYPE} d{HEADDIM} h{HEADS} b1; {harness.warmup_text(settings)}, median of "
              f"{settings.repeats}; {'forward and backward' if settings.backward else 'forward only'}; "
              f"peers: {'FlexAttention (torch)' if settings.peers else 'none (--no-peers)'}"]
     for row in rows:

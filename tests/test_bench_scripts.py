@@ -179,6 +179,30 @@ def test_flop_formulas(bench_modules):
     assert h.random_block_layout(0.0, 0, 2, 3, 3).sum() == 2 * 3  # the diagonal only
 
 
+def test_warm_up_runs_its_calls_and_at_least_warm_ms(bench_modules, monkeypatch):
+    """The harness's warm-up makes its ``count`` calls, then more until WARM_MS have passed on the host's
+    clock (a short kernel's few calls end before the GPU's clocks are up), synchronizing every ten calls
+    and at the end; a slow call stops it after ``count``."""
+    h = bench_modules.harness
+    now = [0.0]
+    syncs = []
+    monkeypatch.setattr(h.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(h, "synchronize", lambda: syncs.append(now[0]))
+
+    def call(seconds):
+        def run():
+            now[0] += seconds
+        return run
+
+    assert h.warm_up(call(0.001), 3) == 100  # 1 ms calls: 100 of them fill 100 ms
+    assert len(syncs) == 11 and syncs[-1] == pytest.approx(0.1)
+    syncs.clear()
+    assert h.warm_up(call(0.5), 3) == 3  # 500 ms calls: the count alone
+    assert len(syncs) == 1
+    assert "at least 100 ms" in h.TIMINGS["back-to-back"]
+    assert h.warmup_text(h.Settings(3, 20, True, True)) == "warm-up 3 calls and 100 ms"
+
+
 def test_bench_grid_and_table(bench_modules):
     bench, h = bench_modules.bench, bench_modules.harness
     args = bench.parse_args(["--quick"])
