@@ -1,6 +1,7 @@
 """One round of the dense decode rows (GQA 32/8, d128, bf16; TB/s of K and V) by the tree on PYTHONPATH,
-beside cuDNN (torch SDPA) in the same process; each figure the best of 3 blocks of 50 calls after 300 ms
-of warm-up. PYTHONPATH=$PWD python decode_ab.py LABEL"""
+beside cuDNN (torch SDPA) in the same process; each figure the best of 3 groups of 50 calls after at least
+100 ms of warm-up. PYTHONPATH=$PWD python decode_ab.py LABEL"""
+import os
 import sys
 
 import cupy
@@ -11,32 +12,17 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import cupyflash
 
+sys.path.insert(0, os.path.join(os.getcwd(), "bench"))  # the tree's bench/harness.py
+import harness  # noqa: E402
+
 bf16 = ml_dtypes.bfloat16
 rng = np.random.default_rng(0)
 
 
-def ms_of(f, reps=50, blocks=3, warm_ms=300.0):
-    """The fastest of ``blocks`` blocks of ``reps`` calls back to back (CUDA events), after at least
-    ``warm_ms`` of calls (the clocks ramp up over the first ~100 ms of work: session 40's single warm-up
-    call left 10-15% between rounds of the same tree)."""
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    start.record()
-    while True:
-        for _ in range(10):
-            f()
-        end.record()
-        end.synchronize()
-        if cupy.cuda.get_elapsed_time(start, end) >= warm_ms:
-            break
-    best = float("inf")
-    for _ in range(blocks):
-        start.record()
-        for _ in range(reps):
-            f()
-        end.record()
-        end.synchronize()
-        best = min(best, cupy.cuda.get_elapsed_time(start, end) / reps)
-    return best
+def ms_of(f):
+    """The fastest of 3 groups of 50 calls back to back (bench/harness.py's time_grouped: its warm-up makes
+    at least 100 ms of calls first, since the clocks ramp up)."""
+    return min(harness.time_grouped(f, 3, 3, 50))
 
 
 cells = []

@@ -1,8 +1,9 @@
 """Diagnostic: MLA decode at batch 64 x 8192 keys, pages of 64, bf16, with the block table drawn from a
 pool of P distinct pages (P = all: every page its own, 604 MB; P = 256: 19 MB, L2-resident), so the
 products and the copies into shared memory stay the same while DRAM's traffic goes away.
-Each figure: the fastest of 3 blocks of 20 calls after 300 ms of calls (call 3 of session 40 timed 20
+Each figure: the fastest of 3 groups of 20 calls after at least 100 ms of calls (`call3.sh` of session 40 timed 20
 calls after one). Run inside the tree to time: PYTHONPATH=$PWD python mla_pool.py HEADS POOL [POOL ...]"""
+import os
 import sys
 
 import cupy
@@ -10,6 +11,9 @@ import ml_dtypes
 import numpy as np
 
 import cupyflash
+
+sys.path.insert(0, os.path.join(os.getcwd(), "bench"))  # the tree's bench/harness.py
+import harness  # noqa: E402
 
 rng = np.random.default_rng(1)
 bf16 = ml_dtypes.bfloat16
@@ -23,22 +27,5 @@ for pool in sys.argv[2:]:
     table = cupy.asarray(rng.choice(p, size=pages, replace=p < pages).reshape(batch, -1).astype(np.int32))
     opts = dict(cache_seqlens=cupy.full((batch,), context, np.int32), block_table=table, softmax_scale=576 ** -0.5)
     f = lambda: cupyflash.flash_attention_with_kvcache(q, latent, latent[..., :512], **opts)  # noqa: E731
-    # At least 300 ms of calls first (the clocks ramp up), then the fastest of 3 blocks of 20 calls.
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    start.record()
-    while True:
-        for _ in range(10):
-            f()
-        end.record()
-        end.synchronize()
-        if cupy.cuda.get_elapsed_time(start, end) >= 300.0:
-            break
-    ms = float("inf")
-    for _ in range(3):
-        start.record()
-        for _ in range(20):
-            f()
-        end.record()
-        end.synchronize()
-        ms = min(ms, cupy.cuda.get_elapsed_time(start, end) / 20)
+    ms = min(harness.time_grouped(f, 3, 3, 20))  # (its warm-up: at least 100 ms of calls)
     print(f"heads {heads} pool {pool}: {ms:.3f} ms, {2 * batch * heads * context * 1088 / ms / 1e9:.0f} TFLOP/s", flush=True)

@@ -2,10 +2,12 @@
 #   rm -rf .ab/t && mkdir -p .ab/t/both
 #   git archive HEAD cupyflash kernels_cu bench tests tools README.md ARCHITECTURE.md | tar -x -C .ab/t/both; rm -rf .ab/t/both/bench/runs
 #   P=../../../bench/runs; (cd .ab/t/both && patch -p1 -s < $P/2026-12-06-s39/pending/i26_mla_sm90_v2.patch && patch -p1 -s < $P/2026-12-06-s39/pending/i25_decode_per_warp.patch)
+#   (cd .ab/t/both && patch -p1 -s < ../../../bench/runs/2026-12-06-s40/pending/forced_family_fp8_error.patch)
 #   cp -r .ab/t/both .ab/t/l256 && (cd .ab/t/l256 && patch -p1 -s < ../../../bench/runs/2026-12-06-s40/pending/i26_decode_cp_async_l2_256.patch)
 # and pass carry [".ab/t"], kind nvidia-h200. `both` = main + the Hopper MLA kernel (v2) + the per-warp
-# decode (dW): whole suite passed on an H100 in session 40 (914 passed), memcheck 0, racecheck of the
-# decode kernels 0. On an H200: the issue rows first (decode beside cuDNN, e4m3, MLA at 128 and 16
+# decode (dW) + the forced family's FP8 error (dispatch; on landing, README's CUPYFLASH_FAMILY sentence
+# says NotImplementedError again). v2 + dW passed the whole suite on an H100 in session 40 (914 passed),
+# memcheck 0, racecheck of the decode kernels 0. On an H200: the issue rows first (decode beside cuDNN, e4m3, MLA at 128 and 16
 # heads), the L2-hint A/B, then the whole suite of `both`; land `both` if it passes. On an H100: the
 # rows, the A/B and the L2 metrics of the decode kernels only (the suite ran there already).
 export PYTHONUNBUFFERED=1
