@@ -8,7 +8,8 @@
 #   (cd .ab/t/rot && patch -p1 -s < $P/fwd_kmajor_rotated_loop.patch && patch -p1 -s < $P/fwd16_rotated_loop.patch)
 #   cp -r .ab/t/main/. .ab/t/r192 && (cd .ab/t/r192 && patch -p1 -s < $P/fwd_kmajor_rotated_loop.patch && patch -p1 -s < $P/i25_fp8_tile192.patch)
 #   and `both` as in runs/2026-12-06-s40/next_call.sh's header; isw = both + pending/i26_decode_swizzle_
-#   global_side.patch, blk = both + pending/i26_decode_bulk_rows.patch (cp -r .ab/t/both .ab/t/X, patch -p1).
+#   global_side.patch, blk = both + pending/i26_decode_bulk_rows.patch, p32 = both +
+#   pending/i26_decode_pad32.patch (cp -r .ab/t/both .ab/t/X, patch -p1).
 # (fwd_kmajor: the FP8 and tf32 loops, spills unchanged; fwd16: the 16-bit loop, 4-68 more spill bytes in
 # some variants, over test_compile's ceilings for d128 score_mod, d192 and d256: land only if it wins.)
 # Predictions: FP8 d64/d128 16k non-causal +10-25% (H100 859 -> 950-1,070 TFLOP/s at d128; the softmax is
@@ -18,7 +19,9 @@
 # (three consumers: not rotated); no row slower by more than 2%. isw: LDGSTS wavefronts 4 per
 # instruction (from 10.5) and 16.8M L2 sectors (from 25.2M), the decode rows at or under cuDNN's time;
 # blk: no LDGSTS at all, 16.8M sectors, rows at or under cuDNN's (its per-lane bulk copies are a 32-pass
-# ELECT loop in the SASS, ~320 issue slots per warp and tile, ~13% of a tile's ~2,500 cycles).
+# ELECT loop in the SASS, ~320 issue slots per warp and tile, ~13% of a tile's ~2,500 cycles); p32: if the
+# LSU splits a copy where a global sector straddles shared sectors (swz's odd-XOR rows and the 272-byte
+# rows both do), 16 sectors per copy and the rows at cuDNN's time.
 export PYTHONUNBUFFERED=1
 R=$PWD; S=$R/bench/runs/2026-12-06-s41
 nvidia-smi --query-gpu=name --format=csv,noheader; t0=$(date +%s)
