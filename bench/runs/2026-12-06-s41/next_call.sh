@@ -6,7 +6,7 @@
 #   rm -rf .ab/t && mkdir -p .ab/t/main .ab/t/rot && git archive HEAD cupyflash kernels_cu bench tests tools README.md ARCHITECTURE.md | tar -x -C .ab/t/main
 #   rm -rf .ab/t/main/bench/runs && cp -r .ab/t/main/. .ab/t/rot && P=../../../bench/runs/2026-12-06-s41/pending
 #   (cd .ab/t/rot && patch -p1 -s < $P/fwd_kmajor_rotated_loop.patch && patch -p1 -s < $P/fwd16_rotated_loop.patch)
-#   cp -r .ab/t/main/. .ab/t/r192 && (cd .ab/t/r192 && patch -p1 -s < $P/fwd_kmajor_rotated_loop.patch && patch -p1 -s < $P/i25_fp8_tile192.patch)
+#   cp -r .ab/t/main/. .ab/t/r192 && (cd .ab/t/r192 && patch -p1 -s < $P/fwd_kmajor_rotated_loop.patch && patch -p1 -s < $P/i25_fp8_tiles.patch)
 #   and `both` as in runs/2026-12-06-s40/next_call.sh's header; isw = both + pending/i26_decode_swizzle_
 #   global_side.patch, blk = both + pending/i26_decode_bulk_rows.patch, p32 = both +
 #   pending/i26_decode_pad32.patch (cp -r .ab/t/both .ab/t/X, patch -p1).
@@ -14,7 +14,8 @@
 # some variants, over test_compile's ceilings for d128 score_mod, d192 and d256: land only if it wins.)
 # Predictions: FP8 d64/d128 16k non-causal +10-25% (H100 859 -> 950-1,070 TFLOP/s at d128; the softmax is
 # ~half of each tile's 2,175 cycles and now overlaps the 256-cycle P V), d256 unchanged (not rotated);
-# r192 (the rotated loop with 192-key tiles at d128, 64-byte V^T atoms): +5-10% on rot's d128 rows;
+# r192 (the rotated loop with 192-key tiles at d128 and 64-key ones at d256, 64-byte V^T atoms; d256 then
+# rotated too): +5-10% on rot's d128 rows, +10-20% on its d256 rows;
 # bf16 forward rows d128-d256 +0-8% (their products already hide most of the softmax), d64 unchanged
 # (three consumers: not rotated); no row slower by more than 2%. isw: LDGSTS wavefronts 4 per
 # instruction (from 10.5) and 16.8M L2 sectors (from 25.2M), the decode rows at or under cuDNN's time;
@@ -30,8 +31,8 @@ for t in main rot rot main; do
   (cd .ab/t/$t && PYTHONPATH=$PWD timeout 120 python bench/fp8.py --headdims 64,128,256 --seqlens 16384 2>&1 | grep -E "^ +[0-9]" | tee -a $OUT/fp8_$t.txt)
 done
 for t in r192 rot r192; do
-  echo "== fp8 d128 $t ($(( $(date +%s) - t0 )) s)"
-  (cd .ab/t/$t && PYTHONPATH=$PWD timeout 90 python bench/fp8.py --headdims 128 --seqlens 4096,16384 2>&1 | grep -E "^ +[0-9]" | tee -a $OUT/fp8_$t.txt)
+  echo "== fp8 d128/d256 $t ($(( $(date +%s) - t0 )) s)"
+  (cd .ab/t/$t && PYTHONPATH=$PWD timeout 100 python bench/fp8.py --headdims 128,256 --seqlens 4096,16384 2>&1 | grep -E "^ +[0-9]" | tee -a $OUT/fp8_$t.txt)
 done
 (cd .ab/t/r192 && PYTHONPATH=$PWD timeout 150 python -m pytest -q -m gpu -p no:cacheprovider tests/test_fp8.py 2>&1 | tail -2)
 bash $S/call5.sh 2>&1 | tail -24
