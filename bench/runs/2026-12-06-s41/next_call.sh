@@ -2,14 +2,8 @@
 # 41's SASS finding: ptxas put the wait for O += P V before the exponentials, so no warpgroup's softmax
 # overlapped its own second product) and with 192-key tiles, and the decode candidates (call5.sh).
 # next_call_ab.sh then times the 16-bit forwards' rotated loop (bench/ab.py).
-# Build first, on the CPU (carry [".ab/t"], kind nvidia-h200):
-#   rm -rf .ab/t && mkdir -p .ab/t/main .ab/t/rot && git archive HEAD cupyflash kernels_cu bench tests tools README.md ARCHITECTURE.md | tar -x -C .ab/t/main
-#   rm -rf .ab/t/main/bench/runs && cp -r .ab/t/main/. .ab/t/rot && P=../../../bench/runs/2026-12-06-s41/pending
-#   (cd .ab/t/rot && patch -p1 -s < $P/fwd_kmajor_rotated_loop.patch && patch -p1 -s < $P/fwd16_rotated_loop.patch)
-#   cp -r .ab/t/main/. .ab/t/r192 && (cd .ab/t/r192 && patch -p1 -s < $P/fwd_kmajor_rotated_loop.patch && patch -p1 -s < $P/i25_fp8_tiles.patch)
-#   and `both` as in runs/2026-12-06-s40/next_call.sh's header; isw = both + pending/i26_decode_swizzle_
-#   global_side.patch, blk = both + pending/i26_decode_bulk_rows.patch, p32 = both +
-#   pending/i26_decode_pad32.patch (cp -r .ab/t/both .ab/t/X, patch -p1).
+# Build first, on the CPU: `bash bench/runs/2026-12-06-s41/build_trees.sh` (main, rot, r192, both, isw,
+# blk, p32, all under .ab/t; 29 MB), then run with carry [".ab/t"], kind nvidia-h200.
 # (fwd_kmajor: the FP8 and tf32 loops, spills unchanged; fwd16: the 16-bit loop, 4-68 more spill bytes in
 # some variants, over test_compile's ceilings for d128 score_mod, d192 and d256: land only if it wins.)
 # Predictions: FP8 d64/d128 16k non-causal +10-25% (H100 859 -> 950-1,070 TFLOP/s at d128; the softmax is

@@ -1,8 +1,9 @@
 # Session 42's second call (~560 s): the whole GPU suite of `all` = main + the Hopper MLA kernel (s39 v2)
-# + the per-warp decode (s39 dW) + the forced family's FP8 error (s40) + the rotated K-major loop (s41),
+# + the per-warp decode (s39 dW) + the forced family's FP8 error (s40) + the rotated K-major loop and
+# the FP8 tiles (s41) if next_call.sh showed them right and faster,
 # and only where next_call.sh showed them winning: the rotated 16-bit loop (with test_compile's ceilings
-# raised to its spills) and the decode swizzle (isw). Build:
-#   cp -r .ab/t/both .ab/t/all && (cd .ab/t/all && patch -p1 -s < ../../../bench/runs/2026-12-06-s41/pending/fwd_kmajor_rotated_loop.patch)
+# raised to its spills) and the decode candidate that won (isw, blk or p32): build_trees.sh builds `all` =
+# both + the K-major rotation + the FP8 tiles; patch the winners into it (cd .ab/t/all && patch -p1 -s < ...).
 # On an H200 a pass lands `all` (quote the line and the card); on an H100 it is recorded (the owner's
 # answer on the card rule is still awaited).
 export PYTHONUNBUFFERED=1
