@@ -94,7 +94,9 @@ def run_mla(page_size, heads, seqlen_q, new):
     for splits in (1, 3):
         cupyflash.flash_attention_with_kvcache(q, latent, latent[..., :512], num_splits=splits, **options)
     kvcache_device.decode_variant = decode_variant
-    assert [v.kernel for v in chosen] == [kvcache_device.MLA] * 2, chosen
+    sm90 = cupy.cuda.Device().compute_capability == "90" and heads * seqlen_q >= kvcache_device.MLA_SM90_MIN_ROWS
+    kernel = kvcache_device.MLA_SM90 if sm90 and page_size % 64 == 0 else kvcache_device.MLA
+    assert [v.kernel for v in chosen] == [kernel] * 2, chosen
     cupy.cuda.Device().synchronize()
 
 
@@ -136,6 +138,8 @@ run_mla(64, 16, 1, 1)
 run_mla(1, 128, 2, 0)
 run_mla(0, 32, 3, 2)
 run_mla(16, 12, 3, 1)
+run_mla(64, 128, 1, 1)  # (the Hopper MLA kernel from here on, on compute capability 9.0)
+run_mla(128, 64, 2, 0)
 # A paged prefill on the Hopper forward (70 queries, on a device described
 # with 8 SMs so that these few work tiles take that path): entry 0's table is -1 past its used pages,
 # which its producer's boxes of page -1 must read nothing of (entries with bad pages issue none).

@@ -329,9 +329,10 @@ def _report(variants, arch):
         if any(v.kernel.arch for v in variants):
             # HGMMA: 16-bit products; QGMMA ... .E4M3.E4M3: FP8 ones.
             hgmma = {v: len(re.findall(r"\bHGMMA\.|\bQGMMA\.\S*E4M3\.E4M3", functions.get(lowered[v], ""))) for v in variants}
-            # (of the warp-specialized kernels: the e4m3 decode kernel is sm_90a for its cvt alone)
+            # (of the warp-specialized kernels: the e4m3 decode kernel is sm_90a for its cvt alone, and the
+            # MLA one's two warpgroups both compute, with no setmaxnreg)
             consumer_local = {v: _consumer_local_accesses(functions.get(lowered[v], "")) for v in variants
-                              if v.kernel is not kvcache_device.DECODE_FP8}
+                              if v.kernel not in (kvcache_device.DECODE_FP8, kvcache_device.MLA_SM90)}
         loop_local = {v: _loop_local_accesses(functions[lowered[v]]) for v in decode}
     result = {(v.key, arch): sections[lowered[v]] for v in variants}
     for v in variants:
@@ -566,6 +567,9 @@ def test_hopper_variants_run_on_hgmma(reports):
         # S^T and dP^T (head-dim steps), dV and dK (query steps), dQ (key steps).
         steps = (v.param("headdim") + v.param("headdim_v")) // 16 + 2 * v.param("block_m") // 16 + sm90.bwd_block_n(v) // 16
         assert reports[(v.key, 90)]["hgmma"] >= steps, (v.key, reports[(v.key, 90)])
+    for v in kvcache_device.MLA_SM90.variants():
+        # S over 576 columns (36 k-steps), and each warpgroup's two O += P V over a tile's 64 keys.
+        assert reports[(v.key, 90)]["hgmma"] >= 576 // 16 + 2 * 64 // 16, (v.key, reports[(v.key, 90)])
     for v in sm90.BWD_PLANES.variants():
         if v.key not in built:
             continue
@@ -685,7 +689,7 @@ def _static_asserts(lines, includes, arch=None):
 #: The folders of kernels_cu/ each folder may include (besides itself): the layers of ARCHITECTURE.md.
 KERNEL_LAYERS = {"common": set(), "generated": set(), "fragment": {"common"}, "general": {"common"},
                  "sm80": {"common", "fragment"}, "sm90": {"common", "fragment", "generated", "sm80"},
-                 "kvcache": {"common", "fragment", "sm80"}}
+                 "kvcache": {"common", "fragment", "generated", "sm80", "sm90"}}
 
 
 def test_kernel_folders_include_only_their_layers():

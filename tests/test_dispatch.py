@@ -310,6 +310,23 @@ def test_score_and_mask_functions_take_the_families_that_compile_them():
     assert all("_fn" not in key for _, key in plain)
 
 
+@pytest.mark.parametrize("family", ["sm80", "general"])
+def test_forced_family_past_sm90_refuses_fp8_by_name(family, monkeypatch):
+    """FP8 inputs have only the sm90 kernel: with CUPYFLASH_FAMILY naming a later family, dispatch raises
+    NotImplementedError naming the variable and the dtype (it was an internal AssertionError), and the
+    same problem unforced takes the sm90 family."""
+    from cupyflash import _problem
+
+    e4m3 = np.dtype(ml_dtypes.float8_e4m3fn)
+    q, k = np.zeros((2, 50, 4, 128), e4m3), np.zeros((2, 77, 2, 128), e4m3)
+    p = _problem.forward_problem(q, k, k)
+    operands = tuple(_plan.Slot(i, x.shape, x.dtype) for i, x in enumerate((q, k, k)))
+    assert _families.select(_families.FORWARD, p, H200, operands)[0].name == "sm90"
+    monkeypatch.setenv("CUPYFLASH_FAMILY", family)
+    with pytest.raises(NotImplementedError, match=f"CUPYFLASH_FAMILY='{family}'.*float8_e4m3fn inputs.*sm90"):
+        _families.select(_families.FORWARD, p, H200, operands)
+
+
 @pytest.mark.parametrize("dtype, headdim, headdim_v, seqlen_k", [("float8_e4m3fn", 128, 128, 77), ("float32", 40, 24, 77)])
 def test_kmajor_plans_encode_their_tensor_maps(dtype, headdim, headdim_v, seqlen_k, monkeypatch):
     """The K-major forwards' plans (FP8, and tf32 with its rounded copies of q and k, for a call that returns

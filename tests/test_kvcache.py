@@ -582,14 +582,19 @@ def test_mla_shapes(heads, seqlen_q, xp_name):
     ("float16", 16, 4, 16, [300, 47, 4], {"causal": True}),
     ("bfloat16", 12, 3, 16, [70, 5, 130], {"causal": True, "num_splits": 3}),
     ("float16", 8, 5, None, [90, 2, 66], {"causal": True, "cache_leftpad": [0, 1, 30]}),
+    ("bfloat16", 64, 1, 128, [300, 1, 129], {}),
+    ("float16", 128, 2, 64, [257, 64, 3], {"causal": True, "num_splits": 3}),
+    ("bfloat16", 40, 2, None, [190, 0, 75], {"causal": True, "cache_leftpad": [5, 0, 64]}),
 ])
 def test_mla_decode_kernel_cupy(dtype, heads, seqlen_q, page, lengths, options, monkeypatch):
-    """The MLA decode kernel (kernels_cu/kvcache/mla.cu) against the float64 reference, never the general
-    path: pages of 1, 16 and 64 and a dense cache with left padding, odd lengths and an empty entry, 16
-    to 128 heads, causal chunks of up to 4 queries, splits merged in the kernel; a view of the cache's
-    first 512 columns as v_cache; 12 and 8 heads put several queries, with their own causal limits, and
-    a partial last row tile in a CTA. A v_cache of another cache (the same layout) takes the general path
-    and another plan."""
+    """The MLA decode kernels (kernels_cu/kvcache/mla.cu; with MLA_SM90_MIN_ROWS (16) or more rows a batch entry on compute
+    capability 9.0, mla_sm90.cu) against the float64 reference, never the general path: pages of 1, 16,
+    64 and 128 and a dense cache with left padding, odd lengths and an empty entry, 8 to 128 heads, causal
+    chunks of up to 5 queries, splits merged in the kernel; a view of the cache's first 512 columns as
+    v_cache; 12 and 8 heads put several queries, with their own causal limits, and a partial last row
+    tile in a CTA (40 heads x 2 queries too, on the 64-row tiles); walks of an odd and an even number of
+    64-key tiles, and a last tile cut by the entry's length (its rows past it hold other values). A
+    v_cache of another cache (the same layout) takes the general path and another plan."""
     from cupyflash import _kvcache
     from cupyflash._kvcache import device
 
@@ -613,7 +618,17 @@ def test_mla_decode_kernel_cupy(dtype, heads, seqlen_q, page, lengths, options, 
     want = reference.attention_with_kvcache(q, latent, latent[..., :512], **arrays)
     base = reference.attention_with_kvcache(q, latent, latent[..., :512], **arrays, compute_dtype=dt)
     gpu = {n: cupy.asarray(x) if isinstance(x, np.ndarray) else x for n, x in arrays.items()}
-    latent_gpu = cupy.asarray(latent)
+    # The rows no entry uses hold NaN on the GPU: the kernels must never let them into a result (rows past
+    # an entry's length share its last tile, and 0 x NaN in P V is NaN).
+    poisoned = latent.copy()
+    for b, length in enumerate(lengths):
+        if page is None:
+            entry, first = arrays["cache_batch_idx"][b], options.get("cache_leftpad", [0] * batch)[b]
+            poisoned[entry, :first] = poisoned[entry, first + length:] = np.nan
+        else:
+            for pos in range(length, capacity):
+                poisoned[table[b, pos // page], pos % page] = np.nan
+    latent_gpu = cupy.asarray(poisoned)
     monkeypatch.setattr(device, "_general", lambda *args, **kwargs: pytest.fail("took the general path"))
     chosen = []
     decode_variant = device.decode_variant
@@ -621,7 +636,8 @@ def test_mla_decode_kernel_cupy(dtype, heads, seqlen_q, page, lengths, options, 
                         or chosen[-1])
     out, lse = cupyflash.flash_attention_with_kvcache(cupy.asarray(q), latent_gpu, latent_gpu[..., :512], **gpu,
                                                       num_splits=options.get("num_splits", 0), return_lse=True)
-    assert [v.kernel for v in chosen] == [device.MLA]
+    sm90 = cupy.cuda.Device().compute_capability == "90" and heads * seqlen_q >= device.MLA_SM90_MIN_ROWS
+    assert [v.kernel for v in chosen] == [device.MLA_SM90 if sm90 and (page or 64) % 64 == 0 else device.MLA]
     assert out.shape == (batch, seqlen_q, heads, 512)
     assert_within_rule("out", out, want[0], base[0], OUTPUT_FACTOR)
     assert_within_rule("lse", lse, want[1], base[1], OUTPUT_FACTOR)
@@ -634,10 +650,35 @@ def test_mla_decode_kernel_cupy(dtype, heads, seqlen_q, page, lengths, options, 
     other = rng.standard_normal(latent.shape).astype(dt)
     want = reference.attention_with_kvcache(q, latent, other[..., :512], **arrays)
     base = reference.attention_with_kvcache(q, latent, other[..., :512], **arrays, compute_dtype=dt)
-    out, _ = cupyflash.flash_attention_with_kvcache(cupy.asarray(q), latent_gpu, cupy.asarray(other)[..., :512], **gpu,
-                                                    num_splits=options.get("num_splits", 0), return_lse=True)
+    out, _ = cupyflash.flash_attention_with_kvcache(cupy.asarray(q), cupy.asarray(latent), cupy.asarray(other)[..., :512],
+                                                    **gpu, num_splits=options.get("num_splits", 0), return_lse=True)
     assert chosen == [None]
     assert_within_rule("out (v_cache of another cache)", out, want[0], base[0], OUTPUT_FACTOR)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads", [16, 128])
+def test_mla_bad_pages_give_nan_rows_cupy(heads):
+    """An out-of-range block_table entry in a page an entry uses makes that entry's rows NaN on both MLA
+    kernels (16 heads: mla.cu; 128 on compute capability 9.0: mla_sm90.cu), with and without splits; the
+    other entries' rows match the float64 reference."""
+    rng = np.random.default_rng(heads)
+    batch, page, pages_per, bf16 = 3, 64, 4, DTYPES["bfloat16"]
+    latent = rng.standard_normal((batch * pages_per, page, 1, 576)).astype(bf16)
+    table = np.arange(batch * pages_per, dtype=np.int32).reshape(batch, pages_per)
+    q = rng.standard_normal((batch, 1, heads, 576)).astype(bf16)
+    arrays = {"cache_seqlens": np.array([200, 150, 256], np.int32), "block_table": table, "softmax_scale": 576 ** -0.5}
+    want = reference.attention_with_kvcache(q, latent, latent[..., :512], **arrays)
+    base = reference.attention_with_kvcache(q, latent, latent[..., :512], **arrays, compute_dtype=bf16)
+    bad = table.copy()
+    bad[1, 2] = 10**6  # entry 1 uses 150 keys: pages 0-2
+    gpu = dict(arrays, cache_seqlens=cupy.asarray(arrays["cache_seqlens"]), block_table=cupy.asarray(bad))
+    latent_gpu = cupy.asarray(latent)
+    for splits in (1, 3):
+        out = to_host(cupyflash.flash_attention_with_kvcache(cupy.asarray(q), latent_gpu, latent_gpu[..., :512], **gpu,
+                                                             num_splits=splits)).astype(np.float32)
+        assert np.isnan(out[1]).all() and np.isfinite(out[[0, 2]]).all()
+        assert_within_rule("out", out[[0, 2]], want[0][[0, 2]], base[0][[0, 2]], OUTPUT_FACTOR)
 
 
 @pytest.mark.gpu

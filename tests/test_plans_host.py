@@ -199,6 +199,49 @@ def test_decode_plans_build_on_the_host(options):
     assert plan.plan is not None
 
 
+@pytest.mark.parametrize("heads, seqlen_q, page, kernel", [
+    (128, 1, 64, "kvc_mla_sm90"), (32, 2, 0, "kvc_mla_sm90"), (64, 1, 128, "kvc_mla_sm90"), (16, 1, 64, "kvc_mla_sm90"),
+    (128, 1, 16, "kvc_mla_"), (15, 1, 0, "kvc_mla_"), (8, 1, 64, "kvc_mla_")])
+def test_mla_plans_build_on_the_host(heads, seqlen_q, page, kernel, monkeypatch):
+    """An MLA call's plan on an H200 (a latent cache of 576 columns, v_cache the view of its first 512):
+    16 or more (query, head) rows a batch entry (MLA_SM90_MIN_ROWS) over a dense cache or pages of a multiple of 64 rows take
+    the Hopper kernel (kvc_mla_sm90: 64-row CTAs of 256 threads, the cache's tensor map as its second
+    argument), the others the mma.sync one (16-row CTAs of 128 threads)."""
+    from cupyflash._kvcache import call, device
+
+    batch, capacity = 3, 512
+    addresses = iter(range(1 << 20, 1 << 34, 1 << 24))
+    cache_shape = (batch * capacity // page, page, 1, 576) if page else (batch, capacity, 1, 576)
+    table = np.zeros((batch, capacity // page), np.int32) if page else None
+    host = call.check(np.zeros((batch, seqlen_q, heads, 576), ml_dtypes.bfloat16), np.zeros(cache_shape, ml_dtypes.bfloat16),
+                      np.zeros(cache_shape, ml_dtypes.bfloat16)[..., :512], k=None, v=None,
+                      cache_seqlens=np.zeros(batch, np.int32), cache_batch_idx=None, block_table=table, rotary_cos=None,
+                      rotary_sin=None, rotary_interleaved=False, causal=True, window_size=(-1, -1), softcap=0.0,
+                      alibi_slopes=None, softmax_scale=None, num_splits=0, max_splits=128, precision="highest")
+    cache = _DeviceArray(cache_shape, ml_dtypes.bfloat16, next(addresses))
+    values = _DeviceArray(cache_shape[:3] + (512,), ml_dtypes.bfloat16, cache.data.ptr)
+    values.strides = cache.strides  # the view k_cache[..., :512]
+    c = dataclasses.replace(host, xp=None, q=_DeviceArray((batch, seqlen_q, heads, 576), ml_dtypes.bfloat16,
+                                                          next(addresses)),
+                            k_cache=cache, v_cache=values, cache_seqlens=_DeviceArray((batch,), np.int32, next(addresses)),
+                            block_table=None if table is None else _DeviceArray(table.shape, np.int32, next(addresses)))
+    variant = device.decode_variant(c, H200)
+    assert variant.key.startswith(kernel)
+    launches = []
+    monkeypatch.setattr(common, "function", lambda variant, smem=0: variant.key)
+    launch = _plan.PlanBuilder.launch
+    monkeypatch.setattr(_plan.PlanBuilder, "launch", lambda self, *args: launches.append(args) or launch(self, *args))
+    device.DecodePlan(c, variant, H200, None, True, False)
+    (function, grid, threads, structs, smem), = [x for x in launches if x[0].startswith("kvc_mla")]
+    rows = device.rows_per_cta(variant)
+    assert grid[0] % -(-seqlen_q * heads // rows) == 0 and grid[1:] == (1, batch)
+    if kernel == "kvc_mla_sm90":
+        assert (rows, threads, smem, len(structs)) == (64, 256, device.MLA_SM90_SMEM, 2)
+        assert structs[1].dtype == device.MLA_SM90_MAP
+    else:
+        assert (rows, threads, len(structs)) == (16, 128, 1)
+
+
 @pytest.mark.parametrize("options", [{"int_seqlens": True}, {"rotary": True, "new": 3}, {"paged": True},
                                      {"dtype": np.float32, "new": 2}])
 def test_general_plans_build_on_the_host(options, monkeypatch):

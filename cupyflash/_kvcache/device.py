@@ -51,7 +51,21 @@ POISON = _kernels.Kernel("kvc_poison", "kvcache/kvcache.cu", _kernels.ALL_DTYPES
 #: MLA_HEADDIM_V are the values, v_cache a view of k_cache.
 MLA = _kernels.Kernel("kvc_mla", "kvcache/mla.cu", _kernels.HALF_DTYPES)
 MLA_HEADDIM, MLA_HEADDIM_V = 576, 512
-KERNELS = (APPEND, DECODE, DECODE_FP8, LENGTHS, POISON, MLA)
+#: MLA decoding on Hopper's tensor cores (kernels_cu/kvcache/mla_sm90.cu): calls of at least
+#: MLA_SM90_MIN_ROWS (query, head) rows per batch entry, over a dense cache or pages of a multiple of
+#: MLA_SM90_ROWS rows; MLA_SM90_ROWS rows and keys per tile. Its tiles of 64 rows waste products below 64
+#: rows, yet it beat kvc_mla at 16 (0.303 against 0.41 ms, batch 64 x 8192, H100, session 38).
+MLA_SM90 = _kernels.Kernel("kvc_mla_sm90", "kvcache/mla_sm90.cu", _kernels.HALF_DTYPES, arch="90a")
+MLA_SM90_ROWS = 64
+MLA_SM90_MIN_ROWS = 16
+MLA_SM90_THREADS = 256
+#: MlaSm90Traits' shared memory: Q, two stages of a 64-key tile (nine 8 KB boxes each), the P buffer,
+#: five float rows of statistics, 18 mbarriers, and 1024 bytes to align the base.
+MLA_SM90_SMEM = 1024 + 3 * MLA_SM90_ROWS * MLA_HEADDIM * 2 + 128 * 16 * 4 + 5 * MLA_SM90_ROWS * 4 + 2 * 9 * 8
+#: kvc_mla_sm90's second parameter: the CUtensorMap of k_cache (a TmaDesc).
+MLA_SM90_MAP = numpy.dtype({"names": ["k"], "formats": [(numpy.void, 128)], "offsets": [0], "itemsize": 128,
+                            "aligned": True})
+KERNELS = (APPEND, DECODE, DECODE_FP8, LENGTHS, POISON, MLA, MLA_SM90)
 
 
 def decode_stages(headdim, fp8=False):
@@ -65,6 +79,8 @@ def decode_smem_bytes(variant):
     """Dynamic shared memory of a decode variant (KvcTraits::kSmemBytes: the Q rows and the K/V stages,
     rows padded by 8 elements; MlaTraits::kSmemBytes: the Q rows, two stages of cache rows, P and the
     warps' row statistics)."""
+    if variant.kernel is MLA_SM90:
+        return MLA_SM90_SMEM
     if variant.kernel is MLA:
         ld, warps = MLA_HEADDIM + 8, DECODE_THREADS // 32
         p_bytes, stat_bytes = DECODE_ROWS * (DECODE_BLOCK_N + 8) * 2, 2 * warps * DECODE_ROWS * 4
@@ -78,7 +94,17 @@ def decode_smem_bytes(variant):
 
 def part_cols(variant):
     """Floats between two partial output rows of a decode variant (its traits' kPartCols)."""
-    return MLA_HEADDIM_V if variant.kernel is MLA else variant.param("headdim")
+    return MLA_HEADDIM_V if variant.kernel in (MLA, MLA_SM90) else variant.param("headdim")
+
+
+def rows_per_cta(variant):
+    """Query rows (of one kv head) per CTA of a decode variant."""
+    return MLA_SM90_ROWS if variant.kernel is MLA_SM90 else DECODE_ROWS
+
+
+def threads(variant):
+    """Threads per CTA of a decode variant."""
+    return MLA_SM90_THREADS if variant.kernel is MLA_SM90 else DECODE_THREADS
 
 
 def cxx_facts():
@@ -102,8 +128,15 @@ def cxx_facts():
                       f"{traits}::kBlockN": DECODE_BLOCK_N, f"{traits}::kHeadDim": MLA_HEADDIM,
                       f"{traits}::kHeadDimV": MLA_HEADDIM_V, f"{traits}::kPartCols": part_cols(variant),
                       f"{traits}::kSmemBytes": decode_smem_bytes(variant)})
+    for dtype, name in (("float16", "__half"), ("bfloat16", "__nv_bfloat16")):
+        traits = f"cupyflash::MlaSm90Traits<{name}>"
+        facts.update({f"{traits}::kThreads": MLA_SM90_THREADS, f"{traits}::kRows": MLA_SM90_ROWS,
+                      f"{traits}::kBlockN": MLA_SM90_ROWS, f"{traits}::kHeadDim": MLA_HEADDIM,
+                      f"{traits}::kPartCols": part_cols(MLA_SM90.variant(dtype)),
+                      f"{traits}::kSmemBytes": MLA_SM90_SMEM})
+    facts["sizeof(cupyflash::TmaDesc)"] = MLA_SM90_MAP.itemsize
     facts["cupyflash::kMaxSplits"] = MAX_SPLITS
-    return ("kvcache/kvcache.cu", "kvcache/mla.cu"), facts
+    return ("kvcache/kvcache.cu", "kvcache/mla.cu", "kvcache/mla_sm90.cu"), facts
 
 
 # ------------------------------------------------------------------------------------------------
@@ -157,6 +190,12 @@ def mla_variant(c, device, max_score=False):
         return None  # (new values of their own would overwrite the new keys' first columns)
     if not common.vec_loads(c.q, k) or c.batch * c.seqlen_q * c.heads >= 2**31:
         return None
+    if (device.capability == sm90.CAPABILITY and c.seqlen_q * c.heads >= MLA_SM90_MIN_ROWS
+            and (c.block_table is None or c.page_size % MLA_SM90_ROWS == 0) and sm90.tma_addressable(k, False)
+            and MLA_SM90_SMEM <= device.smem_optin):
+        # 64 rows or more a batch entry: the products set the pace, on the tensor cores. Pages of other
+        # sizes would split a tile's copies (the tensor map's box is 64 rows of one page).
+        return MLA_SM90.variant(common.dtype_name(c.dtype))
     variant = MLA.variant(common.dtype_name(c.dtype))
     return variant if decode_smem_bytes(variant) <= device.smem_optin else None
 
@@ -220,7 +259,7 @@ def num_splits(c, variant, device, row_tiles):
     # an SM the e4m3 kernel ran at the 16-bit cache's speed for half its bytes (8 x 32k: 1.00x, H100,
     # session 35). The MLA kernel's shared memory fits one CTA per SM either way.
     fp8_pair = variant.kernel is DECODE_FP8 and 2 * decode_smem_bytes(variant) <= device.smem_optin
-    two = fp8_pair or c.block_table is not None and variant.kernel is not MLA
+    two = fp8_pair or c.block_table is not None and variant.kernel not in (MLA, MLA_SM90)
     slots = device.sm_count * (2 if two else 1)
     most = min(MAX_SPLITS, max(1, common.cdiv(keys, DECODE_BLOCK_N) // MIN_TILES_PER_SPLIT))
     if base >= slots or most == 1:
@@ -308,12 +347,12 @@ class DecodePlan(CachePlan):
         out = b.output(c.out_shape, c.output_dtype)
         lse = b.output(c.lse_shape, numpy.float32) if return_lse else b.workspace(c.lse_shape, numpy.float32)
         rows = c.seqlen_q * (c.heads // c.heads_k)
-        row_tiles = common.cdiv(rows, DECODE_ROWS)
+        row_tiles = common.cdiv(rows, rows_per_cta(variant))
         splits = num_splits(c, variant, device, row_tiles)
         # Unrotated new keys whose rows suit the decode kernel's 16-byte copies are appended by it (its
         # tiles read them from k_new/v_new); the others are written by kvc_append first.
         fused = bool(c.seqlen_new and not c.rotary_dim and common.vec_loads(cs.k_new, cs.v_new)
-                     and variant.kernel is not MLA)
+                     and variant.kernel not in (MLA, MLA_SM90))
         q, appended = _plan_append(b, cs, int_seqlens, fused)
         main = _fill_args(b.struct(_params.KV_CACHE_ARGS), cs, q, out, lse)
         main["num_splits"] = splits
@@ -334,7 +373,13 @@ class DecodePlan(CachePlan):
             top = b.output((c.batch, c.heads), numpy.float32)
             main["max_score"] = _params.pointer(images)
         smem = decode_smem_bytes(variant)
-        b.launch(common.function(variant, smem), (row_tiles * splits, c.heads_k, c.batch), DECODE_THREADS, (main,), smem)
+        structs = (main,)
+        if variant.kernel is MLA_SM90:  # the cache's tensor map: boxes of 64 columns by 64 rows of one page
+            cache_map = b.struct(MLA_SM90_MAP)
+            sm90.tensor_map(b, cache_map, "k", cs.k_cache, False, MLA_SM90_ROWS)
+            structs = (main, cache_map)
+        b.launch(common.function(variant, smem), (row_tiles * splits, c.heads_k, c.batch), threads(variant), structs,
+                 smem)
         if max_score:
             common.plan_max_score_decode(b, images, top)
         self.splits = splits

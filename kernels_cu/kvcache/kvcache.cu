@@ -229,14 +229,15 @@ __device__ __forceinline__ void decode_attention(const KvCacheArgs& c, unsigned 
     const int span_r = r0 + span_row;
     const int span_i = span_r / group, span_h = hk * group + span_r % group;  // query and head of that row
 
-    // Each thread copies the same kPasses rows of every tile (row = threadIdx.x / kChunks + pass *
-    // kRowsPerPass). Their pages are looked up one iteration before the tile is issued, so the lookup's
-    // latency hides behind a tile's compute instead of delaying its copies.
-    constexpr int kRowsPerPass = Tr::kThreads / kChunks;
-    constexpr int kPasses = kBlockN / kRowsPerPass;
+    // Each warp copies the rows of its own 16 keys of every tile, the only rows its products read, so the
+    // warps need no barrier between them in the loop: each lane the same kPasses rows (row = 16 * warp +
+    // lane / kChunks + pass * kRowsPerPass). Their pages are looked up one iteration before the tile is
+    // issued, so the lookup's latency hides behind a tile's compute instead of delaying its copies.
+    constexpr int kRowsPerPass = 32 / kChunks;
+    constexpr int kPasses = 16 / kRowsPerPass;
     constexpr int kRowBytes = kFp8 ? Tr::kLd8 : kLd * 2;  // bytes between two rows of a stage
-    static_assert(Tr::kThreads % kChunks == 0 && kBlockN % kRowsPerPass == 0, "whole rows per pass");
-    const int my_row = threadIdx.x / kChunks, my_col = (threadIdx.x % kChunks) * kVec;
+    static_assert(32 % kChunks == 0 && 16 % kRowsPerPass == 0 && kBlockN == 16 * Tr::kWarps, "whole rows per pass");
+    const int my_row = 16 * warp + lane / kChunks, my_col = (lane % kChunks) * kVec;
     bool bad_page = false;
     // New keys in k_new/v_new (no rotary, so no kvc_append ran): written into the cache below.
     const bool fresh_keys = c.k_new.ptr != nullptr;
@@ -452,23 +453,23 @@ __device__ __forceinline__ void decode_attention(const KvCacheArgs& c, unsigned 
 
     for (int tile = tile_begin, it = 0; tile < tile_end; ++tile, ++it) {
         cp_async_wait<kStages - 2>();
-        __syncthreads();  // tile `tile` has landed for every thread; stage (it - 1) is free
+        __syncwarp();  // the warp's rows of tile `tile` have landed for every lane; its rows of stage (it - 1) are free
         if (tile + kStages - 1 < tile_end) issue(tile + kStages - 1, (it + kStages - 1) % kStages, next_page);
         cp_async_commit();
         if (tile + kStages < tile_end) lookup(tile + kStages, next_page);
         if constexpr (kFp8) {
-            // The stage's e4m3 K and V rows (K's kBlockN, then V's) into the float16 tiles, 8 elements a
-            // step (sV follows sK), before any warp's products read them.
+            // The warp's e4m3 K and V rows of the stage (its 16 of K's kBlockN, then of V's) into its rows
+            // of the float16 tiles, 8 elements a step (sV follows sK), before its products read them.
             const unsigned char* stage = stages8 + (it % kStages) * Tr::kStageBytes;
             constexpr int kPieces = kHeadDim / 8;
-            for (int u = threadIdx.x; u < 2 * kBlockN * kPieces; u += Tr::kThreads) {
-                const int row = u / kPieces, col = 8 * (u % kPieces);
+            for (int u = lane; u < 2 * 16 * kPieces; u += 32) {
+                const int r = u / kPieces, row = (r / 16) * kBlockN + 16 * warp + r % 16, col = 8 * (u % kPieces);
                 const uint2 x = *reinterpret_cast<const uint2*>(stage + row * Tr::kLd8 + col);
                 *reinterpret_cast<uint4*>(sK + row * kLd + col) =
                     make_uint4(e4m3x2_to_half2(static_cast<unsigned short>(x.x)), e4m3x2_to_half2(static_cast<unsigned short>(x.x >> 16)),
                                e4m3x2_to_half2(static_cast<unsigned short>(x.y)), e4m3x2_to_half2(static_cast<unsigned short>(x.y >> 16)));
             }
-            __syncthreads();
+            __syncwarp();
         }
         const M* sKj = sK + (kFp8 ? 0 : it % kStages) * kBlockN * kLd;
         const M* sVj = sV + (kFp8 ? 0 : it % kStages) * kBlockN * kLd;

@@ -287,26 +287,7 @@ __global__ void __launch_bounds__(MlaTraits<T>::kThreads, 1) kvc_mla(const CUPYF
         // A row that saw no key is 0 with lse -inf; a NaN score makes the sum NaN, and NaN != 0.
         const float inv = bad ? nan : (sum != 0.0f ? 1.0f / sum : 0.0f);
         const float lse = bad ? nan : (sum != 0.0f ? kLn2F * (m[half] + __log2f(sum)) : Consts<float>::neg_inf());
-        const int i = r / heads, h = r % heads;
-        const long long part_row = ((static_cast<long long>(split) * a.batch + b) * a.seqlen_q + i) * heads + h;
-        T* out_row = head_rows<T>(c.out, b, i, h);
-#pragma unroll
-        for (int n = 0; n < kOTiles; ++n) {
-            const int col = Tr::kOCols * warp + 8 * n + 2 * t;
-            const float x0 = o[n][2 * half] * inv, x1 = o[n][2 * half + 1] * inv;
-            if (c.num_splits == 1) {
-                *reinterpret_cast<unsigned*>(out_row + col) = pack2<T>(x0, x1);
-            } else {
-                *reinterpret_cast<float2*>(c.part_out + part_row * Tr::kPartCols + col) = make_float2(x0, x1);
-            }
-        }
-        if (warp == 0 && t == 0) {
-            if (c.num_splits == 1) {
-                static_cast<float*>(c.lse.ptr)[rows_index(c.lse, b, h, i)] = lse;
-            } else {
-                c.part_lse[((static_cast<long long>(split) * a.batch + b) * heads + h) * a.seqlen_q + i] = lse;
-            }
-        }
+        store_row_pairs<T, Tr>(c, b, split, r, o, half, Tr::kOCols * warp + 2 * t, inv, lse, warp == 0 && t == 0);
     }
     if (c.num_splits > 1) merge_splits<T, Tr>(c, smem_raw);
 }

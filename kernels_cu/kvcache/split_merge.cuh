@@ -1,6 +1,7 @@
-// The split merge of the decode kernels (kvcache/kvcache.cu's kvc_fwd, kvcache/mla.cu's kvc_mla): with
-// num_splits > 1 each CTA writes a float32 partial output and its lse, and the last split of a row tile
-// to finish merges them. Tr names the kernel's kRows, kWarps, kThreads, kSmemBytes and kPartCols.
+// The split merge of the decode kernels (kvcache/kvcache.cu's kvc_fwd, kvcache/mla.cu's kvc_mla and
+// kvcache/mla_sm90.cu's kvc_mla_sm90), and the MLA kernels' row stores: with num_splits > 1 each CTA
+// writes a float32 partial output and its lse, and the last split of a row tile to finish merges them. Tr
+// names the kernel's kRows, kWarps, kThreads, kSmemBytes and kPartCols.
 #pragma once
 #include "common/dtypes.cuh"
 #include "common/math.cuh"
@@ -13,6 +14,36 @@ namespace cupyflash {
 // Largest num_splits (cupyflash/_kvcache/call.py MAX_SPLITS): the merge keeps a row tile's weights, one
 // per split and row, in shared memory.
 constexpr int kMaxSplits = 256;
+
+// A finished row of an MLA decode kernel (kvcache/mla.cu, mla_sm90.cu): row r of batch entry b (query
+// r / heads, head r % heads; one kv head), this thread's pairs of columns col0 + 8 n, col0 + 8 n + 1 of
+// its kTiles accumulator n-tiles (o[n][2 half], o[n][2 half + 1]) times inv, into out, or with
+// num_splits > 1 into the split's partial row; and its lse, by the one thread that writes_lse.
+template <typename T, typename Tr, int kTiles>
+__device__ __forceinline__ void store_row_pairs(const KvCacheArgs& c, int b, int split, int r, const float (&o)[kTiles][4],
+                                                int half, int col0, float inv, float lse, bool writes_lse) {
+    const AttnArgs& a = c.attn;
+    const int i = r / a.heads, h = r % a.heads;
+    const long long part_row = ((static_cast<long long>(split) * a.batch + b) * a.seqlen_q + i) * a.heads + h;
+    T* out_row = head_rows<T>(c.out, b, i, h);
+#pragma unroll
+    for (int n = 0; n < kTiles; ++n) {
+        const int col = col0 + 8 * n;
+        const float x0 = o[n][2 * half] * inv, x1 = o[n][2 * half + 1] * inv;
+        if (c.num_splits == 1) {
+            *reinterpret_cast<unsigned*>(out_row + col) = pack2<T>(x0, x1);
+        } else {
+            *reinterpret_cast<float2*>(c.part_out + part_row * Tr::kPartCols + col) = make_float2(x0, x1);
+        }
+    }
+    if (writes_lse) {
+        if (c.num_splits == 1) {
+            static_cast<float*>(c.lse.ptr)[rows_index(c.lse, b, h, i)] = lse;
+        } else {
+            c.part_lse[((static_cast<long long>(split) * a.batch + b) * a.heads + h) * a.seqlen_q + i] = lse;
+        }
+    }
+}
 
 // The split merge, run by the CTAs of a decode kernel after they wrote their partial rows: the last of a row
 // tile's num_splits CTAs to count itself merges the tile's rows. Row (b, i, h) gets lse = ln sum_s

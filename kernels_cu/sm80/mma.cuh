@@ -79,11 +79,11 @@ __device__ __forceinline__ void ldmatrix_x2_trans(unsigned* r, unsigned addr) {
 // Copies src_bytes (0..16) from global to shared memory and zero-fills the rest of the 16 bytes. Both
 // addresses must be 16-byte aligned (even when src_bytes == 0, src must be a valid address).
 __device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(dst), "l"(src), "r"(src_bytes));
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" :: "r"(dst), "l"(src), "r"(src_bytes));
 }
 // The same for a whole 16-byte chunk: no source size to compute, fewer instructions per copy.
 __device__ __forceinline__ void cp_async_16(unsigned dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(dst), "l"(src));
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" :: "r"(dst), "l"(src));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>
