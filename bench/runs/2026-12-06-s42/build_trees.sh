@@ -1,0 +1,12 @@
+# Builds session 43's trees under .ab/t (carry [".ab/t"] with the calls), from the repository root:
+#   main = HEAD    x32 = main + the decode tiles' sector swizzle    nt = main + the FP8 loop without turns
+set -e
+R=$PWD; Q=$R/bench/runs/2026-12-06-s42/pending
+rm -rf .ab/t && mkdir -p .ab/t/main
+git archive HEAD cupyflash kernels_cu bench tests tools README.md ARCHITECTURE.md | tar -x -C .ab/t/main
+rm -rf .ab/t/main/bench/runs
+tree() { cp -r .ab/t/$1 .ab/t/$2; T=$2; shift 2; (cd .ab/t/$T && for f in "$@"; do patch -p1 -s < $f; done); }
+tree main x32 $Q/i26_decode_sector_swizzle.patch
+tree main nt $Q/i25_fp8_no_turns.patch
+find .ab/t -name '*.orig' -delete
+du -sh .ab/t; ls .ab/t
