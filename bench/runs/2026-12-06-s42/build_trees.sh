@@ -1,5 +1,6 @@
 # Builds session 43's trees under .ab/t (carry [".ab/t"] with the calls), from the repository root:
 #   main = HEAD    x32 = main + the decode tiles' sector swizzle    nt = main + the FP8 loop without turns
+#   m192 = main + three consumer warpgroups for FP8 at d64    m192nt = m192 + nt (FlashAttention-3's FP8 d64)
 set -e
 R=$PWD; Q=$R/bench/runs/2026-12-06-s42/pending
 rm -rf .ab/t && mkdir -p .ab/t/main
@@ -8,5 +9,7 @@ rm -rf .ab/t/main/bench/runs
 tree() { cp -r .ab/t/$1 .ab/t/$2; T=$2; shift 2; (cd .ab/t/$T && for f in "$@"; do patch -p1 -s < $f; done); }
 tree main x32 $Q/i26_decode_sector_swizzle.patch
 tree main nt $Q/i25_fp8_no_turns.patch
+tree main m192 $Q/i25_fp8_d64_three_consumers.patch
+tree m192 m192nt $Q/i25_fp8_no_turns.patch
 find .ab/t -name '*.orig' -delete
 du -sh .ab/t; ls .ab/t

@@ -1,4 +1,4 @@
-# Session 43's first call (~420 s, either card; trees from build_trees.sh, carry [".ab/t"]).
+# Session 43's first call (~570 s, either card; trees from build_trees.sh, carry [".ab/t"]).
 # 1. ldgsts_probe.py: which shared layouts keep a warp's cp.async of whole rows at 4 wavefronts and 16 L2
 #    sectors (cuDNN's decode) and what each streams at. Prediction: flat 4/16; pad16 ~10/24 and pad32 ~14/32
 #    as in the kernel; xor16 and gperm 12/32 (as swz and isw measured in the kernel) unless the kernel's
@@ -7,8 +7,10 @@
 # 2. mufu_probe.py: exponentials per clock per SM for 1-4 warps per SMSP. Prediction: ~16 (4 lanes a clock
 #    per SMSP) at 2+ warps, ~8-10 at one warp with the softmax's FFMA and sums in the chain (session 41's
 #    ncu: a softmax phase of one warp per SMSP took ~2x its MUFU time).
-# 3. FP8 rows, main against nt (no pingpong turns: the two warpgroups' softmax phases may overlap).
-#    Prediction: if (2) shows one warp cannot keep the MUFU busy, d64/d128 +10-30%; else within noise.
+# 3. FP8 rows, main against nt (no pingpong turns: the two warpgroups' softmax phases may overlap), and
+#    at d64 m192 (three consumer warpgroups, 192-row tiles) and m192nt (both: FlashAttention-3's FP8 d64).
+#    Prediction: if (2) shows one warp cannot keep the MUFU busy, d64/d128 +10-30% for nt and d64 +15-30%
+#    for m192nt (target 650 at d64 16k, main 520); else nt within noise and m192 +5-15%.
 # 4. decode_ab.py main against x32 (sector swizzle: ldmatrix 2-way conflicts, copies whole sectors in
 #    order), ncu of its copies, then x32's KV-cache GPU tests.
 export PYTHONUNBUFFERED=1
@@ -23,10 +25,16 @@ for t in main nt nt main; do
   echo "== fp8 $t ($(( $(date +%s) - t0 )) s)"
   (cd .ab/t/$t && PYTHONPATH=$PWD timeout 60 python bench/fp8.py --headdims 64,128,256 --seqlens 4096,16384 2>&1 | grep -E "^ +[0-9]" | tee -a $OUT/fp8_$t.txt)
 done
+for t in m192 m192nt m192nt m192; do
+  echo "== fp8 d64 $t ($(( $(date +%s) - t0 )) s)"
+  (cd .ab/t/$t && PYTHONPATH=$PWD timeout 50 python bench/fp8.py --headdims 64 --seqlens 4096,16384 2>&1 | grep -E "^ +[0-9]" | tee -a $OUT/fp8_$t.txt)
+done
 for t in x32 main x32 main; do (cd .ab/t/$t && PYTHONPATH=$PWD timeout 40 python $S4/decode_ab.py $t 2>&1 | tail -1 | tee -a $OUT/decode_ab.txt); done
 M2='regex:^lts__t_sectors_srcunit_tex\.sum$,gpu__time_duration.sum,smsp__sass_l1tex_data_pipe_lsu_wavefronts_mem_shared_op_ldgsts.sum,smsp__inst_executed_op_ldsm.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum'
 (cd .ab/t/x32 && PYTHONPATH=$PWD timeout 40 /usr/local/cuda/bin/ncu --metrics "$M2" -k regex:kvc_fwd -c 1 python $S4/decode_ncu.py flash 2>&1 | grep -E "lts__|gpu__|smsp__|l1tex__" | sed -E 's/  +/ /g' | tee $OUT/decode_ncu_x32.txt)
 left=$(( 560 - ($(date +%s) - t0) ))
-echo "== x32 tests ($(( $(date +%s) - t0 )) s, $left s left)"
-(cd .ab/t/x32 && PYTHONPATH=$PWD timeout $left python -m pytest -q -m gpu -n 16 -p no:cacheprovider tests/test_kvcache.py > $OUT/x32_tests.txt 2>&1; tail -1 $OUT/x32_tests.txt)
+echo "== x32 and m192 tests ($(( $(date +%s) - t0 )) s, $left s left)"
+(cd .ab/t/x32 && PYTHONPATH=$PWD timeout $(( left / 2 )) python -m pytest -q -m gpu -n 16 -p no:cacheprovider tests/test_kvcache.py > $OUT/x32_tests.txt 2>&1; tail -1 $OUT/x32_tests.txt)
+left=$(( 570 - ($(date +%s) - t0) ))
+(cd .ab/t/m192 && PYTHONPATH=$PWD timeout $left python -m pytest -q -m gpu -n 16 -p no:cacheprovider tests/test_fp8.py > $OUT/m192_tests.txt 2>&1; tail -1 $OUT/m192_tests.txt)
 echo "done at $(( $(date +%s) - t0 )) s"
