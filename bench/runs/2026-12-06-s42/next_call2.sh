@@ -1,0 +1,19 @@
+# Session 43's second call (~400 s, either card). Issue 26's paged prefill: pages of 128 run 0.82x dense
+# (568 / 689 TFLOP/s, H200, session 42) though their boxes are the dense walk's; pages of 16 0.64x. ncu of
+# dense, 128, 64 and 16 (paged_ncu.py): duration, tensor and issue activity, DRAM bytes, L2 hit rate, the
+# TMA pipe, and the warp states. Prediction: the paged kernels' tensor pipe idles on the consumers' k_full
+# waits (long scoreboard) because the 32-lane producer walk issues later; DRAM bytes equal.
+# Then the issue-26 table on this card (bench/decode.py --quick: decode beside cuDNN and FA2, chunked
+# prefill, call time, cascade, e4m3, MLA) and issue 25's FP8 rows each call alone (--per-call).
+export PYTHONUNBUFFERED=1
+R=$PWD; S=$R/bench/runs/2026-12-06-s42
+nvidia-smi --query-gpu=name --format=csv,noheader; t0=$(date +%s)
+export PYTHONPATH=$PWD
+M='regex:sm__(pipe_tma_cycles_active|pipe_tensor_cycles_active|issue_active)\.avg\.pct_of_peak_sustained_active$,gpu__time_duration.sum,dram__bytes_read.sum,lts__t_sector_hit_rate.pct,lts__t_sectors_srcunit_tex.sum'
+timeout 150 /usr/local/cuda/bin/ncu --section WarpStateStats --metrics "$M" -k regex:sm90_fwd -c 4 python $S/paged_ncu.py > $OUT/paged_ncu.txt 2>&1
+grep -E "sm90_fwd|pct|sum|hit_rate|Stall (Long|Wait|Barrier|Sleeping)" $OUT/paged_ncu.txt | sed -E 's/  +/ /g' | cut -c1-120 | head -60
+echo "== decode.py ($(( $(date +%s) - t0 )) s)"
+timeout 220 python bench/decode.py --quick > $OUT/decode_quick.txt 2>&1; tail -22 $OUT/decode_quick.txt
+echo "== fp8 per call ($(( $(date +%s) - t0 )) s)"
+timeout 100 python bench/fp8.py --headdims 64,128,256 --seqlens 4096,16384 --per-call 2>&1 | tail -14 | tee $OUT/fp8_per_call.txt
+echo "done at $(( $(date +%s) - t0 )) s"
