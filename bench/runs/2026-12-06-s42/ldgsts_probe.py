@@ -14,6 +14,11 @@ in pass p, unless said):
   xor32   r * 256 + 32 ((c / 2) ^ (r % 4)) + 16 (c % 2)   (sectors permuted, each sector's chunks in order)
   gperm   r * 256 + 16 c, reading global chunk c ^ (r % 8) (session 41's isw)
   xor16q  xor16's layout, a pass four rows' halves: lanes 8 j .. 8 j + 7 row 4 (p % 4) + j, half p / 4
+  pairs   pass p copies sector p (chunks 2p, 2p + 1) of all 16 rows, lane l row l / 2, chunk 2p + l % 2, to
+          512 p + 16 l: shared writes in lane order, each global sector whole; a tile is [sector][row][2]
+          (an ldmatrix phase, 8 rows at one chunk, then takes 2 wavefronts: rows r and r + 4 share banks)
+  pairsw  pairs with the two chunks of rows r with (r / 4) odd swapped (16 l ^ 16): conflict-free
+          ldmatrix, each global sector in one shared sector but its halves swapped
 each with and without the .L2::256B prefetch hint (main's copies have it).
 
 PYTHONPATH=$PWD python ldgsts_probe.py           GB/s of each layout (1 GiB of K and V, median of 15)
@@ -25,15 +30,18 @@ import sys
 import cupy
 import numpy as np
 
-LAYOUTS = ("flat", "pad16", "pad32", "xor16", "xor32", "gperm", "xor16q")
+LAYOUTS = ("flat", "pad16", "pad32", "xor16", "xor32", "gperm", "xor16q", "pairs", "pairsw")
 
 SOURCE = r"""
 template <int kLayout>
 __device__ __forceinline__ void place(int pass, int lane, int* row, int* chunk, int* offset, int* gchunk) {
     int r = 2 * pass + lane / 16, c = lane % 16;
     if (kLayout == 6) { r = 4 * (pass % 4) + lane / 8; c = 8 * (pass / 4) + lane % 8; }
+    if (kLayout >= 7) { r = lane / 2; c = 2 * pass + lane % 2; }
     int o;
     switch (kLayout) {
+        case 7: o = 512 * pass + 16 * lane; break;
+        case 8: o = (512 * pass + 16 * lane) ^ (((r >> 2) & 1) << 4); break;
         case 0: o = r * 256 + 16 * c; break;
         case 1: o = r * 272 + 16 * c; break;
         case 2: o = r * 288 + 16 * c; break;

@@ -3,7 +3,9 @@
 #    sectors (cuDNN's decode) and what each streams at. Prediction: flat 4/16; pad16 ~10/24 and pad32 ~14/32
 #    as in the kernel; xor16 and gperm 12/32 (as swz and isw measured in the kernel) unless the kernel's
 #    other copies caused those; xor32 4/16 if what splits a copy is a global sector not landing whole and
-#    in order; GB/s highest where the sectors are fewest (the H200's 7% decode gap).
+#    in order; pairs (shared writes in lane order, 16 rows' sector p per copy) 4/16 if only the shared
+#    side's order matters; pairsw (its sector halves swapped every other 4 rows, conflict-free ldmatrix)
+#    tells whether a swap inside a sector splits; GB/s highest where the sectors are fewest.
 # 2. mufu_probe.py: exponentials per clock per SM for 1-4 warps per SMSP. Prediction: ~16 (4 lanes a clock
 #    per SMSP) at 2+ warps, ~8-10 at one warp with the softmax's FFMA and sums in the chain (session 41's
 #    ncu: a softmax phase of one warp per SMSP took ~2x its MUFU time).
