@@ -1,4 +1,4 @@
-# Session 43's second call (~400 s, either card). Issue 26's paged prefill: pages of 128 run 0.82x dense
+# Session 43's second call (~480 s, either card). Issue 26's paged prefill: pages of 128 run 0.82x dense
 # (568 / 689 TFLOP/s, H200, session 42) though their boxes are the dense walk's; pages of 16 0.64x. ncu of
 # dense, 128, 64 and 16 (paged_ncu.py): duration, tensor and issue activity, DRAM bytes, L2 hit rate, the
 # TMA pipe, and the warp states. Prediction: the paged kernels' tensor pipe idles on the consumers' k_full
@@ -14,6 +14,12 @@ timeout 150 /usr/local/cuda/bin/ncu --section WarpStateStats --metrics "$M" -k r
 grep -E "sm90_fwd|pct|sum|hit_rate|Stall (Long|Wait|Barrier|Sleeping)" $OUT/paged_ncu.txt | sed -E 's/  +/ /g' | cut -c1-120 | head -60
 echo "== decode.py ($(( $(date +%s) - t0 )) s)"
 timeout 220 python bench/decode.py --quick > $OUT/decode_quick.txt 2>&1; tail -22 $OUT/decode_quick.txt
+# The decode rows with num_splits forced (two CTAs an SM: twice the bytes in flight), beside cuDNN: on the
+# H100 (session 40) they did not help, but the H200's 1.4x bandwidth needs 1.4x the bytes in flight, and
+# its gap to cuDNN is 7% where the H100's is 2-4%. Prediction on an H200: 32-33 splits at 1 x 131072 and 4
+# at 8 x 32768 close 2-4 points of the gap; on an H100 as session 40.
+echo "== decode splits ($(( $(date +%s) - t0 )) s)"
+timeout 90 python bench/runs/2026-12-06-s40/decode_splits.py 2>&1 | tail -6 | tee $OUT/decode_splits.txt
 echo "== fp8 per call ($(( $(date +%s) - t0 )) s)"
 timeout 100 python bench/fp8.py --headdims 64,128,256 --seqlens 4096,16384 --per-call 2>&1 | tail -14 | tee $OUT/fp8_per_call.txt
 echo "done at $(( $(date +%s) - t0 )) s"
