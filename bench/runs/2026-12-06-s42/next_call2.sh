@@ -23,7 +23,7 @@ timeout 90 python bench/runs/2026-12-06-s40/decode_splits.py 2>&1 | tail -6 | te
 # Issue 22: the kernels of a float32 forward and backward call at d128 causal 1k (bench.py's row), their
 # durations under ncu (the passes against the kernels).
 echo "== fp32 parts ($(( $(date +%s) - t0 )) s)"
-timeout 90 /usr/local/cuda/bin/ncu --metrics gpu__time_duration.sum python $S/fp32_parts.py > $OUT/fp32_parts.txt 2>&1
+timeout 90 /usr/local/cuda/bin/ncu --clock-control none --metrics gpu__time_duration.sum python $S/fp32_parts.py > $OUT/fp32_parts.txt 2>&1
 grep -E "^  [a-z_0-9]+|gpu__time_duration" $OUT/fp32_parts.txt | sed -E 's/\(.*//; s/  +/ /g' | paste - - | cut -c1-110
 echo "== fp8 per call ($(( $(date +%s) - t0 )) s)"
 timeout 100 python bench/fp8.py --headdims 64,128,256 --seqlens 4096,16384 --per-call 2>&1 | tail -14 | tee $OUT/fp8_per_call.txt
