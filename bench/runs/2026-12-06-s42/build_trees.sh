@@ -2,6 +2,7 @@
 #   main = HEAD    x32 = main + the decode tiles' sector swizzle    nt = main + the FP8 loop without turns
 #   m192 = main + three consumer warpgroups for FP8 at d64    m192nt = m192 + nt (FlashAttention-3's FP8 d64)
 #   dp / dpw = main + the decode tiles stored sector-major (pairs / pairs with swapped halves)
+#   flat = main + plain unpadded decode tiles (copies in lane order; ldmatrix 8-way conflicts)
 set -e
 R=$PWD; Q=$R/bench/runs/2026-12-06-s42/pending
 rm -rf .ab/t && mkdir -p .ab/t/main
@@ -14,5 +15,6 @@ tree main m192 $Q/i25_fp8_d64_three_consumers.patch
 tree m192 m192nt $Q/i25_fp8_no_turns.patch
 tree main dp $Q/i26_decode_pairs.patch
 tree main dpw $Q/i26_decode_pairs_swapped.patch
+tree main flat $Q/i26_decode_flat.patch
 find .ab/t -name '*.orig' -delete
 du -sh .ab/t; ls .ab/t

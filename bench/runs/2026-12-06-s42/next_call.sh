@@ -15,7 +15,8 @@
 #    for m192nt (target 650 at d64 16k, main 520); else nt within noise and m192 +5-15%.
 # 4. decode_ab.py, one round each: main, x32 (sector swizzle: ldmatrix 2-way conflicts, whole sectors in
 #    order), dp (sector-major warp blocks, a copy = sector p of 16 rows in lane order; ldmatrix 2-way) and
-#    dpw (dp with every other four rows' sector halves swapped: conflict-free ldmatrix); ncu of their copies;
+#    dpw (dp with every other four rows' sector halves swapped: conflict-free ldmatrix) and flat (plain
+#    unpadded rows: copies in lane order, ldmatrix 8-way conflicts); ncu of their copies;
 #    then the KV-cache GPU tests of the one (1) predicts best (dpw's by default, in the time left).
 #    Prediction: whichever layout (1) shows at 4 wavefronts / 16 sectors reaches cuDNN's time (<= 1.00 on
 #    the H100, from 1.025-1.044; the H200 gap 7%).
@@ -35,9 +36,9 @@ for t in m192 m192nt m192nt m192; do
   echo "== fp8 d64 $t ($(( $(date +%s) - t0 )) s)"
   (cd .ab/t/$t && PYTHONPATH=$PWD timeout 50 python bench/fp8.py --headdims 64 --seqlens 4096,16384 2>&1 | grep -E "^ +[0-9]" | tee -a $OUT/fp8_$t.txt)
 done
-for t in main x32 dp dpw; do (cd .ab/t/$t && PYTHONPATH=$PWD timeout 40 python $S4/decode_ab.py $t 2>&1 | tail -1 | tee -a $OUT/decode_ab.txt); done
+for t in main x32 dp dpw flat; do (cd .ab/t/$t && PYTHONPATH=$PWD timeout 40 python $S4/decode_ab.py $t 2>&1 | tail -1 | tee -a $OUT/decode_ab.txt); done
 M2='regex:^lts__t_sectors_srcunit_tex\.sum$,gpu__time_duration.sum,smsp__sass_l1tex_data_pipe_lsu_wavefronts_mem_shared_op_ldgsts.sum,smsp__inst_executed_op_ldsm.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum'
-for t in x32 dp dpw; do
+for t in x32 dp dpw flat; do
   echo "== ncu $t"
   (cd .ab/t/$t && PYTHONPATH=$PWD timeout 40 /usr/local/cuda/bin/ncu --metrics "$M2" -k regex:kvc_fwd -c 1 python $S4/decode_ncu.py flash 2>&1 | grep -E "lts__|gpu__|smsp__|l1tex__" | sed -E 's/  +/ /g' | tee $OUT/decode_ncu_$t.txt)
 done
