@@ -1,4 +1,4 @@
-# Session 43's second call (~480 s, either card). Issue 26's paged prefill: pages of 128 run 0.82x dense
+# Session 43's second call (~560 s, either card). Issue 26's paged prefill: pages of 128 run 0.82x dense
 # (568 / 689 TFLOP/s, H200, session 42) though their boxes are the dense walk's; pages of 16 0.64x. ncu of
 # dense, 128, 64 and 16 (paged_ncu.py): duration, tensor and issue activity, DRAM bytes, L2 hit rate, the
 # TMA pipe, and the warp states. Prediction: the paged kernels' tensor pipe idles on the consumers' k_full
@@ -12,6 +12,8 @@ export PYTHONPATH=$PWD
 M='regex:sm__(pipe_tma_cycles_active|pipe_tensor_cycles_active|issue_active)\.avg\.pct_of_peak_sustained_active$,gpu__time_duration.sum,dram__bytes_read.sum,lts__t_sector_hit_rate.pct,lts__t_sectors_srcunit_tex.sum'
 timeout 150 /usr/local/cuda/bin/ncu --section WarpStateStats --metrics "$M" -k regex:sm90_fwd -c 4 python $S/paged_ncu.py > $OUT/paged_ncu.txt 2>&1
 grep -E "sm90_fwd|pct|sum|hit_rate|Stall (Long|Wait|Barrier|Sleeping)" $OUT/paged_ncu.txt | sed -E 's/  +/ /g' | cut -c1-120 | head -60
+echo "== paged gather ($(( $(date +%s) - t0 )) s)"
+timeout 90 python $S/paged_gather.py 2>&1 | tail -7 | tee $OUT/paged_gather.txt
 echo "== decode.py ($(( $(date +%s) - t0 )) s)"
 timeout 220 python bench/decode.py --quick > $OUT/decode_quick.txt 2>&1; tail -22 $OUT/decode_quick.txt
 # The decode rows with num_splits forced (two CTAs an SM: twice the bytes in flight), beside cuDNN: on the
