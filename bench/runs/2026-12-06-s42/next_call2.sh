@@ -10,12 +10,12 @@ R=$PWD; S=$R/bench/runs/2026-12-06-s42
 nvidia-smi --query-gpu=name --format=csv,noheader; t0=$(date +%s)
 export PYTHONPATH=$PWD
 M='regex:sm__(pipe_tma_cycles_active|pipe_tensor_cycles_active|issue_active)\.avg\.pct_of_peak_sustained_active$,gpu__time_duration.sum,dram__bytes_read.sum,lts__t_sector_hit_rate.pct,lts__t_sectors_srcunit_tex.sum'
-timeout 150 /usr/local/cuda/bin/ncu --section WarpStateStats --metrics "$M" -k regex:sm90_fwd -c 4 python $S/paged_ncu.py > $OUT/paged_ncu.txt 2>&1
+timeout 120 /usr/local/cuda/bin/ncu --section WarpStateStats --metrics "$M" -k regex:sm90_fwd -c 4 python $S/paged_ncu.py > $OUT/paged_ncu.txt 2>&1
 grep -E "sm90_fwd|pct|sum|hit_rate|Stall (Long|Wait|Barrier|Sleeping)" $OUT/paged_ncu.txt | sed -E 's/  +/ /g' | cut -c1-120 | head -60
 echo "== paged gather ($(( $(date +%s) - t0 )) s)"
 timeout 90 python $S/paged_gather.py 2>&1 | tail -7 | tee $OUT/paged_gather.txt
 echo "== decode.py ($(( $(date +%s) - t0 )) s)"
-timeout 220 python bench/decode.py --quick > $OUT/decode_quick.txt 2>&1; tail -22 $OUT/decode_quick.txt
+timeout 170 python bench/decode.py --quick --rows decode calls mla fp8 > $OUT/decode_quick.txt 2>&1; tail -20 $OUT/decode_quick.txt
 # The decode rows with num_splits forced (two CTAs an SM: twice the bytes in flight), beside cuDNN: on the
 # H100 (session 40) they did not help, but the H200's 1.4x bandwidth needs 1.4x the bytes in flight, and
 # its gap to cuDNN is 7% where the H100's is 2-4%. Prediction on an H200: 32-33 splits at 1 x 131072 and 4
