@@ -1,5 +1,5 @@
-"""The Hopper MLA decode kernel's hand-offs between its two warpgroups alone (kernels_cu/kvcache/mla_sm90.cu,
-pending in bench/runs/2026-12-06-s39/pending/i26_mla_sm90_v2.patch), for compute-sanitizer racecheck:
+"""The Hopper MLA decode kernel's hand-offs between its two warpgroups alone (kernels_cu/kvcache/mla_sm90.cu),
+for compute-sanitizer racecheck:
 does racecheck report a `bar.arrive` -> `bar.sync` hand-off where nothing races, and a `__syncthreads`
 that follows such hand-offs?
 
