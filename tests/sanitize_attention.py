@@ -121,7 +121,7 @@ def max_scores(dtype):
 
 
 def fp8():
-    """The Hopper FP8 forward and its V^T pre-pass: GQA, causal, a block mask, the maximum score."""
+    """The Hopper FP8 forward and its V^T pre-pass: GQA, causal, a block mask, the maximum score, several tiles."""
     q, k, v = normal((2, 77, 4, 64), numpy.float32), normal((2, 101, 2, 64), numpy.float32), normal((2, 101, 2, 64),
                                                                                                     numpy.float32)
     (q8, qd), (k8, kd), (v8, vd) = (cupyflash.quantize_fp8(x) for x in (q, k, v))
@@ -131,6 +131,13 @@ def fp8():
     layout = numpy.ones((2, 4, 1, 1), bool)
     layout[1, 2] = False
     cupyflash.flash_attention(q8, k8, v8, block_mask=cupyflash.BlockMask.from_dense(layout, (128, 128)))
+    # Several query and key tiles a head (at head dim 64 the CTAs take 192 rows in three consumer
+    # warpgroups): the key ring wraps and the three warpgroups' turns run over many tiles.
+    q, k, v = normal((1, 450, 4, 64), numpy.float32), normal((1, 601, 2, 64), numpy.float32), normal((1, 601, 2, 64),
+                                                                                                     numpy.float32)
+    (q8, qd), (k8, kd), (v8, vd) = (cupyflash.quantize_fp8(x) for x in (q, k, v))
+    for causal in (False, True):
+        cupyflash.flash_attention(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd, causal=causal)
 
 
 def functions(dtype):
