@@ -3,7 +3,7 @@
 Run from the repository root (cupyflash installed, or ``PYTHONPATH=$PWD``)::
 
     python bench/decode.py               # decode rows, paged rows, chunked prefill, call times
-    python bench/decode.py --quick       # fewer repetitions
+    python bench/decode.py --quick       # fewer repetitions, no MLA general-path timings
 
 Decode: one query token per sequence, 32 query heads sharing 8 kv heads, head dim 128, bf16, the cache
 full (cache_seqlens = context); bandwidth = K and V bytes read / time (the measure of ../shared/PEERS.md;
@@ -212,10 +212,10 @@ def cascade_row(repeats, requests=64, prefix=8192, own=512):
             "unshared_ms": ms_unshared, "speedup": ms_unshared / ms["shared_ms"]}
 
 
-def mla_rows(repeats):
+def mla_rows(repeats, general=True):
     """Issue 26's MLA rows: per query-head count, TB/s of the latent cache read and TFLOP/s, of the call
-    with v_cache the view (the MLA decode kernel where it takes the call) and with v_cache a copy (the
-    general path; a few timings)."""
+    with v_cache the view (the MLA decode kernel where it takes the call) and, with ``general``, with
+    v_cache a copy (the general path, 0.3-2.3 s a call; a few timings; --quick leaves it out)."""
     import cupy
 
     import cupyflash
@@ -232,12 +232,14 @@ def mla_rows(repeats):
         q = random((MLA_BATCH, 1, heads, 576), rng)
         gflop = 2 * MLA_BATCH * heads * MLA_CONTEXT * (576 + 512) / 1e9
         ms = median_ms(lambda q=q: cupyflash.flash_attention_with_kvcache(q, latent, latent[..., :512], **options), repeats)
-        v_copy = cupy.ascontiguousarray(latent[..., :512])
-        ms_general = median_ms(lambda q=q, v=v_copy: cupyflash.flash_attention_with_kvcache(q, latent, v, **options), 3)
-        del v_copy
-        harness.release_cached_memory()
-        rows.append({"heads": heads, "ms": ms, "tbs": gbytes / ms, "tflops": gflop / ms,
-                     "general_ms": ms_general, "general_tbs": gbytes / ms_general})
+        ms_general = None
+        if general:
+            v_copy = cupy.ascontiguousarray(latent[..., :512])
+            ms_general = median_ms(lambda q=q, v=v_copy: cupyflash.flash_attention_with_kvcache(q, latent, v, **options), 3)
+            del v_copy
+            harness.release_cached_memory()
+        rows.append({"heads": heads, "ms": ms, "tbs": gbytes / ms, "tflops": gflop / ms, "general_ms": ms_general,
+                     "general_tbs": None if ms_general is None else gbytes / ms_general})
     return rows
 
 
@@ -351,8 +353,9 @@ def table_lines(results):
     if "mla" in results:
         lines += ["", f"MLA decode, batch {MLA_BATCH} x {MLA_CONTEXT}, pages of {MLA_PAGE}, bf16:",
                   "| query heads | ms | TB/s | TFLOP/s | general path ms | TB/s |", "|---|---|---|---|---|---|"]
-        lines += [f"| {r['heads']} | {r['ms']:.3f} | {r['tbs']:.2f} | {r['tflops']:.0f} | {r['general_ms']:.3f} | "
-                  f"{r['general_tbs']:.2f} |" for r in results["mla"]]
+        lines += [f"| {r['heads']} | {r['ms']:.3f} | {r['tbs']:.2f} | {r['tflops']:.0f} | "
+                  + ("- | - |" if r["general_ms"] is None else f"{r['general_ms']:.3f} | {r['general_tbs']:.2f} |")
+                  for r in results["mla"]]
     return lines
 
 
@@ -373,7 +376,8 @@ def main(argv=None):
     repeats = QUICK_REPEATS if args.quick else REPEATS
     peers, _ = harness.load_torch()
     runs = {"calls": call_times, "decode": lambda: decode_rows(repeats, peers), "prefill": lambda: prefill_row(repeats),
-            "cascade": lambda: cascade_row(repeats), "mla": lambda: mla_rows(repeats), "fp8": lambda: fp8_row(repeats)}
+            "cascade": lambda: cascade_row(repeats), "mla": lambda: mla_rows(repeats, general=not args.quick),
+            "fp8": lambda: fp8_row(repeats)}
     results = {name: runs[name]() for name in ROWS if name in args.rows}
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
