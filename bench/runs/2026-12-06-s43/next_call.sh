@@ -1,20 +1,20 @@
-# Session 44's first call (~500 s, either card; no trees to build, main as it is). Name the card in the notes.
-# 1. racecheck of the FP8 forwards (sanitize_attention.py sm90:float8_e4m3fn: the 192-row d64 CTAs of three
-#    consumer warpgroups landed in 052289d after memcheck only). Expect 0 hazards.
+# Session 44's first call (~500 s, either card; trees from build_trees.sh, carry [".ab/t"]). Name the card.
+# 1. racecheck of the FP8 forwards of the m192 tree (sanitize_attention.py sm90:float8_e4m3fn: the 192-row
+#    d64 CTAs of three consumer warpgroups passed the suite and memcheck on an H100 only). Expect 0 hazards.
 # 2. Where the limiters are, by SASS instruction (ncu --page source, stall samples), for the three rows
 #    short of their floors: the FP8 forward d128 16k (session 41's fp8_ncu.py: tensor 48%, XU 50%, "wait"
 #    33% of stalls; which chain?), the float32 forward and backward at d128 causal 1k (fp32_parts.py:
 #    backward tensor 47.5%, long scoreboard 37%: the producer's lse/delta loads or the consumers' k/v split
 #    at each CTA's start?), and paged prefill pages of 16 against dense (paged_ncu.py). The CSVs come back
 #    in one tarball; the hot instructions print here (ncu_sass.py from session 16).
-# 3. On an H200 only: the issue rows that have no H200 reading since the landings (FP8 rows with m192,
-#    forced decode splits: the bytes-in-flight question).
+# 3. On an H200 only: FP8 rows of main and m192 (d64), forced decode splits (the bytes-in-flight
+#    question), decode against cuDNN. m192 lands after the whole suite passes on an H200 (land_call.sh).
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 R=$PWD; S=$R/bench/runs/2026-12-06-s43; P=$R/bench/runs/2026-12-04-h200-issue21-s16/ncu_sass.py.txt
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$card"; t0=$(date +%s)
 NCU=/usr/local/cuda/bin/ncu; mkdir -p $OUT/csv
-timeout 150 /usr/local/cuda/bin/compute-sanitizer --tool racecheck --error-exitcode 1 python tests/sanitize_attention.py \
-  sm90:float8_e4m3fn > $OUT/racecheck_fp8.txt 2>&1
+(cd .ab/t/m192 && PYTHONPATH=$PWD timeout 150 /usr/local/cuda/bin/compute-sanitizer --tool racecheck --error-exitcode 1 \
+  python tests/sanitize_attention.py sm90:float8_e4m3fn > $OUT/racecheck_fp8.txt 2>&1)
 echo "racecheck fp8 rc=$? at $(( $(date +%s) - t0 )) s"; grep -E "RACECHECK SUMMARY|hazard|done" $OUT/racecheck_fp8.txt | tail -3
 src() {  # name, kernel regex, launches, target...
   local name=$1 re=$2 count=$3; shift 3
@@ -32,6 +32,7 @@ src dense sm90_fwd 1 bench/runs/2026-12-06-s42/paged_ncu.py 0
 case "$card" in *H200*)
   echo "== H200 rows at $(( $(date +%s) - t0 )) s"
   timeout 60 python bench/fp8.py --headdims 64,128,256 --seqlens 4096,16384 2>&1 | tail -13 | tee $OUT/fp8_h200.txt
+  (cd .ab/t/m192 && PYTHONPATH=$PWD timeout 40 python bench/fp8.py --headdims 64 --seqlens 4096,16384 2>&1 | tail -5 | tee $OUT/fp8_m192_h200.txt)
   timeout 90 python bench/runs/2026-12-06-s40/decode_splits.py 2>&1 | tail -6 | tee $OUT/decode_splits_h200.txt
   timeout 60 python bench/runs/2026-12-06-s40/decode_ab.py main 2>&1 | tail -1 | tee $OUT/decode_ab_h200.txt;;
 esac
