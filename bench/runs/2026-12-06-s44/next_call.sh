@@ -25,4 +25,15 @@ for tool in memcheck racecheck; do
     python tests/sanitize_attention.py sm90:float32 > $OUT/sel_$tool.txt 2>&1
    echo "sel $tool rc=$? at $(el) s"; grep -E "SUMMARY|done" $OUT/sel_$tool.txt | tail -2)
 done
+# 4. ncu source samples (one launch each, ~10-25 s): main's float32 forward at d128 causal 1k (session 44
+#    profiled only the refuted claimed-keys one) and sel's backward (is warpgroup 1 still at p_full?).
+#    Read them with ana_ncu_source.py.txt and ncu_mbarrier_waits.py.txt (this folder).
+mkdir -p $OUT/csv
+for t in main:sm90_fwd_planes sel:sm90_bwd_planes; do
+  left=$(( 590 - $(el) )); [ $left -lt 45 ] && break
+  (cd .ab/t/${t%%:*} && PYTHONPATH=$PWD timeout $(( left - 10 )) /usr/local/cuda/bin/ncu -k regex:${t##*:} -c 1 \
+    --section SourceCounters --section WarpStateStats --page source --print-source sass --csv \
+    python ../../../bench/runs/2026-12-06-s42/fp32_parts.py > $OUT/csv/${t%%:*}_${t##*:}.csv 2>&1; echo "ncu $t rc=$?")
+done
+(cd $OUT && tar czf ncu_source.tgz csv && rm -rf csv)
 echo "done at $(el) s"
