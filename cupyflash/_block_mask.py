@@ -65,8 +65,8 @@ class BlockMask:
     and the backward pass skip absent blocks without reading them. A kernel whose tiles differ from
     the block size gets lists at its own tile size, built once on the device on first use and cached in
     the mask (a tile that covers set and clear blocks then evaluates the element mask). Block sizes of 64
-    and multiples of 128 match every kernel's tiles but the FP8 forward's 192 query rows at head dim 64
-    (64 matches all but the 16-bit and float32 forwards' 128 query rows); a
+    and multiples of 128 match every kernel's tiles (64 matches all but the 16-bit and float32 forwards'
+    128 query rows); a
     mask needs seqlen_q and seqlen_k of at least 1. The mask keeps its own copy of the layout (read-only
     for NumPy): the lists built from it are cached.
     """

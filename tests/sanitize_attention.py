@@ -131,8 +131,8 @@ def fp8():
     layout = numpy.ones((2, 4, 1, 1), bool)
     layout[1, 2] = False
     cupyflash.flash_attention(q8, k8, v8, block_mask=cupyflash.BlockMask.from_dense(layout, (128, 128)))
-    # Several query and key tiles a head (at head dim 64 the CTAs take 192 rows in three consumer
-    # warpgroups): the key ring wraps and the three warpgroups' turns run over many tiles.
+    # Several query and key tiles a head: the key ring wraps and the warpgroups' turns run over many
+    # tiles (also for the 192-row d64 CTAs of bench/runs/2026-12-06-s42/pending/i25_fp8_d64_three_consumers.patch).
     q, k, v = normal((1, 450, 4, 64), numpy.float32), normal((1, 601, 2, 64), numpy.float32), normal((1, 601, 2, 64),
                                                                                                      numpy.float32)
     (q8, qd), (k8, kd), (v8, vd) = (cupyflash.quantize_fp8(x) for x in (q, k, v))

@@ -102,9 +102,8 @@ SM90_MAX_SCORE_SPILL_CEILING = {
 }
 #: The same for the FP8 forward (sm90_fwd_fp8), (headdim, max_score) -> bytes, measured when written
 #: (session 27): the producer's ~124 as above; at head dim 256 the consumers keep 44 (54 with the maximum
-#: score) local-memory accesses, as the 16-bit d256 kernel's score_mod consumers do. Head dim 64 runs three
-#: consumers on 160 registers (session 42): 216 (248 with the maximum score), 22 (30) consumer accesses.
-SM90_FP8_SPILL_CEILING = {(64, False): 216, (64, True): 248, (128, False): 124, (128, True): 124, (256, False): 300,
+#: score) local-memory accesses, as the 16-bit d256 kernel's score_mod consumers do.
+SM90_FP8_SPILL_CEILING = {(64, False): 124, (64, True): 124, (128, False): 124, (128, True): 124, (256, False): 300,
                           (256, True): 340}
 #: The tf32 forward (sm90_fwd_tf32, the same main loop): the producer's 124 bytes only (session 28).
 SM90_TF32_SPILL_CEILING = 124

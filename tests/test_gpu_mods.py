@@ -153,16 +153,6 @@ def test_wide_kernels_with_both_functions(dtype, family, monkeypatch):
                 score_mod=_softcap_mod(20.0))
 
 
-@pytest.mark.parametrize("dtype, family", [("float32", ""), ("float32", "sm80"), ("float64", ""), ("bfloat16", "")])
-def test_score_mod_that_masks_with_minus_infinity(dtype, family, monkeypatch):
-    """FlexAttention's masking idiom, a score of -inf for the pairs a row must not see (causal, written as a
-    score_mod), forward and backward: the float32 backwards take P = exp(s - lse) from the lse as a float
-    pair, whose TwoSum made s = -inf NaN (common/lse_pair.cuh), which every gradient then carried."""
-    use_family(monkeypatch, family)
-    check_dense(cupy, (1, 67, 75, 2, 1, 64, 64), DTYPES[dtype],
-                score_mod=lambda s, b, h, qi, ki: mods.where(qi >= ki, s, -np.inf))
-
-
 @pytest.mark.parametrize("headdim", [64, 256])
 def test_hopper_kernels_at_other_head_dims(headdim):
     """An ALiBi-like bias from positions and head alone (no buffers) inside a document mask: the 192-row

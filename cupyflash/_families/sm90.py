@@ -82,9 +82,8 @@ FWD = _kernels.Kernel(
     arch="90a", user_functions=True,
 )
 #: The forwards whose operands wgmma reads K-major only (kernels_cu/sm90/fwd_kmajor_mainloop.cuh), in
-#: 128-row CTAs of two consumer warpgroups (e4m3 at head dim 64: 192 rows, three; kmajor_block_m).
-#: FP8 (e4m3) inputs: head-dim bucket -> (keys per tile, K/V^T stages); the kernel's dtype is out's
-#: (bfloat16 or float16).
+#: 128-row CTAs of two consumer warpgroups. FP8 (e4m3) inputs: head-dim bucket -> (keys per tile, K/V^T
+#: stages); the kernel's dtype is out's (bfloat16 or float16).
 FWD_FP8_TILES = {(64, 64): (128, 4), (128, 128): (128, 4), (256, 256): (128, 2)}
 FWD_FP8 = _kernels.Kernel(
     "sm90_fwd_fp8", "sm90/fwd_kmajor.cu", _kernels.HALF_DTYPES, ("headdim", "headdim_v", "block_n", "stages"),
@@ -98,18 +97,7 @@ FWD_TF32 = _kernels.Kernel(
     "sm90_fwd_tf32", "sm90/fwd_kmajor.cu", ("float32",), ("headdim", "headdim_v", "block_n", "stages"),
     tuple((*dims, *tile) for dims, tile in FWD_TF32_TILES.items()), ("max_score",), arch="90a",
 )
-
-
-def kmajor_block_m(variant):
-    """Query rows per CTA of a K-major forward variant (Sm90FwdKMajorTraits::kBlockM): 192 (three consumer
-    warpgroups) for e4m3 at head dim 64, else 128."""
-    return 192 if variant.kernel is FWD_FP8 and variant.param("headdim") <= 64 else 128
-
-
-def kmajor_threads(variant):
-    """Threads of a K-major forward variant's CTA: a producer warpgroup and a consumer per 64 rows."""
-    return 128 * (1 + kmajor_block_m(variant) // 64)
-
+KMAJOR_BLOCK_M = 128
 #: Their pre-passes (kernels_cu/sm90/kmajor_values.cu): v as V^T, keys contiguous and permuted per k-step
 #: (e4m3 and float32, the latter rounded to tf32), and q and k rounded to tf32.
 FP8_VALUES = _kernels.Kernel("fp8_transpose_values", "sm90/kmajor_values.cu", ())
@@ -215,7 +203,7 @@ def fwd_kmajor_smem_bytes(variant):
     d, dv, block_n, stages = (variant.param(n) for n in ("headdim", "headdim_v", "block_n", "stages"))
     size = kmajor_element_bytes(variant)
     atoms = common.cdiv(d, 128 // size)
-    return (ALIGN_SLACK + kmajor_block_m(variant) * 128 * atoms + stages * (block_n * 128 * atoms + dv * block_n * size)
+    return (ALIGN_SLACK + KMAJOR_BLOCK_M * 128 * atoms + stages * (block_n * 128 * atoms + dv * block_n * size)
             + CTA_STATE_BYTES)
 
 
@@ -440,8 +428,8 @@ def cxx_facts():
     for kernel, op in ((FWD_FP8, "E4m3Operands"), (FWD_TF32, "Tf32Operands")):
         for v in kernel.variants():
             traits = f"cupyflash::Sm90FwdKMajorTraits<cupyflash::{op}, {', '.join(map(str, v.tile))}>"
-            facts.update({f"{traits}::kSmemBytes": fwd_kmajor_smem_bytes(v), f"{traits}::kThreads": kmajor_threads(v),
-                          f"{traits}::kBlockM": kmajor_block_m(v)})
+            facts.update({f"{traits}::kSmemBytes": fwd_kmajor_smem_bytes(v), f"{traits}::kThreads": 384,
+                          f"{traits}::kBlockM": KMAJOR_BLOCK_M})
     for v in BWD.variants():
         traits = f"cupyflash::Sm90BwdTraits<__half, {', '.join(map(str, v.tile))}>"
         facts.update({f"{traits}::kSmemBytes": bwd_smem_bytes(v), f"{traits}::kThreads": BWD_THREADS,
@@ -586,7 +574,7 @@ class Sm90Forward:
     def _plan_kmajor(self, b, variant, p, q, k, v, device):
         """A K-major forward: v as V^T (the pre-pass; for tf32 also q and k rounded, into copies), then the
         forward over q, k (or their copies) and V^T; out in the variant's dtype."""
-        block_m, block_n = kmajor_block_m(variant), variant.param("block_n")
+        block_n = variant.param("block_n")
         tf32 = variant.kernel is FWD_TF32
         out, lse = b.output(p.out_shape, p.output_dtype), b.output(p.lse_shape, lse_dtype(p.dtype))
         step = 8 if tf32 else 32  # keys per k-step: V^T's rows are whole k-steps
@@ -599,10 +587,10 @@ class Sm90Forward:
                  PREPASS_THREADS, (pre,))
         if tf32:
             q, k = (self._round_rows(b, x) for x in (q, k))
-        lists = common.sparse_lists(b, p, block_m, block_n)
+        lists = common.sparse_lists(b, p, KMAJOR_BLOCK_M, block_n)
         args = common.fwd_args(b, p, q, k, v, out, lse, lists)
         maps = b.struct(MAPS)
-        for field, x, rows in (("q", q, block_m), ("k", k, block_n)):
+        for field, x, rows in (("q", q, KMAJOR_BLOCK_M), ("k", k, block_n)):
             tensor_map(b, maps, field, x, False, rows)
         # V^T's 4-D view (keys, headdim_v, heads_k, batch): a box of one atom's keys (128 bytes) by the
         # bucket's rows.
@@ -612,11 +600,10 @@ class Sm90Forward:
         code = _TMA_FLOAT32 if tf32 else _TMA_DTYPE["float8_e4m3fn"]  # (V^T's e4m3 bytes: a uint8 workspace)
         b.tensor_map(maps, "v", vt, functools.partial(_encode, dtype_code=code, dims=dims, strides=strides,
                                                       box=(128 // size, variant.param("headdim_v"), 1, 1)))
-        work = common.cdiv(p.seqlen_q, block_m) * p.batch * p.heads
+        work = common.cdiv(p.seqlen_q, KMAJOR_BLOCK_M) * p.batch * p.heads
         schedule = self._schedule(b, p, device)
         smem = fwd_kmajor_smem_bytes(variant)
-        b.launch(common.function(variant, smem), (min(work, device.sm_count), 1, 1), kmajor_threads(variant),
-                 (args, maps, schedule), smem)
+        b.launch(common.function(variant, smem), (min(work, device.sm_count), 1, 1), 384, (args, maps, schedule), smem)
         return out, lse
 
     @staticmethod

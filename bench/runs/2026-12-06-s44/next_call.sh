@@ -1,17 +1,19 @@
 # Session 45's first call (~480 s, either card; trees from build_trees.sh, carry [".ab/t"]). Name the card.
-# 1. main: the GPU test of session 44's -inf fix (a score_mod's -inf gave the float32 backwards NaN).
+# 1. cand: the GPU test of session 44's -inf fix (a score_mod's -inf gave the float32 backwards NaN; it
+#    fails on main).
 # 2. sel (the float32 Hopper backward's 32 exponentials a tile without a branch each, so warpgroup 0's
 #    softmax no longer holds warpgroup 1 at p_full ~30% of its time): its float32 GPU tests, then the
 #    float32 table, main with torch's peers and sel without, events and each call alone.
 #    Prediction: backward d128 causal 1k -8..-15% time (57 -> 62-67 TFLOP/s on an H100, 1.90 -> 2.05-2.2x
 #    torch's memory-efficient), every float32 backward row up; forwards unchanged.
 # 3. memcheck and racecheck of sel's float32 kernels (racecheck took over 130 s in session 44).
-# Land sel with the whole suite (runs/2026-12-06-s42/land_call.sh on the working tree) if 2 and 3 pass.
+# On an H200 only: apply the three patches of build_trees.sh to the working tree (sel's code; or cand's if sel
+# fails or loses) and land it on runs/2026-12-06-s42/land_call.sh's pass (whole suite, memcheck).
 export PYTHONUNBUFFERED=1
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$card"; t0=$(date +%s)
 el() { echo $(( $(date +%s) - t0 )); }
-(cd .ab/t/main && PYTHONPATH=$PWD timeout 120 python -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_mods.py \
-  -k minus_infinity > $OUT/main_minus_inf.txt 2>&1; echo "main -inf test rc=$? at $(el) s"; tail -1 $OUT/main_minus_inf.txt)
+(cd .ab/t/cand && PYTHONPATH=$PWD timeout 120 python -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_mods.py \
+  -k minus_infinity > $OUT/cand_minus_inf.txt 2>&1; echo "cand -inf test rc=$? at $(el) s"; tail -1 $OUT/cand_minus_inf.txt)
 (cd .ab/t/sel && PYTHONPATH=$PWD timeout 200 python -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/test_gpu.py \
   tests/test_gpu_features.py tests/test_gpu_mods.py tests/test_gpu_training.py -k "float32" > $OUT/sel_tests.txt 2>&1
   echo "sel tests rc=$? at $(el) s"; tail -1 $OUT/sel_tests.txt; grep -E "^E |FAILED" $OUT/sel_tests.txt | cut -c1-200 | head -8)
