@@ -1,9 +1,9 @@
 # Session 45's sanitizer and FP8 call (~500 s, either card; carry [".ab/t"]).
 # 1. memcheck and racecheck of sel's float32 Hopper kernels (tests/sanitize_attention.py sm90:float32;
 #    racecheck's known false class is the stage hand-off of tests/sanitize_mbarrier.py).
+# 2. bench/fp8.py d64 of main and cand (the 192-row CTAs), calls back to back; then cand each call alone.
 # 3. paged_order.py (issue 26): pages in order against random pages (pages of 128 lose 18-20% to the dense
 #    cache with the same boxes: placement, or the paged walk?).
-# 2. bench/fp8.py d64 of main and cand (the 192-row CTAs), calls back to back; then cand each call alone.
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name --format=csv,noheader; t0=$(date +%s)
 el() { echo $(( $(date +%s) - t0 )); }

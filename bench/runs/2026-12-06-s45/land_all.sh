@@ -3,12 +3,14 @@
 # landing call (../2026-12-06-s42/land_call.sh: precompile, the whole GPU suite, memcheck). Locally, the
 # same `for p in ...; do patch -p1 < $p; done` and the same hash line give the tree a pass lands.
 #   m192  FP8 forward at head dim 64 in 192-row CTAs (issue 25)
-#   -inf  float32 backwards: a score of -inf gives P = 0, not NaN (issue 24; README lines in
-#         pending/land_cand_with_readme.patch, which holds m192's too: apply it instead of the two)
+#   -inf  float32 backwards: a score of -inf gives P = 0, not NaN (issue 24)
+#   their README lines (pending/readme_m192_minus_inf.patch; m192's figures are the H100's of session 43)
 #   sel   float32 Hopper backward's exponentials without a branch each (issue 22)
 #   ord   the Hopper backward's key tiles longest walk first under a block mask (issue 24)
 set -e
-for p in bench/runs/2026-12-06-s45/pending/land_cand_with_readme.patch \
+for p in bench/runs/2026-12-06-s42/pending/i25_fp8_d64_three_consumers.patch \
+         bench/runs/2026-12-06-s44/pending/i24_lse_pair_minus_inf.patch \
+         bench/runs/2026-12-06-s45/pending/readme_m192_minus_inf.patch \
          bench/runs/2026-12-06-s44/pending/i22_bwd_exp_select.patch \
          bench/runs/2026-12-06-s45/pending/i24_bwd_key_order.patch; do
   patch -p1 -s < $p
