@@ -16,6 +16,8 @@ for p in bench/runs/2026-12-06-s42/pending/i25_fp8_d64_three_consumers.patch \
   patch -p1 -s < $p
 done
 find . -name '*.orig' -not -path './.ab/*' -delete
-echo "code hash: $(cat $(git ls-files -mo --exclude-standard cupyflash kernels_cu tests README.md | sort) | sha256sum | cut -c1-16)"
+# (Every file of the tree, not `git ls-files -m`'s list, which on the device's copy also names files whose
+# stat changed: session 46's calls printed other hashes of the same code.)
+echo "tree hash: $(git ls-files -co --exclude-standard cupyflash kernels_cu tests README.md | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)"
 set +e
 bash bench/runs/2026-12-06-s42/land_call.sh
