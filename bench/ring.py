@@ -7,6 +7,8 @@ NCCL comes from the nvidia-nccl wheel)::
 
     python bench/ring.py --gpus 2 --check      # ring == single-GPU flash_attention, causal and not
     python bench/ring.py --gpus 2              # scaling: 128k tokens, forward + backward, bf16, d128
+    python bench/ring.py --gpus 8 --seqlen 1048576 --single-seqlen 131072   # issue 27: 1M tokens
+    python bench/ring.py --gpus 8 --seqlen 1048576 --single-seqlen 131072 --heads 32 --heads-k 8   # GQA
 
 Across machines the same ``worker`` runs under mpirun or Slurm: every process takes its rank and the
 world size from the launcher's environment (OMPI_COMM_WORLD_RANK / SLURM_PROCID and their sizes), rank 0
@@ -15,9 +17,16 @@ and each process builds ``NcclCommunicator(world, unique_id, rank)`` on its loca
 changes, since NCCL carries the bytes between nodes.
 
 Scaling measure: TFLOP/s of the whole problem (forward 4 * batch * heads * seqlen^2 * headdim, halved
-when causal; backward 2.5x) on the ring against twice the single-GPU rate of the same problem on one GPU
-(the target: at least 0.9x), and each rank's memory high-water mark during a ring forward and backward
-beyond its inputs, in units of one shard of q.
+when causal; backward 2.5x) on the ring against the GPUs' count times the single-GPU rate (the target: at
+least 0.9x), and each rank's memory high-water mark during a ring forward and backward beyond its
+inputs, in units of one shard of q. The single-GPU rate is that of the same problem, or with
+``--single-seqlen`` of the problem at that length (the largest one GPU runs in reasonable time: a
+million-token causal forward and backward takes minutes on one GPU).
+
+Every rank draws only its own rows of the problem: the rows come in blocks of ``ROW_BLOCK``, each from a
+generator seeded by (tensor, block), so the ranks' shards and rank 0's single-GPU problem (the check's)
+are rows of one problem without any rank holding all of it (a million tokens of q, k, v and dout in
+float32 would be 32 GB of host memory a rank).
 
 The workers are started with multiprocessing's spawn: each is a new interpreter that gets the parent's
 ``sys.path`` (this directory first, then ``PYTHONPATH``) and environment, so it imports this file, the
@@ -37,6 +46,8 @@ import numpy
 
 #: Untimed calls before each timing.
 WARMUP_CALLS = 2
+#: Rows of the problem drawn by one generator (_rows).
+ROW_BLOCK = 1024
 #: (name, causal, layout, window_size) of the rings checked against one GPU; the scaling run times the
 #: first two (the issue's target).
 CONFIGS = [
@@ -47,20 +58,34 @@ CONFIGS = [
 ]
 
 
-def _inputs(cupy, seqlen, heads, headdim, dtype, seed):
-    rng = numpy.random.default_rng(seed)
-    shape = (1, seqlen, heads, headdim)
-    return [cupy.asarray(rng.standard_normal(shape, dtype=numpy.float32)).astype(dtype) for _ in range(4)]
+def _rows(xp, tensor, spans, heads, headdim, dtype, seed):
+    """Rows ``spans`` ([(start, stop), ...], concatenated) of tensor ``tensor`` (0 q, 1 k, 2 v, 3 dout) of
+    the problem ``seed``, shape (1, rows, heads, headdim): standard normal, block b of ROW_BLOCK rows from
+    a generator seeded by (seed, tensor, b), so any rows of the problem can be drawn alone."""
+    parts = []
+    for start, stop in spans:
+        for block in range(start // ROW_BLOCK, -(-stop // ROW_BLOCK)):
+            rng = numpy.random.default_rng((seed, tensor, block))
+            rows = rng.standard_normal((ROW_BLOCK, heads, headdim), dtype=numpy.float32)
+            lo, hi = max(start - block * ROW_BLOCK, 0), min(stop - block * ROW_BLOCK, ROW_BLOCK)
+            parts.append(xp.asarray(rows[lo:hi]).astype(dtype))
+    return xp.concatenate(parts)[None]
 
 
-def _shard(cupyflash, x, world, rank, layout, axis=1):
-    """Rank ``rank``'s rows of ``x``: zigzag (also for unmasked rings, where any split works) or contiguous."""
+def _spans(seqlen, world, rank, layout):
+    """Rank ``rank``'s rows of a ``seqlen`` sequence: zigzag (chunks rank and 2 world - 1 - rank of 2 world,
+    as cupyflash.zigzag_shard; also for unmasked rings, where any split works) or contiguous."""
     if layout != "contiguous":
-        return cupyflash.zigzag_shard(x, world, rank, axis)
-    rows = x.shape[axis] // world
-    index = [slice(None)] * x.ndim
-    index[axis] = slice(rank * rows, (rank + 1) * rows)
-    return x[tuple(index)].copy()
+        chunk = seqlen // (2 * world)
+        return [(rank * chunk, (rank + 1) * chunk), ((2 * world - 1 - rank) * chunk, (2 * world - rank) * chunk)]
+    rows = seqlen // world
+    return [(rank * rows, (rank + 1) * rows)]
+
+
+def _problem(xp, spans, args, dtype, seed=0):
+    """q, k, v and dout of rows ``spans`` (q and dout with args.heads heads, k and v with args.heads_k)."""
+    heads = (args.heads, args.heads_k, args.heads_k, args.heads)
+    return [_rows(xp, t, spans, heads[t], args.headdim, dtype, seed) for t in range(4)]
 
 
 def _unshard(cupyflash, shards, layout, axis=1):
@@ -83,7 +108,6 @@ def worker(rank, world, unique_id, args, results):
     comm = nccl.NcclCommunicator(world, unique_id, rank)
     pool = cupy.get_default_memory_pool()
     payload = {}
-    q, k, v, dout = _inputs(cupy, args.seqlen, args.heads, args.headdim, dtype, seed=0)
     configs = CONFIGS if args.check else CONFIGS[:2]
 
     def timed(fn):
@@ -96,7 +120,7 @@ def worker(rank, world, unique_id, args, results):
     # so no rank waits in NCCL for them.
     for name, causal, layout, window in configs:
         options = {"causal": causal, "layout": layout, "window_size": window}
-        shard = [_shard(cupyflash, x, world, rank, layout) for x in (q, k, v, dout)]
+        shard = _problem(cupy, _spans(args.seqlen, world, rank, layout), args, dtype)
         if args.check:
             out, lse = cupyflash.ring_flash_attention(*shard[:3], comm, return_lse=True, **options)
             grads = cupyflash.ring_flash_attention_backward(shard[3], *shard[:3], out, lse, comm, **options)
@@ -116,6 +140,9 @@ def worker(rank, world, unique_id, args, results):
         cupy.cuda.Device().synchronize()
         payload[(name, "memory")] = (pool.total_bytes() - before) / shard[0].nbytes
         payload[name] = timed(ring_step)
+        del shard
+    if rank == 0:
+        q, k, v, dout = _problem(cupy, [(0, args.single_seqlen)], args, dtype)
     for name, causal, layout, window in configs if rank == 0 else ():
         options = {"causal": causal, "window_size": window}
 
@@ -208,7 +235,10 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=harness.positive_int, default=2, help="ranks, one per GPU (default 2)")
     parser.add_argument("--seqlen", type=harness.positive_int, default=131072, help="tokens of the whole sequence")
+    parser.add_argument("--single-seqlen", type=harness.positive_int, default=None,
+                        help="tokens of the single-GPU baseline (default: --seqlen)")
     parser.add_argument("--heads", type=harness.positive_int, default=16)
+    parser.add_argument("--heads-k", type=harness.positive_int, default=None, help="kv heads (default: --heads)")
     parser.add_argument("--headdim", type=harness.positive_int, default=128)
     parser.add_argument("--repeats", type=harness.positive_int, default=5, help="timed calls (mean), after 2 warm-up calls")
     parser.add_argument("--check", action="store_true", help="compare with single-GPU attention (4096 tokens)")
@@ -227,10 +257,17 @@ def main(argv=None):
         return harness.EXIT_CANNOT_RUN
     if args.check:
         args.seqlen = 4096
+    args.single_seqlen = args.seqlen if args.check or args.single_seqlen is None else args.single_seqlen
+    args.heads_k = args.heads_k or args.heads
+    if args.heads % args.heads_k or args.seqlen % (2 * args.gpus):
+        print(f"ring.py needs --heads a multiple of --heads-k and --seqlen a multiple of 2 x --gpus, got "
+              f"{args.heads}, {args.heads_k}, {args.seqlen}", file=sys.stderr)
+        return 2
     payloads = run_ranks(args)
     import cupyflash
 
-    report = {} if args.check else {"problem": {"seqlen": args.seqlen, "heads": args.heads, "headdim": args.headdim}}
+    report = {} if args.check else {"problem": {"seqlen": args.seqlen, "heads": args.heads, "heads_k": args.heads_k,
+                                                "headdim": args.headdim, "single_seqlen": args.single_seqlen}}
     for name, causal, layout, _ in CONFIGS if args.check else CONFIGS[:2]:
         if args.check:
             single = payloads[0][("single", name)]
@@ -242,16 +279,19 @@ def main(argv=None):
                 report[f"{name}_{label}"] = error
                 print(f"{name:14} {label:4} max |ring - single| / max |single| = {error:.2e}")
             continue
-        forward = harness.forward_flops(1, args.heads, args.seqlen, args.seqlen, args.headdim, causal)
-        flops = forward + harness.backward_flops(forward)
+        def flops(seqlen, causal=causal):
+            forward = harness.forward_flops(1, args.heads, seqlen, seqlen, args.headdim, causal)
+            return forward + harness.backward_flops(forward)
+
         ring_time = max(payloads[r][name] for r in range(args.gpus))
         single_time = payloads[0][("single", name)]
-        ring_rate, single_rate = flops / ring_time / 1e12, flops / single_time / 1e12
+        ring_rate, single_rate = flops(args.seqlen) / ring_time / 1e12, flops(args.single_seqlen) / single_time / 1e12
         memory = max(payloads[r][(name, "memory")] for r in range(args.gpus))
         report[name] = {"ring_tflops": ring_rate, "single_tflops": single_rate,
                         "scaling": ring_rate / (args.gpus * single_rate), "memory_shards": memory}
         print(f"{name:7} forward+backward: ring {ring_rate:.0f} TFLOP/s on {args.gpus} GPUs, one GPU "
-              f"{single_rate:.0f}: {ring_rate / (args.gpus * single_rate):.2f}x of {args.gpus}x one GPU; "
+              f"{single_rate:.0f} (at {args.single_seqlen} tokens): {ring_rate / (args.gpus * single_rate):.2f}x "
+              f"of {args.gpus}x one GPU; "
               f"high-water {memory:.1f} q shards per rank")
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))

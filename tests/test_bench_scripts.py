@@ -276,6 +276,28 @@ def test_mods_rows_and_functions(bench_modules):
     assert numpy.isfinite(out).all()
 
 
+def test_ring_shards_are_rows_of_one_problem(bench_modules):
+    """bench/ring.py: each rank draws only its rows (zigzag or contiguous), and they are the shards
+    cupyflash.zigzag_shard (or a contiguous split) cuts from the whole problem rank 0 draws; q and dout
+    have the query heads, k and v the kv heads (GQA), and the four tensors differ."""
+    import cupyflash
+
+    ring = bench_modules.ring
+    args = types.SimpleNamespace(heads=4, heads_k=2, headdim=8)
+    seqlen, world = 4 * ring.ROW_BLOCK, 4
+    whole = ring._problem(numpy, [(0, seqlen)], args, numpy.float32, seed=3)
+    assert [x.shape for x in whole] == [(1, seqlen, 4, 8), (1, seqlen, 2, 8), (1, seqlen, 2, 8), (1, seqlen, 4, 8)]
+    assert not numpy.array_equal(whole[0], whole[3]) and not numpy.array_equal(whole[1], whole[2])
+    rows = seqlen // world
+    for layout in ("zigzag", "contiguous"):
+        for rank in range(world):
+            shard = ring._problem(numpy, ring._spans(seqlen, world, rank, layout), args, numpy.float32, seed=3)
+            for x, part in zip(whole, shard):
+                want = (cupyflash.zigzag_shard(x, world, rank) if layout == "zigzag"
+                        else x[:, rank * rows:(rank + 1) * rows])
+                numpy.testing.assert_array_equal(part, want)
+
+
 def test_tiles_rows_and_dry_run(bench_modules, capsys):
     tiles = bench_modules.tiles
     args = tiles.parse_args(["--headdim", "96", "--tiles", "192,64,3", "128,128,2", "--seqlens", "2048,32768",
