@@ -1,8 +1,8 @@
 # Session 47's A/B of session 46's two pending patches against the landing tree, one half a call (either
 # card; no carry): `bash ab_call.sh fp32` (~350 s: the float32 forward's Q prefetch, issue 22) or
 # `bash ab_call.sh mods` (~450 s: the mask_mod loads and the ragged row, issue 24). L5 = main + the five
-# landing patches (already in HEAD once they land), L7 = L5 + the two. Run right after land_all7.sh on
-# the same warm machine, L7's kernels are in the disk cache (same sources); L5's are precompiled here.
+# landing patches (already in HEAD once they land), L7 = L5 + the two. fp32 precompiles both trees'
+# variants (~95 s each); mods compiles its few variants on demand (the user-function ones take longest).
 # Predictions (bench/NOTES.md, session 46): the mask loads (the partial tiles' mask loop waited out 32
 # load latencies a forward tile, 8 now): ragged forward and backward +3-8%, document (no partial blocks)
 # and relbias (a score_mod: its loads stay predicated) unchanged. The Q prefetch (the consumers' split of
@@ -27,13 +27,15 @@ for p in i24_mask_loads i22_fwd_q_prefetch_tensor; do
   (cd /tmp/L7 && patch -p1 -s < $R/bench/runs/2026-12-06-s46/pending/$p.patch) || exit 1
 done
 find /tmp/L5 /tmp/L7 -name '*.orig' -delete
-for t in L5 L7; do
-  (cd /tmp/$t && PYTHONPATH=/tmp/$t python -c "
+if [ "$mode" = fp32 ]; then
+  # (CuPy's disk cache keys on the options, which hold the tree's -I path: /tmp/L7 compiles anew even
+  # after land_all7.sh built the same sources in the working tree.)
+  for t in L5 L7; do
+    (cd /tmp/$t && PYTHONPATH=/tmp/$t python -c "
 from cupyflash import _families, _kernels
 _kernels.precompile(_families.VARIANTS, max_workers=16)")
-done
-echo "precompiled at $(el) s"
-if [ "$mode" = fp32 ]; then
+  done
+  echo "precompiled at $(el) s"
   B="bench/bench.py --dtypes fp32 --headdims 64,128 --causal 0,1 --seqlens 1024,4096"
   for round in 1 2; do
     (cd /tmp/L5 && PYTHONPATH=/tmp/L5 timeout 120 python $B $([ $round = 2 ] && echo --no-peers) 2>&1 | tail -20 > $OUT/fp32_L5_$round.txt)
