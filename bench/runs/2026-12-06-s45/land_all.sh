@@ -7,12 +7,16 @@
 #   their README lines (pending/readme_m192_minus_inf.patch; m192's figures are the H100's of session 43)
 #   sel   float32 Hopper backward's exponentials without a branch each (issue 22)
 #   ord   the Hopper backward's key tiles longest walk first under a block mask (issue 24)
+# Arguments: more patches, applied after these (session 47's first call adds session 46's two:
+#   bash bench/runs/2026-12-06-s45/land_all.sh bench/runs/2026-12-06-s46/pending/i24_mask_loads.patch \
+#        bench/runs/2026-12-06-s46/pending/i22_fwd_q_prefetch_tensor.patch
+# whose tree prints `tree hash: 7517cd6ad138dadf` here; the five alone `9fc88cff7312c4cb`).
 set -e
 for p in bench/runs/2026-12-06-s42/pending/i25_fp8_d64_three_consumers.patch \
          bench/runs/2026-12-06-s44/pending/i24_lse_pair_minus_inf.patch \
          bench/runs/2026-12-06-s45/pending/readme_m192_minus_inf.patch \
          bench/runs/2026-12-06-s44/pending/i22_bwd_exp_select.patch \
-         bench/runs/2026-12-06-s45/pending/i24_bwd_key_order.patch; do
+         bench/runs/2026-12-06-s45/pending/i24_bwd_key_order.patch "$@"; do
   patch -p1 -s < $p
 done
 find . -name '*.orig' -not -path './.ab/*' -delete

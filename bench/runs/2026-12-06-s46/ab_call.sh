@@ -8,7 +8,7 @@
 # and relbias (a score_mod: its loads stay predicated) unchanged. The Q prefetch (the consumers' split of
 # each work tile's rows read device memory, ~1-2 us a work tile): float32 forward +1-4% on the 1k rows
 # (d128 causal 1k 1.94x -> ~2.0x torch's memory-efficient on the H200), 4k within 1%, backward unchanged.
-# Also to run on L7 once: memcheck `tests/sanitize_attention.py sm90` (land_all7.sh does).
+# Also to run on L7 once: memcheck `tests/sanitize_attention.py sm90` (land_all.sh with the two does).
 export PYTHONUNBUFFERED=1
 mode=${1:?fp32 or mods}
 nvidia-smi --query-gpu=name --format=csv,noheader; t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
@@ -29,7 +29,7 @@ done
 find /tmp/L5 /tmp/L7 -name '*.orig' -delete
 if [ "$mode" = fp32 ]; then
   # (CuPy's disk cache keys on the options, which hold the tree's -I path: /tmp/L7 compiles anew even
-  # after land_all7.sh built the same sources in the working tree.)
+  # after land_all.sh built the same sources in the working tree.)
   for t in L5 L7; do
     (cd /tmp/$t && PYTHONPATH=/tmp/$t python -c "
 from cupyflash import _families, _kernels
