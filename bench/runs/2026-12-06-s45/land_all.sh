@@ -1,4 +1,4 @@
-# Session 46's first call (~560 s, either card; no carry): applies to the device's copy of the working tree
+# The landing call with the pending patches (~560 s, either card; no carry): applies to the device's copy of the working tree
 # (a clean checkout of main) the pending patches, prints a hash of the code they make, then runs the
 # landing call (../2026-12-06-s42/land_call.sh: precompile, the whole GPU suite, memcheck). Locally, the
 # same `for p in ...; do patch -p1 < $p; done` and the same hash line give the tree a pass lands.
