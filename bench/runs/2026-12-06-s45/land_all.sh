@@ -7,10 +7,11 @@
 #   their README lines (pending/readme_m192_minus_inf.patch; m192's figures are the H100's of session 43)
 #   sel   float32 Hopper backward's exponentials without a branch each (issue 22)
 #   ord   the Hopper backward's key tiles longest walk first under a block mask (issue 24)
-# Arguments: more patches, applied after these (session 47's first call adds session 46's two:
+# Arguments: more patches, applied after these. Session 48's first call:
 #   bash bench/runs/2026-12-06-s45/land_all.sh bench/runs/2026-12-06-s46/pending/i24_mask_loads.patch \
-#        bench/runs/2026-12-06-s46/pending/i22_fwd_q_prefetch_tensor.patch
-# whose tree prints `tree hash: 7517cd6ad138dadf` here; the five alone `9fc88cff7312c4cb`).
+#        bench/runs/2026-12-06-s47/pending/i26_paged_walk_ahead.patch
+# prints `tree hash: f80299d9804421db` (with the mask loads alone `5188557ed67f8182`, which passed on an
+# H100 in session 47; the five alone `9fc88cff7312c4cb`).
 set -e
 for p in bench/runs/2026-12-06-s42/pending/i25_fp8_d64_three_consumers.patch \
          bench/runs/2026-12-06-s44/pending/i24_lse_pair_minus_inf.patch \

@@ -1,0 +1,36 @@
+# Issue 26, after session 47's ncu (runs/2026-12-06-s47/out/paged_ncu.txt: the 128-key pages in order
+# ran 427 us against the dense cache's 400, with +2,100 "barrier" stall samples of +4,434): which
+# instructions take those samples. ncu keeps both sm90_fwd launches of paged_ncu.py in a report, then
+# prints its SASS with the sampled stalls per instruction (CSV), and the lines with the most samples.
+# ~120 s, either card, no carry. Add a patch as $1 to profile a copy of HEAD with it instead.
+S=$PWD/bench/runs/2026-12-06-s46/paged
+T=$PWD
+if [ -n "$1" ]; then
+  rm -rf /tmp/P && mkdir -p /tmp/P && git archive HEAD cupyflash kernels_cu | tar -x -C /tmp/P
+  (cd /tmp/P && patch -p1 -s < $T/$1) || exit 1
+  T=/tmp/P
+fi
+PYTHONPATH=$T timeout 300 /usr/local/cuda/bin/ncu --clock-control none --section SourceCounters --section WarpStateStats \
+  --import-source no -k regex:'^sm90_fwd$' -c 2 -o $OUT/paged -f python $S/paged_ncu.py > $OUT/paged_source_run.txt 2>&1
+for k in 0 1; do
+  /usr/local/cuda/bin/ncu -i $OUT/paged.ncu-rep --page source --csv --print-source sass --launch-skip $k --launch-count 1 \
+    > $OUT/paged_source_$k.csv 2>&1
+done
+rm -f $OUT/paged.ncu-rep
+python - "$OUT" <<'PY'
+import csv, sys
+for k, name in ((0, "dense"), (1, "pages of 128")):
+    rows = list(csv.reader(open(f"{sys.argv[1]}/paged_source_{k}.csv")))
+    head = next((i for i, r in enumerate(rows) if "Source" in r), None)
+    if head is None or not any(c.startswith("Warp Stall Sampling (All") for c in rows[head]):
+        print(f"== {name}: no source table; the CSV begins:", *rows[:6], sep="\n")
+        continue
+    cols = rows[head]
+    src = cols.index("Source")
+    samp = [i for i, c in enumerate(cols) if c.startswith("Warp Stall Sampling (All")][0]
+    body = [r for r in rows[head + 1:] if len(r) == len(cols)]
+    total = sum(float(r[samp] or 0) for r in body)
+    print(f"== {name}: {total:.0f} samples; the 25 instructions with the most")
+    for r in sorted(body, key=lambda r: -float(r[samp] or 0))[:25]:
+        print(f"{float(r[samp] or 0):8.0f}  {r[0]:>6}  {r[src][:90]}")
+PY
