@@ -1,13 +1,15 @@
-# Issue 24: an A/B of a pending patch on bench/mods.py's rows (~150 s, either card, no carry):
-#   bash bench/runs/2026-12-06-s47/mods_ab.sh PATCH [ROWS]
+# Issue 24: an A/B of pending patches on bench/mods.py's rows (~150 s, either card, no carry):
+#   bash bench/runs/2026-12-06-s47/mods_ab.sh PATCH... (ROWS=ragged,document by default; set ROWS to change)
 # A = HEAD plus the landing patches not yet on it (the five and the mask loads, while they are pending),
-# B = A + PATCH; three rounds of each, alternating, without peers (mods.py's first round of A with
-# FlexAttention). ROWS defaults to ragged,document.
-# Session 47's PATCH: runs/2026-12-06-s47/pending/i24_mask_bits_shift.patch (the forward's mask_mod bits
-# shifted in at the bottom: its partial tiles' mask loop 124 -> 96 instructions an iteration of 8
-# positions). Prediction: ragged forward +4-7%, ragged backward and document unchanged.
+# B = A + the PATCHes in order; three rounds of each, alternating, without peers (mods.py's first round of
+# A with FlexAttention).
+# Session 47's patches: runs/2026-12-06-s47/pending/i24_mask_bits_shift.patch (the forward's mask_mod bits
+# shifted in at the bottom: its partial tiles' loop 124 -> 96 instructions an iteration of 8 positions;
+# prediction: ragged forward +4-7%, the rest unchanged), then i24_element_bits.patch on top of it (the
+# partial blocks' pairs kept as bits, read by the forwards in place of the function; prediction: ragged
+# forward ~305 -> ~450 TFLOP/s on the H100, the rest unchanged).
 export PYTHONUNBUFFERED=1
-patch_b=${1:?a patch}; rows=${2:-ragged,document}
+[ $# -gt 0 ] || { echo 'patches?'; exit 1; }; rows=${ROWS:-ragged,document}
 nvidia-smi --query-gpu=name --format=csv,noheader; t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
 R=$PWD
 rm -rf /tmp/MA /tmp/MB && mkdir -p /tmp/MA && git archive HEAD cupyflash kernels_cu bench tests README.md setup.cfg | tar -x -C /tmp/MA
@@ -18,7 +20,8 @@ if [ ! -f /tmp/MA/kernels_cu/sm90/bwd_key_order.cu ]; then
     (cd /tmp/MA && patch -p1 -s < $R/bench/runs/$p.patch) || exit 1
   done
 fi
-cp -r /tmp/MA /tmp/MB && (cd /tmp/MB && patch -p1 -s < $R/$patch_b) || exit 1
+cp -r /tmp/MA /tmp/MB
+for p in "$@"; do (cd /tmp/MB && patch -p1 -s < $R/$p) || exit 1; done
 find /tmp/MA /tmp/MB -name '*.orig' -delete
 for round in 1 2 3; do
   for t in MA MB; do
