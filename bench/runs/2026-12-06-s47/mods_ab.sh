@@ -1,8 +1,8 @@
 # Issue 24: an A/B of pending patches on bench/mods.py's rows (~150 s, either card, no carry):
 #   bash bench/runs/2026-12-06-s47/mods_ab.sh PATCH... (ROWS=ragged,document by default; set ROWS to change)
 # A = HEAD plus the landing patches not yet on it (the five and the mask loads, while they are pending),
-# B = A + the PATCHes in order; three rounds of each, alternating, without peers (mods.py's first round of
-# A with FlexAttention).
+# B = A + the PATCHes in order (BASE="P1 P2 ...": patches applied to both first); three rounds of each,
+# alternating, without peers (mods.py's first round of A with FlexAttention).
 # Session 47's patches: runs/2026-12-06-s47/pending/i24_mask_bits_shift.patch (the forward's mask_mod bits
 # shifted in at the bottom: its partial tiles' loop 124 -> 96 instructions an iteration of 8 positions;
 # prediction: ragged forward +4-7%, the rest unchanged), then i24_element_bits.patch on top of it (the
@@ -20,6 +20,7 @@ if [ ! -f /tmp/MA/kernels_cu/sm90/bwd_key_order.cu ]; then
     (cd /tmp/MA && patch -p1 -s < $R/bench/runs/$p.patch) || exit 1
   done
 fi
+for p in ${BASE:-}; do (cd /tmp/MA && patch -p1 -s < $R/$p) || exit 1; done
 cp -r /tmp/MA /tmp/MB
 for p in "$@"; do (cd /tmp/MB && patch -p1 -s < $R/$p) || exit 1; done
 find /tmp/MA /tmp/MB -name '*.orig' -delete
