@@ -1,0 +1,43 @@
+# Session 48: the persistent Hopper backward (i24_persistent_bwd.patch, issue 24) on the seven-patch
+# landing tree (~500 s, either card, no carry). PA = HEAD + the pending landing patches (while pending),
+# PB = PA + the patch. First its own GPU tests (the chained key tiles against one tile a CTA, bitwise dK
+# and dV), then racecheck of the chained kernel (chained_race.py), then A/B: bench/mods.py's document and ragged rows and bench/bench.py's bf16 head dim 96/128
+# rows, PA and PB alternating, no peers; memcheck last. Prediction (bench/NOTES.md, session 47: a CTA's fixed 7.5 us):
+# document backward +5-8%, ragged +3-6%, dense causal 1k +3-5%, 16k within 1%, forwards unchanged.
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name --format=csv,noheader; t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
+R=$PWD
+rm -rf /tmp/PA /tmp/PB && mkdir -p /tmp/PA
+git archive HEAD cupyflash kernels_cu bench tests README.md setup.cfg | tar -x -C /tmp/PA
+if [ ! -f /tmp/PA/kernels_cu/sm90/bwd_key_order.cu ]; then
+  for p in 2026-12-06-s42/pending/i25_fp8_d64_three_consumers 2026-12-06-s44/pending/i24_lse_pair_minus_inf \
+           2026-12-06-s45/pending/readme_m192_minus_inf 2026-12-06-s44/pending/i22_bwd_exp_select \
+           2026-12-06-s45/pending/i24_bwd_key_order 2026-12-06-s46/pending/i24_mask_loads \
+           2026-12-06-s47/pending/i26_paged_walk_ahead; do
+    (cd /tmp/PA && patch -p1 -s < $R/bench/runs/$p.patch) || exit 1
+  done
+fi
+cp -r /tmp/PA /tmp/PB
+(cd /tmp/PB && patch -p1 -s < $R/bench/runs/2026-12-06-s48/pending/i24_persistent_bwd.patch) || exit 1
+find /tmp/PA /tmp/PB -name '*.orig' -delete
+mkdir -p $OUT/persistent
+(cd /tmp/PB && PYTHONPATH=/tmp/PB timeout 200 python -m pytest -q -m gpu -p no:cacheprovider -x tests/test_gpu_sm90.py \
+   -k "chain or causal_key_tiles or causal_last or packed or deterministic" 2>&1 | tail -4)
+echo "tests at $(el) s"
+sanitize() {
+  echo "== $1"
+  (cd /tmp/PB && PYTHONPATH=/tmp/PB timeout 120 /usr/local/cuda/bin/compute-sanitizer --tool $1 \
+     python $R/bench/runs/2026-12-06-s48/chained_race.py 2>&1 | tail -3)
+}
+sanitize racecheck
+B="bench/bench.py --dtypes bf16 --headdims 96,128 --causal 0,1 --seqlens 1024,16384 --no-peers"
+for round in 1 2; do
+  for t in PA PB; do
+    echo "== $t round $round at $(el) s"
+    (cd /tmp/$t && PYTHONPATH=/tmp/$t timeout 120 python bench/mods.py --rows document,ragged --no-peers \
+       --out $OUT/persistent/mods_${t}_$round 2>&1 | grep -E '^(row|document|ragged) ')
+    (cd /tmp/$t && PYTHONPATH=/tmp/$t timeout 120 python $B --out $OUT/persistent/bench_${t}_$round 2>&1 | tail -12)
+  done
+done
+sanitize memcheck
+echo "done at $(el) s"
