@@ -29,15 +29,15 @@ sanitize() {
   (cd /tmp/PB && PYTHONPATH=/tmp/PB timeout 120 /usr/local/cuda/bin/compute-sanitizer --tool $1 \
      python $R/bench/runs/2026-12-06-s48/chained_race.py 2>&1 | tail -3)
 }
-sanitize racecheck
-B="bench/bench.py --dtypes bf16 --headdims 96,128 --causal 0,1 --seqlens 1024,16384 --no-peers"
+B="bench/bench.py --dtypes bf16 --headdims 128 --causal 0,1 --seqlens 1024,16384 --no-peers"
 for round in 1 2; do
   for t in PA PB; do
     echo "== $t round $round at $(el) s"
-    (cd /tmp/$t && PYTHONPATH=/tmp/$t timeout 120 python bench/mods.py --rows document,ragged --no-peers \
+    (cd /tmp/$t && PYTHONPATH=/tmp/$t timeout 100 python bench/mods.py --rows document,ragged --no-peers \
        --out $OUT/persistent/mods_${t}_$round 2>&1 | grep -E '^(row|document|ragged) ')
-    (cd /tmp/$t && PYTHONPATH=/tmp/$t timeout 120 python $B --out $OUT/persistent/bench_${t}_$round 2>&1 | tail -12)
+    (cd /tmp/$t && PYTHONPATH=/tmp/$t timeout 100 python $B --out $OUT/persistent/bench_${t}_$round 2>&1 | tail -8)
   done
+  [ $round = 1 ] && sanitize racecheck
 done
 sanitize memcheck
 echo "done at $(el) s"
