@@ -3,7 +3,7 @@ and FlexAttention, in one run.
 
 Run from the repository root::
 
-    python bench/mods.py              # 4 rows at seqlen 16384, forward and backward, with FlexAttention
+    python bench/mods.py              # 5 rows at seqlen 16384, forward and backward, with FlexAttention
     python bench/mods.py --quick      # the same rows at seqlen 4096
     python bench/mods.py --dry-run    # print the plan (rows, functions, FLOPs, targets); no GPU
 
@@ -14,7 +14,10 @@ Rows (bf16, head dim 128, 16 heads, batch 1):
   against the built-in ``alibi_slopes`` with the same slopes;
 - ``document``: causal attention within 8 documents of random lengths, a BlockMask from the mask_mod
   ``doc[b, i] == doc[b, j]`` (128 x 128 blocks, built on the device), against dense causal attention,
-  TFLOP/s counted on each one's visible pairs;
+  TFLOP/s counted on each one's visible pairs; the lengths are multiples of seqlen / 32, so every
+  block is full or empty and the kernels never evaluate the function;
+- ``ragged``: the same documents with each boundary moved by up to seqlen / 64 either way, so the
+  blocks on the boundaries are partial and the kernels evaluate the mask_mod on them;
 - ``relbias``: a T5 relative bias ``s + table[h, clip(j - i + 128, 0, 256)]`` with the gradient of its
   float32 (16, 257) table, against plain attention.
 
@@ -51,7 +54,10 @@ DEFAULT_WARMUP = 3
 DEFAULT_REPEATS = 20
 DEFAULT_OUT = harness.REPO_ROOT / "bench" / "results" / "mods"
 #: The issue's targets: (cupyflash over the reference, cupyflash over FlexAttention) per row.
-TARGETS = {"softcap": (0.95, None), "alibi": (0.95, None), "document": (0.85, 2.0), "relbias": (0.8, None)}
+TARGETS = {"softcap": (0.95, None), "alibi": (0.95, None), "document": (0.85, 2.0), "ragged": (0.85, 2.0),
+           "relbias": (0.8, None)}
+#: The rows whose BlockMask is a document mask (Row.documents).
+DOCUMENT_ROWS = ("document", "ragged")
 #: BlockMask.from_mask_mod of the document mask at seqlen 16k: at most this many ms.
 BLOCK_MASK_TARGET_MS = 1.0
 
@@ -67,15 +73,20 @@ class Row:
     causal: bool = False
 
     def documents(self):
-        """int32 (1, seqlen) document ids: 8 documents of random lengths (at least 1/32 of the sequence)."""
+        """int32 (1, seqlen) document ids: 8 documents of random lengths, multiples of 1/32 of the sequence;
+        the ragged row's boundaries each moved by fewer than seqlen / 64 positions (so no document is
+        empty)."""
         rng = numpy.random.default_rng(SEED)
         cuts = numpy.sort(rng.choice(numpy.arange(1, 32), DOCUMENTS - 1, replace=False)) * self.seqlen // 32
+        shifts = rng.integers(-(self.seqlen // 64) + 1, self.seqlen // 64, DOCUMENTS - 1)
+        if self.key == "ragged":
+            cuts = cuts + shifts
         return numpy.repeat(numpy.arange(DOCUMENTS, dtype=numpy.int32),
                             numpy.diff(numpy.concatenate([[0], cuts, [self.seqlen]])))[None, :]
 
     def visible_pairs(self, reference=False):
         """(query, key) pairs the function form (or its reference) computes, summed over heads."""
-        if self.key == "document":
+        if self.key in DOCUMENT_ROWS:
             if reference:
                 return HEADS * harness.window_pairs(self.seqlen, self.seqlen, -1, 0)
             lengths = numpy.bincount(self.documents()[0]).astype(numpy.int64)
@@ -94,6 +105,7 @@ def build_rows(quick, keys=None):
         Row("softcap", f"softcap {CAP:g} as a score_mod", "softcap=", seqlen),
         Row("alibi", "ALiBi as a score_mod (slopes from h)", "alibi_slopes=", seqlen),
         Row("document", f"{DOCUMENTS} documents, causal (from_mask_mod)", "dense causal", seqlen, causal=True),
+        Row("ragged", f"{DOCUMENTS} documents, boundaries inside blocks, causal", "dense causal", seqlen, causal=True),
         Row("relbias", f"T5 bias table ({HEADS}, {BUCKETS}) with its gradient", "plain", seqlen),
     ]
     return [row for row in rows if keys is None or row.key in keys]
@@ -108,7 +120,7 @@ def slopes():
 
 
 def score_mod_of(row):
-    """cupyflash's score_mod of a row (None for the document row)."""
+    """cupyflash's score_mod of a row (None for the document rows)."""
     from cupyflash import mods
 
     if row.key == "softcap":
@@ -126,7 +138,7 @@ def same_document(b, h, q_idx, kv_idx, doc):
 
 def cupyflash_calls(row, table):
     """{"ours": (forward, backward), "reference": (forward, backward)} of cupyflash for a row; forward(q, k,
-    v, lse) and backward(dout, q, k, v, out, lse). The document row's BlockMask is built here."""
+    v, lse) and backward(dout, q, k, v, out, lse). The document rows' BlockMask is built here."""
     import cupy
 
     import cupyflash
@@ -140,7 +152,7 @@ def cupyflash_calls(row, table):
 
         return forward, backward
 
-    if row.key == "document":
+    if row.key in DOCUMENT_ROWS:
         doc = cupy.asarray(row.documents())
         mask = cupyflash.BlockMask.from_mask_mod(same_document, 1, 1, row.seqlen, row.seqlen, BLOCK_SIZE, (doc,))
         return {"ours": calls(block_mask=mask), "reference": calls()}

@@ -9,6 +9,9 @@ from . import _policy
 
 #: Largest block side: the kernels hold block bounds in 32 bits with room to spare.
 _MAX_BLOCK = 2**30
+#: from_mask_mod on the device keeps its partial blocks' pairs as bits (block_q * block_k / 4 bytes a block:
+#: both orientations) while they take at most this many bytes; past it the kernels evaluate the function.
+ELEMENT_BITS_MAX_BYTES = 1 << 28
 
 
 def _cupy():
@@ -65,20 +68,23 @@ class BlockMask:
     and the backward pass skip absent blocks without reading them. A kernel whose tiles differ from
     the block size gets lists at its own tile size, built once on the device on first use and cached in
     the mask (a tile that covers set and clear blocks then evaluates the element mask). Block sizes of 64
-    and multiples of 128 match every kernel's tiles (64 matches all but the 16-bit and float32 forwards'
-    128 query rows); a
+    and multiples of 128 match every kernel's tiles but the FP8 forward's 192 query rows at head dim 64
+    (64 matches all but the 16-bit and float32 forwards' 128 query rows); a
     mask needs seqlen_q and seqlen_k of at least 1. The mask keeps its own copy of the layout (read-only
     for NumPy): the lists built from it are cached.
     """
 
-    def __init__(self, layout, block_size, mask_mod=None):
+    def __init__(self, layout, block_size, mask_mod=None, element_bits=None):
         """Use :meth:`from_dense` or :meth:`from_mask_mod`; this constructor takes an already checked
-        boolean layout (and from_mask_mod's function: its full blocks decide the lists' partial tiles).
-        Lists are built when first asked for (a call's kernel tile, or the block-size ones of the
-        properties below), so building a mask is its layout's work alone."""
+        boolean layout (and from_mask_mod's function: its full blocks decide the lists' partial tiles, and
+        on the device the bits of its partial blocks' pairs). Lists are built when first asked for (a
+        call's kernel tile, or the block-size ones of the properties below), so building a mask is its
+        layout's work alone."""
         self._layout = layout
         self.block_size = block_size
         self.mask_mod = mask_mod  # from_mask_mod: (traced mask_mod, buffers, full layout, (seqlen_q, seqlen_k))
+        # from_mask_mod on the device: (slot, bits), CuPy arrays (BlockSparseArg's elem_slot and elem_bits).
+        self._element_bits = element_bits
         self._lists = {}
         self._copies = {}
 
@@ -164,7 +170,10 @@ class BlockMask:
         BlockMask
             Layout (batch, heads, q_blocks, k_blocks): a block is set where the function holds for some
             pair in it. The calls evaluate the function only in blocks where it does not hold for every
-            pair (and skip the blocks where it holds for none).
+            pair (and skip the blocks where it holds for none). Built on the device with block sides that
+            are multiples of 128, the mask also keeps those blocks' pairs as bits (block_q * block_k / 4
+            bytes a block while they take at most ELEMENT_BITS_MAX_BYTES), which the forward kernels read
+            instead of evaluating the function.
         """
         from . import _problem, _trace
 
@@ -183,7 +192,8 @@ class BlockMask:
 
             with buffers[0].device:
                 some, every = common.mask_mod_blocks(traced, buffers, batch, heads, seqlen_q, seqlen_k, block_size)
-                return cls(some, block_size, (traced, buffers, every, (seqlen_q, seqlen_k)))
+                bits = cls._build_element_bits(traced, buffers, heads, seqlen_q, seqlen_k, block_size, some, every)
+                return cls(some, block_size, (traced, buffers, every, (seqlen_q, seqlen_k)), bits)
         for x in buffers:
             x.flags.writeable = False
         # NumPy buffers (or none): the host classifies the blocks.
@@ -209,6 +219,31 @@ class BlockMask:
             every[:, :, r] = padded.reshape(shape[:3] + (cols, block_k)).all(axis=(2, 4))
         some.flags.writeable = every.flags.writeable = False
         return cls(some, block_size, (traced, buffers, every, (seqlen_q, seqlen_k)))
+
+    @staticmethod
+    def _build_element_bits(traced, buffers, heads, seqlen_q, seqlen_k, block_size, some, every):
+        """from_mask_mod's partial blocks (some pair, not every pair visible) as bits on the device, or None
+        where the block sides are not multiples of 128 (a word holds 128 positions of a row) or the bits
+        would pass ELEMENT_BITS_MAX_BYTES. Synchronizes the current stream (the count of partial blocks,
+        their positions, then the finished bits), so a mask is not built this way inside a CUDA graph
+        capture."""
+        from ._families import common
+
+        block_q, block_k = block_size
+        if block_q % 128 or block_k % 128:
+            return None
+        partial = some & ~every
+        count = int(partial.sum())
+        if count == 0 or count * block_q * block_k // 4 > ELEMENT_BITS_MAX_BYTES:
+            return None
+        cupy = _cupy()
+        flat = partial.ravel()
+        slot = cupy.where(flat, cupy.cumsum(flat, dtype=cupy.int32) - 1, -1).astype(cupy.int32).reshape(partial.shape)
+        cells = cupy.flatnonzero(flat).astype(cupy.int64)
+        bits = common.mask_mod_bits(traced, buffers, heads, seqlen_q, seqlen_k, block_size, slot, cells)
+        # Complete before a call on any stream reads them (the kernel also writes slots).
+        cupy.cuda.get_current_stream().synchronize()
+        return slot, bits
 
     @classmethod
     def longformer(cls, seqlen_q, seqlen_k=None, *, block_size=(128, 128), window_blocks=1, global_blocks=1):
@@ -367,6 +402,19 @@ class BlockMask:
         key = ("buffers", xp.__name__, xp.cuda.Device().id if xp is not numpy else None)
         if key not in self._copies:
             self._copies[key] = tuple(xp.asarray(x) if xp is not numpy else x.get() for x in buffers)
+        return self._copies[key]
+
+    def element_bits_on(self, xp):
+        """from_mask_mod's (slot, bits) on cupy's current device (copied once when needed), or None."""
+        if self._element_bits is None:
+            return None
+        slot, bits = self._element_bits
+        if slot.device.id == xp.cuda.Device().id:
+            return self._element_bits
+        key = ("element_bits", xp.cuda.Device().id)
+        if key not in self._copies:
+            self._copies[key] = (xp.asarray(slot), xp.asarray(bits))
+            xp.cuda.get_current_stream().synchronize()  # (complete before a call on another stream)
         return self._copies[key]
 
     def full_on(self, xp):

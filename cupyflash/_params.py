@@ -26,6 +26,7 @@ BLOCK_SPARSE_ARG = numpy.dtype(
         ("slice_batch_stride", _I64), ("slice_head_stride", _I64),
         ("tile_q", _I32), ("tile_k", _I32), ("q_tiles", _I32), ("k_tiles", _I32),
         ("block_q", _I32), ("block_k", _I32), ("layout_rows", _I32), ("layout_cols", _I32),
+        ("elem_slot", _PTR), ("elem_bits", _PTR),
     ],
     align=True,
 )
@@ -61,6 +62,7 @@ BWD_ARGS = numpy.dtype(
         ("dq_turns", _PTR), ("dq_split_stride", _I64), ("turns_split_stride", _I64),
         ("dq_ld", _I32), ("dq_splits", _I32), ("deterministic", _I32), ("tile_group", _I32),
         ("tail_pairs", _I32), ("score_grads", MOD_GRADS), ("sink_terms", _PTR), ("dq_in_place", _I32),
+        ("key_order", _PTR),
     ],
     align=True,
 )
@@ -135,6 +137,13 @@ MASK_MOD_BLOCKS_ARGS = numpy.dtype(
     align=True,
 )
 
+#: MaskModBitsArgs (kernels_cu/common/mask_mod_blocks.cu).
+MASK_MOD_BITS_ARGS = numpy.dtype(
+    [("buffers", MOD_BUFFERS), ("slot", _PTR), ("cells", _PTR), ("bits", _PTR), ("slots", _I64), ("heads", _I32),
+     ("seqlen_q", _I32), ("seqlen_k", _I32), ("block_q", _I32), ("block_k", _I32), ("rows", _I32), ("cols", _I32)],
+    align=True,
+)
+
 #: FinishExactArgs (kernels_cu/common/exact_sum.cu).
 FINISH_EXACT_ARGS = numpy.dtype([("words", _PTR), ("out", _PTR), ("count", _I64)], align=True)
 
@@ -158,6 +167,7 @@ STRUCTS = {
     "RotaryArgs": ROTARY_ARGS,
     "MaxScoreDecodeArgs": MAX_SCORE_DECODE_ARGS,
     "MaskModBlocksArgs": MASK_MOD_BLOCKS_ARGS,
+    "MaskModBitsArgs": MASK_MOD_BITS_ARGS,
     "MergeArgs": MERGE_ARGS,
     "FinishExactArgs": FINISH_EXACT_ARGS,
 }

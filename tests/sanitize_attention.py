@@ -145,7 +145,7 @@ def functions(dtype):
     kernels): a relative bias with a table (its
     gradient by atomics; at head dim 128 the Hopper backward's, whose tiles past the clip sum theirs and
     the others read dS^T back from shared memory), a softcap, a document mask built on the device, odd
-    sizes, and the block classification kernel."""
+    sizes, the block classification kernel, and a mask_mod reading an empty buffer."""
     from cupyflash import mods
 
     table = normal((4, 41), numpy.float32)
@@ -159,6 +159,10 @@ def functions(dtype):
             q, k, v, do = (normal(s, dtype) for s in ((1, 203, 4, d), (1, 203, 2, d), (1, 203, 2, d), (1, 203, 4, d)))
             out, lse = cupyflash.flash_attention(q, k, v, return_lse=True, causal=True, **options)
             cupyflash.flash_attention_backward(do, q, k, v, out, lse, causal=True, **options)
+    # A mask_mod with an empty buffer: its loads read the zero that stands in for element 0 (NaN rows).
+    empty = cupyflash.BlockMask.from_mask_mod(lambda b, h, qi, ki, d: d[ki] == 0, 1, 1, 203, 203,
+                                              buffers=(cupy.zeros(0, numpy.int32),))
+    cupyflash.flash_attention(q, k, v, causal=True, block_mask=empty)
 
 
 def sinks_and_counts(dtype):

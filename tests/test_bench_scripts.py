@@ -250,19 +250,26 @@ def test_masks_rows(bench_modules):
 
 
 def test_mods_rows_and_functions(bench_modules):
-    """bench/mods.py: its rows' visible pairs (the document row's against a brute-force count), the plan,
-    and its score_mods giving the built-ins they are timed against (on the NumPy twin, small sizes)."""
+    """bench/mods.py: its rows' visible pairs (the document rows' against a brute-force count; the ragged
+    row's boundaries inside 128-row blocks, the document row's on them), the plan, and its score_mods
+    giving the built-ins they are timed against (on the NumPy twin, small sizes)."""
     import dataclasses
 
     import cupyflash
 
     mods = bench_modules.mods
     rows = {row.key: row for row in mods.build_rows(quick=True)}
-    assert list(rows) == ["softcap", "alibi", "document", "relbias"]
+    assert list(rows) == ["softcap", "alibi", "document", "ragged", "relbias"]
     doc = dataclasses.replace(rows["document"], seqlen=96).documents()
     assert doc.shape == (1, 96) and len(numpy.unique(doc)) == mods.DOCUMENTS
     pairs = (doc[0][:, None] == doc[0][None, :]) & numpy.tri(96, dtype=bool)
     assert dataclasses.replace(rows["document"], seqlen=96).visible_pairs() == mods.HEADS * pairs.sum()
+    for key, inside in (("document", 0), ("ragged", mods.DOCUMENTS - 1)):
+        doc = rows[key].documents()[0]
+        starts = numpy.flatnonzero(numpy.diff(doc)) + 1
+        assert len(numpy.unique(doc)) == mods.DOCUMENTS and (starts % 128 != 0).sum() == inside, key
+        pairs = (doc[:, None] == doc[None, :]) & numpy.tri(doc.size, dtype=bool)
+        assert rows[key].visible_pairs() == mods.HEADS * pairs.sum()
     assert rows["softcap"].flops("bwd") == 2.5 * rows["softcap"].flops("fwd")
     plan = "\n".join(mods.plan_lines(list(rows.values()), bench_modules.harness.Settings(3, 20, True, True)))
     assert "target >= 0.85x, >= 2.0x Flex" in plan and "< 1.0 ms" in plan

@@ -63,8 +63,10 @@ SERIALIZATION_WARNINGS = re.compile(r"C75(0[89]|1[0-9])")
 #: The paged-key walk of the 16-bit forward's producer (sm90_load_paged_key_tiles: a loop of its own beside
 #: the dense one, run by the whole second producer warp since session 29) adds its own local accesses to
 #: the producer's (the consumers' unchanged): +8 to +48 bytes, allowed on every sm90_fwd variant's ceiling
-#: below.
-SM90_PAGED_WALK_SPILL = 48
+#: below. Session 47 moved the walk's table read and its division by the page size ahead of the ring's
+#: waits (a page and a row within it carried per lane a tile ahead): ptxas keeps two of the lanes' box
+#: offsets in local memory (L1 hits after the wait, where the division stood), +20 to +32 bytes.
+SM90_PAGED_WALK_SPILL = 80
 SM90_SPILL_CEILING = {
     (64, 64, 128, False): 124, (64, 64, 128, True): 124, (64, 64, 192, False): 288, (64, 64, 192, True): 336,
     (96, 96, 128, False): 124, (96, 96, 128, True): 124, (128, 128, 128, False): 124, (128, 128, 128, True): 148,
@@ -102,8 +104,9 @@ SM90_MAX_SCORE_SPILL_CEILING = {
 }
 #: The same for the FP8 forward (sm90_fwd_fp8), (headdim, max_score) -> bytes, measured when written
 #: (session 27): the producer's ~124 as above; at head dim 256 the consumers keep 44 (54 with the maximum
-#: score) local-memory accesses, as the 16-bit d256 kernel's score_mod consumers do.
-SM90_FP8_SPILL_CEILING = {(64, False): 124, (64, True): 124, (128, False): 124, (128, True): 124, (256, False): 300,
+#: score) local-memory accesses, as the 16-bit d256 kernel's score_mod consumers do. Head dim 64 runs three
+#: consumers on 160 registers (session 42): 216 (248 with the maximum score), 22 (30) consumer accesses.
+SM90_FP8_SPILL_CEILING = {(64, False): 216, (64, True): 248, (128, False): 124, (128, True): 124, (256, False): 300,
                           (256, True): 340}
 #: The tf32 forward (sm90_fwd_tf32, the same main loop): the producer's 124 bytes only (session 28).
 SM90_TF32_SPILL_CEILING = 124
@@ -442,12 +445,14 @@ def _user_function_jobs():
     The Hopper forward's consumers keep the functions nearly out of local memory (the mask_mod is
     evaluated into bits per pair of rows in a loop of its own, fragment/scores.cuh): this gated bias's
     sigmoid per score cost 10-22 local accesses as the register allocation fell (session 25; 0 in session
-    26), the built-in softcap kernel's 3 (a document mask, a table bias or a softcap alone: 0). The Hopper
-    backward with a softcap inside the mask: 4 (2 with one row's bits per loop; the built-in's 0); an
+    26; 14 before session 46, 2 with its mask_mod's loads unpredicated), the built-in softcap
+    kernel's 3 (a document mask, a table bias or a softcap alone: 0). The Hopper backward with a softcap
+    inside the mask: 4 (2 with one row's bits per loop; the built-in's 0), 6 since the mask_mod's loop
+    is unrolled 4 times (one word spilled and reloaded once a query tile, outside the tile's loops); an
     additive bias with its table gradient (frozen tiles summing theirs, the others read back from the
     dS^T buffer) inside the mask: 12. The sm80 backward adding an additive bias's table gradient beside
     the mask's bits spills 72 bytes at head dim 128 (40 before its frozen tiles' second copy of the
-    probabilities). Measured in session 26; the other families'
+    probabilities; 24 with session 46's unpredicated mask_mod loads). Measured in session 26; the other families'
     variants with functions compiled without spills then (bench/NOTES.md), and CI's time goes to these."""
     import numpy as np
 
@@ -469,9 +474,11 @@ def _user_function_jobs():
     additive = _kernels.user_code(_trace.trace(lambda s, b, h, qi, ki, t: s + t[h, mods.clip(ki - qi + 128, 0, 256)],
                                                "score", [(np.dtype(np.float32), 2)]), user_mask, fast=True)
     blocks = common.MASK_MOD_BLOCKS.variant(user=_kernels.user_code(None, user_mask))
-    return [([general.DQ.variant("float64", user=user), general.DKDV.variant("float64", user=user)], 90, 0, None),
+    bits = common.MASK_MOD_BITS.variant(user=_kernels.user_code(None, user_mask))
+    return [([bits], 80, 0, None),
+            ([general.DQ.variant("float64", user=user), general.DKDV.variant("float64", user=user)], 90, 0, None),
             ([sm90.FWD.variant("bfloat16", (128, 128, 128, 128, 2), user=fast)], 90, None, 22),
-            ([sm90.BWD.variant("bfloat16", (128, 128, 64, 2), user=capped)], 90, None, 4),
+            ([sm90.BWD.variant("bfloat16", (128, 128, 64, 2), user=capped)], 90, None, 6),
             ([sm80.BWD.variant("bfloat16", (128, 128, 64, 2), user=additive)], 80, 72, None),
             ([sm90.BWD.variant("bfloat16", (128, 128, 64, 2), user=additive)], 90, None, 12),
             ([blocks], 80, 0, None)]
@@ -489,8 +496,12 @@ def test_user_function_variants_compile_without_spills(compiled):
                 assert r["consumer_local"] is None or r["consumer_local"] <= local_ceiling, (key, r)
     blocks = compiled[1][-1][0][0][0]
     assert blocks.name_expression == "cupyflash::mask_mod_blocks<cupyflash::NoUserScore, cupyflash::UserMask>"
+    bits = compiled[1][0][0][0][0]
+    assert bits.name_expression == "cupyflash::mask_mod_bits<cupyflash::NoUserScore, cupyflash::UserMask>"
     with pytest.raises(ValueError, match="only"):
         common.MASK_MOD_BLOCKS.variant()
+    with pytest.raises(ValueError, match="only"):
+        common.MASK_MOD_BITS.variant()
 
 
 def test_kernels_of_older_gpus_compile_for_sm75():

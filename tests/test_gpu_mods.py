@@ -3,6 +3,8 @@ score_mod or a mask_mod (kernels_cu/common/user_calls.cuh) against the float64 o
 rule, with the buffers' gradients; the built-ins written as score_mods against the built-ins; the
 compiled variants cached by expression."""
 
+import functools
+
 import numpy as np
 import pytest
 from helpers import DTYPES, check_dense, check_varlen, gpu_available, random_qkv, to_host, use_family
@@ -142,6 +144,49 @@ def test_tensor_core_kernels_with_both_functions(dtype, family, monkeypatch):
                 score_mod=_softcap_mod(20.0))
 
 
+def test_hopper_backward_launches_key_tiles_longest_walk_first(monkeypatch):
+    """Under a block mask the Hopper backward takes each (batch entry, kv head) pair's key tiles longest
+    walk first (kernels_cu/sm90/bwd_key_order.cu): its order kernel against the walks counted on the host
+    from the mask's layout (causal, GQA, two batch entries with their own documents, a short last tile);
+    and dK and dV are bitwise those of the tiles-fastest order, as no CTA's own sums depend on when it
+    runs (a tile computed twice and another never would differ)."""
+    from cupyflash import _api, _params, _problem
+    from cupyflash._families import common, sm90
+
+    if common.current_device().capability != 90:
+        pytest.skip("the Hopper backward runs on compute capability 9.0")
+    b, s, h, hk, d = 2, 700, 4, 2, 128
+    tile_q, tile_k, group = 64, 128, h // hk  # (the 16-bit backward's tiles at head dim 128)
+    doc = cupy.asarray(_documents(b, s, 8, 21))
+    mask = cupyflash.BlockMask.from_mask_mod(same_document, b, 1, s, s, buffers=(doc,))
+    q, k, v = random_qkv(cupy, b, s, s, h, hk, d, d, DTYPES["bfloat16"], seed=3)
+    p = _problem.forward_problem(q, k, v, causal=True, block_mask=mask)
+    tiles = -(-s // tile_k)
+    args = np.zeros(1, _params.BWD_ARGS)
+    args["attn"] = common.attn(p, q, k, v, mask.tile_lists(cupy, tile_q, tile_k))
+    order = cupy.full((b * hk, tiles), -1, np.int32)
+    args["key_order"] = order.data.ptr
+    _kernels.get_kernel(sm90.BWD_KEY_ORDER.variant())((b * hk,), (sm90.KEY_ORDER_THREADS,), (args,),
+                                                      shared_mem=4 * tiles)
+    layout = to_host(mask.layout)  # (b, 1, blocks, blocks) of 128 x 128
+    q_tiles = -(-s // tile_q)
+    for pair, row in enumerate(to_host(order)):
+        # Query tile t (rows 64 t ...) in block row t // 2; causal: from the key tile's first key on.
+        walks = np.array([group * sum(bool(layout[pair // hk, 0, t * tile_q // 128, kt])
+                                      for t in range(kt * tile_k // tile_q, q_tiles)) for kt in range(tiles)])
+        assert len(set(walks)) > 2, walks  # (a test of the order needs uneven walks)
+        np.testing.assert_array_equal(row, np.argsort(-walks, kind="stable"))
+    out, lse = cupyflash.flash_attention(q, k, v, causal=True, block_mask=mask, return_lse=True)
+    dout = cupy.asarray(np.random.default_rng(4).standard_normal(out.shape).astype(np.float32)).astype(out.dtype)
+    ordered = cupyflash.flash_attention_backward(dout, q, k, v, out, lse, causal=True, block_mask=mask)
+    _api.PLANS.clear()
+    monkeypatch.setattr(sm90, "KEY_ORDER_MAX_TILES", 0)  # the tiles-fastest order
+    plain = cupyflash.flash_attention_backward(dout, q, k, v, out, lse, causal=True, block_mask=mask)
+    _api.PLANS.clear()
+    for name, got, want in zip(("dk", "dv"), ordered[1:], plain[1:]):
+        assert cupy.array_equal(got, want), name
+
+
 @pytest.mark.parametrize("dtype, family", [("float32", ""), ("float32", "sm80"), ("float64", "")])
 def test_wide_kernels_with_both_functions(dtype, family, monkeypatch):
     """float32 (Hopper planes, or sm80's parts) and float64 (the float64 tensor cores), forward and
@@ -151,6 +196,16 @@ def test_wide_kernels_with_both_functions(dtype, family, monkeypatch):
     mask = cupyflash.BlockMask.from_mask_mod(same_document, 1, 1, 230, 230, block_size=(64, 64), buffers=(doc,))
     check_dense(cupy, (1, 230, 230, 2, 1, 64, 64), DTYPES[dtype], causal=True, block_mask=mask,
                 score_mod=_softcap_mod(20.0))
+
+
+@pytest.mark.parametrize("dtype, family", [("float32", ""), ("float32", "sm80"), ("float64", ""), ("bfloat16", "")])
+def test_score_mod_that_masks_with_minus_infinity(dtype, family, monkeypatch):
+    """FlexAttention's masking idiom, a score of -inf for the pairs a row must not see (causal, written as a
+    score_mod), forward and backward: the float32 backwards take P = exp(s - lse) from the lse as a float
+    pair, whose TwoSum made s = -inf NaN (common/lse_pair.cuh), which every gradient then carried."""
+    use_family(monkeypatch, family)
+    check_dense(cupy, (1, 67, 75, 2, 1, 64, 64), DTYPES[dtype],
+                score_mod=lambda s, b, h, qi, ki: mods.where(qi >= ki, s, -np.inf))
 
 
 @pytest.mark.parametrize("headdim", [64, 256])
@@ -182,11 +237,24 @@ def test_mask_mod_window_is_the_window():
                                to_host(cupyflash.flash_attention(q, k, v, window_size=(20, 0))), rtol=1e-12, atol=1e-12)
 
 
-def test_out_of_range_index_makes_the_rows_nan():
+@pytest.mark.parametrize("size", [5, 0])
+def test_out_of_range_index_makes_the_rows_nan(size):
     q, k, v = random_qkv(cupy, 1, 4, 6, 1, 1, 8, 8, np.float32, seed=16)
-    table = cupy.zeros(5, np.float32)
+    table = cupy.zeros(size, np.float32)
     out = cupyflash.flash_attention(q, k, v, score_mod=lambda s, b, h, qi, ki, t: s + t[ki], score_mod_buffers=(table,))
     assert np.isnan(to_host(out)).all()  # every row sees key 5, past the table
+
+
+@pytest.mark.parametrize("dtype, headdim", [("float32", 8), ("bfloat16", 64)])
+def test_mask_mod_reading_an_empty_buffer_makes_the_rows_nan(dtype, headdim):
+    """A mask_mod's loads read element 0 of a buffer whether or not the index is in range (common/
+    user_mod.cuh's user_mask_load), so an empty buffer reads a zero of its own (_families/common.py's
+    mod_buffers), and every row is NaN as on NumPy; bfloat16 at head dim 64 on the 16-bit tensor-core
+    kernels, whose loop evaluates the function (UserMaskAt::bits)."""
+    q, k, v = random_qkv(cupy, 1, 40, 60, 1, 1, headdim, headdim, DTYPES[dtype], seed=16)
+    mask = cupyflash.BlockMask.from_mask_mod(lambda b, h, qi, ki, d: d[ki] == 0, 1, 1, 40, 60, block_size=(16, 16),
+                                             buffers=(cupy.zeros(0, np.int32),))
+    assert np.isnan(to_host(cupyflash.flash_attention(q, k, v, block_mask=mask)).astype(np.float32)).all()
 
 
 def test_variants_are_cached_by_expression():
@@ -241,6 +309,96 @@ def test_device_block_classes_are_the_hosts(block_size):
                                                buffers=(cupy.asarray(doc), cupy.asarray(limit)))
     np.testing.assert_array_equal(to_host(device.layout), host.layout)
     np.testing.assert_array_equal(to_host(device.mask_mod[2]), host.mask_mod[2])
+
+
+def _fragment_words(visible):
+    """The words mask_mod_bits keeps for a block of 128 positions a row (kernels_cu/common/
+    mask_mod_blocks.cu): word [i, c] holds at bit t whether row i sees position 2 c + 8 (t // 2) + t % 2."""
+    t = np.arange(32)
+    words = np.zeros((visible.shape[0], 4), np.uint64)
+    for c in range(4):
+        cols = 2 * c + 8 * (t // 2) + t % 2
+        words[:, c] = (visible[:, cols].astype(np.uint64) << t.astype(np.uint64)).sum(axis=1)
+    return words.astype(np.uint32)
+
+
+def test_device_mask_keeps_its_partial_blocks_as_bits():
+    """from_mask_mod on the device keeps the pairs of each partial block (some pair visible, not every)
+    as bits, in both orientations and the order a row fragment holds them, checked against the function
+    on the host: odd lengths (pairs past them read 0), heads read by the function, and a block where the
+    function reads out of range (its pairs stay visible with a NaN score, which bits cannot hold) left to
+    the function (slot -1). Other blocks have no slot."""
+    seqlen_q, seqlen_k, heads = 300, 333, 2
+    doc = _documents(2, 333, 6, 31)
+    table = np.ones(290, np.int32)
+
+    def fn(b, h, qi, ki, d, t):
+        return ((d[b, qi] == d[b, ki]) & (ki <= qi + 40 * h)) | (t[ki] > 1)
+
+    mask = cupyflash.BlockMask.from_mask_mod(fn, 2, heads, seqlen_q, seqlen_k, buffers=(cupy.asarray(doc),
+                                                                                         cupy.asarray(table)))
+    slot, bits = (to_host(x) for x in mask._element_bits)
+    some, every = to_host(mask.layout), to_host(mask.mask_mod[2])
+    bits = bits.reshape(-1, 2, 128 * 4)
+    q = np.arange(3 * 128)[:, None]
+    k = np.arange(3 * 128)[None, :]
+    checked = 0
+    for b, h, r, c in np.ndindex(slot.shape):
+        poisoned = (c + 1) * 128 > 290  # keys past the table: the blocks of the last column
+        if not some[b, h, r, c] or every[b, h, r, c] or poisoned:
+            assert slot[b, h, r, c] == -1, (b, h, r, c)
+            continue
+        qq, kk = q[r * 128:(r + 1) * 128], k[:, c * 128:(c + 1) * 128]
+        inside = (qq < seqlen_q) & (kk < seqlen_k)
+        seen = (doc[b, np.minimum(qq, seqlen_k - 1)] == doc[b, np.minimum(kk, seqlen_k - 1)]) & (kk <= qq + 40 * h)
+        visible = seen & inside
+        words = bits[slot[b, h, r, c]]
+        np.testing.assert_array_equal(words[0].reshape(128, 4), _fragment_words(visible))
+        np.testing.assert_array_equal(words[1].reshape(128, 4), _fragment_words(visible.T))
+        checked += 1
+    assert checked >= 4
+    assert len(np.unique(slot[slot >= 0])) == checked
+
+
+def test_mask_keeps_no_bits_past_its_limits(monkeypatch):
+    """No bits for block sides that are not multiples of 128 (a word holds 128 positions of a row), nor
+    past ELEMENT_BITS_MAX_BYTES: the kernels then evaluate the function on every partial tile."""
+    from cupyflash import _block_mask
+
+    doc = cupy.asarray(_documents(1, 300, 5, 35))
+    build = functools.partial(cupyflash.BlockMask.from_mask_mod, same_document, 1, 1, 300, 300, buffers=(doc,))
+    assert build()._element_bits is not None
+    assert build(block_size=(64, 128))._element_bits is None
+    monkeypatch.setattr(_block_mask, "ELEMENT_BITS_MAX_BYTES", 4095)  # less than one block's 4 KB
+    assert build()._element_bits is None
+
+
+@pytest.mark.parametrize("dtype, headdim, causal", [("bfloat16", 128, True), ("float16", 64, False),
+                                                   ("float32", 128, True)])
+def test_kernels_read_the_bits_as_the_function(dtype, headdim, causal):
+    """A mask whose partial blocks' bits are dropped (the kernels evaluate the function there) gives the
+    same output, lse, dK and dV bit for bit as the one that keeps them (dQ's atomic sums may differ in
+    their last bits outside the deterministic mode, so the backward runs in it): documents whose
+    boundaries fall inside blocks, GQA, a last block cut by the sequence end. And the forward does read
+    the bits: with one partial block's words cleared, its rows change."""
+    doc = cupy.asarray(_documents(2, 650, 7, 32))
+    masks = [cupyflash.BlockMask.from_mask_mod(same_document, 2, 1, 650, 650, buffers=(doc,)) for _ in range(3)]
+    assert masks[0]._element_bits is not None
+    masks[1]._element_bits = None
+    slot, bits = masks[2]._element_bits
+    bits[: bits.size // int((slot >= 0).sum())] = 0  # slot 0: its block's pairs hidden
+    q, k, v = random_qkv(cupy, 2, 650, 650, 4, 2, headdim, headdim, DTYPES[dtype], seed=33)
+    dout = cupy.asarray(np.random.default_rng(34).standard_normal(q.shape).astype(DTYPES[dtype]))
+    runs = []
+    for mask in masks[:2]:
+        out, lse = cupyflash.flash_attention(q, k, v, causal=causal, block_mask=mask, return_lse=True)
+        grads = cupyflash.flash_attention_backward(dout, q, k, v, out, lse, causal=causal, block_mask=mask,
+                                                   deterministic=True)
+        runs.append([to_host(x) for x in (out, lse, *grads)])
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
+    cleared = to_host(cupyflash.flash_attention(q, k, v, causal=causal, block_mask=masks[2]))
+    assert not np.array_equal(cleared, runs[0][0])
 
 
 @pytest.mark.parametrize("dtype, atol", [("float32", 1e-5), ("bfloat16", 2e-2)])

@@ -577,7 +577,10 @@ int main() {
         worst_twice = std::fmax(worst_twice, static_cast<double>(fabsl(twice - exact) / ulp));
     }
     const cupyflash::float2 none = cupyflash::split_lse(-INFINITY);
-    printf("%.6f %.6f %g %g\n", worst, worst_twice, none.x, none.y);
+    // A score of -inf (a score_mod's mask) against a finite lse, and a finite one against a row with no key.
+    const float masked = cupyflash::lse_pair_difference(-INFINITY, cupyflash::split_lse(3.25));
+    const float keyless = cupyflash::lse_pair_difference(1.5f, none);
+    printf("%.6f %.6f %g %g %g %g\n", worst, worst_twice, none.x, none.y, masked, keyless);
     return 0;
 }
 """
@@ -586,9 +589,12 @@ int main() {
 def test_lse_pair_difference_rounds_once(tmp_path):
     """common/lse_pair.cuh (the float32 Hopper backward's s - lse from a float pair), built as host C++:
     within half an ulp of the exact s - lse (plus 2^-24 of one), where rounding s - hi and then - lo
-    reached a whole ulp; a row without keys (-inf) splits into (+inf, 0)."""
+    reached a whole ulp; a row without keys (-inf) splits into (+inf, 0); a score of -inf gives -inf (P =
+    0), not TwoSum's NaN, and so does any score against a row without keys."""
     binary = _host_build(tmp_path, "lse_pair", _LSE_PAIR_PROGRAM)
-    worst, worst_twice, inf, zero = subprocess.run([binary], check=True, capture_output=True, text=True).stdout.split()
+    worst, worst_twice, inf, zero, masked, keyless = subprocess.run(
+        [binary], check=True, capture_output=True, text=True).stdout.split()
     assert float(worst) <= 0.5 + 2**-20, worst
     assert float(worst_twice) > 0.75, worst_twice  # (the test can tell the two apart)
     assert float(inf) == float("inf") and float(zero) == 0
+    assert float(masked) == float("-inf") and float(keyless) == float("-inf"), (masked, keyless)

@@ -112,11 +112,25 @@ def user_code(p, fast=False):
 
 def mod_buffers(buffers):
     """A ``ModBuffers`` (kernels_cu/common/user_mod.cuh) as a tuple of its fields: the address and sizes of
-    each of ``buffers`` (C-contiguous arrays or plan slots on the device; None: none)."""
+    each of ``buffers`` (C-contiguous arrays or plan slots on the device; None: none). An empty buffer
+    gets the address of a zero (:func:`_zero_element`): the kernels' loads read element 0 of a buffer
+    whether or not the index is in range, and discard it when it is not."""
     if not buffers:
         return _NO_MOD_BUFFERS
-    rows = [(_params.pointer(x), tuple(x.shape) + (0,) * (_params.MAX_RANK - x.ndim)) for x in buffers]
+    rows = [(_params.pointer(x) if x.size else _zero_element(), tuple(x.shape) + (0,) * (_params.MAX_RANK - x.ndim))
+            for x in buffers]
     return (rows + [_NO_MOD_BUFFER] * (_params.MAX_BUFFERS - len(rows)),)
+
+
+_ZERO_ELEMENTS = {}
+
+
+def _zero_element():
+    """The address of 8 zero bytes on the current device (one allocation per device, kept)."""
+    device = cupy.cuda.Device().id
+    if device not in _ZERO_ELEMENTS:
+        _ZERO_ELEMENTS[device] = cupy.zeros(1, numpy.float64)
+    return _ZERO_ELEMENTS[device].data.ptr
 
 
 _NO_MOD_BUFFER = (0, (0,) * _params.MAX_RANK)
@@ -178,11 +192,13 @@ def sparse(mask, lists):
     """A ``BlockSparseArg`` as a tuple of its fields, from a block mask and its lists at one tile shape."""
     layout = mask.layout_on(cupy)
     batch_slices, head_slices = layout.shape[:2]
+    slot, bits = mask.element_bits_on(cupy) or (None, None)
     return (
         _params.pointer(lists.kv_count), _params.pointer(lists.kv_index), _params.pointer(lists.q_count),
         _params.pointer(lists.q_index), _params.pointer(layout),
         head_slices if batch_slices > 1 else 0, 1 if head_slices > 1 else 0,
         lists.tile_q, lists.tile_k, lists.q_tiles, lists.k_tiles, *mask.block_size, *layout.shape[2:],
+        _params.pointer(slot), _params.pointer(bits),
     )
 
 
@@ -197,7 +213,7 @@ def sparse_lists(b, p, tile_q, tile_k):
     lists = p.block_mask.tile_lists(cupy, tile_q, tile_k)
     b.keep(lists, p.block_mask.layout_on(cupy))
     if p.user_mask is not None:
-        b.keep(p.block_mask.mask_buffers_on(cupy))
+        b.keep(p.block_mask.mask_buffers_on(cupy), p.block_mask.element_bits_on(cupy))
     return lists
 
 
@@ -232,7 +248,7 @@ def bwd_args(b, p, dout, q, k, v, out, lse, delta, dq, dk, dv, lists, dq_fields=
     args[0] = (attn(p, q, k, v, lists, vec=vec_loads(q, k, v, dout)),
                *(_params.tensor(x, batched) for x in (out, dout, dq, dk, dv)),
                _params.rows(lse, *strides), _params.rows(delta, *strides), *dq_fields, 1, 0, mod_grads(p),
-               _params.pointer(p.sink_terms), 0)
+               _params.pointer(p.sink_terms), 0, 0)
     return args
 
 
@@ -493,6 +509,29 @@ def mask_mod_blocks(traced, buffers, batch, heads, seqlen_q, seqlen_k, block_siz
     kernel = _kernels.get_kernel(MASK_MOD_BLOCKS.variant(user=_kernels.user_code(None, traced)))
     kernel((min(some.size, MASK_MOD_BLOCKS_MAX_CTAS),), (32, 8), (args,))
     return some, every
+
+
+#: The partial blocks' pairs as bits (kernels_cu/common/mask_mod_blocks.cu's mask_mod_bits): a CTA of
+#: MASK_MOD_BITS_THREADS per slot, grid-stride over at most MASK_MOD_BLOCKS_MAX_CTAS CTAs.
+MASK_MOD_BITS = _kernels.Kernel("mask_mod_bits", "common/mask_mod_blocks.cu", (), user_functions=True,
+                                user_required=True)
+MASK_MOD_BITS_THREADS = 256
+
+
+def mask_mod_bits(traced, buffers, heads, seqlen_q, seqlen_k, block_size, slot, cells):
+    """The bits of traced mask_mod ``traced`` at every pair of the blocks ``cells`` (int64 linear cells of
+    ``slot``'s (batch, heads, rows, cols), one per slot, in slot order): a uint32 CuPy array of
+    ``block_q * block_k / 16`` words a slot, on the current stream; ``slot`` becomes -1 at blocks where the
+    function reads out of range."""
+    block_q, block_k = block_size
+    rows, cols = slot.shape[2:]
+    bits = cupy.empty(cells.size * block_q * block_k // 16, dtype=numpy.uint32)
+    args = numpy.zeros(1, _params.MASK_MOD_BITS_ARGS)
+    args[0] = (mod_buffers(buffers), slot.data.ptr, cells.data.ptr, bits.data.ptr, cells.size, heads, seqlen_q,
+               seqlen_k, block_q, block_k, rows, cols)
+    kernel = _kernels.get_kernel(MASK_MOD_BITS.variant(user=_kernels.user_code(None, traced)))
+    kernel((min(cells.size, MASK_MOD_BLOCKS_MAX_CTAS),), (MASK_MOD_BITS_THREADS,), (args,))
+    return bits
 
 
 #: cupyflash.apply_rotary on the GPU (kernels_cu/common/rotary.cu): a thread per rotated pair or copied

@@ -82,8 +82,9 @@ FWD = _kernels.Kernel(
     arch="90a", user_functions=True,
 )
 #: The forwards whose operands wgmma reads K-major only (kernels_cu/sm90/fwd_kmajor_mainloop.cuh), in
-#: 128-row CTAs of two consumer warpgroups. FP8 (e4m3) inputs: head-dim bucket -> (keys per tile, K/V^T
-#: stages); the kernel's dtype is out's (bfloat16 or float16).
+#: 128-row CTAs of two consumer warpgroups (e4m3 at head dim 64: 192 rows, three; kmajor_block_m).
+#: FP8 (e4m3) inputs: head-dim bucket -> (keys per tile, K/V^T stages); the kernel's dtype is out's
+#: (bfloat16 or float16).
 FWD_FP8_TILES = {(64, 64): (128, 4), (128, 128): (128, 4), (256, 256): (128, 2)}
 FWD_FP8 = _kernels.Kernel(
     "sm90_fwd_fp8", "sm90/fwd_kmajor.cu", _kernels.HALF_DTYPES, ("headdim", "headdim_v", "block_n", "stages"),
@@ -97,7 +98,18 @@ FWD_TF32 = _kernels.Kernel(
     "sm90_fwd_tf32", "sm90/fwd_kmajor.cu", ("float32",), ("headdim", "headdim_v", "block_n", "stages"),
     tuple((*dims, *tile) for dims, tile in FWD_TF32_TILES.items()), ("max_score",), arch="90a",
 )
-KMAJOR_BLOCK_M = 128
+
+
+def kmajor_block_m(variant):
+    """Query rows per CTA of a K-major forward variant (Sm90FwdKMajorTraits::kBlockM): 192 (three consumer
+    warpgroups) for e4m3 at head dim 64, else 128."""
+    return 192 if variant.kernel is FWD_FP8 and variant.param("headdim") <= 64 else 128
+
+
+def kmajor_threads(variant):
+    """Threads of a K-major forward variant's CTA: a producer warpgroup and a consumer per 64 rows."""
+    return 128 * (1 + kmajor_block_m(variant) // 64)
+
 #: Their pre-passes (kernels_cu/sm90/kmajor_values.cu): v as V^T, keys contiguous and permuted per k-step
 #: (e4m3 and float32, the latter rounded to tf32), and q and k rounded to tf32.
 FP8_VALUES = _kernels.Kernel("fp8_transpose_values", "sm90/kmajor_values.cu", ())
@@ -137,6 +149,12 @@ BWD_PLANES = _kernels.Kernel(
 )
 #: Keys per CTA and queries per tile of the float32 backward.
 BWD_PLANES_BLOCK = 64
+#: The backward's launch order under a block mask (kernels_cu/sm90/bwd_key_order.cu, BwdArgs::key_order):
+#: a CTA of KEY_ORDER_THREADS per (batch entry, kv head), its key tiles' walks in the 48 KB of shared
+#: memory a kernel has without opting in.
+BWD_KEY_ORDER = _kernels.Kernel("bwd_key_order", "sm90/bwd_key_order.cu", ())
+KEY_ORDER_THREADS = 256
+KEY_ORDER_MAX_TILES = 12 * 1024
 
 
 def _atoms(columns):
@@ -203,7 +221,7 @@ def fwd_kmajor_smem_bytes(variant):
     d, dv, block_n, stages = (variant.param(n) for n in ("headdim", "headdim_v", "block_n", "stages"))
     size = kmajor_element_bytes(variant)
     atoms = common.cdiv(d, 128 // size)
-    return (ALIGN_SLACK + KMAJOR_BLOCK_M * 128 * atoms + stages * (block_n * 128 * atoms + dv * block_n * size)
+    return (ALIGN_SLACK + kmajor_block_m(variant) * 128 * atoms + stages * (block_n * 128 * atoms + dv * block_n * size)
             + CTA_STATE_BYTES)
 
 
@@ -428,8 +446,8 @@ def cxx_facts():
     for kernel, op in ((FWD_FP8, "E4m3Operands"), (FWD_TF32, "Tf32Operands")):
         for v in kernel.variants():
             traits = f"cupyflash::Sm90FwdKMajorTraits<cupyflash::{op}, {', '.join(map(str, v.tile))}>"
-            facts.update({f"{traits}::kSmemBytes": fwd_kmajor_smem_bytes(v), f"{traits}::kThreads": 384,
-                          f"{traits}::kBlockM": KMAJOR_BLOCK_M})
+            facts.update({f"{traits}::kSmemBytes": fwd_kmajor_smem_bytes(v), f"{traits}::kThreads": kmajor_threads(v),
+                          f"{traits}::kBlockM": kmajor_block_m(v)})
     for v in BWD.variants():
         traits = f"cupyflash::Sm90BwdTraits<__half, {', '.join(map(str, v.tile))}>"
         facts.update({f"{traits}::kSmemBytes": bwd_smem_bytes(v), f"{traits}::kThreads": BWD_THREADS,
@@ -574,7 +592,7 @@ class Sm90Forward:
     def _plan_kmajor(self, b, variant, p, q, k, v, device):
         """A K-major forward: v as V^T (the pre-pass; for tf32 also q and k rounded, into copies), then the
         forward over q, k (or their copies) and V^T; out in the variant's dtype."""
-        block_n = variant.param("block_n")
+        block_m, block_n = kmajor_block_m(variant), variant.param("block_n")
         tf32 = variant.kernel is FWD_TF32
         out, lse = b.output(p.out_shape, p.output_dtype), b.output(p.lse_shape, lse_dtype(p.dtype))
         step = 8 if tf32 else 32  # keys per k-step: V^T's rows are whole k-steps
@@ -587,10 +605,10 @@ class Sm90Forward:
                  PREPASS_THREADS, (pre,))
         if tf32:
             q, k = (self._round_rows(b, x) for x in (q, k))
-        lists = common.sparse_lists(b, p, KMAJOR_BLOCK_M, block_n)
+        lists = common.sparse_lists(b, p, block_m, block_n)
         args = common.fwd_args(b, p, q, k, v, out, lse, lists)
         maps = b.struct(MAPS)
-        for field, x, rows in (("q", q, KMAJOR_BLOCK_M), ("k", k, block_n)):
+        for field, x, rows in (("q", q, block_m), ("k", k, block_n)):
             tensor_map(b, maps, field, x, False, rows)
         # V^T's 4-D view (keys, headdim_v, heads_k, batch): a box of one atom's keys (128 bytes) by the
         # bucket's rows.
@@ -600,10 +618,11 @@ class Sm90Forward:
         code = _TMA_FLOAT32 if tf32 else _TMA_DTYPE["float8_e4m3fn"]  # (V^T's e4m3 bytes: a uint8 workspace)
         b.tensor_map(maps, "v", vt, functools.partial(_encode, dtype_code=code, dims=dims, strides=strides,
                                                       box=(128 // size, variant.param("headdim_v"), 1, 1)))
-        work = common.cdiv(p.seqlen_q, KMAJOR_BLOCK_M) * p.batch * p.heads
+        work = common.cdiv(p.seqlen_q, block_m) * p.batch * p.heads
         schedule = self._schedule(b, p, device)
         smem = fwd_kmajor_smem_bytes(variant)
-        b.launch(common.function(variant, smem), (min(work, device.sm_count), 1, 1), 384, (args, maps, schedule), smem)
+        b.launch(common.function(variant, smem), (min(work, device.sm_count), 1, 1), kmajor_threads(variant),
+                 (args, maps, schedule), smem)
         return out, lse
 
     @staticmethod
@@ -651,11 +670,29 @@ def bwd_tile_group(p, key_tiles, deterministic, sm_count, grouped):
     return max(1, sm_count // key_tiles)
 
 
+def bwd_key_order(b, p, args, key_tiles, deterministic):
+    """BwdArgs::key_order under a block mask (but in the deterministic mode, whose ordered sum has its
+    own launch order): each (batch entry, kv head) pair's key tiles longest walk first, by a CTA per pair
+    (kernels_cu/sm90/bwd_key_order.cu) before the backward, where their walks fit its shared memory
+    (KEY_ORDER_MAX_TILES). Returns whether it set one."""
+    if p.block_mask is None or deterministic or key_tiles > KEY_ORDER_MAX_TILES:
+        return False
+    pairs = p.batch * p.heads_k
+    args["key_order"] = _params.pointer(b.workspace((pairs, key_tiles), numpy.int32))
+    # Shared memory for the walks rounded up to 16 bytes: the rank loop's unrolled reads are 16-byte
+    # loads, and its remainder reads a whole 16 bytes for the last 1-3 walks (compute-sanitizer's memcheck
+    # found them past a 4 * key_tiles allocation, session 46).
+    smem = 16 * common.cdiv(key_tiles, 4)
+    b.launch(common.function(BWD_KEY_ORDER.variant()), (pairs, 1, 1), KEY_ORDER_THREADS, (args,), smem)
+    return True
+
+
 def bwd_tail_pairs(p, key_tiles, deterministic, sm_count, tailed):
-    """BwdArgs::tail_pairs (common/scheduler.cuh): for 64-key CTAs under a causal mask (``tailed``), the
-    pairs of about the last two waves of CTAs take their key tiles in turn after the others' tiles
-    fastest, so the grid ends on its shortest walks (the SMs idled 5% of a causal 1k or 4k backward at
-    its end, bench/NOTES.md, session 17); 0 otherwise."""
+    """BwdArgs::tail_pairs (common/scheduler.cuh): for 64-key CTAs under a causal mask, and under a block
+    mask with its key_order (``tailed``), the pairs of about the last two waves of CTAs take their key
+    tiles in turn after the others' tiles fastest, so the grid ends on its shortest walks (the SMs idled
+    5% of a causal 1k or 4k backward at its end, bench/NOTES.md, session 17; a document mask's longest
+    walks started in the last wave, session 45); 0 otherwise."""
     if deterministic or not tailed:
         return 0
     return min(p.batch * p.heads_k, common.cdiv(2 * sm_count, key_tiles))
@@ -671,7 +708,7 @@ class Sm90Backward:
     """
 
     name = "sm90"
-    kernels = (common.DELTA, sm80.PLANES, BWD, BWD_PLANES, common.DQ_CONVERT)
+    kernels = (common.DELTA, sm80.PLANES, BWD_KEY_ORDER, BWD, BWD_PLANES, common.DQ_CONVERT)
     # A score_mod whose buffers take gradients only where it is additive, on 16-bit inputs at
     # BWD_SCATTER_DIMS (the sm80 or general kernels add the others').
     user_functions = True
@@ -733,8 +770,10 @@ class Sm90Backward:
                                                       if by_walk and split_cols else DETERMINISTIC_DQ_SPLITS,
                                                       in_place=in_place)
         causal_walks = p.window_left < 0 <= p.window_right and p.block_mask is None
+        ordered = bwd_key_order(b, p, args, key_tiles, deterministic)
         args["tile_group"] = bwd_tile_group(p, key_tiles, deterministic, device.sm_count, causal_walks and not split_cols)
-        args["tail_pairs"] = bwd_tail_pairs(p, key_tiles, deterministic, device.sm_count, causal_walks and split_cols)
+        args["tail_pairs"] = bwd_tail_pairs(p, key_tiles, deterministic, device.sm_count,
+                                            causal_walks and split_cols or ordered)
         common.plan_delta(b, p, args)
         maps = b.struct(BWD_MAPS)
         if planes:

@@ -25,6 +25,7 @@ CUPYFLASH_HD float lse_pair_sub(float a, float b) { return __fsub_rn(a, b); }
 CUPYFLASH_HD float lse_pair_float(double x) { return __double2float_rn(x); }
 CUPYFLASH_HD bool lse_pair_no_key(double lse) { return lse == __longlong_as_double(0xFFF0000000000000ULL); }
 CUPYFLASH_HD float lse_pair_inf() { return __int_as_float(0x7F800000); }
+CUPYFLASH_HD bool lse_pair_finite(float x) { return fabsf(x) < __int_as_float(0x7F800000); }
 #else
 struct float2 {
     float x, y;
@@ -35,6 +36,7 @@ CUPYFLASH_HD float lse_pair_sub(float a, float b) { return a - b; }
 CUPYFLASH_HD float lse_pair_float(double x) { return static_cast<float>(x); }
 CUPYFLASH_HD bool lse_pair_no_key(double lse) { return lse == -INFINITY; }
 CUPYFLASH_HD float lse_pair_inf() { return INFINITY; }
+CUPYFLASH_HD bool lse_pair_finite(float x) { return std::fabs(x) < INFINITY; }
 #endif
 
 // (hi, lo) of a float64 lse; (+inf, 0) for -inf.
@@ -49,14 +51,17 @@ struct SplitLsePair {
     float2 x, y;
 };
 
-// s - (hi + lo), rounded once (to within 2^-24 of an ulp).
+// s - (hi + lo), rounded once (to within 2^-24 of an ulp). An infinite s - hi is the difference itself:
+// a score of -inf (a score_mod's mask, FlexAttention's idiom) gives -inf and so P = 0, where TwoSum's
+// -inf - (-inf) would make it NaN (selected, not branched: bitwise the same for every finite d).
 CUPYFLASH_HD float lse_pair_difference(float s, float2 lse) {
     const float d = lse_pair_sub(s, lse.x);
     // TwoSum of s and -hi: d + err = s - hi exactly.
     const float s_part = lse_pair_add(d, lse.x);       // d - (-hi)
     const float hi_part = lse_pair_sub(d, s_part);     // d - s_part
     const float err = lse_pair_add(lse_pair_sub(s, s_part), lse_pair_sub(-lse.x, hi_part));
-    return lse_pair_add(d, lse_pair_sub(err, lse.y));
+    const float rounded = lse_pair_add(d, lse_pair_sub(err, lse.y));
+    return lse_pair_finite(d) ? rounded : d;
 }
 
 }  // namespace cupyflash

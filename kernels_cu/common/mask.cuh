@@ -233,14 +233,20 @@ __device__ __forceinline__ TileRange key_tiles_of_rows(const Mask& mask, int m0,
     return tile_range(begin, end, kTileK, nullptr, 0);
 }
 
-// Query tiles of kTileQ rows that key tile kt (keys kt * kTileK ...) visits.
-template <int kTileQ, int kTileK>
-__device__ __forceinline__ TileRange query_tiles(const AttnArgs& a, const Mask& mask, const BlockLayout& layout, int kt) {
+// Query tiles of tile_q rows that key tile kt (keys kt * tile_k ...) visits.
+__device__ __forceinline__ TileRange query_tiles(const AttnArgs& a, const Mask& mask, const BlockLayout& layout, int kt,
+                                                 int tile_q, int tile_k) {
     int begin, end;
-    mask.query_range(kt * kTileK, kTileK, &begin, &end);
+    mask.query_range(kt * tile_k, tile_k, &begin, &end);
     int n = 0;
     const int* list = layout.cells != nullptr ? layout.q_list(a, kt, &n) : nullptr;
-    return tile_range(begin, end, kTileQ, list, n);
+    return tile_range(begin, end, tile_q, list, n);
+}
+
+// The same for the kernels' compile-time tiles.
+template <int kTileQ, int kTileK>
+__device__ __forceinline__ TileRange query_tiles(const AttnArgs& a, const Mask& mask, const BlockLayout& layout, int kt) {
+    return query_tiles(a, mask, layout, kt, kTileQ, kTileK);
 }
 
 }  // namespace cupyflash

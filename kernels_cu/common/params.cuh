@@ -54,6 +54,12 @@ struct BlockSparseArg {
     int q_tiles, k_tiles;
     int block_q, block_k;         // the layout's block size
     int layout_rows, layout_cols;
+    // A BlockMask.from_mask_mod's pairs in its partial blocks as bits (common/user_calls.cuh's
+    // UserMaskAt::bits reads them in place of the function; null: none): elem_slot [slice][layout_rows]
+    // [layout_cols] the block's slot (-1: the function), elem_bits block_q * block_k / 16 words a slot
+    // (common/mask_mod_blocks.cu's mask_mod_bits gives their order).
+    const int* elem_slot;
+    const unsigned* elem_bits;
 };
 
 // The attention problem, shared by every kernel of both directions.
@@ -112,6 +118,8 @@ struct BwdArgs {
     void* sink_terms;            // sinks: bwd_delta's exp(sink - lse) * delta per row (lse_t, delta's layout); null: none
     int dq_in_place;             // 1 (the sm90 float32 backward): dQ's reductions add softmax_scale * dS K into dq
                                  // itself, which bwd_delta zeroes; no dQ buffers, no conversion
+    int* key_order;              // sm90 under a block mask: [b][kv head][rank] the key tile launched at that rank of
+                                 // the pair's tiles, written by sm90/bwd_key_order.cu; null: scheduler.cuh's order
 };
 
 // The K-major forwards' pre-passes (sm90/kmajor_values.cu): v as V^T.

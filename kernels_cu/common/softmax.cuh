@@ -73,4 +73,14 @@ __device__ __forceinline__ float recompute_prob(float s, float2 lse, bool visibl
     return (visible && lse.x != Consts<float>::inf()) ? exp_acc(lse_pair_difference(s, lse)) : 0.0f;
 }
 
+// The same for a visible entry without the branch: the exponential is always taken (a row with no key
+// gives NaN from hi = +inf) and the select after gives 0, so a thread's exponentials are independent
+// chains the compiler can interleave. Bitwise recompute_prob's values. The float32 Hopper backward's
+// warpgroup 0 ran its 32 a tile one behind the other, a branch each (~940 issue slots a warp, in
+// dependent chains), while warpgroup 1 waited for its P' (bench/NOTES.md, session 44).
+__device__ __forceinline__ float recompute_prob_select(float s, float2 lse) {
+    const float p = exp_acc(lse_pair_difference(s, lse));
+    return lse.x != Consts<float>::inf() ? p : 0.0f;
+}
+
 }  // namespace cupyflash

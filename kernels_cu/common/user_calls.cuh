@@ -402,33 +402,111 @@ struct UserMaskAt {
     // The function over a thread's two rows of a fragment (fragment/scores.cuh), as bits t of visible[r]
     // and poisoned[r] for t < 2 kNTiles: with kKeyRows (a column fragment: the backward) keys fixed[r]
     // and queries first + 8 (t / 2) + t % 2, else (a row fragment) queries fixed[r] and those keys. A
-    // loop that is not unrolled, so the function's temporaries live only inside it, not beside a
-    // fragment's scores; both rows in one iteration, so what the function reads of the position they
-    // share (a document mask's doc[b, q] in the backward) is read once for the two, and their bits in one
-    // word where they fit (32 bits up to 8 n-tiles: the Hopper backward's registers are spoken for).
+    // loop unrolled 4 times, not fully, so the function's temporaries live only inside it, not beside a
+    // fragment's scores (unrolled fully, the Hopper forward's document mask spilled 1,348 bytes; 8 times,
+    // the Hopper backward with an additive bias spilled more); 4 positions' loads issue together
+    // (user_mask_load), where one position at a time waited out a load's latency 32 times a forward
+    // tile. Both rows in one iteration, so what the function reads of the position they share (a
+    // document mask's doc[b, q] in the backward) is read once for the two.
     template <bool kKeyRows, int kNTiles>
     __device__ __forceinline__ void bits(const int (&fixed)[2], int first, unsigned long long (&visible)[2],
                                          unsigned long long (&poisoned)[2]) const {
         constexpr int kRowBits = 2 * kNTiles;
-        static_assert(kRowBits <= 32, "two rows' bits in one 64-bit word");
-        using Word = typename IfType<2 * kRowBits <= 32, unsigned, unsigned long long>::type;
-        Word seen = 0, bad = 0;
-#pragma unroll 1
-        for (int t = 0; t < kRowBits; ++t) {
-            const int x = first + 8 * (t / 2) + t % 2;
-            bool p0, p1;
-            const bool v0 = kKeyRows ? MaskFn::visible(b, h, x, fixed[0], a->mask_buffers, &p0)
-                                     : MaskFn::visible(b, h, fixed[0], x, a->mask_buffers, &p0);
-            const bool v1 = kKeyRows ? MaskFn::visible(b, h, x, fixed[1], a->mask_buffers, &p1)
-                                     : MaskFn::visible(b, h, fixed[1], x, a->mask_buffers, &p1);
-            seen |= (static_cast<Word>(v0) << t) | (static_cast<Word>(v1) << (t + kRowBits));
-            bad |= (static_cast<Word>(p0) << t) | (static_cast<Word>(p1) << (t + kRowBits));
+        static_assert(kRowBits <= 32, "a row's bits in one 32-bit word");
+        if constexpr (!kKeyRows) {  // (the backward's column fragments: its registers are spoken for)
+            if (a->sparse.elem_slot != nullptr && from_words<kNTiles>(fixed, first, visible)) {
+                poisoned[0] = poisoned[1] = 0;  // (a block where the function reads out of range keeps no bits)
+                return;
+            }
         }
-        constexpr unsigned long long kRow = (1ull << kRowBits) - 1;
-        visible[0] = seen & kRow;
-        visible[1] = seen >> kRowBits;
-        poisoned[0] = bad & kRow;
-        poisoned[1] = bad >> kRowBits;
+        if constexpr (2 * kRowBits <= 32) {
+            // Both rows in one word (up to 8 n-tiles: the Hopper backward, whose registers are spoken for).
+            unsigned seen = 0, bad = 0;
+#pragma unroll 4
+            for (int t = 0; t < kRowBits; ++t) {
+                bool p0, p1;
+                const bool v0 = at<kKeyRows>(fixed[0], first, t, &p0);
+                const bool v1 = at<kKeyRows>(fixed[1], first, t, &p1);
+                seen |= (static_cast<unsigned>(v0) << t) | (static_cast<unsigned>(v1) << (t + kRowBits));
+                bad |= (static_cast<unsigned>(p0) << t) | (static_cast<unsigned>(p1) << (t + kRowBits));
+            }
+            constexpr unsigned kRow = (1u << kRowBits) - 1;
+            visible[0] = seen & kRow;
+            visible[1] = seen >> kRowBits;
+            poisoned[0] = bad & kRow;
+            poisoned[1] = bad >> kRowBits;
+        } else {
+            // A word a row, its bits entering at the bottom, last position first: a shift by one and an or
+            // a bit, where shifts by t of one 64-bit word for the two rows and their merges took about
+            // five. Which positions are poisoned (the function read past a buffer: a bug in it, rare) is
+            // asked only where some was, in a loop of its own.
+            unsigned seen[2] = {0, 0};
+            bool bad = false;
+#pragma unroll 4
+            for (int t = kRowBits - 1; t >= 0; --t) {
+                bool p0, p1;
+                const bool v0 = at<kKeyRows>(fixed[0], first, t, &p0);
+                const bool v1 = at<kKeyRows>(fixed[1], first, t, &p1);
+                seen[0] = (seen[0] << 1) | static_cast<unsigned>(v0);
+                seen[1] = (seen[1] << 1) | static_cast<unsigned>(v1);
+                bad |= p0 | p1;
+            }
+            visible[0] = seen[0];
+            visible[1] = seen[1];
+            poisoned[0] = poisoned[1] = 0;
+            if (bad) {
+#pragma unroll 1
+                for (int t = 0; t < kRowBits; ++t) {
+                    bool p0, p1;
+                    at<kKeyRows>(fixed[0], first, t, &p0);
+                    at<kKeyRows>(fixed[1], first, t, &p1);
+                    poisoned[0] |= static_cast<unsigned long long>(p0) << t;
+                    poisoned[1] |= static_cast<unsigned long long>(p1) << t;
+                }
+            }
+        }
+    }
+
+  private:
+    // bits of a row fragment (queries fixed[r], keys from first) from the words from_mask_mod kept for the
+    // partial block the two rows lie in (common/mask_mod_blocks.cu's mask_mod_bits, whose words hold a row
+    // fragment's keys in its order): one load a row and a shift, where the function costs about 12
+    // instructions a position. False where the keys are not within one kept word (rows in two blocks
+    // or past the layout, a tile that crosses a word, a block without bits): the function then runs.
+    template <int kNTiles>
+    __device__ __forceinline__ bool from_words(const int (&fixed)[2], int first, unsigned long long (&visible)[2]) const {
+        const BlockSparseArg& sp = a->sparse;
+        const int c = (first & 7) >> 1;  // the thread's quad column: first is 2 c past a multiple of 8
+        const int base = first - 2 * c;
+        if (fixed[0] < 0 || base < 0) return false;
+        const int row = fixed[0] / sp.block_q, col = base / sp.block_k;
+        const int along = base - col * sp.block_k;  // the thread's first key in its block
+        if (fixed[1] / sp.block_q != row || row >= sp.layout_rows || col >= sp.layout_cols ||
+            along % 128 + 8 * kNTiles > 128) {
+            return false;
+        }
+        // The layout slice of the mask's (b, h): user_mask_batch and user_mask_head gave 0 on broadcast axes.
+        const long long slice = b * sp.slice_batch_stride + h * sp.slice_head_stride;
+        const int slot = sp.elem_slot[(slice * sp.layout_rows + row) * sp.layout_cols + col];
+        if (slot < 0) return false;
+        const int per_row = sp.block_k / 32;  // words of a row: 4 quad columns of block_k / 128
+        const unsigned* words = sp.elem_bits + static_cast<long long>(slot) * (sp.block_q * sp.block_k / 16) +
+                                c * (sp.block_k / 128) + along / 128;
+        const int shift = along % 128 / 4;  // 2 bits for every 8 keys before the thread's first
+        constexpr unsigned long long kRow = (1ull << (2 * kNTiles)) - 1;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            visible[r] = (static_cast<unsigned long long>(words[(fixed[r] - row * sp.block_q) * per_row]) >> shift) & kRow;
+        }
+        return true;
+    }
+
+    // The function at position t of row `fixed` (bits' numbering).
+    template <bool kKeyRows>
+    __device__ __forceinline__ bool at(int fixed, int first, int t, bool* poisoned) const {
+        const int x = first + 8 * (t / 2) + t % 2;
+        return kKeyRows ? MaskFn::visible(b, h, x, fixed, a->mask_buffers, poisoned)
+                        : MaskFn::visible(b, h, fixed, x, a->mask_buffers, poisoned);
     }
 };
 template <>

@@ -65,6 +65,26 @@ CUPYFLASH_HD T user_load(const ModBuffer& m, const int* index, int rank, bool* o
     return in ? static_cast<const T*>(m.data)[user_offset(m, index, rank)] : T(0);
 }
 
+// user_load for a mask_mod's code (cupyflash/_trace.py's cuda_source). On the device the load is never
+// predicated: an index out of range loads element 0 (every device buffer has one: cupyflash/_families/
+// common.py's mod_buffers gives an empty one a zero of its own), which the select discards. A predicated
+// load holds one of a warp's seven predicate registers until its value is used, so the loop that
+// evaluates a mask_mod over a fragment's positions (UserMaskAt::bits) issued its loads one or two at a
+// time, each waiting out its latency; unpredicated, its unrolled iterations issue them together, and the
+// two rows' loads of one position merge. (A score_mod's loads keep user_load: evaluated over a whole
+// fragment at once, unpredicated loads issued early took registers the Hopper backward spilled.)
+template <typename T>
+CUPYFLASH_HD T user_mask_load(const ModBuffer& m, const int* index, int rank, bool* ok) {
+#if defined(__CUDA_ARCH__)
+    const bool in = user_in_range(m, index, rank);
+    *ok = in;
+    const T value = static_cast<const T*>(m.data)[in ? user_offset(m, index, rank) : 0u];
+    return in ? value : T(0);
+#else
+    return user_load<T>(m, index, rank, ok);
+#endif
+}
+
 // 32-bit ints wrap, as NumPy's int32 does (signed overflow is undefined in C++, unsigned is not).
 CUPYFLASH_HD int user_add(int a, int b) { return static_cast<int>(static_cast<unsigned>(a) + static_cast<unsigned>(b)); }
 CUPYFLASH_HD int user_sub(int a, int b) { return static_cast<int>(static_cast<unsigned>(a) - static_cast<unsigned>(b)); }

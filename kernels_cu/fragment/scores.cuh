@@ -242,8 +242,11 @@ __device__ __forceinline__ void probabilities_cols(float (&s)[kMTiles][kNTiles][
 // bitwise the forward's where the raw products are) and lse the query's float64 log-sum-exp (-inf for a
 // query without probability mass: P = 0), or its split_lse pair. With kScoreMod, dP^T becomes (dP^T - delta) * grad, the
 // softcap's derivative; without, score_gradients applies delta. lse_pair(nt) and delta_pair(nt) give
-// the values of queries col_t + 8 nt and col_t + 8 nt + 1, as (first, second).
-template <bool kScoreMod, int kMTiles, int kNTiles, typename Acc, typename LsePair, typename DeltaPair, typename Scores>
+// the values of queries col_t + 8 nt and col_t + 8 nt + 1, as (first, second). kSelect (split_lse pairs
+// only): recompute_prob_select, the exponentials without a branch each, where the registers allow them
+// to interleave.
+template <bool kScoreMod, bool kSelect = false, int kMTiles, int kNTiles, typename Acc, typename LsePair,
+          typename DeltaPair, typename Scores>
 __device__ __forceinline__ void probabilities_cols_natural(Acc (&s)[kMTiles][kNTiles][4], Acc (&dp)[kMTiles][kNTiles][4],
                                                            const Scores& scores, const LsePair& lse_pair,
                                                            const DeltaPair& delta_pair, int key_g, int m0, int col_t) {
@@ -258,7 +261,11 @@ __device__ __forceinline__ void probabilities_cols_natural(Acc (&s)[kMTiles][kNT
                 const Acc sm = kScoreMod ? scores.modified(s[mt][nt][e], m0 + 8 * nt + col_t + e % 2,
                                                            key_g + 16 * mt + 8 * (e / 2), &grad)
                                          : scale_score(s[mt][nt][e], scores.scale);
-                s[mt][nt][e] = recompute_prob(sm, e % 2 ? l.y : l.x, true);
+                if constexpr (kSelect) {
+                    s[mt][nt][e] = recompute_prob_select(sm, e % 2 ? l.y : l.x);
+                } else {
+                    s[mt][nt][e] = recompute_prob(sm, e % 2 ? l.y : l.x, true);
+                }
                 if constexpr (kScoreMod) {
                     const auto d = delta_pair(nt);
                     dp[mt][nt][e] = (dp[mt][nt][e] - (e % 2 ? d.y : d.x)) * grad;

@@ -25,11 +25,15 @@ struct Sm90BwdKernel {
         // Key tiles launch last-first under the ordered sum by launch order (it needs each CTA's
         // predecessors launched before it, common/ordered_sum.cuh), otherwise first-first: under a
         // causal mask, whose walks shrink with the key tile, in turn across args.tile_group pairs, or
-        // above head dim 128 across the last args.tail_pairs pairs only.
+        // above head dim 128 and under a block mask across the last args.tail_pairs pairs only; under a
+        // block mask each pair's tiles longest walk first (args.key_order, sm90/bwd_key_order.cu).
         const int num_key_tiles = ceil_div(a.seqlen_k, Tr::kBlockN);
-        const TileWork work = args.deterministic == kOrderedByLaunch ? schedule_tile(num_key_tiles, a.heads_k, true)
-                              : args.tail_pairs > 0 ? schedule_tile_tail(num_key_tiles, a.heads_k, args.tail_pairs)
-                                                    : schedule_tile_groups(num_key_tiles, a.heads_k, args.tile_group);
+        TileWork work = args.deterministic == kOrderedByLaunch ? schedule_tile(num_key_tiles, a.heads_k, true)
+                        : args.tail_pairs > 0 ? schedule_tile_tail(num_key_tiles, a.heads_k, args.tail_pairs)
+                                              : schedule_tile_groups(num_key_tiles, a.heads_k, args.tile_group);
+        if (args.key_order != nullptr) {
+            work.tile = args.key_order[(static_cast<long long>(work.b) * a.heads_k + work.h) * num_key_tiles + work.tile];
+        }
         const Sequence seq(a, work.b);
         if (work.tile * Tr::kBlockN >= seq.seqlen_k) return;  // past the end of a packed sequence
 

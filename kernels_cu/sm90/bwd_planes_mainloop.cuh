@@ -374,7 +374,7 @@ struct Sm90BwdPlanesMainloop : Sm90BwdShared<64, 64> {
                         derivative[0][nt][0] = derivative[0][nt][1] = derivative[0][nt][2] = derivative[0][nt][3] = 1.0f;
                     }
                 }
-                probabilities_cols_natural<kModified>(p, kModified ? derivative : p, scores, lse_pair,
+                probabilities_cols_natural<kModified, true>(p, kModified ? derivative : p, scores, lse_pair,
                                                       [](int) { return make_float2(0.0f, 0.0f); }, key_g, m0, col_t);
                 const bool partial = entry_partial(entry);
                 if (partial || !mask.tile_is_full(m0, kBlockM, key0, kBlockN)) {

@@ -1,7 +1,8 @@
 // The Hopper forward's main loop for operands that wgmma reads K-major only (sm_90a):
 // Sm90FwdKMajorMainloop<Op, ...>, Op one of sm90/kmajor_operands.cuh's formats: e4m3 (FP8 inputs) or tf32
 // (float32 inputs at precision="tf32"). sm90/fwd_kmajor.cu assembles it with the kernel body of
-// sm90/fwd_kernel.cuh (producer, two consumer warpgroups, persistent grid) and a register epilogue.
+// sm90/fwd_kernel.cuh (producer, two consumer warpgroups or three for e4m3 at head dim 64, persistent
+// grid) and a register epilogue.
 //
 // S = Q K^T is as in the 16-bit loop, with K-major 128-byte atoms (Op::kAtomCols columns each). For
 // O += P V, V must be stored with the keys contiguous: a pre-pass (sm90/kmajor_values.cu) writes V^T,
@@ -35,10 +36,13 @@ template <typename Op, int kHeadDim_, int kHeadDimV_, int kBlockN_, int kStages_
 struct Sm90FwdKMajorTraits {
     static constexpr int kHeadDim = kHeadDim_;    // q.k columns, a multiple of Op::kStep
     static constexpr int kHeadDimV = kHeadDimV_;  // v and output columns, a multiple of 16
-    static constexpr int kBlockM = 128;           // two consumer warpgroups
+    // Query rows per CTA: two consumer warpgroups; three for e4m3 at head dim 64 (FlashAttention-3's
+    // 192-row FP8 tiles there: the products are short beside the exponentials, and a third warpgroup's
+    // softmax keeps the special-function unit busy while another waits on its products).
+    static constexpr int kBlockM = Op::kAtomCols == 128 && kHeadDim_ <= 64 ? 192 : 128;
     static constexpr int kBlockN = kBlockN_;      // keys per tile: whole atoms of V^T
     static constexpr int kStages = kStages_;
-    static constexpr int kConsumers = 2;
+    static constexpr int kConsumers = kBlockM / 64;
     static constexpr int kThreads = 128 * (1 + kConsumers);
     static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
     static constexpr int kProducerRegs = 24;
@@ -159,7 +163,8 @@ struct Sm90FwdKMajorMainloop {
     }
 
     // Consumer warpgroup wg: O (unnormalized, in units of v_stored) and the row statistics of its 64 rows
-    // of a work tile, as Sm90FwdMainloop::mma (two consumers: every key tile is computed).
+    // of a work tile, as Sm90FwdMainloop::mma with two consumers: every consumer computes every key tile
+    // of the walk, also with three (no skipped tiles, unlike the 16-bit 192-row loop's own_tiles).
     __device__ __forceinline__ static void mma(const AttnArgs& a, Sm90FwdState& st, unsigned char* smem,
                                                const Sm90FwdTile& tile, int wg, int& i, float (&o)[1][Tr::kOTiles][4],
                                                Softmax (&softmax)[1]) {

@@ -54,10 +54,18 @@ struct Sm90FwdMaps {
     int capacity;  // rows a table row covers: its pages times page_size
 };
 
-// The page of key row `row` (a multiple of box_rows) of the page table row `pages`, or -1 (a coordinate
-// outside the pool: TMA fills the box with zeros) for rows past the table's capacity.
-__device__ __forceinline__ int page_of(const Sm90FwdMaps& maps, const int* pages, int row) {
-    return row < maps.capacity ? pages[row / maps.page_size] : -1;
+// Where a paged key tile's box starts: its page (-1 past the table's capacity: a coordinate outside the
+// pool, so TMA fills the box with zeros) and its first row within that page.
+struct PagedBox {
+    int page;
+    int row;
+};
+
+// The box of key row `row` (a multiple of box_rows) of the page table row `pages`: one division, whose
+// remainder is the row within the page.
+__device__ __forceinline__ PagedBox paged_box(const Sm90FwdMaps& maps, const int* pages, int row) {
+    const int index = row / maps.page_size;
+    return {row < maps.capacity ? pages[index] : -1, row - index * maps.page_size};
 }
 
 template <typename T, int kHeadDim_, int kHeadDimV_, int kBlockM_, int kBlockN_, int kStages_>
@@ -139,10 +147,12 @@ struct Sm90FwdState {
 // as sm90_load_key_tiles loads them, each in boxes of box_rows rows from their pages, by the whole second
 // producer warp: lane x reads the table entry of box x (kBlockN / box_rows boxes, at most kBlockN / 8) and
 // issues that box's loads, so a tile's entries are read together (one load latency, where one thread
-// reading them box after box paid one per box, twice), and the next tile's are read before the wait for
-// its stage, which hides that latency behind the ring. Lane 0 arrives on the barriers. (A walk of its
-// own, not a branch inside the dense one, so the dense walk's registers stay as they were: the producer
-// runs on 24.)
+// reading them box after box paid one per box, twice). Each lane finds the next tile's box (the table
+// read and the division by page_size) before it waits for that tile's stage, so that between a stage's
+// release and its loads stand only the arrivals and the TMA issues: the ring has two stages at head dim
+// 128, and work after the wait delays every tile's data by as much. Lane 0 arrives on the barriers. (A
+// walk of its own, not a branch inside the dense one, so the dense walk's registers stay as they were:
+// the producer runs on 24.)
 template <typename Tr>
 __device__ __forceinline__ void sm90_load_paged_key_tiles(const AttnArgs& a, const Sm90FwdMaps& maps, Sm90FwdState& st,
                                                           unsigned char* smem, const Sm90FwdTile& tile, int& i) {
@@ -155,14 +165,14 @@ __device__ __forceinline__ void sm90_load_paged_key_tiles(const AttnArgs& a, con
     const int box = lane * maps.box_rows;  // this lane's box: its first row within a tile
     const bool loads = box < kBlockN;
     const int count = tile.keys.count;
-    int page = count > 0 && loads ? page_of(maps, pages, entry_tile(tile.keys.entry(0)) * kBlockN + box) : -1;
+    PagedBox at = {-1, 0};
+    if (count > 0 && loads) at = paged_box(maps, pages, entry_tile(tile.keys.entry(0)) * kBlockN + box);
     for (int j = 0; j < count; ++j, ++i) {
         const int stage = i % kStages;
         const int round_parity = (i / kStages - 1) & 1;
         const int entry = tile.keys.entry(j);
-        const int row = entry_tile(entry) * kBlockN + box;
-        const int next = j + 1 < count && loads ? page_of(maps, pages, entry_tile(tile.keys.entry(j + 1)) * kBlockN + box)
-                                                : -1;
+        PagedBox next = {-1, 0};
+        if (j + 1 < count && loads) next = paged_box(maps, pages, entry_tile(tile.keys.entry(j + 1)) * kBlockN + box);
         unsigned char* k_tile = smem + Tr::kKOffset + stage * Tr::kKBytes;
         unsigned char* v_tile = smem + Tr::kVOffset + stage * Tr::kVBytes;
         if (i >= kStages) mbarrier_wait(&st.empty_k[stage], round_parity);
@@ -174,8 +184,8 @@ __device__ __forceinline__ void sm90_load_paged_key_tiles(const AttnArgs& a, con
         if (loads) {
 #pragma unroll
             for (int atom = 0; atom < Tr::kAtomsQK; ++atom) {
-                tma_load_4d(k_tile + (atom * kBlockN + box) * 128, maps.k, &st.k_full[stage], 64 * atom,
-                            row % maps.page_size, kvh, page);
+                tma_load_4d(k_tile + (atom * kBlockN + box) * 128, maps.k, &st.k_full[stage], 64 * atom, at.row, kvh,
+                            at.page);
             }
         }
         if (i >= kStages) mbarrier_wait(&st.empty_v[stage], round_parity);
@@ -184,11 +194,11 @@ __device__ __forceinline__ void sm90_load_paged_key_tiles(const AttnArgs& a, con
         if (loads) {
 #pragma unroll
             for (int atom = 0; atom < Tr::kAtomsV; ++atom) {
-                tma_load_4d(v_tile + (atom * kBlockN + box) * 128, maps.v, &st.v_full[stage], 64 * atom,
-                            row % maps.page_size, kvh, page);
+                tma_load_4d(v_tile + (atom * kBlockN + box) * 128, maps.v, &st.v_full[stage], 64 * atom, at.row, kvh,
+                            at.page);
             }
         }
-        page = next;
+        at = next;
     }
 }
 
