@@ -18,20 +18,4 @@ for k in 0 1 2; do
     > $OUT/paged_source_$k.csv 2>&1
 done
 rm -f $OUT/paged.ncu-rep
-python - "$OUT" <<'PY'
-import csv, sys
-for k, name in ((0, "dense"), (1, "pages of 128"), (2, "pages of 16")):
-    rows = list(csv.reader(open(f"{sys.argv[1]}/paged_source_{k}.csv")))
-    head = next((i for i, r in enumerate(rows) if "Source" in r), None)
-    if head is None or not any(c.startswith("Warp Stall Sampling (All") for c in rows[head]):
-        print(f"== {name}: no source table; the CSV begins:", *rows[:6], sep="\n")
-        continue
-    cols = rows[head]
-    src = cols.index("Source")
-    samp = [i for i, c in enumerate(cols) if c.startswith("Warp Stall Sampling (All")][0]
-    body = [r for r in rows[head + 1:] if len(r) == len(cols)]
-    total = sum(float(r[samp] or 0) for r in body)
-    print(f"== {name}: {total:.0f} samples; the 25 instructions with the most")
-    for r in sorted(body, key=lambda r: -float(r[samp] or 0))[:25]:
-        print(f"{float(r[samp] or 0):8.0f}  {r[0]:>6}  {r[src][:90]}")
-PY
+python $PWD/bench/runs/2026-12-06-s49/ncu_top.py "$OUT" paged_source dense "pages of 128" "pages of 16"

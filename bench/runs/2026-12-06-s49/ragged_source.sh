@@ -21,20 +21,4 @@ for k in 0 1 2 3; do
     > $OUT/ragged_source_$k.csv 2>&1
 done
 rm -f $OUT/ragged.ncu-rep
-python - "$OUT" <<'PY'
-import csv, sys
-for k, name in enumerate(("document fwd", "document bwd", "ragged fwd", "ragged bwd")):
-    rows = list(csv.reader(open(f"{sys.argv[1]}/ragged_source_{k}.csv")))
-    head = next((i for i, r in enumerate(rows) if "Source" in r), None)
-    if head is None or not any(c.startswith("Warp Stall Sampling (All") for c in rows[head]):
-        print(f"== {name}: no source table; the CSV begins:", *rows[:6], sep="\n")
-        continue
-    cols = rows[head]
-    src = cols.index("Source")
-    samp = [i for i, c in enumerate(cols) if c.startswith("Warp Stall Sampling (All")][0]
-    body = [r for r in rows[head + 1:] if len(r) == len(cols)]
-    total = sum(float(r[samp] or 0) for r in body)
-    print(f"== {name}: {total:.0f} samples, {len(body)} instructions; the 25 with the most")
-    for r in sorted(body, key=lambda r: -float(r[samp] or 0))[:25]:
-        print(f"{float(r[samp] or 0):8.0f}  {r[0]:>6}  {r[src][:90]}")
-PY
+python $S/ncu_top.py "$OUT" ragged_source "document fwd" "document bwd" "ragged fwd" "ragged bwd"
