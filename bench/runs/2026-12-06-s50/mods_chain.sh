@@ -1,5 +1,6 @@
 # Issue 24: a cumulative A/B of pending patches on bench/mods.py's rows (either card, no carry):
-#   bash bench/runs/2026-12-06-s50/mods_chain.sh P1 P2 ...   (ROWS=ragged,document by default; ROUNDS=2)
+#   bash bench/runs/2026-12-06-s50/mods_chain.sh P1 P2 ...   (ROWS=ragged,document by default; ROUNDS=2;
+#   PEERS=0: no FlexAttention)
 # T0 = HEAD, T1 = T0 + P1, T2 = T1 + P2, ...: each tree against the one before it, the rounds alternating
 # through the trees (T0's first round with FlexAttention, the others without peers).
 export PYTHONUNBUFFERED=1
@@ -15,7 +16,7 @@ for p in "$@"; do
 done
 for round in $(seq 1 ${ROUNDS:-2}); do
   for t in $trees; do
-    peers=--no-peers; [ $round = 1 ] && [ $t = T0 ] && peers=
+    peers=--no-peers; [ $round = 1 ] && [ $t = T0 ] && [ "${PEERS:-1}" = 1 ] && peers=
     echo "== $t round $round"
     (cd /tmp/$t && PYTHONPATH=/tmp/$t timeout 200 python bench/mods.py --rows $rows $peers --out $OUT/mods_${t}_$round 2>&1 \
       | grep -E '^(row|document|ragged|relbias|softcap|alibi) ')
