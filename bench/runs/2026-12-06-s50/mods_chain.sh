@@ -14,6 +14,12 @@ for p in "$@"; do
   (cd /tmp/T$n && patch -p1 -s < $R/$p && find . -name '*.orig' -delete) || exit 1
   echo "T$n = T$((n - 1)) + $p"
 done
+# Every tree's kernels compiled at once (a quick untimed run each, in parallel), so the rounds time calls.
+for t in $trees; do
+  (cd /tmp/$t && PYTHONPATH=/tmp/$t timeout 150 python bench/mods.py --rows $rows --no-peers --quick --repeats 1 \
+    --warmup 0 --out /tmp/warm_$t > /tmp/warm_$t.log 2>&1 || tail -3 /tmp/warm_$t.log) &
+done
+wait; echo "compiled at $(( $(date +%s) - t0 )) s"
 for round in $(seq 1 ${ROUNDS:-2}); do
   for t in $trees; do
     peers=--no-peers; [ $round = 1 ] && [ $t = T0 ] && [ "${PEERS:-1}" = 1 ] && peers=
