@@ -2,7 +2,8 @@
 # T0 = HEAD (today's tail rule: 3 pairs in turn at 16 heads x 128 key tiles), T0 with 6 pairs in turn
 # (tail_run.py, host only), T1 = HEAD + i24_ranked_front.patch (every pair's longest walk first), on
 # bench/mods.py's document and ragged rows, two rounds; then the GPU suite and memcheck of the working
-# tree (HEAD + the patch). Prediction (bench/NOTES.md, session 52): ragged backward +6-8% in both
+# tree (HEAD + the patch) where T1 gains 3% on the ragged backward, else the start probe
+# (start_probe.patch on T1, start_probe.py). Prediction (bench/NOTES.md, session 52): ragged backward +6-8% in both
 # designs, document unchanged.
 export PYTHONUNBUFFERED=1
 R=$PWD; nvidia-smi --query-gpu=name --format=csv,noheader; t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
@@ -23,6 +24,16 @@ for round in 1 2; do
   done
 done
 echo "A/B at $(el) s"
+# T1's ragged backward over T0's (mean of the rounds): the suite only where it gains 3%, else the probe.
+gain=$(python - <<'PY'
+import json, os
+def bwd(v):
+    return sum(json.load(open(f"{os.environ['OUT']}/mods_{v}_{r}/results.json"))["rows"]["ragged"]["results"]["ours"]["bwd"]["tflops"] for r in (1, 2)) / 2
+print(f"{bwd('T1') / bwd('T0'):.3f}")
+PY
+)
+echo "T1 / T0 ragged backward: $gain"
+if python -c "import sys; sys.exit(0 if float('${gain:-0}') >= 1.03 else 1)"; then
 export PYTHONPATH=$PWD
 python -c "
 import time; t = time.time()
@@ -32,4 +43,8 @@ print(f'precompile {time.time() - t:.1f} s')"
 timeout $(( 540 - $(el) )) python -m pytest -q -m gpu -n 16 --dist load -p no:cacheprovider tests > $OUT/suite.txt 2>&1
 echo "suite rc=$? at $(el) s"; tail -1 $OUT/suite.txt; grep -E "FAILED|ERROR " $OUT/suite.txt | cut -c1-220 | head -20
 timeout $(( 590 - $(el) )) /usr/local/cuda/bin/compute-sanitizer --tool memcheck python tests/sanitize_attention.py sm90 2>&1 | tail -2
+else
+  rm -rf /tmp/probe && cp -r /tmp/T1 /tmp/probe && (cd /tmp/probe && patch -p1 -s < $R/bench/runs/2026-12-07-s52/start_probe.patch) || exit 1
+  (cd /tmp/probe && PYTHONPATH=/tmp/probe timeout $(( 580 - $(el) )) python $R/bench/runs/2026-12-07-s52/start_probe.py 2>&1 | tail -40)
+fi
 echo "done at $(el) s"
