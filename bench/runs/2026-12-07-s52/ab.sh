@@ -4,21 +4,23 @@
 # bench/mods.py's document and ragged rows, two rounds; then the GPU suite and memcheck of the working
 # tree (HEAD + the patch) where T1 gains 3% on the ragged backward, else the start probe
 # (start_probe.patch on T1, start_probe.py). T2 = T1 + i24_list_search.patch (the lists' searches
-# four-way, one search for ranges to the list's end). Prediction (bench/NOTES.md, session 52): ragged backward +6-8% in both
+# four-way, one search for ranges to the list's end), T3 = T1 + i24_kv_prefetch.patch (each CTA brings
+# the K/V of the CTA one wave later into L2). Prediction (bench/NOTES.md, session 52): ragged backward +6-8% in both
 # designs, document unchanged.
 export PYTHONUNBUFFERED=1
 R=$PWD; nvidia-smi --query-gpu=name --format=csv,noheader; t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
 echo "tree hash: $(git ls-files -co --exclude-standard cupyflash kernels_cu tests README.md | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)"
-rm -rf /tmp/T0 /tmp/T1 /tmp/T2 && mkdir -p /tmp/T0 && git archive HEAD cupyflash kernels_cu bench tests README.md setup.cfg | tar -x -C /tmp/T0
+rm -rf /tmp/T0 /tmp/T1 /tmp/T2 /tmp/T3 && mkdir -p /tmp/T0 && git archive HEAD cupyflash kernels_cu bench tests README.md setup.cfg | tar -x -C /tmp/T0
 cp -r /tmp/T0 /tmp/T1 && (cd /tmp/T1 && patch -p1 -s < $R/bench/runs/2026-12-07-s52/i24_ranked_front.patch) || exit 1
 cp -r /tmp/T1 /tmp/T2 && (cd /tmp/T2 && patch -p1 -s < $R/bench/runs/2026-12-07-s52/i24_list_search.patch) || exit 1
-for t in T0 T1 T2; do
+cp -r /tmp/T1 /tmp/T3 && (cd /tmp/T3 && patch -p1 -s < $R/bench/runs/2026-12-07-s52/i24_kv_prefetch.patch) || exit 1
+for t in T0 T1 T2 T3; do
   (cd /tmp/$t && PYTHONPATH=/tmp/$t timeout 150 python bench/mods.py --rows ragged,document --no-peers --quick --repeats 1 \
     --warmup 0 --out /tmp/warm_$t > /tmp/warm_$t.log 2>&1 || tail -3 /tmp/warm_$t.log) &
 done
 wait; echo "compiled at $(el) s"
 for round in 1 2; do
-  for v in T0 T0tail6 T1 T2; do
+  for v in T0 T0tail6 T1 T2 T3; do
     echo "== $v round $round"
     t=${v:0:2}; runner=bench/mods.py; [ $v = T0tail6 ] && runner=bench/runs/2026-12-07-s52/tail_run.py
     (cd /tmp/$t && TAIL=6 PYTHONPATH=/tmp/$t timeout 100 python $runner --rows ragged,document --no-peers \
