@@ -452,10 +452,7 @@ def _user_function_jobs():
     additive bias with its table gradient (frozen tiles summing theirs, the others read back from the
     dS^T buffer) inside the mask: 12. The sm80 backward adding an additive bias's table gradient beside
     the mask's bits spills 72 bytes at head dim 128 (40 before its frozen tiles' second copy of the
-    probabilities; 24 with session 46's unpredicated mask_mod loads). Since session 47's element bits
-    (from_mask_mod's words read in place of the function, UserMaskAt::from_words) the gated forward's
-    consumers take 19 local accesses (2 before) and the Hopper backward with the document mask alone,
-    which reads them too, 14 (2 before). Measured in session 26; the other families'
+    probabilities; 24 with session 46's unpredicated mask_mod loads). Measured in session 26; the other families'
     variants with functions compiled without spills then (bench/NOTES.md), and CI's time goes to these."""
     import numpy as np
 
@@ -478,9 +475,7 @@ def _user_function_jobs():
                                                "score", [(np.dtype(np.float32), 2)]), user_mask, fast=True)
     blocks = common.MASK_MOD_BLOCKS.variant(user=_kernels.user_code(None, user_mask))
     bits = common.MASK_MOD_BITS.variant(user=_kernels.user_code(None, user_mask))
-    mask_only = _kernels.user_code(None, user_mask, fast=True)
     return [([bits], 80, 0, None),
-            ([sm90.BWD.variant("bfloat16", (128, 128, 64, 2), user=mask_only)], 90, None, 14),
             ([general.DQ.variant("float64", user=user), general.DKDV.variant("float64", user=user)], 90, 0, None),
             ([sm90.FWD.variant("bfloat16", (128, 128, 128, 128, 2), user=fast)], 90, None, 22),
             ([sm90.BWD.variant("bfloat16", (128, 128, 64, 2), user=capped)], 90, None, 6),

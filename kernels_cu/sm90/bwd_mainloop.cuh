@@ -540,9 +540,8 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
     // key_w and the tile's queries (FrozenScores).
     __device__ __forceinline__ static void score_gradients_of(float (&s)[Tr::kSTiles][4], float (&dp)[Tr::kSTiles][4],
                                                               const AttnArgs& a, const Mask& mask, const Scores& scores,
-                                                              const float* rows, const UserMaskAt<MaskFn, !kModified>& user,
-                                                              int h, int b, int entry, int m0, int key_g, int key0,
-                                                              int col_t, bool frozen, int key_w) {
+                                                              const float* rows, int h, int b, int entry, int m0,
+                                                              int key_g, int key0, int col_t, bool frozen, int key_w) {
         unsigned long long kept = 0;
         if constexpr (kDropout) {
             // The draws need m0 % 16 == 0: the walk's query tiles start at multiples of kBlockM.
@@ -583,7 +582,7 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
         }
         const bool partial = entry_partial(entry);
         if (partial || !mask.tile_is_full(m0, Tr::kWgQueries, key0, 64)) {
-            mask_tile_cols(p, mask, BlockLayout(a, b, h), a, key_g, m0, col_t, partial, user);
+            mask_tile_cols(p, mask, BlockLayout(a, b, h), a, key_g, m0, col_t, partial, UserMaskAt<MaskFn>(a, b, h));
         }
         if constexpr (kRowsAhead && !kModified) read_row_pairs(delta, rows + kBlockM, col_t);
         wgmma_wait<0>();
@@ -791,13 +790,6 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
             const unsigned do_tile = base + Tr::kDoOffset + stage * Tr::kDoBytes;
             if (packed_q) clear_foreign_queries(smem, seq, stage, m0, thread);
             if constexpr (kModified) scores = Scores(a, seq, work.b, h);
-            // A partial tile's mask bits fetched in two steps around its products (UserMaskAt::fetch_slot).
-            UserMaskAt<MaskFn, !kModified> user(a, work.b, h);
-            const int keys[2] = {key_g, key_g + 8};
-            const bool fetch = MaskFn::kEnabled && !kModified && entry_partial(entry);
-            if constexpr (MaskFn::kEnabled && !kModified) {
-                if (fetch) user.template fetch_slot<true, Tr::kSTiles>(keys, m0 + col_t);
-            }
 
             // S^T and dP^T; P^T while dP^T is still in flight (with kModified both are needed at once),
             // then dS^T.
@@ -807,9 +799,6 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
             issue_transposed_scores(s, k_tile, 64 * wg, q_tile, 0, kHeadDim / 16);
             issue_transposed_scores(dp, v_tile, 64 * wg, do_tile, 0, kHeadDimV / 16);
             Turns::pass_turn(wg);
-            if constexpr (MaskFn::kEnabled && !kModified) {
-                if (fetch) user.template fetch_words<true, Tr::kSTiles>(keys, m0 + col_t);
-            }
             const float* rows = reinterpret_cast<const float*>(smem + Tr::kRowsOffset) + stage * 2 * kBlockM;
             mbarrier_wait(&st.rows_full[stage], parity);
             // A warp-uniform branch: the score_mod's parts that read the positions taken once per tile where
@@ -819,7 +808,7 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
             if constexpr (kFreeze) {
                 frozen = scores.uniform(m0, m0 + 8 * Tr::kSTiles - 1, key_w, key_w + 15);
             }
-            score_gradients_of(s, dp, a, mask, scores, rows, user, h, work.b, entry, m0, key_g, key0, col_t, frozen, key_w);
+            score_gradients_of(s, dp, a, mask, scores, rows, h, work.b, entry, m0, key_g, key0, col_t, frozen, key_w);
             if constexpr (kScatter) {
                 // Every pair's terms go to the same elements: the thread's dS^T summed, scattered once.
                 if (frozen) {
@@ -971,7 +960,7 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
                 const bool partial = entry_partial(entry);
                 if (partial || !mask.tile_is_full(m0, kBlockM, key0, 64)) {
                     mask_tile_cols(p, mask, BlockLayout(a, work.b, h), a, key_g, m0, col_t, partial,
-                                   UserMaskAt<MaskFn, !kModified>(a, work.b, h));
+                                   UserMaskAt<MaskFn>(a, work.b, h));
                 }
                 if (i >= 1) {
                     mbarrier_wait(&st.p_free, (i - 1) & 1);
