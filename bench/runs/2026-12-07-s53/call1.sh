@@ -15,16 +15,20 @@ cp -r /tmp/T1 /tmp/T0 && (cd /tmp/T0 && patch -R -p1 -s < $S/i24_ranked_front.pa
 cp -r /tmp/T1 /tmp/T3 && (cd /tmp/T3 && patch -p1 -s < $S/i24_kv_prefetch.patch) || exit 1
 cp -r /tmp/T1 /tmp/T4 && (cd /tmp/T4 && patch -p1 -s < $H/pending/i24_bwd_store_staged.patch) || exit 1
 TREES="T0 T1 T3 T4"
-warm() {  # the A/B trees' kernels: T4's every variant (for the check), the others' mods rows
-  (cd /tmp/T4 && PYTHONPATH=/tmp/T4 timeout 250 python -c "
+pre() {  # pre TREE WORKERS: every variant of a tree (the kernel cache keys hold the tree's path)
+  (cd $1 && PYTHONPATH=$1 timeout 250 python -c "
 from cupyflash import _families, _kernels
-_kernels.precompile(_families.VARIANTS, max_workers=12)" > /tmp/pre_T4.log 2>&1 || tail -3 /tmp/pre_T4.log) &
+_kernels.precompile(_families.VARIANTS, max_workers=$2)" > $1.pre.log 2>&1 || tail -3 $1.pre.log) & }
+warm() {  # the A/B trees' kernels: T4's every variant (for the check), the others' mods rows
+  pre /tmp/T4 ${1:-12}; [ -n "$1" ] && pre $R $1
   for t in $TREES; do
     (cd /tmp/$t && PYTHONPATH=/tmp/$t timeout 250 python bench/mods.py --rows ragged,document --no-peers --quick --repeats 1 \
       --warmup 0 --out /tmp/warm_$t > /tmp/warm_$t.log 2>&1 || tail -3 /tmp/warm_$t.log) &
   done; }
 check() {
-  for t in T1 T4; do (cd /tmp/$t && PYTHONPATH=/tmp/$t timeout 120 python $H/staged_check.py /tmp/check_$t.npz 2>&1 | tail -2); done
+  # T1 is the working tree itself, whose kernels the precompile built
+  (PYTHONPATH=$R timeout 120 python $H/staged_check.py /tmp/check_T1.npz 2>&1 | tail -2)
+  (cd /tmp/T4 && PYTHONPATH=/tmp/T4 timeout 120 python $H/staged_check.py /tmp/check_T4.npz 2>&1 | tail -2)
   python -c "
 import numpy as np
 a, b = np.load('/tmp/check_T1.npz'), np.load('/tmp/check_T4.npz')
@@ -55,7 +59,7 @@ print(f'precompile {time.time() - t:.1f} s')"
   check; echo "checked at $(el) s"
   ab 3 565
 else
-  warm; wait; echo "compiled at $(el) s"
+  warm 8; wait; echo "compiled at $(el) s"
   check; echo "checked at $(el) s"
   ab 2 420
   rm -rf /tmp/probe && cp -r /tmp/T1 /tmp/probe && (cd /tmp/probe && patch -p1 -s < $S/start_probe.patch) || exit 1
