@@ -3,12 +3,13 @@
 # from the working tree (which adds pending/i24_dq_in_kernel.patch). Precompile, the GPU suite and
 # memcheck of sanitize_attention.py sm90 (a pass lands T2), then, while LIMIT (seconds, default 480)
 # allows, bench/mods.py's document and ragged rows beside FlexAttention, calls back to back and alone.
+# TREE=T3: the working tree itself (with the in-kernel conversion), where call4.sh's A/B favours it.
 export PYTHONUNBUFFERED=1
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$gpu"
 [[ "$gpu" == *H200* ]] || exit 0
 t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }; L=${LIMIT:-480}; H=$PWD/bench/runs/2026-12-07-s54
 rm -rf /tmp/T2 && mkdir -p /tmp/T2 && cp -r cupyflash kernels_cu bench tests README.md ARCHITECTURE.md setup.cfg /tmp/T2
-cd /tmp/T2 && patch -R -p1 -s < $H/pending/i24_dq_in_kernel.patch || exit 1
+cd /tmp/T2 && { [ "${TREE:-T2}" = T3 ] || patch -R -p1 -s < $H/pending/i24_dq_in_kernel.patch; } || exit 1
 echo "T2 hash: $(ls -d cupyflash kernels_cu tests README.md | xargs -I{} find {} -type f -not -name '*.pyc' | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)"
 export PYTHONPATH=/tmp/T2
 python -c "
