@@ -172,8 +172,8 @@ class BlockMask:
             pair in it. The calls evaluate the function only in blocks where it does not hold for every
             pair (and skip the blocks where it holds for none). Built on the device with block sides that
             are multiples of 128, the mask also keeps those blocks' pairs as bits (block_q * block_k / 4
-            bytes a block while they take at most ELEMENT_BITS_MAX_BYTES), which the forward kernels read
-            instead of evaluating the function.
+            bytes a block while they take at most ELEMENT_BITS_MAX_BYTES), which the forward kernels and
+            (without a score function) the Hopper backward read instead of evaluating the function.
         """
         from . import _problem, _trace
 

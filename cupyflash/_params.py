@@ -62,7 +62,7 @@ BWD_ARGS = numpy.dtype(
         ("dq_turns", _PTR), ("dq_split_stride", _I64), ("turns_split_stride", _I64),
         ("dq_ld", _I32), ("dq_splits", _I32), ("deterministic", _I32), ("tile_group", _I32),
         ("tail_pairs", _I32), ("score_grads", MOD_GRADS), ("sink_terms", _PTR), ("dq_in_place", _I32),
-        ("key_order", _PTR),
+        ("key_order", _PTR), ("walk_ranges", _PTR), ("dq_claims", _PTR), ("dq_claim_rows", _I32),
     ],
     align=True,
 )

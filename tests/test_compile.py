@@ -116,8 +116,8 @@ SM90_TF32_SPILL_CEILING = 124
 #: call a loop step, as two a step put six local accesses into d128's consumers) moved d64's plain
 #: dropout kernel to 126 (1052 -> 1356 bytes; only --all-variants builds it).
 SM90_BWD_DROPOUT_SPILL_CEILING = {
-    (64, 64, False): 1356, (64, 64, True): 1164, (96, 96, False): 824, (96, 96, True): 824,
-    (128, 128, False): 824, (128, 128, True): 824,
+    (64, 64, False): 1356, (64, 64, True): 1168, (96, 96, False): 872, (96, 96, True): 872,
+    (128, 128, False): 872, (128, 128, True): 872,
 }
 #: The same for the float32 Hopper forward (sm90_fwd_planes), head dim -> bytes: the producer's ~150 as
 #: above, and at head dim 128 one consumer value kept in local memory across the mask (8-15 local-memory
@@ -141,9 +141,12 @@ SM90_BWD_PLANES_SPILL_CEILING = {64: 364, 128: 844}
 #: 1236, score_mod 972 -> 1132; d128 664 -> 824; d256 684 -> 856), the consumers unchanged. Head dim
 #: 96's own bucket (the d128 kernel with 96-column products) has d128's producers; head dim 192's (the
 #: d256 kernel with three atoms) 832 and 856 bytes, its score_mod consumers 6 local-memory instructions.
-SM90_BWD_SPILL_CEILING = {(64, 64, False): 1236, (64, 64, True): 1132, (96, 96, False): 824, (96, 96, True): 824,
-                          (128, 128, False): 824, (128, 128, True): 824, (192, 192, False): 832, (192, 192, True): 856,
-                          (256, 256, False): 856, (256, 256, True): 856}
+#: Session 54's claims of the unzeroed dQ buffers (warp 3's loop walks without the ordered sum too, and the
+#: reducing thread stores a tile's first share) added 4-48 bytes to the producers (d128 824 -> 872, d64
+#: 1236 -> 1240; the walk ranges of session 53 had taken d128 to 804), the consumers unchanged.
+SM90_BWD_SPILL_CEILING = {(64, 64, False): 1240, (64, 64, True): 1144, (96, 96, False): 872, (96, 96, True): 872,
+                          (128, 128, False): 872, (128, 128, True): 872, (192, 192, False): 856, (192, 192, True): 880,
+                          (256, 256, False): 856, (256, 256, True): 864}
 #: The decode kernel at head dim 256 runs at 255 registers, and ptxas keeps a few values on the stack
 #: (up to 40 bytes, varying with every edit), most stored before its key loop and loaded after it:
 #: allowed up to these ceilings, bytes and local-memory instructions inside the loop
@@ -452,7 +455,10 @@ def _user_function_jobs():
     additive bias with its table gradient (frozen tiles summing theirs, the others read back from the
     dS^T buffer) inside the mask: 12. The sm80 backward adding an additive bias's table gradient beside
     the mask's bits spills 72 bytes at head dim 128 (40 before its frozen tiles' second copy of the
-    probabilities; 24 with session 46's unpredicated mask_mod loads). Measured in session 26; the other families'
+    probabilities; 24 with session 46's unpredicated mask_mod loads). Since session 47's element bits
+    (from_mask_mod's words read in place of the function, UserMaskAt::from_words) the gated forward's
+    consumers take 19 local accesses (2 before) and the Hopper backward with the document mask alone,
+    which reads them too, 14 (2 before). Measured in session 26; the other families'
     variants with functions compiled without spills then (bench/NOTES.md), and CI's time goes to these."""
     import numpy as np
 
@@ -475,7 +481,9 @@ def _user_function_jobs():
                                                "score", [(np.dtype(np.float32), 2)]), user_mask, fast=True)
     blocks = common.MASK_MOD_BLOCKS.variant(user=_kernels.user_code(None, user_mask))
     bits = common.MASK_MOD_BITS.variant(user=_kernels.user_code(None, user_mask))
+    mask_only = _kernels.user_code(None, user_mask, fast=True)
     return [([bits], 80, 0, None),
+            ([sm90.BWD.variant("bfloat16", (128, 128, 64, 2), user=mask_only)], 90, None, 14),
             ([general.DQ.variant("float64", user=user), general.DKDV.variant("float64", user=user)], 90, 0, None),
             ([sm90.FWD.variant("bfloat16", (128, 128, 128, 128, 2), user=fast)], 90, None, 22),
             ([sm90.BWD.variant("bfloat16", (128, 128, 64, 2), user=capped)], 90, None, 6),

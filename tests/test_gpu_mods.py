@@ -133,6 +133,31 @@ def test_document_mask_against_the_oracle(dtype, family, monkeypatch):
     check_dense(cupy, (2, 150, 150, 4, 2, 16, 16), DTYPES[dtype], causal=True, block_mask=mask)
 
 
+def test_hopper_backward_writes_the_query_tiles_no_key_tile_visits(monkeypatch):
+    """The Hopper 16-bit backward stores each query tile's first dQ share into unzeroed buffers
+    (BwdArgs::dq_claims); the conversion writes the rows of tiles no key tile visits as zeros. A mask_mod
+    hiding every key from queries 100-255 (an empty 128-row block of the mask: two 64-row tiles no walk
+    visits, and part of a partial block's tile), GQA, odd sizes,
+    after a call without it of the same shapes, whose buffers the memory pool hands back holding its sums:
+    those rows' dQ exactly zero, every gradient the oracle's under the tolerance rule."""
+    from cupyflash import _api
+    from cupyflash._families import sm90
+
+    sizes = (2, 300, 333, 4, 2, 128, 128)
+    q, k, v = random_qkv(cupy, *sizes, DTYPES["bfloat16"], seed=41)
+    out, lse = cupyflash.flash_attention(q, k, v, return_lse=True)
+    cupyflash.flash_attention_backward(out, q, k, v, out, lse)
+    _api.PLANS.clear()
+    chosen = []
+    select = sm90.BACKWARD.select
+    monkeypatch.setattr(sm90.BACKWARD, "select", lambda *args: chosen.append(select(*args)) or chosen[-1])
+    mask = cupyflash.BlockMask.from_mask_mod(lambda b, h, qi, ki: (qi < 100) | (qi >= 256), 1, 1, 300, 333,
+                                             block_size=(128, 128))
+    got = check_dense(cupy, sizes, DTYPES["bfloat16"], block_mask=mask)
+    assert any(c is not None and c.key.startswith("sm90_bwd_bf16_d128_") for c in chosen)
+    assert not to_host(got["dq"])[:, 100:256].any()
+
+
 @pytest.mark.parametrize("dtype, family", [("bfloat16", ""), ("float16", ""), ("bfloat16", "sm80")])
 def test_tensor_core_kernels_with_both_functions(dtype, family, monkeypatch):
     """The Hopper (or sm80) forward and backward at head dim 128 over several key tiles: a softcap
@@ -146,10 +171,13 @@ def test_tensor_core_kernels_with_both_functions(dtype, family, monkeypatch):
 
 def test_hopper_backward_launches_key_tiles_longest_walk_first(monkeypatch):
     """Under a block mask the Hopper backward takes each (batch entry, kv head) pair's key tiles longest
-    walk first (kernels_cu/sm90/bwd_key_order.cu): its order kernel against the walks counted on the host
-    from the mask's layout (causal, GQA, two batch entries with their own documents, a short last tile);
+    walk first (kernels_cu/sm90/bwd_key_order.cu), every pair's longest before the rest
+    (common/scheduler.cuh's schedule_ranked_tail): its order kernel against the walks counted on the host
+    from the mask's layout (causal, GQA, two batch entries with their own documents, a short last tile),
+    and the walks' ranges in the lists it leaves for the producers (BwdArgs::walk_ranges);
     and dK and dV are bitwise those of the tiles-fastest order, as no CTA's own sums depend on when it
-    runs (a tile computed twice and another never would differ)."""
+    runs (a tile computed twice and another never would differ), with the host's tail of pairs in turn
+    (here every pair) and with one pair in turn after the others' tiles fastest."""
     from cupyflash import _api, _params, _problem
     from cupyflash._families import common, sm90
 
@@ -165,26 +193,38 @@ def test_hopper_backward_launches_key_tiles_longest_walk_first(monkeypatch):
     args = np.zeros(1, _params.BWD_ARGS)
     args["attn"] = common.attn(p, q, k, v, mask.tile_lists(cupy, tile_q, tile_k))
     order = cupy.full((b * hk, tiles), -1, np.int32)
-    args["key_order"] = order.data.ptr
+    ranges = cupy.full((b * hk, tiles, group, 2), -1, np.int32)
+    args["key_order"], args["walk_ranges"] = order.data.ptr, ranges.data.ptr
     _kernels.get_kernel(sm90.BWD_KEY_ORDER.variant())((b * hk,), (sm90.KEY_ORDER_THREADS,), (args,),
                                                       shared_mem=4 * tiles)
     layout = to_host(mask.layout)  # (b, 1, blocks, blocks) of 128 x 128
     q_tiles = -(-s // tile_q)
-    for pair, row in enumerate(to_host(order)):
-        # Query tile t (rows 64 t ...) in block row t // 2; causal: from the key tile's first key on.
-        walks = np.array([group * sum(bool(layout[pair // hk, 0, t * tile_q // 128, kt])
-                                      for t in range(kt * tile_k // tile_q, q_tiles)) for kt in range(tiles)])
-        assert len(set(walks)) > 2, walks  # (a test of the order needs uneven walks)
-        np.testing.assert_array_equal(row, np.argsort(-walks, kind="stable"))
+    for pair, (row, pair_ranges) in enumerate(zip(to_host(order), to_host(ranges))):
+        # Query tile t (rows 64 t ...) in block row t // 2, listed where its block is set; causal: the
+        # walk runs from the key tile's first key on, so its range is the list's entries from there.
+        listed = [[t for t in range(q_tiles) if layout[pair // hk, 0, t * tile_q // 128, kt]] for kt in range(tiles)]
+        first = np.array([sum(t < kt * tile_k // tile_q for t in ts) for kt, ts in enumerate(listed)])
+        counts = np.array([len(ts) for ts in listed]) - first
+        assert len(set(counts)) > 2, counts  # (a test of the order needs uneven walks)
+        np.testing.assert_array_equal(row, np.argsort(-group * counts, kind="stable"))
+        for g in range(group):
+            np.testing.assert_array_equal(pair_ranges[:, g], np.stack([first, counts], axis=1))
     out, lse = cupyflash.flash_attention(q, k, v, causal=True, block_mask=mask, return_lse=True)
     dout = cupy.asarray(np.random.default_rng(4).standard_normal(out.shape).astype(np.float32)).astype(out.dtype)
-    ordered = cupyflash.flash_attention_backward(dout, q, k, v, out, lse, causal=True, block_mask=mask)
+    ordered = [cupyflash.flash_attention_backward(dout, q, k, v, out, lse, causal=True, block_mask=mask)]
     _api.PLANS.clear()
+    host_tail = sm90.bwd_tail_pairs
+    assert host_tail(p, tiles, False, common.current_device().sm_count, True) == b * hk  # (every pair)
+    monkeypatch.setattr(sm90, "bwd_tail_pairs", lambda *_: 1)
+    ordered.append(cupyflash.flash_attention_backward(dout, q, k, v, out, lse, causal=True, block_mask=mask))
+    _api.PLANS.clear()
+    monkeypatch.setattr(sm90, "bwd_tail_pairs", host_tail)
     monkeypatch.setattr(sm90, "KEY_ORDER_MAX_TILES", 0)  # the tiles-fastest order
     plain = cupyflash.flash_attention_backward(dout, q, k, v, out, lse, causal=True, block_mask=mask)
     _api.PLANS.clear()
-    for name, got, want in zip(("dk", "dv"), ordered[1:], plain[1:]):
-        assert cupy.array_equal(got, want), name
+    for tail, grads in zip(("every pair", "one pair"), ordered):
+        for name, got, want in zip(("dk", "dv"), grads[1:], plain[1:]):
+            assert cupy.array_equal(got, want), (tail, name)
 
 
 @pytest.mark.parametrize("dtype, family", [("float32", ""), ("float32", "sm80"), ("float64", "")])

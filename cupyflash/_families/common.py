@@ -248,7 +248,7 @@ def bwd_args(b, p, dout, q, k, v, out, lse, delta, dq, dk, dv, lists, dq_fields=
     args[0] = (attn(p, q, k, v, lists, vec=vec_loads(q, k, v, dout)),
                *(_params.tensor(x, batched) for x in (out, dout, dq, dk, dv)),
                _params.rows(lse, *strides), _params.rows(delta, *strides), *dq_fields, 1, 0, mod_grads(p),
-               _params.pointer(p.sink_terms), 0, 0)
+               _params.pointer(p.sink_terms), 0, 0, 0, 0, 0)
     return args
 
 

@@ -340,9 +340,10 @@ MAPS = numpy.dtype({"names": ["q", "k", "v", "o", "store_o", "block_table", "tab
                               "capacity"],
                     "formats": [(numpy.void, 128)] * 4 + [numpy.int32, numpy.uint64, numpy.int64] + [numpy.int32] * 3,
                     "offsets": [0, 128, 256, 384, 512, 520, 528, 536, 540, 544], "itemsize": 576, "aligned": True})
-#: Sm90BwdMaps: q, k, v, dout and the float32 dQ buffers.
-BWD_MAPS = numpy.dtype({"names": ["q", "k", "v", "dout", "dq_accum"], "formats": [(numpy.void, 128)] * 5,
-                        "offsets": [0, 128, 256, 384, 512], "itemsize": 640, "aligned": True})
+#: Sm90BwdMaps: q, k, v, dout, the float32 dQ buffers, dk and dv, and whether dk's and dv's are set.
+BWD_MAPS = numpy.dtype({"names": ["q", "k", "v", "dout", "dq_accum", "dk", "dv", "store_dkv"],
+                        "formats": [(numpy.void, 128)] * 7 + [numpy.int32],
+                        "offsets": [0, 128, 256, 384, 512, 640, 768, 896], "itemsize": 960, "aligned": True})
 
 
 @functools.lru_cache(maxsize=None)
@@ -671,20 +672,25 @@ def bwd_tile_group(p, key_tiles, deterministic, sm_count, grouped):
 
 
 def bwd_key_order(b, p, args, key_tiles, deterministic):
-    """BwdArgs::key_order under a block mask (but in the deterministic mode, whose ordered sum has its
-    own launch order): each (batch entry, kv head) pair's key tiles longest walk first, by a CTA per pair
-    (kernels_cu/sm90/bwd_key_order.cu) before the backward, where their walks fit its shared memory
-    (KEY_ORDER_MAX_TILES). Returns whether it set one."""
-    if p.block_mask is None or deterministic or key_tiles > KEY_ORDER_MAX_TILES:
+    """Under a block mask, BwdArgs::walk_ranges (each walk's range in the mask's lists, which the backward's
+    producers read in place of searching the lists) and, but in the deterministic mode (whose ordered sum
+    has its own launch order), BwdArgs::key_order: each (batch entry, kv head) pair's key tiles longest
+    walk first, where their walks fit the kernel's shared memory (KEY_ORDER_MAX_TILES); by a CTA per pair
+    (kernels_cu/sm90/bwd_key_order.cu) before the backward. Returns whether it set key_order."""
+    if p.block_mask is None:
         return False
     pairs = p.batch * p.heads_k
-    args["key_order"] = _params.pointer(b.workspace((pairs, key_tiles), numpy.int32))
-    # Shared memory for the walks rounded up to 16 bytes: the rank loop's unrolled reads are 16-byte
-    # loads, and its remainder reads a whole 16 bytes for the last 1-3 walks (compute-sanitizer's memcheck
-    # found them past a 4 * key_tiles allocation, session 46).
-    smem = 16 * common.cdiv(key_tiles, 4)
+    args["walk_ranges"] = _params.pointer(b.workspace((pairs, key_tiles, p.heads // p.heads_k, 2), numpy.int32))
+    ordered = not deterministic and key_tiles <= KEY_ORDER_MAX_TILES
+    smem = 0
+    if ordered:
+        args["key_order"] = _params.pointer(b.workspace((pairs, key_tiles), numpy.int32))
+        # Shared memory for the walks rounded up to 16 bytes: the rank loop's unrolled reads are 16-byte
+        # loads, and its remainder reads a whole 16 bytes for the last 1-3 walks (compute-sanitizer's
+        # memcheck found them past a 4 * key_tiles allocation, session 46).
+        smem = 16 * common.cdiv(key_tiles, 4)
     b.launch(common.function(BWD_KEY_ORDER.variant()), (pairs, 1, 1), KEY_ORDER_THREADS, (args,), smem)
-    return True
+    return ordered
 
 
 def bwd_tail_pairs(p, key_tiles, deterministic, sm_count, tailed):
@@ -769,6 +775,14 @@ class Sm90Backward:
                                                       splits=DETERMINISTIC_DQ_SPLITS_SPLIT_COLS_BY_WALK
                                                       if by_walk and split_cols else DETERMINISTIC_DQ_SPLITS,
                                                       in_place=in_place)
+        if not planes and not deterministic and not p.varlen:
+            # The first share of each query tile is stored, not added, so bwd_delta zeroes a pair of
+            # claim counters per tile instead of the buffers (BwdArgs::dq_claims, common/ordered_sum.cuh).
+            # Packed sequences share their boundary tiles' rows, whose claims would be two.
+            assert block_m % common.ROW_RUN == 0, "a conversion run lies in one claim tile"
+            claims = b.workspace((2 * p.batch * p.heads * common.cdiv(p.seqlen_q, block_m),), numpy.int32)
+            args["dq_claims"] = _params.pointer(claims)
+            args["dq_claim_rows"] = block_m
         causal_walks = p.window_left < 0 <= p.window_right and p.block_mask is None
         ordered = bwd_key_order(b, p, args, key_tiles, deterministic)
         args["tile_group"] = bwd_tile_group(p, key_tiles, deterministic, device.sm_count, causal_walks and not split_cols)
@@ -786,6 +800,13 @@ class Sm90Backward:
             operands = (("q", q, block_m), ("k", k, block_n), ("v", v, block_n), ("dout", dout, block_m))
         for field, x, rows in operands:
             tensor_map(b, maps, field, x, p.varlen, rows)
+        # The 128-key CTAs store dK and dV through shared memory, a tile per TMA store
+        # (Sm90BwdEpilogue::store_staged), where a TMA addresses them.
+        dk, dv = grads[1:]
+        if not split_cols and tma_addressable(dk, p.varlen) and tma_addressable(dv, p.varlen):
+            tensor_map(b, maps, "dk", dk, p.varlen, block_n)
+            tensor_map(b, maps, "dv", dv, p.varlen, block_n)
+            maps["store_dkv"] = 1
         if in_place:
             dq_map(b, maps, "dq_accum", grads[0], p, block_m)
         else:

@@ -3,12 +3,14 @@
 // bytes and little else, so what sets their speed is how many loads each lane keeps in flight:
 //   bwd_delta       delta = rowsum(dO * O), the first kernel of every backward; for the tensor-core
 //                   families it also zeroes the float32 dQ buffers and the turn counters of the ordered
-//                   sum (or, with dq_in_place, dq itself), so a backward call needs no memset of its
+//                   sum (or, with dq_in_place, dq itself; with dq_claims, whose first share of a tile is
+//                   stored, the claims instead of the buffers), so a backward call needs no memset of its
 //                   own; with sinks it writes each row's term of their gradient;
 //   bwd_dq_convert  dQ = softmax_scale * (the sum of the dQ buffers), rounded to T: the last kernel of the
 //                   tensor-core families' backward (but the Hopper float32 one's with dq_in_place).
 #include "common/dtypes.cuh"
 #include "common/math.cuh"
+#include "common/ordered_sum.cuh"
 #include "common/params.cuh"
 #include "common/sequence.cuh"
 
@@ -44,8 +46,9 @@ struct RowRun {
 // 16-byte aligned, or wider than one load per lane, take element loads. Where args.dq_accum.ptr is set,
 // the run's dq_ld floats per row of each of the dq_splits buffers are zeroed (a run's rows are
 // contiguous there: 16-byte stores where dq_ld and the split stride are multiples of 4, as on the
-// Hopper path, else 8-byte, dq_ld being even); with args.dq_in_place, dq's own rows instead; and where
-// args.dq_turns is set, the turn counters.
+// Hopper path, else 8-byte, dq_ld being even), unless args.dq_claims is set: then the claims instead
+// (common/ordered_sum.cuh); with args.dq_in_place, dq's own rows instead; and where args.dq_turns is set,
+// the turn counters.
 // Where args.sink_terms is set (sinks), row r's term of d loss / d sinks[h] is written beside delta:
 // the sink's probability exp(sink - lse_r) times delta_r (0 where lse is -inf: a row that saw no key
 // beside a sink of -inf), the difference in lse's type and the rest in the accumulators' (float32's
@@ -64,7 +67,8 @@ bwd_delta(const CUPYFLASH_GRID_CONSTANT BwdArgs args, int lanes, int run_rows) {
     const int lane = threadIdx.x % lanes;
     const int group = threadIdx.x % 32 / lanes;  // the lane's row of each warp step
     const int step_rows = 32 / lanes;
-    Acc* const accum = static_cast<Acc*>(args.dq_accum.ptr);  // float64 for float64 inputs
+    // float64 for float64 inputs; null where the first shares are stored (dq_claims: 16-bit inputs only)
+    Acc* const accum = sizeof(T) == 2 && args.dq_claims != nullptr ? nullptr : static_cast<Acc*>(args.dq_accum.ptr);
     const bool quads = args.dq_ld % 4 == 0 && args.dq_split_stride % 4 == 0;
     for (unsigned u = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; u < runs; u += gridDim.x * (blockDim.x / 32)) {
         const RowRun run(a, u, run_rows);
@@ -170,6 +174,12 @@ bwd_delta(const CUPYFLASH_GRID_CONSTANT BwdArgs args, int lanes, int run_rows) {
 #pragma unroll 1
         for (unsigned k = blockIdx.x * blockDim.x + threadIdx.x; k < turns; k += gridDim.x * blockDim.x) args.dq_turns[k] = 0;
     }
+    if (sizeof(T) == 2 && args.dq_claims != nullptr) {
+        // Two counters per (batch entry, head, claim tile): far fewer than 2^32.
+        const unsigned claims = 2u * static_cast<unsigned>(a.batch * a.heads * ceil_div(a.seqlen_q, args.dq_claim_rows));
+#pragma unroll 1
+        for (unsigned k = blockIdx.x * blockDim.x + threadIdx.x; k < claims; k += gridDim.x * blockDim.x) args.dq_claims[k] = 0;
+    }
 }
 
 // dq[b, s, h, c] = softmax_scale * (sum over the dq_splits buffers, in order, of the accumulator row
@@ -238,6 +248,15 @@ __device__ __forceinline__ void convert_run(const BwdArgs& args, const float* sr
     }
 }
 
+// A run's dQ rows as zeros: a claim tile no CTA claimed (BwdArgs::dq_claims), whose buffer rows were
+// never written, holds rows that see no key.
+template <typename T>
+__device__ __forceinline__ void zero_run(const AttnArgs& a, T* dst, long long dst_ld, int rows) {
+    for (int r = 0; r < rows; ++r) {
+        for (int c = static_cast<int>(threadIdx.x % 32); c < a.headdim; c += 32) dst[r * dst_ld + c] = from_acc<T>(0.0f);
+    }
+}
+
 // The same for float32 and float64 (buffers of their accumulators' type): a lane per column, the
 // splits summed in order, then scaled and stored.
 template <typename T>
@@ -279,7 +298,10 @@ bwd_dq_convert(const CUPYFLASH_GRID_CONSTANT BwdArgs args, int run_rows) {
             const int rows = (run.s0 + run_rows < a.seqlen_q ? run.s0 + run_rows : a.seqlen_q) - run.s0;
             const float* src = accum + rows_index(args.dq_accum, run.b, run.h, run.s0) * args.dq_ld;
             T* dst = head_rows<T>(args.dq, run.b, run.s0, run.h);
-            if (quads) {
+            // (a run lies in one claim tile: the host makes dq_claim_rows a multiple of run_rows)
+            if (args.dq_claims != nullptr && *dq_claim(args, run.b, run.h, run.s0 / args.dq_claim_rows) == 0) {
+                zero_run<T>(a, dst, args.dq.row_stride, rows);
+            } else if (quads) {
                 convert_run<T, true>(args, src, dst, args.dq.row_stride, rows);
             } else {
                 convert_run<T, false>(args, src, dst, args.dq.row_stride, rows);

@@ -114,6 +114,16 @@ struct BlockLayout {
         return cells[static_cast<long long>(i / a.sparse.block_q) * a.sparse.layout_cols + j / a.sparse.block_k] != 0;
     }
 
+    // Whether every kernel tile lies inside one block (block sides multiples of the tile's, and tiles
+    // start at multiples of theirs): a tile the lists visit then has its one block set, so its layout
+    // bits are all ones, and its partial tiles are a mask_mod's partial blocks, masked pair by pair by
+    // the function (or its bits). The forwards' mask_rows then skips key_bits, whose byte loads, a loop
+    // of them per row and 64 keys, cost each partial tile four dependent trips to memory.
+    __device__ __forceinline__ static bool tiles_in_blocks(const AttnArgs& a) {
+        const BlockSparseArg& s = a.sparse;
+        return s.block_q % s.tile_q == 0 && s.block_k % s.tile_k == 0;
+    }
+
     // Bits c < width (<= 64) set iff the layout sets the cell of query `query` and key n0 + c; 0 for a
     // query past the layout. The tile's keys span few blocks, so this reads few cells and divides once.
     __device__ __forceinline__ unsigned long long key_bits(const AttnArgs& a, int query, int n0, int width) const {

@@ -55,6 +55,18 @@ __device__ __forceinline__ int* dq_turn_counter(const BwdArgs& args, long long b
            (b * args.attn.heads + h) * ceil_div(args.attn.seqlen_q, kTileQ) + qt;
 }
 
+// Without the ordered sum the dQ buffers need not be zeroed first (BwdArgs::dq_claims, the Hopper 16-bit
+// backward): each query tile keeps a pair {claims, written}. A CTA claims the tile (atomicAdd on claims)
+// before it writes its share; the first claimant stores the share, then hands on the written turn (0 to 1,
+// hand_on_turn after its bulk writes are done), and every later claimant waits for that turn before it
+// adds (an addition the store overtook would be lost). A claimant waits only for a first claimant that
+// is running and holds no other unwritten claim, so the waits cannot form a cycle. A tile no CTA claims
+// is never written: bwd_dq_convert writes its rows as zeros. Zeroing the buffers cost a write of all of
+// them (half of bwd_delta's bytes) and the additions' reads of those zeros back.
+__device__ __forceinline__ int* dq_claim(const BwdArgs& args, long long b, long long h, int tile) {
+    return args.dq_claims + 2 * ((b * args.attn.heads + h) * ceil_div(args.attn.seqlen_q, args.dq_claim_rows) + tile);
+}
+
 // BwdArgs::deterministic: 0, atomic additions in any order; otherwise the ordered sum, in one of two
 // orders. kOrderedByLaunch: later key tiles add first, and the key tiles launch last-first, so a CTA
 // only waits for CTAs launched before it, on any number of SMs. kOrderedByWalk (the host sets it when

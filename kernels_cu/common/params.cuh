@@ -120,6 +120,14 @@ struct BwdArgs {
                                  // itself, which bwd_delta zeroes; no dQ buffers, no conversion
     int* key_order;              // sm90 under a block mask: [b][kv head][rank] the key tile launched at that rank of
                                  // the pair's tiles, written by sm90/bwd_key_order.cu; null: scheduler.cuh's order
+    int2* walk_ranges;           // sm90 under a block mask: [b][kv head][key tile][head of the GQA group] the walk's
+                                 // (first, count) entries of the block mask's query list (query_tiles' range),
+                                 // written by sm90/bwd_key_order.cu; null: no block mask
+    int* dq_claims;              // sm90 16-bit, no ordered sum, not packed: [b][h][query tile of dq_claim_rows rows] the
+                                 // pair {claims, written} of common/ordered_sum.cuh's dq_claim: a tile's first
+                                 // claimant stores its share into the dQ buffer, so bwd_delta does not zero the
+                                 // buffers but these pairs; null: zeroed buffers, every share added
+    int dq_claim_rows;
 };
 
 // The K-major forwards' pre-passes (sm90/kmajor_values.cu): v as V^T.

@@ -40,16 +40,42 @@ __device__ __forceinline__ TileWork schedule_tile_groups(int num_tiles, int head
     return {index / members, bh / heads, bh % heads};
 }
 
+// Launch index x of `pairs` pairs of `tiles` tiles each, numbered from tile `skip` on: the pairs before
+// the last `tail` take their tiles fastest, then the last `tail` pairs theirs in turn, as one group.
+__device__ __forceinline__ TileWork tile_tail_at(int x, int pairs, int tiles, int heads, int tail, int skip) {
+    const int first = pairs - tail;  // the tail's first pair
+    int tile, bh;
+    if (x / tiles < first) {
+        tile = x % tiles;
+        bh = x / tiles;
+    } else {
+        const int index = x - first * tiles;  // within the tail
+        tile = index / tail;
+        bh = first + index % tail;
+    }
+    return {skip + tile, bh / heads, bh % heads};
+}
+
 // The pairs before the last `tail` take their key tiles fastest (schedule_tile), then the last `tail`
 // pairs theirs in turn, as one group: the grid ends on its shortest causal walks while the pairs before
 // keep tiles fastest's L2 reuse (schedule_tile_groups over every pair gained nothing above head dim 128,
 // bench/NOTES.md, session 16).
 __device__ __forceinline__ TileWork schedule_tile_tail(int num_tiles, int heads, int tail) {
-    const int first = static_cast<int>(gridDim.x / num_tiles) - tail;  // the tail's first pair
-    if (static_cast<int>(blockIdx.x / num_tiles) < first) return schedule_tile(num_tiles, heads, false);
-    const int index = static_cast<int>(blockIdx.x) - first * num_tiles;  // within the tail
-    const int bh = first + index % tail;
-    return {index / tail, bh / heads, bh % heads};
+    return tile_tail_at(static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x / num_tiles), num_tiles, heads, tail, 0);
+}
+
+// For tiles numbered longest walk first (the Hopper backward's key order under a block mask): tile 0 of
+// every pair first, in turn, then tiles 1 on as schedule_tile_tail. Tiles fastest starts a pair's
+// longest walk only once the pairs before it have run, which is late for the last pairs before the
+// tail; under a document mask whose boundaries lie inside blocks, a boundary's key tile walks its two
+// documents' queries in partial tiles, each about twice a full one, and those walks ran past the end
+// of every other CTA (bench/NOTES.md, session 52). Only those `pairs` CTAs move; the rest keep
+// schedule_tile_tail's order and its L2 reuse.
+__device__ __forceinline__ TileWork schedule_ranked_tail(int num_tiles, int heads, int tail) {
+    const int pairs = static_cast<int>(gridDim.x / num_tiles);
+    const int x = static_cast<int>(blockIdx.x);
+    if (x < pairs) return {0, x / heads, x % heads};
+    return tile_tail_at(x - pairs, pairs, num_tiles - 1, heads, tail, 1);
 }
 
 }  // namespace cupyflash

@@ -376,7 +376,7 @@ __device__ __forceinline__ int user_mask_head(const AttnArgs& a, int h) { return
 
 // A mask_mod at one (batch entry, query head), for the fragment loops (fragment/scores.cuh's mask_rows):
 // the function over a row of a fragment as bits. NoUserMask's has nothing to hold.
-template <typename MaskFn>
+template <typename MaskFn, bool kColumnWords = false>
 struct UserMaskAt;
 
 // Whether a pair that the window, bounds and block layout show passes the mask_mod, in a tile its lists
@@ -390,14 +390,47 @@ __device__ __forceinline__ bool user_mask_visible(const AttnArgs& a, int mb, int
     return visible;
 }
 
-template <typename MaskFn>
+// kColumnWords: a column fragment's bits (the backwards) also come from from_mask_mod's words where it
+// kept them, and mask_cols masks a tile inside one block by words (mask_row_words); call sites whose
+// registers are spoken for (a score function beside the mask) leave it off.
+template <typename MaskFn, bool kColumnWords>
 struct UserMaskAt {
     static constexpr bool kEnabled = true;
+    static constexpr bool kWords = kColumnWords;
     const AttnArgs* a;
     int b, h;
+    // A fragment's words fetched ahead (fetch_slot, fetch_words): kNotFetched, else the slot (-1: the
+    // function runs) and the two rows' bits.
+    static constexpr int kNotFetched = -2;
+    int ahead_slot = kNotFetched;
+    unsigned ahead_rows[2] = {0, 0};
 
     __device__ __forceinline__ UserMaskAt(const AttnArgs& args, int b_, int h_)
         : a(&args), b(user_mask_batch(args, b_)), h(user_mask_head(args, h_)) {}
+
+    // from_words in two steps, for a caller with time between them (the Hopper backward): fetch_slot's
+    // load issued before the tile's products, fetch_words' once they are issued, so the two dependent
+    // trips to memory run beside the products instead of one after the other in mask_cols, where a
+    // ragged document mask's partial tiles waited them out (with mask_cols' layout reads skipped, that
+    // backward +3% on an H100; the same in the Hopper forward measured nothing: bench/NOTES.md, session
+    // 50). bits() then takes the fetched rows; a caller fetches for every partial tile, in the
+    // orientation it masks.
+    template <bool kKeyRows, int kNTiles>
+    __device__ __forceinline__ void fetch_slot(const int (&fixed)[2], int first) {
+        static_assert(!kKeyRows || kColumnWords, "a column fragment's words are read only with kColumnWords");
+        WordsAt w;
+        ahead_slot = a->sparse.elem_slot != nullptr && words_at<kKeyRows, kNTiles>(fixed, first, &w)
+                         ? a->sparse.elem_slot[w.cell]
+                         : -1;
+    }
+    template <bool kKeyRows, int kNTiles>
+    __device__ __forceinline__ void fetch_words(const int (&fixed)[2], int first) {
+        WordsAt w;
+        if (ahead_slot >= 0 && words_at<kKeyRows, kNTiles>(fixed, first, &w)) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) ahead_rows[r] = row_word<kKeyRows, kNTiles>(ahead_slot, w, r);
+        }
+    }
 
     // The function over a thread's two rows of a fragment (fragment/scores.cuh), as bits t of visible[r]
     // and poisoned[r] for t < 2 kNTiles: with kKeyRows (a column fragment: the backward) keys fixed[r]
@@ -413,9 +446,17 @@ struct UserMaskAt {
                                          unsigned long long (&poisoned)[2]) const {
         constexpr int kRowBits = 2 * kNTiles;
         static_assert(kRowBits <= 32, "a row's bits in one 32-bit word");
-        if constexpr (!kKeyRows) {  // (the backward's column fragments: its registers are spoken for)
-            if (a->sparse.elem_slot != nullptr && from_words<kNTiles>(fixed, first, visible)) {
-                poisoned[0] = poisoned[1] = 0;  // (a block where the function reads out of range keeps no bits)
+        // (a block where the function reads out of range keeps no bits: its slot is -1)
+        if ((!kKeyRows || kColumnWords) && ahead_slot != kNotFetched) {
+            if (ahead_slot >= 0) {
+                visible[0] = ahead_rows[0];
+                visible[1] = ahead_rows[1];
+                poisoned[0] = poisoned[1] = 0;
+                return;
+            }
+        } else if constexpr (!kKeyRows || kColumnWords) {
+            if (a->sparse.elem_slot != nullptr && from_words<kKeyRows, kNTiles>(fixed, first, visible)) {
+                poisoned[0] = poisoned[1] = 0;
                 return;
             }
         }
@@ -468,36 +509,61 @@ struct UserMaskAt {
     }
 
   private:
-    // bits of a row fragment (queries fixed[r], keys from first) from the words from_mask_mod kept for the
-    // partial block the two rows lie in (common/mask_mod_blocks.cu's mask_mod_bits, whose words hold a row
-    // fragment's keys in its order): one load a row and a shift, where the function costs about 12
-    // instructions a position. False where the keys are not within one kept word (rows in two blocks
-    // or past the layout, a tile that crosses a word, a block without bits): the function then runs.
-    template <int kNTiles>
-    __device__ __forceinline__ bool from_words(const int (&fixed)[2], int first, unsigned long long (&visible)[2]) const {
+    // Where a fragment's bits lie among the words from_mask_mod kept for the partial block its two rows
+    // lie in (common/mask_mod_blocks.cu's mask_mod_bits, whose words hold a fragment's positions in its
+    // order, rows of queries for row fragments, rows of keys for column ones): the layout cell whose slot
+    // names the block's words, the word of the thread's positions in the block's first row, each row's
+    // offset from it, and the shift to the positions. False where they are not within one kept word
+    // (rows in two blocks or past the layout, a tile that crosses a word): the function then runs.
+    struct WordsAt {
+        long long cell;
+        int word, rows[2], shift;
+    };
+    template <bool kKeyRows, int kNTiles>
+    __device__ __forceinline__ bool words_at(const int (&fixed)[2], int first, WordsAt* w) const {
         const BlockSparseArg& sp = a->sparse;
         const int c = (first & 7) >> 1;  // the thread's quad column: first is 2 c past a multiple of 8
         const int base = first - 2 * c;
         if (fixed[0] < 0 || base < 0) return false;
-        const int row = fixed[0] / sp.block_q, col = base / sp.block_k;
-        const int along = base - col * sp.block_k;  // the thread's first key in its block
-        if (fixed[1] / sp.block_q != row || row >= sp.layout_rows || col >= sp.layout_cols ||
+        const int fix_block = kKeyRows ? sp.block_k : sp.block_q;
+        const int vary_block = kKeyRows ? sp.block_q : sp.block_k;
+        const int fb = fixed[0] / fix_block, vb = base / vary_block;
+        const int along = base - vb * vary_block;  // the thread's first position in its block
+        const int row = kKeyRows ? vb : fb, col = kKeyRows ? fb : vb;
+        if (fixed[1] / fix_block != fb || row >= sp.layout_rows || col >= sp.layout_cols ||
             along % 128 + 8 * kNTiles > 128) {
             return false;
         }
         // The layout slice of the mask's (b, h): user_mask_batch and user_mask_head gave 0 on broadcast axes.
         const long long slice = b * sp.slice_batch_stride + h * sp.slice_head_stride;
-        const int slot = sp.elem_slot[(slice * sp.layout_rows + row) * sp.layout_cols + col];
-        if (slot < 0) return false;
-        const int per_row = sp.block_k / 32;  // words of a row: 4 quad columns of block_k / 128
-        const unsigned* words = sp.elem_bits + static_cast<long long>(slot) * (sp.block_q * sp.block_k / 16) +
-                                c * (sp.block_k / 128) + along / 128;
-        const int shift = along % 128 / 4;  // 2 bits for every 8 keys before the thread's first
-        constexpr unsigned long long kRow = (1ull << (2 * kNTiles)) - 1;
+        w->cell = (slice * sp.layout_rows + row) * sp.layout_cols + col;
+        w->word = (kKeyRows ? sp.block_q * sp.block_k / 32 : 0) + c * (vary_block / 128) + along / 128;
+        const int per_row = vary_block / 32;  // words of a row: 4 quad columns of vary_block / 128
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            visible[r] = (static_cast<unsigned long long>(words[(fixed[r] - row * sp.block_q) * per_row]) >> shift) & kRow;
-        }
+        for (int r = 0; r < 2; ++r) w->rows[r] = (fixed[r] - fb * fix_block) * per_row;
+        w->shift = along % 128 / 4;  // 2 bits for every 8 positions before the thread's first
+        return true;
+    }
+
+    // Row r's bits (bit 2 nt + c) from the words of `slot`.
+    template <bool kKeyRows, int kNTiles>
+    __device__ __forceinline__ unsigned row_word(int slot, const WordsAt& w, int r) const {
+        const BlockSparseArg& sp = a->sparse;
+        const unsigned* words = sp.elem_bits + static_cast<long long>(slot) * (sp.block_q * sp.block_k / 16) + w.word;
+        constexpr unsigned long long kRow = (1ull << (2 * kNTiles)) - 1;
+        return static_cast<unsigned>((static_cast<unsigned long long>(words[w.rows[r]]) >> w.shift) & kRow);
+    }
+
+    // The bits of a fragment's two rows from those words: one load a row and a shift, where the function
+    // costs about 12 instructions a position. False where words_at is, or the block kept no bits.
+    template <bool kKeyRows, int kNTiles>
+    __device__ __forceinline__ bool from_words(const int (&fixed)[2], int first, unsigned long long (&visible)[2]) const {
+        WordsAt w;
+        if (!words_at<kKeyRows, kNTiles>(fixed, first, &w)) return false;
+        const int slot = a->sparse.elem_slot[w.cell];
+        if (slot < 0) return false;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) visible[r] = row_word<kKeyRows, kNTiles>(slot, w, r);
         return true;
     }
 
@@ -509,9 +575,10 @@ struct UserMaskAt {
                         : MaskFn::visible(b, h, fixed, x, a->mask_buffers, poisoned);
     }
 };
-template <>
-struct UserMaskAt<NoUserMask> {
+template <bool kColumnWords>
+struct UserMaskAt<NoUserMask, kColumnWords> {
     static constexpr bool kEnabled = false;
+    static constexpr bool kWords = false;
     UserMaskAt() = default;
     __device__ __forceinline__ UserMaskAt(const AttnArgs&, int, int) {}
 

@@ -21,9 +21,49 @@
 
 namespace cupyflash {
 
+// How many of a thread's kBits fragment columns 8 (t / 2) + t % 2 (bit t; increasing in t) lie before
+// column x: an interval's ends as bit positions.
+template <int kBits>
+__device__ __forceinline__ int columns_before(int x) {
+    return min(max(2 * (x >> 3) + min(x & 7, 2), 0), kBits);
+}
+
+// Row r of each n-tile of a row fragment (bit 2 nt + c: element [nt][2 r + c]) where a tile lies inside
+// one block of a mask_mod's layout (its layout bits all ones): the row's interval [begin, end) of columns
+// from the thread's first as a range of its bits, with the function's bits one word of what the row
+// sees, so each element costs a bit test and a select (R2P and FSEL: about 1.2 instructions), where the
+// compares, the layout's bit and the function's took about 19 (4 x 300 a tile at d128, beside a softmax
+// of about 400). Hidden elements take `hidden` (scores -inf, the backward's probabilities 0); the
+// function's out-of-range reads (poisoned) NaN. The backward's column fragments (mask_cols) are the same
+// with keys for rows and queries for columns.
+template <int kNTiles, typename Acc>
+__device__ __forceinline__ void mask_row_words(Acc (&f)[kNTiles][4], int r, int begin, int end,
+                                               unsigned long long user, unsigned long long poisoned, Acc hidden) {
+    constexpr int kBits = 2 * kNTiles;
+    const unsigned long long range = ((1ull << columns_before<kBits>(end)) - 1) & ~((1ull << columns_before<kBits>(begin)) - 1);
+    const unsigned long long seen = range & user;
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) f[nt][2 * r + c] = ((seen >> (2 * nt + c)) & 1) != 0 ? f[nt][2 * r + c] : hidden;
+    }
+    poisoned &= seen;
+    if (poisoned != 0) {
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                if (((poisoned >> (2 * nt + c)) & 1) != 0) f[nt][2 * r + c] = Consts<Acc>::nan();
+            }
+        }
+    }
+}
+
 // s = -inf where the mask hides the pair (query row_of(mt, r), key n0 + col_t + 8 nt + e % 2) of row
 // fragment element [mt][nt][e]; with kLayout also where the block layout does, read as one word of bits
-// per row and 64 keys, and where a mask_mod (user, a UserMaskAt) does. With kRowIntervals, per row the
+// per row and 64 keys (where a tile can span blocks: BlockLayout::tiles_in_blocks), and where a mask_mod
+// (user, a UserMaskAt) does: where the tile lies inside one block, as one word of bits per row
+// (mask_row_words). Otherwise, with kRowIntervals, per row the
 // interval of keys it sees and per element a compare for each side in kCuts (Mask::key_cuts: the sides
 // of the intervals that fall inside the tile; the others cannot hide a pair of it) and a select.
 // Otherwise Mask::visible per element, which needs fewer registers.
@@ -33,6 +73,9 @@ __device__ __forceinline__ void mask_rows(Acc (&s)[kMTiles][kNTiles][4], const M
                                           const AttnArgs& a, const RowOf& row_of, int n0, int col_t, const User& user) {
     // Keys whose layout cells one word of bits holds: the whole tile up to 64 keys, else 64 per word.
     constexpr int kWordKeys = kNTiles * 8 <= 64 ? kNTiles * 8 : 64;
+    // Whether the tile lies inside one block, whose layout bits are then all ones: beside a mask_mod
+    // once here (two divisions), else in the loop (a register held across it spilled the d192 forward).
+    const bool whole = kLayout && User::kEnabled && BlockLayout::tiles_in_blocks(a);
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
         // The mask_mod's bits of the two rows' columns (bit 2 nt + c), then a select per element.
@@ -43,6 +86,14 @@ __device__ __forceinline__ void mask_rows(Acc (&s)[kMTiles][kNTiles][4], const M
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int row = row_of(mt, r);
+            if constexpr (kLayout && kRowIntervals && User::kEnabled) {
+                if (whole) {
+                    int begin, end;
+                    mask.keys_of(row, n0 + col_t, &begin, &end);
+                    mask_row_words(s[mt], r, begin, end, user_rows[r], poisoned_rows[r], Consts<Acc>::neg_inf());
+                    continue;
+                }
+            }
             // Both sides: the interval from n0, compared with each element's column col_t + 8 nt + e % 2
             // (a form the registers of the larger tiles hold without spilling). One side: from the
             // thread's first column, so each compare takes its column as an immediate.
@@ -52,7 +103,12 @@ __device__ __forceinline__ void mask_rows(Acc (&s)[kMTiles][kNTiles][4], const M
             const unsigned long long user_bits = user_rows[r], poisoned = poisoned_rows[r];
 #pragma unroll
             for (int chunk = 0; chunk < (kNTiles + 7) / 8; ++chunk) {
-                const unsigned long long bits = kLayout ? layout.key_bits(a, row, n0 + 64 * chunk, kWordKeys) : 0;
+                // (Past the layout, rows and keys are past seqlen_q and seqlen_k: the mask's intervals
+                // hide the keys, and the forward never stores the rows.)
+                const bool inside = User::kEnabled ? whole : BlockLayout::tiles_in_blocks(a);
+                const unsigned long long bits = !kLayout ? 0
+                                                : inside ? ~0ull
+                                                         : layout.key_bits(a, row, n0 + 64 * chunk, kWordKeys);
 #pragma unroll
                 for (int nt = 8 * chunk; nt < kNTiles && nt < 8 * chunk + 8; ++nt) {
 #pragma unroll
@@ -159,11 +215,20 @@ __device__ __forceinline__ void mask_tile_rows(Acc (&s)[kMTiles][kNTiles][4], co
 
 // p = 0 where the mask hides the pair of query m0 + col_t + 8 nt + e % 2 and key key_g + 16 mt + 8 (e / 2)
 // of column fragment element [mt][nt][e]; with kLayout also where the block layout does, read as one
-// word of bits per key and 64 queries, and where a mask_mod (user, a UserMaskAt) does. Per key, the interval of queries that see it; per element, two
-// compares and a select.
+// word of bits per key and 64 queries, and where a mask_mod (user, a UserMaskAt) does. Per key, the
+// interval of queries that see it; per element, two compares and a select; where the tile lies inside one
+// block beside a mask_mod, per key one word of bits and per element a bit test and a select
+// (mask_row_words).
 template <bool kLayout, int kMTiles, int kNTiles, typename Acc, typename User>
 __device__ __forceinline__ void mask_cols(Acc (&p)[kMTiles][kNTiles][4], const Mask& mask, const BlockLayout& layout,
                                           const AttnArgs& a, int key_g, int m0, int col_t, const User& user) {
+    // Where the tile lies inside one block (its layout bits all ones) beside a mask_mod, each key's
+    // queries as one word of bits (mask_row_words, as the forward's rows); not where the caller's
+    // registers are spoken for (User::kWords off: a score function beside the mask, whose additive-bias
+    // backward went 12 -> 18 consumer local accesses), nor in the 128-query tiles of head dim 64 (51 ->
+    // 70).
+    constexpr bool kWords = kLayout && User::kWords && kNTiles <= 8;
+    const bool whole = kWords && BlockLayout::tiles_in_blocks(a);
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
         // The mask_mod's bits of the two keys' queries (bit 2 nt + c), then a select per element.
@@ -175,11 +240,23 @@ __device__ __forceinline__ void mask_cols(Acc (&p)[kMTiles][kNTiles][4], const M
         for (int r = 0; r < 2; ++r) {
             const int key = key_g + 16 * mt + 8 * r;
             int begin, end;
+            if constexpr (kWords) {
+                if (whole) {
+                    mask.queries_of(key, m0 + col_t, &begin, &end);
+                    mask_row_words(p[mt], r, begin, end, user_rows[r], poisoned_rows[r], Acc(0));
+                    continue;
+                }
+            }
             mask.queries_of(key, m0, &begin, &end);
             const unsigned long long user_bits = user_rows[r], poisoned = poisoned_rows[r];
 #pragma unroll
             for (int chunk = 0; chunk < (kNTiles + 7) / 8; ++chunk) {
-                const unsigned long long bits = kLayout ? layout.query_bits(a, key, m0 + 64 * chunk, 64) : 0;
+                // (Only beside a mask_mod: in the kernels without one the branch costs the registers of
+                // the larger tiles, and their partial tiles are those of blocks smaller than tiles.)
+                const unsigned long long bits = !kLayout ? 0
+                                                : User::kEnabled && (kWords ? whole : BlockLayout::tiles_in_blocks(a))
+                                                    ? ~0ull
+                                                    : layout.query_bits(a, key, m0 + 64 * chunk, 64);
 #pragma unroll
                 for (int nt = 8 * chunk; nt < kNTiles && nt < 8 * chunk + 8; ++nt) {
 #pragma unroll

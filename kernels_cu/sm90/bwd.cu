@@ -5,7 +5,8 @@
 // the tiles' lse and delta (Mainloop::load_rows) and its thread 64 adds each tile's dQ share into the
 // float32 buffer (Mainloop::reduce_queries); the two consumer warpgroups run the products
 // (Mainloop::mma, or above head dim 128 Mainloop::mma_roles, which leaves dQ in the tile's stage) and
-// write dK and dV (Epilogue::store, or above head dim 128 Epilogue::store_one, one per warpgroup).
+// write dK and dV (Epilogue::store_staged through K's and V's tiles and TMA stores, or from the
+// registers Epilogue::store, or above head dim 128 Epilogue::store_one, one per warpgroup).
 // setmaxnreg gives the consumers 240 registers and the producer 24.
 //
 // Grid: x = ceil(seqlen_k / kBlockN) * batch * heads_k (common/scheduler.cuh). Dynamic shared memory:

@@ -26,11 +26,13 @@ struct Sm90BwdKernel {
         // predecessors launched before it, common/ordered_sum.cuh), otherwise first-first: under a
         // causal mask, whose walks shrink with the key tile, in turn across args.tile_group pairs, or
         // above head dim 128 and under a block mask across the last args.tail_pairs pairs only; under a
-        // block mask each pair's tiles longest walk first (args.key_order, sm90/bwd_key_order.cu).
+        // block mask each pair's tiles longest walk first (args.key_order, sm90/bwd_key_order.cu), and
+        // every pair's longest walk before the rest (schedule_ranked_tail).
         const int num_key_tiles = ceil_div(a.seqlen_k, Tr::kBlockN);
         TileWork work = args.deterministic == kOrderedByLaunch ? schedule_tile(num_key_tiles, a.heads_k, true)
-                        : args.tail_pairs > 0 ? schedule_tile_tail(num_key_tiles, a.heads_k, args.tail_pairs)
-                                              : schedule_tile_groups(num_key_tiles, a.heads_k, args.tile_group);
+                        : args.tail_pairs == 0 ? schedule_tile_groups(num_key_tiles, a.heads_k, args.tile_group)
+                        : args.key_order != nullptr ? schedule_ranked_tail(num_key_tiles, a.heads_k, args.tail_pairs)
+                                                    : schedule_tile_tail(num_key_tiles, a.heads_k, args.tail_pairs);
         if (args.key_order != nullptr) {
             work.tile = args.key_order[(static_cast<long long>(work.b) * a.heads_k + work.h) * num_key_tiles + work.tile];
         }
@@ -86,7 +88,13 @@ struct Sm90BwdKernel {
                 float dk[Tr::kDkTiles][4];
                 float dv[Tr::kDvTiles][4];
                 Mainloop::mma(args, st, smem, seq, work, wg - 1, dk, dv);
-                Epilogue::store(args, seq, work.b, work.h, work.tile * Tr::kBlockN + 64 * (wg - 1) + warp_row, 0, 0, dk, dv);
+                // Through shared memory where the maps are set and a TMA store may write the whole tile
+                // (Sm90BwdEpilogue::store_staged); the same for both warpgroups.
+                if (maps.store_dkv && (a.cu_seqlens_k == nullptr || (work.tile + 1) * Tr::kBlockN <= seq.seqlen_k)) {
+                    Epilogue::template store_staged<Tr>(args, maps, smem, seq, work, wg - 1, Mainloop::kConsumerBarrier, dk, dv);
+                } else {
+                    Epilogue::store(args, seq, work.b, work.h, work.tile * Tr::kBlockN + 64 * (wg - 1) + warp_row, 0, 0, dk, dv);
+                }
             }
         }
     }

@@ -91,6 +91,8 @@ namespace cupyflash {
 // columns by kBlockM rows, 128-byte swizzle (the layout of the shared dQ tile).
 struct Sm90BwdMaps {
     TmaDesc q, k, v, dout, dq_accum;
+    TmaDesc dk, dv;  // with store_dkv: boxes of 64 columns by kBlockN rows, as k's and v's
+    int store_dkv;   // whether dk and dv are set (Sm90BwdEpilogue::store_staged)
 };
 
 template <typename T, int kHeadDim_, int kHeadDimV_, int kBlockM_, int kStages_>
@@ -195,26 +197,42 @@ struct Sm90BwdState {
     unsigned long long p_free;                 // warpgroup 1 has read it
     unsigned long long turn_ready[2];          // the ordered sum: the turn of the reducing thread's tile i % 2 has come
     unsigned long long turn_free[2];           // the reducing thread has taken it
+    int* first_share[2];                       // dq_claims: where the reducing thread's tile i % 2 takes its first
+                                               // share, the tile's written flag; null: it adds its share
     int head[kMaxStages];                      // query head of the stage's tile; -1: the walk is over
     int entry[kMaxStages];                     // its tile-list entry (common/mask.cuh)
 };
 
 // What every Hopper backward main loop of kBlockN-key CTAs and kBlockM-query tiles shares: the CTA's
 // walk, under the ordered sum the producer thread that polls the turns, and the bank order of the
-// consumers' dQ stores (a dQ share of whole 32-column atoms).
-template <int kBlockM, int kBlockN>
+// consumers' dQ stores (a dQ share of whole 32-column atoms). kClaims: the main loop may run with
+// unzeroed dQ buffers (BwdArgs::dq_claims; the 16-bit one: float32's adds into dq itself).
+template <int kBlockM, int kBlockN, bool kClaims>
 struct Sm90BwdShared {
     // The CTA's walk: f(query head, entry) for the query tiles of each head of the GQA group, heads in
     // order, each head's tiles ascending from its entry `rotation` and round (the ordered sum's rotated
     // walks, common/ordered_sum.cuh; 0 otherwise, and below every head's tile count when not 0). Every
-    // producer thread walks it alike.
+    // producer thread walks it alike. Under a block mask each head's range in the list is the one
+    // sm90/bwd_key_order.cu left in args.walk_ranges (one load, no search of the list).
     template <typename F>
-    __device__ __forceinline__ static void walk(const AttnArgs& a, const Mask& mask, const TileWork& work, int rotation,
+    __device__ __forceinline__ static void walk(const BwdArgs& args, const Mask& mask, const TileWork& work, int rotation,
                                                 F&& f) {
+        const AttnArgs& a = args.attn;
         const int group = a.heads / a.heads_k;
         for (int g = 0; g < group; ++g) {
             const int h = work.h * group + g;
-            const TileRange tiles = query_tiles<kBlockM, kBlockN>(a, mask, BlockLayout(a, work.b, h), work.tile);
+            const BlockLayout layout(a, work.b, h);
+            TileRange tiles;
+            if (layout.cells != nullptr) {
+                int listed;  // (the range's end is in walk_ranges)
+                // (an int: b * h * key tiles * 128 query rows of q's elements would not fit memory
+                // long before 2^31; a 64-bit index here raised the producers' spills)
+                const int walk = ((work.b * a.heads_k + work.h) * ceil_div(a.seqlen_k, kBlockN) + work.tile) * group + g;
+                const int2 range = __ldg(args.walk_ranges + walk);
+                tiles = {layout.q_list(a, work.tile, &listed), range.x, range.y};
+            } else {
+                tiles = query_tiles<kBlockM, kBlockN>(a, mask, layout, work.tile);
+            }
             for (int j = rotation; j < rotation + tiles.count; ++j) f(h, tiles.entry(j < tiles.count ? j : j - tiles.count));
         }
     }
@@ -258,20 +276,32 @@ struct Sm90BwdShared {
 
     // Producer thread 96 (warp 3), under the ordered sum: polls the turn counters of the reducing thread's
     // tiles, up to two tiles ahead of it, and tells it through turn_ready, so the poll's round trip to
-    // L2 (about a microsecond a tile) is off the reducing thread's path.
+    // L2 (about a microsecond a tile) is off the reducing thread's path. With unzeroed dQ buffers
+    // (dq_claims) it claims those tiles instead and, where another CTA claimed first, waits until that
+    // CTA's share is written (common/ordered_sum.cuh); first_share tells the reducing thread which
+    // shares to store. Claims two tiles ahead cannot deadlock: this CTA's stores of the tiles it claimed
+    // first wait only for its own consumers.
     __device__ __forceinline__ static void wait_turns(const BwdArgs& args, Sm90BwdState& st, const Sequence& seq,
                                                       const TileWork& work) {
-        if (!args.deterministic) return;
+        const bool claims = kClaims && args.dq_claims != nullptr;
+        if (!args.deterministic && !claims) return;
         const AttnArgs& a = args.attn;
         const int split = work.tile % args.dq_splits;
         const Mask mask(a, seq);
         const bool rotated = rotated_walks(args, mask);
         int i = 0;
-        walk(a, mask, work, walk_rotation<kBlockM, kBlockN>(args, mask, work.tile), [&](int h, int entry) {
+        walk(args, mask, work, walk_rotation<kBlockM, kBlockN>(args, mask, work.tile), [&](int h, int entry) {
             const int q_tile = entry_tile(entry);
             if (i >= 2) mbarrier_wait(&st.turn_free[i % 2], ((i - 2) / 2) & 1);
-            wait_for_turn(dq_turn_counter<kBlockM>(args, work.b, h, q_tile, split),
-                          key_tile_turn<kBlockM, kBlockN>(args, mask, BlockLayout(a, work.b, h), q_tile, work.tile, rotated));
+            if (args.deterministic) {
+                wait_for_turn(dq_turn_counter<kBlockM>(args, work.b, h, q_tile, split),
+                              key_tile_turn<kBlockM, kBlockN>(args, mask, BlockLayout(a, work.b, h), q_tile, work.tile, rotated));
+            } else if constexpr (kClaims) {
+                int* claim = dq_claim(args, work.b, h, q_tile);
+                const bool first = atomicAdd(claim, 1) == 0;
+                if (!first) wait_for_turn(claim + 1, 1);
+                st.first_share[i % 2] = first ? claim + 1 : nullptr;
+            }
             mbarrier_arrive(&st.turn_ready[i % 2]);
             ++i;
         });
@@ -280,7 +310,8 @@ struct Sm90BwdShared {
     // Producer thread 64 (warp 2): each tile's dQ share into buffer `split` of the float32
     // accumulator. Per tile of the walk (i-th), under the ordered sum after its turn, share(i, reduce)
     // adds the share's 32-column atoms with reduce(atom, shared offset), one TMA reduction each, and
-    // frees their shared memory once read; the turn is handed on once the additions are written. The
+    // frees their shared memory once read; the turn is handed on once the additions are written. With
+    // unzeroed buffers (dq_claims) reduce stores the tile's first share instead. The
     // rows of a tile past its sequence's end hold exact zeros (their probabilities are 0 and their Q
     // and dO rows zero), so in a packed batch adding them to the next sequence's rows changes nothing;
     // past the tensor the TMA drops them.
@@ -294,18 +325,28 @@ struct Sm90BwdShared {
         const int batch = a.cu_seqlens_q != nullptr ? 0 : work.b;
         const Mask mask(a, seq);
         int i = 0;
-        walk(a, mask, work, walk_rotation<kBlockM, kBlockN>(args, mask, work.tile), [&](int h, int entry) {
+        walk(args, mask, work, walk_rotation<kBlockM, kBlockN>(args, mask, work.tile), [&](int h, int entry) {
             const int m0 = entry_tile(entry) * kBlockM;
+            // Under the ordered sum after the tile's turn; with unzeroed buffers (dq_claims) once
+            // wait_turns has claimed the tile: the first claimant stores its share, the others add theirs
+            // once that store is written.
+            // (A first share's slot is freed once its written flag is handed on, below.)
             int* turn = nullptr;
-            if (args.deterministic) {
-                turn = dq_turn_counter<kBlockM>(args, work.b, h, m0 / kBlockM, split);
-                mbarrier_wait(&st.turn_ready[i % 2], (i / 2) & 1);  // wait_turns saw the turn come
-                mbarrier_arrive(&st.turn_free[i % 2]);
-                fence_proxy_async_global();  // the earlier CTAs' additions before this one's
+            bool store = false;
+            if (args.deterministic || (kClaims && args.dq_claims != nullptr)) {
+                mbarrier_wait(&st.turn_ready[i % 2], (i / 2) & 1);
+                store = kClaims && !args.deterministic && st.first_share[i % 2] != nullptr;
+                if (!store) mbarrier_arrive(&st.turn_free[i % 2]);
+                fence_proxy_async_global();  // the earlier CTAs' writes before this one's
+                if (args.deterministic) turn = dq_turn_counter<kBlockM>(args, work.b, h, m0 / kBlockM, split);
             }
             const auto reduce = [&](int atom, int offset) {
                 if (32 * atom < args.dq_ld) {
-                    tma_reduce_add_5d(maps.dq_accum, smem + offset, 32 * atom, seq.q_start + m0, h, batch, split);
+                    if (store) {
+                        tma_store_5d(maps.dq_accum, smem + offset, 32 * atom, seq.q_start + m0, h, batch, split);
+                    } else {
+                        tma_reduce_add_5d(maps.dq_accum, smem + offset, 32 * atom, seq.q_start + m0, h, batch, split);
+                    }
                 }
             };
             share(i, reduce);
@@ -313,6 +354,12 @@ struct Sm90BwdShared {
                 bulk_wait();
                 fence_proxy_async_global();
                 hand_on_turn(turn);
+            }
+            if (store) {
+                bulk_wait();
+                fence_proxy_async_global();
+                hand_on_turn(st.first_share[i % 2]);
+                mbarrier_arrive(&st.turn_free[i % 2]);
             }
             ++i;
         });
@@ -353,7 +400,7 @@ struct Sm90BwdShared {
 // sends the others to the sm80 or general kernels. A mask_mod runs on the tiles the lists mark partial.
 template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kStages, bool kScoreMod, bool kDropout = false,
           typename ScoreFn = NoUserScore, typename MaskFn = NoUserMask>
-struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHeadDimV, kBlockM, kStages>::kBlockN> {
+struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHeadDimV, kBlockM, kStages>::kBlockN, true> {
     using Tr = Sm90BwdTraits<T, kHeadDim, kHeadDimV, kBlockM, kStages>;
     static constexpr bool kModified = kScoreMod || ScoreFn::kEnabled;
     static constexpr bool kScatter = ScoreFn::kBufferGradients;
@@ -366,7 +413,7 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
         ScoreFn::kEnabled && (ScoreFn::kFreezable || (kScatter && !ScoreFn::kReadsPositions)) && Tr::kSTiles <= 8;
     using Scores = typename IfType<kScatter, UserLog2ScoresLate<ScoreFn>,
                                    typename ScoresOf<ScoreFn, Log2Scores>::type>::type;
-    using Base = Sm90BwdShared<kBlockM, Tr::kBlockN>;
+    using Base = Sm90BwdShared<kBlockM, Tr::kBlockN, true>;
     using Base::walk;
     using Base::dq_lane_offset;
     using Base::dq_pair;
@@ -402,7 +449,7 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
             return stage;
         };
         const Mask mask(a, seq);
-        walk(a, mask, work, walk_rotation<kBlockM, kBlockN>(args, mask, work.tile), [&](int h, int entry) {
+        walk(args, mask, work, walk_rotation<kBlockM, kBlockN>(args, mask, work.tile), [&](int h, int entry) {
             const int stage = next_stage();
             st.head[stage] = h;  // released to the consumers by the arrival below
             st.entry[stage] = entry;
@@ -447,7 +494,7 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
         const int lane = threadIdx.x % 32;
         const Mask mask(a, seq);
         int i = 0;
-        walk(a, mask, work, walk_rotation<kBlockM, kBlockN>(args, mask, work.tile), [&](int h, int entry) {
+        walk(args, mask, work, walk_rotation<kBlockM, kBlockN>(args, mask, work.tile), [&](int h, int entry) {
             const int stage = i % kStages;
             if (i >= kStages) mbarrier_wait(&st.empty[stage], (i / kStages - 1) & 1);
             const int m0 = entry_tile(entry) * kBlockM;
@@ -540,8 +587,9 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
     // key_w and the tile's queries (FrozenScores).
     __device__ __forceinline__ static void score_gradients_of(float (&s)[Tr::kSTiles][4], float (&dp)[Tr::kSTiles][4],
                                                               const AttnArgs& a, const Mask& mask, const Scores& scores,
-                                                              const float* rows, int h, int b, int entry, int m0,
-                                                              int key_g, int key0, int col_t, bool frozen, int key_w) {
+                                                              const float* rows, const UserMaskAt<MaskFn, !kModified>& user,
+                                                              int h, int b, int entry, int m0, int key_g, int key0,
+                                                              int col_t, bool frozen, int key_w) {
         unsigned long long kept = 0;
         if constexpr (kDropout) {
             // The draws need m0 % 16 == 0: the walk's query tiles start at multiples of kBlockM.
@@ -582,7 +630,7 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
         }
         const bool partial = entry_partial(entry);
         if (partial || !mask.tile_is_full(m0, Tr::kWgQueries, key0, 64)) {
-            mask_tile_cols(p, mask, BlockLayout(a, b, h), a, key_g, m0, col_t, partial, UserMaskAt<MaskFn>(a, b, h));
+            mask_tile_cols(p, mask, BlockLayout(a, b, h), a, key_g, m0, col_t, partial, user);
         }
         if constexpr (kRowsAhead && !kModified) read_row_pairs(delta, rows + kBlockM, col_t);
         wgmma_wait<0>();
@@ -790,6 +838,13 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
             const unsigned do_tile = base + Tr::kDoOffset + stage * Tr::kDoBytes;
             if (packed_q) clear_foreign_queries(smem, seq, stage, m0, thread);
             if constexpr (kModified) scores = Scores(a, seq, work.b, h);
+            // A partial tile's mask bits fetched in two steps around its products (UserMaskAt::fetch_slot).
+            UserMaskAt<MaskFn, !kModified> user(a, work.b, h);
+            const int keys[2] = {key_g, key_g + 8};
+            const bool fetch = MaskFn::kEnabled && !kModified && entry_partial(entry);
+            if constexpr (MaskFn::kEnabled && !kModified) {
+                if (fetch) user.template fetch_slot<true, Tr::kSTiles>(keys, m0 + col_t);
+            }
 
             // S^T and dP^T; P^T while dP^T is still in flight (with kModified both are needed at once),
             // then dS^T.
@@ -799,6 +854,9 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
             issue_transposed_scores(s, k_tile, 64 * wg, q_tile, 0, kHeadDim / 16);
             issue_transposed_scores(dp, v_tile, 64 * wg, do_tile, 0, kHeadDimV / 16);
             Turns::pass_turn(wg);
+            if constexpr (MaskFn::kEnabled && !kModified) {
+                if (fetch) user.template fetch_words<true, Tr::kSTiles>(keys, m0 + col_t);
+            }
             const float* rows = reinterpret_cast<const float*>(smem + Tr::kRowsOffset) + stage * 2 * kBlockM;
             mbarrier_wait(&st.rows_full[stage], parity);
             // A warp-uniform branch: the score_mod's parts that read the positions taken once per tile where
@@ -808,7 +866,7 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
             if constexpr (kFreeze) {
                 frozen = scores.uniform(m0, m0 + 8 * Tr::kSTiles - 1, key_w, key_w + 15);
             }
-            score_gradients_of(s, dp, a, mask, scores, rows, h, work.b, entry, m0, key_g, key0, col_t, frozen, key_w);
+            score_gradients_of(s, dp, a, mask, scores, rows, user, h, work.b, entry, m0, key_g, key0, col_t, frozen, key_w);
             if constexpr (kScatter) {
                 // Every pair's terms go to the same elements: the thread's dS^T summed, scattered once.
                 if (frozen) {
@@ -960,7 +1018,7 @@ struct Sm90BwdMainloop : Sm90BwdShared<kBlockM, Sm90BwdTraits<T, kHeadDim, kHead
                 const bool partial = entry_partial(entry);
                 if (partial || !mask.tile_is_full(m0, kBlockM, key0, 64)) {
                     mask_tile_cols(p, mask, BlockLayout(a, work.b, h), a, key_g, m0, col_t, partial,
-                                   UserMaskAt<MaskFn>(a, work.b, h));
+                                   UserMaskAt<MaskFn, !kModified>(a, work.b, h));
                 }
                 if (i >= 1) {
                     mbarrier_wait(&st.p_free, (i - 1) & 1);

@@ -118,11 +118,11 @@ struct Sm90BwdPlanesTraits {
 // (common/user_calls.cuh), or NoUserScore and NoUserMask.
 template <int kHeadDim, int kStages, bool kScoreMod, bool kTf32, typename ScoreFn = NoUserScore,
           typename MaskFn = NoUserMask>
-struct Sm90BwdPlanesMainloop : Sm90BwdShared<64, 64> {
+struct Sm90BwdPlanesMainloop : Sm90BwdShared<64, 64, false> {
     using Tr = Sm90BwdPlanesTraits<kHeadDim, kStages, kTf32>;
     static constexpr bool kModified = kScoreMod || ScoreFn::kEnabled;
     using Scores = typename ScoresOf<ScoreFn, NaturalScores<float>>::type;
-    using Base = Sm90BwdShared<64, 64>;
+    using Base = Sm90BwdShared<64, 64, false>;
     using Products = Sm90PlaneProducts<kTf32>;
     using Ops = typename Products::Ops;
     static constexpr int kBlockM = Tr::kBlockM;
@@ -158,7 +158,7 @@ struct Sm90BwdPlanesMainloop : Sm90BwdShared<64, 64> {
             return stage;
         };
         const Mask mask(a, seq);
-        walk(a, mask, work, walk_rotation<kBlockM, kBlockN>(args, mask, work.tile), [&](int h, int entry) {
+        walk(args, mask, work, walk_rotation<kBlockM, kBlockN>(args, mask, work.tile), [&](int h, int entry) {
             const int stage = next_stage();
             st.head[stage] = h;  // released to the consumers by the arrival below
             st.entry[stage] = entry;
@@ -184,7 +184,7 @@ struct Sm90BwdPlanesMainloop : Sm90BwdShared<64, 64> {
         const int lane = threadIdx.x % 32;
         const Mask mask(a, seq);
         int i = 0;
-        walk(a, mask, work, walk_rotation<kBlockM, kBlockN>(args, mask, work.tile), [&](int h, int entry) {
+        walk(args, mask, work, walk_rotation<kBlockM, kBlockN>(args, mask, work.tile), [&](int h, int entry) {
             const int stage = i % kStages;
             if (i >= kStages) mbarrier_wait(&st.empty[stage], (i / kStages - 1) & 1);
             const int m0 = entry_tile(entry) * kBlockM;

@@ -9,6 +9,7 @@
 #include "fragment/softmax.cuh"
 #include "sm90/fwd_mainloop.cuh"
 #include "sm90/primitives.cuh"
+#include "sm90/staged_rows.cuh"
 
 namespace cupyflash {
 
@@ -70,30 +71,11 @@ struct Sm90FwdEpilogue {
     __device__ __forceinline__ static void store_staged(const AttnArgs& a, const Sm90FwdMaps& maps, unsigned char* smem,
                                                         const Sm90FwdTile& tile, int wg, const float (&o)[1][kOTiles][4],
                                                         const float (&inv_l)[1][2]) {
-        static_assert(kOTiles % 4 == 0, "whole 32-column groups");
         const bool issuer = threadIdx.x % 128 == 0;
         if (issuer) bulk_wait_read();  // the previous work tile's stores have read the rows
         named_barrier_sync(kBarrier + wg, 128);
-        const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
         unsigned char* rows = smem + Tr::kOOffset + 64 * wg * 128;  // the warpgroup's rows of atom 0
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            // Rows are 128 bytes of an atom; the swizzle moves 16-byte chunk c of row i to c ^ (i % 8),
-            // and i % 8 = g.
-            const int row = 16 * ((threadIdx.x / 32) % 4) + g + 8 * r;
-#pragma unroll
-            for (int group = 0; group < kOTiles / 4; ++group) {
-                unsigned x[4];
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    x[j] = pack2<T>(o[0][4 * group + j][2 * r] * inv_l[0][r], o[0][4 * group + j][2 * r + 1] * inv_l[0][r]);
-                }
-                transpose_quad(x);  // lane t: the eight columns of n-tile 4 group + t
-                const int chunk = 4 * group + t;
-                unsigned char* dst = rows + (chunk / 8) * Tr::kBlockM * 128 + row * 128 + ((chunk % 8) ^ g) * 16;
-                *reinterpret_cast<uint4*>(dst) = make_uint4(x[0], x[1], x[2], x[3]);
-            }
-        }
+        stage_swizzled_rows<T>(rows, Tr::kBlockM * 128, o[0], inv_l[0]);
         fence_proxy_async();  // the writes, visible to the TMA unit
         named_barrier_sync(kBarrier + wg, 128);
         if (issuer) {

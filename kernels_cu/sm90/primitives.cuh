@@ -93,6 +93,16 @@ __device__ __forceinline__ void tma_store_4d(const TmaDesc& map, const void* src
         : "memory");
 }
 
+// The same into a 5-D tensor (the float32 dQ buffers' view, whose first share of a tile is stored, not
+// added: BwdArgs::dq_claims).
+__device__ __forceinline__ void tma_store_5d(const TmaDesc& map, const void* src, int c0, int c1, int c2, int c3, int c4) {
+    asm volatile(
+        "cp.async.bulk.tensor.5d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3, %4, %5}], [%6];\n" ::"l"(
+            reinterpret_cast<unsigned long long>(&map)),
+        "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(shared_addr(src))
+        : "memory");
+}
+
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 
 // Waits until this thread's bulk groups have read their shared-memory sources (the buffer may be
