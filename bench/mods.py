@@ -192,6 +192,31 @@ def bench_cupyflash(row, inputs, settings, forward, backward, reference):
     return results
 
 
+def bench_row(row, inputs, table, settings, peers, rounds):
+    """cupyflash's function form, its reference and FlexAttention on one row, ``rounds`` times in a new
+    order each round (harness.balanced_order: the card's clocks follow what ran just before), each
+    measurement the median of its rounds' medians (harness.combine_rounds)."""
+    calls = cupyflash_calls(row, table)
+    systems = {"ours": lambda: bench_cupyflash(row, inputs, settings, *calls["ours"], False),
+               "reference": lambda: bench_cupyflash(row, inputs, settings, *calls["reference"], True)}
+    if peers is not None and peers.flex is not None:
+        def flex():
+            try:
+                return bench_flex(peers, row, inputs + (table,), settings)
+            except Exception as exc:  # noqa: BLE001 (a peer that cannot run shows n/a)
+                return {d: harness.failed(exc) for d in ("fwd", "bwd")}
+
+        systems["flex"] = flex
+    torch_peers = peers.torch if peers is not None else None
+    per_round = {name: [] for name in systems}
+    for index in range(rounds):
+        for name in harness.balanced_order(systems, index):
+            harness.release_cached_memory(torch_peers)
+            per_round[name].append(systems[name]())
+    return {name: {key: harness.combine_rounds([r[key] for r in results]) for key in results[0]}
+            for name, results in per_round.items()}
+
+
 def bench_flex(peers, row, inputs, settings):
     """FlexAttention with the row's functions; the relative bias's backward takes the table's gradient."""
     torch = peers.torch.torch
@@ -277,9 +302,10 @@ def table_lines(rows, results, settings):
     return lines
 
 
-def plan_lines(rows, settings):
+def plan_lines(rows, settings, rounds=1):
+    in_rounds = f" in each of {rounds} rounds (balanced orders), the median of the rounds'" if rounds > 1 else ""
     lines = [f"{len(rows)} rows, {DTYPE} d{HEADDIM} h{HEADS} b1; {harness.warmup_text(settings)}, median of "
-             f"{settings.repeats}; {'forward and backward' if settings.backward else 'forward only'}; "
+             f"{settings.repeats}{in_rounds}; {'forward and backward' if settings.backward else 'forward only'}; "
              f"peers: {'FlexAttention (torch)' if settings.peers else 'none (--no-peers)'}"]
     for row in rows:
         target_ref, target_flex = TARGETS[row.key]
@@ -304,6 +330,9 @@ def parse_args(argv):
     parser.add_argument("--quick", action="store_true", help=f"seqlen {QUICK_SEQLEN} instead of {SEQLEN}")
     parser.add_argument("--rows", type=lambda text: text.split(","), default=None,
                         help=f"comma-separated rows to run (default all: {','.join(TARGETS)})")
+    parser.add_argument("--rounds", type=harness.positive_int, default=1,
+                        help="time each row's systems this many times, in a balanced order that changes each round; each "
+                        "figure is the median of the rounds' medians (default 1)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit without touching the GPU")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.rows or ()) - set(TARGETS))
@@ -318,7 +347,7 @@ def main(argv=None):
     settings = harness.Settings(args.warmup, args.repeats, not args.no_backward, not args.no_peers,
                                 "per-call" if args.per_call else "back-to-back")
     if args.dry_run:
-        print("\n".join(plan_lines(rows, settings)))
+        print("\n".join(plan_lines(rows, settings, args.rounds)))
         return 0
     harness.require_gpu("mods.py", "--dry-run prints the plan without one.")
     import cupy
@@ -331,9 +360,10 @@ def main(argv=None):
             description += "\n" + line
             peers = argparse.Namespace(torch=torch_peers, flex=flex, create_block_mask=create_block_mask)
     args.out.mkdir(parents=True, exist_ok=True)
-    document = {"environment": harness.environment(description), "settings": dataclasses.asdict(settings),
+    settings_record = {**dataclasses.asdict(settings), "rounds": args.rounds}
+    document = {"environment": harness.environment(description), "settings": settings_record,
                 "flops": harness.VISIBLE_FLOP_CONVENTION, "targets": TARGETS, "rows": {}}
-    print("\n".join(plan_lines(rows, settings)))
+    print("\n".join(plan_lines(rows, settings, args.rounds)))
     print(description, flush=True)
     results = {}
     for number, row in enumerate(rows):
@@ -341,14 +371,7 @@ def main(argv=None):
         shape = (1, row.seqlen, HEADS, HEADDIM)
         inputs = harness.make_inputs(shape, harness.dtype(DTYPE), SEED + number)
         table = cupy.random.RandomState(SEED).standard_normal((HEADS, BUCKETS), dtype=numpy.float32)
-        calls = cupyflash_calls(row, table)
-        r = {"ours": bench_cupyflash(row, inputs, settings, *calls["ours"], False),
-             "reference": bench_cupyflash(row, inputs, settings, *calls["reference"], True)}
-        if peers is not None and peers.flex is not None:
-            try:
-                r["flex"] = bench_flex(peers, row, inputs + (table,), settings)
-            except Exception as exc:  # noqa: BLE001 (a peer that cannot run shows n/a)
-                r["flex"] = {d: harness.failed(exc) for d in ("fwd", "bwd")}
+        r = bench_row(row, inputs, table, settings, peers, args.rounds)
         results[row.key] = r
         document["rows"][row.key] = {"label": row.label, "reference": row.reference, "seqlen": row.seqlen,
                                      "results": r, "seconds": time.perf_counter() - start}

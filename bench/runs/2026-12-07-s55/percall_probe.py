@@ -24,21 +24,30 @@ def probe(call, n=30):
     enq, alone, dev = [], [], []
     for _ in range(n):
         cupy.cuda.Device().synchronize()
-        t = time.perf_counter(); call(); enq.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        call()
+        enq.append(time.perf_counter() - t)
         cupy.cuda.Device().synchronize()
     for _ in range(n):
         cupy.cuda.Device().synchronize()
-        t = time.perf_counter(); call(); cupy.cuda.Device().synchronize(); alone.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        call()
+        cupy.cuda.Device().synchronize()
+        alone.append(time.perf_counter() - t)
     for _ in range(n):
         cupy.cuda.Device().synchronize()
         a, b = cupy.cuda.Event(), cupy.cuda.Event()
-        a.record(); call(); b.record(); b.synchronize()
+        a.record()
+        call()
+        b.record()
+        b.synchronize()
         dev.append(cupy.cuda.get_elapsed_time(a, b) * 1e-3)
     a, b = cupy.cuda.Event(), cupy.cuda.Event()
     a.record()
     for _ in range(20):
         call()
-    b.record(); b.synchronize()
+    b.record()
+    b.synchronize()
     return med(enq), med(alone), med(dev), cupy.cuda.get_elapsed_time(a, b) * 1e3 / 20
 
 
