@@ -1,10 +1,10 @@
-# Session 55, second start (~480 s of budget left): on an H200 the landed tree's GPU suite, memcheck and
-# bench/mods.py's document and ragged rows beside FlexAttention (LIMIT 440 s); on an H100 the paged
+# Session 55, second start. SUITE=1 on an H200 (~480 s): the landed tree's GPU suite, memcheck and
+# bench/mods.py's document and ragged rows beside FlexAttention (LIMIT 440 s); otherwise the paged
 # walk's A/B that session 49 left (runs/2026-12-06-s49/paged_ab_landed.sh, ~150 s), then bench/mods.py's
 # document and ragged rows in 3 rounds of balanced orders, back to back and each call alone (~130 s).
 export PYTHONUNBUFFERED=1
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$gpu"
-if [[ "$gpu" != *H200* ]]; then
+if [[ "$gpu" != *H200* || ${SUITE:-0} = 0 ]]; then
   bash bench/runs/2026-12-06-s49/paged_ab_landed.sh 2>&1 | tail -30
   export PYTHONPATH=$PWD
   for mode in "" --per-call; do
