@@ -248,14 +248,9 @@ def bench_row(row, seed, settings, peers, rounds=1):
             for system in WIDE_TORCH_SYSTEMS if row.dtype in WIDE_DTYPES else TORCH_SYSTEMS:
                 systems[system] = functools.partial(harness.time_sdpa, peers, system, inputs, row.causal,
                                                     row.flops_fwd, row.flops_bwd, settings)
-    per_round = {name: [] for name in systems}
-    for index in range(rounds):
-        for name in harness.balanced_order(systems, index):
-            harness.release_cached_memory(peers)
-            per_round[name].append(systems[name]())
+    results = harness.run_rounds(systems, rounds, peers)
     harness.release_cached_memory(peers)
-    return {name: {key: harness.combine_rounds([r[key] for r in results]) for key in results[0]}
-            for name, results in per_round.items()}
+    return results
 
 
 # --------------------------------------------------------------------------------------------- memory

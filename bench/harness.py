@@ -453,6 +453,19 @@ def combine_rounds(measurements):
             "times_ms": [t for m in measurements for t in m["times_ms"]], "round_medians_ms": round_ms}
 
 
+def run_rounds(systems, rounds, peers=None):
+    """Each of ``systems`` (name -> a call returning {direction: measurement}) ``rounds`` times, in a new
+    order each round (:func:`balanced_order`), cached memory released before each; per system and direction
+    the median of the rounds' medians (:func:`combine_rounds`)."""
+    per_round = {name: [] for name in systems}
+    for index in range(rounds):
+        for name in balanced_order(systems, index):
+            release_cached_memory(peers)
+            per_round[name].append(systems[name]())
+    return {name: {key: combine_rounds([r[key] for r in results]) for key in results[0]}
+            for name, results in per_round.items()}
+
+
 def failed(exc, caught_warnings=()):
     """A measurement whose call raised: the exception and any warnings (torch explains there), one line."""
     text = one_line(exc)

@@ -207,14 +207,7 @@ def bench_row(row, inputs, table, settings, peers, rounds):
                 return {d: harness.failed(exc) for d in ("fwd", "bwd")}
 
         systems["flex"] = flex
-    torch_peers = peers.torch if peers is not None else None
-    per_round = {name: [] for name in systems}
-    for index in range(rounds):
-        for name in harness.balanced_order(systems, index):
-            harness.release_cached_memory(torch_peers)
-            per_round[name].append(systems[name]())
-    return {name: {key: harness.combine_rounds([r[key] for r in results]) for key in results[0]}
-            for name, results in per_round.items()}
+    return harness.run_rounds(systems, rounds, peers.torch if peers is not None else None)
 
 
 def bench_flex(peers, row, inputs, settings):

@@ -748,3 +748,26 @@ def test_rounds_balance_the_systems_order_and_take_the_median_of_medians(bench_m
     assert bench_modules.bench.parse_args(["--rounds", "3"]).rounds == 3
     with pytest.raises(SystemExit):
         bench_modules.bench.parse_args(["--rounds", "0"])
+    assert bench_modules.mods.parse_args(["--rounds", "2"]).rounds == 2
+
+
+def test_run_rounds_times_each_system_in_the_balanced_orders(bench_modules, monkeypatch):
+    """harness.run_rounds (bench.py's and mods.py's rows): each round calls the systems in that round's
+    balanced order, memory released before each call, and combines each system's rounds per direction."""
+    h = bench_modules.harness
+    calls, released = [], []
+    monkeypatch.setattr(h, "release_cached_memory", lambda peers=None: released.append(peers))
+    times = {"a": [1.0, 3.0, 2.0], "b": [4.0, 6.0, 5.0], "c": [7.0, 7.0, 9.0]}
+
+    def system(name):
+        def call():
+            calls.append(name)
+            t = times[name][sum(c == name for c in calls) - 1]
+            return {"fwd": h.measured([t], 1e9), "bwd": h.measured([2 * t], 1e9)}
+        return call
+
+    out = h.run_rounds({name: system(name) for name in times}, 3, peers="p")
+    assert calls == [s for r in range(3) for s in h.balanced_order(list(times), r)]
+    assert released == ["p"] * 9
+    assert {name: out[name]["fwd"]["median_ms"] for name in times} == {"a": 2.0, "b": 5.0, "c": 7.0}
+    assert out["c"]["bwd"]["round_medians_ms"] == [14.0, 14.0, 18.0]
