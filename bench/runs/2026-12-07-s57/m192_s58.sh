@@ -10,7 +10,7 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name --format=csv,noheader
 t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }; L=${LIMIT:-400}; R=$PWD; S=$R/bench/runs/2026-12-07-s57
 rm -rf /tmp/M && mkdir -p /tmp/M && cp -r cupyflash kernels_cu bench tests setup.cfg README.md /tmp/M/
-(cd /tmp/M && patch -p1 -s < $S/pending/i26_d128_m192_experiment.patch) || exit 1
+(cd /tmp/M && git apply $S/pending/i26_d128_m192_experiment.patch) || exit 1
 (cd /tmp/M && PYTHONPATH=/tmp/M python -c "
 from cupyflash import _families, _kernels
 _kernels.precompile([v for v in _families.VARIANTS if v.kernel.name == 'sm90_fwd' and v.dtype == 'bfloat16'
