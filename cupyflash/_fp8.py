@@ -28,7 +28,8 @@ _VALUES = numpy.arange(256, dtype=numpy.uint8).view(E4M3).astype(numpy.float32)
 GRANULARITIES = ("per_head", "per_tensor")
 #: The scale of the probabilities the FP8 kernels round to e4m3 (fragment/softmax.cuh's kOffset = 8: a row's
 #: largest is 2^8, so e4m3 keeps those down to 2^-17 of it), which the NumPy twin and the reference's FP8
-#: emulation apply too.
+#: emulation apply too. (The kernels' running maximum may lag a row's by up to 0.75 in log2 units, so their
+#: largest probabilities reach 2^8.75, still below e4m3's 448.)
 P_SCALE = 256.0
 
 

@@ -395,38 +395,57 @@ def test_paged_keys_take_the_hopper_forward_in_whole_swizzle_periods(page_size, 
     assert sm90.FORWARD.select(p32, H200, operands) is None
 
 
-def test_paged_plan_reads_the_pools_in_boxes_of_pages(monkeypatch):
+@pytest.mark.parametrize("headdim, headdim_v, page_size, v_box_rows", [
+    (128, 128, 64, 64), (128, 128, 16, 16), (192, 192, 32, 32), (256, 256, 64, 16), (96, 96, 64, 0), (128, 128, 24, 0),
+    (64, 64, 16, 0), (256, 128, 16, 0), (192, 192, 24, 0),
+])
+def test_paged_plan_reads_the_pools_in_boxes_of_pages(headdim, headdim_v, page_size, v_box_rows, monkeypatch):
     """The plan of a paged problem: the block table, its row stride, the page size, the box rows and the
     rows a table row covers in Sm90FwdMaps, and k and v mapped as their pools (dim, page_size, heads_k,
-    pages) with boxes of box_rows."""
+    pages) with boxes of box_rows; v instead as (64, page_size, atoms, heads_k, pages), one box over every
+    64-column atom (Sm90FwdMaps::v_box_rows), where its head dim is a multiple of 64 above 64 and the boxes
+    a power of two of at least 16 rows (not at d96, at pages of 24's 8-row boxes, at d64's one atom, or for
+    a v narrower than its bucket's tiles: d256's bucket has four atoms, a v of 128 columns two)."""
     from cupyflash import _problem
 
     encodings = []
     monkeypatch.setattr(sm90, "_encode", lambda ptr, **fields: encodings.append(fields) or bytes(128))
     monkeypatch.setattr(sm90.common, "function", lambda variant, smem=0: variant.key)
-    table = _plan.Slot(9, (2, 10), np.dtype(np.int32))
-    p = _problem.Problem(xp=np, dtype=np.dtype(ml_dtypes.bfloat16), batch=2, seqlen_q=100, seqlen_k=640, heads=4,
-                         heads_k=2, headdim=128, headdim_v=128, softmax_scale=0.1, window_right=0,
-                         seqused_k=_plan.Slot(8, (2,), np.dtype(np.int32)), block_table=table, page_size=64)
-    operands = (_plan.Slot(0, (2, 100, 4, 128), p.dtype), _plan.Slot(1, (20, 64, 2, 128), p.dtype),
-                _plan.Slot(2, (20, 64, 2, 128), p.dtype))
+    pages = 640 // page_size + 1
+    table = _plan.Slot(9, (2, pages), np.dtype(np.int32))
+    p = _problem.Problem(xp=np, dtype=np.dtype(ml_dtypes.bfloat16), batch=2, seqlen_q=100, seqlen_k=pages * page_size,
+                         heads=4, heads_k=2, headdim=headdim, headdim_v=headdim_v, softmax_scale=0.1, window_right=0,
+                         seqused_k=_plan.Slot(8, (2,), np.dtype(np.int32)), block_table=table, page_size=page_size)
+    k_pool, v_pool = (2 * pages, page_size, 2, headdim), (2 * pages, page_size, 2, headdim_v)
+    operands = (_plan.Slot(0, (2, 100, 4, headdim), p.dtype), _plan.Slot(1, k_pool, p.dtype),
+                _plan.Slot(2, v_pool, p.dtype))
     b = _plan.PlanBuilder()
-    sm90.FORWARD.plan(b, sm90.FORWARD.select(p, H200, operands), p, *operands, H200)
+    variant = sm90.FORWARD.select(p, H200, operands)
+    sm90.FORWARD.plan(b, variant, p, *operands, H200)
+    box_rows = sm90.paged_box_rows(page_size, variant.param("block_n"))
     maps = next(s for s in b._structs if s.dtype == sm90.MAPS)
     assert (int(maps["block_table"][0]), int(maps["table_stride"][0]), int(maps["page_size"][0]),
-            int(maps["box_rows"][0]), int(maps["capacity"][0])) == (table.data.ptr, 10, 64, 64, 640)
+            int(maps["box_rows"][0]), int(maps["capacity"][0]), int(maps["v_box_rows"][0])) == (
+                table.data.ptr, pages, page_size, box_rows, pages * page_size, v_box_rows)
     for _, _, _, encode in b._maps:
         encode(0)
-    assert [(f["dims"], f["box"]) for f in encodings] == [((128, 100, 4, 2), (64, 128, 1, 1)),
-                                                         ((128, 64, 2, 20), (64, 64, 1, 1)),
-                                                         ((128, 64, 2, 20), (64, 64, 1, 1)),
-                                                         ((128, 100, 4, 2), (64, 64, 1, 1))]  # out's (staged stores)
+    def pool_map(dim):
+        row_bytes = 2 * dim * 2
+        return (dim, page_size, 2, 2 * pages), (row_bytes, dim * 2, page_size * row_bytes), (64, box_rows, 1, 1)
+
+    keys, values = pool_map(headdim), pool_map(headdim_v)
+    if v_box_rows:
+        row_bytes = 2 * headdim_v * 2
+        values = ((64, page_size, headdim_v // 64, 2, 2 * pages), (row_bytes, 128, headdim_v * 2, page_size * row_bytes),
+                  (64, box_rows, headdim_v // 64, 1, 1))
+    assert [(f["dims"], f["strides"], f["box"]) for f in encodings[1:3]] == [keys, values]
+    assert [(f["dims"], f["box"]) for f in encodings[:1]] == [((headdim, 100, 4, 2), (64, variant.param("block_m"), 1, 1))]
 
 
 def test_packed_queries_read_page_pools_in_place(monkeypatch):
     """flash_attention_varlen's block_table on the Hopper forward (cupyflash/_cuda.py's paged_in_place):
-    packed queries (their map the packed view), the pools' maps 4-D with boxes of box_rows, and the
-    sequences' rows of the problem b * capacity apart (paged_counts_on_device's layout)."""
+    packed queries (their map the packed view), the pools' maps with boxes of box_rows (v's spanning both
+    atoms), and the sequences' rows of the problem b * capacity apart (paged_counts_on_device's layout)."""
     from cupyflash import _problem
 
     encodings = []
@@ -454,4 +473,4 @@ def test_packed_queries_read_page_pools_in_place(monkeypatch):
         encode(0)
     assert [(f["dims"], f["box"]) for f in encodings[:3]] == [((128, 150, 8, 1), (64, 128, 1, 1)),
                                                               ((128, page, 2, 40), (64, page, 1, 1)),
-                                                              ((128, page, 2, 40), (64, page, 1, 1))]
+                                                              ((64, page, 2, 2, 40), (64, page, 2, 1, 1))]

@@ -729,11 +729,14 @@ def test_out_of_range_leftpad_gives_nan_rows_cupy(dtype, monkeypatch):
     ("bfloat16", dict(DECODE, seqlen_q=80, new=20, lengths=[200, 0, 77], capacity=320, page_size=64, headdim=256,
                       headdim_v=256), {"causal": True, "softcap": 30.0}),
     ("float16", dict(DECODE, seqlen_q=66, new=3, lengths=[91, 40, 13], capacity=96, page_size=24), {"causal": True}),
+    ("bfloat16", dict(DECODE, seqlen_q=72, new=8, lengths=[150, 33, 0], capacity=192, page_size=32, headdim=192,
+                      headdim_v=192), {"causal": True}),
 ])
 def test_paged_prefill_on_the_hopper_forward(dtype, sizes, options, monkeypatch):
     """A paged cache's prefill (more than 64 queries) on the Hopper 16-bit forward, whose producer reads each
     key tile from the pages: pages of 16, 24 (8-row boxes),
-    64 and 256 rows, boxes of 16 at head dim 256 (80-key tiles), an entry filling its capacity (boxes past
+    64 and 256 rows, boxes of 16 at head dim 256 (80-key tiles), pages of 32 at head dim 192 (96-key tiles;
+    V's boxes, as at head dims 128 and 256, span every 64-column atom), an entry filling its capacity (boxes past
     it on page -1), table entries of -1 past every entry's used pages, new keys appended first, rotary,
     windows, ALiBi, softcap, the maximum score; against the oracle, the pages read in place. The device is
     described with 8 SMs, so that these small chunks fill it (paged_prefill routes by work tiles)."""

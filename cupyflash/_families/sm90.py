@@ -204,6 +204,24 @@ def paged_box_rows(page_size, block_n):
     return rows if rows % 8 == 0 else None
 
 
+def paged_values_map(b, maps, v, box_rows, bucket_v):
+    """With a paged v whose head dim is its bucket's (``bucket_v``: the kernel's tile columns) and a
+    multiple of 64 above 64, and boxes of a power of two of at least 16 rows (one k-step of O += P V inside
+    a box): ``maps["v"]`` becomes the 5-D view (64 columns, page rows, 64-column atoms 128 bytes apart,
+    heads_k, pages), whose box of ``box_rows`` rows spans every atom, and ``maps["v_box_rows"]`` is set
+    (kernels_cu/sm90/fwd_mainloop.cuh's Sm90FwdMaps::v_box_rows). Returns whether it did (else v keeps
+    tensor_map's view, a box per atom, whose atoms past a narrower head dim the TMA fills with zeros)."""
+    pages, page_size, heads_k, dim = v.shape
+    if dim != bucket_v or dim % 64 or dim == 64 or box_rows < 16 or box_rows & (box_rows - 1):
+        return False
+    page_stride, row_stride, head_stride = v.strides[:3]
+    dims, strides = (64, page_size, dim // 64, heads_k, pages), (row_stride, 128, head_stride, page_stride)
+    b.tensor_map(maps, "v", v, functools.partial(_encode, dtype_code=_TMA_DTYPE[v.dtype.name], dims=dims,
+                                                 strides=strides, box=(64, box_rows, dim // 64, 1, 1)))
+    maps["v_box_rows"] = box_rows
+    return True
+
+
 def _prepass_blocks(chunks):
     """Blocks of a grid-stride pre-pass over ``chunks`` 16-byte chunks (at most 8192)."""
     return max(1, min(common.cdiv(chunks, PREPASS_THREADS), 8192))
@@ -337,9 +355,9 @@ L2_SECTION_MIN_PAIRS_SPARSE = 4
 #: Sm90FwdMaps: the CUtensorMaps of q, k, v and out, and whether out's is set (the kernel parameter is
 #: 64-byte aligned, which the driver arranges when it copies the bytes).
 MAPS = numpy.dtype({"names": ["q", "k", "v", "o", "store_o", "block_table", "table_stride", "page_size", "box_rows",
-                              "capacity"],
-                    "formats": [(numpy.void, 128)] * 4 + [numpy.int32, numpy.uint64, numpy.int64] + [numpy.int32] * 3,
-                    "offsets": [0, 128, 256, 384, 512, 520, 528, 536, 540, 544], "itemsize": 576, "aligned": True})
+                              "capacity", "v_box_rows"],
+                    "formats": [(numpy.void, 128)] * 4 + [numpy.int32, numpy.uint64, numpy.int64] + [numpy.int32] * 4,
+                    "offsets": [0, 128, 256, 384, 512, 520, 528, 536, 540, 544, 548], "itemsize": 576, "aligned": True})
 #: Sm90BwdMaps: q, k, v, dout, the float32 dQ buffers, dk and dv, and whether dk's and dv's are set.
 BWD_MAPS = numpy.dtype({"names": ["q", "k", "v", "dout", "dq_accum", "dk", "dv", "store_dkv"],
                         "formats": [(numpy.void, 128)] * 7 + [numpy.int32],
@@ -557,7 +575,8 @@ class Sm90Forward:
             maps["capacity"] = p.block_table.shape[1] * p.page_size
         pools = p.block_table is not None
         for field, x, rows in (("q", q, block_m), ("k", k, key_rows), ("v", v, key_rows)):
-            tensor_map(b, maps, field, x, p.varlen and not (pools and field != "q"), rows)
+            if not (field == "v" and pools and paged_values_map(b, maps, v, key_rows, variant.param("headdim_v"))):
+                tensor_map(b, maps, field, x, p.varlen and not (pools and field != "q"), rows)
         # The staged epilogue stores a consumer warpgroup's 64 rows per box (out is C-contiguous: a TMA
         # addresses it when headdim_v * 2 bytes is a multiple of 16).
         if fwd_stores_o(variant) and tma_addressable(out, p.varlen):

@@ -25,7 +25,8 @@ namespace cupyflash {
 // each row's exact largest score, which m2 may lag (row_max_score). kOffset (log2 units; the FP8 kernel's
 // 8): probabilities are taken as 2^(s - m2 + kOffset), so the largest of a row is 2^kOffset rather than
 // 1 and e4m3, whose smallest value is 2^-9, keeps those down to 2^-(9 + kOffset) of it (FlashAttention-3's
-// offset); the maximum then moves with every larger score (no slack), so none passes 2^kOffset.
+// offset); the maximum then moves only when a block passes it by more than kMaxSlack = 0.75, so no
+// probability passes 2^8.75 = 430.5, below e4m3's largest finite value, 448.
 // kPolyShare (log2 units only): of every 4 n-tiles, this many take their probabilities from poly_exp2
 // (common/poly_exp2.cuh, on the FMA pipe; degree 2 beside e4m3's rounding, else 3) instead of ex2, so the
 // special-function unit issues fewer (the FP8 kernel, whose products run twice as fast as 16-bit ones).
@@ -39,7 +40,8 @@ struct FragmentSoftmax {
     static constexpr bool kTracksTop = kTop;
     // Log2 units by which a block's maximum may pass the running one before it moves (update_max);
     // kSlack is the same bound in the kernel's units.
-    static constexpr Acc kMaxSlack = kOffset != 0 ? 0.0f : 8.0f;
+    static constexpr Acc kMaxSlack = kOffset != 0 ? 0.75f : 8.0f;
+    static_assert(kOffset == 0 || kOffset == 8, "the slack of an offset keeps 2^(kOffset + slack) below e4m3's 448");
     static constexpr Acc kSlack = kNatural ? kMaxSlack * (sizeof(Acc) == 8 ? kLn2 : kLn2F) : kMaxSlack;
     Acc m2[2] = {Consts<Acc>::neg_inf(), Consts<Acc>::neg_inf()};
     Acc l[2] = {0, 0};
@@ -198,8 +200,9 @@ struct FragmentSoftmax {
             // The maximum moves only when the block's passes it by more than kMaxSlack (a row's first
             // visible block always: -inf + kMaxSlack is -inf). Otherwise the block's probabilities are
             // taken against the old maximum, each at most 2^kMaxSlack, which float32 sums and 16-bit P
-            // hold exactly as well; l and m2 stay consistent, so out and lse are the same. Most blocks
-            // after a row's first then rescale nothing (FlashAttention-4's conditional rescaling).
+            // hold exactly as well (e4m3's P, offset by 2^8, up to 2^8.75); l and m2 stay consistent, so
+            // out and lse are the same. Most blocks after a row's first then rescale nothing
+            // (FlashAttention-4's conditional rescaling).
             const Acc new_max = block_max > m2[r] + kSlack ? block_max : m2[r];
             // A row that has seen no visible key keeps new_max = -inf: subtract 0 instead, so that
             // ex2(-inf - -inf) is not NaN and every probability of the row is ex2(-inf) = 0.

@@ -146,6 +146,7 @@ struct Sm90FwdKernel {
                 mbarrier_init(&st.empty_k[s], 4 * Tr::kConsumers);
                 mbarrier_init(&st.empty_v[s], 4 * Tr::kConsumers);
             }
+            st.v_rows = maps.v_box_rows != 0 ? maps.v_box_rows : Tr::kBlockN;
             mbarrier_init_fence();
         }
         __syncthreads();

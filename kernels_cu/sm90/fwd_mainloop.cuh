@@ -44,6 +44,14 @@ namespace cupyflash {
 // box_rows rows, a divisor of both page_size and kBlockN and a multiple of 8 (whole 1024-byte swizzle
 // periods, so each box lands in the tile's layout at its own rows); key row r of batch entry b is row
 // r % page_size of page block_table[b * table_stride + r / page_size].
+//
+// v_box_rows (paged keys with box_rows a power of two of at least 16 and headdim_v a multiple of 64
+// above 64; else 0): v's map is the 5-D view (64 columns, page_size rows, 64-column atoms 128 bytes
+// apart, heads_k, pages), so that one box of v_box_rows (= box_rows) rows spans every atom, and V's tiles
+// are laid out box by box, [box][atom][v_box_rows][64], instead of [atom][kBlockN][64]. At pages of 16 a
+// head dim 128 tile pair then takes 24 boxes instead of 32. (K cannot: S = Q K^T's one wgmma spans every
+// key of the tile with one 8-row stride, while O += P V takes 16 keys a k-step, each step with its own
+// descriptor.)
 struct Sm90FwdMaps {
     TmaDesc q, k, v, o;
     int store_o;
@@ -52,6 +60,7 @@ struct Sm90FwdMaps {
     int page_size;
     int box_rows;
     int capacity;  // rows a table row covers: its pages times page_size
+    int v_box_rows;
 };
 
 // Where a paged key tile's box starts: its page (-1 past the table's capacity: a coordinate outside the
@@ -140,6 +149,7 @@ struct Sm90FwdState {
     unsigned long long empty_k[kMaxStages];  // one arrival per consumer warp
     unsigned long long empty_v[kMaxStages];
     int entry[kMaxStages];                   // the stage's tile-list entry
+    int v_rows;  // rows of V's layout blocks (Sm90FwdMaps::v_box_rows, or kBlockN: one block per atom)
     Sm90FwdTile tile[2];                     // work tile t in tile[t % 2]
 };
 
@@ -191,7 +201,9 @@ __device__ __forceinline__ void sm90_load_paged_key_tiles(const AttnArgs& a, con
         if (i >= kStages) mbarrier_wait(&st.empty_v[stage], round_parity);
         if (lane == 0) mbarrier_arrive_expect_tx(&st.v_full[stage], Tr::kVBytes);
         __syncwarp();
-        if (loads) {
+        if (loads && maps.v_box_rows != 0) {
+            tma_load_5d(v_tile + box * Tr::kAtomsV * 128, maps.v, &st.v_full[stage], 0, at.row, 0, kvh, at.page);
+        } else if (loads) {
 #pragma unroll
             for (int atom = 0; atom < Tr::kAtomsV; ++atom) {
                 tma_load_4d(v_tile + (atom * kBlockN + box) * 128, maps.v, &st.v_full[stage], 64 * atom, at.row, kvh,
@@ -252,15 +264,22 @@ __device__ __forceinline__ void sm90_load_key_tiles(const AttnArgs& a, const Sm9
 // consumer warpgroup zeroes those rows of every plane before its O += P V reads them, then meets at
 // named barrier `barrier` (its own). Every consumer zeroes the same rows; the later ones write zeros
 // over zeros.
+// v_rows: the rows of the tile's layout blocks (Sm90FwdState::v_rows).
 template <typename Tr>
 __device__ __forceinline__ void sm90_clear_foreign_values(unsigned char* v_tile, const AttnArgs& a,
-                                                          const Sm90FwdTile& tile, int entry, int barrier) {
+                                                          const Sm90FwdTile& tile, int entry, int barrier,
+                                                          int v_rows = Tr::kBlockN) {
     if (a.cu_seqlens_k == nullptr && a.seqused_k == nullptr) return;
     const int first = tile.seq.seqlen_k - entry_tile(entry) * Tr::kBlockN;  // first row past the sequence
     if (first >= Tr::kBlockN) return;
 #pragma unroll
     for (int p = 0; p < Tr::kPlanes; ++p) {
-        zero_tile_rows(v_tile + p * Tr::kVPlaneBytes, Tr::kBlockN, first, Tr::kAtomsV, threadIdx.x % 128, 128);
+        if (v_rows == Tr::kBlockN) {
+            zero_tile_rows(v_tile + p * Tr::kVPlaneBytes, Tr::kBlockN, first, Tr::kAtomsV, threadIdx.x % 128, 128);
+        } else {
+            zero_blocked_rows(v_tile + p * Tr::kVPlaneBytes, Tr::kBlockN, first, Tr::kAtomsV, v_rows, threadIdx.x % 128,
+                              128);
+        }
     }
     fence_proxy_async();
     named_barrier_sync(barrier, 128);
@@ -341,14 +360,23 @@ struct Sm90FwdMainloop {
         wgmma_commit();
     }
 
-    // O += P V with P (probabilities rounded to T) as the register operand, issued.
+    // O += P V with P (probabilities rounded to T) as the register operand, issued. V's tile is laid out
+    // in blocks of v_rows rows, [block][atom][v_rows][64] (Sm90FwdMaps::v_box_rows, a power of two; one
+    // block, the plain [atom][kBlockN][64], where v_rows = kBlockN, which may be 96 or 80): the atoms of a
+    // block are v_rows * 128 bytes apart (the descriptor's leading offset), and k-step kk's 16 keys, in
+    // block kk * 16 / v_rows, start the (kAtomsV - 1) atoms of the earlier blocks past the 2048 bytes a
+    // step of 16 rows takes: (kk * 16) & -v_rows rows of them, none in one block. (One loop for both
+    // layouts: the same products under a branch made ptxas serialize the wgmmas.)
     __device__ __forceinline__ static void issue_values(float (&o)[Tr::kOTiles][4],
-                                                        const unsigned (&p)[Tr::kKeySteps][4], unsigned v_tile) {
-        const unsigned long long v_desc = mnmajor_desc<kBlockN>(v_tile);
+                                                        const unsigned (&p)[Tr::kKeySteps][4], unsigned v_tile,
+                                                        int v_rows) {
+        const unsigned long long v_desc = smem_desc(v_tile, v_rows * 128);
+        const int blocks = v_rows < kBlockN ? -v_rows : 0;
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < Tr::kKeySteps; ++kk) {
-            WgmmaRS<T, kHeadDimV>::mma(o, p[kk], desc_advance(v_desc, mnmajor_step(kk)), 1);
+            const unsigned earlier_atoms = ((kk * 16) & blocks) * 128 * (Tr::kAtomsV - 1);
+            WgmmaRS<T, kHeadDimV>::mma(o, p[kk], desc_advance(v_desc, mnmajor_step(kk) + earlier_atoms), 1);
         }
         wgmma_commit();
     }
@@ -510,8 +538,9 @@ struct Sm90FwdMainloop {
             Turns::take_turn(wg);
             issue_scores(s, q_tile, 64 * wg, k_tiles + stage * Tr::kKBytes);
             mbarrier_wait(&st.v_full[prev], prev_parity);
-            sm90_clear_foreign_values<Tr>(smem + Tr::kVOffset + prev * Tr::kVBytes, a, tile, v_entry, kClearBarrier + wg);
-            issue_values(o[0], p, v_tiles + prev * Tr::kVBytes);
+            sm90_clear_foreign_values<Tr>(smem + Tr::kVOffset + prev * Tr::kVBytes, a, tile, v_entry, kClearBarrier + wg,
+                                          st.v_rows);
+            issue_values(o[0], p, v_tiles + prev * Tr::kVBytes, st.v_rows);
             Turns::pass_turn(wg);
             wgmma_wait<1>();
             fence_fragments(s);
@@ -529,8 +558,9 @@ struct Sm90FwdMainloop {
         }
         mbarrier_wait(&st.v_full[stage], (i / kStages) & 1);
         Turns::take_turn(wg);
-        sm90_clear_foreign_values<Tr>(smem + Tr::kVOffset + stage * Tr::kVBytes, a, tile, entry, kClearBarrier + wg);
-        issue_values(o[0], p, v_tiles + stage * Tr::kVBytes);
+        sm90_clear_foreign_values<Tr>(smem + Tr::kVOffset + stage * Tr::kVBytes, a, tile, entry, kClearBarrier + wg,
+                                      st.v_rows);
+        issue_values(o[0], p, v_tiles + stage * Tr::kVBytes, st.v_rows);
         Turns::pass_turn(wg);
         wgmma_wait<0>();
         fence_fragments(o[0]);

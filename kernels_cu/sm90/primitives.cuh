@@ -69,6 +69,17 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const TmaDesc& map, unsig
         : "memory");
 }
 
+// tma_load_4d for a 5-D map (coordinates c0 innermost, ..., c4).
+__device__ __forceinline__ void tma_load_5d(void* dst, const TmaDesc& map, unsigned long long* bar, int c0, int c1,
+                                            int c2, int c3, int c4) {
+    asm volatile(
+        "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5, "
+        "%6}], [%7];\n" ::"r"(shared_addr(dst)),
+        "l"(reinterpret_cast<unsigned long long>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4),
+        "r"(shared_addr(bar))
+        : "memory");
+}
+
 // Adds the box at src (shared memory, in the map's swizzled layout) into the tensor at element
 // coordinates (c0 innermost, ..., c4), elementwise, done by the TMA unit in L2; elements outside the
 // tensor are dropped. Completes in this thread's bulk group (bulk_commit, then bulk_wait_read or
@@ -185,6 +196,19 @@ __device__ __forceinline__ void zero_tile_rows(unsigned char* tile, int rows, in
     for (int idx = thread; idx < chunks * atoms; idx += threads) {
         const int atom = idx / chunks, chunk = idx % chunks;
         *reinterpret_cast<uint4*>(tile + atom * rows * 128 + first * 128 + chunk * 16) = make_uint4(0, 0, 0, 0);
+    }
+}
+
+// zero_tile_rows for a tile laid out in blocks of block_rows rows, [block][atom][block_rows][64] (the
+// paged forward's V tiles: Sm90FwdMaps::v_box_rows).
+__device__ __forceinline__ void zero_blocked_rows(unsigned char* tile, int rows, int first, int atoms, int block_rows,
+                                                  int thread, int threads) {
+#pragma unroll 1  // (a cold path: the last tile of a sequence)
+    for (int idx = thread; idx < (rows - first) * 8 * atoms; idx += threads) {
+        const int row = first + idx / (8 * atoms), atom = idx / 8 % atoms, chunk = idx % 8;
+        const int block = row / block_rows;
+        *reinterpret_cast<uint4*>(tile + ((block * atoms + atom) * block_rows + row - block * block_rows) * 128 +
+                                  chunk * 16) = make_uint4(0, 0, 0, 0);
     }
 }
 
