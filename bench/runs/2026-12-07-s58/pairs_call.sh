@@ -16,8 +16,8 @@ from cupyflash._families import sm90
 _kernels.precompile([v for v in _families.VARIANTS if v.kernel.name in ('sm90_fwd', 'sm90_fwd_pairs') and v.dtype == 'bfloat16'
                      and v.tile[:2] == (128, 128) and not any(v.flags)] + list(sm90.FWD_PAIRS.variants()), max_workers=3)"
 wait; echo "compiled at $(el) s"
-PYTHONPATH=$R timeout 90 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_kvcache.py -k clusters 2>&1 | tail -3
-echo "smoke rc=$? at $(el) s"
+PYTHONPATH=$R timeout 90 python -m pytest -q -x -p no:cacheprovider -m gpu tests/test_kvcache.py -k clusters > /tmp/smoke.txt 2>&1
+echo "smoke rc=$? at $(el) s"; tail -3 /tmp/smoke.txt
 for round in 1 2; do for t in /tmp/A $R; do
   [ $(( L - $(el) )) -gt 40 ] || break 2
   echo "$t paged: $(cd $t && PYTHONPATH=$t timeout 40 python $S/paged16_ab.py 2>&1 | tail -1) at $(el) s"
