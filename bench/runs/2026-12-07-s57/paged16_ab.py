@@ -1,6 +1,6 @@
 """Issue 26, session 57: paged_order.py's problem (512 causal queries over a 32k cache, GQA 32/8, d128, bf16,
 pages in a random order), only dense and pages of 16 and 64, for A/B rounds on a short device budget.
-PYTHONPATH=<tree> python paged16_ab.py [--precompile]"""
+PYTHONPATH=<tree> python paged16_ab.py [--precompile] [--pages 16,32,64] (pages of 16 and 64 by default)"""
 import os
 import sys
 
@@ -35,7 +35,8 @@ def dense():
 
 ref = dense()
 row = [f"dense {tflops(dense):.0f}"]
-for page in (16, 64):
+pages = sys.argv[sys.argv.index("--pages") + 1] if "--pages" in sys.argv else "16,64"
+for page in (int(x) for x in pages.split(",")):
     n = context // page
     order = cupy.asarray(rng.permutation(n).astype(np.int32))
     pools = []
