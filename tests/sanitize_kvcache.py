@@ -142,7 +142,8 @@ run_mla(64, 128, 1, 1)  # (the Hopper MLA kernel from here on, on compute capabi
 run_mla(128, 64, 2, 0)
 # A paged prefill on the Hopper forward (70 queries, on a device described
 # with 8 SMs so that these few work tiles take that path): entry 0's table is -1 past its used pages,
-# which its producer's boxes of page -1 must read nothing of (entries with bad pages issue none).
+# which its producer's boxes of page -1 must read nothing of (entries with bad pages issue none). Query
+# heads 8 over kv heads 2 run in clusters of two (sm90_fwd_pairs), 6 over 2 (groups of 3) one CTA a tile.
 if cupy.cuda.Device().compute_capability == "90":
     import dataclasses
 
@@ -151,5 +152,6 @@ if cupy.cuda.Device().compute_capability == "90":
     device = common.current_device()
     common.current_device = lambda: dataclasses.replace(device, sm_count=8)
     run(numpy.dtype(ml_dtypes.bfloat16), True, page_size=16, seqlen_q=70, new=40, rotary=False)
+    run(numpy.dtype(ml_dtypes.bfloat16), True, page_size=16, heads=6, seqlen_q=70, new=40, rotary=False)
     run(numpy.dtype(ml_dtypes.bfloat16), True, page_size=64, seqlen_q=70, new=1, rotary=False, d=256)
 print("sanitize_kvcache: done")

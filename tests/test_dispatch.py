@@ -387,7 +387,8 @@ def test_paged_keys_take_the_hopper_forward_in_whole_swizzle_periods(page_size, 
     variant = sm90.FORWARD.select(p, H200, operands)
     assert (variant is not None) == (box_rows is not None)
     if box_rows is not None:
-        assert variant.kernel is sm90.FWD and sm90.paged_box_rows(page_size, variant.param("block_n")) == box_rows
+        assert variant.kernel in (sm90.FWD, sm90.FWD_PAIRS)
+        assert sm90.paged_box_rows(page_size, variant.param("block_n")) == box_rows
     if box_rows is None:
         with pytest.raises(AssertionError, match="the general family supports every problem"):
             _families.select(_families.FORWARD, p, H200, operands)
@@ -411,6 +412,7 @@ def test_paged_plan_reads_the_pools_in_boxes_of_pages(headdim, headdim_v, page_s
     encodings = []
     monkeypatch.setattr(sm90, "_encode", lambda ptr, **fields: encodings.append(fields) or bytes(128))
     monkeypatch.setattr(sm90.common, "function", lambda variant, smem=0: variant.key)
+    monkeypatch.setattr(sm90, "max_active_clusters", lambda *args: 60)
     pages = 640 // page_size + 1
     table = _plan.Slot(9, (2, pages), np.dtype(np.int32))
     p = _problem.Problem(xp=np, dtype=np.dtype(ml_dtypes.bfloat16), batch=2, seqlen_q=100, seqlen_k=pages * page_size,
@@ -442,6 +444,52 @@ def test_paged_plan_reads_the_pools_in_boxes_of_pages(headdim, headdim_v, page_s
     assert [(f["dims"], f["box"]) for f in encodings[:1]] == [((headdim, 100, 4, 2), (64, variant.param("block_m"), 1, 1))]
 
 
+@pytest.mark.parametrize("heads, heads_k, headdim, change, paired", [
+    (4, 2, 128, {}, True), (8, 2, 128, {}, True), (6, 2, 128, {}, False), (4, 4, 128, {}, False),
+    (4, 2, 64, {}, False), (4, 2, 128, {"softcap": 5.0}, False), (4, 2, 128, {"dropout_p": 0.1}, False),
+    (4, 2, 128, {"block_table": None, "page_size": 0}, False), (4, 2, 128, {"page_size": 32}, True),
+    (4, 2, 128, {"page_size": 64}, False),
+])
+def test_paged_prefill_pairs_query_heads_of_one_kv_head(heads, heads_k, headdim, change, paired, monkeypatch):
+    """A paged prefill whose GQA groups are even (two query heads of one kv head per cluster) at a head dim
+    FWD_PAIRS is built for runs sm90_fwd_pairs where its pages take boxes of at most
+    FWD_PAIRS_MAX_BOX_ROWS rows (32: four boxes a 128-key tile; pages of 64 take two and stay unpaired),
+    with neither score modification nor dropout (its kernel has neither), never without a block table. Its
+    plan launches whole clusters, two CTAs each, as many as the occupancy query allows (fewer than the SMs'
+    half where GPCs are odd) and no more than the pairs of work tiles; its longest-first sections count work
+    tiles of two heads."""
+    from cupyflash import _problem
+
+    monkeypatch.setattr(sm90, "_encode", lambda ptr, **fields: bytes(128))
+    monkeypatch.setattr(sm90.common, "function", lambda variant, smem=0: variant.key)
+    monkeypatch.setattr(sm90, "max_active_clusters", lambda function, threads, smem, ctas, device: 60)
+    page, pages = 16, 64
+    dt = np.dtype(ml_dtypes.bfloat16)
+    p = _problem.Problem(xp=np, dtype=dt, batch=2, seqlen_q=300, seqlen_k=pages * page, heads=heads, heads_k=heads_k,
+                         headdim=headdim, headdim_v=headdim, softmax_scale=0.1, window_right=0,
+                         seqused_k=_plan.Slot(8, (2,), np.dtype(np.int32)),
+                         block_table=_plan.Slot(9, (2, pages), np.dtype(np.int32)), page_size=page)
+    p = dataclasses.replace(p, **change)
+    if p.block_table is None:
+        operands = tuple(_plan.Slot(i, (2, n, h, headdim), dt) for i, (n, h) in
+                         enumerate(((300, heads), (pages * page, heads_k), (pages * page, heads_k))))
+    else:
+        pool = (2 * pages, page, heads_k, headdim)
+        operands = (_plan.Slot(0, (2, 300, heads, headdim), dt), _plan.Slot(1, pool, dt), _plan.Slot(2, pool, dt))
+    variant = sm90.FORWARD.select(p, H200, operands)
+    assert variant.kernel is (sm90.FWD_PAIRS if paired else sm90.FWD)
+    b = _plan.PlanBuilder()
+    sm90.FORWARD.plan(b, variant, p, *operands, H200)
+    (function, grid, threads, smem, structs), = b._launches
+    schedule = next(x for x in structs if x.dtype == sm90.SCHEDULE)
+    tiles = -(-300 // variant.param("block_m")) * 2 * heads  # (2 batch entries)
+    if paired:
+        assert grid == (2 * min(tiles // 2, 60, H200.sm_count // 2), 1, 1)
+        assert int(schedule["section"][0]) == max(1, sm90.l2_section(p, H200) // 2)
+    else:
+        assert grid == (min(tiles, H200.sm_count), 1, 1)
+
+
 def test_packed_queries_read_page_pools_in_place(monkeypatch):
     """flash_attention_varlen's block_table on the Hopper forward (cupyflash/_cuda.py's paged_in_place):
     packed queries (their map the packed view), the pools' maps with boxes of box_rows (v's spanning both
@@ -451,6 +499,7 @@ def test_packed_queries_read_page_pools_in_place(monkeypatch):
     encodings = []
     monkeypatch.setattr(sm90, "_encode", lambda ptr, **fields: encodings.append(fields) or bytes(128))
     monkeypatch.setattr(sm90.common, "function", lambda variant, smem=0: variant.key)
+    monkeypatch.setattr(sm90, "max_active_clusters", lambda *args: 60)
     batch, capacity, page = 3, 256, 16
     dt = np.dtype(ml_dtypes.bfloat16)
     q = np.zeros((150, 8, 128), dt)
@@ -466,7 +515,7 @@ def test_packed_queries_read_page_pools_in_place(monkeypatch):
     pool = _plan.Slot(1, (40, page, 2, 128), dt)
     operands = (_plan.Slot(0, q.shape, dt), pool, _plan.Slot(2, pool.shape, dt))
     variant = sm90.FORWARD.select(p, H200, operands)
-    assert variant is not None and variant.kernel is sm90.FWD
+    assert variant is not None and variant.kernel is sm90.FWD_PAIRS  # (query heads 8 over kv heads 2)
     b = _plan.PlanBuilder()
     sm90.FORWARD.plan(b, variant, p, *operands, H200)
     for _, _, _, encode in b._maps:

@@ -768,6 +768,46 @@ def test_paged_prefill_on_the_hopper_forward(dtype, sizes, options, monkeypatch)
     assert decisions and all(decisions)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, sizes, options, clusters", [
+    ("bfloat16", dict(DECODE, seqlen_q=70, new=40, lengths=[0, 300, 760], capacity=800, page_size=16), {"causal": True},
+     None),
+    ("float16", dict(DECODE, seqlen_q=200, new=0, lengths=[500, 64, 1], capacity=640, page_size=32),
+     {"window_size": (100, 0)}, 2),
+    ("bfloat16", dict(DECODE, seqlen_q=130, new=130, lengths=[880, 3, 512], capacity=1024, page_size=8),
+     {"causal": True}, 3),
+    ("float16", dict(DECODE, seqlen_q=66, new=3, lengths=[91, 40, 13], capacity=96, page_size=24, heads=4),
+     {"causal": True}, None),
+    ("bfloat16", dict(DECODE, seqlen_q=300, new=0, lengths=[1000, 517, 129], capacity=1024, page_size=32, heads=16,
+                      heads_k=4), {}, 2),
+])
+def test_paged_prefill_in_clusters_of_two_query_heads(dtype, sizes, options, clusters, monkeypatch):
+    """The paired forward (sm90_fwd_pairs: clusters of two CTAs on two query heads of one kv head, each CTA
+    issuing half of every key tile's boxes into both): pages of 8 (16 boxes a tile, V by atoms), 16, 24 (8-row
+    boxes, V by atoms) and 32 (four boxes a tile), causal, a window, non-causal, entries of 0, 1 and
+    their full capacity, new keys appended first, against the oracle. Where ``clusters`` is set the device
+    runs that many clusters at once, so that each takes many work tiles in turn (the work hand-off through
+    both of its slots, the rings across tiles)."""
+    from cupyflash import _families, _kvcache, _plan
+    from cupyflash._families import sm90
+
+    real = _families.common.current_device()
+    if real.capability != 90:
+        pytest.skip("the Hopper forward runs on compute capability 9.0")
+    monkeypatch.setattr(_families.common, "current_device", lambda: dataclasses.replace(real, sm_count=8))
+    if clusters is not None:
+        monkeypatch.setattr(sm90, "max_active_clusters", lambda *args: clusters)
+    # A fresh plan cache: a plan of these shapes cached by an earlier test would skip FORWARD.plan (and its
+    # grid would be of the real device's SMs and clusters).
+    monkeypatch.setattr(_kvcache, "PLANS", _plan.PlanCache())
+    kernels = []
+    plan = sm90.FORWARD.plan
+    monkeypatch.setattr(sm90.FORWARD, "plan", lambda b, variant, *args: kernels.append(variant.kernel) or plan(b, variant, *args))
+    dtype, sizes, options = _options(cupy, (dtype, sizes, options))
+    _check(cupy, dtype, options, max_score=False, **sizes)
+    assert kernels and set(kernels) == {sm90.FWD_PAIRS}
+
+
 @pytest.mark.parametrize("paged, leftpad", [(False, True), (True, False)])
 def test_kernel_arguments_fill_every_field(paged, leftpad):
     """The KV-cache kernels' KvCacheArgs are filled positionally (cupyflash/_kvcache/device.py's _fill_args,

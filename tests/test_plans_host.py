@@ -25,9 +25,11 @@ FAMILIES = {"sm90": (sm90.FORWARD, sm90.BACKWARD), "sm80": (sm80.FORWARD, sm80.B
 
 @pytest.fixture(autouse=True)
 def _no_device(monkeypatch):
-    """Kernels stay unloaded and tensor maps unencoded."""
+    """Kernels stay unloaded, tensor maps unencoded and the driver's occupancy unasked (clusters of the
+    paired forward: as many as half of the H200's SMs)."""
     monkeypatch.setattr(common, "function", lambda variant, smem=0: variant.key)
     monkeypatch.setattr(sm90, "_encode", lambda ptr, **fields: bytes(128))
+    monkeypatch.setattr(sm90, "max_active_clusters", lambda function, threads, smem, ctas, device: 66)
 
 
 def _slots(p, operands):

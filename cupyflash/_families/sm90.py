@@ -81,6 +81,21 @@ FWD = _kernels.Kernel(
     tuple((*dims, *tile) for dims, tiles in FWD_TILES.items() for tile in tiles), ("score_mod", "dropout", "max_score"),
     arch="90a", user_functions=True,
 )
+#: The paired forward (kernels_cu/sm90/fwd.cu's sm90_fwd_pairs): a paged cache's prefill whose query heads
+#: pair up on their kv heads, in clusters of two CTAs that fill their K/V rings together, each issuing
+#: half of a tile's TMA boxes into both. The head-dim buckets it is built for, with FWD_TILES' tile.
+FWD_PAIRS_DIMS = ((128, 128),)
+#: Pages whose boxes (paged_box_rows) hold at most this many rows pair up: where a tile takes four boxes or
+#: more an operand, their issue limits the walk. Session 59, H100, 512 causal queries over a 32k cache, GQA
+#: 32/8, d128 (TFLOP/s, 5 rounds): pages of 16 (8 boxes) 493-538 unpaired, 532-554 paired (ncu at base
+#: clocks 617.6 -> 552.1 us); pages of 64 (2 boxes) 586-592 unpaired, 579-583 paired (the cluster's shared
+#: stage releases cost more than the halved issue saves). Session 60, H200, 3 rounds: pages of 16 511-516
+#: unpaired, 536-541 paired; pages of 32 (4 boxes) 561-567 unpaired, 565-567 paired.
+FWD_PAIRS_MAX_BOX_ROWS = 32
+FWD_PAIRS = _kernels.Kernel(
+    "sm90_fwd_pairs", "sm90/fwd.cu", _kernels.HALF_DTYPES, ("headdim", "headdim_v", "block_m", "block_n", "stages"),
+    tuple((*dims, *FWD_TILES[dims][0]) for dims in FWD_PAIRS_DIMS), arch="90a",
+)
 #: The forwards whose operands wgmma reads K-major only (kernels_cu/sm90/fwd_kmajor_mainloop.cuh), in
 #: 128-row CTAs of two consumer warpgroups (e4m3 at head dim 64: 192 rows, three; kmajor_block_m).
 #: FP8 (e4m3) inputs: head-dim bucket -> (keys per tile, K/V^T stages); the kernel's dtype is out's
@@ -375,6 +390,32 @@ def _encode_tiled():
     return encode
 
 
+class _LaunchConfig(ctypes.Structure):
+    """CUlaunchConfig (no attributes: the kernels' cluster shape is compiled in)."""
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared_mem_bytes", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.c_void_p), ("num_attrs", ctypes.c_uint)]
+
+
+@functools.lru_cache(maxsize=None)
+def _max_active_clusters(function, threads, smem, ctas, sm_count):
+    driver = ctypes.CDLL("libcuda.so.1")
+    query = driver.cuOccupancyMaxActiveClusters
+    query.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.POINTER(_LaunchConfig)]
+    query.restype = ctypes.c_int
+    config = _LaunchConfig((ctas * (sm_count // ctas), 1, 1), (threads, 1, 1), smem, None, None, 0)
+    count = ctypes.c_int(0)
+    result = query(ctypes.byref(count), ctypes.c_void_p(function), ctypes.byref(config))
+    return count.value if result == 0 and count.value >= 1 else sm_count // ctas
+
+
+def max_active_clusters(function, threads, smem, ctas, device):
+    """How many clusters of ``ctas`` CTAs of the driver function ``function`` (``threads`` threads and ``smem``
+    bytes of dynamic shared memory each) the device runs at once: its SMs come in GPCs, and a cluster's CTAs
+    share one, so that can be fewer than sm_count / ctas. Where the driver cannot tell, sm_count / ctas: a
+    persistent grid of more clusters than fit is still right, its last clusters starting late."""
+    return _max_active_clusters(function, threads, smem, ctas, device.sm_count)
+
+
 def _views(x, varlen):
     """(dims, byte strides) of the 4-D view (headdim, rows, heads, batch) of a (batch, rows, heads, dim)
     tensor, or of a packed (rows, heads, dim) one as a batch of one."""
@@ -484,7 +525,7 @@ class Sm90Forward:
     kernel's operands)."""
 
     name = "sm90"
-    kernels = (FWD, sm80.PLANES, FWD_PLANES, FP8_VALUES, FWD_FP8, TF32_VALUES, TF32_ROWS, FWD_TF32)
+    kernels = (FWD, FWD_PAIRS, sm80.PLANES, FWD_PLANES, FP8_VALUES, FWD_FP8, TF32_VALUES, TF32_ROWS, FWD_TF32)
     user_functions = True
     paged_keys = True  # 16-bit problems with a block table (a KV cache's prefill): paged_box_rows
 
@@ -535,8 +576,14 @@ class Sm90Forward:
             tile = tiles[-1]
         if p.block_table is not None and paged_box_rows(p.page_size, tile[1]) is None:
             return None
-        variant = FWD.variant(common.dtype_name(p.dtype), (*dims, *tile), score_mod=score_mod, dropout=p.dropout,
-                              max_score=max_score, user=user)
+        if (p.block_table is not None and dims in FWD_PAIRS_DIMS and tile == tiles[0]
+                and paged_box_rows(p.page_size, tile[1]) <= FWD_PAIRS_MAX_BOX_ROWS and not score_mod
+                and not p.dropout and user is None and not max_score and p.block_mask is None
+                and (p.heads // p.heads_k) % 2 == 0):
+            variant = FWD_PAIRS.variant(common.dtype_name(p.dtype), (*dims, *tile))
+        else:
+            variant = FWD.variant(common.dtype_name(p.dtype), (*dims, *tile), score_mod=score_mod, dropout=p.dropout,
+                                  max_score=max_score, user=user)
         return variant if fwd_smem_bytes(variant) <= device.smem_optin else None
 
     def _select_fp8(self, p, device, operands):
@@ -586,17 +633,23 @@ class Sm90Forward:
         # of unequal length (a mask, packed sequences, KV caches) go longest first, to whichever CTA is free,
         # through a counter each launch leaves zero (Sm90QueryTileScheduler::next), a section of heads whose
         # K and V fit L2 at a time.
-        work = common.cdiv(p.seqlen_q, block_m) * p.batch * p.heads
-        schedule = self._schedule(b, p, device)
+        # Paired: a work tile is a cluster's, the same rows of two query heads; the grid is of whole
+        # clusters, as many as fit at once (two SMs of one GPC each).
+        ctas = 2 if variant.kernel is FWD_PAIRS else 1
+        work = common.cdiv(p.seqlen_q, block_m) * p.batch * p.heads // ctas
+        schedule = self._schedule(b, p, device, ctas)
         smem = fwd_smem_bytes(variant)
-        b.launch(common.function(variant, smem), (min(work, device.sm_count), 1, 1), fwd_threads(variant),
-                 (args, maps, schedule), smem)
+        function = common.function(variant, smem)
+        ctas_that_fit = device.sm_count if ctas == 1 else ctas * min(
+            device.sm_count // ctas, max_active_clusters(function, fwd_threads(variant), smem, ctas, device))
+        b.launch(function, (min(ctas * work, ctas_that_fit), 1, 1), fwd_threads(variant), (args, maps, schedule), smem)
         return out, lse
 
 
     @staticmethod
-    def _schedule(b, p, device):
-        """The Sm90Schedule of a forward plan."""
+    def _schedule(b, p, device, ctas=1):
+        """The Sm90Schedule of a forward plan (``ctas``: CTAs of a cluster, which take ``ctas`` heads a work
+        tile, so a section holds 1 / ctas as many work tile heads)."""
         schedule = b.struct(SCHEDULE)
         # Query tiles end at each sequence's last row (a partial tile is the first, the shortest causal
         # walk), except under a block mask, whose lists are per query block from row 0, and with dropout,
@@ -605,7 +658,7 @@ class Sm90Forward:
         if (p.varlen or p.seqused_k is not None or p.block_mask is not None or p.window_left >= 0
                 or p.window_right >= 0):
             schedule["longest_first"] = 1
-            schedule["section"] = l2_section(p, device)
+            schedule["section"] = max(1, l2_section(p, device) // ctas)
             schedule["next_work"] = b.counters(1).data.ptr
         return schedule
 

@@ -43,4 +43,22 @@ sm90_fwd(const CUPYFLASH_GRID_CONSTANT FwdArgs args, const CUPYFLASH_GRID_CONSTA
     Kernel::run(args, maps, schedule, smem_raw);
 }
 
+// The paired forward: a paged KV cache's prefill whose query heads come in pairs of one kv head (the host's
+// choice, cupyflash/_families/sm90.py's FWD_PAIRS), in clusters of two CTAs that take the same rows of the
+// pair's two heads and fill their K/V rings together, each CTA issuing half of every tile's TMA boxes into
+// both (sm90_load_paged_key_tiles): at pages of 16 a box serves 16 rows of 256 queries instead of 128.
+// No score functions, dropout or maximum score. Grid: x = 2 x min(work tile pairs, clusters that fit).
+template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kBlockN, int kStages>
+__global__ void __cluster_dims__(2, 1, 1)
+    __launch_bounds__(Sm90FwdTraits<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages>::kThreads, 1)
+        sm90_fwd_pairs(const CUPYFLASH_GRID_CONSTANT FwdArgs args, const CUPYFLASH_GRID_CONSTANT Sm90FwdMaps maps,
+                       const Sm90Schedule schedule) {
+    using Mainloop = Sm90FwdMainloop<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages, false, false, false,
+                                     NoUserScore, NoUserMask, 2>;
+    using Kernel = Sm90FwdKernel<Mainloop, Sm90FwdEpilogue<T, typename Mainloop::Tr, false, true>,
+                                 Sm90QueryTileScheduler<Mainloop::kBlockM, 2>>;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    Kernel::run(args, maps, schedule, smem_raw);
+}
+
 }  // namespace cupyflash

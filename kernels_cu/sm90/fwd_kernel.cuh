@@ -12,10 +12,32 @@
 
 namespace cupyflash {
 
+// Scheduler::kCtas > 1 (sm90_fwd_pairs, launched in clusters of that many CTAs; Mainloop::kCtas the same):
+// the cluster's CTAs take the same rows of consecutive query heads of one kv head and fill their K/V rings
+// together (sm90_load_paged_key_tiles).
 template <typename Mainloop, typename Epilogue, typename Scheduler>
 struct Sm90FwdKernel {
     using Tr = typename Mainloop::Tr;
     static constexpr int kBlockM = Tr::kBlockM;
+    static constexpr int kCtas = Scheduler::kCtas;
+    static_assert(Mainloop::kCtas == kCtas, "the main loop fills its ring with the scheduler's clusters");
+
+    // Paired (kCtas = 2): CTA 0 of the cluster hands work tile t's index w to CTA 1 (Sm90FwdState::work,
+    // two slots); returns the cluster's index. CTA 0 refills a slot once CTA 1 has read it.
+    __device__ __forceinline__ static int share_work(Sm90FwdState& st, int t, int rank, int w) {
+        static_assert(kCtas == 2, "a CTA hands its work to one other");
+        const int slot = t % 2;
+        if (rank == 0) {
+            if (t >= 2) mbarrier_wait_cluster(&st.work_empty[slot], (t / 2 - 1) & 1);
+            store_cluster(&st.work[slot], 1, w);
+            mbarrier_arrive_cluster(&st.work_full[slot], 1);
+            return w;
+        }
+        mbarrier_wait_cluster(&st.work_full[slot], (t / 2) & 1);
+        const int shared = st.work[slot];
+        mbarrier_arrive_cluster(&st.work_empty[slot], 0);
+        return shared;
+    }
 
     // The producer's first thread: for each work tile of this CTA its state and Q tile, then the end
     // marker.
@@ -24,23 +46,35 @@ struct Sm90FwdKernel {
                                                            unsigned char* smem) {
         if constexpr (Tr::kQBytes > 0) tma_prefetch_desc(maps.q);  // (main loops whose consumers write Q: none)
         const Scheduler scheduler(a);
+        const int rank = kCtas > 1 ? cluster_rank() : 0;
         for (int t = 0, w = Scheduler::first();; ++t) {  // t: work tiles published
             Sm90FwdTile& tile = st.tile[t % 2];
             // tile[t % 2] is free once the consumers' epilogue of work tile t - 2 is over: the K/V loader
             // read it before issuing the loads of t - 2, which that epilogue waited for.
             if (t >= 2) mbarrier_wait(&st.tile_empty[t % 2], (t / 2 - 1) & 1);
-            // The CTA takes its next work tile only now, while t - 1 runs: handed out dynamically, the
-            // tiles go to the CTAs in the order they finish their work, as a tile ahead and no more.
-            if (t > 0) w = scheduler.next(schedule, w);
             int b = 0, h = 0, m0 = 0;
             Sequence seq;
-            bool finished;
-            while (!(finished = scheduler.finished(w))) {
-                scheduler.decode(schedule, a, w, &b, &h, &m0);
-                seq = Sequence(a, b);
-                m0 = scheduler.first_row(schedule, seq.seqlen_q, m0);
-                if (m0 < seq.seqlen_q && m0 + kBlockM > 0) break;
-                w = scheduler.next(schedule, w);  // outside a shorter packed sequence: nothing to do
+            bool finished = false;
+            if (rank == 0) {
+                // The CTA takes its next work tile only now, while t - 1 runs: handed out dynamically, the
+                // tiles go to the CTAs in the order they finish their work, as a tile ahead and no more.
+                if (t > 0) w = scheduler.next(schedule, w);
+                while (!(finished = scheduler.finished(w))) {
+                    scheduler.decode(schedule, a, w, 0, &b, &h, &m0);
+                    seq = Sequence(a, b);
+                    m0 = scheduler.first_row(schedule, seq.seqlen_q, m0);
+                    if (m0 < seq.seqlen_q && m0 + kBlockM > 0) break;
+                    w = scheduler.next(schedule, w);  // outside a shorter packed sequence: nothing to do
+                }
+            }
+            if constexpr (kCtas > 1) {
+                w = share_work(st, t, rank, w);
+                finished = scheduler.finished(w);
+                if (rank != 0 && !finished) {  // the same rows of the next query head
+                    scheduler.decode(schedule, a, w, rank, &b, &h, &m0);
+                    seq = Sequence(a, b);
+                    m0 = scheduler.first_row(schedule, seq.seqlen_q, m0);
+                }
             }
             tile.done = finished;
             if (!finished) {
@@ -80,13 +114,17 @@ struct Sm90FwdKernel {
             tma_prefetch_desc(maps.k);
             tma_prefetch_desc(maps.v);
         }
-        if constexpr (Mainloop::kPagedKeys) {
-            if (maps.block_table != nullptr) {
-                walk_keys<true>(a, maps, st, smem);
-                return;
+        if constexpr (kCtas > 1) {
+            walk_keys<true>(a, maps, st, smem);  // (the host pairs paged problems only)
+        } else {
+            if constexpr (Mainloop::kPagedKeys) {
+                if (maps.block_table != nullptr) {
+                    walk_keys<true>(a, maps, st, smem);
+                    return;
+                }
             }
+            if (first) walk_keys<false>(a, maps, st, smem);
         }
-        if (first) walk_keys<false>(a, maps, st, smem);
     }
 
     template <bool kPaged>
@@ -143,13 +181,24 @@ struct Sm90FwdKernel {
             for (int s = 0; s < Tr::kStages; ++s) {
                 mbarrier_init(&st.k_full[s], 1);
                 mbarrier_init(&st.v_full[s], 1);
-                mbarrier_init(&st.empty_k[s], 4 * Tr::kConsumers);
-                mbarrier_init(&st.empty_v[s], 4 * Tr::kConsumers);
+                mbarrier_init(&st.empty_k[s], 4 * Tr::kConsumers * kCtas);  // every CTA's consumer warps
+                mbarrier_init(&st.empty_v[s], 4 * Tr::kConsumers * kCtas);
+            }
+            if constexpr (kCtas > 1) {
+                for (int b = 0; b < 2; ++b) {
+                    mbarrier_init(&st.work_full[b], 1);
+                    mbarrier_init(&st.work_empty[b], 1);
+                }
             }
             st.v_rows = maps.v_box_rows != 0 ? maps.v_box_rows : Tr::kBlockN;
             mbarrier_init_fence();
         }
-        __syncthreads();
+        // Paired: the other CTAs' barriers are initialized before any arrival on them or load into them.
+        if constexpr (kCtas > 1) {
+            cluster_sync();
+        } else {
+            __syncthreads();
+        }
 
         // Through a shuffle the compiler knows the warpgroup index is warp-uniform, so the addresses and
         // descriptors derived from it live in uniform registers (in vector registers they spilled).
@@ -162,6 +211,9 @@ struct Sm90FwdKernel {
             warpgroup_set_registers<Tr::kConsumerRegs>();
             consume(args, maps, st, smem, wg - 1);
         }
+        // Paired: no CTA leaves while the others may still arrive on its barriers (their consumers'
+        // releases, the work hand-off) or load into its ring.
+        if constexpr (kCtas > 1) cluster_sync();
     }
 };
 

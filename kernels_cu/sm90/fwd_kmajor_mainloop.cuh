@@ -99,6 +99,7 @@ struct Sm90FwdKMajorMainloop {
 
     // Producer: the K and V^T tiles of a work tile's walk, through the ring (i: slots filled so far).
     static constexpr bool kPagedKeys = false;  // (Sm90FwdKernel::produce_keys)
+    static constexpr int kCtas = 1;            // (Sm90FwdKernel: one CTA fills its ring)
     __device__ __forceinline__ static void load_keys(const AttnArgs& a, const Sm90FwdMaps& maps, Sm90FwdState& st,
                                                      unsigned char* smem, const Sm90FwdTile& tile, int& i) {
         const int kvh = kv_head(tile.h, a.heads, a.heads_k);

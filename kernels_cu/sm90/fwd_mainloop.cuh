@@ -151,7 +151,34 @@ struct Sm90FwdState {
     int entry[kMaxStages];                   // the stage's tile-list entry
     int v_rows;  // rows of V's layout blocks (Sm90FwdMaps::v_box_rows, or kBlockN: one block per atom)
     Sm90FwdTile tile[2];                     // work tile t in tile[t % 2]
+    // The paired kernel (sm90/fwd.cu's sm90_fwd_pairs): CTA 0 of a cluster takes the pair's work tiles from
+    // the scheduler and writes work tile t's index into CTA 1's work[t % 2], arriving on its work_full;
+    // CTA 1 arrives on CTA 0's work_empty once it has read it.
+    int work[2];
+    unsigned long long work_full[2];
+    unsigned long long work_empty[2];
 };
+
+// tma_load_4d and tma_load_5d, into every CTA of a cluster of kCtas (multicast) where kCtas > 1.
+template <int kCtas>
+__device__ __forceinline__ void tma_load_4d_in(void* dst, const TmaDesc& map, unsigned long long* bar, int c0, int c1,
+                                               int c2, int c3) {
+    if constexpr (kCtas == 1) {
+        tma_load_4d(dst, map, bar, c0, c1, c2, c3);
+    } else {
+        tma_load_4d_multicast(dst, map, bar, (1 << kCtas) - 1, c0, c1, c2, c3);
+    }
+}
+
+template <int kCtas>
+__device__ __forceinline__ void tma_load_5d_in(void* dst, const TmaDesc& map, unsigned long long* bar, int c0, int c1,
+                                               int c2, int c3, int c4) {
+    if constexpr (kCtas == 1) {
+        tma_load_5d(dst, map, bar, c0, c1, c2, c3, c4);
+    } else {
+        tma_load_5d_multicast(dst, map, bar, (1 << kCtas) - 1, c0, c1, c2, c3, c4);
+    }
+}
 
 // Producer, paged keys (Sm90FwdMaps::block_table; 16-bit kernels): the K and V tiles of a work tile's walk
 // as sm90_load_key_tiles loads them, each in boxes of box_rows rows from their pages, by the whole second
@@ -163,13 +190,20 @@ struct Sm90FwdState {
 // 128, and work after the wait delays every tile's data by as much. Lane 0 arrives on the barriers. (A
 // walk of its own, not a branch inside the dense one, so the dense walk's registers stay as they were:
 // the producer runs on 24.)
-template <typename Tr>
+//
+// kCtas > 1 (sm90_fwd_pairs): the cluster's CTAs walk the same key tiles (query heads of one kv head, the
+// same rows) into rings at the same offsets; each issues every kCtas-th of a tile's loads (box x's atoms
+// numbered x * atoms + atom) into all of them (multicast), announces the whole tile's bytes on its own
+// full barriers, and refills a stage once every CTA's consumers have released it (release_stage_in): a
+// tile's boxes an SM are 1 / kCtas of the unpaired kernel's.
+template <typename Tr, int kCtas>
 __device__ __forceinline__ void sm90_load_paged_key_tiles(const AttnArgs& a, const Sm90FwdMaps& maps, Sm90FwdState& st,
                                                           unsigned char* smem, const Sm90FwdTile& tile, int& i) {
     static_assert(Tr::kPlanes == 1, "paged keys: 16-bit tiles");
     constexpr int kStages = Tr::kStages, kBlockN = Tr::kBlockN;
     static_assert(kBlockN / 8 <= 32, "a lane per box of at least 8 rows");
     const int lane = threadIdx.x % 32;
+    const int rank = kCtas > 1 ? cluster_rank() : 0;
     const int kvh = kv_head(tile.h, a.heads, a.heads_k);
     const int* pages = maps.block_table + tile.b * maps.table_stride;
     const int box = lane * maps.box_rows;  // this lane's box: its first row within a tile
@@ -194,20 +228,27 @@ __device__ __forceinline__ void sm90_load_paged_key_tiles(const AttnArgs& a, con
         if (loads) {
 #pragma unroll
             for (int atom = 0; atom < Tr::kAtomsQK; ++atom) {
-                tma_load_4d(k_tile + (atom * kBlockN + box) * 128, maps.k, &st.k_full[stage], 64 * atom, at.row, kvh,
-                            at.page);
+                if ((lane * Tr::kAtomsQK + atom) % kCtas == rank) {
+                    tma_load_4d_in<kCtas>(k_tile + (atom * kBlockN + box) * 128, maps.k, &st.k_full[stage], 64 * atom,
+                                          at.row, kvh, at.page);
+                }
             }
         }
         if (i >= kStages) mbarrier_wait(&st.empty_v[stage], round_parity);
         if (lane == 0) mbarrier_arrive_expect_tx(&st.v_full[stage], Tr::kVBytes);
         __syncwarp();
         if (loads && maps.v_box_rows != 0) {
-            tma_load_5d(v_tile + box * Tr::kAtomsV * 128, maps.v, &st.v_full[stage], 0, at.row, 0, kvh, at.page);
+            if (lane % kCtas == rank) {
+                tma_load_5d_in<kCtas>(v_tile + box * Tr::kAtomsV * 128, maps.v, &st.v_full[stage], 0, at.row, 0, kvh,
+                                      at.page);
+            }
         } else if (loads) {
 #pragma unroll
             for (int atom = 0; atom < Tr::kAtomsV; ++atom) {
-                tma_load_4d(v_tile + (atom * kBlockN + box) * 128, maps.v, &st.v_full[stage], 64 * atom, at.row, kvh,
-                            at.page);
+                if ((lane * Tr::kAtomsV + atom) % kCtas == rank) {
+                    tma_load_4d_in<kCtas>(v_tile + (atom * kBlockN + box) * 128, maps.v, &st.v_full[stage], 64 * atom,
+                                          at.row, kvh, at.page);
+                }
             }
         }
         at = next;
@@ -308,10 +349,14 @@ __device__ __forceinline__ void sm90_seen_key_tiles(const Sm90FwdTile& tile, int
 // NoUserScore and NoUserMask. A score_mod takes the modified kernels' path (kModified: the scores in
 // log2 units before the softmax); a mask_mod runs on the tiles the lists mark partial. kMaxScore: the
 // softmax also keeps each row's largest score (raw products in the plain kernels) for the epilogue.
+// kCtas: CTAs of a cluster that fill their rings together (sm90_load_paged_key_tiles; sm90_fwd_pairs: 2, paged
+// keys only), 1 otherwise.
 template <typename T, int kHeadDim, int kHeadDimV, int kBlockM_, int kBlockN, int kStages, bool kScoreMod,
-          bool kDropout = false, bool kMaxScore = false, typename ScoreFn = NoUserScore, typename MaskFn = NoUserMask>
+          bool kDropout = false, bool kMaxScore = false, typename ScoreFn = NoUserScore, typename MaskFn = NoUserMask,
+          int kCtas_ = 1>
 struct Sm90FwdMainloop {
     using Tr = Sm90FwdTraits<T, kHeadDim, kHeadDimV, kBlockM_, kBlockN, kStages>;
+    static constexpr int kCtas = kCtas_;
     static constexpr bool kModified = kScoreMod || ScoreFn::kEnabled;
     using Scores = typename ScoresOf<ScoreFn, Log2Scores, true>::type;
     using Softmax = FragmentSoftmax<Tr::kNTiles, false, float, kMaxScore>;
@@ -338,12 +383,13 @@ struct Sm90FwdMainloop {
     static constexpr bool kPagedKeys = true;
     __device__ __forceinline__ static void load_keys(const AttnArgs& a, const Sm90FwdMaps& maps, Sm90FwdState& st,
                                                      unsigned char* smem, const Sm90FwdTile& tile, int& i) {
+        static_assert(kCtas == 1, "the paired kernel reads paged keys only");
         sm90_load_key_tiles<Tr>(a, maps, st, smem, tile, i);
     }
     __device__ __forceinline__ static void load_paged_keys(const AttnArgs& a, const Sm90FwdMaps& maps,
                                                            Sm90FwdState& st, unsigned char* smem,
                                                            const Sm90FwdTile& tile, int& i) {
-        sm90_load_paged_key_tiles<Tr>(a, maps, st, smem, tile, i);
+        sm90_load_paged_key_tiles<Tr, kCtas>(a, maps, st, smem, tile, i);
     }
 
     // S = Q K^T of this warpgroup's 64 rows (Q row offset q_row) and the key tile in `stage`, issued.
@@ -464,9 +510,9 @@ struct Sm90FwdMainloop {
         Turns::take_turn(wg);
         Turns::pass_turn(wg);
         mbarrier_wait(&st.k_full[stage], parity);
-        release_stage(&st.empty_k[stage]);
+        release_stage_in<kCtas>(&st.empty_k[stage]);
         mbarrier_wait(&st.v_full[stage], parity);
-        release_stage(&st.empty_v[stage]);
+        release_stage_in<kCtas>(&st.empty_v[stage]);
         ++i;
     }
 
@@ -519,7 +565,7 @@ struct Sm90FwdMainloop {
         Turns::pass_turn(wg);
         wgmma_wait<0>();
         fence_fragments(s);
-        release_stage(&st.empty_k[stage]);
+        release_stage_in<kCtas>(&st.empty_k[stage]);
         if (count == 1) release_stage(&st.q_empty);
         modify_and_mask(s, a, tile, scores, entry, row_g, w0, col_t);
         fold(softmax[0], s, rescale, scale_log2);  // O is still 0: nothing to rescale
@@ -544,13 +590,13 @@ struct Sm90FwdMainloop {
             Turns::pass_turn(wg);
             wgmma_wait<1>();
             fence_fragments(s);
-            release_stage(&st.empty_k[stage]);
+            release_stage_in<kCtas>(&st.empty_k[stage]);
             if (j == count - 1) release_stage(&st.q_empty);  // the next work tile's Q may load
             modify_and_mask(s, a, tile, scores, entry, row_g, w0, col_t);
             const bool moved = fold(softmax[0], s, rescale, scale_log2);
             wgmma_wait<0>();
             fence_fragments(o[0]);
-            release_stage(&st.empty_v[prev]);
+            release_stage_in<kCtas>(&st.empty_v[prev]);
             if (__any_sync(0xffffffffu, moved)) Softmax::rescale_rows(o[0], rescale);
             to_operand<T>(p, s);
             drop(p, a, tile, entry, row_g, col_t);
@@ -564,7 +610,7 @@ struct Sm90FwdMainloop {
         Turns::pass_turn(wg);
         wgmma_wait<0>();
         fence_fragments(o[0]);
-        release_stage(&st.empty_v[stage]);
+        release_stage_in<kCtas>(&st.empty_v[stage]);
         ++i;
         if constexpr (kSkipTiles) {
             for (int j = last; j < tile.keys.count; ++j) skip_tile(st, wg, i);

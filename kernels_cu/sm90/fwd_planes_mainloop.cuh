@@ -123,6 +123,7 @@ struct Sm90FwdPlanesMainloop {
 
     // Producer: the planes of the K and V tiles of a work tile's walk (sm90_load_key_tiles).
     static constexpr bool kPagedKeys = false;  // (Sm90FwdKernel::produce_keys)
+    static constexpr int kCtas = 1;            // (Sm90FwdKernel: one CTA fills its ring)
     __device__ __forceinline__ static void load_keys(const AttnArgs& a, const Sm90FwdMaps& maps, Sm90FwdState& st,
                                                      unsigned char* smem, const Sm90FwdTile& tile, int& i) {
         sm90_load_key_tiles<Tr>(a, maps, st, smem, tile, i);

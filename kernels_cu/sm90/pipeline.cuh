@@ -12,6 +12,23 @@ __device__ __forceinline__ void release_stage(unsigned long long* empty) {
     if (threadIdx.x % 32 == 0) mbarrier_arrive(empty);
 }
 
+// release_stage for a stage that the kCtas CTAs of a cluster fill together, each issuing part of its
+// boxes into all of them (sm90/fwd.cu's sm90_fwd_pairs): the warp's lane r arrives on the barrier at
+// empty's offset in CTA r, which counts 4 per consumer warpgroup of every CTA. (What it releases are
+// wgmma's reads, complete at the warp's wgmma_wait, and the zeroed rows of V (sm90_clear_foreign_values),
+// fenced into the async proxy and read by such a wgmma; what follows it is the producers' TMA writes. So
+// as CUTLASS's cluster barriers, no cluster-scope release, whose fence would wait for every memory access
+// of the warp.)
+template <int kCtas>
+__device__ __forceinline__ void release_stage_in(unsigned long long* empty) {
+    if constexpr (kCtas == 1) {
+        release_stage(empty);
+    } else {
+        __syncwarp();
+        if (threadIdx.x % 32 < kCtas) mbarrier_arrive_remote(empty, threadIdx.x % 32);
+    }
+}
+
 // The kN consumer warpgroups issue their product blocks in turns, round robin ("pingpong" for two): one's
 // products run on the tensor cores while the others compute their softmax. Warpgroup wg waits at named
 // barrier kFirst + wg, which warpgroup wg - 1 (mod kN) arrives at after issuing; the last warpgroup

@@ -56,6 +56,62 @@ __device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, int parit
     } while (!done);
 }
 
+// ---- clusters (the paired forward: sm90/fwd.cu's sm90_fwd_pairs) ----
+
+// This CTA's rank in its cluster.
+__device__ __forceinline__ int cluster_rank() {
+    unsigned rank;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+    return static_cast<int>(rank);
+}
+
+// Every thread of every CTA of the cluster: the writes before it (shared memory of any of them, barrier
+// initializations) are visible to all after it.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+
+// The shared::cluster address of `p` (this CTA's shared memory) in CTA `rank` of the cluster: the same
+// offset in its shared memory.
+__device__ __forceinline__ unsigned cluster_addr(const void* p, int rank) {
+    unsigned remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(shared_addr(p)), "r"(rank));
+    return remote;
+}
+
+// An arrival on the barrier at `bar`'s offset in CTA `rank` of the cluster, releasing this thread's
+// earlier writes at cluster scope.
+__device__ __forceinline__ void mbarrier_arrive_cluster(unsigned long long* bar, int rank) {
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_addr(bar, rank))
+                 : "memory");
+}
+
+// An arrival on the barrier at `bar`'s offset in CTA `rank` of the cluster with the default semantics
+// (release at CTA scope: it orders none of this thread's writes for the other CTA's threads).
+__device__ __forceinline__ void mbarrier_arrive_remote(unsigned long long* bar, int rank) {
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_addr(bar, rank)) : "memory");
+}
+
+// mbarrier_wait for a barrier whose arrivals release writes at cluster scope (mbarrier_arrive_cluster):
+// acquire at cluster scope.
+__device__ __forceinline__ void mbarrier_wait_cluster(unsigned long long* bar, int parity) {
+    const unsigned addr = shared_addr(bar);
+    unsigned done;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+            "selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(addr), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+
+// Writes `value` at `p`'s offset in the shared memory of CTA `rank` of the cluster.
+__device__ __forceinline__ void store_cluster(int* p, int rank, int value) {
+    asm volatile("st.shared::cluster.u32 [%0], %1;\n" ::"r"(cluster_addr(p, rank)), "r"(value) : "memory");
+}
+
 // ---- TMA ----
 
 // Copies the box at element coordinates (c0 innermost, c1, c2, c3) of the tensor map into shared memory
@@ -77,6 +133,28 @@ __device__ __forceinline__ void tma_load_5d(void* dst, const TmaDesc& map, unsig
         "%6}], [%7];\n" ::"r"(shared_addr(dst)),
         "l"(reinterpret_cast<unsigned long long>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4),
         "r"(shared_addr(bar))
+        : "memory");
+}
+
+// tma_load_4d and tma_load_5d into every CTA of `ctas` (a mask of cluster ranks): the box lands at dst's
+// offset in each one's shared memory and its bytes count on the barrier at bar's offset there.
+__device__ __forceinline__ void tma_load_4d_multicast(void* dst, const TmaDesc& map, unsigned long long* bar,
+                                                      unsigned short ctas, int c0, int c1, int c2, int c3) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, "
+        "{%2, %3, %4, %5}], [%6], %7;\n" ::"r"(shared_addr(dst)),
+        "l"(reinterpret_cast<unsigned long long>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(shared_addr(bar)),
+        "h"(ctas)
+        : "memory");
+}
+
+__device__ __forceinline__ void tma_load_5d_multicast(void* dst, const TmaDesc& map, unsigned long long* bar,
+                                                      unsigned short ctas, int c0, int c1, int c2, int c3, int c4) {
+    asm volatile(
+        "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, "
+        "{%2, %3, %4, %5, %6}], [%7], %8;\n" ::"r"(shared_addr(dst)),
+        "l"(reinterpret_cast<unsigned long long>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4),
+        "r"(shared_addr(bar)), "h"(ctas)
         : "memory");
 }
 

@@ -1,7 +1,7 @@
 // Which work tiles the CTAs of a persistent Hopper kernel take, and in which order.
 //
-// The grid has at most one CTA per SM; CTA c starts with work tile c and asks for its next one while
-// the current one runs. Work tiles are of kBlockM query rows of one (batch entry, head); their index w
+// The grid has at most one CTA per SM; CTA c (cluster c) starts with work tile c and asks for its next one
+// while the current one runs. Work tiles are of kBlockM query rows of one (batch entry, head); their index w
 // in [0, work_count) decodes, by the schedule, into the tile's batch entry, head and first row.
 #pragma once
 #include "common/math.cuh"
@@ -26,16 +26,20 @@ struct Sm90Schedule {
     int align_end;
 };
 
-template <int kBlockM>
+// kCtas > 1 (sm90_fwd_pairs): the work tiles are of clusters of kCtas CTAs, each cluster taking the same
+// rows of kCtas consecutive query heads (CTA r of the cluster head kCtas * h' + r, the host making sure
+// they share a kv head); only CTA 0 of a cluster calls next() (Sm90FwdKernel::share_work).
+template <int kBlockM, int kCtas_ = 1>
 struct Sm90QueryTileScheduler {
+    static constexpr int kCtas = kCtas_;
     int num_tiles;   // query tiles of the longest sequence
-    int heads;       // batch * heads
+    int heads;       // batch * heads / kCtas
     int work_count;  // below 2^31: the host limits the grid of every kernel
 
     __device__ __forceinline__ explicit Sm90QueryTileScheduler(const AttnArgs& a)
-        : num_tiles(ceil_div(a.seqlen_q, kBlockM)), heads(a.batch * a.heads), work_count(num_tiles * heads) {}
+        : num_tiles(ceil_div(a.seqlen_q, kBlockM)), heads(a.batch * a.heads / kCtas), work_count(num_tiles * heads) {}
 
-    __device__ __forceinline__ static int first() { return static_cast<int>(blockIdx.x); }
+    __device__ __forceinline__ static int first() { return static_cast<int>(blockIdx.x) / kCtas; }
 
     // The CTA's work tile after w (the producer asks a work tile ahead, so the atomic's latency passes
     // under the running one). Every call counts once in next_work: one per tile handed out after the
@@ -43,10 +47,11 @@ struct Sm90QueryTileScheduler {
     // the last sets the counter back to zero for the next launch (no other call of this launch is left
     // to read it), so a plan needs no memset before each launch.
     __device__ __forceinline__ int next(const Sm90Schedule& schedule, int w) const {
-        if (!schedule.longest_first) return static_cast<int>(gridDim.x) + w;
+        const int clusters = static_cast<int>(gridDim.x) / kCtas;
+        if (!schedule.longest_first) return clusters + w;
         const int handed = atomicAdd(schedule.next_work, 1);
         if (handed == work_count - 1) *schedule.next_work = 0;
-        return static_cast<int>(gridDim.x) + handed;
+        return clusters + handed;
     }
 
     __device__ __forceinline__ bool finished(int w) const { return w >= work_count; }
@@ -57,10 +62,10 @@ struct Sm90QueryTileScheduler {
         return schedule.align_end ? seqlen_q - (num_tiles * kBlockM - m0) : m0;
     }
 
-    // Batch entry, head and first row of work tile w < work_count. Query tiles count from the last: under
-    // a causal mask it sees the most keys.
-    __device__ __forceinline__ void decode(const Sm90Schedule& schedule, const AttnArgs& a, int w, int* b, int* h,
-                                           int* m0) const {
+    // Batch entry, head and first row of work tile w < work_count for CTA `cta` of its cluster. Query tiles
+    // count from the last: under a causal mask it sees the most keys.
+    __device__ __forceinline__ void decode(const Sm90Schedule& schedule, const AttnArgs& a, int w, int cta, int* b,
+                                           int* h, int* m0) const {
         int rank, bh;
         if (schedule.longest_first) {
             const int first_bh = w / (schedule.section * num_tiles) * schedule.section;
@@ -72,8 +77,9 @@ struct Sm90QueryTileScheduler {
             rank = w % num_tiles;
             bh = w / num_tiles;
         }
-        *b = bh / a.heads;
-        *h = bh % a.heads;
+        const int groups = a.heads / kCtas;  // clusters of query heads a batch entry
+        *b = bh / groups;
+        *h = bh % groups * kCtas + cta;
         *m0 = (num_tiles - 1 - rank) * kBlockM;
     }
 };
