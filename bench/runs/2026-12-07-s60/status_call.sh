@@ -1,0 +1,22 @@
+# Session 60's status call on whichever Hopper card comes (the floors of issues 22, 24 and 26 are set on the
+# H200): precompile, decode with forced splits beside cuDNN (the H200 bytes-in-flight question of session
+# 42), bench/decode.py's decode and MLA rows, bench/mods.py's document and ragged rows both ways, the float32
+# 1k rows of bench/bench.py. ~300 s.
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD; R=$PWD
+nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
+t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }; L=${LIMIT:-400}
+python -c "
+import time; t = time.time()
+from cupyflash import _families, _kernels
+_kernels.precompile(_families.VARIANTS, max_workers=16)
+print(f'precompile {time.time() - t:.1f} s')"
+timeout 60 python bench/runs/2026-12-06-s40/decode_splits.py 2>&1 | tail -6; echo "splits at $(el) s"
+timeout 90 python bench/decode.py --quick --rows decode mla > $OUT/decode.txt 2>&1; echo "decode rc=$? at $(el) s"
+timeout 90 python bench/mods.py --rows document,ragged --rounds 3 --out $OUT/mods > $OUT/mods.txt 2>&1; echo "mods rc=$? at $(el) s"
+timeout 60 python bench/mods.py --rows document,ragged --per-call --out $OUT/mods_pc > $OUT/mods_pc.txt 2>&1; echo "mods per call rc=$? at $(el) s"
+[ $(( L - $(el) )) -gt 40 ] && { timeout $(( L - $(el) - 5 )) python bench/bench.py --dtypes fp32 --headdims 64,128 --seqlens 1024 --rounds 2 --out $OUT/fp32 > $OUT/fp32.txt 2>&1; echo "fp32 rc=$? at $(el) s"; }
+for f in decode mods mods_pc fp32; do echo "== $f"; grep -vE "^\s*$" $OUT/$f.txt | tail -22; done
+# The quads' cluster count (the tree with pending/i26_quads.patch, its c4 variant compiled here, ~20 s).
+rm -rf /tmp/Q && mkdir -p /tmp/Q && cp -r cupyflash kernels_cu setup.cfg /tmp/Q && (cd /tmp/Q && git apply --include='cupyflash/*' --include='kernels_cu/*' $R/bench/runs/2026-12-07-s59/pending/i26_quads.patch 2>&1 | tail -2)
+(cd /tmp/Q && PYTHONPATH=/tmp/Q timeout 60 python $R/bench/runs/2026-12-07-s60/clusters_probe.py 2>&1 | tail -4)
+PYTHONPATH=$PWD timeout 30 python bench/runs/2026-12-07-s60/clusters_probe.py 2>&1 | tail -2; echo "done at $(el) s"
