@@ -10,5 +10,5 @@ timeout 90 python -m pytest -q -p no:cacheprovider tests/test_gpu_sm90.py -k "gr
 echo "tests at $(el) s"
 timeout 120 python bench/runs/2026-12-07-s61/overlap_ab.py --rounds 2 --configs off,p3s16,p2s16,p4s20 2>&1 | tee $OUT/overlap_ab.txt | tail -40
 echo "overlap at $(el) s"
-timeout 120 python bench/bench.py --dtypes fp32 --headdims 64,128 --seqlens 1024 --no-backward --out $OUT/fp32 > $OUT/fp32.txt 2>&1; echo "fp32 rc=$? at $(el) s"; tail -14 $OUT/fp32.txt
+timeout 80 python bench/bench.py --dtypes fp32 --headdims 64,128 --seqlens 1024 --no-backward --out $OUT/fp32 > $OUT/fp32.txt 2>&1; echo "fp32 rc=$? at $(el) s"; tail -14 $OUT/fp32.txt
 echo "done at $(el) s"
