@@ -1,0 +1,81 @@
+"""Issue 22, session 62: where the time of session 61's float32 graph by parts goes (tree = main +
+runs/2026-12-07-s61/pending/i22_planes_overlap.patch). The d128 causal 1k row (b16 h16), calls back to back:
+  off      one launch of each kernel (main's path);
+  p3s16    three parts, later parts' passes on 16 SMs beside the previous part's forward (the patch);
+  p3s16e   the same graph with the later parts' passes cut to one key row (their launches and waits stay;
+           the forwards read stale planes, which leaves their time as it is);
+  p3s0e    that, with the forwards on every SM (the floor of passes hidden at no cost);
+  p3s16f   the p3s16 graph with the forwards cut to one query row a head (the passes, nearly alone).
+If p3s16 ~ p3s16e, the passes are hidden and the 16 SMs cost what they save; if p3s16 > p3s16e, they are late.
+PYTHONPATH=<tree> python overlap_probe.py [--rounds 3]"""
+import dataclasses
+import os
+import sys
+
+import cupy
+import numpy as np
+
+import cupyflash
+from cupyflash import _api, _plan
+from cupyflash._families import sm80, sm90
+
+sys.path.insert(0, os.path.join(os.getcwd(), "bench"))
+import harness  # noqa: E402
+
+argv = sys.argv[1:]
+rounds = int(argv[argv.index("--rounds") + 1]) if "--rounds" in argv else 3
+d, causal, s, batch, heads = 128, True, 1024, 16, 16
+rng = np.random.default_rng(5)
+q, k, v = (cupy.asarray(rng.standard_normal((batch, s, heads, d), dtype=np.float32)) for _ in range(3))
+flops = harness.forward_flops(batch, heads, s, s, d, causal)
+split = sm80.split_planes
+
+
+def one_row(slot):
+    return _plan.Slot(slot.index, (slot.shape[0], 1, *slot.shape[2:]), slot.dtype, slot.strides, slot.aligned16)
+
+
+def empty_later(b, p, x, planes, heads_k, tf32, ctas=None, path=_plan.BOTH, after=None):
+    if ctas is not None:  # a later part's pass (k's or v's)
+        x, planes = one_row(x), one_row(planes)
+    return split(b, p, x, planes, heads_k, tf32, ctas, path, after)
+
+
+launch = sm90.Sm90Forward._launch_planes
+
+
+def cut_forward(self, b, variant, p, q, k, v, out, lse, device, sms, path, after):
+    if path == _plan.GRAPH:
+        p, q, out = dataclasses.replace(p, seqlen_q=1), one_row(q), one_row(out)
+    return launch(self, b, variant, p, q, k, v, out, lse, device, sms, path, after)
+
+
+CONFIGS = {"off": (1, 16, split), "p3s16": (3, 16, split), "p3s16e": (3, 16, empty_later),
+           "p3s0e": (3, 0, empty_later), "p3s16f": (3, 16, split)}
+results = {}
+ref = None
+for r in range(rounds):
+    names = list(CONFIGS)
+    for name in names[r % len(names):] + names[:r % len(names)]:
+        sm90.PLANES_OVERLAP_PARTS, sm90.PLANES_OVERLAP_SMS, sm80.split_planes = CONFIGS[name]
+        sm90.Sm90Forward._launch_planes = cut_forward if name == "p3s16f" else launch
+        _api.PLANS.clear()
+
+        def call():
+            return cupyflash.flash_attention(q, k, v, causal=causal)
+
+        out = call()
+        if ref is None:
+            ref = out
+        elif name in ("off", "p3s16") and not bool(cupy.array_equal(out, ref)):
+            print(f"{name}: BITS DIFFER", flush=True)
+        call()
+        b2b = harness.median(harness.time_back_to_back(call, 5, 20, harness.cupy_clock()))
+        (plan,) = _api.PLANS._plans.values()
+        results.setdefault(name, []).append((b2b * 1e6, flops / b2b / 1e9, len(plan._graph_launches)))
+sm80.split_planes = split
+for name in CONFIGS:
+    got = results[name]
+    print(f"{name}: us " + ", ".join(f"{x[0]:.0f}" for x in got) + " | TFLOP/s " + ", ".join(f"{x[1]:.1f}" for x in got)
+          + f" | graph launches {got[0][2]}", flush=True)
+
