@@ -1,7 +1,9 @@
-# Session 62's first call (an H200; working tree = main + s60's pending/i26_pairs_three_stages.patch, applied
-# uncommitted): s59's landing call (precompile, whole GPU suite, sanitizers of sanitize_kvcache.py), with /tmp/A
-# = the same tree with the patch reversed (main) for the racecheck comparison and the paged A/B; then
-# paged16_ab.py three rounds on both trees (pages of 16, 32 and 64) while LIMIT allows.
+# The landing call of the pairs' three stages (written in session 62, never run there: no device came). On an
+# H200, with the working tree = main + s60's pending/i26_pairs_three_stages.patch applied uncommitted (`git
+# apply` it first): s59's landing call (precompile, whole GPU suite, sanitizers of sanitize_kvcache.py), with
+# /tmp/A = the same tree with the patch reversed (main) for the racecheck comparison and the paged A/B; then
+# paged16_ab.py three rounds on both trees (pages of 16, 32 and 64) while LIMIT allows. PREP2=1: call2.sh's
+# copies compiled beside all this (then `bash call2.sh` on the same warm machine starts at once).
 export PYTHONUNBUFFERED=1; R=$PWD; P=$R/bench/runs/2026-12-07-s60/pending/i26_pairs_three_stages.patch
 t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
 git apply --check -R $P 2>/dev/null || echo "WARNING: the patch is not applied in this tree"
@@ -10,6 +12,7 @@ rm -rf /tmp/A && mkdir -p /tmp/A && cp -r cupyflash kernels_cu tests bench setup
 from cupyflash import _kernels
 from cupyflash._families import sm90
 _kernels.precompile([v for v in sm90.FWD_PAIRS.variants() if v.dtype == 'bfloat16'], max_workers=1)" > /tmp/A_pre.txt 2>&1) &
+[ -n "$PREP2" ] && { bash bench/runs/2026-12-07-s62/call2.sh prep > /tmp/call2_prep.txt 2>&1 & }
 LIMIT=${LAND_LIMIT:-470} bash bench/runs/2026-12-07-s59/land_call.sh
 wait
 L=${LIMIT:-575}

@@ -6,7 +6,7 @@ export PYTHONUNBUFFERED=1
 R=$PWD
 if [ "$1" = prep ] || [ ! -d /tmp/fwdprobe ]; then
   rm -rf /tmp/fwdprobe && mkdir -p /tmp/fwdprobe && cp -r cupyflash kernels_cu setup.cfg /tmp/fwdprobe
-  (cd /tmp/fwdprobe && patch -p1 -s < $R/bench/runs/2026-12-07-s60/fwd_probe/fwd_clocks.patch) || exit 1
+  (cd /tmp/fwdprobe && git apply $R/bench/runs/2026-12-07-s60/fwd_probe/fwd_clocks.patch) || exit 1
   (cd /tmp/fwdprobe && PYTHONPATH=/tmp/fwdprobe python -c "
 from cupyflash import _kernels
 from cupyflash._families import sm90
