@@ -28,12 +28,12 @@ struct Sm90FwdKernel {
         static_assert(kCtas == 2, "a CTA hands its work to one other");
         const int slot = t % 2;
         if (rank == 0) {
-            if (t >= 2) mbarrier_wait<true>(&st.work_empty[slot], (t / 2 - 1) & 1);
+            if (t >= 2) mbarrier_wait_cluster(&st.work_empty[slot], (t / 2 - 1) & 1);
             store_cluster(&st.work[slot], 1, w);
             mbarrier_arrive_cluster(&st.work_full[slot], 1);
             return w;
         }
-        mbarrier_wait<true>(&st.work_full[slot], (t / 2) & 1);
+        mbarrier_wait_cluster(&st.work_full[slot], (t / 2) & 1);
         const int shared = st.work[slot];
         mbarrier_arrive_cluster(&st.work_empty[slot], 0);
         return shared;

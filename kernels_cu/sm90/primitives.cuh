@@ -43,27 +43,16 @@ __device__ __forceinline__ void mbarrier_arrive(unsigned long long* bar) {
 }
 
 // Waits until the phase of parity `parity` has completed (acquire: the writes released by its arrivals,
-// and the TMA bytes counted on it, are visible afterwards). kCluster: acquire at cluster scope, for a barrier
-// whose arrivals release writes at cluster scope (mbarrier_arrive_cluster below); CTA scope otherwise.
-template <bool kCluster = false>
+// and the TMA bytes counted on it, are visible afterwards).
 __device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, int parity) {
     const unsigned addr = shared_addr(bar);
     unsigned done;
     do {
-        if constexpr (kCluster) {
-            asm volatile(
-                "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-                "selp.u32 %0, 1, 0, p;\n}\n"
-                : "=r"(done)
-                : "r"(addr), "r"(parity)
-                : "memory");
-        } else {
-            asm volatile(
-                "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                : "=r"(done)
-                : "r"(addr), "r"(parity)
-                : "memory");
-        }
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(addr), "r"(parity)
+            : "memory");
     } while (!done);
 }
 
@@ -101,6 +90,21 @@ __device__ __forceinline__ void mbarrier_arrive_cluster(unsigned long long* bar,
 // (release at CTA scope: it orders none of this thread's writes for the other CTA's threads).
 __device__ __forceinline__ void mbarrier_arrive_remote(unsigned long long* bar, int rank) {
     asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_addr(bar, rank)) : "memory");
+}
+
+// mbarrier_wait for a barrier whose arrivals release writes at cluster scope (mbarrier_arrive_cluster):
+// acquire at cluster scope.
+__device__ __forceinline__ void mbarrier_wait_cluster(unsigned long long* bar, int parity) {
+    const unsigned addr = shared_addr(bar);
+    unsigned done;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+            "selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(addr), "r"(parity)
+            : "memory");
+    } while (!done);
 }
 
 // Writes `value` at `p`'s offset in the shared memory of CTA `rank` of the cluster.
