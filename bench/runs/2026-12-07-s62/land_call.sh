@@ -1,12 +1,13 @@
-# The landing call of the pairs' three stages (written in session 62, never run there: no device came). On an
-# H200, with the working tree = main + s60's pending/i26_pairs_three_stages.patch applied uncommitted (`git
-# apply` it first): s59's landing call (precompile, whole GPU suite, sanitizers of sanitize_kvcache.py), with
+# The landing call of the pairs' three stages and the D3 refactor (written in session 62, never run there: no
+# device came). On an H200, with the working tree = main + s60's pending/i26_pairs_three_stages.patch + s62's
+# pending/d3_mbarrier_wait_scope.patch (SASS bitwise main's) applied uncommitted (`git apply` both first): s59's landing call (precompile, whole GPU suite, sanitizers of sanitize_kvcache.py), with
 # /tmp/A = the same tree with the patch reversed (main) for the racecheck comparison and the paged A/B; then
 # paged16_ab.py three rounds on both trees (pages of 16, 32 and 64) while LIMIT allows. PREP2=1: call2.sh's
 # copies compiled beside all this (then `bash call2.sh` on the same warm machine starts at once).
 export PYTHONUNBUFFERED=1; R=$PWD; P=$R/bench/runs/2026-12-07-s60/pending/i26_pairs_three_stages.patch
 t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
-git apply --check -R $P 2>/dev/null || echo "WARNING: the patch is not applied in this tree"
+git apply --check -R $P 2>/dev/null || echo "WARNING: the pairs patch is not applied in this tree"
+git apply --check -R $R/bench/runs/2026-12-07-s62/pending/d3_mbarrier_wait_scope.patch 2>/dev/null || echo "WARNING: D3 is not applied in this tree"
 rm -rf /tmp/A && mkdir -p /tmp/A && cp -r cupyflash kernels_cu tests bench setup.cfg /tmp/A && (cd /tmp/A && git apply -R $P) || echo "A: reversing the patch failed"
 (cd /tmp/A && PYTHONPATH=/tmp/A python -c "
 from cupyflash import _kernels
