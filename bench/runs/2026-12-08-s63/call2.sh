@@ -1,4 +1,5 @@
-# Session 63: session 62's call2.sh with the v2 overlap patch (unrolled passes) and its probe (8 configs). Session 62's header:
+# Session 63: session 62's call2.sh (never run; its file removed, this replaces it) with the v2 overlap patch (unrolled
+# passes) and its probe (8 configs). Session 62's header:
 # Session 62's second call (any Hopper card; the H200 rows only on an H200), after land_call.sh on the same
 # warm machine: 1. issue 22's overlap probe (overlap_probe.py on a copy with s61's i22_planes_overlap.patch);
 # 2. session 47's forward clocks probe (s60's fwd_probe/run.sh); 3. on an H200, while LIMIT allows: the float32

@@ -1,4 +1,4 @@
-"""Issue 22, session 63 (session 62's probe, never run, with the unrolled passes of
+"""Issue 22, session 63 (session 62's probe, never run, its file removed: this replaces it), with the unrolled passes of
 runs/2026-12-08-s63/pending/i22_planes_overlap_v2.patch, the tree this runs on): where the time of the
 float32 graph by parts goes. The d128 causal 1k row (b16 h16), calls back to back:
   off      one launch of each kernel (main's path);
