@@ -1,0 +1,12 @@
+# Session 63's first call, for whichever card comes (run from branch land63: main + the pairs' three stages
+# + D3). On an H200: the landing call (land_call.sh: precompile, whole GPU suite, sanitizers, paged A/B;
+# call2.sh's copies compiled beside it), then call2.sh on the same warm machine in a second call. On an
+# H100: call2.sh first (its probes are card-agnostic), then land_call.sh in a second call as evidence only
+# (the card rule lands kernel code on an H200 suite).
+card=$(nvidia-smi --query-gpu=name --format=csv,noheader)
+echo "card: $card"
+if echo "$card" | grep -q H200; then
+  PREP2=1 LAND_LIMIT=${LAND_LIMIT:-400} LIMIT=${LIMIT:-440} bash bench/runs/2026-12-08-s63/land_call.sh
+else
+  LIMIT=${LIMIT:-440} bash bench/runs/2026-12-08-s63/call2.sh
+fi
