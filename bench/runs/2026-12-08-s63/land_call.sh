@@ -1,5 +1,5 @@
-# Session 63: session 62's landing call (never run; its file removed, this replaces it), run from branch land63,
-# where the pairs' three stages and D3 are committed; PREP2 compiles s63's call2.sh copies. Session 62's header:
+# Session 63: session 62's landing call (never run; its file removed, this replaces it), on the same tree (the
+# pairs' three stages and D3 applied, as below); PREP2 compiles s63's call2.sh copies. Session 62's header:
 # The landing call of the pairs' three stages and the D3 refactor (written in session 62, never run there: no
 # device came). On an H200, with the working tree = main + s60's pending/i26_pairs_three_stages.patch + s62's
 # pending/d3_mbarrier_wait_scope.patch (SASS bitwise main's) applied uncommitted (`git apply` both first): s59's landing call (precompile, whole GPU suite, sanitizers of sanitize_kvcache.py), with
