@@ -1,7 +1,8 @@
 # Session 63's first call (never run: no device came), for whichever card comes. Tree: main with
 # runs/2026-12-07-s60/pending/i26_pairs_three_stages.patch and runs/2026-12-07-s62/pending/
-# d3_mbarrier_wait_scope.patch applied (`git apply` both first; land_call.sh warns if either is missing). On an H200: the landing call (land_call.sh: precompile, whole GPU suite, sanitizers, paged A/B;
-# call2.sh's copies compiled beside it), then call2.sh on the same warm machine in a second call. On an
+# d3_mbarrier_wait_scope.patch applied (`git apply` both first; land_call.sh warns if either is missing).
+# On an H200: the landing call (land_call.sh: precompile, whole GPU suite, sanitizers, paged A/B; call2.sh's
+# copies compiled beside it), then call2.sh on the same warm machine in a second call. On an
 # H100: call2.sh first (its probes are card-agnostic), then land_call.sh in a second call as evidence only
 # (the card rule lands kernel code on an H200 suite).
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader)
