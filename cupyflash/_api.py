@@ -493,6 +493,7 @@ def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
     drop = _planned_dropout(dropout_p, dropout_seed, dropout_offset, q_descale, k_descale, v_descale, out_dtype)
     undropped = _undropped(drop, dropout_p, dropout_seed, dropout_offset)
     if block_table is not None:  # packed keys and values (checked there)
+        block_table = _problem.native(block_table)
         if _problem.array_module({"k": k, "v": v, "block_table": block_table}) is numpy:
             k, v = _problem.gather_paged(k, v, cu_seqlens_k, block_table)
         else:
@@ -853,8 +854,9 @@ def flash_attention_with_kvcache(q: Array, k_cache: Array, v_cache: Array, *, k:
 
     Batch entries must not share the cache rows that new tokens go to: a CuPy call may write an
     entry's new tokens while another entry reads the same rows (repeated ``cache_batch_idx`` values,
-    pages in two block-table rows), as FlashAttention's own kernel does. Shared rows that only hold
-    cached keys (a common prefix) are fine.
+    pages in two block-table rows), as FlashAttention's own kernel does; NumPy calls, and CuPy calls in
+    the checked mode, raise ValueError instead. Shared rows that only hold cached keys (a common
+    prefix) are fine.
 
     CuPy calls run on the current stream with no allocation outside CuPy's memory pool. Keep the
     returned arrays referenced while a captured graph that wrote them may replay.
@@ -1058,7 +1060,8 @@ def apply_rotary(x: Array, cos: Array, sin: Array, *, interleaved: bool = False,
     """
     from . import _rotary
 
-    x, cos, sin = _problem.arrays(x=x, cos=cos, sin=sin)
+    x, cos, sin = _problem.arrays(written=("x",) if _problem.check_flag("inplace", inplace) else (), x=x, cos=cos,
+                                  sin=sin)
     r = _problem.rotary_problem(x, cos, sin, interleaved=interleaved, seqlen_offsets=seqlen_offsets,
                                 cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, conjugate=conjugate, inplace=inplace)
     return _rotary.apply(r, x, cos, sin)

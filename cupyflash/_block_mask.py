@@ -87,6 +87,7 @@ class BlockMask:
         self._element_bits = element_bits
         self._lists = {}
         self._copies = {}
+        self._partial = None  # _has_partial_blocks, once asked
 
     @property
     def _own(self):
@@ -154,7 +155,10 @@ class BlockMask:
             query head h sees key kv_idx. Traced once, like a score_mod (README, "Score and mask
             functions"); an index outside a buffer makes the pair visible with a NaN score.
         batch, heads : int
-            The calls' batch and query heads, or 1 for a mask that does not depend on them.
+            The calls' batch and query heads, or 1 for a mask that does not depend on them. A call of
+            more refuses (ValueError) a mask built with 1 whose function reads b (h) and that has partial
+            blocks: the layout holds the blocks of b = 0 (h = 0), while the calls evaluate the function in
+            partial blocks at each entry's b (h).
         seqlen_q, seqlen_k : int
             The calls' sequence lengths (at least 1): the mask serves exactly these.
         block_size : (int, int)
@@ -371,6 +375,15 @@ class BlockMask:
     def q_indices(self):
         """(..., k_blocks, q_blocks): their indices, ascending (entries past the count are unused)."""
         return self._own.q_index >> 1
+
+    def _has_partial_blocks(self):
+        """from_mask_mod masks: whether some set block is not full (the calls evaluate the function
+        there); read back from the device once, then kept. False for masks of from_dense."""
+        if self.mask_mod is None:
+            return False
+        if self._partial is None:
+            self._partial = bool((self._layout & ~self.mask_mod[2]).any())
+        return self._partial
 
     def __repr__(self):
         kind = "" if self.mask_mod is None else f", mask_mod={self.mask_mod[0].name}"

@@ -76,6 +76,27 @@ def dequantize(xp, x, descale, heads_k):
     return values * per_head.reshape(batch, 1, heads, 1)
 
 
+def _check_host_range(x, granularity):
+    """quantize_fp8's checks of a NumPy x, in x's own precision: finite, within float32's range (the
+    descales and the kernels' arithmetic are float32), and each descale (amax / 448) a normal float32."""
+    if not numpy.isfinite(x).all():
+        raise ValueError("x must be finite: a non-finite value has no e4m3 scale")
+    if x.size == 0:
+        return
+    magnitude = numpy.abs(x.astype(numpy.float64))
+    amax = magnitude.max(axis=(1, 3)) if granularity == "per_head" else magnitude.max()
+    largest = float(numpy.max(amax))
+    if largest > float(numpy.finfo(numpy.float32).max):
+        raise ValueError(f"x holds a value of magnitude {largest:.6g}, past float32's range (the descales and the "
+                         "attention's arithmetic are float32); scale x down first")
+    smallest = float(numpy.min(numpy.where(amax > 0, amax, numpy.inf)))
+    if smallest < E4M3_MAX * float(numpy.finfo(numpy.float32).tiny):
+        where = "a head's" if granularity == "per_head" else "x's"
+        raise ValueError(f"{where} largest magnitude is {smallest:.6g}: its descale ({smallest:.6g} / {E4M3_MAX:g}) is "
+                         "below float32's smallest normal number, which the float32 descales cannot hold; scale x "
+                         "up first")
+
+
 def quantize_fp8(x, granularity="per_head"):
     """``(x_e4m3, descale)``: ``x`` stored as e4m3 with its float32 descale, real value = stored value x
     descale (FlashAttention-3's convention, which :func:`cupyflash.flash_attention` takes as
@@ -102,7 +123,9 @@ def quantize_fp8(x, granularity="per_head"):
     Raises
     ------
     TypeError, ValueError
-        For another rank or dtype, an unknown granularity, or (NumPy) a non-finite value.
+        For another rank or dtype, an unknown granularity, or (NumPy) a non-finite value, a value past
+        float32's range, or a head (tensor) whose largest magnitude is not 0 but below
+        ``448 * 2^-126``, whose descale float32 cannot hold as a normal number.
     """
     from . import _problem
 
@@ -113,8 +136,8 @@ def quantize_fp8(x, granularity="per_head"):
         raise TypeError(f"x has dtype {x.dtype}; expected float16, bfloat16, float32 or float64")
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
-    if xp is numpy and not numpy.isfinite(x.astype(numpy.float32)).all():
-        raise ValueError("x must be finite: a non-finite value has no e4m3 scale")
+    if xp is numpy:
+        _check_host_range(x, granularity)
     wide = x.astype(numpy.float32)
     batch, _, heads, _ = x.shape
     if granularity == "per_head":

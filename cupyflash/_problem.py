@@ -26,6 +26,8 @@ SUPPORTED_DTYPES = {
     "float64": numpy.dtype(numpy.float64),
 }
 _SUPPORTED_TEXT = "float16, bfloat16, float32 or float64"
+#: Dtypes whose non-native (big-endian) NumPy arrays are converted once (arrays): the inputs' and int32.
+_NATIVE_CONVERTED = tuple(SUPPORTED_DTYPES.values()) + (numpy.dtype(numpy.int32),)
 
 #: Query tiles * batch * heads (and key tiles * batch * kv heads) index one grid axis of 2^31 - 1 CTAs.
 #: GRID_TILE_ROWS is the fewest rows (or keys) a CTA of any kernel takes: the general family's tiles
@@ -191,18 +193,32 @@ def array_module(named):
     return modules.pop()
 
 
-def arrays(**named):
+def native(x):
+    """x in native byte order: a big-endian (non-native) NumPy array converted once, else x itself."""
+    if isinstance(x, numpy.ndarray) and not x.dtype.isnative:
+        return x.astype(x.dtype.newbyteorder("="))
+    return x
+
+
+def arrays(written=(), **named):
     """The array arguments, checked to be all NumPy or all CuPy arrays, in native byte order.
 
-    A big-endian (non-native) NumPy array of a supported dtype is converted once: the arithmetic runs
-    on native values either way, and the results come back in the native dtype. Returns the arrays in
-    the order given.
+    A big-endian (non-native) NumPy array of a supported dtype (or int32, as index arrays) is converted
+    once: the arithmetic runs on native values either way, and the results come back in the native
+    dtype. The arguments named in ``written`` are written in place, so a converted copy would take the
+    writes instead of the caller's array: those must be in native byte order already (ValueError).
+    Returns the arrays in the order given.
     """
     xp = array_module(named)
     out = []
-    for array in named.values():
-        if xp is numpy and not array.dtype.isnative and array.dtype.newbyteorder("=") in SUPPORTED_DTYPES.values():
-            array = array.astype(array.dtype.newbyteorder("="))
+    for name, array in named.items():
+        if xp is numpy and not array.dtype.isnative and array.dtype.newbyteorder("=") in _NATIVE_CONVERTED:
+            if name in written:
+                raise ValueError(
+                    f"{name} has dtype {array.dtype.str} (non-native byte order), but it is written in place, "
+                    f"which needs native byte order; convert it first: "
+                    f"{name} = {name}.astype({name}.dtype.newbyteorder('='))")
+            array = native(array)
         out.append(array)
     return out
 
@@ -270,12 +286,22 @@ def check_precision(value, dtype):
     return value
 
 
+def real_value(name, value):
+    """float(value) of a real argument already checked to be a number: an int past float64's range is a
+    ValueError here, where float() would raise OverflowError."""
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(f"{name} must be finite, got an int of {int(value).bit_length()} bits, past float64's "
+                         "range") from None
+
+
 def check_softmax_scale(value, headdim, dtype):
     if value is None:
         return 1.0 / math.sqrt(headdim)
     if isinstance(value, (bool, numpy.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"softmax_scale must be a real number or None, got {type(value).__name__} {value!r}")
-    value = float(value)
+    value = real_value("softmax_scale", value)
     if not math.isfinite(value):
         raise ValueError(f"softmax_scale must be finite, got {value}")
     # Below float64 the kernels hold the scale, and the tensor-core path scale * log2(e), in float32.
@@ -305,7 +331,7 @@ def check_window(window_size, causal):
 def check_softcap(value, dtype, softmax_scale):
     if isinstance(value, (bool, numpy.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"softcap must be a real number, got {type(value).__name__} {value!r}")
-    value = float(value)
+    value = real_value("softcap", value)
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"softcap must be 0 (none) or a positive finite number, got {value}")
     # Below float64 the kernels hold softcap * log2(e) and softmax_scale / softcap in float32.
@@ -478,7 +504,7 @@ def check_dropout(dropout_p, dropout_seed, dropout_offset):
 
     if isinstance(dropout_p, (bool, numpy.bool_)) or not isinstance(dropout_p, numbers.Real):
         raise TypeError(f"dropout_p must be a real number, got {type(dropout_p).__name__} {dropout_p!r}")
-    p = float(dropout_p)
+    p = real_value("dropout_p", dropout_p)
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     threshold(p)  # raises where no 8-bit decision draws p
@@ -519,6 +545,15 @@ def check_block_mask(mask, batch, heads, seqlen_q, seqlen_k):
             f"block_mask has layout shape {mask.shape} for blocks {mask.block_size}; expected (1 or {batch}, "
             f"1 or {heads}, {expected[0]}, {expected[1]}) for seqlen_q {seqlen_q}, seqlen_k {seqlen_k}"
         )
+    # A layout of one batch entry (head) serves every entry (head) only if the calls never evaluate a
+    # function that reads b (h): the blocks were classified at b = 0 (h = 0), while partial blocks
+    # evaluate it at the real ones.
+    if mask.mask_mod is not None and (b < batch or h < heads):
+        for what, name, size, wanted in (("batch", "b", b, batch), ("heads", "h", h, heads)):
+            if size == 1 < wanted and mask.mask_mod[0].reads(name) and mask._has_partial_blocks():
+                raise ValueError(f"block_mask was built by from_mask_mod with {what}=1, but its mask_mod reads {name} "
+                                 f"and its partial blocks evaluate it at each {name}, so it serves only calls of "
+                                 f"{what} 1; got {what} {wanted} (build it with {what}={wanted})")
     return mask
 
 
@@ -616,6 +651,7 @@ def forward_problem(q, k, v, *, causal=False, softmax_scale=None, window_size=(-
 def _cu_seqlens(name, cu, xp, total, batch=None):
     if array_module({name: cu}) is not xp:
         raise TypeError(f"{name} must be a {'cupy' if xp is not numpy else 'numpy'} array like q")
+    cu = native(cu)
     if cu.dtype != numpy.int32:
         raise TypeError(f"{name} has dtype {cu.dtype}; expected int32")
     if cu.ndim != 1 or cu.shape[0] < 1:
@@ -647,7 +683,8 @@ def _check_cu_seqlens_on_host(name, cu, total, given_max):
         )
     longest = int(lengths.max(initial=0))
     if given_max is not None and given_max < longest:
-        raise ValueError(f"max_seqlen_{name[-1]} is {given_max}, but {name} holds a sequence of {longest}")
+        raise ValueError(f"{name.replace('cu_seqlens', 'max_seqlen')} is {given_max}, but {name} holds a sequence "
+                         f"of {longest}")
     return longest if given_max is None else given_max
 
 
@@ -702,12 +739,16 @@ def gather_paged(k, v, cu_seqlens_k, block_table):
     (num_pages, page_size, heads_k, dim), sequence b's key t at row t % page_size of page
     block_table[b, t // page_size]; returns them packed, (total_k, heads_k, dim) with total_k =
     cu_seqlens_k[-1], for the packed problem (NumPy arrays; CuPy ones: :func:`paged_counts_on_device`)."""
-    cu = numpy.asarray(cu_seqlens_k)
+    cu = native(numpy.asarray(cu_seqlens_k))
     _check_paged(k, v, cu, block_table)
+    if cu.dtype != numpy.int32:
+        raise TypeError(f"cu_seqlens_k has dtype {cu.dtype}; expected int32")
     num_pages, page_size = k.shape[:2]
     lengths = numpy.diff(cu.astype(numpy.int64))
     capacity = block_table.shape[1] * page_size
-    if (lengths < 0).any() or (lengths > capacity).any():
+    if cu[0] != 0 or (lengths < 0).any():
+        raise ValueError(f"cu_seqlens_k must be non-decreasing from 0, got {numpy.array2string(cu, threshold=12)}")
+    if (lengths > capacity).any():
         raise ValueError(f"cu_seqlens_k gives sequences of {lengths.tolist()} keys; block_table holds {capacity} per "
                          f"sequence ({block_table.shape[1]} pages of {page_size})")
     rows = [(b, numpy.arange(n)) for b, n in enumerate(lengths)]
@@ -822,6 +863,7 @@ def _check_seqused_k(seqused_k, xp, cu_k, batch):
         return None
     if array_module({"seqused_k": seqused_k}) is not xp:
         raise TypeError(f"seqused_k must be a {'cupy' if xp is not numpy else 'numpy'} array like q")
+    seqused_k = native(seqused_k)
     if seqused_k.dtype != numpy.int32:
         raise TypeError(f"seqused_k has dtype {seqused_k.dtype}; expected int32")
     if seqused_k.shape != (batch,):
@@ -997,8 +1039,12 @@ def rotary_problem(x, cos, sin, *, interleaved, seqlen_offsets, cu_seqlens, max_
             raise ValueError(f"seqlen_offsets must be non-negative, got {offsets}")
         last = offsets + (max_seqlen if lengths is None else int(lengths.max(initial=0)))
     else:
+        if not hasattr(seqlen_offsets, "shape"):
+            raise TypeError(f"seqlen_offsets must be an int or an int32 array (batch,) of x's kind, got "
+                            f"{type(seqlen_offsets).__name__} {seqlen_offsets!r}")
         if array_module({"seqlen_offsets": seqlen_offsets}) is not xp:
             raise TypeError("seqlen_offsets must be an int or an int32 array of x's kind")
+        seqlen_offsets = native(seqlen_offsets)
         if seqlen_offsets.dtype != numpy.int32 or seqlen_offsets.shape != (batch,):
             raise TypeError(f"seqlen_offsets must be an int or an int32 array of shape ({batch},); got "
                             f"{seqlen_offsets.dtype} {seqlen_offsets.shape}")

@@ -58,7 +58,10 @@ def zigzag_shard(x, world, rank, axis=1):
         concatenated: every rank of a causal ring gets the same work.
     """
     xp = _problem.array_module({"x": x})
-    if not _problem.is_int(world) or not _problem.is_int(rank) or world < 1 or not 0 <= rank < world:
+    for name, value in (("world", world), ("rank", rank)):
+        if not _problem.is_int(value):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if world < 1 or not 0 <= rank < world:
         raise ValueError(f"need 0 <= rank < world, got rank {rank!r}, world {world!r}")
     axis = _axis(axis, "x", x)
     length = x.shape[axis]

@@ -79,6 +79,10 @@ def _describe(x):
     return f"{type(x).__module__}.{type(x).__qualname__}" if not isinstance(x, Expr) else f"a traced {x.kind}"
 
 
+_NOT_A_NUMBER = ("a traced value cannot become a Python float: math and NumPy functions cannot be traced; use the "
+                 "functions of cupyflash.mods")
+
+
 class Expr:
     """A traced value: the operators and :mod:`cupyflash.mods` build the expression; anything that needs
     its value now (``if``, ``bool()``, ``float()``, NumPy or ``math`` functions) is a TypeError."""
@@ -98,8 +102,7 @@ class Expr:
                         "or, not, chained comparisons) cannot depend on it; use mods.where, &, | and ~")
 
     def __float__(self):
-        raise TypeError("a traced value cannot become a Python float: math and NumPy functions cannot be traced; "
-                        "use the functions of cupyflash.mods")
+        raise TypeError(_NOT_A_NUMBER)
 
     __int__ = __index__ = __complex__ = __float__
 
@@ -426,6 +429,11 @@ class Traced:
     def leaf(self, name):
         return self.ctx.nodes.get((name, (), INT if name != "score" else FLOAT, None))
 
+    def reads(self, name):
+        """Whether the result depends on argument ``name`` ("b", "h", "q_idx", ...)."""
+        leaf = self.leaf(name)
+        return leaf is not None and any(n is leaf for n in self.nodes)
+
     def gradients(self):
         """``(dscore, loads)``: the derivative of the result with respect to the score, and for every load
         of a floating-point buffer, ``(load, derivative)``; both expressions in the same trace."""
@@ -475,7 +483,9 @@ def trace(fn, kind, buffers, argument="score_mod"):
     try:
         result = fn(*leaves, *proxies)
     except TypeError as e:
-        raise TypeError(f"{argument} {name} cannot be traced: {e}") from e
+        # A NumPy ufunc refuses Expr (__array_ufunc__ = None) in words of its own.
+        reason = _NOT_A_NUMBER if "does not support ufuncs" in str(e) else str(e)
+        raise TypeError(f"{argument} {name} cannot be traced: {reason}") from e
     try:
         root = lift(ctx, result, "the result")
     except TypeError as e:

@@ -1036,7 +1036,7 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k=None, v=None, cache_seqlens
                            block_table=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=True,
                            causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            sinks=None, return_max_score=False, cache_leftpad=None, q_descale=None, k_descale=None,
-                           v_descale=None, compute_dtype=None):
+                           v_descale=None, score_mod=None, score_mod_buffers=None, compute_dtype=None):
     """Naive attention of queries to a KV cache (FlashAttention-2's ``flash_attn_with_kvcache``).
 
     Batch entry ``b`` attends to the first ``cache_seqlens[b]`` keys of its cache and, when ``k`` and
@@ -1074,6 +1074,9 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k=None, v=None, cache_seqlens
     q_descale, k_descale, v_descale : float32 arrays, shape (batch, heads_k), optional
         float8_e4m3fn q, caches and new keys and values: each batch entry's row, as in :func:`attention`
         (whose FP8 baseline ``compute_dtype=float8_e4m3fn`` selects).
+    score_mod, score_mod_buffers : optional
+        As in :func:`attention`: ``b`` is the batch entry, ``q_idx`` the query row and ``kv_idx`` the
+        key's position in the entry's cache (its new keys after its cached ones).
 
     Returns
     -------
@@ -1140,7 +1143,8 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k=None, v=None, cache_seqlens
             ("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))}
         out, lse, top = attention(q[b:b + 1], keys[None], values[None], causal, softmax_scale,
                                   window_size=window_size, softcap=softcap, alibi_slopes=slopes[b], sinks=sinks,
-                                  return_max_score=True, compute_dtype=compute_dtype, **descales)
+                                  return_max_score=True, score_mod=_sequence_score_mod(score_mod, b),
+                                  score_mod_buffers=score_mod_buffers, compute_dtype=compute_dtype, **descales)
         outs.append(out)
         lses.append(lse)
         tops.append(top)

@@ -109,7 +109,7 @@ def test_out_of_range_loads_are_nan_unless_the_branch_is_not_taken():
 @pytest.mark.parametrize("bad, message", [
     (lambda s, b, h, q, k: s if q > k else 0.0, "no truth value"),
     (lambda s, b, h, q, k: math.exp(s), "cannot become a Python float"),
-    (lambda s, b, h, q, k: np.exp(s), "ufunc"),
+    (lambda s, b, h, q, k: np.exp(s), "math and NumPy functions cannot be traced; use the functions of cupyflash.mods"),
     (lambda s, b, h, q, k: q < k, "returned a bool"),
     (lambda s, b, h, q, k: s + np.ones(3), "Python number"),
     (lambda s, b, h, q, k: s.shape, "no attribute 'shape'"),
@@ -619,6 +619,11 @@ def test_kvcache_score_mod_is_the_builtin_alibi():
             return_lse=True, **options))
     np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(results[1][1], results[0][1], rtol=1e-5, atol=1e-6)
+    # The float64 reference takes the same function, with the same b, q_idx and kv_idx.
+    want = reference.attention_with_kvcache(q, *caches, k=k_new, v=v_new, cache_seqlens=cache_seqlens, block_table=table,
+                                            causal=True, score_mod=alibi, score_mod_buffers=(slopes, keys))
+    np.testing.assert_allclose(results[1][0], want[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(results[1][1], want[1], rtol=1e-5, atol=1e-5)
 
 
 _EXACT_SUM_DRIVER = r"""

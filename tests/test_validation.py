@@ -457,3 +457,177 @@ def test_every_float32_function_takes_precision():
     with pytest.raises(ValueError, match="precision must be one of"):
         cupyflash.flash_attention_varlen_backward(dout.reshape(10, 4, 6), *packed, out_packed, lse.transpose(1, 0, 2)
                                                   .reshape(4, 10), cu, cu_k, precision="low")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Session 64's audit: arrays written in place, empty caches, broadcast block masks, numbers past float64,
+# FP8 scales float32 cannot hold, non-native index arrays, and the messages of a few checks.
+
+def _cache(dtype="<f8", b=1, n=6):
+    rng = np.random.default_rng(1)
+    return (rng.standard_normal((b, n, 1, 4)).astype(dtype) for _ in range(2))
+
+
+def test_big_endian_cache_written_in_place_is_refused():
+    """Regression: the new keys went into a native copy and the caller's big-endian cache kept its old rows."""
+    q, new = np.ones((1, 1, 1, 4)), np.ones((1, 1, 1, 4))
+    k_cache, v_cache = _cache(">f8")
+    before = k_cache.copy()
+    with pytest.raises(ValueError, match=r"k_cache has dtype >f8 \(non-native byte order\), but it is written in "
+                       r"place.*k_cache = k_cache.astype\(k_cache.dtype.newbyteorder\('='\)\)"):
+        cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, k=new, v=new, cache_seqlens=2)
+    assert (k_cache == before).all()
+    # Read only (no new tokens): converted once and attended, as every big-endian input is.
+    native = [x.astype("<f8") for x in (k_cache, v_cache)]
+    np.testing.assert_array_equal(cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=3),
+                                  cupyflash.flash_attention_with_kvcache(q, *native, cache_seqlens=3))
+
+
+def test_big_endian_rotary_in_place_is_refused():
+    x = np.random.default_rng(2).standard_normal((1, 4, 2, 4)).astype(">f8")
+    cos, sin = np.full((4, 1), 0.6), np.full((4, 1), 0.8)
+    with pytest.raises(ValueError, match=r"x has dtype >f8 \(non-native byte order\), but it is written in place"):
+        cupyflash.apply_rotary(x, cos, sin, inplace=True)
+    np.testing.assert_array_equal(cupyflash.apply_rotary(x, cos, sin), cupyflash.apply_rotary(x.astype("<f8"), cos, sin))
+
+
+@pytest.mark.parametrize("batch, cache_len", [(0, 5), (2, 0)])
+def test_empty_kv_cache(batch, cache_len):
+    """Regression: an empty cache (NumPy gives its axes stride 0) failed the contiguous-last-axis check."""
+    k_cache = np.zeros((batch, cache_len, 2, 4), np.float32)
+    q = np.random.default_rng(3).standard_normal((batch, 1, 2, 4)).astype(np.float32)
+    out, lse = cupyflash.flash_attention_with_kvcache(q, k_cache, k_cache.copy(), cache_seqlens=0, return_lse=True)
+    assert out.shape == (batch, 1, 2, 4) and lse.shape == (batch, 2, 1)
+    assert (out == 0).all() and (lse == -np.inf).all()
+
+
+def test_broadcast_mask_mod_reading_the_head_is_refused_where_its_partial_blocks_evaluate_it():
+    """Regression: a heads=1 mask of a function of h classified its blocks at h = 0 while its partial
+    blocks evaluated the function at each head, so heads > 0 got a mix of the two masks."""
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal((2, 8, 2, 4)) for _ in range(3))
+    reads_h = lambda b, h, i, j: (h == 1) | (j <= i)  # noqa: E731
+    mask = cupyflash.BlockMask.from_mask_mod(reads_h, 1, 1, 8, 8, block_size=(4, 4))
+    with pytest.raises(ValueError, match=r"built by from_mask_mod with heads=1, but its mask_mod reads h and its "
+                       r"partial blocks evaluate it at each h.*got heads 2 \(build it with heads=2\)"):
+        cupyflash.flash_attention(q, k, v, block_mask=mask)
+    whole = cupyflash.BlockMask.from_mask_mod(reads_h, 1, 2, 8, 8, block_size=(4, 4))
+    want = cupyflash.reference.attention(q, k, v, block_mask=whole)[0]
+    np.testing.assert_allclose(cupyflash.flash_attention(q, k, v, block_mask=whole), want, atol=1e-12)
+    # Broadcasting stays for functions that do not read h, and for masks without partial blocks.
+    for fn in (lambda b, h, i, j: j <= i, lambda b, h, i, j: (h == 1) | (j // 4 <= i // 4)):
+        cupyflash.flash_attention(q, k, v, block_mask=cupyflash.BlockMask.from_mask_mod(fn, 1, 1, 8, 8, block_size=(4, 4)))
+
+
+@pytest.mark.parametrize("name", ["softmax_scale", "softcap", "dropout_p"])
+def test_int_past_float64_is_value_error(name):
+    q, k, v = _qkv()
+    extra = {"dropout_seed": 1} if name == "dropout_p" else {}
+    with pytest.raises(ValueError, match=rf"{name} must be finite, got an int of 1101 bits, past float64's range"):
+        cupyflash.flash_attention(q, k, v, **{name: 2 ** 1100}, **extra)
+
+
+@pytest.mark.parametrize("value, match", [
+    (1e300, r"x holds a value of magnitude 1e\+300, past float32's range"),
+    (1e-300, r"a head's largest magnitude is 1e-300: its descale .* below float32's smallest normal number"),
+])
+def test_quantize_fp8_refuses_scales_float32_cannot_hold(value, match):
+    """Regression: 1e300 was called non-finite, and 1e-300 came back as zeros with descale 1."""
+    x = np.full((1, 2, 2, 4), value)
+    x[0, 0, 0, 0] = value / 2
+    with pytest.raises(ValueError, match=match):
+        cupyflash.quantize_fp8(x)
+
+
+def test_big_endian_index_arrays_are_taken():
+    """Regression: '>i4' arrays (int32 in the other byte order) were refused as not int32."""
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((9, 2, 4)) for _ in range(3))
+    cu = np.array([0, 4, 9], np.int32)
+    np.testing.assert_array_equal(cupyflash.flash_attention_varlen(q, k, v, cu.astype(">i4"), cu, max_seqlen_q=5),
+                                  cupyflash.flash_attention_varlen(q, k, v, cu, cu, max_seqlen_q=5))
+    q1 = rng.standard_normal((2, 1, 1, 4))
+    k_cache, v_cache = _cache(b=2)
+    lengths = np.array([2, 5], np.int32)
+    np.testing.assert_array_equal(
+        cupyflash.flash_attention_with_kvcache(q1, k_cache, v_cache, cache_seqlens=lengths.astype(">i4")),
+        cupyflash.flash_attention_with_kvcache(q1, k_cache, v_cache, cache_seqlens=lengths))
+    cos, sin = np.full((9, 1), 0.6), np.full((9, 1), 0.8)
+    np.testing.assert_array_equal(cupyflash.apply_rotary(q, cos, sin, cu_seqlens=cu.astype(">i4"), max_seqlen=5),
+                                  cupyflash.apply_rotary(q, cos, sin, cu_seqlens=cu, max_seqlen=5))
+
+
+def test_rotary_max_seqlen_message_names_the_argument():
+    x = np.zeros((10, 2, 8))
+    with pytest.raises(ValueError, match=r"^max_seqlen is 3, but cu_seqlens holds a sequence of 6$"):
+        cupyflash.apply_rotary(x, np.ones((10, 2)), np.ones((10, 2)), cu_seqlens=np.array([0, 4, 10], np.int32),
+                               max_seqlen=3)
+
+
+@pytest.mark.parametrize("cu, match", [
+    ([0, 5, 3], r"cu_seqlens_k must be non-decreasing from 0, got \[0 5 3\]"),
+    ([2, 5, 11], r"cu_seqlens_k must be non-decreasing from 0, got \[ 2  5 11\]"),
+    ([0, 5, 13], r"cu_seqlens_k gives sequences of \[5, 8\] keys; block_table holds 6 per sequence"),
+])
+def test_paged_varlen_checks_cu_seqlens_k_first(cu, match):
+    """Regression: decreasing or offset cu_seqlens_k were reported as a capacity or a packed size."""
+    rng = np.random.default_rng(6)
+    q = rng.standard_normal((6, 2, 4))
+    pages = [rng.standard_normal((4, 3, 2, 4)) for _ in range(2)]
+    table = np.array([[0, 1], [2, 3]], np.int32)
+    with pytest.raises(ValueError, match=match):
+        cupyflash.flash_attention_varlen(q, *pages, np.array([0, 3, 6], np.int32), np.array(cu, np.int32),
+                                         block_table=table)
+
+
+def test_zigzag_shard_world_and_rank_must_be_ints():
+    with pytest.raises(TypeError, match=r"world must be an int, got float 2.0"):
+        cupyflash.zigzag_shard(np.zeros((1, 8, 1)), 2.0, 0)
+
+
+@pytest.mark.parametrize("value", [5.0, True])
+def test_cache_seqlens_of_another_type(value):
+    k_cache, v_cache = _cache()
+    with pytest.raises(TypeError, match=rf"cache_seqlens must be an int, an int32 array \(batch,\) of q's kind or "
+                       rf"None, got {type(value).__name__} {value!r}"):
+        cupyflash.flash_attention_with_kvcache(np.ones((1, 1, 1, 4)), k_cache, v_cache, cache_seqlens=value)
+
+
+def test_seqlen_offsets_of_another_type():
+    with pytest.raises(TypeError, match=r"seqlen_offsets must be an int or an int32 array \(batch,\) of x's kind, "
+                       r"got float 1.0"):
+        cupyflash.apply_rotary(np.zeros((1, 4, 2, 4)), np.ones((8, 1)), np.ones((8, 1)), seqlen_offsets=1.0)
+
+
+@pytest.mark.parametrize("layout", ["batch_idx", "pages", "page_read"])
+def test_cache_rows_new_tokens_go_to_must_not_be_shared(layout):
+    """Regression: a repeated cache_batch_idx made entry 0 attend to entry 1's new token."""
+    rng = np.random.default_rng(7)
+    q, k_new, v_new = (rng.standard_normal((2, 1, 1, 4)) for _ in range(3))
+    if layout == "batch_idx":
+        k_cache, v_cache = _cache(b=2)
+        options = {"cache_seqlens": 0, "cache_batch_idx": np.array([0, 0], np.int32)}
+        where = "row 0 of cache entry 0"
+    else:
+        k_cache, v_cache = (rng.standard_normal((4, 2, 1, 4)) for _ in range(2))
+        # pages: both entries append to page 1; page_read: entry 1 reads (row 0 of page 1) what entry 0 writes
+        table, lengths = ([[0, 1], [0, 1]], [2, 2]) if layout == "pages" else ([[0, 1], [1, 2]], [2, 1])
+        options = {"cache_seqlens": np.array(lengths, np.int32), "block_table": np.array(table, np.int32)}
+        where = "row 0 of page 1"
+    before = k_cache.copy()
+    with pytest.raises(ValueError, match=rf"batch entries 0 and 1 share {where}, which entry 0's new keys are written to"):
+        cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, k=k_new, v=v_new, **options)
+    assert (k_cache == before).all()
+
+
+def test_cache_rows_shared_by_cached_keys_only_are_fine():
+    """A common prefix (page 0 in both rows) with each entry's new tokens on pages of its own."""
+    rng = np.random.default_rng(8)
+    q, k_new, v_new = (rng.standard_normal((2, 1, 1, 4)) for _ in range(3))
+    k_cache, v_cache = (rng.standard_normal((4, 2, 1, 4)) for _ in range(2))
+    table, lengths = np.array([[0, 1], [0, 2]], np.int32), np.array([2, 2], np.int32)
+    want = cupyflash.reference.attention_with_kvcache(q, k_cache, v_cache, k=k_new, v=v_new, cache_seqlens=lengths,
+                                                      block_table=table)[0]
+    out = cupyflash.flash_attention_with_kvcache(q, k_cache, v_cache, k=k_new, v=v_new, cache_seqlens=lengths,
+                                                 block_table=table)
+    np.testing.assert_allclose(out, want, atol=1e-12)

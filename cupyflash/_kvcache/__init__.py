@@ -59,8 +59,13 @@ def attention(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_t
                                    ("cache_leftpad", cache_leftpad), ("rotary_cos", rotary_cos),
                                    ("rotary_sin", rotary_sin)) if x is not None})
     if cache_seqlens is not None and not _problem.is_int(cache_seqlens):
+        if not hasattr(cache_seqlens, "shape"):
+            raise TypeError(f"cache_seqlens must be an int, an int32 array (batch,) of q's kind or None, got "
+                            f"{type(cache_seqlens).__name__} {cache_seqlens!r}")
         named["cache_seqlens"] = cache_seqlens
-    checked = dict(zip(named, _problem.arrays(**named)))
+    # With k and v the caches are written in place (kvcache/call.py checks that they are writable).
+    written = ("k_cache", "v_cache") if k is not None or v is not None else ()
+    checked = dict(zip(named, _problem.arrays(written=written, **named)))
     return_lse = _problem.check_flag("return_lse", return_lse)
     return_max_score = _problem.check_flag("return_max_score", return_max_score)
     c = _call.check(

@@ -125,7 +125,8 @@ def check(q, k_cache, v_cache, *, k, v, cache_seqlens, cache_batch_idx, block_ta
     _problem.check_heads(heads, heads_k)
     for name in ("k_cache", "v_cache"):
         x = floating[name]
-        if x.shape[3] > 1 and x.strides[3] != x.dtype.itemsize:
+        # (an empty cache has no layout to keep: NumPy gives its axes stride 0)
+        if x.size > 0 and x.shape[3] > 1 and x.strides[3] != x.dtype.itemsize:
             raise ValueError(f"{name} must have a contiguous last axis (it is written in place); got strides {x.strides}")
 
     cache_batch_idx = _index_array("cache_batch_idx", cache_batch_idx, xp, f"({batch},)", 1)
@@ -292,3 +293,33 @@ def check_values_on_host(c):
             if ((used < 0) | (used >= c.cache_entries)).any():
                 raise ValueError(f"block_table row {b} names pages outside the cache's {c.cache_entries}: "
                                  f"{numpy.array2string(used, threshold=12)}")
+    if c.batch and c.seqlen_new and (c.cache_batch_idx is not None or c.block_table is not None):
+        _check_written_rows_unshared(c, lengths, starts)
+
+
+def _check_written_rows_unshared(c, lengths, starts):
+    """ValueError where a cache row that a batch entry's new token goes to is also read or written by
+    another entry (a repeated cache_batch_idx value, a page in two block-table rows): the kernels write
+    new tokens while other entries read, so such rows have no defined contents."""
+    rows_per_entry = c.page_size if c.block_table is not None else c.capacity
+    written, writer, read, reader = [], [], [], []
+    for b in range(c.batch):
+        entry, row = cache_positions(c, b, numpy.arange(starts[b], lengths[b] + c.seqlen_new))
+        ids = entry.astype(numpy.int64) * rows_per_entry + row
+        read.append(ids)
+        reader.append(numpy.full(ids.shape, b))
+        written.append(ids[lengths[b] - starts[b]:])
+        writer.append(numpy.full(c.seqlen_new, b))
+    written, writer, read, reader = (numpy.concatenate(x) for x in (written, writer, read, reader))
+    order = numpy.argsort(written, kind="stable")
+    written, writer = written[order], writer[order]
+    at = numpy.minimum(numpy.searchsorted(written, read), written.size - 1)
+    # A row two entries write is found by one of them as the other's: the first writer in sorted order.
+    clash = (written[at] == read) & (writer[at] != reader)
+    if clash.any():
+        i = int(numpy.flatnonzero(clash)[0])
+        where = "page" if c.block_table is not None else "cache entry"
+        raise ValueError(f"batch entries {int(writer[at[i]])} and {int(reader[i])} share row {int(read[i] % rows_per_entry)} "
+                         f"of {where} {int(read[i] // rows_per_entry)}, which entry {int(writer[at[i]])}'s new keys are "
+                         "written to; entries must not share the rows their new tokens go to (repeated cache_batch_idx "
+                         "values, pages in two block_table rows)")
