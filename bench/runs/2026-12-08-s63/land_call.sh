@@ -16,6 +16,7 @@ from cupyflash import _kernels
 from cupyflash._families import sm90
 _kernels.precompile([v for v in sm90.FWD_PAIRS.variants() if v.dtype == 'bfloat16'], max_workers=1)" > /tmp/A_pre.txt 2>&1) &
 [ -n "$PREP2" ] && { bash bench/runs/2026-12-08-s63/call2.sh prep > /tmp/call2_prep.txt 2>&1 & }
+[ -n "$PREP3" ] && { bash bench/runs/2026-12-08-s64/call3.sh prep > /tmp/call3_prep.txt 2>&1 & }  # session 64
 LIMIT=${LAND_LIMIT:-470} bash bench/runs/2026-12-07-s59/land_call.sh
 wait
 L=${LIMIT:-575}
