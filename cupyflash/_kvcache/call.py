@@ -8,7 +8,7 @@ import numpy
 from .. import _problem
 
 #: Largest num_splits: the decode kernel's split merge keeps a row tile's weights of every split in
-#: shared memory (kvcache.cu kMaxSplits; device.cxx_facts checks it). Here, not beside the kernels,
+#: shared memory (kvcache/split_merge.cuh's kMaxSplits; device.cxx_facts checks it). Here, not beside the kernels,
 #: because the checks of a NumPy call need it and must not import CuPy.
 MAX_SPLITS = 256
 

@@ -1,6 +1,7 @@
 // Storage types and their accumulators. The only header that includes the fp16/bf16 headers.
 //
-// float16, bfloat16 and float32 accumulate in float32 (float32 in true float32: no TF32 anywhere);
+// float16, bfloat16 and float32 accumulate in float32 (float32 in true float32: TF32 only where a call
+// asks for precision="tf32");
 // float64 accumulates in float64. acc_t<T> is that accumulator type; to_acc/from_acc convert
 // (from_acc rounds to nearest even); lse_t<T> is the type of the saved log-sum-exp; pack2 rounds two
 // floats into one register of 16-bit values (the operand format of the tensor-core products).

@@ -1,7 +1,8 @@
 // The mask, for every kernel: which pairs of a batch entry are visible, which tiles a CTA visits and
 // which of those need the element mask. cupyflash/_policy.py states the same rules for the NumPy twin
 // and the host; the score modifications are score_mod.cuh's, and the loops that apply both to a tile
-// of scores live with each accumulator layout (fragment/scores.cuh, general/tile.cuh).
+// of scores live with each accumulator layout (fragment/scores.cuh; the general kernels' inline, through
+// pair_visible below).
 //
 // The mask. Rows i and keys j count from the start of their sequence. Query i sees key j iff
 //     i < seqlen_q, j < seqlen_k, lo <= j - i <= hi, and the block layout (if any) sets block (i, j),

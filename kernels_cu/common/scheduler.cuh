@@ -1,6 +1,8 @@
 // Which tile, batch entry and head a CTA works on: the decode of the flattened grid index.
 //
-// Every attention kernel launches grid.x = tiles * batch * heads, tiles fastest: one axis of up to
+// The attention kernels that launch a CTA per tile (not the persistent Hopper forwards, sm90/scheduler.cuh,
+// nor the Hopper backward, whose order sm90/bwd_kernel.cuh sets) launch grid.x = tiles * batch * heads,
+// tiles fastest: one axis of up to
 // 2^31 - 1 CTAs, so there is no batch * heads limit of 65535. Tiles are of query rows (forward, dQ) or
 // of keys (dK/dV); heads are query or kv heads, by kernel. Packed (varlen) batches count the tiles of
 // the longest sequence, and a CTA whose tile starts past its own sequence's end has nothing to do.

@@ -1,7 +1,8 @@
 // Score modifications of FlashAttention-2, for every kernel: the softcap (Gemma 2) and ALiBi, in the
-// base-2 units of the tensor-core paths (Log2Scores) and the natural-log units of the general path
-// (NaturalScores). The loops that apply them to a tile of scores live with each accumulator layout
-// (fragment/scores.cuh, general/tile.cuh).
+// base-2 units of the 16-bit and FP8 tensor-core paths (Log2Scores) and the natural-log units of the general path
+// and of the float32/float64 tensor-core kernels (NaturalScores). The loops that apply them to a tile of
+// scores live with each accumulator layout (fragment/scores.cuh; the general kernels' inline, in
+// general/fwd.cu and bwd.cu).
 #pragma once
 #include "common/math.cuh"
 #include "common/params.cuh"

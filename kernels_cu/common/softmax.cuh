@@ -8,7 +8,8 @@
 // lse. (Working in log2 units with LOG2E folded into the scale saves a multiply per score but adds three
 // roundings of the size of |s|: s * (scale * LOG2E), LN2 * (m + log2 l) and LOG2E * lse. At float64 with
 // large logits those put the gradients outside the same-precision tolerance, so the accuracy-first
-// general path does not do it; fragment/softmax.cuh is the base-2 version of the tensor-core paths.)
+// general path does not do it; fragment/softmax.cuh is the tensor-core paths' version: base 2 for
+// 16-bit and FP8 inputs, natural-log units for float32 and float64.)
 #pragma once
 #include "common/lse_pair.cuh"
 #include "common/math.cuh"

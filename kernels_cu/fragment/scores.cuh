@@ -2,7 +2,8 @@
 // decode kernel of the tensor-core families (sm80, sm90, kvcache) calls modify_rows and mask_tile_rows
 // on its products, every backward probabilities_cols and mask_tile_cols, so a new score modification or
 // mask is added here (and in common/score_mod.cuh or common/mask.cuh, which define them per pair) and
-// nowhere else.
+// nowhere else. The exception: the MLA decode kernels (kvcache/mla.cu, mla_sm90.cu) mask causally
+// inline and take no other mask or modification (cupyflash/_kvcache/device.py's mla_variant refuses them).
 //
 // A fragment [kMTiles][kNTiles][4] is the mma.sync C layout (sm80/mma.cuh), which wgmma accumulators
 // share per warp: element [mt][nt][e] of a thread lies in row g + 16 mt + 8 (e / 2) and column

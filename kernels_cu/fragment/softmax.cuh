@@ -1,4 +1,5 @@
-// Online softmax over mma.sync accumulator fragments, in base 2 with the softmax scale folded in.
+// Online softmax over mma.sync accumulator fragments: for 16-bit and FP8 inputs in base 2 with the
+// softmax scale folded in (below); for float32 and float64 in natural-log units (kNatural).
 //
 // A thread holds, for every 8-key n-tile, two rows of the warp's 16 (rows g and g + 8) and two columns of
 // each; the four lanes of a quad share a row. Scores are carried as s2 = s * softmax_scale * LOG2E so
@@ -7,8 +8,8 @@
 // and its own partial running sum l over its columns; the quad's partial sums are added once at the end.
 // The row's log-sum-exp in natural-log units is
 //     lse = ln(sum_j exp(softmax_scale * q . k_j)) = LN2 * (m2 + log2(l)).
-// (The general path works in natural-log units for float32/float64 accuracy; for float16/bfloat16 the
-// storage rounding dominates and the folded scale is the cheaper choice.)
+// (The general path and the float32/float64 kernels, kNatural, work in natural-log units for their
+// accuracy; for float16/bfloat16 the storage rounding dominates and the folded scale is the cheaper choice.)
 #pragma once
 #include "common/math.cuh"
 #include "common/exp64.cuh"

@@ -1,6 +1,7 @@
 // KV caches (cupyflash.flash_attention_with_kvcache): where a batch entry's keys are, dense or paged, and
 // whether its values are in range. The one place that maps a position of an entry to a cache row, for
-// the append, decode and lengths kernels (kvcache/kvcache.cu).
+// the append, decode and lengths kernels (kvcache/kvcache.cu) and the MLA decode kernels (mla.cu,
+// mla_sm90.cu).
 #pragma once
 #include "common/params.cuh"
 

@@ -1,5 +1,5 @@
-// Tile traits and warp-level matrix products of the tensor-core backward (float16/bfloat16, sm_80+,
-// head-dim buckets up to 256).
+// Tile traits and warp-level matrix products of the tensor-core backward (float16/bfloat16, and
+// float32/float64 through kWide; sm_80+, head-dim buckets up to 256).
 //
 // One CTA of 8 warps owns kBlockN keys of one (batch, kv head) and walks blocks of kBlockM queries.
 // Each iteration has three phases, and each phase splits its own output tile among the 8 warps
@@ -8,7 +8,7 @@
 //   2. dQ_part = dS K (kBlockM x kHeadDim), added into a float32 buffer in device memory;
 //   3. dV += P^T dO and dK += dS^T Q (kBlockN x kHeadDim), in registers for the CTA's whole life.
 // Shared memory: K and V (resident), kStages buffers of Q, dO and their rows' lse and delta (with 2, the
-// next block loads while this one is computed), P^T and dS^T, and the per-CTA state (sm80_bwd.cu). Tile rows are padded by 16 bytes
+// next block loads while this one is computed), P^T and dS^T, and the per-CTA state (sm80/bwd.cu). Tile rows are padded by 16 bytes
 // (see sm80/tile.cuh) so the 8 rows one ldmatrix phase reads fall in 8 different bank groups.
 #pragma once
 #include "sm80/mma.cuh"

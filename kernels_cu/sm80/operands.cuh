@@ -1,4 +1,4 @@
-// The operands of the sm80 forward's mma.sync products, per storage type: how a k-step's A and B
+// The operands of the sm80 forward's and backward's mma.sync products, per storage type: how a k-step's A and B
 // fragments come from shared memory (Q, K, V) and from the score registers (P), and the product of one
 // 16 x 8 output tile. The main loop (sm80/fwd.cu) is written once against this interface.
 //   float16/bfloat16: m16n8k16, fragments by ldmatrix, P packed in registers (fragment/operand.cuh).

@@ -1,9 +1,9 @@
 // The Hopper backward's main loop (float16/bfloat16, sm_90a): for one CTA's 128 keys, the producer's
 // TMA loads, the consumers' products and the dQ reductions. sm90/bwd.cu assembles it with an epilogue.
 //
-// After sm80_bwd_delta (delta = rowsum(dO * O)), one CTA per kBlockN = 128 keys of one (batch entry,
-// kv head) keeps K and V in shared memory and walks the query tiles (kBlockM rows) of every query head
-// of its GQA group, as sm80_bwd does; sm80_bwd_dq_convert finishes dQ. Three warpgroups:
+// After bwd_delta (common/bwd_rows.cu: delta = rowsum(dO * O)), one CTA per kBlockN = 128 keys of one
+// (batch entry, kv head) keeps K and V in shared memory and walks the query tiles (kBlockM rows) of every
+// query head of its GQA group, as sm80_bwd does; bwd_dq_convert finishes dQ. Three warpgroups:
 //   - the producer (warpgroup 0): thread 0 loads K and V once, then each query tile's Q and dO with TMA
 //     into a ring of kStages stages (q_full), publishing the tile's head and list entry beside them;
 //     warp 1 copies the tile's lse (as lse * LOG2E, +inf for rows without probability) and delta into

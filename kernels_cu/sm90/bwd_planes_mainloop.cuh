@@ -29,7 +29,8 @@
 //
 // The producer, the rows, the ordered sum and the packed batches are as in the 16-bit kernel
 // (sm90/bwd_mainloop.cuh), with three TMA loads per tile of Q and dO (one per plane) and lse as a float
-// pair (split_lse, common/softmax.cuh: P = exp((s - hi) - lo) takes no float64 operation); the reductions
+// pair (split_lse, common/lse_pair.cuh: P = exp(s - (hi + lo)), the difference rounded once, takes no
+// float64 operation); the reductions
 // read X (reduce_queries).
 #pragma once
 #include "common/dtypes.cuh"

@@ -4,7 +4,8 @@
 //
 // One CTA per SM walks work tiles (kBlockM = 128 or 192 query rows of one batch entry and head, in the
 // order of the Scheduler) and runs 1 + kBlockM / 64 warpgroups:
-//   - the producer (warpgroup 0, two threads issuing): its first thread takes the CTA's work tiles from
+//   - the producer (warpgroup 0, two threads issuing; with a block table, the second one's whole warp:
+//     fwd_kernel.cuh's produce_keys): its first thread takes the CTA's work tiles from
 //     the scheduler and publishes each one's state (sequence, mask, its key tiles) a work tile ahead
 //     (two state buffers), and loads its Q tile (Mainloop::load_queries) as soon as the last S of the
 //     previous one is done; its second thread follows the published states and streams their K and V
@@ -19,6 +20,7 @@
 // scales the output by 1 / (1 - p); the host starts work tiles at multiples of their rows then (no
 // Sm90Schedule::align_end), so each generator call serves a thread's two rows.
 // ScoreFn, MaskFn: a score_mod's and a mask_mod's generated code, or none (sm90/fwd_mainloop.cuh).
+// sm90_fwd_pairs (below): the same kernel in clusters of two CTAs for paged prefill.
 // kMaxScore (return_max_score): the consumers keep each row's largest score beside the softmax's
 // maximum (which may lag it) and the epilogue raises the (batch entry, head) maxima.
 //

@@ -1,7 +1,7 @@
 // The Hopper forward's epilogue: what a consumer warpgroup writes once its accumulators are complete.
 // It stages its O tile in shared memory and writes it with TMA stores where the tile fits
-// (Sm90FwdTraits::kStoreO), else straight from the registers (fragment/epilogue.cuh). A split-KV or
-// FP8 variant of the kernel replaces it, keeping the main loop.
+// (Sm90FwdTraits::kStoreO), else straight from the registers (fragment/epilogue.cuh). The K-major
+// (FP8, tf32) and float32 forwards have register epilogues of their own, beside their main loops.
 #pragma once
 #include "common/params.cuh"
 #include "common/sequence.cuh"

@@ -1,5 +1,6 @@
-// The Hopper forward's main loop for float32 (sm_90a): q, k and v arrive as three bfloat16 planes each
-// (x = hi + mid + lo exactly, split once by sm80/planes.cu), and every product is the six bfloat16 wgmma
+// The Hopper forward's main loop for float32 (sm_90a): k and v arrive as three bfloat16 planes each
+// (x = hi + mid + lo exactly, split once by sm80/planes.cu; the consumers split q's rows themselves,
+// below), and every product is the six bfloat16 wgmma
 // products of Sm80Operands<float> (sm80/operands.cuh), in the same order and with the same split sums, so
 // that the scores are bitwise those of the sm80 float32 forward and backward (the backward recomputes P
 // from them: scores a few ulps apart at large logits broke its gradients, bench/NOTES.md, session 20).
