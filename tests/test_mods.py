@@ -573,6 +573,23 @@ def test_mask_mods_equal_their_built_in_forms():
     np.testing.assert_allclose(out, np.einsum("bhqk,bkhd->bqhd", p / p.sum(-1, keepdims=True), v), atol=1e-12)
 
 
+def test_mask_mod_index_out_of_range_makes_its_rows_nan():
+    """A mask_mod load past its buffer leaves the pair visible with a NaN score (README): with keys 10 and
+    11 past a 10-entry buffer, the causal rows that see them (6 and 7: bottom-right, 8 queries, 12 keys)
+    come out NaN, out and lse, the others finite and equal to the oracle's."""
+    rng = np.random.default_rng(29)
+    q, k, v = (rng.standard_normal((1, n, 2, 16)) for n in (8, 12, 12))
+    mask = cupyflash.BlockMask.from_mask_mod(lambda b, h, qi, ki, d: d[ki] == 0, 1, 1, 8, 12, block_size=(4, 4),
+                                             buffers=(np.zeros(10, np.int32),))
+    out, lse = cupyflash.flash_attention(q, k, v, causal=True, block_mask=mask, return_lse=True)
+    rows = np.arange(8) >= 6
+    assert (np.isnan(out).all(axis=(0, 2, 3)) == rows).all() and (np.isnan(lse).all(axis=(0, 1)) == rows).all()
+    assert np.isfinite(out[:, ~rows]).all()
+    want = reference.attention(q, k, v, causal=True, block_mask=mask)
+    np.testing.assert_allclose(out[:, ~rows], want[0][:, ~rows], atol=1e-12)
+    np.testing.assert_allclose(lse[..., ~rows], want[1][..., ~rows], atol=1e-12)
+
+
 def test_mask_keeps_its_own_buffers():
     """A BlockMask copies its buffers: writing the caller's array afterwards changes neither its blocks nor
     the function the calls evaluate."""

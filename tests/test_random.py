@@ -534,6 +534,11 @@ def _options(xp, pr, rng):
 # ----------------------------------------------------------------------------------------- running
 
 
+class KnownRounding(AssertionError):
+    """A gradient past the tolerance rule: the one failure KNOWN_FAILURES's seeds are expected to raise
+    (their xfail takes this alone, so a wrong out or lse, a dtype or any exception of theirs still fails)."""
+
+
 def _judge(got, ref, base, dtype):
     """The tolerance rule on every result of ``got`` (name -> array), after its dtype: the input's, and
     float32 (16-bit inputs) or float64 for lse, float32 for dsinks (whose plain error is taken as at
@@ -544,7 +549,12 @@ def _judge(got, ref, base, dtype):
         assert value.dtype == expected, f"{name} has dtype {value.dtype}, expected {np.dtype(expected)}"
         factor = OUTPUT_FACTOR if name in ("out", "lse") else GRAD_FACTOR
         floor = ref["dsinks_floor"] if name == "dsinks" else 0.0
-        assert_within_rule(name, value, ref[name], base[name], factor, floor)
+        try:
+            assert_within_rule(name, value, ref[name], base[name], factor, floor)
+        except AssertionError as error:
+            if name in ("dq", "dk", "dv"):
+                raise KnownRounding(str(error)) from error
+            raise
 
 
 def _backward_again(xp, first, backward):
@@ -704,7 +714,8 @@ def _check(xp, pr, device):
         run(xp, pr)
     except Exception as error:
         replay = f"CUPYFLASH_RANDOM_SEED={pr.seed} python -m pytest tests/test_random.py::test_{device}"
-        raise AssertionError(f"seed {pr.seed} ({replay}): {pr}\n{type(error).__name__}: {error}") from error
+        kind = KnownRounding if isinstance(error, KnownRounding) else AssertionError
+        raise kind(f"seed {pr.seed} ({replay}): {pr}\n{type(error).__name__}: {error}") from error
 
 
 # ------------------------------------------------------------------------------------------- cases
@@ -733,7 +744,7 @@ def _params(seeds, gpu):
     for seed in seeds:
         p = problem(seed, gpu)
         known = KNOWN_FAILURES.get((device, seed)) if BASE == DEFAULT_BASE else None
-        marks = [pytest.mark.xfail(reason=known[0], strict=known[1])] if known else []
+        marks = [pytest.mark.xfail(reason=known[0], strict=known[1], raises=KnownRounding)] if known else []
         params.append(pytest.param(p, id=f"{device}-{p.kind}-{p.seed}", marks=marks))
     return params
 

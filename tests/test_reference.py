@@ -507,19 +507,26 @@ def test_plain_bfloat16_with_features():
         assert 0 < error <= 0.05 * max(1.0, np.max(np.abs(e[finite]))), f"{name}: error {error:.3e}"
 
 
-@pytest.mark.parametrize("compute_dtype", [np.float64, np.longdouble], ids=lambda d: np.dtype(d).name)
-def test_plain_wide_with_features(compute_dtype):
-    """float64 and longdouble plain modes agree with the oracle to rounding."""
+def test_plain_wide_with_features():
+    """The longdouble plain mode agrees with the float64 oracle to float64 rounding, and the float64 plain
+    mode (the same-precision baseline of float64 inputs) is the oracle itself, bit for bit."""
     q, k, v = make_inputs(7, 11, seed_from("plain-wide"))
     dout = random_normal(np, (BATCH, 7, HEADS, HEADDIM_V), np.float64, np.random.default_rng(1))
     kwargs = dict(window_size=(3, 1), softcap=2.0, alibi_slopes=random_slopes((HEADS,), 2))
     expected = (*reference.attention(q, k, v, True, **kwargs),
                 *reference.attention_backward(dout, q, k, v, True, **kwargs))
-    got = (*reference.attention(q, k, v, True, compute_dtype=compute_dtype, **kwargs),
-           *reference.attention_backward(dout, q, k, v, True, compute_dtype=compute_dtype, **kwargs))
-    for g, e in zip(got, expected):
-        assert g.dtype == np.dtype(compute_dtype)
-        np.testing.assert_allclose(g.astype(np.float64), e, rtol=1e-12, atol=1e-13)
+    for compute_dtype in (np.longdouble, np.float64):
+        got = (*reference.attention(q, k, v, True, compute_dtype=compute_dtype, **kwargs),
+               *reference.attention_backward(dout, q, k, v, True, compute_dtype=compute_dtype, **kwargs))
+        for g, e in zip(got, expected):
+            assert g.dtype == np.dtype(compute_dtype)
+            if compute_dtype is np.float64:
+                np.testing.assert_array_equal(g, e)
+            else:
+                np.testing.assert_allclose(g.astype(np.float64), e, rtol=1e-12, atol=1e-13)
+    # The oracle itself with these features, against the per-element loop.
+    assert_matches_loop(expected[:2], loop_attention(q, k, v, True, window_size=(3, 1), softcap=2.0,
+                                                     alibi_slopes=kwargs["alibi_slopes"]))
 
 
 def test_plain_varlen_dtypes():
