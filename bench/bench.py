@@ -626,6 +626,10 @@ def main(argv=None):
     harness.require_gpu("bench.py", "--dry-run prints the plan without one.")
 
     peers, torch_description = harness.load_torch() if settings.peers else (None, "not run (--no-peers)")
+    if peers is not None and settings.precision == "tf32":
+        # --precision tf32: the float32 peers' products at TF32 too (load_torch turns it off for "highest")
+        peers.torch.backends.cuda.matmul.allow_tf32 = True
+        peers.torch.backends.cudnn.allow_tf32 = True
     args.out.mkdir(parents=True, exist_ok=True)
     json_path, plot_path, table_path = args.out / "results.json", args.out / "tflops.png", args.out / "table.txt"
     document = {

@@ -7,7 +7,9 @@ NumPy: CuPy, ml_dtypes, cupyflash, torch and matplotlib are imported by the func
 ``--help`` and the dry runs work on any machine, and :func:`require_gpu` turns a missing GPU into one
 line and exit status 2.
 
-Two timings, the two ways a user meets a call:
+Two timings, the two ways a user meets a call (a run of a script takes one, back to back unless
+``--per-call``: a table beside the peers in both needs two runs; decode.py, ring.py and rotary.py time
+back to back or on the host loop only):
 
 - **back to back** (:func:`time_back_to_back`, :func:`time_grouped`, :func:`time_queued`): many calls
   enqueued without waiting, timed with CUDA events; where the kernel is longer than the host's work
@@ -62,16 +64,22 @@ def forward_flops(batch, heads, seqlen_q, seqlen_k, headdim, causal):
     batch, heads, seqlen_q, seqlen_k, headdim : int
         Problem sizes (heads: query heads).
     causal : bool
-        Halves the count (the masked half of the score matrix is not computed).
+        Counts the visible area of the bottom-right aligned causal mask: half of the score matrix where
+        seqlen_q == seqlen_k (the convention of FlashAttention's benchmarks, S^2 / 2 pairs rather than
+        S (S + 1) / 2), seqlen_q * seqlen_k - seqlen_q^2 / 2 for fewer queries than keys (each query sees
+        the keys before it and those the extra keys add), seqlen_k^2 / 2 for more (the first
+        seqlen_q - seqlen_k queries see none).
 
     Returns
     -------
     float
-        ``4 * batch * heads * seqlen_q * seqlen_k * headdim``, halved when causal: two matrix
-        products (q k^T and p v) of two FLOPs per multiply-add.
+        ``4 * batch * heads * seqlen_q * seqlen_k * headdim`` (two matrix products, q k^T and p v, of two
+        FLOPs per multiply-add), on the causal area when causal.
     """
-    flops = float(FORWARD_FLOPS_PER_PAIR_DIM * batch * heads * seqlen_q * seqlen_k * headdim)
-    return flops / 2 if causal else flops
+    pairs = float(seqlen_q * seqlen_k)
+    if causal:
+        pairs = seqlen_q * seqlen_k - seqlen_q * seqlen_q / 2 if seqlen_q <= seqlen_k else seqlen_k * seqlen_k / 2
+    return float(FORWARD_FLOPS_PER_PAIR_DIM * batch * heads * headdim) * pairs
 
 
 def backward_flops(forward):

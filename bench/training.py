@@ -67,7 +67,8 @@ def _rows(seqlen, causal, settings, features=FEATURES):
 
 
 def _rounds(seqlen, causal, settings, rounds):
-    """(feature, direction, measurement of the median round, median ratio to plain) of one shape over
+    """(feature, direction, measurement over the rounds (harness.combine_rounds: the median of the rounds'
+    medians), median ratio to plain) of one shape over
     ``rounds`` rounds, FEATURES in turn, reversed every other round (so a drift favours no feature)."""
     times, ratios = {}, {}
     for r in range(rounds):
@@ -79,8 +80,8 @@ def _rounds(seqlen, causal, settings, rounds):
                 ratios.setdefault((feature, direction), []).append(m["median_ms"] / plain[direction])
     result = []
     for (feature, direction), ms in times.items():
-        timed = sorted((m for m in ms if "error" not in m), key=lambda m: m["median_ms"])
-        m = timed[len(timed) // 2] if timed else ms[0]
+        timed = [m for m in ms if "error" not in m]
+        m = harness.combine_rounds(timed) if timed else ms[0]
         ratio = ratios.get((feature, direction))
         result.append((feature, direction, m, harness.median(ratio) if ratio else None))
     order = {f: i for i, f in enumerate(FEATURES)}

@@ -163,7 +163,10 @@ def _visible_mask(seqlen_q, seqlen_k, left, right):
 def test_flop_formulas(bench_modules):
     h = bench_modules.harness
     assert h.forward_flops(2, 4, 128, 256, 64, False) == 4 * 2 * 4 * 128 * 256 * 64
-    assert h.forward_flops(2, 4, 128, 256, 64, True) == 2 * 2 * 4 * 128 * 256 * 64
+    assert h.forward_flops(2, 4, 128, 128, 64, True) == 2 * 2 * 4 * 128 * 128 * 64  # half, for equal lengths
+    # bottom-right aligned: 128 queries over 256 keys see 128 * 128 + 128^2 / 2 (continuous) of the pairs
+    assert h.forward_flops(2, 4, 128, 256, 64, True) == 4 * 2 * 4 * (128 * 256 - 128 * 128 / 2) * 64
+    assert h.forward_flops(2, 4, 256, 128, 64, True) == 4 * 2 * 4 * (128 * 128 / 2) * 64
     assert h.backward_flops(10.0) == 25.0
     assert h.pair_flops(1000, 128) == 4 * 128 * 1000
     rng = numpy.random.default_rng(0)
@@ -397,7 +400,10 @@ def test_training_rounds_take_each_rounds_ratio(bench_modules, monkeypatch):
         orders.append(tuple(features))
         slow = 1.5 if len(orders) == 2 else 1.0
         cost = {"plain": 1.0, "sinks": 1.02, "max_score": 1.03, "dropout": 1.4}
-        return [(f, d, {"median_ms": cost[f] * slow * (2.5 if d == "backward" else 1.0), "tflops": 1 / (cost[f] * slow)})
+        def measurement(ms):
+            return {"median_ms": ms, "tflops": 1 / ms, "times_ms": [ms]}
+
+        return [(f, d, measurement(cost[f] * slow * (2.5 if d == "backward" else 1.0)))
                 for f in features for d in ("forward", "backward") if not (f == "max_score" and d == "backward")]
 
     monkeypatch.setattr(training, "_rows", fake_rows)
@@ -408,8 +414,15 @@ def test_training_rounds_take_each_rounds_ratio(bench_modules, monkeypatch):
                                     ("sinks", "backward"): 1.02, ("max_score", "forward"): 1.03,
                                     ("dropout", "forward"): 1.4, ("dropout", "backward"): 1.4})
     assert [(f, d) for f, d, _, _ in rows][:3] == [("plain", "forward"), ("plain", "backward"), ("sinks", "forward")]
-    # The time shown is the median round's (1.0 x cost, not the slow round's 1.5 x).
-    assert {f: m["median_ms"] for f, d, m, _ in rows if d == "forward"}["dropout"] == pytest.approx(1.4)
+    # The time shown is the median of the rounds' medians (1.0 x cost, not the slow round's 1.5 x), as
+    # harness.combine_rounds gives it, with every round's median kept.
+    dropout = {f: m for f, d, m, _ in rows if d == "forward"}["dropout"]
+    assert dropout["median_ms"] == pytest.approx(1.4)
+    assert dropout["round_medians_ms"] == pytest.approx([1.4, 2.1, 1.4])
+    # With two rounds, the middle of the two (not the slower one, as the upper-middle round gave).
+    orders.clear()
+    rows = training._rounds(4096, False, None, 2)
+    assert {f: m["median_ms"] for f, d, m, _ in rows if d == "forward"}["dropout"] == pytest.approx(1.75)
 
 
 def test_decode_table(bench_modules):

@@ -22,6 +22,8 @@ if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
   export PYTHONPATH=$R
   [ $(( L - $(el) )) -gt 60 ] && { timeout $(( L - $(el) - 5 )) python bench/bench.py --dtypes fp32 --headdims 64,128 --seqlens 1024 --out $OUT/fp32 > $OUT/fp32.txt 2>&1; echo "fp32 rc=$? at $(el) s"; tail -n 16 $OUT/fp32.txt; }
   [ $(( L - $(el) )) -gt 60 ] && { timeout $(( L - $(el) - 5 )) python bench/decode.py --quick --rows decode mla > $OUT/decode.txt 2>&1; echo "decode rc=$? at $(el) s"; tail -n 20 $OUT/decode.txt; }
+  # session 64: the H200's bytes-in-flight question (session 43): forced splits beside cuDNN, two rounds
+  [ $(( L - $(el) )) -gt 60 ] && { timeout 60 python bench/runs/2026-12-06-s40/decode_splits.py > $OUT/decode_splits.txt 2>&1; echo "splits rc=$? at $(el) s"; tail -n 12 $OUT/decode_splits.txt; }
   [ $(( L - $(el) )) -gt 60 ] && { timeout $(( L - $(el) - 5 )) python bench/mods.py --rows document,ragged --rounds 2 --out $OUT/mods > $OUT/mods.txt 2>&1; echo "mods rc=$? at $(el) s"; tail -n 16 $OUT/mods.txt; }
 fi
 echo "call2 done at $(el) s"
