@@ -744,7 +744,10 @@ def _params(seeds, gpu):
     for seed in seeds:
         p = problem(seed, gpu)
         known = KNOWN_FAILURES.get((device, seed)) if BASE == DEFAULT_BASE else None
-        marks = [pytest.mark.xfail(reason=known[0], strict=known[1], raises=KnownRounding)] if known else []
+        # (CPU seeds: only a gradient past the rule; the GPU seeds' narrowing waits for a GPU run of it,
+        # bench/runs/2026-12-08-s64/pending/gpu_tests_audit.patch)
+        raises = KnownRounding if device == "cpu" else None
+        marks = [pytest.mark.xfail(reason=known[0], strict=known[1], raises=raises)] if known else []
         params.append(pytest.param(p, id=f"{device}-{p.kind}-{p.seed}", marks=marks))
     return params
 
