@@ -1,5 +1,5 @@
-# Session 64's A/B of pending/fwd_mask_need_early.patch (any Hopper card; after auto.sh and call2.sh of
-# session 63 on the same warm machine, or alone): the Hopper forwards take a key tile's mask decision
+# Session 64's A/B of pending/fwd_mask_need_early.patch (any Hopper card; on the warm machine after
+# auto.sh, before call2.sh, or alone): the Hopper forwards take a key tile's mask decision
 # (Mask::key_cuts and the partial flag: loads of the work tile's Mask from shared memory, then compares)
 # between issuing the tile's products and waiting for S, instead of after S arrives. Tree M = this tree +
 # the patch, built in /tmp/M; the FP8 rows (the lever's target, issue 25) interleaved main, M, main, M;
