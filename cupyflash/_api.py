@@ -178,7 +178,7 @@ _SCORE_MOD_DOC = """
         holds its functions; Python control flow on its values is a TypeError); not with softcap or
         alibi_slopes, which it can write. The backward differentiates it.
     score_mod_buffers : tuple of arrays of q's kind, or None, keyword-only
-        The arrays the score_mod indexes (float32, float64, int32 or bool, rank at most 4), one int per axis;
+        The arrays the score_mod indexes (at most 8; float32, float64, int32 or bool, rank at most 4), one int per axis;
         an index out of range makes the score NaN. Given, the backward returns their gradients last."""
 
 
@@ -896,7 +896,7 @@ _RING_DOC = """
         How the global sequence is sharded, for a causal or windowed ring: "zigzag" (rank r holds
         chunks r and 2 * world - 1 - r of 2 * world, see :func:`cupyflash.zigzag_shard`: every rank
         does the same causal work) or "contiguous" (rank r holds chunk r of world). Both need the
-        same number of query and key rows on a rank. Ignored without a mask.
+        same number of query and key rows on a rank. Checked always, used only with a mask.
     precision : {"highest", "tf32"}, keyword-only
         As in :func:`flash_attention`, for each step's calls.
     sinks : float32 array of q's kind, shape (heads,), or None, keyword-only

@@ -164,7 +164,7 @@ class BlockMask:
         block_size : (int, int)
             (block_q, block_k).
         buffers : tuple of arrays
-            The arrays the function indexes (float32, float64, int32 or bool, rank at most 4), all NumPy
+            The arrays the function indexes (at most 8; float32, float64, int32 or bool, rank at most 4), all NumPy
             or all CuPy, copied (later writes to them do not change the mask). The layout is built on
             their device (by a kernel compiled from the function, one CTA per block) or on the host
             (NumPy buffers, or none).

@@ -583,9 +583,11 @@ def attention(q, k, v, causal=False, softmax_scale=None, *, window_size=(-1, -1)
     sinks : array, shape (heads,), optional
         One logit per query head in every row's softmax denominator.
     dropout_p : float, optional
-        Dropout probability in [0, 1); with ``dropout_p > 0``, ``dropout_mask``
-        (bool, (batch, heads, seqlen_q, seqlen_k), True where kept) says which
-        probabilities survive.
+        Dropout probability in [0, 1); kept probabilities are scaled by
+        ``1 / (1 - dropout_rate(dropout_p))``.
+    dropout_mask : bool array, shape (batch, heads, seqlen_q, seqlen_k), optional
+        With ``dropout_p > 0``, True where a probability is kept
+        (:func:`cupyflash.dropout_mask` gives the kernels' decisions); required then.
     return_max_score : bool, optional
         Also return each head's largest score, float32 (batch, heads).
     score_mod : callable, optional
@@ -624,8 +626,10 @@ def attention(q, k, v, causal=False, softmax_scale=None, *, window_size=(-1, -1)
 
     Raises
     ------
+    TypeError
+        For a ``window_size`` that is not a pair of ints.
     ValueError
-        On a malformed ``window_size``, a negative ``softcap``, or
+        For ``window_size`` entries below -1, a negative ``softcap``, or
         ``alibi_slopes`` or ``block_mask`` shapes that do not fit the problem.
     """
     softmax_scale = _default_scale(softmax_scale, q.shape[-1])
@@ -680,8 +684,8 @@ def attention_backward(dout, q, k, v, causal=False, softmax_scale=None, *, windo
     at the scaled scores ``s0``, applying with a softcap.  ALiBi and the
     masks enter only through ``P``.  ``dK`` and ``dV`` are summed over the
     query heads sharing a key/value head.  With dropout (``Z = keep / (1 -
-    dropout_p)``), ``O = (P * Z) V``, so ``dV = (P * Z)^T dO`` and ``dP``
-    becomes ``Z * (dO V^T)``.  With sinks, each row's sink is one more
+    dropout_rate(dropout_p))``, the rate the 8-bit decisions draw), ``O = (P * Z) V``, so
+    ``dV = (P * Z)^T dO`` and ``dP`` becomes ``Z * (dO V^T)``.  With sinks, each row's sink is one more
     softmax entry whose value is 0: its probability ``p_sink = exp(sink -
     lse)`` gets the gradient ``p_sink * (0 - delta)``, summed over the rows
     of its head.
@@ -838,7 +842,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, softmax_
         Shared slopes, or row ``b`` for sequence ``b``.
     sinks, dropout_p, return_max_score, score_mod, score_mod_buffers
         As in :func:`attention`; the score_mod's ``b`` is the sequence index.
-    q_descale, k_descale, v_descale : float32 arrays, shape (batch, heads_k), optional
+    q_descale, k_descale, v_descale : float32 arrays, shape (batch, heads_k) (q's also (batch, heads)), optional
         FP8 inputs, as in :func:`attention`: row ``b`` for sequence ``b``.
     seqused_k : int array, shape (batch,), optional
         Sequence ``b`` uses only its first ``seqused_k[b]`` keys (masks aligned to that count).
@@ -853,9 +857,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, softmax_
     -------
     out : array, shape (total_q, heads, headdim_v)
     lse : array, shape (heads, total_q)
-        Dtypes as in :func:`attention`.  Rows of a sequence with no keys (and
-        rows outside every sequence) get ``out = 0`` and ``lse = -inf`` (the
-        sink with sinks).
+        Dtypes as in :func:`attention`.  Rows of a sequence with no keys get
+        ``out = 0`` and ``lse = -inf`` (the sink with sinks); rows outside
+        every sequence ``out = 0`` and ``lse = -inf``.
     max_score : array, float32, shape (batch, heads)
         Only with ``return_max_score``.
     """
@@ -1054,7 +1058,8 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k=None, v=None, cache_seqlens
     k, v : arrays, shape (batch, seqlen_new, heads_k, headdim or headdim_v), optional
         New keys and values, appended to the cache before attending.
     cache_seqlens : int or int array, shape (batch,), optional
-        Keys already in each batch entry's cache (before the append); default: the whole cache.
+        Keys already in each batch entry's cache (before the append); default: the capacity less
+        ``seqlen_new`` (the cache full after the append).
     cache_batch_idx : int array, shape (batch,), optional
         The dense cache row of each batch entry (default: ``b``).
     block_table : int array, shape (batch, max_pages), optional
@@ -1071,7 +1076,7 @@ def attention_with_kvcache(q, k_cache, v_cache, *, k=None, v=None, cache_seqlens
         Left-padded caches: batch entry ``b``'s keys are its positions ``cache_leftpad[b]`` up to
         ``cache_seqlens[b] + seqlen_new`` (masks and ALiBi count them from there); new keys are written
         at ``cache_seqlens[b]`` and rotary positions are absolute, as without it.
-    q_descale, k_descale, v_descale : float32 arrays, shape (batch, heads_k), optional
+    q_descale, k_descale, v_descale : float32 arrays, shape (batch, heads_k) (q's also (batch, heads)), optional
         float8_e4m3fn q, caches and new keys and values: each batch entry's row, as in :func:`attention`
         (whose FP8 baseline ``compute_dtype=float8_e4m3fn`` selects).
     score_mod, score_mod_buffers : optional
