@@ -493,7 +493,6 @@ def flash_attention_varlen(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
     drop = _planned_dropout(dropout_p, dropout_seed, dropout_offset, q_descale, k_descale, v_descale, out_dtype)
     undropped = _undropped(drop, dropout_p, dropout_seed, dropout_offset)
     if block_table is not None:  # packed keys and values (checked there)
-        block_table = _problem.native(block_table)
         if _problem.array_module({"k": k, "v": v, "block_table": block_table}) is numpy:
             k, v = _problem.gather_paged(k, v, cu_seqlens_k, block_table)
         else:

@@ -356,8 +356,7 @@ def _float32_of_kind(name, x, xp):
             f"{name} must be a {'cupy' if xp is not numpy else 'numpy'} array like q, got a "
             f"{'cupy' if kind is not numpy else 'numpy'} array"
         )
-    if xp is numpy and not x.dtype.isnative:
-        x = x.astype(x.dtype.newbyteorder("="))
+    x = native(x)
     if x.dtype != numpy.float32:
         raise TypeError(f"{name} has dtype {x.dtype}; expected float32")
     return x
@@ -467,8 +466,7 @@ def check_buffers(name, buffers, xp):
         if kind is not xp:
             raise TypeError(f"{label} must be a {'cupy' if xp is not numpy else 'numpy'} array like q, got a "
                             f"{'cupy' if kind is not numpy else 'numpy'} array")
-        if xp is numpy and not x.dtype.isnative:
-            x = x.astype(x.dtype.newbyteorder("="))
+        x = native(x)
         if x.dtype not in _trace.BUFFER_KINDS:
             raise TypeError(f"{label} has dtype {x.dtype}; expected float32, float64, int32 or bool")
         if x.ndim > _trace.MAX_RANK:
@@ -739,7 +737,7 @@ def gather_paged(k, v, cu_seqlens_k, block_table):
     (num_pages, page_size, heads_k, dim), sequence b's key t at row t % page_size of page
     block_table[b, t // page_size]; returns them packed, (total_k, heads_k, dim) with total_k =
     cu_seqlens_k[-1], for the packed problem (NumPy arrays; CuPy ones: :func:`paged_counts_on_device`)."""
-    cu = native(numpy.asarray(cu_seqlens_k))
+    cu, block_table = native(numpy.asarray(cu_seqlens_k)), native(block_table)
     _check_paged(k, v, cu, block_table)
     if cu.dtype != numpy.int32:
         raise TypeError(f"cu_seqlens_k has dtype {cu.dtype}; expected int32")
